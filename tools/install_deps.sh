@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of specd from Debian packages (Debian 12).
+# Used by tools/run.sh, tools/test.sh and .ci/run; safe to run repeatedly.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build ccache pkg-config git clang-format
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+  libopenblas-dev libpcre2-dev
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
