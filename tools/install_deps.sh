@@ -3,7 +3,7 @@
 # Used by tools/run.sh, tools/test.sh and .ci/run; safe to run repeatedly.
 set -euo pipefail
 PKGS=(
-  build-essential cmake ninja-build ccache pkg-config git clang-format
+  build-essential cmake ninja-build ccache pkg-config git clang-format python3
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libopenblas-dev libpcre2-dev

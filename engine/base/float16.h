@@ -5,22 +5,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/ref/bf16.h"
+
 namespace specd {
 
-inline float Bf16ToFloat(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
+// bf16 lives with the kernels (kernels/ref/bf16.h) so both layers round identically.
+using kernels::Bf16ToFloat;
+using kernels::FloatToBf16;
 
 inline float Fp16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

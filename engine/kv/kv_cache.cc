@@ -1,0 +1,41 @@
+#include "engine/kv/kv_cache.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace specd {
+
+absl::Status KvCacheSpec::Validate() const {
+  const struct {
+    const char* name;
+    int32_t value;
+  } fields[] = {{"num_layers", num_layers},
+                {"num_kv_heads", num_kv_heads},
+                {"head_dim", head_dim},
+                {"block_size", block_size},
+                {"num_blocks", num_blocks}};
+  for (const auto& f : fields) {
+    if (f.value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KvCacheSpec: ", f.name, " must be positive, got ", f.value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool operator==(const KvCacheSpec& a, const KvCacheSpec& b) {
+  return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.block_size == b.block_size && a.num_blocks == b.num_blocks;
+}
+
+absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const KvCacheSpec& spec) {
+  if (absl::Status s = spec.Validate(); !s.ok()) return s;
+  return std::unique_ptr<CpuKvCache>(new CpuKvCache(spec));
+}
+
+CpuKvCache::CpuKvCache(const KvCacheSpec& spec) : spec_(spec) {
+  const size_t layer_floats = static_cast<size_t>(spec.num_blocks) * spec.block_floats();
+  keys_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
+  values_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
+}
+
+}  // namespace specd

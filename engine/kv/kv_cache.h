@@ -1,0 +1,78 @@
+// Paged KV cache storage for the CPU backend. The cache is a pool of fixed-size blocks per
+// layer (vLLM-style paging): a sequence's positions map to (block, slot) through its block
+// table, so sequences grow, share prefixes and roll back without copying.
+// Not thread-safe: the engine thread owns it. Model::Forward writes new K/V on the engine
+// thread and reads it from pool workers while the engine thread waits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specd {
+
+struct KvCacheSpec {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 16;  // tokens per block
+  int32_t num_blocks = 0;
+
+  // Floats of one token's K (or V) in one layer: num_kv_heads * head_dim.
+  int64_t slot_floats() const { return int64_t{num_kv_heads} * head_dim; }
+  // Floats of one block's K (or V) in one layer.
+  int64_t block_floats() const { return slot_floats() * block_size; }
+  // Bytes of the whole cache (K and V, every layer).
+  int64_t total_bytes() const {
+    return 2 * int64_t{num_layers} * num_blocks * block_floats() * int64_t{sizeof(float)};
+  }
+
+  // InvalidArgument unless every field is positive.
+  absl::Status Validate() const;
+};
+
+bool operator==(const KvCacheSpec& a, const KvCacheSpec& b);
+
+class CpuKvCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuKvCache>> Create(const KvCacheSpec& spec);
+
+  const KvCacheSpec& spec() const { return spec_; }
+
+  // One token's keys / values: [num_kv_heads, head_dim] f32. Bounds are the caller's
+  // contract (Model::Forward validates block tables before touching the cache).
+  float* KeySlot(int32_t layer, int32_t block, int32_t slot) {
+    return keys_[layer].data() + Offset(block, slot);
+  }
+  float* ValueSlot(int32_t layer, int32_t block, int32_t slot) {
+    return values_[layer].data() + Offset(block, slot);
+  }
+  const float* KeySlot(int32_t layer, int32_t block, int32_t slot) const {
+    return keys_[layer].data() + Offset(block, slot);
+  }
+  const float* ValueSlot(int32_t layer, int32_t block, int32_t slot) const {
+    return values_[layer].data() + Offset(block, slot);
+  }
+
+  // A whole layer: [num_blocks, block_size, num_kv_heads, head_dim] f32.
+  std::span<float> keys(int32_t layer) { return keys_[layer]; }
+  std::span<float> values(int32_t layer) { return values_[layer]; }
+
+ private:
+  explicit CpuKvCache(const KvCacheSpec& spec);
+  int64_t Offset(int32_t block, int32_t slot) const {
+    return (int64_t{block} * spec_.block_size + slot) * spec_.slot_floats();
+  }
+
+  KvCacheSpec spec_;
+  // Per layer: [num_blocks, block_size, num_kv_heads, head_dim] f32.
+  std::vector<std::vector<float>> keys_;    // [num_layers]
+  std::vector<std::vector<float>> values_;  // [num_layers]
+};
+
+}  // namespace specd

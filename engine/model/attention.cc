@@ -1,0 +1,118 @@
+#include "engine/model/attention.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace specd {
+namespace {
+
+// Below this many multiply-adds per (QK or PV) pass, attention stays on one thread.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 19;
+
+struct HeadTask {
+  const float* q;  // [head_dim] f32
+  float* out;      // [head_dim] f32
+  int32_t kv_head;
+  int32_t first;  // first attended position
+  int32_t last;   // last attended position (the query's own)
+  std::span<const int32_t> block_table;
+};
+
+// Calls fn(block, first_slot, count, offset) for each block piece of positions
+// [first, last], offset = position - first.
+template <typename Fn>
+void ForEachBlockRun(const HeadTask& task, int32_t block_size, Fn&& fn) {
+  for (int32_t p = task.first; p <= task.last;) {
+    const int32_t slot = p % block_size;
+    const int32_t count = std::min(block_size - slot, task.last - p + 1);
+    fn(task.block_table[p / block_size], slot, count, p - task.first);
+    p += count;
+  }
+}
+
+void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuKvCache& kv,
+                   int32_t layer, std::vector<float>& scores) {
+  const KvCacheSpec& spec = kv.spec();
+  const int lda = static_cast<int>(spec.slot_floats());
+  const int head_dim = shape.head_dim;
+  const int64_t head_offset = int64_t{task.kv_head} * head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const int32_t n = task.last - task.first + 1;
+  scores.resize(n);
+  ForEachBlockRun(
+      task, spec.block_size, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
+        const float* keys = kv.KeySlot(layer, block, slot) + head_offset;  // [count, lda]
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, count, head_dim, scale, keys, lda, task.q, 1, 0.0f,
+                    scores.data() + offset, 1);
+      });
+  const float max_score = *std::max_element(scores.begin(), scores.end());
+  double sum = 0.0;
+  for (float& s : scores) {
+    s = std::exp(s - max_score);
+    sum += s;
+  }
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (float& s : scores) s *= inv_sum;
+  std::memset(task.out, 0, sizeof(float) * head_dim);
+  ForEachBlockRun(
+      task, spec.block_size, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
+        const float* values = kv.ValueSlot(layer, block, slot) + head_offset;  // [count, lda]
+        cblas_sgemv(CblasRowMajor, CblasTrans, count, head_dim, 1.0f, values, lda,
+                    scores.data() + offset, 1, 1.0f, task.out, 1);
+      });
+}
+
+}  // namespace
+
+void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t row_stride,
+             int32_t layer, CpuKvCache& kv) {
+  const int32_t block_size = kv.spec().block_size;
+  const size_t bytes = sizeof(float) * kv.spec().slot_floats();
+  for (size_t t = 0; t < layout.positions.size(); ++t) {
+    const int32_t pos = layout.positions[t];
+    const int32_t block = layout.block_tables[layout.seq_of_token[t]][pos / block_size];
+    std::memcpy(kv.KeySlot(layer, block, pos % block_size), k + t * row_stride, bytes);
+    std::memcpy(kv.ValueSlot(layer, block, pos % block_size), v + t * row_stride, bytes);
+  }
+}
+
+void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLayout& layout,
+                    const float* q, int64_t q_stride, const CpuKvCache& kv, int32_t layer,
+                    float* out) {
+  const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  const int64_t out_stride = int64_t{shape.num_heads} * shape.head_dim;
+  auto body = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / shape.num_heads;
+      const int32_t h = static_cast<int32_t>(i % shape.num_heads);
+      HeadTask task;
+      task.q = q + t * q_stride + int64_t{h} * shape.head_dim;
+      task.out = out + t * out_stride + int64_t{h} * shape.head_dim;
+      task.kv_head = h / group;
+      task.last = layout.positions[t];
+      task.first = shape.sliding_window > 0 ? std::max(0, task.last - shape.sliding_window + 1) : 0;
+      task.block_table = layout.block_tables[layout.seq_of_token[t]];
+      AttendOneHead(task, shape, kv, layer, scores);
+    }
+  };
+  // A pool dispatch costs tens of microseconds: small work (decode at short context)
+  // runs on the calling thread.
+  int64_t attended = 0;
+  for (int32_t pos : layout.positions) {
+    attended += shape.sliding_window > 0 ? std::min(pos + 1, shape.sliding_window) : pos + 1;
+  }
+  const int64_t num_tasks = num_tokens * shape.num_heads;
+  if (attended * shape.num_heads * shape.head_dim < kMinParallelMacs || pool.num_threads() == 1) {
+    body(0, num_tasks);
+  } else {
+    pool.ParallelFor(num_tasks, body);
+  }
+}
+
+}  // namespace specd

@@ -1,0 +1,218 @@
+#include "engine/model/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/model/attention.h"
+#include "engine/model/cpu_ops.h"
+#include "engine/model/json_fields.h"
+#include "engine/model/safetensors.h"
+
+namespace specd {
+namespace {
+
+absl::Status SequenceError(size_t seq, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("Forward: sequence ", seq, ": ", AbslView(what)));
+}
+
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   const LoadOptions& opts) {
+  SPECD_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  SPECD_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::OpenDir(dir));
+  SPECD_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(config, checkpoint));
+  std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), opts));
+  SPECD_LOG_INFO("loaded {} from {}: {} layers, hidden {}, vocab {}, {} threads",
+                 model->config_.architecture, dir, model->config_.num_layers,
+                 model->config_.hidden_size, model->config_.vocab_size,
+                 model->pool_->num_threads());
+  return model;
+}
+
+Model::Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      inv_freq_(RopeInvFreq(config_.rope, config_.head_dim)),
+      pool_(std::make_unique<ThreadPool>(opts.num_threads)) {
+  ConfigureBlas(pool_->num_threads());
+}
+
+KvCacheSpec Model::MakeKvCacheSpec(int32_t num_blocks, int32_t block_size) const {
+  KvCacheSpec spec;
+  spec.num_layers = config_.num_layers;
+  spec.num_kv_heads = config_.num_kv_heads;
+  spec.head_dim = config_.head_dim;
+  spec.block_size = block_size;
+  spec.num_blocks = num_blocks;
+  return spec;
+}
+
+absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
+                                  const CpuKvCache& kv) const {
+  const KvCacheSpec& spec = kv.spec();
+  if (!(spec == MakeKvCacheSpec(spec.num_blocks, spec.block_size))) {
+    return absl::InvalidArgumentError("Forward: KV cache was not made for this model");
+  }
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& seq = batch[s];
+    if (seq.tokens.empty()) return SequenceError(s, "no tokens");
+    if (seq.start_pos < 0) return SequenceError(s, "negative start_pos");
+    const int64_t end = int64_t{seq.start_pos} + static_cast<int64_t>(seq.tokens.size());
+    if (end > config_.max_position_embeddings) {
+      return SequenceError(
+          s, absl::StrCat("positions up to ", end - 1, " exceed max_position_embeddings ",
+                          config_.max_position_embeddings));
+    }
+    const int64_t blocks_needed = (end + spec.block_size - 1) / spec.block_size;
+    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed) {
+      return SequenceError(
+          s, absl::StrCat("block table has ", seq.block_table.size(), " blocks, positions up to ",
+                          end - 1, " need ", blocks_needed));
+    }
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= spec.num_blocks) {
+        return SequenceError(s, absl::StrCat("block id ", seq.block_table[b], " outside [0, ",
+                                             spec.num_blocks, ")"));
+      }
+    }
+    for (int32_t id : seq.tokens) {
+      if (id < 0 || id >= config_.vocab_size) {
+        return SequenceError(
+            s, absl::StrCat("token id ", id, " outside the vocabulary of ", config_.vocab_size));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Model::PlanBatch(std::span<const SequenceInput> batch) {
+  ws_.tokens.clear();
+  ws_.positions.clear();
+  ws_.seq_of_token.clear();
+  ws_.logit_rows.clear();
+  ws_.block_tables.clear();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& seq = batch[s];
+    const int64_t first = static_cast<int64_t>(ws_.tokens.size());
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      ws_.tokens.push_back(seq.tokens[i]);
+      ws_.positions.push_back(seq.start_pos + static_cast<int32_t>(i));
+      ws_.seq_of_token.push_back(static_cast<int32_t>(s));
+    }
+    const int64_t last = static_cast<int64_t>(ws_.tokens.size()) - 1;
+    for (int64_t t = seq.all_logits ? first : last; t <= last; ++t) ws_.logit_rows.push_back(t);
+    ws_.block_tables.push_back(seq.block_table);
+  }
+  const int64_t n = static_cast<int64_t>(ws_.tokens.size());
+  const int32_t half = config_.head_dim / 2;
+  ws_.x.resize(n * config_.hidden_size);
+  ws_.h.resize(n * config_.hidden_size);
+  ws_.proj.resize(n * config_.hidden_size);
+  ws_.qkv.resize(n * (config_.q_size() + 2 * config_.kv_size()));
+  ws_.attn.resize(n * config_.q_size());
+  ws_.gate_up.resize(n * 2 * config_.intermediate_size);
+  ws_.act.resize(n * config_.intermediate_size);
+  ws_.cos.resize(n * half);
+  ws_.sin.resize(n * half);
+  for (int64_t t = 0; t < n; ++t) {
+    RopeCosSin(inv_freq_, ws_.positions[t], &ws_.cos[t * half], &ws_.sin[t * half]);
+  }
+}
+
+void Model::Embed() {
+  const int64_t hidden = config_.hidden_size;
+  for (size_t t = 0; t < ws_.tokens.size(); ++t) {
+    std::memcpy(&ws_.x[t * hidden], &weights_.embed[ws_.tokens[t] * hidden],
+                sizeof(float) * hidden);
+  }
+}
+
+void Model::QkNormAndRope(const LayerWeights& w) {
+  const int64_t n = static_cast<int64_t>(ws_.tokens.size());
+  const int32_t hd = config_.head_dim, half = hd / 2;
+  const int32_t heads = config_.num_heads + config_.num_kv_heads;  // q heads, then k heads
+  const int64_t stride = config_.q_size() + 2 * config_.kv_size();
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = &ws_.qkv[t * stride];
+    if (config_.qk_norm) {
+      RmsNorm(row, w.q_norm.data(), config_.num_heads, hd, hd, config_.rms_norm_eps, row);
+      float* k = row + config_.q_size();
+      RmsNorm(k, w.k_norm.data(), config_.num_kv_heads, hd, hd, config_.rms_norm_eps, k);
+    }
+    for (int32_t h = 0; h < heads; ++h) {
+      ApplyRope(row + int64_t{h} * hd, &ws_.cos[t * half], &ws_.sin[t * half], hd);
+    }
+  }
+}
+
+void Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n = static_cast<int64_t>(ws_.tokens.size());
+  const int64_t hidden = config_.hidden_size;
+  const int64_t stride = config_.q_size() + 2 * config_.kv_size();
+  RmsNorm(ws_.x.data(), w.input_norm.data(), n, config_.hidden_size, hidden, config_.rms_norm_eps,
+          ws_.h.data());
+  Linear(ws_.h.data(), n, hidden, w.qkv.data(), stride,
+         w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(), ws_.qkv.data());
+  QkNormAndRope(w);
+  const TokenLayout layout{ws_.positions, ws_.seq_of_token, ws_.block_tables};
+  const float* k = ws_.qkv.data() + config_.q_size();
+  WriteKv(layout, k, k + config_.kv_size(), stride, layer, kv);
+  const AttentionShape shape{config_.num_heads, config_.num_kv_heads, config_.head_dim,
+                             config_.sliding_window};
+  PagedAttention(*pool_, shape, layout, ws_.qkv.data(), stride, kv, layer, ws_.attn.data());
+  Linear(ws_.attn.data(), n, config_.q_size(), w.o_proj.data(), hidden,
+         w.o_bias.empty() ? nullptr : w.o_bias.data(), ws_.proj.data());
+  AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
+}
+
+void Model::MlpBlock(int32_t layer) {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t n = static_cast<int64_t>(ws_.tokens.size());
+  const int64_t hidden = config_.hidden_size, ffn = config_.intermediate_size;
+  RmsNorm(ws_.x.data(), w.post_norm.data(), n, config_.hidden_size, hidden, config_.rms_norm_eps,
+          ws_.h.data());
+  Linear(ws_.h.data(), n, hidden, w.gate_up.data(), 2 * ffn, nullptr, ws_.gate_up.data());
+  SiluMul(ws_.gate_up.data(), n, config_.intermediate_size, ws_.act.data());
+  Linear(ws_.act.data(), n, ffn, w.down.data(), hidden, nullptr, ws_.proj.data());
+  AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
+}
+
+void Model::ComputeLogits(std::vector<float>* logits) {
+  const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+  const int64_t rows = static_cast<int64_t>(ws_.logit_rows.size());
+  for (int64_t r = 0; r < rows; ++r) {  // gather, then normalise only the rows returned
+    RmsNorm(&ws_.x[ws_.logit_rows[r] * hidden], weights_.final_norm.data(), 1, config_.hidden_size,
+            hidden, config_.rms_norm_eps, &ws_.h[r * hidden]);
+  }
+  const size_t offset = logits->size();
+  logits->resize(offset + rows * vocab);
+  Linear(ws_.h.data(), rows, hidden, weights_.output_matrix().data(), vocab, nullptr,
+         logits->data() + offset);
+}
+
+absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
+                            std::vector<float>* logits) {
+  if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
+  SPECD_RETURN_IF_ERROR(ValidateBatch(batch, kv));
+  if (batch.empty()) return absl::OkStatus();
+  PlanBatch(batch);
+  Embed();
+  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    AttentionBlock(layer, kv);
+    MlpBlock(layer);
+  }
+  ComputeLogits(logits);
+  return absl::OkStatus();
+}
+
+}  // namespace specd

@@ -1,0 +1,54 @@
+// The table of CUDA ops x shapes that both the GPU test (kernels/cuda/kernels_cuda_test.cc) and
+// tools/kernel_check run, in check mode (each output against the fp64 reference under the
+// flash-attention rule, cuda_check.h) or perf mode (timed launches). In the spirit of ggml's
+// tests/test-backend-ops.cpp: a new kernel adds one OpCase subclass and one table row. One thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/check/cuda_check.h"
+
+namespace specd::kernels::check {
+
+// Sizes of one case; `width` is hidden (norms, embedding) or d (silu_and_mul), `table_rows`
+// the embedding shard's rows (0 for other ops).
+struct OpShape {
+  int64_t num_tokens = 0;
+  int64_t width = 0;
+  int64_t table_rows = 0;
+
+  std::string ToString() const;  // "num_tokens x width[, rows]"
+};
+
+// One op at one shape with its device buffers. Construction fills the inputs with random
+// non-zero bf16 data (seeded by the shape) and poisons the outputs, so perf runs never time zeros.
+class OpCase {
+ public:
+  virtual ~OpCase() = default;
+
+  // Queues one launch on `stream` and returns the launcher's error (the launch's last error).
+  // Graph-capturable. In-place outputs (a fused residual) drift across repeated launches.
+  virtual cudaError_t Launch(cudaStream_t stream) = 0;
+
+  // Least bytes one launch reads plus writes: the numerator of its GB/s.
+  virtual int64_t BytesMoved() const = 0;
+
+  // Re-uploads the inputs, poisons the outputs, launches once, synchronises and compares every
+  // output with the fp64 reference against the same-precision baseline.
+  virtual std::vector<ErrorCheck> Check() = 0;
+};
+
+struct OpSpec {
+  std::string name;
+  std::vector<OpShape> check_shapes;  // small, odd and model-sized widths
+  std::vector<OpShape> perf_shapes;   // decode- and prefill-sized, most larger than L2
+  std::function<std::unique_ptr<OpCase>(const OpShape&)> make;
+};
+
+// Every op, in a fixed order. Building the table touches no CUDA state.
+const std::vector<OpSpec>& OpTable();
+
+}  // namespace specd::kernels::check

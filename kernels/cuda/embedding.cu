@@ -1,0 +1,41 @@
+// Embedding launcher (layer 2): pick the vector width, size the grid, launch, report.
+#include <climits>
+
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/embedding.h"
+
+namespace specd::kernels {
+namespace {
+
+constexpr int64_t kMaxEmbeddingHidden = int64_t{1} << 23;  // keeps the scalar grid's y < 65535
+
+template <int kVec>
+cudaError_t LaunchEmbeddingGather(const int32_t* token_ids, int64_t num_tokens,
+                                  const __nv_bfloat16* table, int64_t vocab_start, int64_t num_rows,
+                                  int64_t hidden, __nv_bfloat16* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(num_tokens),
+                  static_cast<unsigned>(CeilDiv(hidden, int64_t{kVec} * kEmbeddingThreads)));
+  EmbeddingGatherKernel<kVec><<<grid, kEmbeddingThreads, 0, stream>>>(token_ids, table, vocab_start,
+                                                                      num_rows, hidden, out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t EmbeddingGather(const int32_t* token_ids, int64_t num_tokens,
+                            const __nv_bfloat16* table, int64_t vocab_start, int64_t num_rows,
+                            int64_t hidden, __nv_bfloat16* out, cudaStream_t stream) {
+  if (hidden < 1 || hidden > kMaxEmbeddingHidden || num_rows < 0 || num_tokens < 0 ||
+      num_tokens > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_tokens == 0) return cudaSuccess;
+  if (hidden % kBf16PerVec16 == 0 && IsAligned(table, 16) && IsAligned(out, 16)) {
+    return LaunchEmbeddingGather<kBf16PerVec16>(token_ids, num_tokens, table, vocab_start, num_rows,
+                                                hidden, out, stream);
+  }
+  return LaunchEmbeddingGather<1>(token_ids, num_tokens, table, vocab_start, num_rows, hidden, out,
+                                  stream);
+}
+
+}  // namespace specd::kernels

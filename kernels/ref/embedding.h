@@ -1,0 +1,25 @@
+// Reference for the embedding gather kernel (kernels/cuda/embedding.h): the definition of what
+// it computes. Pure function, any thread.
+#pragma once
+
+#include <cstdint>
+
+namespace specd::kernels::ref {
+
+// Looks up each token's row in a shard of the embedding table holding vocabulary ids
+// [vocab_start, vocab_start + num_rows). Ids outside the shard give a zero row, so the shards
+// of a tensor-parallel vocabulary sum to the full lookup after an all-reduce (Megatron-LM's
+// VocabParallelEmbedding); a single GPU uses vocab_start = 0, num_rows = vocab size.
+//   token_ids  [num_tokens] int32, host, in
+//   table      [num_rows, hidden] T, host, in
+//   out        [num_tokens, hidden] T, host, out
+template <typename T>
+void EmbeddingGather(const int32_t* token_ids, int64_t num_tokens, const T* table,
+                     int64_t vocab_start, int64_t num_rows, int64_t hidden, T* out);
+
+extern template void EmbeddingGather<float>(const int32_t*, int64_t, const float*, int64_t, int64_t,
+                                            int64_t, float*);
+extern template void EmbeddingGather<double>(const int32_t*, int64_t, const double*, int64_t,
+                                             int64_t, int64_t, double*);
+
+}  // namespace specd::kernels::ref

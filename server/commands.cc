@@ -1,0 +1,192 @@
+#include "server/commands.h"
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/flags.h"
+
+namespace specd {
+namespace {
+
+constexpr char kDefaultModel[] = "models/codepair/target";
+
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+bool WantsHelp(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
+}
+
+struct GenerateFlags {
+  std::string model = kDefaultModel;
+  std::optional<std::string> prompt, prompt_ids, stop, log_level;
+  int32_t max_tokens = 64, top_k = 0, threads = 0, logprobs = -1, max_model_len = 0;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  std::optional<int64_t> seed;
+  bool json = false, ignore_eos = false;
+
+  void Register(FlagParser& p) {
+    p.Add("model", &model, "HF model directory (default models/codepair/target)");
+    p.Add("prompt", &prompt, "prompt text (BOS added as the tokenizer config says)");
+    p.Add("prompt-ids", &prompt_ids, "prompt token ids, comma-separated");
+    p.Add("max-tokens", &max_tokens, "tokens to generate (default 64)");
+    p.Add("temperature", &temperature, "0 = greedy (default 0)");
+    p.Add("top-p", &top_p, "nucleus sampling mass (default 1)");
+    p.Add("top-k", &top_k, "keep the k most likely tokens (0 = off)");
+    p.Add("min-p", &min_p, "drop tokens below min-p times the top probability");
+    p.Add("repetition-penalty", &repetition_penalty, "HF-style repetition penalty (1 = off)");
+    p.Add("presence-penalty", &presence_penalty, "OpenAI presence penalty");
+    p.Add("frequency-penalty", &frequency_penalty, "OpenAI frequency penalty");
+    p.Add("seed", &seed, "sampling seed (same seed, same output)");
+    p.Add("stop", &stop, "stop string");
+    p.Add("ignore-eos", &ignore_eos, "keep generating after EOS");
+    p.Add("logprobs", &logprobs, "report the sampled token's logprob and the top N");
+    p.Add("threads", &threads, "CPU threads (0 = all cores)");
+    p.Add("max-model-len", &max_model_len, "context limit (0 = the model's)");
+    p.Add("json", &json, "print one JSON object instead of streaming text");
+    p.Add("log-level", &log_level, "trace|debug|info|warn|error");
+  }
+
+  SamplingParams ToSamplingParams() const {
+    SamplingParams s;
+    s.max_tokens = max_tokens;
+    s.temperature = temperature;
+    s.top_p = top_p;
+    s.top_k = top_k;
+    s.min_p = min_p;
+    s.repetition_penalty = repetition_penalty;
+    s.presence_penalty = presence_penalty;
+    s.frequency_penalty = frequency_penalty;
+    if (seed) s.seed = static_cast<uint64_t>(*seed);
+    if (stop) s.stop = {*stop};
+    s.ignore_eos = ignore_eos;
+    s.logprobs = logprobs;
+    return s;
+  }
+};
+
+absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerateFlags& f, const Engine& engine) {
+  std::vector<int32_t> ids;
+  if (f.prompt && f.prompt_ids)
+    return absl::InvalidArgumentError("give --prompt or --prompt-ids, not both");
+  if (f.prompt_ids) {
+    SPECD_RETURN_IF_ERROR(ParseIdList(*f.prompt_ids, &ids));
+    return ids;
+  }
+  const Tokenizer* tok = engine.tokenizer();
+  if (f.prompt) {
+    if (tok == nullptr)
+      return absl::InvalidArgumentError("model has no tokenizer: use --prompt-ids");
+    return tok->Encode(*f.prompt, /*add_special=*/true);
+  }
+  // No prompt: just BOS.
+  std::optional<int32_t> bos = tok ? tok->bos_id() : std::nullopt;
+  if (!bos) bos = engine.model_bos_id();
+  if (!bos) return absl::InvalidArgumentError("model has no BOS token: give a prompt");
+  return std::vector<int32_t>{*bos};
+}
+
+nlohmann::json LogprobsJson(const GenerateResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : r.tokens) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const auto& c : t.top) top.push_back({{"id", c.id}, {"logprob", c.logprob}});
+    out.push_back({{"id", t.id}, {"logprob", t.logprob}, {"top", top}});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status RunGenerate(const std::vector<std::string>& args) {
+  GenerateFlags f;
+  FlagParser parser;
+  f.Register(parser);
+  if (WantsHelp(args)) {
+    std::printf("usage: specd generate [flags]\n%s", parser.Usage().c_str());
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(parser.Parse(args));
+  if (f.log_level && !SetLogLevel(*f.log_level)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-level: unknown level '", *f.log_level, "'"));
+  }
+  EngineOptions options;
+  options.model_dir = f.model;
+  options.num_threads = f.threads;
+  options.max_model_len = f.max_model_len;
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  GenerateRequest request;
+  SPECD_ASSIGN_OR_RETURN(request.prompt_ids, PromptIds(f, *engine));
+  request.params = f.ToSamplingParams();
+  TokenCallback stream;
+  if (!f.json) {
+    stream = [](size_t, const GeneratedToken&, std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  SPECD_ASSIGN_OR_RETURN(GenerateResult result, engine->Generate(request, stream));
+  if (!f.json) {
+    std::printf("\n");
+    return absl::OkStatus();
+  }
+  nlohmann::json out = {{"prompt_ids", result.prompt_ids},
+                        {"ids", result.ids()},
+                        {"text", result.text},
+                        {"finish_reason", FinishReasonName(result.finish_reason)}};
+  if (f.logprobs >= 0) out["logprobs"] = LogprobsJson(result);
+  std::printf("%s\n", Dump(out).c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunTokenize(const std::vector<std::string>& args) {
+  std::string model = kDefaultModel;
+  bool add_special = false;
+  FlagParser parser;
+  parser.Add("model", &model, "HF model/tokenizer directory, or a GGUF file");
+  parser.Add("add-special", &add_special, "add BOS/EOS as the tokenizer config says");
+  if (WantsHelp(args)) {
+    std::printf("usage: specd tokenize [flags] < lines.jsonl\n%s", parser.Usage().c_str());
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(parser.Parse(args));
+  const bool gguf = model.size() > 5 && model.substr(model.size() - 5) == ".gguf";
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok,
+                         gguf ? Tokenizer::FromGguf(model) : Tokenizer::FromDir(model));
+  std::string line;
+  int bad_lines = 0;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    nlohmann::json in = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    absl::StatusOr<std::vector<int32_t>> ids =
+        absl::InvalidArgumentError("each line must be a JSON object with a string \"text\"");
+    if (in.is_object() && in.contains("text") && in["text"].is_string()) {
+      ids = tok->Encode(in["text"].get<std::string>(), add_special);
+    }
+    if (ids.ok()) {
+      std::printf("%s\n", Dump({{"ids", *ids}}).c_str());
+    } else {
+      ++bad_lines;
+      std::printf("%s\n", Dump({{"error", std::string(ids.status().message())}}).c_str());
+    }
+  }
+  if (bad_lines > 0)
+    return absl::InvalidArgumentError(absl::StrCat(bad_lines, " input line(s) failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace specd
