@@ -29,10 +29,10 @@ struct ModelConfig;
 
 struct EngineOptions {
   std::string model_dir;
-  int32_t num_threads = 0;    // 0: one per core
-  int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
-  int32_t block_size = 16;    // KV block size in tokens
-  int64_t kv_cache_bytes = 256ll << 20;
+  int32_t num_threads = 0;              // 0: one per core
+  int32_t max_model_len = 0;            // 0: the model's max_position_embeddings
+  int32_t block_size = 16;              // KV block size in tokens
+  int64_t kv_cache_bytes = 64ll << 20;  // at least one max_model_len sequence fits
 };
 
 struct GenerateRequest {

@@ -6,7 +6,7 @@ PKGS=(
   build-essential cmake ninja-build ccache pkg-config git clang-format python3
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
-  libopenblas-dev libpcre2-dev
+  libopenblas-dev libpcre2-dev libicu-dev
 )
 missing=()
 for p in "${PKGS[@]}"; do
