@@ -1,10 +1,16 @@
 // The engine facade: loads a model directory (weights, tokenizer, chat template) and
-// generates tokens for a batch of requests on the CPU backend. This is the only header
-// server/ includes. Not thread-safe: one caller (the engine thread) at a time.
+// generates tokens on the CPU backend. This is the only engine header server/ includes
+// (plus the Tokenizer / ChatTemplate types it hands out and base/ status and logging).
 //
-// This first engine runs a static batch (all requests prefill together, then decode in
-// lockstep until each finishes); the continuous-batching scheduler of engine/sched
-// replaces the loop without changing these types.
+// Two ways to drive it:
+// - Serving (thread-safe): Start() launches the engine thread, which owns the continuous-
+//   batching scheduler, the KV block manager and every sequence. Front-end threads call
+//   Submit / Abort / BeginDrain / WaitIdle / Stop / Stats; they never touch engine state.
+//   Submit hands the request over through one MPSC queue; the request's OutputCallback is
+//   called on the engine thread with each update, and exactly once with finished = true.
+// - Offline (single caller, engine thread not started): Generate / GenerateBatch run the
+//   same scheduler inline on the caller's thread until the given requests finish (CLI,
+//   goldens). Do not mix the two on one Engine.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 
@@ -26,6 +33,7 @@ class Tokenizer;
 class CpuKvCache;
 class BlockAllocator;
 struct ModelConfig;
+class EngineObserver;
 
 struct EngineOptions {
   std::string model_dir;
@@ -33,14 +41,24 @@ struct EngineOptions {
   int32_t max_model_len = 0;            // 0: the model's max_position_embeddings
   int32_t block_size = 16;              // KV block size in tokens
   int64_t kv_cache_bytes = 64ll << 20;  // at least one max_model_len sequence fits
+  // Continuous batching (vLLM's names where they exist).
+  int32_t max_num_seqs = 256;                // running sequences per step
+  int32_t max_num_batched_tokens = 2048;     // token budget of one step (chunked prefill)
+  int32_t max_waiting = 1024;                // queued requests; Submit past it: ResourceExhausted
+  bool enable_prefix_caching = true;         // share full KV blocks of equal prefixes
+  std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
 
 struct GenerateRequest {
   std::vector<int32_t> prompt_ids;  // [num_prompt_tokens], BOS included if wanted
   SamplingParams params;
+  // Serving only: past it the request ends with DeadlineExceeded wherever it is.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::string request_id;  // the front end's id, for logs (optional)
 };
 
-enum class FinishReason { kStop, kLength };
+// kAbort: cancelled by Abort(), a deadline, Stop(), or an engine error (see the status).
+enum class FinishReason { kStop, kLength, kAbort };
 const char* FinishReasonName(FinishReason r);
 
 struct GeneratedToken {
@@ -61,6 +79,71 @@ struct GenerateResult {
 // Called for each generated token with the request's index in the batch and the text that
 // became safe to stream (may be empty).
 using TokenCallback = std::function<void(size_t index, const GeneratedToken&, std::string_view)>;
+
+using RequestId = uint64_t;
+
+// Token counts of a request, as OpenAI's `usage` reports them.
+struct RequestUsage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+};
+
+// One update of a serving request. tokens/text are what is new since the previous update.
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<GeneratedToken> tokens;
+  std::string text;       // text that became safe to stream (stop strings held back, cut)
+  bool finished = false;  // last update of this request
+  FinishReason finish_reason = FinishReason::kLength;  // when finished
+  // When finished: OK, or why the request failed: Cancelled (Abort), DeadlineExceeded,
+  // Unavailable (Stop() before it finished), Internal (engine error). Tokens already
+  // streamed stay valid.
+  absl::Status status;
+  RequestUsage usage;  // running totals; final when finished
+};
+
+// Called on the engine thread; must be quick and must not block or call back into the
+// engine except Abort (e.g. post to an I/O loop, or push into a queue and notify).
+using OutputCallback = std::function<void(RequestOutput&&)>;
+
+// What /metrics and /ready need; a consistent snapshot, any thread.
+struct EngineStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t kv_blocks_used = 0;
+  int32_t kv_blocks_total = 0;
+  bool draining = false;
+  bool running = false;  // engine thread started and not stopped
+};
+
+// Outcome of a finished request, for metrics.
+enum class RequestOutcome { kStop, kLength, kAbort, kDeadline, kError };
+const char* RequestOutcomeName(RequestOutcome o);
+
+struct FinishedRequestMetrics {
+  RequestOutcome outcome = RequestOutcome::kStop;
+  int32_t prompt_tokens = 0;
+  int32_t generated_tokens = 0;
+  double queue_seconds = 0;  // arrival -> first scheduled
+  double ttft_seconds = -1;  // arrival -> first token; < 0 when none was produced
+  double e2e_seconds = 0;    // arrival -> finished
+};
+
+// Metrics sink the engine calls on its own thread (implementations must be thread-safe
+// against their readers and quick). server/ implements it with prometheus-cpp.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnRequestFinished(const FinishedRequestMetrics& m) = 0;
+  // Gap between consecutive tokens of one request (one call per token after the first).
+  virtual void OnInterTokenLatency(double seconds) = 0;
+  // After every engine step.
+  virtual void OnStep(const EngineStats& stats) = 0;
+  // Counters: prefix-cache lookups and hits (in blocks), sequences preempted.
+  virtual void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) = 0;
+  virtual void OnPreemption(int32_t num_sequences) = 0;
+};
 
 class Engine {
  public:
@@ -83,6 +166,23 @@ class Engine {
       std::span<const GenerateRequest> requests, const TokenCallback& on_token = {});
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                           const TokenCallback& on_token = {});
+
+  // ---- Serving API: thread-safe once Start() returned OK. ----
+  absl::Status Start();
+  // Validates and queues a request. InvalidArgument: bad request (HTTP 400);
+  // ResourceExhausted: waiting queue full (429); Unavailable: draining or stopped (503).
+  // On OK, on_output is called as documented at OutputCallback.
+  absl::StatusOr<RequestId> Submit(GenerateRequest request, OutputCallback on_output);
+  // Cancels the request wherever it is (queued, prefilling, decoding); its KV is freed by
+  // the next step and it finishes with kAbort / Cancelled. Unknown or finished ids: no-op.
+  void Abort(RequestId id);
+  // Admits nothing more (Submit -> Unavailable); queued and running requests go on.
+  void BeginDrain();
+  // Blocks until no request is queued or running, or the timeout passes; true if idle.
+  bool WaitIdle(absl::Duration timeout);
+  // Finishes every remaining request with kAbort / Unavailable and joins the engine thread.
+  void Stop();
+  EngineStats Stats() const;
 
  private:
   Engine() = default;

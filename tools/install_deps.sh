@@ -7,6 +7,11 @@ PKGS=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libopenblas-dev libpcre2-dev libicu-dev
+  # serving: HTTP (Boost.Beast), TLS, gRPC + protobuf, Prometheus metrics
+  libboost-dev libssl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  prometheus-cpp-dev
+  # serving tests: promtool, a Python gRPC client, curl, YAML lint, Node for the OpenAI SDK
+  prometheus python3-grpcio python3-protobuf curl yamllint nodejs
 )
 missing=()
 for p in "${PKGS[@]}"; do
