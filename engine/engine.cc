@@ -7,17 +7,39 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
-#include "engine/kv/block_allocator.h"
+#include "engine/engine_internal.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
-#include "engine/stop_checker.h"
-#include "engine/tokenizer/incremental_detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specd {
 
 const char* FinishReasonName(FinishReason r) {
-  return r == FinishReason::kStop ? "stop" : "length";
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+  }
+  return "unknown";
+}
+
+const char* RequestOutcomeName(RequestOutcome o) {
+  switch (o) {
+    case RequestOutcome::kStop:
+      return "stop";
+    case RequestOutcome::kLength:
+      return "length";
+    case RequestOutcome::kAbort:
+      return "abort";
+    case RequestOutcome::kDeadline:
+      return "deadline";
+    case RequestOutcome::kError:
+      return "error";
+  }
+  return "unknown";
 }
 
 std::vector<int32_t> GenerateResult::ids() const {
@@ -27,20 +49,6 @@ std::vector<int32_t> GenerateResult::ids() const {
   return out;
 }
 
-// Per-request state while it runs.
-struct Engine::Sequence {
-  const GenerateRequest* request;
-  BlockTable blocks;
-  Sampler sampler;
-  TokenHistory history;
-  std::optional<IncrementalDetokenizer> detok;
-  StopChecker stop;
-  std::vector<int32_t> tokens;  // prompt + generated
-  int32_t num_computed = 0;     // positions whose KV is in the cache
-  GenerateResult result;
-  bool finished = false;
-};
-
 namespace {
 
 uint64_t SeedFor(const SamplingParams& p) {
@@ -49,10 +57,45 @@ uint64_t SeedFor(const SamplingParams& p) {
   return (uint64_t{rd()} << 32) | rd();
 }
 
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+RequestOutcome OutcomeOf(FinishReason reason, const absl::Status& status) {
+  if (status.ok())
+    return reason == FinishReason::kStop ? RequestOutcome::kStop : RequestOutcome::kLength;
+  switch (status.code()) {
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnavailable:
+      return RequestOutcome::kAbort;
+    case absl::StatusCode::kDeadlineExceeded:
+      return RequestOutcome::kDeadline;
+    default:
+      return RequestOutcome::kError;
+  }
+}
+
 }  // namespace
 
+Engine::Request::Request(RequestId id, GenerateRequest req, int32_t block_size,
+                         const Tokenizer* tok)
+    : id(id),
+      request(std::move(req)),
+      seq(SeqId{id}, request.prompt_ids, block_size),
+      sampler(request.params, SeedFor(request.params)),
+      stop(request.params.stop) {
+  history.AddPrompt(request.prompt_ids);
+  if (tok) detok.emplace(*tok, request.prompt_ids, /*skip_special=*/true);
+}
+
+Engine::Engine() : shared_(std::make_unique<Shared>()) {}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.block_size < 1 || options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 ||
+      options.max_waiting < 1) {
+    return absl::InvalidArgumentError(
+        "block_size, max_num_seqs, max_num_batched_tokens and max_waiting must be positive");
+  }
   std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
   LoadOptions load;
   load.num_threads = options.num_threads;
   SPECD_ASSIGN_OR_RETURN(engine->model_, Model::Load(options.model_dir, load));
@@ -86,13 +129,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                         options.kv_cache_bytes / block_bytes));
   SPECD_ASSIGN_OR_RETURN(engine->kv_, CpuKvCache::Create(engine->model_->MakeKvCacheSpec(
                                           num_blocks, options.block_size)));
-  engine->allocator_ = std::make_unique<BlockAllocator>(num_blocks);
+  engine->core_ = std::make_unique<Core>(num_blocks, options.block_size, options);
+  {
+    std::lock_guard lock(engine->shared_->mu);
+    engine->shared_->stats.kv_blocks_total = num_blocks;
+  }
   SPECD_LOG_INFO("engine: model {} loaded, {} KV blocks of {} tokens, max_model_len {}",
                  options.model_dir, num_blocks, options.block_size, engine->max_model_len_);
   return engine;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() { Stop(); }
 
 const ModelConfig& Engine::model_config() const { return model_->config(); }
 
@@ -121,60 +168,108 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<Engine::Sequence>> Engine::Admit(
-    std::span<const GenerateRequest> requests) {
-  std::vector<Sequence> seqs;
-  seqs.reserve(requests.size());
-  for (const GenerateRequest& r : requests) SPECD_RETURN_IF_ERROR(Validate(r));
-  for (const GenerateRequest& r : requests) {
-    Sequence s{&r,
-               BlockTable(block_size_),
-               Sampler(r.params, SeedFor(r.params)),
-               {},
-               {},
-               StopChecker(r.params.stop),
-               r.prompt_ids,
-               0,
-               {},
-               false};
-    s.history.AddPrompt(r.prompt_ids);
-    s.result.prompt_ids = r.prompt_ids;
-    if (tokenizer_) s.detok.emplace(*tokenizer_, r.prompt_ids, /*skip_special=*/true);
-    const int32_t needed =
-        std::min<int64_t>(max_model_len_, int64_t{r.params.max_tokens} + r.prompt_ids.size());
-    if (absl::Status st = s.blocks.EnsureCapacity(needed, *allocator_); !st.ok()) {
-      seqs.push_back(std::move(s));
-      Release(seqs);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("KV cache too small for this batch: ", st.message()));
+Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
+                                    absl::Time arrival) {
+  auto owned = std::make_unique<Request>(id, std::move(request), block_size_, tokenizer_.get());
+  Request& r = *owned;
+  r.on_output = std::move(on_output);
+  r.arrival = arrival;
+  core_->scheduler.Add(&r.seq);
+  core_->live[id] = std::move(owned);
+  return r;
+}
+
+void Engine::Request::Emit(const TokenCallback* on_token, std::vector<GeneratedToken> new_tokens,
+                           std::string text, bool finished, FinishReason reason,
+                           absl::Status status) {
+  if (sink != nullptr) {  // offline
+    for (GeneratedToken& t : new_tokens) {
+      if (on_token != nullptr && *on_token) (*on_token)(index, t, text);
+      tokens.push_back(std::move(t));
     }
-    seqs.push_back(std::move(s));
+    if (finished) {
+      sink->prompt_ids = request.prompt_ids;
+      sink->tokens = std::move(tokens);
+      sink->text = stop.text();
+      sink->finish_reason = reason;
+    }
+    return;
   }
-  return seqs;
+  if (!on_output) return;
+  RequestOutput out;
+  out.id = id;
+  out.tokens = std::move(new_tokens);
+  out.text = std::move(text);
+  out.finished = finished;
+  out.finish_reason = reason;
+  out.status = std::move(status);
+  out.usage = Usage();
+  on_output(std::move(out));
 }
 
-void Engine::Release(std::vector<Sequence>& seqs) {
-  for (Sequence& s : seqs) s.blocks.Release(*allocator_).IgnoreError();
+RequestUsage Engine::Request::Usage() const {
+  RequestUsage u;
+  u.prompt_tokens = seq.num_prompt_tokens();
+  u.completion_tokens = seq.num_generated();
+  u.cached_prompt_tokens = std::max(0, seq.num_cached_prompt_tokens());
+  return u;
 }
 
-// Runs every unfinished sequence's uncomputed tokens through the model; one logits row
-// per unfinished sequence, in order.
-absl::Status Engine::Step(std::vector<Sequence>& seqs, std::vector<float>* logits) {
-  std::vector<SequenceInput> batch;
-  for (Sequence& s : seqs) {
-    if (s.finished) continue;
+// One engine step: schedule, run the ragged batch, sample every sequence whose tokens
+// all have KV now. False when there was nothing to run.
+absl::StatusOr<bool> Engine::RunStep() {
+  Core& c = *core_;
+  const StepPlan plan = c.scheduler.Schedule();
+  NoteScheduled(plan, absl::Now());
+  if (plan.empty()) return false;
+  // Admissions changed the queue: publish before any token is streamed, so that a client
+  // reacting to its first token sees the waiting count without it.
+  PublishStats(false);
+  c.batch.clear();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const Sequence& seq = *chunk.seq;
     SequenceInput in;
-    in.tokens = std::span<const int32_t>(s.tokens).subspan(s.num_computed);
-    in.start_pos = s.num_computed;
-    in.block_table = s.blocks.ids();
-    batch.push_back(in);
+    in.tokens = seq.tokens().subspan(seq.num_computed(), chunk.num_new_tokens);
+    in.start_pos = seq.num_computed();
+    in.block_table = seq.blocks().ids();
+    c.batch.push_back(in);
   }
-  logits->clear();
-  SPECD_RETURN_IF_ERROR(model_->Forward(batch, *kv_, logits));
-  for (Sequence& s : seqs) {
-    if (!s.finished) s.num_computed = static_cast<int32_t>(s.tokens.size());
+  c.logits.clear();
+  if (absl::Status s = model_->Forward(c.batch, *kv_, &c.logits); !s.ok()) {
+    const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      FinishRequest(*c.live.find(chunk.seq->id().value)->second, FinishReason::kAbort, failed,
+                    absl::Now());
+    }
+    return failed;
   }
-  return absl::OkStatus();
+  c.scheduler.Postprocess(plan);
+  const int32_t vocab = model_->config().vocab_size;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const Sequence* seq = plan.chunks[i].seq;
+    if (seq->num_uncomputed() != 0) continue;  // a prefill chunk short of the end
+    SampleNext(*c.live.find(seq->id().value)->second,
+               std::span<float>(c.logits).subspan(i * vocab, vocab), now);
+  }
+  return true;
+}
+
+void Engine::NoteScheduled(const StepPlan& plan, absl::Time now) {
+  for (const Sequence* seq : plan.admitted) {
+    Request& r = *core_->live.find(seq->id().value)->second;
+    if (!r.first_scheduled) r.first_scheduled = now;
+  }
+  if (!plan.preempted.empty()) {
+    SPECD_LOG_DEBUG("engine: preempted {} sequences (KV full)", plan.preempted.size());
+  }
+  EngineObserver* observer = options_.observer.get();
+  if (observer == nullptr) return;
+  if (plan.num_queried_blocks > 0)
+    observer->OnPrefixCache(plan.num_queried_blocks, plan.num_hit_blocks);
+  if (!plan.preempted.empty()) {
+    observer->OnPreemption(static_cast<int32_t>(plan.preempted.size()));
+  }
 }
 
 namespace {
@@ -185,56 +280,98 @@ bool Contains(const std::vector<int32_t>& v, int32_t id) {
 
 }  // namespace
 
-void Engine::SampleNext(Sequence& s, size_t index, std::span<float> logits,
-                        const TokenCallback& on_token) {
-  const SamplingParams& p = s.request->params;
-  const int32_t num_generated = static_cast<int32_t>(s.result.tokens.size());
+void Engine::SampleNext(Request& r, std::span<float> logits, absl::Time now) {
+  const SamplingParams& p = r.request.params;
+  const int32_t num_generated = r.seq.num_generated();
   std::vector<int32_t> banned;
   if (num_generated < p.min_tokens) {
     banned = p.stop_token_ids;
     if (!p.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
   }
-  SampleResult r = s.sampler.Sample(logits, s.history, banned);
-  s.tokens.push_back(r.id);
-  s.history.AddOutput(r.id);
-  s.result.tokens.push_back({r.id, r.logprob, std::move(r.top)});
+  SampleResult sampled = r.sampler.Sample(logits, r.history, banned);
+  r.seq.AppendToken(sampled.id);
+  r.history.AddOutput(sampled.id);
+  std::vector<GeneratedToken> token = {{sampled.id, sampled.logprob, std::move(sampled.top)}};
 
-  bool stop = (!p.ignore_eos && Contains(eos_ids_, r.id)) || Contains(p.stop_token_ids, r.id);
-  if (s.detok) stop |= s.stop.Append(s.detok->Push(r.id));
-  const bool length =
-      num_generated + 1 >= p.max_tokens || static_cast<int32_t>(s.tokens.size()) >= max_model_len_;
-  s.finished = stop || length;
-  if (s.finished && s.detok && !s.stop.stopped()) stop |= s.stop.Append(s.detok->Flush());
-  const std::string text = s.stop.TakeStreamable(s.finished);
-  if (on_token) on_token(index, s.result.tokens.back(), text);
-  if (s.finished) {
-    s.result.text = s.stop.text();
-    s.result.finish_reason = stop ? FinishReason::kStop : FinishReason::kLength;
+  bool stop =
+      (!p.ignore_eos && Contains(eos_ids_, sampled.id)) || Contains(p.stop_token_ids, sampled.id);
+  if (r.detok) stop |= r.stop.Append(r.detok->Push(sampled.id));
+  const bool length = num_generated + 1 >= p.max_tokens || r.seq.num_tokens() >= max_model_len_;
+  const bool finished = stop || length;
+  if (finished && r.detok && !r.stop.stopped()) stop |= r.stop.Append(r.detok->Flush());
+  std::string text = r.stop.TakeStreamable(finished);
+  if (r.first_token && options_.observer) {
+    options_.observer->OnInterTokenLatency(Seconds(now - r.last_token));
   }
+  if (!r.first_token) r.first_token = now;
+  r.last_token = now;
+  if (finished) {
+    FinishRequest(r, stop ? FinishReason::kStop : FinishReason::kLength, absl::OkStatus(), now,
+                  std::move(token), std::move(text));
+    return;
+  }
+  r.Emit(core_->on_token, std::move(token), std::move(text), false, FinishReason::kLength,
+         absl::OkStatus());
 }
+
+// Frees the request's KV, sends its last update, reports it, and destroys it.
+void Engine::FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
+                           std::vector<GeneratedToken> tokens, std::string text) {
+  core_->scheduler.Finish(&r.seq);
+  if (EngineObserver* observer = options_.observer.get()) {
+    FinishedRequestMetrics m;
+    m.outcome = OutcomeOf(reason, status);
+    m.prompt_tokens = r.seq.num_prompt_tokens();
+    m.generated_tokens = r.seq.num_generated();
+    m.queue_seconds = Seconds(r.first_scheduled.value_or(now) - r.arrival);
+    m.ttft_seconds = r.first_token ? Seconds(*r.first_token - r.arrival) : -1.0;
+    m.e2e_seconds = Seconds(now - r.arrival);
+    observer->OnRequestFinished(m);
+  }
+  if (!status.ok()) {
+    SPECD_LOG_DEBUG("engine: request {} ({}) ended: {}", r.id, r.request.request_id,
+                    status.ToString());
+  }
+  r.Emit(core_->on_token, std::move(tokens), std::move(text), true, reason, std::move(status));
+  core_->live.erase(r.id);
+}
+
+void Engine::FinishAll(const absl::Status& status) {
+  std::vector<RequestId> ids;
+  for (const auto& [id, r] : core_->live) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  const absl::Time now = absl::Now();
+  for (RequestId id : ids) FinishRequest(*core_->live[id], FinishReason::kAbort, status, now);
+}
+
+// ---- Offline ----
 
 absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
     std::span<const GenerateRequest> requests, const TokenCallback& on_token) {
-  SPECD_ASSIGN_OR_RETURN(std::vector<Sequence> seqs, Admit(requests));
-  const int32_t vocab = model_->config().vocab_size;
-  std::vector<float> logits;
-  absl::Status status;
-  for (bool running = true; running && status.ok();) {
-    status = Step(seqs, &logits);
-    if (!status.ok()) break;
-    running = false;
-    size_t row = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (seqs[i].finished) continue;
-      SampleNext(seqs[i], i, std::span<float>(logits).subspan(row++ * vocab, vocab), on_token);
-      running |= !seqs[i].finished;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (shared_->started) {
+      return absl::FailedPreconditionError("the engine is serving: use Submit, not Generate");
     }
   }
-  Release(seqs);
+  for (const GenerateRequest& r : requests) SPECD_RETURN_IF_ERROR(Validate(r));
+  std::vector<GenerateResult> results(requests.size());
+  core_->on_token = &on_token;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = AddRequest(core_->next_offline_id++, requests[i], {}, now);
+    r.sink = &results[i];
+    r.index = i;
+  }
+  absl::Status status;
+  while (!core_->live.empty() && status.ok()) {
+    absl::StatusOr<bool> ran = RunStep();
+    status = ran.status();
+    if (status.ok() && !*ran) status = absl::InternalError("scheduler made no progress");
+  }
+  if (!status.ok()) FinishAll(status);
+  core_->on_token = nullptr;
   SPECD_RETURN_IF_ERROR(status);
-  std::vector<GenerateResult> results;
-  results.reserve(seqs.size());
-  for (Sequence& s : seqs) results.push_back(std::move(s.result));
   return results;
 }
 

@@ -31,9 +31,9 @@ namespace specd {
 class Model;
 class Tokenizer;
 class CpuKvCache;
-class BlockAllocator;
 struct ModelConfig;
 class EngineObserver;
+struct StepPlan;
 
 struct EngineOptions {
   std::string model_dir;
@@ -45,6 +45,7 @@ struct EngineOptions {
   int32_t max_num_seqs = 256;                // running sequences per step
   int32_t max_num_batched_tokens = 2048;     // token budget of one step (chunked prefill)
   int32_t max_waiting = 1024;                // queued requests; Submit past it: ResourceExhausted
+                                             // (>= 1; preempted sequences count as queued)
   bool enable_prefix_caching = true;         // share full KV blocks of equal prefixes
   std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
@@ -167,10 +168,15 @@ class Engine {
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                           const TokenCallback& on_token = {});
 
+  // Offline calls return FailedPrecondition once Start() was called; KV exhaustion is
+  // handled by preemption (recompute), never an error.
+
   // ---- Serving API: thread-safe once Start() returned OK. ----
+  // Launches the engine thread. FailedPrecondition when called twice.
   absl::Status Start();
   // Validates and queues a request. InvalidArgument: bad request (HTTP 400);
-  // ResourceExhausted: waiting queue full (429); Unavailable: draining or stopped (503).
+  // ResourceExhausted: waiting queue full (429); Unavailable: draining, stopped or never
+  // started (503).
   // On OK, on_output is called as documented at OutputCallback.
   absl::StatusOr<RequestId> Submit(GenerateRequest request, OutputCallback on_output);
   // Cancels the request wherever it is (queued, prefilling, decoding); its KV is freed by
@@ -181,25 +187,37 @@ class Engine {
   // Blocks until no request is queued or running, or the timeout passes; true if idle.
   bool WaitIdle(absl::Duration timeout);
   // Finishes every remaining request with kAbort / Unavailable and joins the engine thread.
+  // Idempotent; also done by the destructor. Must not be called from an OutputCallback.
   void Stop();
   EngineStats Stats() const;
 
  private:
-  Engine() = default;
-  struct Sequence;
-  absl::StatusOr<std::vector<Sequence>> Admit(std::span<const GenerateRequest> requests);
-  absl::Status Step(std::vector<Sequence>& seqs, std::vector<float>* logits);
-  void SampleNext(Sequence& s, size_t index, std::span<float> logits,
-                  const TokenCallback& on_token);
-  void Release(std::vector<Sequence>& seqs);
+  struct Request;  // one request's sampling / streaming state and its Sequence
+  struct Core;     // engine-thread state: block manager, scheduler, live requests
+  struct Shared;   // the inbox and the stats snapshot: all front-end threads touch
 
+  Engine();
+  Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
+                      absl::Time arrival);
+  absl::StatusOr<bool> RunStep();
+  void NoteScheduled(const StepPlan& plan, absl::Time now);
+  void SampleNext(Request& r, std::span<float> logits, absl::Time now);
+  void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
+                     std::vector<GeneratedToken> tokens = {}, std::string text = {});
+  void FinishAll(const absl::Status& status);
+  void ServeLoop();
+  void ExpireDeadlines(absl::Time now);
+  void PublishStats(bool step_ran);
+
+  EngineOptions options_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CpuKvCache> kv_;
-  std::unique_ptr<BlockAllocator> allocator_;
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int32_t block_size_ = 16;
+  std::unique_ptr<Core> core_;
+  std::unique_ptr<Shared> shared_;
 };
 
 }  // namespace specd

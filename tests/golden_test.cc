@@ -21,8 +21,7 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-std::unique_ptr<Engine> MakeEngine(const std::string& dir) {
-  EngineOptions options;
+std::unique_ptr<Engine> MakeEngine(const std::string& dir, EngineOptions options = {}) {
   options.model_dir = dir;
   auto engine = Engine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -81,6 +80,47 @@ TEST_P(CodepairGoldenTest, GreedyBatchOfEightEqualsHfAndEachAlone) {
     ASSERT_TRUE(alone.ok());
     EXPECT_EQ(alone->ids(), (*batch)[i].ids()) << "prompt " << i << " alone vs in a batch";
   }
+}
+
+// Counts preemptions and prefix-cache hits (called on the generating thread here).
+class CountingObserver : public EngineObserver {
+ public:
+  void OnRequestFinished(const FinishedRequestMetrics&) override {}
+  void OnInterTokenLatency(double) override {}
+  void OnStep(const EngineStats&) override {}
+  void OnPrefixCache(int64_t, int64_t hit) override { hit_blocks += hit; }
+  void OnPreemption(int32_t n) override { preempted += n; }
+  int64_t hit_blocks = 0;
+  int64_t preempted = 0;
+};
+
+// The same goldens through the continuous-batching scheduler at its tightest: a KV pool of
+// 16 blocks (the 16 requests need about 150) forces preemption by recompute, a token
+// budget of 32 chunks every prefill, and every prompt comes twice, so the second copy
+// (or a recomputed sequence) starts from prefix-cache blocks.
+TEST_P(CodepairGoldenTest, GreedyEqualsHfUnderPreemptionChunkedPrefillAndPrefixCache) {
+  auto observer = std::make_shared<CountingObserver>();
+  EngineOptions options;
+  options.observer = observer;
+  options.max_model_len = 256;
+  options.kv_cache_bytes = 1;  // the minimum: one max_model_len sequence (16 blocks)
+  options.max_num_batched_tokens = 32;
+  auto engine = MakeEngine(kModels + "/codepair/" + GetParam(), options);
+  ASSERT_NE(engine, nullptr);
+  auto golden = nlohmann::json::parse(ReadAll(kModels + "/codepair/golden.json"))[GetParam()];
+  std::vector<GenerateRequest> requests;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (int i = 0; i < 8; ++i)
+      requests.push_back(Greedy(golden[i]["prompt_ids"].get<std::vector<int32_t>>(), 48));
+  }
+  auto batch = engine->GenerateBatch(requests);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ((*batch)[i].ids(), golden[i % 8]["greedy_ids"].get<std::vector<int32_t>>())
+        << "request " << i;
+  }
+  EXPECT_GT(observer->preempted, 0);
+  EXPECT_GT(observer->hit_blocks, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(TargetAndDraft, CodepairGoldenTest, ::testing::Values("target", "draft"));

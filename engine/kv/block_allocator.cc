@@ -5,19 +5,63 @@
 namespace specd {
 
 BlockAllocator::BlockAllocator(int32_t num_blocks)
-    : ref_counts_(num_blocks > 0 ? num_blocks : 0, 0) {
-  for (int32_t i = 0; i < this->num_blocks(); ++i) free_.push_back(i);
+    : ref_counts_(num_blocks > 0 ? num_blocks : 0, 0),
+      next_free_(ref_counts_.size(), -1),
+      prev_free_(ref_counts_.size(), -1) {
+  for (int32_t i = 0; i < this->num_blocks(); ++i) PushFree(i);
+}
+
+void BlockAllocator::PushFree(int32_t id) {
+  prev_free_[id] = free_tail_;
+  next_free_[id] = -1;
+  if (free_tail_ >= 0) {
+    next_free_[free_tail_] = id;
+  } else {
+    free_head_ = id;
+  }
+  free_tail_ = id;
+  ++num_free_;
+}
+
+void BlockAllocator::Unlink(int32_t id) {
+  const int32_t prev = prev_free_[id];
+  const int32_t next = next_free_[id];
+  if (prev >= 0) {
+    next_free_[prev] = next;
+  } else {
+    free_head_ = next;
+  }
+  if (next >= 0) {
+    prev_free_[next] = prev;
+  } else {
+    free_tail_ = prev;
+  }
+  prev_free_[id] = next_free_[id] = -1;
+  --num_free_;
 }
 
 absl::StatusOr<BlockId> BlockAllocator::Allocate() {
-  if (free_.empty()) {
+  if (free_head_ < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV cache full: all ", num_blocks(), " blocks in use"));
   }
-  const int32_t id = free_.front();
-  free_.pop_front();
+  const int32_t id = free_head_;
+  Unlink(id);
   ref_counts_[id] = 1;
   return BlockId{id};
+}
+
+absl::Status BlockAllocator::Revive(BlockId id) {
+  if (id.value < 0 || id.value >= num_blocks()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("block id ", id.value, " outside [0, ", num_blocks(), ")"));
+  }
+  if (ref_counts_[id.value] != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("block ", id.value, " is in use"));
+  }
+  Unlink(id.value);
+  ref_counts_[id.value] = 1;
+  return absl::OkStatus();
 }
 
 absl::Status BlockAllocator::CheckAllocated(BlockId id) const {
@@ -39,7 +83,7 @@ absl::Status BlockAllocator::AddRef(BlockId id) {
 
 absl::Status BlockAllocator::Free(BlockId id) {
   if (absl::Status s = CheckAllocated(id); !s.ok()) return s;
-  if (--ref_counts_[id.value] == 0) free_.push_back(id.value);
+  if (--ref_counts_[id.value] == 0) PushFree(id.value);
   return absl::OkStatus();
 }
 

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <span>
 #include <vector>
 
@@ -27,13 +26,17 @@ class BlockAllocator {
   explicit BlockAllocator(int32_t num_blocks);
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
-  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+  int32_t num_free() const { return num_free_; }
   bool CanAllocate(int32_t n) const { return n <= num_free(); }
 
   // Takes the oldest free block (FIFO, so recently freed blocks, whose contents a prefix
   // cache may still want, are reused last); its ref count becomes 1.
   // ResourceExhausted when none is free.
   absl::StatusOr<BlockId> Allocate();
+  // Takes one particular free block off the free list (a prefix-cache hit on a block
+  // whose last user freed it); its ref count becomes 1. FailedPrecondition when the block
+  // is in use, OutOfRange for a bad id. O(1).
+  absl::Status Revive(BlockId id);
   // Adds a reference to an allocated block (a second sequence sharing it).
   absl::Status AddRef(BlockId id);
   // Drops one reference; the block returns to the free list at zero.
@@ -43,9 +46,17 @@ class BlockAllocator {
 
  private:
   absl::Status CheckAllocated(BlockId id) const;
+  void PushFree(int32_t id);
+  void Unlink(int32_t id);
 
   std::vector<int32_t> ref_counts_;  // [num_blocks]
-  std::deque<int32_t> free_;         // [num_free] block ids, oldest free first
+  // The free list, oldest free first, as an intrusive doubly linked list so that Revive
+  // can take a block out of its middle in O(1). -1 ends the list.
+  std::vector<int32_t> next_free_;  // [num_blocks]
+  std::vector<int32_t> prev_free_;  // [num_blocks]
+  int32_t free_head_ = -1;
+  int32_t free_tail_ = -1;
+  int32_t num_free_ = 0;
 };
 
 // The blocks of one sequence, in position order: position p lives in block
@@ -63,6 +74,10 @@ class BlockTable {
   int32_t capacity() const { return num_blocks() * block_size_; }
   // Raw block ids, the form Model::Forward's SequenceInput::block_table takes.
   std::span<const int32_t> ids() const { return ids_; }
+  BlockId block(int32_t i) const { return BlockId{ids_[i]}; }
+  // Appends a block the caller already holds a reference to (BlockManager: a shared
+  // prefix-cache block or one it allocated itself).
+  void Append(BlockId id) { ids_.push_back(id.value); }
 
   // Allocates blocks until num_tokens positions fit. All or nothing: on
   // ResourceExhausted the table and the allocator are unchanged.

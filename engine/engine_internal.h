@@ -1,0 +1,106 @@
+// Private to engine/: the state behind Engine's pimpl members, shared by engine.cc (model,
+// steps, sampling, offline calls) and engine_serving.cc (the engine thread and the
+// thread-safe serving API). server/ never includes this.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/kv/block_manager.h"
+#include "engine/model/model.h"
+#include "engine/sample/sampler.h"
+#include "engine/sched/scheduler.h"
+#include "engine/stop_checker.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
+
+namespace specd {
+
+// One request while it is live: its scheduler Sequence plus what turns logits into
+// streamed text. Owned by Core::live; engine thread (or the offline caller) only.
+struct Engine::Request {
+  Request(RequestId id, GenerateRequest req, int32_t block_size, const Tokenizer* tok);
+
+  RequestId id;
+  GenerateRequest request;
+  Sequence seq;
+  Sampler sampler;
+  TokenHistory history;
+  std::optional<IncrementalDetokenizer> detok;
+  StopChecker stop;
+  OutputCallback on_output;            // serving
+  GenerateResult* sink = nullptr;      // offline: where the result goes when finished
+  size_t index = 0;                    // offline: index in the batch, for on_token
+  std::vector<GeneratedToken> tokens;  // generated so far (offline result)
+  absl::Time arrival;
+  std::optional<absl::Time> first_scheduled;
+  std::optional<absl::Time> first_token;
+  absl::Time last_token;
+
+  // Sends an update: to on_output (serving) or on_token and the result (offline).
+  void Emit(const TokenCallback* on_token, std::vector<GeneratedToken> new_tokens, std::string text,
+            bool finished, FinishReason reason, absl::Status status);
+  RequestUsage Usage() const;
+};
+
+// Everything the engine thread (or the offline caller) owns; never touched by others.
+struct Engine::Core {
+  Core(int32_t num_blocks, int32_t block_size, const EngineOptions& options)
+      : blocks(num_blocks, block_size, options.enable_prefix_caching),
+        scheduler({options.max_num_seqs, options.max_num_batched_tokens}, &blocks) {}
+
+  BlockManager blocks;
+  Scheduler scheduler;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> live;
+  const TokenCallback* on_token = nullptr;  // offline GenerateBatch's callback
+  bool serving = false;                     // inside ServeLoop
+  RequestId next_offline_id = 1;
+  std::vector<SequenceInput> batch;  // [num_chunks] scratch
+  std::vector<float> logits;         // [num_chunks, vocab] scratch
+};
+
+// The only state shared with front-end threads: the inbox (new requests, aborts, control
+// flags) and the stats snapshot the engine thread publishes after every step.
+struct Engine::Shared {
+  struct Pending {
+    RequestId id;
+    GenerateRequest request;
+    OutputCallback on_output;
+    absl::Time arrival;
+  };
+
+  // std::mutex rather than absl::Mutex: the distribution's abseil is not built with
+  // ThreadSanitizer annotations, and the engine's hand-off must stay checkable by TSAN.
+  mutable std::mutex mu;
+  std::condition_variable work_cv;  // engine thread: inbox, aborts or stop
+  std::condition_variable idle_cv;  // WaitIdle: stats published with nothing left
+  std::vector<Pending> inbox ABSL_GUARDED_BY(mu);
+  std::vector<RequestId> aborts ABSL_GUARDED_BY(mu);
+  RequestId next_id ABSL_GUARDED_BY(mu) = 1;
+  bool started ABSL_GUARDED_BY(mu) = false;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool draining ABSL_GUARDED_BY(mu) = false;
+  // Published by the engine thread; num_waiting also counts requests it took from the
+  // inbox but has not published since (so Submit's bound is never loose).
+  EngineStats stats ABSL_GUARDED_BY(mu);
+
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !inbox.empty() || !aborts.empty() || stopping;
+  }
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return inbox.empty() && stats.num_running == 0 && stats.num_waiting == 0;
+  }
+
+  std::mutex join_mu;                           // serializes Start / Stop
+  std::thread thread ABSL_GUARDED_BY(join_mu);  // started by Start, joined by Stop
+};
+
+}  // namespace specd

@@ -1,0 +1,178 @@
+// The serving half of Engine: the engine thread's loop and the thread-safe API front-end
+// threads call (Start, Submit, Abort, BeginDrain, WaitIdle, Stop, Stats). The inbox and
+// the stats snapshot in Engine::Shared are the only state both sides touch.
+#include <chrono>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+
+namespace specd {
+
+absl::Status Engine::Start() {
+  std::lock_guard join_lock(shared_->join_mu);
+  std::lock_guard lock(shared_->mu);
+  if (shared_->started) return absl::FailedPreconditionError("engine already started");
+  shared_->started = true;
+  shared_->stats.running = true;
+  shared_->thread = std::thread([this] { ServeLoop(); });
+  SPECD_LOG_INFO("engine: serving (max_num_seqs {}, max_num_batched_tokens {}, max_waiting {})",
+                 options_.max_num_seqs, options_.max_num_batched_tokens, options_.max_waiting);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request, OutputCallback on_output) {
+  SPECD_RETURN_IF_ERROR(Validate(request));
+  const absl::Time arrival = absl::Now();
+  RequestId id = 0;
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->started || shared_->stopping) {
+      return absl::UnavailableError("the engine is not running");
+    }
+    if (shared_->draining) return absl::UnavailableError("the engine is draining");
+    const int64_t queued = int64_t{shared_->stats.num_waiting} + shared_->inbox.size();
+    if (queued >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("waiting queue full (", options_.max_waiting, " requests)"));
+    }
+    id = shared_->next_id++;
+    shared_->inbox.push_back({id, std::move(request), std::move(on_output), arrival});
+  }
+  shared_->work_cv.notify_one();
+  return id;
+}
+
+void Engine::Abort(RequestId id) {
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->started || shared_->stopping) return;
+    shared_->aborts.push_back(id);
+  }
+  shared_->work_cv.notify_one();
+}
+
+void Engine::BeginDrain() {
+  std::lock_guard lock(shared_->mu);
+  shared_->draining = true;
+}
+
+bool Engine::WaitIdle(absl::Duration timeout) {
+  std::unique_lock lock(shared_->mu);
+  auto idle = [this]() { return shared_->Idle(); };
+  if (timeout >= absl::Hours(24 * 365)) {  // chrono would overflow on "infinite"
+    shared_->idle_cv.wait(lock, idle);
+    return true;
+  }
+  return shared_->idle_cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), idle);
+}
+
+void Engine::Stop() {
+  std::lock_guard join_lock(shared_->join_mu);
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->stopping = true;
+  }
+  shared_->work_cv.notify_one();
+  if (shared_->thread.joinable()) {
+    shared_->thread.join();
+    SPECD_LOG_INFO("engine: stopped");
+  }
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard lock(shared_->mu);
+  EngineStats s = shared_->stats;
+  s.num_waiting += static_cast<int32_t>(shared_->inbox.size());
+  s.draining = shared_->draining;
+  return s;
+}
+
+// The observer hears of a step before the snapshot is published, so whoever saw
+// WaitIdle return also sees every OnStep of the work it waited for.
+void Engine::PublishStats(bool step_ran) {
+  EngineStats s;
+  s.num_running = core_->scheduler.num_running();
+  s.num_waiting = core_->scheduler.num_waiting();
+  s.kv_blocks_used = core_->blocks.num_used_blocks();
+  s.kv_blocks_total = core_->blocks.num_blocks();
+  s.running = core_->serving;
+  if (step_ran && options_.observer) {
+    {
+      std::lock_guard lock(shared_->mu);
+      s.draining = shared_->draining;
+    }
+    options_.observer->OnStep(s);
+  }
+  bool idle = false;
+  {
+    std::lock_guard lock(shared_->mu);
+    s.draining = shared_->draining;
+    shared_->stats = s;
+    idle = shared_->Idle();
+  }
+  if (idle) shared_->idle_cv.notify_all();
+}
+
+void Engine::ExpireDeadlines(absl::Time now) {
+  std::vector<RequestId> expired;
+  for (const auto& [id, r] : core_->live) {
+    if (r->request.deadline <= now) expired.push_back(id);
+  }
+  for (RequestId id : expired) {
+    FinishRequest(*core_->live[id], FinishReason::kAbort,
+                  absl::DeadlineExceededError("request deadline passed"), now);
+  }
+}
+
+// The engine thread: take new requests and aborts from the inbox, drop expired requests,
+// run one step, publish stats; sleep while there is nothing to do.
+void Engine::ServeLoop() {
+  Shared& sh = *shared_;
+  core_->serving = true;
+  for (;;) {
+    std::vector<Shared::Pending> incoming;
+    std::vector<RequestId> aborts;
+    bool stopping = false;
+    {
+      std::unique_lock lock(sh.mu);
+      if (core_->live.empty()) sh.work_cv.wait(lock, [&sh] { return sh.HasWork(); });
+      incoming.swap(sh.inbox);
+      aborts.swap(sh.aborts);
+      stopping = sh.stopping;
+      sh.stats.num_waiting += static_cast<int32_t>(incoming.size());
+    }
+    for (Shared::Pending& p : incoming) {
+      AddRequest(p.id, std::move(p.request), std::move(p.on_output), p.arrival);
+    }
+    const absl::Time now = absl::Now();
+    for (RequestId id : aborts) {
+      auto it = core_->live.find(id);
+      if (it != core_->live.end()) {
+        FinishRequest(*it->second, FinishReason::kAbort, absl::CancelledError("aborted"), now);
+      }
+    }
+    if (stopping) break;
+    ExpireDeadlines(now);
+    bool ran = false;
+    if (!core_->live.empty()) {
+      absl::StatusOr<bool> step = RunStep();
+      if (!step.ok()) SPECD_LOG_ERROR("engine: step failed: {}", step.status().ToString());
+      ran = step.ok() && *step;
+    }
+    PublishStats(ran);
+    if (!ran && !core_->live.empty()) {
+      // Nothing could be scheduled (cannot happen with a valid KV pool): do not spin.
+      std::unique_lock lock(sh.mu);
+      sh.work_cv.wait_for(lock, std::chrono::milliseconds(1), [&sh] { return sh.HasWork(); });
+    }
+  }
+  FinishAll(absl::UnavailableError("the engine stopped"));
+  core_->serving = false;
+  PublishStats(false);
+}
+
+}  // namespace specd

@@ -1,0 +1,113 @@
+#include "engine/sched/scheduler.h"
+
+#include <algorithm>
+
+#include "engine/base/log.h"
+
+namespace specd {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* blocks)
+    : config_(config), blocks_(blocks), admission_(config.max_num_seqs) {}
+
+void Scheduler::Add(Sequence* seq) {
+  seq->status_ = SequenceStatus::kWaiting;
+  waiting_.push_back(seq);
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  TokenBudget budget(config_.max_num_batched_tokens);
+  ScheduleDecodes(budget, plan);
+  SchedulePartialPrefills(budget, plan);
+  // Sequences preempted this step would only be taken back in (and preempted again):
+  // admissions wait for a step that needed no preemption, as in vLLM.
+  if (plan.preempted.empty()) Admit(budget, plan);
+  plan.num_batched_tokens = budget.used();
+  return plan;
+}
+
+void Scheduler::ScheduleDecodes(TokenBudget& budget, StepPlan& plan) {
+  for (size_t i = 0; i < running_.size() && budget.remaining() > 0; ++i) {
+    Sequence* seq = running_[i];
+    if (seq->num_uncomputed() != 1) continue;
+    // Victims are newer than seq (not yet scheduled this step), or seq itself.
+    bool self_preempted = false;
+    while (!blocks_->CanAppend(seq->blocks(), seq->num_tokens())) {
+      Sequence* victim = running_[preemption_.SelectVictim(running_)];
+      Preempt(victim, plan);
+      if (victim == seq) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // seq was the newest: nothing left behind it
+    blocks_->MayAppend(seq->blocks_, seq->num_tokens()).IgnoreError();  // CanAppend held
+    plan.chunks.push_back({seq, budget.Take(1)});
+  }
+}
+
+void Scheduler::SchedulePartialPrefills(TokenBudget& budget, StepPlan& plan) {
+  for (Sequence* seq : running_) {
+    if (budget.remaining() == 0) break;
+    if (seq->num_uncomputed() <= 1) continue;
+    plan.chunks.push_back({seq, budget.Take(seq->num_uncomputed())});
+  }
+}
+
+void Scheduler::Admit(TokenBudget& budget, StepPlan& plan) {
+  while (!waiting_.empty()) {
+    Sequence* seq = waiting_.front();
+    if (!admission_.CanAdmit(*seq, num_running(), budget, *blocks_)) break;
+    const int64_t queried = blocks_->num_queried_blocks();
+    const int64_t hit = blocks_->num_hit_blocks();
+    absl::StatusOr<int32_t> cached = blocks_->Allocate(seq->tokens(), seq->blocks_);
+    if (!cached.ok()) {  // unreachable after CanAllocate; leave it queued
+      SPECD_LOG_ERROR("scheduler: admission failed: {}", cached.status().ToString());
+      break;
+    }
+    plan.num_queried_blocks += blocks_->num_queried_blocks() - queried;
+    plan.num_hit_blocks += blocks_->num_hit_blocks() - hit;
+    waiting_.pop_front();
+    seq->num_computed_ = *cached;
+    if (seq->num_cached_prompt_tokens_ < 0) {
+      seq->num_cached_prompt_tokens_ = std::min(*cached, seq->num_prompt_tokens_);
+    }
+    seq->status_ = SequenceStatus::kRunning;
+    running_.push_back(seq);
+    plan.admitted.push_back(seq);
+    plan.chunks.push_back({seq, budget.Take(seq->num_uncomputed())});
+  }
+}
+
+void Scheduler::Preempt(Sequence* seq, StepPlan& plan) {
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  blocks_->Deallocate(seq->blocks_).IgnoreError();  // tables only hold allocated blocks
+  seq->num_computed_ = 0;
+  seq->status_ = SequenceStatus::kWaiting;
+  ++seq->num_preemptions_;
+  // Preemptions of one step go newest first, so pushing each to the front keeps the
+  // older sequence ahead.
+  waiting_.push_front(seq);
+  plan.preempted.push_back(seq);
+}
+
+void Scheduler::Postprocess(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    c.seq->num_computed_ += c.num_new_tokens;
+    blocks_->CacheComputedBlocks(c.seq->blocks_, c.seq->tokens(), c.seq->num_computed_);
+  }
+}
+
+void Scheduler::Finish(Sequence* seq) {
+  if (seq->status_ == SequenceStatus::kRunning) {
+    auto it = std::find(running_.begin(), running_.end(), seq);
+    if (it != running_.end()) running_.erase(it);
+  } else if (seq->status_ == SequenceStatus::kWaiting) {
+    auto it = std::find(waiting_.begin(), waiting_.end(), seq);
+    if (it != waiting_.end()) waiting_.erase(it);
+  }
+  blocks_->Deallocate(seq->blocks_).IgnoreError();
+  seq->status_ = SequenceStatus::kFinished;
+}
+
+}  // namespace specd

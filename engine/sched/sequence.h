@@ -1,0 +1,62 @@
+// One sequence as the scheduler sees it: its token ids (prompt, then generated), how many
+// of them have KV in the cache, and its block table. Sampling, stop strings and streaming
+// live in the engine's per-request state; the scheduler only moves tokens through KV.
+// Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/kv/block_allocator.h"
+
+namespace specd {
+
+// Engine-assigned id of a sequence (one per request for now).
+struct SeqId {
+  uint64_t value = 0;
+  friend bool operator==(SeqId a, SeqId b) { return a.value == b.value; }
+};
+
+enum class SequenceStatus { kWaiting, kRunning, kFinished };
+
+class Sequence {
+ public:
+  Sequence(SeqId id, std::vector<int32_t> prompt_ids, int32_t block_size)
+      : id_(id),
+        tokens_(std::move(prompt_ids)),
+        num_prompt_tokens_(static_cast<int32_t>(tokens_.size())),
+        blocks_(block_size) {}
+
+  SeqId id() const { return id_; }
+  SequenceStatus status() const { return status_; }
+  // [num_tokens] prompt ids then generated ids.
+  std::span<const int32_t> tokens() const { return tokens_; }
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t num_prompt_tokens() const { return num_prompt_tokens_; }
+  int32_t num_generated() const { return num_tokens() - num_prompt_tokens_; }
+  // Positions [0, num_computed) have their KV in the cache.
+  int32_t num_computed() const { return num_computed_; }
+  int32_t num_uncomputed() const { return num_tokens() - num_computed_; }
+  // Prompt tokens whose KV came from the prefix cache at the first admission (-1 before).
+  int32_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
+  int32_t num_preemptions() const { return num_preemptions_; }
+  const BlockTable& blocks() const { return blocks_; }
+
+  // A sampled token; its KV is computed by the next step.
+  void AppendToken(int32_t id) { tokens_.push_back(id); }
+
+ private:
+  friend class Scheduler;
+
+  SeqId id_;
+  std::vector<int32_t> tokens_;
+  int32_t num_prompt_tokens_;
+  int32_t num_computed_ = 0;
+  int32_t num_cached_prompt_tokens_ = -1;
+  int32_t num_preemptions_ = 0;
+  SequenceStatus status_ = SequenceStatus::kWaiting;
+  BlockTable blocks_;
+};
+
+}  // namespace specd
