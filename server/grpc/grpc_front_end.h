@@ -25,6 +25,9 @@ struct GrpcFrontEndOptions {
   std::string tls_key_file;
   std::string served_model_name;
   std::string version;  // reported by GetServerInfo
+  // The model directory, for GetModelInfo's architecture and vocab_size (its config.json);
+  // empty: architecture unknown, vocab_size the tokenizer's.
+  std::string model_dir;
 };
 
 class GrpcFrontEnd {

@@ -1,0 +1,197 @@
+#include "server/grpc/generate_conversion.h"
+
+#include <array>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/base/status.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace specd {
+namespace {
+
+constexpr std::array<const char*, 8> kSpeculationMethods = {"",      "auto", "none",  "draft_model",
+                                                            "ngram", "ssd",  "vegas", "ssv"};
+
+absl::StatusOr<std::vector<int32_t>> PromptIds(const v1::GenerateRequest& request,
+                                               const ServedModel& model) {
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (request.text().empty()) return absl::InvalidArgumentError("prompt text is empty");
+      if (model.tokenizer == nullptr) {
+        return absl::InvalidArgumentError(
+            "this model has no tokenizer: give the prompt as token_ids");
+      }
+      return model.tokenizer->Encode(request.text(), /*add_special=*/true);
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return absl::InvalidArgumentError("prompt token_ids is empty");
+      return std::vector<int32_t>(ids.begin(), ids.end());
+    }
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("prompt is required: set text or token_ids");
+}
+
+absl::Status ValidateSpeculation(const v1::SpeculationOptions& spec) {
+  bool known = false;
+  for (const char* m : kSpeculationMethods) known |= spec.method() == m;
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.method '", spec.method(), "' is unknown; use one of auto, ",
+                     absl::StrJoin(std::span(kSpeculationMethods).subspan(2), ", ")));
+  }
+  if (spec.num_speculative_tokens() < 0 || spec.num_speculative_tokens() > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// max_tokens: as given (it must fit the context), or what the context leaves.
+absl::StatusOr<int32_t> MaxTokens(const v1::GenerateRequest& request, int64_t num_prompt,
+                                  int32_t max_model_len) {
+  if (num_prompt >= max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", num_prompt,
+                                                   " tokens; the context limit is ", max_model_len,
+                                                   " (prompt + max_tokens)"));
+  }
+  if (!request.has_max_tokens()) return static_cast<int32_t>(max_model_len - num_prompt);
+  if (request.max_tokens() < 1) return absl::InvalidArgumentError("max_tokens must be >= 1");
+  if (num_prompt + request.max_tokens() > max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", num_prompt, " tokens) + max_tokens (", request.max_tokens(),
+                     ") exceeds the context limit of ", max_model_len, " tokens"));
+  }
+  return request.max_tokens();
+}
+
+SamplingParams ToSamplingParams(const v1::GenerateRequest& request, int32_t max_tokens) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.min_tokens = request.min_tokens();
+  if (request.has_temperature()) p.temperature = request.temperature();
+  if (request.has_top_p()) p.top_p = request.top_p();
+  p.top_k = request.top_k();
+  p.min_p = request.min_p();
+  if (request.has_repetition_penalty()) p.repetition_penalty = request.repetition_penalty();
+  p.presence_penalty = request.presence_penalty();
+  p.frequency_penalty = request.frequency_penalty();
+  if (request.has_seed()) p.seed = request.seed();
+  p.stop.assign(request.stop().begin(), request.stop().end());
+  p.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  p.ignore_eos = request.ignore_eos();
+  if (request.has_logprobs()) p.logprobs = request.logprobs();
+  return p;
+}
+
+void SetTokenLogprob(int32_t id, float logprob, const Tokenizer* tokenizer, v1::TokenLogprob* out) {
+  out->set_token_id(id);
+  out->set_logprob(logprob);
+  if (tokenizer == nullptr) return;
+  absl::StatusOr<std::string> text =
+      tokenizer->Decode(std::span<const int32_t>(&id, 1), /*skip_special=*/false);
+  if (text.ok()) out->set_token(*std::move(text));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<GenerateRequest>> ToEngineRequests(const v1::GenerateRequest& request,
+                                                              const ServedModel& model,
+                                                              const std::string& request_id,
+                                                              absl::Time deadline) {
+  if (!request.model().empty() && request.model() != model.served_model_name) {
+    return absl::NotFoundError(absl::StrCat("model '", request.model(),
+                                            "' is not served here; this server serves '",
+                                            model.served_model_name, "'"));
+  }
+  if (request.has_skip_special_tokens() && !request.skip_special_tokens()) {
+    return absl::UnimplementedError("skip_special_tokens=false is not supported yet");
+  }
+  const int32_t n = request.has_n() ? request.n() : 1;
+  if (n < 1 || n > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "]"));
+  }
+  if (request.has_logprobs() && request.logprobs() < 0) {
+    return absl::InvalidArgumentError("logprobs must be between 0 and 20");
+  }
+  SPECD_RETURN_IF_ERROR(ValidateSpeculation(request.speculation()));
+  SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids, PromptIds(request, model));
+  SPECD_ASSIGN_OR_RETURN(
+      int32_t max_tokens,
+      MaxTokens(request, static_cast<int64_t>(prompt_ids.size()), model.max_model_len));
+  if (model.vocab_size > 0) {
+    SPECD_RETURN_IF_ERROR(ToSamplingParams(request, max_tokens).Validate(model.vocab_size));
+  }
+  std::vector<GenerateRequest> out(n);
+  for (int32_t i = 0; i < n; ++i) {
+    GenerateRequest& r = out[i];
+    r.prompt_ids = prompt_ids;
+    r.params = ToSamplingParams(request, max_tokens);
+    if (r.params.seed) *r.params.seed += static_cast<uint64_t>(i);
+    r.deadline = deadline;
+    r.request_id = n == 1 ? request_id : absl::StrCat(request_id, "/", i);
+  }
+  return out;
+}
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAbort:
+      return v1::FINISH_REASON_ABORT;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool with_logprobs,
+                  v1::GenerateResponse* response) {
+  for (const GeneratedToken& t : output.tokens) {
+    response->add_token_ids(t.id);
+    if (!with_logprobs) continue;
+    v1::GeneratedTokenLogprobs* lp = response->add_logprobs();
+    SetTokenLogprob(t.id, t.logprob, tokenizer, lp->mutable_sampled());
+    for (const TokenLogprob& c : t.top) SetTokenLogprob(c.id, c.logprob, tokenizer, lp->add_top());
+  }
+  response->mutable_text()->append(output.text);
+  if (!output.finished || !output.status.ok()) return;
+  response->set_finish_reason(ToProto(output.finish_reason));
+  v1::Usage* usage = response->mutable_usage();
+  usage->set_prompt_tokens(output.usage.prompt_tokens);
+  usage->set_completion_tokens(output.usage.completion_tokens);
+  usage->set_cached_prompt_tokens(output.usage.cached_prompt_tokens);
+  response->mutable_speculation_stats();  // reserved: zero until speculation lands
+}
+
+absl::Status ReadModelFileInfo(const std::string& model_dir, ServedModel* model) {
+  const std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr,
+                                                      /*allow_exceptions=*/false);
+  if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not JSON"));
+  auto arch = config.find("architectures");
+  if (arch != config.end() && arch->is_array() && !arch->empty() && arch->front().is_string()) {
+    model->architecture = arch->front().get<std::string>();
+  }
+  auto vocab = config.find("vocab_size");
+  if (vocab != config.end() && vocab->is_number_integer()) {
+    model->vocab_size = vocab->get<int32_t>();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specd

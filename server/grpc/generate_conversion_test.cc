@@ -1,0 +1,191 @@
+#include "server/grpc/generate_conversion.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "engine/tokenizer/tokenizer.h"
+
+namespace specd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr const char* kModelDir = SPECD_SOURCE_DIR "/models/codepair/target";
+
+class GenerateConversionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDir(kModelDir);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = *std::move(tok);
+    model_.tokenizer = tokenizer_.get();
+    model_.served_model_name = "codepair";
+    model_.max_model_len = 64;
+    ASSERT_TRUE(ReadModelFileInfo(kModelDir, &model_).ok());
+  }
+
+  absl::StatusOr<std::vector<GenerateRequest>> Convert(const v1::GenerateRequest& r) {
+    return ToEngineRequests(r, model_, "req-1", absl::InfiniteFuture());
+  }
+  absl::Status Error(const v1::GenerateRequest& r) { return Convert(r).status(); }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ServedModel model_;
+};
+
+TEST_F(GenerateConversionTest, ReadsArchitectureAndVocabFromConfig) {
+  EXPECT_EQ(model_.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(model_.vocab_size, 8192);
+}
+
+TEST_F(GenerateConversionTest, TextPromptIsTokenizedWithBos) {
+  v1::GenerateRequest r;
+  r.set_text("import os");
+  r.set_max_tokens(5);
+  r.set_temperature(0);
+  r.set_seed(7);
+  r.add_stop("\n");
+  r.set_logprobs(2);
+  absl::StatusOr<std::vector<GenerateRequest>> out = Convert(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 1u);
+  const GenerateRequest& g = out->front();
+  absl::StatusOr<std::vector<int32_t>> want = tokenizer_->Encode("import os", true);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(g.prompt_ids, *want);
+  EXPECT_EQ(g.prompt_ids.front(), 0);  // BOS
+  EXPECT_EQ(g.params.max_tokens, 5);
+  EXPECT_TRUE(g.params.greedy());
+  EXPECT_EQ(g.params.seed, 7u);
+  EXPECT_THAT(g.params.stop, ElementsAre("\n"));
+  EXPECT_EQ(g.params.logprobs, 2);
+  EXPECT_EQ(g.request_id, "req-1");
+}
+
+TEST_F(GenerateConversionTest, DefaultsFollowOpenAiAndMaxTokensFillsTheContext) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->add_ids(0);
+  r.mutable_token_ids()->add_ids(7);
+  absl::StatusOr<std::vector<GenerateRequest>> out = Convert(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const SamplingParams& p = out->front().params;
+  EXPECT_THAT(out->front().prompt_ids, ElementsAre(0, 7));
+  EXPECT_EQ(p.temperature, 1.0f);
+  EXPECT_EQ(p.top_p, 1.0f);
+  EXPECT_EQ(p.repetition_penalty, 1.0f);
+  EXPECT_EQ(p.max_tokens, 62);
+  EXPECT_EQ(p.logprobs, -1);
+  EXPECT_FALSE(p.seed.has_value());
+}
+
+TEST_F(GenerateConversionTest, ChoicesGetConsecutiveSeedsAndOwnIds) {
+  v1::GenerateRequest r;
+  r.set_text("x");
+  r.set_n(3);
+  r.set_seed(10);
+  absl::StatusOr<std::vector<GenerateRequest>> out = Convert(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  EXPECT_EQ((*out)[2].params.seed, 12u);
+  EXPECT_EQ((*out)[2].request_id, "req-1/2");
+}
+
+TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
+  struct Case {
+    const char* name;
+    void (*edit)(v1::GenerateRequest*);
+    absl::StatusCode code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"no prompt", [](v1::GenerateRequest*) {}, absl::StatusCode::kInvalidArgument, "prompt"},
+      {"empty text", [](v1::GenerateRequest* r) { r->set_text(""); },
+       absl::StatusCode::kInvalidArgument, "prompt text is empty"},
+      {"empty ids", [](v1::GenerateRequest* r) { r->mutable_token_ids(); },
+       absl::StatusCode::kInvalidArgument, "token_ids is empty"},
+      {"max_tokens 0", [](v1::GenerateRequest* r) { r->set_max_tokens(0); },
+       absl::StatusCode::kInvalidArgument, "max_tokens"},
+      {"past context", [](v1::GenerateRequest* r) { r->set_max_tokens(64); },
+       absl::StatusCode::kInvalidArgument, "context limit"},
+      {"temperature", [](v1::GenerateRequest* r) { r->set_temperature(-1); },
+       absl::StatusCode::kInvalidArgument, "temperature"},
+      {"top_p", [](v1::GenerateRequest* r) { r->set_top_p(0); }, absl::StatusCode::kInvalidArgument,
+       "top_p"},
+      {"nan penalty", [](v1::GenerateRequest* r) { r->set_presence_penalty(NAN); },
+       absl::StatusCode::kInvalidArgument, "presence_penalty"},
+      {"logprobs", [](v1::GenerateRequest* r) { r->set_logprobs(21); },
+       absl::StatusCode::kInvalidArgument, "logprobs"},
+      {"negative logprobs", [](v1::GenerateRequest* r) { r->set_logprobs(-1); },
+       absl::StatusCode::kInvalidArgument, "logprobs"},
+      {"n", [](v1::GenerateRequest* r) { r->set_n(17); }, absl::StatusCode::kInvalidArgument,
+       "n must be"},
+      {"stop id", [](v1::GenerateRequest* r) { r->add_stop_token_ids(8192); },
+       absl::StatusCode::kInvalidArgument, "stop_token_ids"},
+      {"model", [](v1::GenerateRequest* r) { r->set_model("gpt-4"); }, absl::StatusCode::kNotFound,
+       "gpt-4"},
+      {"method", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("magic"); },
+       absl::StatusCode::kInvalidArgument, "speculation.method"},
+      {"draft len",
+       [](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(65); },
+       absl::StatusCode::kInvalidArgument, "num_speculative_tokens"},
+      {"skip special", [](v1::GenerateRequest* r) { r->set_skip_special_tokens(false); },
+       absl::StatusCode::kUnimplemented, "skip_special_tokens"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r;
+    if (std::string(c.name) != "no prompt") r.set_text("hello");
+    c.edit(&r);
+    absl::Status s = Error(r);
+    EXPECT_EQ(s.code(), c.code) << c.name << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.name;
+  }
+}
+
+TEST_F(GenerateConversionTest, LongPromptIsRejected) {
+  v1::GenerateRequest r;
+  for (int i = 0; i < 64; ++i) r.mutable_token_ids()->add_ids(7);
+  EXPECT_THAT(std::string(Error(r).message()), HasSubstr("prompt has 64 tokens"));
+}
+
+TEST_F(GenerateConversionTest, OutputsMergeAndTheLastCarriesUsage) {
+  v1::GenerateResponse resp;
+  RequestOutput a;
+  a.tokens = {{5, -0.5f, {{5, -0.5f}, {6, -1.5f}}}};
+  a.text = "ab";
+  RequestOutput b;
+  b.tokens = {{6, -1.0f, {{6, -1.0f}, {5, -2.0f}}}};
+  b.text = "c";
+  b.finished = true;
+  b.finish_reason = FinishReason::kLength;
+  b.usage = {3, 2, 1};
+  AppendOutput(a, tokenizer_.get(), true, &resp);
+  EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  AppendOutput(b, tokenizer_.get(), true, &resp);
+  EXPECT_THAT(resp.token_ids(), ElementsAre(5, 6));
+  EXPECT_EQ(resp.text(), "abc");
+  ASSERT_EQ(resp.logprobs_size(), 2);
+  EXPECT_EQ(resp.logprobs(1).sampled().token_id(), 6);
+  EXPECT_EQ(resp.logprobs(1).top(1).token_id(), 5);
+  EXPECT_FLOAT_EQ(resp.logprobs(1).top(1).logprob(), -2.0f);
+  EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(resp.usage().prompt_tokens(), 3);
+  EXPECT_EQ(resp.usage().completion_tokens(), 2);
+  EXPECT_EQ(resp.usage().cached_prompt_tokens(), 1);
+}
+
+TEST_F(GenerateConversionTest, FailedOutputLeavesFinishReasonUnset) {
+  v1::GenerateResponse resp;
+  RequestOutput out;
+  out.finished = true;
+  out.finish_reason = FinishReason::kAbort;
+  out.status = absl::CancelledError("aborted");
+  AppendOutput(out, tokenizer_.get(), false, &resp);
+  EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_FALSE(resp.has_usage());
+}
+
+}  // namespace
+}  // namespace specd
