@@ -18,6 +18,12 @@ void FlagParser::Add(const std::string& name, int32_t* out, std::string help) {
 void FlagParser::Add(const std::string& name, std::optional<int64_t>* out, std::string help) {
   flags_[name] = {out, std::move(help)};
 }
+void FlagParser::Add(const std::string& name, int64_t* out, std::string help) {
+  flags_[name] = {out, std::move(help)};
+}
+void FlagParser::Add(const std::string& name, double* out, std::string help) {
+  flags_[name] = {out, std::move(help)};
+}
 void FlagParser::Add(const std::string& name, float* out, std::string help) {
   flags_[name] = {out, std::move(help)};
 }
@@ -40,7 +46,9 @@ absl::Status FlagParser::Set(const std::string& name, Flag& flag, const std::str
       *p = v;
       return true;
     }
+    bool operator()(int64_t* p) const { return absl::SimpleAtoi(value, p); }
     bool operator()(float* p) const { return absl::SimpleAtof(value, p); }
+    bool operator()(double* p) const { return absl::SimpleAtod(value, p); }
     bool operator()(bool* p) const { return absl::SimpleAtob(value, p); }
   };
   return std::visit(Visitor{value}, flag.target) ? absl::OkStatus() : bad();

@@ -20,7 +20,9 @@ class FlagParser {
   void Add(const std::string& name, std::optional<std::string>* out, std::string help);
   void Add(const std::string& name, int32_t* out, std::string help);
   void Add(const std::string& name, std::optional<int64_t>* out, std::string help);
+  void Add(const std::string& name, int64_t* out, std::string help);
   void Add(const std::string& name, float* out, std::string help);
+  void Add(const std::string& name, double* out, std::string help);
   void Add(const std::string& name, bool* out, std::string help);
 
   // args excludes the program and subcommand names.
@@ -28,8 +30,8 @@ class FlagParser {
   std::string Usage() const;
 
  private:
-  using Target = std::variant<std::string*, std::optional<std::string>*, int32_t*,
-                              std::optional<int64_t>*, float*, bool*>;
+  using Target = std::variant<std::string*, std::optional<std::string>*, int32_t*, int64_t*,
+                              std::optional<int64_t>*, float*, double*, bool*>;
   struct Flag {
     Target target;
     std::string help;

@@ -1,5 +1,5 @@
-// specd: command-line entry point. Subcommands: generate, tokenize (serve and bench come
-// with the serving issue). Main thread only.
+// specd: command-line entry point. Subcommands: serve, generate, tokenize. Main thread
+// only.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "engine/base/log.h"
 #include "server/commands.h"
+#include "server/serve.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace {
@@ -15,6 +16,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: specd <command> [flags]\n"
     "commands:\n"
+    "  serve      run the OpenAI-compatible HTTP (and gRPC) server (see specd serve --help)\n"
     "  generate   generate text from a prompt (see specd generate --help)\n"
     "  tokenize   JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout\n";
 
@@ -30,7 +32,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   absl::Status status;
-  if (command == "generate") {
+  if (command == "serve") {
+    status = specd::RunServe(args);
+  } else if (command == "generate") {
     status = specd::RunGenerate(args);
   } else if (command == "tokenize") {
     status = specd::RunTokenize(args);

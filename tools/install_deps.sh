@@ -17,6 +17,9 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Debian's nodejs ships without npm (the OpenAI Node SDK test installs the SDK with it); a
+# nodesource nodejs brings its own npm and conflicts with Debian's, so add npm only if absent.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"

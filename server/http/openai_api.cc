@@ -1,0 +1,317 @@
+#include "server/http/openai_api.h"
+
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/base/status.h"
+#include "engine/tokenizer/jinja/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/http/chat_prompt.h"
+#include "server/http/errors.h"
+
+namespace specd::http {
+namespace {
+
+constexpr double kAnyFinite = std::numeric_limits<double>::max();
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// Completions default to 16 tokens, as OpenAI does; chat to the rest of the context.
+constexpr int32_t kDefaultCompletionMaxTokens = 16;
+
+using Prompts = std::vector<std::vector<int32_t>>;
+
+absl::Status ContextError(absl::string_view param, std::string message) {
+  return WithCode(InvalidParam(param, message), "context_length_exceeded");
+}
+
+// Fields of OpenAI's API we do not implement: refused when they would change the result.
+absl::Status RejectUnsupported(const Json& body) {
+  if (const Json* v = FindField(body, "logit_bias"); v && !(v->is_object() && v->empty())) {
+    return InvalidParam("logit_bias", "logit_bias is not supported");
+  }
+  bool echo = false;
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "echo", &echo));
+  if (echo) return InvalidParam("echo", "echo is not supported");
+  if (FindField(body, "suffix")) return InvalidParam("suffix", "suffix is not supported");
+  if (const Json* v = FindField(body, "response_format")) {
+    if (!v->is_object() || v->value("type", Json()) != "text") {
+      return InvalidParam("response_format",
+                          "only response_format {\"type\": \"text\"} is supported");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSampling(const Json& body, SamplingParams* p) {
+  p->temperature = 1.0f;
+  SPECD_RETURN_IF_ERROR(ReadFloat(body, "temperature", -kAnyFinite, kAnyFinite, &p->temperature));
+  SPECD_RETURN_IF_ERROR(ReadFloat(body, "top_p", -kAnyFinite, kAnyFinite, &p->top_p));
+  SPECD_RETURN_IF_ERROR(ReadInt32(body, "top_k", -1, kInt32Max, &p->top_k));
+  SPECD_RETURN_IF_ERROR(ReadFloat(body, "min_p", -kAnyFinite, kAnyFinite, &p->min_p));
+  SPECD_RETURN_IF_ERROR(
+      ReadFloat(body, "presence_penalty", -kAnyFinite, kAnyFinite, &p->presence_penalty));
+  SPECD_RETURN_IF_ERROR(
+      ReadFloat(body, "frequency_penalty", -kAnyFinite, kAnyFinite, &p->frequency_penalty));
+  SPECD_RETURN_IF_ERROR(
+      ReadFloat(body, "repetition_penalty", -kAnyFinite, kAnyFinite, &p->repetition_penalty));
+  int64_t seed = 0;
+  if (FindField(body, "seed")) {
+    SPECD_RETURN_IF_ERROR(ReadInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max(), &seed));
+    p->seed = static_cast<uint64_t>(seed);
+  }
+  SPECD_RETURN_IF_ERROR(ReadStringOrList(body, "stop", &p->stop));
+  SPECD_RETURN_IF_ERROR(ReadIntList(body, "stop_token_ids", 0, kInt32Max, &p->stop_token_ids));
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "ignore_eos", &p->ignore_eos));
+  SPECD_RETURN_IF_ERROR(ReadInt32(body, "min_tokens", 0, kInt32Max, &p->min_tokens));
+  return absl::OkStatus();
+}
+
+absl::Status ReadStreamFields(const Json& body, GenerationSpec* spec) {
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "stream", &spec->stream));
+  const Json* options = FindField(body, "stream_options");
+  if (options == nullptr) return absl::OkStatus();
+  if (!options->is_object())
+    return SchemaError("stream_options", "'stream_options' must be an object");
+  if (!spec->stream) {
+    return InvalidParam("stream_options", "stream_options is only allowed when stream is true");
+  }
+  for (const auto& [key, value] : options->items()) {
+    if (key != "include_usage" && key != "continuous_usage_stats") {
+      return InvalidParam("stream_options",
+                          absl::StrCat("unknown stream_options field '", key, "'"));
+    }
+  }
+  return ReadBool(*options, "include_usage", &spec->include_usage);
+}
+
+absl::Status CheckIds(const std::vector<int32_t>& ids, int32_t vocab_size,
+                      absl::string_view param) {
+  for (int32_t id : ids) {
+    if (id >= vocab_size) {
+      return InvalidParam(
+          param, absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> EncodeText(const std::string& text, bool add_special,
+                                                const ModelContext& model,
+                                                absl::string_view param) {
+  if (model.tokenizer == nullptr) {
+    return InvalidParam(param, "this model has no tokenizer: give token ids");
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = model.tokenizer->Encode(text, add_special);
+  if (!ids.ok()) return InvalidParam(param, ids.status().message());
+  return ids;
+}
+
+// One element of `prompt`: a string or an array of token ids.
+absl::StatusOr<std::vector<int32_t>> ParseOnePrompt(const Json& v, const ModelContext& model) {
+  constexpr char kShape[] =
+      "'prompt' must be a string, an array of token ids, or an array of strings or of token "
+      "id arrays";
+  std::vector<int32_t> ids;
+  if (v.is_string()) {
+    if (v.get_ref<const std::string&>().empty()) return InvalidParam("prompt", "prompt is empty");
+    SPECD_ASSIGN_OR_RETURN(ids, EncodeText(v.get<std::string>(), true, model, "prompt"));
+  } else if (v.is_array()) {
+    Json wrapper = {{"prompt", v}};
+    SPECD_RETURN_IF_ERROR(ReadIntList(wrapper, "prompt", 0, kInt32Max, &ids));
+    SPECD_RETURN_IF_ERROR(CheckIds(ids, model.vocab_size, "prompt"));
+  } else {
+    return SchemaError("prompt", kShape);
+  }
+  if (ids.empty()) return InvalidParam("prompt", "prompt is empty");
+  return ids;
+}
+
+absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model) {
+  const Json* v = FindField(body, "prompt");
+  if (v == nullptr) return SchemaError("prompt", "'prompt' is required");
+  Prompts prompts;
+  // A list of strings or of id lists is several prompts; a flat id list is one.
+  const bool many = v->is_array() && !v->empty() && ((*v)[0].is_string() || (*v)[0].is_array());
+  if (!many) {
+    SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseOnePrompt(*v, model));
+    prompts.push_back(std::move(ids));
+    return prompts;
+  }
+  for (const Json& item : *v) {
+    if (item.is_array() != (*v)[0].is_array()) {
+      return SchemaError("prompt", "'prompt' mixes strings and token id arrays");
+    }
+    SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseOnePrompt(item, model));
+    prompts.push_back(std::move(ids));
+  }
+  return prompts;
+}
+
+// Reads what both endpoints share: model, unsupported fields, stream options, n and the
+// sampling fields.
+absl::Status ReadCommon(const Json& body, const ModelContext& model, GenerationSpec* spec,
+                        SamplingParams* params) {
+  SPECD_RETURN_IF_ERROR(CheckModel(body, model));
+  spec->model = model.served_model_name;
+  SPECD_RETURN_IF_ERROR(RejectUnsupported(body));
+  SPECD_RETURN_IF_ERROR(ReadStreamFields(body, spec));
+  SPECD_RETURN_IF_ERROR(ReadInt32(body, "n", 1, kMaxN, &spec->n));
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "return_tokens_as_token_ids", &spec->tokens_as_ids));
+  if (const Json* best_of = FindField(body, "best_of")) {
+    if (!best_of->is_number_integer() || best_of->get<int64_t>() != spec->n) {
+      return InvalidParam("best_of", "best_of must equal n (or be omitted)");
+    }
+  }
+  return ReadSampling(body, params);
+}
+
+// The parameter a SamplingParams::Validate message is about (its first word).
+absl::Status ValidateParams(const SamplingParams& params, const ModelContext& model) {
+  absl::Status s = params.Validate(model.vocab_size);
+  if (s.ok()) return s;
+  absl::string_view message = s.message();
+  return InvalidParam(message.substr(0, message.find(' ')), message);
+}
+
+// Fills spec->requests: one per (prompt, choice), max_tokens checked against the context.
+absl::Status BuildRequests(Prompts prompts, SamplingParams params,
+                           std::optional<int32_t> max_tokens, absl::string_view prompt_param,
+                           const ModelContext& model, GenerationSpec* spec) {
+  spec->num_prompts = static_cast<int32_t>(prompts.size());
+  if (int64_t{spec->num_prompts} * spec->n > kMaxChoices) {
+    return InvalidParam(
+        "n", absl::StrCat("at most ", kMaxChoices, " choices per request (prompts times n)"));
+  }
+  if (spec->logprobs) params.logprobs = spec->top_logprobs;
+  for (std::vector<int32_t>& ids : prompts) {
+    const int64_t len = static_cast<int64_t>(ids.size());
+    if (len >= model.max_model_len) {
+      return ContextError(
+          prompt_param, absl::StrCat("This model's maximum context length is ", model.max_model_len,
+                                     " tokens; the prompt has ", len, " tokens"));
+    }
+    const int32_t room = static_cast<int32_t>(model.max_model_len - len);
+    SamplingParams p = params;
+    if (max_tokens) {
+      if (*max_tokens > room) {
+        return ContextError(
+            "max_tokens",
+            absl::StrCat("This model's maximum context length is ", model.max_model_len,
+                         " tokens. However, you requested ", len + *max_tokens, " tokens (", len,
+                         " in the prompt, ", *max_tokens, " for the completion)"));
+      }
+      p.max_tokens = *max_tokens;
+    } else {
+      p.max_tokens =
+          spec->endpoint == Endpoint::kChat ? room : std::min(room, kDefaultCompletionMaxTokens);
+    }
+    SPECD_RETURN_IF_ERROR(ValidateParams(p, model));
+    for (int32_t j = 0; j < spec->n; ++j) {
+      GenerateRequest r;
+      r.prompt_ids = ids;
+      r.params = p;
+      // Distinct but reproducible seeds per choice, else n seeded choices would be equal.
+      if (p.seed) r.params.seed = *p.seed + static_cast<uint64_t>(j);
+      spec->requests.push_back(std::move(r));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<int32_t>> ReadMaxTokens(const Json& body,
+                                                     std::initializer_list<const char*> keys) {
+  std::optional<int32_t> max_tokens;
+  for (const char* key : keys) {
+    if (max_tokens || FindField(body, key) == nullptr) continue;
+    int32_t v = 0;
+    SPECD_RETURN_IF_ERROR(ReadInt32(body, key, 1, std::numeric_limits<int32_t>::max(), &v));
+    max_tokens = v;
+  }
+  return max_tokens;
+}
+
+}  // namespace
+
+absl::Status CheckModel(const Json& body, const ModelContext& model) {
+  std::string name;
+  SPECD_RETURN_IF_ERROR(ReadString(body, "model", &name));
+  if (name.empty() || name == model.served_model_name) return absl::OkStatus();
+  return WithCode(WithParam(absl::NotFoundError(absl::StrCat(
+                                "The model '", name, "' does not exist; this server serves '",
+                                model.served_model_name, "'")),
+                            "model"),
+                  "model_not_found");
+}
+
+absl::StatusOr<GenerationSpec> ParseCompletionRequest(const Json& body, const ModelContext& model) {
+  GenerationSpec spec;
+  spec.endpoint = Endpoint::kCompletions;
+  SamplingParams params;
+  SPECD_RETURN_IF_ERROR(ReadCommon(body, model, &spec, &params));
+  if (FindField(body, "logprobs")) {
+    SPECD_RETURN_IF_ERROR(ReadInt32(body, "logprobs", 0, kMaxLogprobs, &spec.top_logprobs));
+    spec.logprobs = true;
+  }
+  SPECD_ASSIGN_OR_RETURN(std::optional<int32_t> max_tokens, ReadMaxTokens(body, {"max_tokens"}));
+  SPECD_ASSIGN_OR_RETURN(Prompts prompts, ParsePrompts(body, model));
+  SPECD_RETURN_IF_ERROR(
+      BuildRequests(std::move(prompts), params, max_tokens, "prompt", model, &spec));
+  return spec;
+}
+
+absl::StatusOr<GenerationSpec> ParseChatRequest(const Json& body, const ModelContext& model) {
+  GenerationSpec spec;
+  spec.endpoint = Endpoint::kChat;
+  SamplingParams params;
+  SPECD_RETURN_IF_ERROR(ReadCommon(body, model, &spec, &params));
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "logprobs", &spec.logprobs));
+  if (FindField(body, "top_logprobs")) {
+    SPECD_RETURN_IF_ERROR(ReadInt32(body, "top_logprobs", 0, kMaxLogprobs, &spec.top_logprobs));
+    if (!spec.logprobs) {
+      return InvalidParam("top_logprobs", "top_logprobs needs logprobs set to true");
+    }
+  }
+  SPECD_ASSIGN_OR_RETURN(std::optional<int32_t> max_tokens,
+                         ReadMaxTokens(body, {"max_completion_tokens", "max_tokens"}));
+  SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatPromptIds(body, model, false));
+  Prompts prompts;
+  prompts.push_back(std::move(ids));
+  SPECD_RETURN_IF_ERROR(
+      BuildRequests(std::move(prompts), params, max_tokens, "messages", model, &spec));
+  return spec;
+}
+
+absl::StatusOr<TokenizeSpec> ParseTokenizeRequest(const Json& body, const ModelContext& model) {
+  SPECD_RETURN_IF_ERROR(CheckModel(body, model));
+  TokenizeSpec spec;
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "return_token_strs", &spec.return_token_strs));
+  const bool chat = FindField(body, "messages") != nullptr;
+  if (chat == (FindField(body, "prompt") != nullptr)) {
+    return SchemaError("prompt", "give exactly one of 'prompt' or 'messages'");
+  }
+  bool add_special = !chat;
+  SPECD_RETURN_IF_ERROR(ReadBool(body, "add_special_tokens", &add_special));
+  if (chat) {
+    SPECD_ASSIGN_OR_RETURN(spec.ids, ChatPromptIds(body, model, add_special));
+    return spec;
+  }
+  std::string prompt;
+  SPECD_RETURN_IF_ERROR(ReadString(body, "prompt", &prompt));
+  SPECD_ASSIGN_OR_RETURN(spec.ids, EncodeText(prompt, add_special, model, "prompt"));
+  return spec;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(const Json& body,
+                                                            const ModelContext& model) {
+  SPECD_RETURN_IF_ERROR(CheckModel(body, model));
+  if (FindField(body, "tokens") == nullptr) return SchemaError("tokens", "'tokens' is required");
+  std::vector<int32_t> ids;
+  SPECD_RETURN_IF_ERROR(ReadIntList(body, "tokens", 0, kInt32Max, &ids));
+  SPECD_RETURN_IF_ERROR(CheckIds(ids, model.vocab_size, "tokens"));
+  if (model.tokenizer == nullptr) return InvalidParam("tokens", "this model has no tokenizer");
+  return ids;
+}
+
+}  // namespace specd::http

@@ -1,0 +1,292 @@
+#include "server/http/openai_api.h"
+
+#include <memory>
+
+#include "engine/tokenizer/jinja/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "server/http/errors.h"
+
+namespace specd::http {
+namespace {
+
+constexpr char kModelDir[] = SPECD_SOURCE_DIR "/models/codepair/target";
+
+class OpenAiApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto tok = Tokenizer::FromDir(kModelDir);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = std::move(*tok).release();
+    auto tmpl = ChatTemplate::Parse(tokenizer_->chat_template());
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    template_ = new ChatTemplate(*std::move(tmpl));
+  }
+
+  OpenAiApiTest() {
+    model_.served_model_name = "codepair";
+    model_.tokenizer = tokenizer_;
+    model_.chat_template = template_;
+    model_.max_model_len = 64;
+    model_.vocab_size = tokenizer_->vocab_size();
+  }
+
+  absl::StatusOr<GenerationSpec> Completion(const char* body) {
+    return ParseCompletionRequest(Json::parse(body), model_);
+  }
+  absl::StatusOr<GenerationSpec> Chat(const char* body) {
+    return ParseChatRequest(Json::parse(body), model_);
+  }
+  std::vector<int32_t> Encode(std::string_view text, bool add_special) {
+    return *tokenizer_->Encode(text, add_special);
+  }
+
+  static inline Tokenizer* tokenizer_ = nullptr;
+  static inline ChatTemplate* template_ = nullptr;
+  ModelContext model_;
+};
+
+// The HTTP status and param a bad body gets.
+#define ExpectError(r, http, param)  \
+  do {                               \
+    SCOPED_TRACE(#r);                \
+    ExpectErrorImpl(r, http, param); \
+  } while (0)
+void ExpectErrorImpl(const absl::StatusOr<GenerationSpec>& r, int http, std::string_view param) {
+  ASSERT_FALSE(r.ok());
+  ApiError e = ToApiError(r.status());
+  EXPECT_EQ(e.http_status, http) << r.status();
+  EXPECT_EQ(e.param, param) << r.status();
+}
+
+TEST_F(OpenAiApiTest, CompletionStringPromptIsTokenizedWithBosAndOpenAiDefaults) {
+  auto spec = Completion(R"({"model": "codepair", "prompt": "def main("})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->requests.size(), 1u);
+  const GenerateRequest& r = spec->requests[0];
+  EXPECT_EQ(r.prompt_ids, Encode("def main(", true));
+  EXPECT_EQ(r.params.max_tokens, 16);
+  EXPECT_EQ(r.params.temperature, 1.0f);
+  EXPECT_EQ(r.params.logprobs, -1);
+  EXPECT_FALSE(spec->stream);
+  EXPECT_EQ(spec->model, "codepair");
+}
+
+TEST_F(OpenAiApiTest, CompletionModelMayBeOmitted) {
+  EXPECT_TRUE(Completion(R"({"prompt": "x"})").ok());
+}
+
+TEST_F(OpenAiApiTest, CompletionPromptFormsGiveOnePromptEach) {
+  auto ids = Completion(R"({"prompt": [5, 6, 7]})");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->num_prompts, 1);
+  EXPECT_EQ(ids->requests[0].prompt_ids, (std::vector<int32_t>{5, 6, 7}));
+
+  auto strings = Completion(R"({"prompt": ["a", "b c"], "n": 2})");
+  ASSERT_TRUE(strings.ok());
+  EXPECT_EQ(strings->num_prompts, 2);
+  ASSERT_EQ(strings->requests.size(), 4u);
+  EXPECT_EQ(strings->requests[1].prompt_ids, Encode("a", true));
+  EXPECT_EQ(strings->requests[2].prompt_ids, Encode("b c", true));
+
+  auto arrays = Completion(R"({"prompt": [[1, 2], [3]]})");
+  ASSERT_TRUE(arrays.ok());
+  EXPECT_EQ(arrays->requests[1].prompt_ids, (std::vector<int32_t>{3}));
+}
+
+TEST_F(OpenAiApiTest, SamplingFieldsReachTheEngine) {
+  auto spec = Completion(R"({"prompt": "x", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+      "top_k": 7, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+      "repetition_penalty": 1.2, "seed": -1, "stop": ["\n", "END"], "logprobs": 3, "n": 2,
+      "ignore_eos": true, "min_tokens": 2, "stop_token_ids": [4]})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const SamplingParams& p = spec->requests[0].params;
+  EXPECT_EQ(p.max_tokens, 5);
+  EXPECT_FLOAT_EQ(p.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.top_k, 7);
+  EXPECT_FLOAT_EQ(p.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(p.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.2f);
+  EXPECT_EQ(p.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_EQ(p.logprobs, 3);
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.min_tokens, 2);
+  EXPECT_EQ(p.stop_token_ids, (std::vector<int32_t>{4}));
+  EXPECT_TRUE(spec->logprobs);
+  EXPECT_EQ(spec->top_logprobs, 3);
+  // Seeded choices differ from each other but are reproducible.
+  EXPECT_EQ(*p.seed, static_cast<uint64_t>(-1));
+  EXPECT_EQ(*spec->requests[1].params.seed, 0u);
+}
+
+TEST_F(OpenAiApiTest, StopAcceptsASingleString) {
+  auto spec = Completion(R"({"prompt": "x", "stop": "\n"})");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->requests[0].params.stop, std::vector<std::string>{"\n"});
+}
+
+TEST_F(OpenAiApiTest, StreamOptionsIncludeUsage) {
+  auto spec = Completion(R"({"prompt": "x", "stream": true,
+                              "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_TRUE(spec->stream);
+  EXPECT_TRUE(spec->include_usage);
+}
+
+TEST_F(OpenAiApiTest, DefaultMaxTokensIsClampedToTheContext) {
+  std::string body = R"({"prompt": [)";
+  for (int i = 0; i < 60; ++i) body += i ? ",5" : "5";
+  body += "]}";
+  auto spec = Completion(body.c_str());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->requests[0].params.max_tokens, 4);
+}
+
+TEST_F(OpenAiApiTest, BadCompletionBodiesNameTheFieldAndStatus) {
+  ExpectError(Completion(R"({})"), 422, "prompt");
+  ExpectError(Completion(R"({"prompt": ""})"), 400, "prompt");
+  ExpectError(Completion(R"({"prompt": []})"), 400, "prompt");
+  ExpectError(Completion(R"({"prompt": [[]]})"), 400, "prompt");
+  ExpectError(Completion(R"({"prompt": 5})"), 422, "prompt");
+  ExpectError(Completion(R"({"prompt": [1, "a"]})"), 422, "prompt");
+  ExpectError(Completion(R"({"prompt": ["a", [1]]})"), 422, "prompt");
+  ExpectError(Completion(R"({"prompt": [99999999]})"), 400, "prompt");
+  ExpectError(Completion(R"({"prompt": [-1]})"), 400, "prompt");
+  ExpectError(Completion(R"({"prompt": "x", "model": "gpt-4"})"), 404, "model");
+  ExpectError(Completion(R"({"prompt": "x", "model": 7})"), 422, "model");
+  ExpectError(Completion(R"({"prompt": "x", "temperature": "hot"})"), 422, "temperature");
+  ExpectError(Completion(R"({"prompt": "x", "temperature": -1})"), 400, "temperature");
+  ExpectError(Completion(R"({"prompt": "x", "temperature": 1e300})"), 400, "temperature");
+  ExpectError(Completion(R"({"prompt": "x", "top_p": 0})"), 400, "top_p");
+  ExpectError(Completion(R"({"prompt": "x", "top_k": -2})"), 400, "top_k");
+  ExpectError(Completion(R"({"prompt": "x", "presence_penalty": 3})"), 400, "presence_penalty");
+  ExpectError(Completion(R"({"prompt": "x", "n": 0})"), 400, "n");
+  ExpectError(Completion(R"({"prompt": "x", "n": 1000})"), 400, "n");
+  ExpectError(Completion(R"({"prompt": "x", "n": 2.5})"), 422, "n");
+  ExpectError(Completion(R"({"prompt": ["a", "b", "c"], "n": 100})"), 400, "n");
+  ExpectError(Completion(R"({"prompt": "x", "max_tokens": 0})"), 400, "max_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "max_tokens": 10000000000})"), 400, "max_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "max_tokens": 100})"), 400, "max_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "stream": "yes"})"), 422, "stream");
+  ExpectError(Completion(R"({"prompt": "x", "stream_options": {"include_usage": true}})"), 400,
+              "stream_options");
+  ExpectError(Completion(R"({"prompt": "x", "stream": true, "stream_options": 1})"), 422,
+              "stream_options");
+  ExpectError(Completion(R"({"prompt": "x", "stream": true,
+                             "stream_options": {"include_usage": "yes"}})"),
+              422, "include_usage");
+  ExpectError(Completion(R"({"prompt": "x", "stream": true, "stream_options": {"bogus": 1}})"), 400,
+              "stream_options");
+  ExpectError(Completion(R"({"prompt": "x", "logprobs": 21})"), 400, "logprobs");
+  ExpectError(Completion(R"({"prompt": "x", "logprobs": true})"), 422, "logprobs");
+  ExpectError(Completion(R"({"prompt": "x", "stop": [1]})"), 422, "stop");
+  ExpectError(Completion(R"({"prompt": "x", "stop": ""})"), 400, "stop");
+  ExpectError(Completion(R"({"prompt": "x", "echo": true})"), 400, "echo");
+  ExpectError(Completion(R"({"prompt": "x", "logit_bias": {"5": 100}})"), 400, "logit_bias");
+  ExpectError(Completion(R"({"prompt": "x", "best_of": 3})"), 400, "best_of");
+  ExpectError(Completion(R"({"prompt": "x", "seed": "1"})"), 422, "seed");
+}
+
+TEST_F(OpenAiApiTest, PromptAtTheContextLimitIsRejectedWithContextCode) {
+  std::string body = R"({"prompt": [)";
+  for (int i = 0; i < 64; ++i) body += i ? ",5" : "5";
+  body += "]}";
+  auto spec = Completion(body.c_str());
+  ExpectError(spec, 400, "prompt");
+  EXPECT_EQ(ToApiError(spec.status()).code, "context_length_exceeded");
+}
+
+TEST_F(OpenAiApiTest, ChatAppliesTheTemplateWithoutAddingBosTwice) {
+  auto spec = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->requests[0].prompt_ids,
+            Encode("<|begin_of_text|><|user|>hi<|end_of_turn|><|assistant|>", false));
+  EXPECT_EQ(spec->endpoint, Endpoint::kChat);
+}
+
+TEST_F(OpenAiApiTest, ChatContentPartsAreJoinedAndDefaultMaxTokensFillsTheContext) {
+  auto spec = Chat(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                       {"type": "text", "text": "b"}]}]})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const auto& ids = spec->requests[0].prompt_ids;
+  EXPECT_EQ(ids, Encode("<|begin_of_text|><|user|>a\nb<|end_of_turn|><|assistant|>", false));
+  EXPECT_EQ(spec->requests[0].params.max_tokens, 64 - static_cast<int32_t>(ids.size()));
+}
+
+TEST_F(OpenAiApiTest, ChatMaxCompletionTokensWinsAndLogprobsAreBoolean) {
+  auto spec = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9,
+                       "max_completion_tokens": 4, "logprobs": true, "top_logprobs": 2})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->requests[0].params.max_tokens, 4);
+  EXPECT_TRUE(spec->logprobs);
+  EXPECT_EQ(spec->top_logprobs, 2);
+  EXPECT_EQ(spec->requests[0].params.logprobs, 2);
+}
+
+TEST_F(OpenAiApiTest, BadChatBodiesNameTheFieldAndStatus) {
+  ExpectError(Chat(R"({})"), 422, "messages");
+  ExpectError(Chat(R"({"messages": []})"), 400, "messages");
+  ExpectError(Chat(R"({"messages": "hi"})"), 422, "messages");
+  ExpectError(Chat(R"({"messages": [1]})"), 422, "messages");
+  ExpectError(Chat(R"({"messages": [{"content": "hi"}]})"), 422, "messages");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": 5}]})"), 422, "messages");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"), 400,
+              "messages");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3})"), 422,
+              "logprobs");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})"), 400,
+              "top_logprobs");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                       "top_logprobs": 50})"),
+              400, "top_logprobs");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}],
+                       "max_completion_tokens": 1000})"),
+              400, "max_tokens");
+}
+
+TEST_F(OpenAiApiTest, ChatTemplateErrorsAreBadRequests) {
+  auto broken = ChatTemplate::Parse("{{ raise_exception('no system role') }}");
+  ASSERT_TRUE(broken.ok());
+  model_.chat_template = &*broken;
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}]})"), 400, "messages");
+  model_.chat_template = nullptr;
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}]})"), 400, "messages");
+}
+
+TEST_F(OpenAiApiTest, TokenizeTakesAPromptOrMessages) {
+  auto text = ParseTokenizeRequest(Json::parse(R"({"prompt": "hello"})"), model_);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->ids, Encode("hello", true));
+  auto plain = ParseTokenizeRequest(
+      Json::parse(R"({"prompt": "hello", "add_special_tokens": false})"), model_);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->ids, Encode("hello", false));
+  auto chat = ParseTokenizeRequest(
+      Json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), model_);
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->ids, Encode("<|begin_of_text|><|user|>hi<|end_of_turn|><|assistant|>", false));
+  EXPECT_FALSE(ParseTokenizeRequest(Json::parse(R"({})"), model_).ok());
+  EXPECT_FALSE(ParseTokenizeRequest(Json::parse(R"({"prompt": 1})"), model_).ok());
+}
+
+TEST_F(OpenAiApiTest, DetokenizeChecksIds) {
+  auto ids = ParseDetokenizeRequest(Json::parse(R"({"tokens": [5, 6]})"), model_);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_FALSE(ParseDetokenizeRequest(Json::parse(R"({"tokens": [99999999]})"), model_).ok());
+  EXPECT_FALSE(ParseDetokenizeRequest(Json::parse(R"({"tokens": "5"})"), model_).ok());
+  EXPECT_FALSE(ParseDetokenizeRequest(Json::parse(R"({})"), model_).ok());
+}
+
+TEST_F(OpenAiApiTest, BodyMustBeAJsonObject) {
+  EXPECT_EQ(ToApiError(ParseJsonObject("{").status()).http_status, 400);
+  EXPECT_EQ(ToApiError(ParseJsonObject("[1]").status()).http_status, 422);
+  EXPECT_EQ(ToApiError(ParseJsonObject("{\"a\": \"\xff\"}").status()).http_status, 400);
+  EXPECT_EQ(ToApiError(ParseJsonObject("{\"a\": NaN}").status()).http_status, 400);
+  EXPECT_TRUE(ParseJsonObject("{\"a\": 1}").ok());
+}
+
+}  // namespace
+}  // namespace specd::http

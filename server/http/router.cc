@@ -1,0 +1,224 @@
+#include "server/http/router.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/http/errors.h"
+#include "server/http/generation.h"
+#include "server/http/openai_format.h"
+#include "server/metrics.h"
+
+namespace specd::http {
+namespace {
+
+struct Route {
+  const char* path;
+  const char* method;
+  bool exempt;  // no API key, served while loading and draining
+};
+
+constexpr Route kRoutes[] = {
+    {"/health", "GET", true},           {"/ready", "GET", true},
+    {"/metrics", "GET", true},          {"/v1/models", "GET", false},
+    {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
+    {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
+};
+constexpr char kModelsPrefix[] = "/v1/models/";
+
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string NewId(absl::string_view prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return absl::StrCat(prefix, hex);
+}
+
+const Route* FindRoute(absl::string_view path) {
+  if (absl::StartsWith(path, kModelsPrefix)) return &kRoutes[3];
+  for (const Route& r : kRoutes) {
+    if (path == r.path) return &r;
+  }
+  return nullptr;
+}
+
+// SHA-256 both sides first so the comparison takes the same time for any length.
+bool KeysEqual(absl::string_view given, absl::string_view expected) {
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+Json ModelCard(const ServedModel& model) {
+  return Json{{"id", model.context.served_model_name},
+              {"object", "model"},
+              {"created", model.created},
+              {"owned_by", "specd"},
+              {"root", model.root},
+              {"parent", nullptr},
+              {"max_model_len", model.context.max_model_len}};
+}
+
+absl::StatusOr<HttpReply> Models(absl::string_view path, const ServedModel& model) {
+  if (path.size() > sizeof(kModelsPrefix) - 1) {
+    absl::string_view name = path.substr(sizeof(kModelsPrefix) - 1);
+    if (name != model.context.served_model_name) {
+      return WithCode(absl::NotFoundError(absl::StrCat("The model '", name, "' does not exist")),
+                      "model_not_found");
+    }
+    return JsonReply(200, Dump(ModelCard(model)));
+  }
+  Json list = {{"object", "list"}, {"data", Json::array({ModelCard(model)})}};
+  return JsonReply(200, Dump(list));
+}
+
+absl::StatusOr<HttpReply> Tokenize(const Json& body, const ServedModel& model) {
+  SPECD_ASSIGN_OR_RETURN(TokenizeSpec spec, ParseTokenizeRequest(body, model.context));
+  Json out = {{"count", spec.ids.size()},
+              {"max_model_len", model.context.max_model_len},
+              {"tokens", spec.ids},
+              {"token_strs", nullptr}};
+  if (spec.return_token_strs) {
+    out["token_strs"] = Json::array();
+    for (int32_t id : spec.ids) {
+      out["token_strs"].push_back(std::string(model.context.tokenizer->IdToToken(id)));
+    }
+  }
+  return JsonReply(200, Dump(out));
+}
+
+absl::StatusOr<HttpReply> Detokenize(const Json& body, const ServedModel& model) {
+  SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseDetokenizeRequest(body, model.context));
+  absl::StatusOr<std::string> text = model.context.tokenizer->Decode(ids, /*skip_special=*/false);
+  if (!text.ok()) return WithParam(absl::InvalidArgumentError(text.status().message()), "tokens");
+  return JsonReply(200, Dump(Json{{"prompt", *text}}));
+}
+
+}  // namespace
+
+Router::Router(RouterOptions options, Metrics* metrics)
+    : options_(std::move(options)), metrics_(metrics) {}
+
+void Router::SetModel(const ServedModel* model) { model_.store(model, std::memory_order_release); }
+
+void Router::SetDraining() { draining_.store(true, std::memory_order_release); }
+
+void Router::Handle(const HttpRequest& request, std::shared_ptr<Exchange> exchange) {
+  const std::string path = request.target.substr(0, request.target.find('?'));
+  const Route* route = FindRoute(path);
+  if (route == nullptr) {
+    exchange->Reply(ErrorReply(
+        WithCode(absl::NotFoundError(absl::StrCat("no route ", request.method, " ", path)),
+                 "unknown_route")));
+    return;
+  }
+  if (request.method != route->method) {
+    HttpReply reply = ErrorReply(WithHttpStatus(
+        absl::InvalidArgumentError(absl::StrCat("method ", request.method, " is not allowed on ",
+                                                path, "; use ", route->method)),
+        405));
+    reply.headers.emplace_back("Allow", route->method);
+    exchange->Reply(std::move(reply));
+    return;
+  }
+  if (path == "/health") return exchange->Reply(JsonReply(200, "{}"));
+  if (path == "/ready") return exchange->Reply(Ready());
+  if (path == "/metrics") return exchange->Reply(MetricsReply());
+  if (absl::Status s = Authenticate(request); !s.ok()) return exchange->Reply(ErrorReply(s));
+  const ServedModel* model = model_.load(std::memory_order_acquire);
+  if (draining_.load(std::memory_order_acquire)) {
+    return exchange->Reply(ErrorReply(absl::UnavailableError("the server is shutting down")));
+  }
+  if (model == nullptr) {
+    return exchange->Reply(ErrorReply(absl::UnavailableError("the model is still loading")));
+  }
+  HandleApi(path, request, *model, std::move(exchange));
+}
+
+absl::Status Router::Authenticate(const HttpRequest& request) const {
+  if (options_.api_key.empty()) return absl::OkStatus();
+  absl::string_view auth = request.authorization;
+  constexpr absl::string_view kBearer = "bearer ";
+  if (auth.size() < kBearer.size() ||
+      !absl::EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
+    return WithCode(
+        absl::UnauthenticatedError("missing API key: send 'Authorization: Bearer <key>'"),
+        "invalid_api_key");
+  }
+  if (!KeysEqual(absl::StripAsciiWhitespace(auth.substr(kBearer.size())), options_.api_key)) {
+    return WithCode(absl::UnauthenticatedError("incorrect API key"), "invalid_api_key");
+  }
+  return absl::OkStatus();
+}
+
+void Router::HandleApi(const std::string& path, const HttpRequest& request,
+                       const ServedModel& model, std::shared_ptr<Exchange> exchange) {
+  if (path == "/v1/completions") return Generate(Endpoint::kCompletions, request, model, exchange);
+  if (path == "/v1/chat/completions") return Generate(Endpoint::kChat, request, model, exchange);
+  absl::StatusOr<HttpReply> reply;
+  if (request.method == "GET") {
+    reply = Models(path, model);
+  } else if (absl::StatusOr<Json> body = ParseJsonObject(request.body); !body.ok()) {
+    reply = body.status();
+  } else {
+    reply = path == "/tokenize" ? Tokenize(*body, model) : Detokenize(*body, model);
+  }
+  exchange->Reply(reply.ok() ? *std::move(reply) : ErrorReply(reply.status()));
+}
+
+void Router::Generate(Endpoint endpoint, const HttpRequest& request, const ServedModel& model,
+                      std::shared_ptr<Exchange> exchange) {
+  absl::StatusOr<Json> body = ParseJsonObject(request.body);
+  if (!body.ok()) return exchange->Reply(ErrorReply(body.status()));
+  absl::StatusOr<GenerationSpec> spec = endpoint == Endpoint::kChat
+                                            ? ParseChatRequest(*body, model.context)
+                                            : ParseCompletionRequest(*body, model.context);
+  if (!spec.ok()) return exchange->Reply(ErrorReply(spec.status()));
+  ResponseMeta meta;
+  meta.endpoint = endpoint;
+  meta.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+  meta.created = absl::ToUnixSeconds(absl::Now());
+  meta.model = spec->model;
+  meta.logprobs = spec->logprobs;
+  meta.top_logprobs = spec->top_logprobs;
+  meta.include_usage = spec->include_usage;
+  meta.tokenizer = model.context.tokenizer;
+  meta.tokens_as_ids = spec->tokens_as_ids;
+  StartGeneration(model.engine, *std::move(spec), std::move(meta), std::move(exchange),
+                  options_.request_timeout);
+}
+
+HttpReply Router::Ready() const {
+  if (draining_.load(std::memory_order_acquire)) {
+    return ErrorReply(absl::UnavailableError("draining"));
+  }
+  if (model_.load(std::memory_order_acquire) == nullptr) {
+    return ErrorReply(absl::UnavailableError("loading"));
+  }
+  return JsonReply(200, R"({"status":"ready"})");
+}
+
+HttpReply Router::MetricsReply() const {
+  HttpReply reply;
+  reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  if (metrics_ == nullptr) return reply;
+  if (const ServedModel* model = model_.load(std::memory_order_acquire)) {
+    metrics_->UpdateGauges(model->engine->Stats());
+  }
+  reply.body = metrics_->Render();
+  return reply;
+}
+
+}  // namespace specd::http

@@ -1,0 +1,122 @@
+#include "server/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <string>
+
+namespace specd {
+namespace {
+
+using prometheus::Histogram;
+
+// Label values of specd_requests_total{outcome}, indexed by RequestOutcome.
+constexpr const char* kOutcomeLabels[] = {"stop", "length", "abort", "deadline", "error"};
+
+// Buckets as vLLM's metrics use them, so dashboards carry over.
+const Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kInterTokenBuckets = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3, 0.4,
+    0.5,   0.75,  1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
+const Histogram::BucketBoundaries kRequestBuckets = {
+    0.01, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,   5.0,    10.0,  15.0,
+    20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+prometheus::Counter* NewCounter(prometheus::Registry& r, const std::string& name,
+                                const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Gauge* NewGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+Histogram* NewHistogram(prometheus::Registry& r, const std::string& name, const std::string& help,
+                        const Histogram::BucketBoundaries& buckets) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+}
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::Registry& r = *registry_;
+  auto& requests = prometheus::BuildCounter()
+                       .Name("specd_requests_total")
+                       .Help("Finished engine requests by outcome.")
+                       .Register(r);
+  for (int i = 0; i < kNumOutcomes; ++i)
+    requests_[i] = &requests.Add({{"outcome", kOutcomeLabels[i]}});
+  prompt_tokens_ =
+      NewCounter(r, "specd_prompt_tokens_total", "Prompt tokens of finished requests.");
+  generation_tokens_ =
+      NewCounter(r, "specd_generation_tokens_total", "Generated tokens of finished requests.");
+  ttft_ = NewHistogram(r, "specd_time_to_first_token_seconds",
+                       "Time from arrival to the first generated token.", kTtftBuckets);
+  inter_token_ = NewHistogram(r, "specd_inter_token_latency_seconds",
+                              "Gap between consecutive tokens of a request.", kInterTokenBuckets);
+  e2e_ = NewHistogram(r, "specd_e2e_request_latency_seconds",
+                      "Time from arrival to the end of a request.", kRequestBuckets);
+  queue_ = NewHistogram(r, "specd_request_queue_time_seconds",
+                        "Time from arrival to first being scheduled.", kRequestBuckets);
+  running_ = NewGauge(r, "specd_num_requests_running", "Requests being prefilled or decoded.");
+  waiting_ = NewGauge(r, "specd_num_requests_waiting", "Requests waiting to be scheduled.");
+  kv_used_ = NewGauge(r, "specd_kv_cache_blocks_used", "KV cache blocks in use.");
+  kv_total_ = NewGauge(r, "specd_kv_cache_blocks_capacity",
+                       "KV cache blocks in the pool (a gauge: promtool rejects _total on one).");
+  prefix_queries_ =
+      NewCounter(r, "specd_prefix_cache_queries_total", "KV blocks looked up in the prefix cache.");
+  prefix_hits_ =
+      NewCounter(r, "specd_prefix_cache_hits_total", "KV blocks found in the prefix cache.");
+  preemptions_ = NewCounter(r, "specd_num_preemptions_total",
+                            "Sequences preempted (to be recomputed) for lack of KV blocks.");
+  http_responses_ = &prometheus::BuildCounter()
+                         .Name("specd_http_responses_total")
+                         .Help("HTTP responses sent, by status code.")
+                         .Register(r);
+}
+
+Metrics::~Metrics() = default;
+
+void Metrics::OnRequestFinished(const FinishedRequestMetrics& m) {
+  const int outcome = static_cast<int>(m.outcome);
+  if (outcome >= 0 && outcome < kNumOutcomes) requests_[outcome]->Increment();
+  prompt_tokens_->Increment(m.prompt_tokens);
+  generation_tokens_->Increment(m.generated_tokens);
+  if (m.ttft_seconds >= 0) ttft_->Observe(m.ttft_seconds);
+  e2e_->Observe(m.e2e_seconds);
+  queue_->Observe(m.queue_seconds);
+}
+
+void Metrics::OnInterTokenLatency(double seconds) { inter_token_->Observe(seconds); }
+
+void Metrics::OnStep(const EngineStats& stats) { UpdateGauges(stats); }
+
+void Metrics::OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) {
+  prefix_queries_->Increment(static_cast<double>(queried_blocks));
+  prefix_hits_->Increment(static_cast<double>(hit_blocks));
+}
+
+void Metrics::OnPreemption(int32_t num_sequences) { preemptions_->Increment(num_sequences); }
+
+void Metrics::OnHttpResponse(int status) {
+  http_responses_->Add({{"code", std::to_string(status)}}).Increment();
+}
+
+void Metrics::UpdateGauges(const EngineStats& stats) {
+  running_->Set(stats.num_running);
+  waiting_->Set(stats.num_waiting);
+  kv_used_->Set(stats.kv_blocks_used);
+  kv_total_->Set(stats.kv_blocks_total);
+}
+
+std::string Metrics::Render() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace specd

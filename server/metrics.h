@@ -1,0 +1,67 @@
+// Prometheus metrics of the server: implements the engine's EngineObserver with
+// prometheus-cpp core (Registry, Counter, Gauge, Histogram) and renders the registry as
+// Prometheus text for the HTTP front end's /metrics (no civetweb exposer). Names carry the
+// specd_ prefix and follow Prometheus naming rules (counters end in _total, base units).
+// Every method may be called from any thread (prometheus-cpp metrics are thread-safe):
+// the engine thread reports, I/O threads count responses and scrape.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace specd {
+
+class Metrics : public EngineObserver {
+ public:
+  Metrics();
+  ~Metrics() override;
+
+  // EngineObserver (engine thread).
+  void OnRequestFinished(const FinishedRequestMetrics& m) override;
+  void OnInterTokenLatency(double seconds) override;
+  void OnStep(const EngineStats& stats) override;
+  void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) override;
+  void OnPreemption(int32_t num_sequences) override;
+
+  // One HTTP response sent with this status (I/O threads).
+  void OnHttpResponse(int status);
+  // Refreshes the gauges from a snapshot (the /metrics handler calls it before rendering,
+  // so gauges are current even while the engine is idle).
+  void UpdateGauges(const EngineStats& stats);
+  // The registry in Prometheus text exposition format 0.0.4.
+  std::string Render() const;
+
+ private:
+  static constexpr int kNumOutcomes = 5;  // RequestOutcome values
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::array<prometheus::Counter*, kNumOutcomes> requests_{};
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* inter_token_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Histogram* queue_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* kv_used_ = nullptr;
+  prometheus::Gauge* kv_total_ = nullptr;
+  prometheus::Counter* prefix_queries_ = nullptr;
+  prometheus::Counter* prefix_hits_ = nullptr;
+  prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* http_responses_ = nullptr;
+};
+
+}  // namespace specd

@@ -1,0 +1,67 @@
+#include "server/metrics.h"
+
+#include "gtest/gtest.h"
+
+namespace specd {
+namespace {
+
+TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
+  Metrics m;
+  const std::string text = m.Render();
+  for (const char* name :
+       {"specd_requests_total", "specd_prompt_tokens_total", "specd_generation_tokens_total",
+        "specd_time_to_first_token_seconds", "specd_inter_token_latency_seconds",
+        "specd_e2e_request_latency_seconds", "specd_request_queue_time_seconds",
+        "specd_num_requests_running", "specd_num_requests_waiting", "specd_kv_cache_blocks_used",
+        "specd_kv_cache_blocks_capacity", "specd_prefix_cache_queries_total",
+        "specd_prefix_cache_hits_total", "specd_num_preemptions_total"}) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
+  }
+}
+
+TEST(MetricsTest, ObserverCallsShowUpInTheText) {
+  Metrics m;
+  FinishedRequestMetrics f;
+  f.outcome = RequestOutcome::kLength;
+  f.prompt_tokens = 7;
+  f.generated_tokens = 3;
+  f.ttft_seconds = 0.2;
+  f.e2e_seconds = 1.0;
+  m.OnRequestFinished(f);
+  m.OnInterTokenLatency(0.01);
+  m.OnPrefixCache(4, 1);
+  m.OnPreemption(2);
+  EngineStats s;
+  s.num_running = 3;
+  s.kv_blocks_used = 9;
+  s.kv_blocks_total = 100;
+  m.OnStep(s);
+  m.OnHttpResponse(429);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("specd_requests_total{outcome=\"length\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("specd_prompt_tokens_total 7"), std::string::npos);
+  EXPECT_NE(text.find("specd_generation_tokens_total 3"), std::string::npos);
+  EXPECT_NE(text.find("specd_time_to_first_token_seconds_count 1"), std::string::npos);
+  EXPECT_NE(text.find("specd_inter_token_latency_seconds_count 1"), std::string::npos);
+  EXPECT_NE(text.find("specd_prefix_cache_queries_total 4"), std::string::npos);
+  EXPECT_NE(text.find("specd_prefix_cache_hits_total 1"), std::string::npos);
+  EXPECT_NE(text.find("specd_num_preemptions_total 2"), std::string::npos);
+  EXPECT_NE(text.find("specd_num_requests_running 3"), std::string::npos);
+  EXPECT_NE(text.find("specd_kv_cache_blocks_used 9"), std::string::npos);
+  EXPECT_NE(text.find("specd_kv_cache_blocks_capacity 100"), std::string::npos);
+  EXPECT_NE(text.find("specd_http_responses_total{code=\"429\"} 1"), std::string::npos);
+}
+
+TEST(MetricsTest, RequestsWithoutTokensSkipTheTtftHistogram) {
+  Metrics m;
+  FinishedRequestMetrics f;
+  f.outcome = RequestOutcome::kAbort;
+  f.ttft_seconds = -1;
+  m.OnRequestFinished(f);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("specd_time_to_first_token_seconds_count 0"), std::string::npos);
+  EXPECT_NE(text.find("specd_e2e_request_latency_seconds_count 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specd

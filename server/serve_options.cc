@@ -1,0 +1,237 @@
+#include "server/serve_options.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "proto/config.pb.h"
+#include "server/flags.h"
+
+namespace specd {
+namespace {
+
+void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
+  p.Add("config", config_path, "ServeConfig file (proto/config.proto), JSON or textproto");
+  p.Add("model", &o.model, "HF model directory (default models/codepair/target)");
+  p.Add("served-model-name", &o.served_model_name, "model name in the API (default: folder name)");
+  p.Add("max-model-len", &o.max_model_len, "context limit in tokens (0 = the model's)");
+  p.Add("device", &o.device, "cpu");
+  p.Add("threads", &o.threads, "CPU compute threads (0 = one per core)");
+  p.Add("host", &o.host, "address to listen on (default 0.0.0.0)");
+  p.Add("port", &o.port, "HTTP port (default 8000; 0 = pick a free port)");
+  p.Add("grpc-port", &o.grpc_port, "gRPC port (default 50051; 0 = free port; -1 = off)");
+  p.Add("api-key", &o.api_key, "require 'Authorization: Bearer KEY' (also $SPECD_API_KEY)");
+  p.Add("ssl-certfile", &o.ssl_certfile, "PEM certificate chain: TLS with --ssl-keyfile");
+  p.Add("ssl-keyfile", &o.ssl_keyfile, "PEM private key");
+  p.Add("max-request-body-bytes", &o.max_request_body_bytes, "HTTP body limit (413 past it)");
+  p.Add("max-num-seqs", &o.max_num_seqs, "running sequences per step (default 256)");
+  p.Add("max-num-batched-tokens", &o.max_num_batched_tokens, "token budget per step");
+  p.Add("max-waiting-requests", &o.max_waiting_requests, "queued requests before 429");
+  p.Add("kv-cache-memory-bytes", &o.kv_cache_memory_bytes, "KV pool size in bytes");
+  p.Add("block-size", &o.block_size, "tokens per KV block (default 16)");
+  p.Add("disable-prefix-caching", &o.disable_prefix_caching, "turn prefix caching off");
+  p.Add("drain-timeout", &o.drain_timeout_s, "seconds in-flight requests may finish on SIGTERM");
+  p.Add("request-timeout", &o.request_timeout_s, "per-request deadline in seconds (0 = none)");
+  p.Add("log-level", &o.log_level, "trace|debug|info|warn|error");
+  p.Add("speculative-config", &o.speculative_config, "speculation settings (JSON)");
+}
+
+absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first.empty()) first = absl::StrCat("line ", line + 1, ":", column + 1, ": ", message);
+  }
+  std::string first;
+};
+
+bool LooksLikeJson(const std::string& path, const std::string& text) {
+  if (absl::EndsWithIgnoreCase(path, ".json")) return true;
+  for (const char* ext : {".textproto", ".txtpb", ".pbtxt", ".prototxt"}) {
+    if (absl::EndsWithIgnoreCase(path, ext)) return false;
+  }
+  const absl::string_view body = absl::StripLeadingAsciiWhitespace(text);
+  return !body.empty() && body.front() == '{';
+}
+
+absl::StatusOr<config::ServeConfig> LoadConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Bad(absl::StrCat("--config: cannot read '", path, "'"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  config::ServeConfig config;
+  if (LooksLikeJson(path, text)) {
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = false;
+    auto status = google::protobuf::util::JsonStringToMessage(text, &config, options);
+    if (!status.ok()) return Bad(absl::StrCat("--config ", path, ": ", status.ToString()));
+    return config;
+  }
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return Bad(absl::StrCat("--config ", path, ": ", errors.first));
+  }
+  return config;
+}
+
+// proto3 cannot tell unset from zero: zero / empty fields keep the defaults.
+void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
+  auto str = [](const std::string& v, std::string* out) {
+    if (!v.empty()) *out = v;
+  };
+  auto num = [](auto v, auto* out) {
+    if (v != 0) *out = v;
+  };
+  str(c.model(), &o->model);
+  str(c.served_model_name(), &o->served_model_name);
+  num(c.max_model_len(), &o->max_model_len);
+  str(c.device(), &o->device);
+  num(c.threads(), &o->threads);
+  str(c.host(), &o->host);
+  num(c.port(), &o->port);
+  num(c.grpc_port(), &o->grpc_port);
+  str(c.api_key(), &o->api_key);
+  str(c.tls().cert_file(), &o->ssl_certfile);
+  str(c.tls().key_file(), &o->ssl_keyfile);
+  num(c.max_request_body_bytes(), &o->max_request_body_bytes);
+  num(c.max_num_seqs(), &o->max_num_seqs);
+  num(c.max_num_batched_tokens(), &o->max_num_batched_tokens);
+  num(c.max_waiting_requests(), &o->max_waiting_requests);
+  num(c.kv_cache_memory_bytes(), &o->kv_cache_memory_bytes);
+  num(c.block_size(), &o->block_size);
+  if (c.disable_prefix_caching()) o->disable_prefix_caching = true;
+  num(c.drain_timeout_s(), &o->drain_timeout_s);
+  num(c.request_timeout_s(), &o->request_timeout_s);
+  str(c.log_level(), &o->log_level);
+  str(c.speculative_config(), &o->speculative_config);
+}
+
+absl::Status CheckRange(absl::string_view flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return Bad(absl::StrCat("--", flag, ": ", v, " is outside [", lo, ", ", hi, "]"));
+}
+
+absl::Status CheckSeconds(absl::string_view flag, double v) {
+  if (std::isfinite(v) && v >= 0 && v <= 86400 * 365) return absl::OkStatus();
+  return Bad(absl::StrCat("--", flag, ": must be a number of seconds >= 0"));
+}
+
+absl::Status Validate(const ServeOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (o.model.empty() || !fs::is_directory(o.model, ec)) {
+    return Bad(absl::StrCat("--model: '", o.model, "' is not a directory"));
+  }
+  if (o.device != "cpu") {
+    return Bad(absl::StrCat("--device: '", o.device, "' is not supported yet (cpu)"));
+  }
+  SPECD_RETURN_IF_ERROR(CheckRange("port", o.port, 0, 65535));
+  SPECD_RETURN_IF_ERROR(CheckRange("grpc-port", o.grpc_port, -1, 65535));
+  SPECD_RETURN_IF_ERROR(CheckRange("max-model-len", o.max_model_len, 0, 1 << 24));
+  SPECD_RETURN_IF_ERROR(CheckRange("threads", o.threads, 0, 4096));
+  SPECD_RETURN_IF_ERROR(CheckRange("max-num-seqs", o.max_num_seqs, 1, 1 << 20));
+  SPECD_RETURN_IF_ERROR(CheckRange("max-num-batched-tokens", o.max_num_batched_tokens, 1, 1 << 24));
+  SPECD_RETURN_IF_ERROR(CheckRange("max-waiting-requests", o.max_waiting_requests, 1, 1 << 24));
+  SPECD_RETURN_IF_ERROR(
+      CheckRange("kv-cache-memory-bytes", o.kv_cache_memory_bytes, 1, int64_t{1} << 50));
+  SPECD_RETURN_IF_ERROR(CheckRange("block-size", o.block_size, 1, 1024));
+  SPECD_RETURN_IF_ERROR(
+      CheckRange("max-request-body-bytes", o.max_request_body_bytes, 1024, int64_t{1} << 30));
+  SPECD_RETURN_IF_ERROR(CheckSeconds("drain-timeout", o.drain_timeout_s));
+  SPECD_RETURN_IF_ERROR(CheckSeconds("request-timeout", o.request_timeout_s));
+  if (o.host.empty()) return Bad("--host: must not be empty");
+  if (o.ssl_certfile.empty() != o.ssl_keyfile.empty()) {
+    return Bad("--ssl-certfile and --ssl-keyfile must be given together");
+  }
+  for (const std::string* f : {&o.ssl_certfile, &o.ssl_keyfile}) {
+    if (!f->empty() && !fs::is_regular_file(*f, ec)) {
+      return Bad(absl::StrCat("TLS file '", *f, "' does not exist"));
+    }
+  }
+  static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+  for (const char* level : kLevels) {
+    if (o.log_level == level) return absl::OkStatus();
+  }
+  return Bad(absl::StrCat("--log-level: unknown level '", o.log_level, "'"));
+}
+
+// --config's value, found before the other flags so that they override the file.
+absl::StatusOr<std::string> FindConfigPath(const std::vector<std::string>& args) {
+  std::string path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config") {
+      if (i + 1 >= args.size()) return Bad("--config needs a value");
+      path = args[++i];
+    } else if (absl::StartsWith(args[i], "--config=")) {
+      path = args[i].substr(9);
+    }
+  }
+  return path;
+}
+
+}  // namespace
+
+absl::StatusOr<ServeOptions> ParseServeOptions(const std::vector<std::string>& args,
+                                               const char* env_api_key) {
+  ServeOptions options;
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      options.help = true;
+      return options;
+    }
+  }
+  SPECD_ASSIGN_OR_RETURN(std::string config_path, FindConfigPath(args));
+  if (!config_path.empty()) {
+    SPECD_ASSIGN_OR_RETURN(config::ServeConfig config, LoadConfig(config_path));
+    ApplyConfig(config, &options);
+  }
+  if (env_api_key != nullptr && env_api_key[0] != '\0') options.api_key = env_api_key;
+  FlagParser parser;
+  Register(parser, options, &config_path);
+  SPECD_RETURN_IF_ERROR(parser.Parse(args));
+  if (options.served_model_name.empty()) {
+    std::filesystem::path p(options.model);
+    options.served_model_name = (p.has_filename() ? p : p.parent_path()).filename().string();
+    if (options.served_model_name.empty()) options.served_model_name = options.model;
+  }
+  SPECD_RETURN_IF_ERROR(Validate(options));
+  return options;
+}
+
+std::string ServeUsage() {
+  ServeOptions o;
+  std::string config;
+  FlagParser parser;
+  Register(parser, o, &config);
+  return absl::StrCat("usage: specd serve [flags]\n", parser.Usage());
+}
+
+EngineOptions ToEngineOptions(const ServeOptions& o) {
+  EngineOptions e;
+  e.model_dir = o.model;
+  e.num_threads = o.threads;
+  e.max_model_len = o.max_model_len;
+  e.block_size = o.block_size;
+  e.kv_cache_bytes = o.kv_cache_memory_bytes;
+  e.max_num_seqs = o.max_num_seqs;
+  e.max_num_batched_tokens = o.max_num_batched_tokens;
+  e.max_waiting = o.max_waiting_requests;
+  e.enable_prefix_caching = !o.disable_prefix_caching;
+  return e;
+}
+
+}  // namespace specd

@@ -1,0 +1,56 @@
+// `specd serve` options: built-in defaults, then the --config file (proto/config.proto's
+// ServeConfig as JSON or textproto), then SPECD_API_KEY, then command-line flags (named as
+// vLLM names them where the concept matches). Validated once; immutable afterwards.
+// Main thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+
+namespace specd {
+
+struct ServeOptions {
+  // Model
+  std::string model = "models/codepair/target";
+  std::string served_model_name;  // default: the model folder's name
+  int32_t max_model_len = 0;      // 0: the model's
+  std::string device = "cpu";
+  int32_t threads = 0;  // CPU compute threads; 0: one per core
+  // Front ends
+  std::string host = "0.0.0.0";
+  int32_t port = 8000;        // 0: pick a free port
+  int32_t grpc_port = 50051;  // 0: pick a free port; -1: no gRPC
+  std::string api_key;        // empty: no auth
+  std::string ssl_certfile;   // both set: TLS on both front ends
+  std::string ssl_keyfile;
+  int64_t max_request_body_bytes = int64_t{8} << 20;
+  // Scheduler and KV cache
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_waiting_requests = 1024;
+  int64_t kv_cache_memory_bytes = int64_t{64} << 20;
+  int32_t block_size = 16;
+  bool disable_prefix_caching = false;
+  // Lifecycle
+  double drain_timeout_s = 30;
+  double request_timeout_s = 0;  // 0: no deadline
+  std::string log_level = "info";
+  std::string speculative_config;
+
+  bool help = false;  // --help was given: print ServeUsage() and exit 0
+};
+
+// args excludes "specd serve". env_api_key: $SPECD_API_KEY or null.
+// InvalidArgument (exit 2) for unknown flags, bad values and bad config files.
+absl::StatusOr<ServeOptions> ParseServeOptions(const std::vector<std::string>& args,
+                                               const char* env_api_key);
+std::string ServeUsage();
+
+// The engine's options (observer left unset).
+EngineOptions ToEngineOptions(const ServeOptions& options);
+
+}  // namespace specd
