@@ -21,7 +21,8 @@ namespace {
 
 void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("config", config_path, "ServeConfig file (proto/config.proto), JSON or textproto");
-  p.Add("model", &o.model, "HF model directory (default models/codepair/target)");
+  p.Add("model", &o.model,
+        "HF model directory (default models/codepair/target, served as codepair)");
   p.Add("served-model-name", &o.served_model_name, "model name in the API (default: folder name)");
   p.Add("max-model-len", &o.max_model_len, "context limit in tokens (0 = the model's)");
   p.Add("device", &o.device, "cpu");
@@ -203,6 +204,9 @@ absl::StatusOr<ServeOptions> ParseServeOptions(const std::vector<std::string>& a
   FlagParser parser;
   Register(parser, options, &config_path);
   SPECD_RETURN_IF_ERROR(parser.Parse(args));
+  if (options.served_model_name.empty() && options.model == kBundledModel) {
+    options.served_model_name = "codepair";
+  }
   if (options.served_model_name.empty()) {
     std::filesystem::path p(options.model);
     options.served_model_name = (p.has_filename() ? p : p.parent_path()).filename().string();

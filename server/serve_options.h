@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,11 +14,15 @@
 
 namespace specd {
 
+// The model `specd serve` runs with no --model (relative to the working directory).
+inline constexpr std::string_view kBundledModel = "models/codepair/target";
+
 struct ServeOptions {
   // Model
-  std::string model = "models/codepair/target";
-  std::string served_model_name;  // default: the model folder's name
-  int32_t max_model_len = 0;      // 0: the model's
+  std::string model = std::string(kBundledModel);
+  // Default: the model folder's name; "codepair" for the bundled default model.
+  std::string served_model_name;
+  int32_t max_model_len = 0;  // 0: the model's
   std::string device = "cpu";
   int32_t threads = 0;  // CPU compute threads; 0: one per core
   // Front ends

@@ -37,6 +37,13 @@ TEST(ServeOptionsTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_TRUE(e.enable_prefix_caching);
 }
 
+TEST(ServeOptionsTest, WithNoFlagsTheBundledModelIsServedAsCodepair) {
+  auto o = ParseServeOptions({}, nullptr);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, "models/codepair/target");
+  EXPECT_EQ(o->served_model_name, "codepair");
+}
+
 TEST(ServeOptionsTest, VllmStyleFlagsAreParsed) {
   auto o = Parse({"--port",
                   "0",

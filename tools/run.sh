@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds specd and starts it on the bundled codepair model. Extra arguments go to specd.
+# Builds specd and starts the server (`specd serve`) on the bundled codepair model: the
+# OpenAI HTTP API on port 8000, gRPC on 50051. Arguments replace `serve`
+# (e.g. `tools/run.sh serve --port 9000`, `tools/run.sh generate --prompt "def f("`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
@@ -7,6 +9,6 @@ BUILD=${SPECD_BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECD_BUILD_TESTS=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target specd
 if [ $# -eq 0 ]; then
-  set -- generate --model models/codepair/target --prompt "def fibonacci(n):" --max-tokens 64
+  set -- serve
 fi
 exec "$BUILD/server/specd" "$@"
