@@ -8,8 +8,7 @@
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
-#include "engine/kv/kv_cache.h"
-#include "engine/model/model.h"
+#include "engine/runner/model_runner.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specd {
@@ -80,7 +79,8 @@ Engine::Request::Request(RequestId id, GenerateRequest req, int32_t block_size,
     : id(id),
       request(std::move(req)),
       seq(SeqId{id}, request.prompt_ids, block_size),
-      sampler(request.params, SeedFor(request.params)),
+      seed(SeedFor(request.params)),
+      sampler(request.params, seed),
       stop(request.params.stop) {
   history.AddPrompt(request.prompt_ids);
   if (tok) detok.emplace(*tok, request.prompt_ids, /*skip_special=*/true);
@@ -96,22 +96,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
-  LoadOptions load;
-  load.num_threads = options.num_threads;
-  SPECD_ASSIGN_OR_RETURN(engine->model_, Model::Load(options.model_dir, load));
-  const ModelConfig& config = engine->model_->config();
+  RunnerOptions runner;
+  runner.model_dir = options.model_dir;
+  runner.device = options.device;
+  runner.load_format = options.load_format;
+  runner.num_threads = options.num_threads;
+  runner.block_size = options.block_size;
+  runner.max_model_len = options.max_model_len;
+  runner.max_num_seqs = options.max_num_seqs;
+  runner.max_num_batched_tokens = options.max_num_batched_tokens;
+  runner.kv_cache_bytes = options.kv_cache_bytes;
+  runner.gpu_memory_utilization = options.gpu_memory_utilization;
+  runner.enforce_eager = options.enforce_eager;
+  SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateModelRunner(runner));
+  const ModelConfig& config = engine->runner_->config();
   if (std::filesystem::exists(std::filesystem::path(options.model_dir) / "tokenizer.json")) {
     SPECD_ASSIGN_OR_RETURN(engine->tokenizer_, Tokenizer::FromDir(options.model_dir));
   }
-  engine->max_model_len_ = config.max_position_embeddings;
-  if (options.max_model_len > 0) {
-    if (options.max_model_len > config.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_model_len ", options.max_model_len, " exceeds the model's max_position_embeddings ",
-          config.max_position_embeddings));
-    }
-    engine->max_model_len_ = options.max_model_len;
-  }
+  engine->max_model_len_ = engine->runner_->max_model_len();
   engine->eos_ids_ = config.generation.eos_token_ids;
   if (engine->tokenizer_) {
     for (int32_t id : engine->tokenizer_->eos_ids()) {
@@ -121,34 +123,31 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       }
     }
   }
-  engine->block_size_ = options.block_size;
-  KvCacheSpec probe = engine->model_->MakeKvCacheSpec(1, options.block_size);
-  const int64_t block_bytes = probe.total_bytes();
-  const int32_t num_blocks = static_cast<int32_t>(
-      std::max<int64_t>(BlockTable::BlocksFor(engine->max_model_len_, options.block_size),
-                        options.kv_cache_bytes / block_bytes));
-  SPECD_ASSIGN_OR_RETURN(engine->kv_, CpuKvCache::Create(engine->model_->MakeKvCacheSpec(
-                                          num_blocks, options.block_size)));
-  engine->core_ = std::make_unique<Core>(num_blocks, options.block_size, options);
+  engine->block_size_ = engine->runner_->block_size();
+  const int32_t num_blocks = engine->runner_->num_kv_blocks();
+  engine->core_ = std::make_unique<Core>(num_blocks, engine->block_size_, options);
   {
     std::lock_guard lock(engine->shared_->mu);
     engine->shared_->stats.kv_blocks_total = num_blocks;
   }
-  SPECD_LOG_INFO("engine: model {} loaded, {} KV blocks of {} tokens, max_model_len {}",
-                 options.model_dir, num_blocks, options.block_size, engine->max_model_len_);
+  SPECD_LOG_INFO("engine: model {} on {}, {} KV blocks of {} tokens, max_model_len {}",
+                 options.model_dir, engine->runner_->device_name(), num_blocks, engine->block_size_,
+                 engine->max_model_len_);
   return engine;
 }
 
 Engine::~Engine() { Stop(); }
 
-const ModelConfig& Engine::model_config() const { return model_->config(); }
+const ModelConfig& Engine::model_config() const { return runner_->config(); }
+
+std::string Engine::device_name() const { return runner_->device_name(); }
 
 std::optional<int32_t> Engine::model_bos_id() const {
-  return model_->config().generation.bos_token_id;
+  return runner_->config().generation.bos_token_id;
 }
 
 absl::Status Engine::Validate(const GenerateRequest& request) const {
-  const int32_t vocab = model_->config().vocab_size;
+  const int32_t vocab = runner_->config().vocab_size;
   SPECD_RETURN_IF_ERROR(request.params.Validate(vocab));
   if (request.prompt_ids.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (int32_t id : request.prompt_ids) {
@@ -215,8 +214,9 @@ RequestUsage Engine::Request::Usage() const {
   return u;
 }
 
-// One engine step: schedule, run the ragged batch, sample every sequence whose tokens
-// all have KV now. False when there was nothing to run.
+// One engine step: schedule, run the ragged batch and draw the next token of every sequence
+// whose tokens all have KV after it (one runner call), commit the tokens. False when there
+// was nothing to run.
 absl::StatusOr<bool> Engine::RunStep() {
   Core& c = *core_;
   const StepPlan plan = c.scheduler.Schedule();
@@ -234,8 +234,8 @@ absl::StatusOr<bool> Engine::RunStep() {
     in.block_table = seq.blocks().ids();
     c.batch.push_back(in);
   }
-  c.logits.clear();
-  if (absl::Status s = model_->Forward(c.batch, *kv_, &c.logits); !s.ok()) {
+  PlanSampling(plan);
+  if (absl::Status s = runner_->Step(c.batch, c.rows, &c.sampled); !s.ok()) {
     const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
     for (const ScheduledChunk& chunk : plan.chunks) {
       FinishRequest(*c.live.find(chunk.seq->id().value)->second, FinishReason::kAbort, failed,
@@ -244,15 +244,42 @@ absl::StatusOr<bool> Engine::RunStep() {
     return failed;
   }
   c.scheduler.Postprocess(plan);
-  const int32_t vocab = model_->config().vocab_size;
   const absl::Time now = absl::Now();
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    const Sequence* seq = plan.chunks[i].seq;
-    if (seq->num_uncomputed() != 0) continue;  // a prefill chunk short of the end
-    SampleNext(*c.live.find(seq->id().value)->second,
-               std::span<float>(c.logits).subspan(i * vocab, vocab), now);
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    CommitToken(*c.row_requests[k], std::move(c.sampled[k]), now);
   }
   return true;
+}
+
+void Engine::PlanSampling(const StepPlan& plan) {
+  Core& c = *core_;
+  c.rows.clear();
+  c.row_requests.clear();
+  if (c.banned.size() < plan.chunks.size()) c.banned.resize(plan.chunks.size());  // no moves
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const Sequence& seq = *plan.chunks[i].seq;
+    if (seq.num_computed() + plan.chunks[i].num_new_tokens != seq.num_tokens()) {
+      continue;  // a prefill chunk short of the end
+    }
+    Request& r = *c.live.find(seq.id().value)->second;
+    const SamplingParams& p = r.request.params;
+    std::vector<int32_t>& banned = c.banned[c.rows.size()];
+    banned.clear();
+    if (r.seq.num_generated() < p.min_tokens) {
+      banned = p.stop_token_ids;
+      if (!p.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
+    }
+    SampleRow row;
+    row.chunk = static_cast<int32_t>(i);
+    row.sampler = &r.sampler;
+    row.params = &p;
+    row.history = &r.history;
+    row.banned = banned;
+    row.seed = r.seed;
+    row.num_generated = r.seq.num_generated();
+    c.rows.push_back(row);
+    c.row_requests.push_back(&r);
+  }
 }
 
 void Engine::NoteScheduled(const StepPlan& plan, absl::Time now) {
@@ -280,15 +307,9 @@ bool Contains(const std::vector<int32_t>& v, int32_t id) {
 
 }  // namespace
 
-void Engine::SampleNext(Request& r, std::span<float> logits, absl::Time now) {
+void Engine::CommitToken(Request& r, SampleResult sampled, absl::Time now) {
   const SamplingParams& p = r.request.params;
   const int32_t num_generated = r.seq.num_generated();
-  std::vector<int32_t> banned;
-  if (num_generated < p.min_tokens) {
-    banned = p.stop_token_ids;
-    if (!p.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
-  }
-  SampleResult sampled = r.sampler.Sample(logits, r.history, banned);
   r.seq.AppendToken(sampled.id);
   r.history.AddOutput(sampled.id);
   std::vector<GeneratedToken> token = {{sampled.id, sampled.logprob, std::move(sampled.top)}};

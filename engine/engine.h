@@ -1,6 +1,7 @@
 // The engine facade: loads a model directory (weights, tokenizer, chat template) and
-// generates tokens on the CPU backend. This is the only engine header server/ includes
-// (plus the Tokenizer / ChatTemplate types it hands out and base/ status and logging).
+// generates tokens on a ModelRunner (the CPU backend, or one GPU). This is the only engine header
+// server/ includes (plus the Tokenizer / ChatTemplate types it hands out and base/ status and
+// logging).
 //
 // Two ways to drive it:
 // - Serving (thread-safe): Start() launches the engine thread, which owns the continuous-
@@ -28,19 +29,27 @@
 
 namespace specd {
 
-class Model;
+class ModelRunner;
 class Tokenizer;
-class CpuKvCache;
 struct ModelConfig;
 class EngineObserver;
 struct StepPlan;
 
 struct EngineOptions {
   std::string model_dir;
-  int32_t num_threads = 0;              // 0: one per core
-  int32_t max_model_len = 0;            // 0: the model's max_position_embeddings
-  int32_t block_size = 16;              // KV block size in tokens
-  int64_t kv_cache_bytes = 64ll << 20;  // at least one max_model_len sequence fits
+  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (a GPU when one is visible). The library
+  // default stays "cpu" so that embedders and tests get the exact fp32 backend unless they
+  // ask; the CLI (specd serve / generate) defaults to "auto".
+  std::string device = "cpu";
+  std::string load_format = "auto";  // "auto": safetensors; "dummy": random weights (CUDA)
+  int32_t num_threads = 0;           // CPU threads; 0: one per core
+  int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
+  int32_t block_size = 16;           // KV block size in tokens
+  // KV pool; 0: the device's default (CPU 64 MiB; CUDA what gpu_memory_utilization leaves).
+  // At least one max_model_len sequence always fits.
+  int64_t kv_cache_bytes = 0;
+  double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
+  bool enforce_eager = false;           // CUDA: no CUDA graphs (debugging)
   // Continuous batching (vLLM's names where they exist).
   int32_t max_num_seqs = 256;                // running sequences per step
   int32_t max_num_batched_tokens = 2048;     // token budget of one step (chunked prefill)
@@ -154,6 +163,8 @@ class Engine {
   // Null when the model directory has no tokenizer.json (token ids only).
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   const ModelConfig& model_config() const;
+  // What runs the model: "cpu (N threads)", "cuda:0 NVIDIA H100 80GB HBM3", ...
+  std::string device_name() const;
   int32_t max_model_len() const { return max_model_len_; }
   // EOS ids of the model: generation_config.json's merged with the tokenizer's.
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
@@ -201,7 +212,10 @@ class Engine {
                       absl::Time arrival);
   absl::StatusOr<bool> RunStep();
   void NoteScheduled(const StepPlan& plan, absl::Time now);
-  void SampleNext(Request& r, std::span<float> logits, absl::Time now);
+  // Builds the step's sample rows: the chunks whose sequence has all its tokens computed
+  // after this step draw their next token.
+  void PlanSampling(const StepPlan& plan);
+  void CommitToken(Request& r, SampleResult sampled, absl::Time now);
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
   void FinishAll(const absl::Status& status);
@@ -210,9 +224,8 @@ class Engine {
   void PublishStats(bool step_ran);
 
   EngineOptions options_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<CpuKvCache> kv_;
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int32_t block_size_ = 16;

@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/kv/block_manager.h"
-#include "engine/model/model.h"
+#include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
 #include "engine/stop_checker.h"
@@ -32,6 +32,7 @@ struct Engine::Request {
   RequestId id;
   GenerateRequest request;
   Sequence seq;
+  uint64_t seed;  // the request's, or drawn at arrival: CPU sampler RNG and GPU Philox key
   Sampler sampler;
   TokenHistory history;
   std::optional<IncrementalDetokenizer> detok;
@@ -63,8 +64,11 @@ struct Engine::Core {
   const TokenCallback* on_token = nullptr;  // offline GenerateBatch's callback
   bool serving = false;                     // inside ServeLoop
   RequestId next_offline_id = 1;
-  std::vector<SequenceInput> batch;  // [num_chunks] scratch
-  std::vector<float> logits;         // [num_chunks, vocab] scratch
+  std::vector<SequenceInput> batch;          // [num_chunks] scratch
+  std::vector<SampleRow> rows;               // [num_rows] scratch: chunks drawing a token
+  std::vector<Request*> row_requests;        // [num_rows] scratch
+  std::vector<std::vector<int32_t>> banned;  // [num_rows] scratch (min_tokens)
+  std::vector<SampleResult> sampled;         // [num_rows] scratch
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, control

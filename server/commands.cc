@@ -32,6 +32,9 @@ bool WantsHelp(const std::vector<std::string>& args) {
 struct GenerateFlags {
   std::string model = kDefaultModel;
   std::optional<std::string> prompt, prompt_ids, stop, log_level;
+  std::string device = "auto", load_format = "auto";
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
   int32_t max_tokens = 64, top_k = 0, threads = 0, logprobs = -1, max_model_len = 0;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
@@ -54,6 +57,11 @@ struct GenerateFlags {
     p.Add("stop", &stop, "stop string");
     p.Add("ignore-eos", &ignore_eos, "keep generating after EOS");
     p.Add("logprobs", &logprobs, "report the sampled token's logprob and the top N");
+    p.Add("device", &device, "cpu | cuda | cuda:N | auto (default: a GPU when one is visible)");
+    p.Add("load-format", &load_format, "auto (safetensors) | dummy (random weights; CUDA)");
+    p.Add("gpu-memory-utilization", &gpu_memory_utilization,
+          "fraction of the GPU's memory specd may hold (default 0.9)");
+    p.Add("enforce-eager", &enforce_eager, "no CUDA graphs (debugging)");
     p.Add("threads", &threads, "CPU threads (0 = all cores)");
     p.Add("max-model-len", &max_model_len, "context limit (0 = the model's)");
     p.Add("json", &json, "print one JSON object instead of streaming text");
@@ -126,6 +134,10 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   }
   EngineOptions options;
   options.model_dir = f.model;
+  options.device = f.device;
+  options.load_format = f.load_format;
+  options.gpu_memory_utilization = f.gpu_memory_utilization;
+  options.enforce_eager = f.enforce_eager;
   options.num_threads = f.threads;
   options.max_model_len = f.max_model_len;
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));

@@ -4,6 +4,7 @@
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -25,7 +26,11 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
         "HF model directory (default models/codepair/target, served as codepair)");
   p.Add("served-model-name", &o.served_model_name, "model name in the API (default: folder name)");
   p.Add("max-model-len", &o.max_model_len, "context limit in tokens (0 = the model's)");
-  p.Add("device", &o.device, "cpu");
+  p.Add("device", &o.device, "cpu | cuda | cuda:N | auto (default: a GPU when one is visible)");
+  p.Add("load-format", &o.load_format, "auto (safetensors) | dummy (random weights; CUDA)");
+  p.Add("gpu-memory-utilization", &o.gpu_memory_utilization,
+        "fraction of the GPU's memory specd may hold (default 0.9)");
+  p.Add("enforce-eager", &o.enforce_eager, "no CUDA graphs (debugging)");
   p.Add("threads", &o.threads, "CPU compute threads (0 = one per core)");
   p.Add("host", &o.host, "address to listen on (default 0.0.0.0)");
   p.Add("port", &o.port, "HTTP port (default 8000; 0 = pick a free port)");
@@ -37,7 +42,8 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("max-num-seqs", &o.max_num_seqs, "running sequences per step (default 256)");
   p.Add("max-num-batched-tokens", &o.max_num_batched_tokens, "token budget per step");
   p.Add("max-waiting-requests", &o.max_waiting_requests, "queued requests before 429");
-  p.Add("kv-cache-memory-bytes", &o.kv_cache_memory_bytes, "KV pool size in bytes");
+  p.Add("kv-cache-memory-bytes", &o.kv_cache_memory_bytes,
+        "KV pool size in bytes (0 = CPU 64 MiB; GPU: what --gpu-memory-utilization leaves)");
   p.Add("block-size", &o.block_size, "tokens per KV block (default 16)");
   p.Add("disable-prefix-caching", &o.disable_prefix_caching, "turn prefix caching off");
   p.Add("drain-timeout", &o.drain_timeout_s, "seconds in-flight requests may finish on SIGTERM");
@@ -101,6 +107,9 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   str(c.served_model_name(), &o->served_model_name);
   num(c.max_model_len(), &o->max_model_len);
   str(c.device(), &o->device);
+  str(c.load_format(), &o->load_format);
+  num(c.gpu_memory_utilization(), &o->gpu_memory_utilization);
+  if (c.enforce_eager()) o->enforce_eager = true;
   num(c.threads(), &o->threads);
   str(c.host(), &o->host);
   num(c.port(), &o->port);
@@ -126,6 +135,17 @@ absl::Status CheckRange(absl::string_view flag, int64_t v, int64_t lo, int64_t h
   return Bad(absl::StrCat("--", flag, ": ", v, " is outside [", lo, ", ", hi, "]"));
 }
 
+// The device's syntax; whether it exists is the engine's question at startup.
+absl::Status CheckDevice(const std::string& device) {
+  if (device == "cpu" || device == "cuda" || device == "auto") return absl::OkStatus();
+  const std::string n = device.size() > 5 ? device.substr(5) : "";
+  if (absl::StartsWith(device, "cuda:") && !n.empty() && n.size() <= 4 &&
+      std::all_of(n.begin(), n.end(), [](char ch) { return absl::ascii_isdigit(ch); })) {
+    return absl::OkStatus();
+  }
+  return Bad(absl::StrCat("--device: '", device, "' is not one of cpu, cuda, cuda:N, auto"));
+}
+
 absl::Status CheckSeconds(absl::string_view flag, double v) {
   if (std::isfinite(v) && v >= 0 && v <= 86400 * 365) return absl::OkStatus();
   return Bad(absl::StrCat("--", flag, ": must be a number of seconds >= 0"));
@@ -137,8 +157,12 @@ absl::Status Validate(const ServeOptions& o) {
   if (o.model.empty() || !fs::is_directory(o.model, ec)) {
     return Bad(absl::StrCat("--model: '", o.model, "' is not a directory"));
   }
-  if (o.device != "cpu") {
-    return Bad(absl::StrCat("--device: '", o.device, "' is not supported yet (cpu)"));
+  SPECD_RETURN_IF_ERROR(CheckDevice(o.device));
+  if (o.load_format != "auto" && o.load_format != "dummy") {
+    return Bad(absl::StrCat("--load-format: '", o.load_format, "' is not one of auto, dummy"));
+  }
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
+    return Bad("--gpu-memory-utilization: must be in (0, 1]");
   }
   SPECD_RETURN_IF_ERROR(CheckRange("port", o.port, 0, 65535));
   SPECD_RETURN_IF_ERROR(CheckRange("grpc-port", o.grpc_port, -1, 65535));
@@ -148,7 +172,7 @@ absl::Status Validate(const ServeOptions& o) {
   SPECD_RETURN_IF_ERROR(CheckRange("max-num-batched-tokens", o.max_num_batched_tokens, 1, 1 << 24));
   SPECD_RETURN_IF_ERROR(CheckRange("max-waiting-requests", o.max_waiting_requests, 1, 1 << 24));
   SPECD_RETURN_IF_ERROR(
-      CheckRange("kv-cache-memory-bytes", o.kv_cache_memory_bytes, 1, int64_t{1} << 50));
+      CheckRange("kv-cache-memory-bytes", o.kv_cache_memory_bytes, 0, int64_t{1} << 50));
   SPECD_RETURN_IF_ERROR(CheckRange("block-size", o.block_size, 1, 1024));
   SPECD_RETURN_IF_ERROR(
       CheckRange("max-request-body-bytes", o.max_request_body_bytes, 1024, int64_t{1} << 30));
@@ -227,6 +251,10 @@ std::string ServeUsage() {
 EngineOptions ToEngineOptions(const ServeOptions& o) {
   EngineOptions e;
   e.model_dir = o.model;
+  e.device = o.device;
+  e.load_format = o.load_format;
+  e.gpu_memory_utilization = o.gpu_memory_utilization;
+  e.enforce_eager = o.enforce_eager;
   e.num_threads = o.threads;
   e.max_model_len = o.max_model_len;
   e.block_size = o.block_size;

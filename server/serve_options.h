@@ -22,9 +22,12 @@ struct ServeOptions {
   std::string model = std::string(kBundledModel);
   // Default: the model folder's name; "codepair" for the bundled default model.
   std::string served_model_name;
-  int32_t max_model_len = 0;  // 0: the model's
-  std::string device = "cpu";
-  int32_t threads = 0;  // CPU compute threads; 0: one per core
+  int32_t max_model_len = 0;            // 0: the model's
+  std::string device = "auto";          // cpu | cuda | cuda:N | auto (a GPU when one is visible)
+  std::string load_format = "auto";     // auto (safetensors) | dummy (random weights, CUDA)
+  double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
+  bool enforce_eager = false;           // CUDA: no CUDA graphs
+  int32_t threads = 0;                  // CPU compute threads; 0: one per core
   // Front ends
   std::string host = "0.0.0.0";
   int32_t port = 8000;        // 0: pick a free port
@@ -37,7 +40,8 @@ struct ServeOptions {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_waiting_requests = 1024;
-  int64_t kv_cache_memory_bytes = int64_t{64} << 20;
+  // 0: the device's default (CPU 64 MiB; GPU what gpu_memory_utilization leaves).
+  int64_t kv_cache_memory_bytes = 0;
   int32_t block_size = 16;
   bool disable_prefix_caching = false;
   // Lifecycle

@@ -1,6 +1,7 @@
 #include "server/serve_options.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -38,7 +39,11 @@ TEST(ServeOptionsTest, DefaultsMatchTheDocumentedOnes) {
 }
 
 TEST(ServeOptionsTest, WithNoFlagsTheBundledModelIsServedAsCodepair) {
+  // The default model path is relative to the working directory: the repository root.
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(SPECD_SOURCE_DIR);
   auto o = ParseServeOptions({}, nullptr);
+  std::filesystem::current_path(cwd);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->model, "models/codepair/target");
   EXPECT_EQ(o->served_model_name, "codepair");

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
+
+#include "kernels/ref/rope.h"
 
 namespace specd {
 
@@ -53,37 +54,25 @@ void SiluMul(const float* gate_up, int64_t rows, int32_t ffn, float* out) {
 }
 
 std::vector<float> RopeInvFreq(const RopeConfig& rope, int32_t head_dim) {
-  // transformers: 1 / base ** (arange(0, dim, 2).float() / dim), all float32.
-  const int32_t half = head_dim / 2;
-  std::vector<float> inv_freq(half);
-  for (int32_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    const float power = static_cast<float>(std::pow(rope.theta, static_cast<double>(exponent)));
-    inv_freq[i] = 1.0f / power;
+  // One definition for both backends: kernels/ref/rope.h (transformers' float32 order).
+  kernels::ref::RopeFrequencyParams p;
+  switch (rope.type) {
+    case RopeType::kDefault:
+      p.scaling = kernels::ref::RopeScaling::kDefault;
+      break;
+    case RopeType::kLinear:
+      p.scaling = kernels::ref::RopeScaling::kLinear;
+      break;
+    case RopeType::kLlama3:
+      p.scaling = kernels::ref::RopeScaling::kLlama3;
+      break;
   }
-  if (rope.type == RopeType::kLinear) {
-    for (float& f : inv_freq) f /= static_cast<float>(rope.factor);
-  } else if (rope.type == RopeType::kLlama3) {
-    // Llama 3.1 smoothing: keep high frequencies, divide low ones by factor, interpolate
-    // in between. Float32 like transformers (x / t is reciprocal(t) * x there).
-    const float factor = static_cast<float>(rope.factor);
-    const float low = static_cast<float>(rope.low_freq_factor);
-    const float high = static_cast<float>(rope.high_freq_factor);
-    const float old_len = static_cast<float>(rope.original_max_position_embeddings);
-    const float low_freq_wavelen = static_cast<float>(
-        static_cast<double>(rope.original_max_position_embeddings) / rope.low_freq_factor);
-    const float high_freq_wavelen = static_cast<float>(
-        static_cast<double>(rope.original_max_position_embeddings) / rope.high_freq_factor);
-    for (float& f : inv_freq) {
-      const float wavelen = (1.0f / f) * static_cast<float>(2.0 * std::numbers::pi);
-      const float scaled = wavelen > low_freq_wavelen ? f / factor : f;
-      const float smooth = ((1.0f / wavelen) * old_len - low) / (high - low);
-      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
-      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
-      f = medium ? smoothed : scaled;
-    }
-  }
-  return inv_freq;
+  p.theta = rope.theta;
+  p.factor = rope.factor;
+  p.low_freq_factor = rope.low_freq_factor;
+  p.high_freq_factor = rope.high_freq_factor;
+  p.original_max_position_embeddings = rope.original_max_position_embeddings;
+  return kernels::ref::RopeInvFreq(p, head_dim);
 }
 
 void RopeCosSin(std::span<const float> inv_freq, int32_t position, float* cos, float* sin) {

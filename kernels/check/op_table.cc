@@ -4,6 +4,7 @@
 #include <random>
 #include <utility>
 
+#include "kernels/check/op_families.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -222,6 +223,7 @@ std::vector<OpShape> NormPerfShapes() {
 }  // namespace
 
 std::string OpShape::ToString() const {
+  if (!label.empty()) return label;
   char buf[64];
   if (table_rows > 0) {
     std::snprintf(buf, sizeof(buf), "%lldx%lld rows=%lld", static_cast<long long>(num_tokens),
@@ -233,8 +235,10 @@ std::string OpShape::ToString() const {
   return buf;
 }
 
-const std::vector<OpSpec>& OpTable() {
-  static const auto* table = new std::vector<OpSpec>{
+namespace {
+
+std::vector<OpSpec> BaseOps() {
+  return std::vector<OpSpec>{
       {"rms_norm", NormCheckShapes(), NormPerfShapes(),
        [](const OpShape& s) { return std::make_unique<RmsNormCase>(s, false); }},
       {"fused_add_rms_norm", NormCheckShapes(), NormPerfShapes(),
@@ -254,6 +258,20 @@ const std::vector<OpSpec>& OpTable() {
        {{1, 4096, 4096}, {256, 4096, 4096}, {8192, 4096, 32000}},
        [](const OpShape& s) { return std::make_unique<EmbeddingCase>(s); }},
   };
+}
+
+}  // namespace
+
+const std::vector<OpSpec>& OpTable() {
+  static const auto* table = [] {
+    auto* t = new std::vector<OpSpec>(BaseOps());
+    AddRopeOps(t);
+    AddAttentionOps(t);
+    AddSamplingOps(t);
+    AddGemmOps(t);
+    AddVerifyOps(t);
+    return t;
+  }();
   return *table;
 }
 

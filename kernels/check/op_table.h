@@ -14,11 +14,24 @@
 namespace specd::kernels::check {
 
 // Sizes of one case; `width` is hidden (norms, embedding) or d (silu_and_mul), `table_rows`
-// the embedding shard's rows (0 for other ops).
+// the embedding shard's rows (0 for other ops). Ops with more dimensions use the named fields
+// below (0 when unused) and may set `label` for ToString.
 struct OpShape {
   int64_t num_tokens = 0;
   int64_t width = 0;
   int64_t table_rows = 0;
+  // attention (num_tokens: query tokens; batch: sequences), rope, head norm
+  int64_t batch = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t context = 0;     // KV tokens per sequence
+  int64_t block_size = 0;  // KV block size
+  int64_t window = 0;      // sliding window (0 = none)
+  // sampling (num_tokens: rows), gemm (num_tokens: m, width: k)
+  int64_t vocab = 0;
+  int64_t n = 0;
+  std::string label = {};  // free text shown by ToString when set
 
   std::string ToString() const;  // "num_tokens x width[, rows]"
 };

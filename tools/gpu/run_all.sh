@@ -1,77 +1,206 @@
 #!/usr/bin/env bash
-# The one script the device machine runs; it builds nothing. Given a directory packed by
-# tools/gpu/package.sh, runs every gpu-labelled test binary in DIR/tests, then
-# `kernel_check --mode check` and `--mode perf`, with DIR/lib first on LD_LIBRARY_PATH. The whole
-# log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the device
-# tool); the perf table and a short summary table are printed last. On this machine a test that
-# exits 77 (no GPU visible) counts as a failure. Exit status 0 only when every step passed.
-# usage: tools/gpu/run_all.sh DIR [--sanitize]
+# The one script the device machine runs; it builds nothing. Given the folder tools/gpu/package.sh
+# packed (.carry/gpu), it unpacks payload.tar.xz into WORK and runs, each step under a timeout and
+# all within one overall budget:
+#   every gpu-labelled test (SPECD_SHARED_DIR names a folder whose models/ holds the packed models
+#     and the working tree's models/codepair; SPECD_SOURCE_DIR names the working tree)
+#   kernel_check --mode check; a `specd serve --load-format dummy` smoke (Llama-3.1-8B shapes,
+#     three completions, one streamed, then SIGTERM and exit 0); attention_bench;
+#     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
+#     decode_bench (decode, throughput, TTFT and prefill against the roofline)
+# Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
+# The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
+# device tool). Printed last: the benchmarks' key lines and a summary table (step, result,
+# seconds). A test that exits 77 (no GPU visible) counts as a failure here. Exit status 0 only
+# when every step ran and passed (benchmarks pass when they ran; their targets are in their table).
+# usage: tools/gpu/run_all.sh DIR [--quick] [--only REGEX] [--sanitize]
+#   --quick     shorter benchmarks (decode_bench --quick): ~3 minutes in all
+#   --only RE   only the steps whose names match the extended regex RE (e.g. 'bench|serve')
 #   --sanitize  also run each test binary under compute-sanitizer memcheck
-#   STEP_TIMEOUT (seconds, default 240) bounds each step.
+#   BUDGET (seconds, default 540) bounds the whole run; STEP_TIMEOUT (default 240) each step;
+#   WORK (default /tmp/specd-gpu) is where the payload is unpacked.
 set -uo pipefail
-DIR=$(cd "${1:?usage: run_all.sh DIR [--sanitize]}" && pwd) || exit 2
-SANITIZE=0
-[[ "${2:-}" == "--sanitize" ]] && SANITIZE=1
-LOG_DIR=${OUT:-$DIR/logs}
-mkdir -p "$LOG_DIR"
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+DIR=$(cd "${1:?usage: run_all.sh DIR [--quick] [--only REGEX] [--sanitize]}" && pwd) || exit 2
+shift
+QUICK=0 SANITIZE=0 ONLY=.
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --sanitize) SANITIZE=1 ;;
+    --only) ONLY=${2:?--only needs a regex}; shift ;;
+    *) echo "run_all.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+BUDGET=${BUDGET:-540}
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}
+WORK=${WORK:-/tmp/specd-gpu}
+LOG_DIR=${OUT:-$WORK/logs}
+mkdir -p "$LOG_DIR" "$WORK/steps"
 LOG="$LOG_DIR/run_all.log"
 : >"$LOG"
-STEP_TIMEOUT=${STEP_TIMEOUT:-240}
-# Our libraries first; the CUDA runtime from the system, or the toolkit as a fallback.
-export LD_LIBRARY_PATH="$DIR/lib:${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64:/usr/local/cuda/lib"
+cd "$REPO" || exit 2
 
 summary=()
+key_lines=()
+declare -A passed=()
 failed=0
 
-# run_step NAME COMMAND...: runs with a timeout, appends output to the log, records a summary row.
+# run_step NAME TIMEOUT COMMAND...: runs COMMAND under min(TIMEOUT, what is left of the budget),
+# output to WORK/steps/NAME.out and the log; records a summary row. Returns COMMAND's status.
 run_step() {
-  local name=$1; shift
-  local start=$SECONDS rc result
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS rc result out="$WORK/steps/${name//[^A-Za-z0-9_.-]/_}.out"
+  local left=$((BUDGET - SECONDS))
+  [[ "$name" =~ $ONLY ]] || return 0
+  if (( left < 15 )); then
+    summary+=("$(printf '%-36s %-30s %5ds' "$name" "SKIPPED (budget ${BUDGET}s spent)" 0)")
+    failed=1
+    return 1
+  fi
+  (( limit > left )) && limit=$left
   echo "===== $name: $*" >>"$LOG"
-  timeout "$STEP_TIMEOUT" "$@" >"$LOG_DIR/step.out" 2>&1
+  timeout -k 10 "$limit" "$@" >"$out" 2>&1
   rc=$?
-  cat "$LOG_DIR/step.out" >>"$LOG"
+  cat "$out" >>"$LOG"
   case $rc in
-    0) result=PASS ;;
+    0) result=PASS; passed[$name]=1 ;;
     77) result="FAIL (exit 77: no GPU visible)" ;;
-    124) result="FAIL (timeout ${STEP_TIMEOUT}s)" ;;
+    124 | 137) result="FAIL (timeout ${limit}s)" ;;
+    127) result="FAIL (not packed)" ;;
     *) result="FAIL (exit $rc)" ;;
   esac
   if [[ $rc -ne 0 ]]; then
     failed=1
     echo "----- $name failed; last lines:"
-    tail -n 25 "$LOG_DIR/step.out"
+    tail -n 25 "$out"
   fi
-  summary+=("$(printf '%-44s %-32s %5ds' "$name" "$result" $((SECONDS - start)))")
+  summary+=("$(printf '%-36s %-30s %5ds' "$name" "$result" $((SECONDS - start)))")
   return $rc
 }
 
+# Our programs run as "${OURS[@]}" PROGRAM: packed libraries first, then the CUDA toolkit's.
+export OUR_LIBRARY_PATH="$WORK/lib:${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+OURS=(env "LD_LIBRARY_PATH=$OUR_LIBRARY_PATH")
+export WORK DIR REPO
+
+# Unpacks the payload and lays out the shared folder the tests read.
+# shellcheck disable=SC2317  # run through `bash -c` (under timeout)
+prepare() {
+  rm -rf "${WORK:?}/tests" "${WORK:?}/bin" "${WORK:?}/lib" "${WORK:?}/shared"
+  if command -v xz >/dev/null; then
+    tar -C "$WORK" -xJf "$DIR/payload.tar.xz" || return 1
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$DIR/payload.tar.xz" "$WORK" || return 1
+  fi
+  mkdir -p "$WORK/shared/models"
+  for m in "$DIR"/models/*; do ln -s "$m" "$WORK/shared/models/$(basename "$m")"; done
+  ln -sfn "$REPO/models/codepair" "$WORK/shared/models/codepair"
+  ls "$WORK/tests" "$WORK/bin"
+}
+export -f prepare
+
+# specd serve on a dummy Llama-3.1-8B: waits for "specd: listening", sends three completions (one
+# streamed) and checks each is a 200 with the tokens asked for, then SIGTERM and exit status 0.
+# shellcheck disable=SC2317  # run through `bash -c` (under timeout)
+serve_smoke() {
+  local log="$WORK/steps/specd_serve.log" pid port rc
+  env LD_LIBRARY_PATH="$OUR_LIBRARY_PATH" "$WORK/bin/specd" serve --model "$DIR/models/shapes/llama-3.1-8b" --load-format dummy \
+    --device cuda --port 0 --grpc-port 0 --max-model-len 8192 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 240); do
+    grep -q 'specd: listening' "$log" && break
+    kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "serve_smoke: specd exited before listening"; return 1; }
+    sleep 0.5
+  done
+  port=$(grep -m1 -o 'specd: listening http=[^ ]*' "$log" | sed 's/.*://')
+  [[ -n "$port" ]] || { kill -TERM "$pid"; cat "$log"; echo "serve_smoke: not listening"; return 1; }
+  echo "serve_smoke: listening on port $port after ${SECONDS}s"
+  python3 - "$port" <<'PY'
+import http.client, json, sys
+port = int(sys.argv[1])
+def post(body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return conn.getresponse()
+prompt = [(i * 7919) % 1000 + 3 for i in range(300)]  # ids valid in any vocabulary of >= 1003
+cases = [dict(prompt=prompt[:12], max_tokens=16, temperature=0),
+         dict(prompt=prompt, max_tokens=32, temperature=0.8, top_p=0.9, seed=7)]
+for body in cases:
+    r = post(dict(body, ignore_eos=True))
+    data = json.loads(r.read())
+    got = data.get("usage", {}).get("completion_tokens")
+    print(f"completion: HTTP {r.status}, {got} tokens: {data.get('choices', [{}])[0].get('text', '')[:60]!r}")
+    assert r.status == 200 and got == body["max_tokens"], data
+r = post(dict(prompt=prompt[:40], max_tokens=24, temperature=0, ignore_eos=True, stream=True,
+              stream_options={"include_usage": True}))
+events = [l[6:] for l in r.read().decode().splitlines() if l.startswith("data: ")]
+usage = [json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage")]
+print(f"stream: HTTP {r.status}, {len(events)} events, last {events[-1] if events else None!r}, usage {usage[-1] if usage else None}")
+assert r.status == 200 and events[-1] == "[DONE]" and usage and usage[-1]["completion_tokens"] == 24
+PY
+  rc=$?
+  kill -TERM "$pid"
+  wait "$pid"
+  local exit_status=$?
+  tail -n 5 "$log"
+  echo "serve_smoke: client status $rc, specd exit status $exit_status after SIGTERM"
+  [[ $rc -eq 0 && $exit_status -eq 0 ]]
+}
+export -f serve_smoke
+
 {
-  echo "run_all: $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "run_all: $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   [[ -f "$DIR/MANIFEST" ]] && head -n 3 "$DIR/MANIFEST"
 } | tee -a "$LOG"
 
-for t in "$DIR"/tests/*; do
+ONLY_ASKED=$ONLY ONLY=.  # unpacking always runs
+run_step "unpack" 120 bash -c prepare || { printf '%s\n' "${summary[@]}"; exit 1; }
+ONLY=$ONLY_ASKED
+export SPECD_SHARED_DIR="$WORK/shared" SPECD_SOURCE_DIR="$REPO"
+
+for t in "$WORK"/tests/*; do
   [[ -x "$t" ]] || continue
-  run_step "$(basename "$t")" "$t" --gtest_brief=1
+  run_step "$(basename "$t")" "$STEP_TIMEOUT" "${OURS[@]}" "$t" --gtest_brief=1
   if [[ $SANITIZE -eq 1 ]] && command -v compute-sanitizer >/dev/null; then
-    run_step "$(basename "$t") (memcheck)" compute-sanitizer --tool memcheck --error-exitcode 1 \
-      "$t" --gtest_brief=1
+    run_step "$(basename "$t") (memcheck)" "$STEP_TIMEOUT" "${OURS[@]}" compute-sanitizer --tool memcheck \
+      --error-exitcode 1 "$t" --gtest_brief=1
   fi
 done
 
-if run_step "kernel_check --mode check" "$DIR/bin/kernel_check" --mode check; then
-  check_line=$(grep -m1 '^check:' "$LOG_DIR/step.out")
-else
-  grep -E 'FAIL' "$LOG_DIR/step.out" | head -n 20
-fi
-run_step "kernel_check --mode perf" "$DIR/bin/kernel_check" --mode perf && cat "$LOG_DIR/step.out"
-rm -f "$LOG_DIR/step.out"
+steps_out() { cat "$WORK/steps/${1//[^A-Za-z0-9_.-]/_}.out" 2>/dev/null; }
+run_step "kernel_check check" 120 "${OURS[@]}" "$WORK/bin/kernel_check" --mode check ||
+  steps_out "kernel_check check" | grep -E 'FAIL' | head -n 20
+key_lines+=("$(steps_out "kernel_check check" | grep -m1 '^check:')")
+run_step "specd serve smoke" 150 bash -c serve_smoke
+run_step "attention_bench" 90 "${OURS[@]}" "$WORK/bin/attention_bench"
+run_step "sdpa_bench.py" 90 env PYTHONUNBUFFERED=1 python3 tools/gpu/sdpa_bench.py
+run_step "gemm_bench" 60 "${OURS[@]}" "$WORK/bin/gemm_bench"
+run_step "verify_bench" 90 "${OURS[@]}" "$WORK/bin/verify_bench"
+run_step "verify_torch_bench.py" 90 env PYTHONUNBUFFERED=1 python3 tools/gpu/verify_torch_bench.py \
+  --compare "$WORK/steps/verify_bench.out"
+decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
+[[ $QUICK -eq 1 ]] && decode_args+=(--quick)
+run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
+run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode perf
 
 echo
-printf '%-44s %-32s %6s\n' step result time
+echo "== key results (full output in $LOG)"
+for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py"; do
+  [[ -n "${passed[$s]:-}" ]] || continue
+  echo "-- $s"
+  tail -n 12 "$WORK/steps/$s.out"
+done
+if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; then
+  echo "-- decode_bench"
+  sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"
+fi
+printf '%s\n' "${key_lines[@]}" | grep . || true
+echo
+printf '%-36s %-30s %6s\n' step result time
 printf '%s\n' "${summary[@]}"
-[[ -n "${check_line:-}" ]] && echo "$check_line"
-echo "log: $LOG"
+echo "total: ${SECONDS}s; log: $LOG"
 exit $failed

@@ -1,0 +1,71 @@
+#include "engine/runner/cpu_runner.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/kv/block_allocator.h"
+
+namespace specd {
+namespace {
+
+constexpr int64_t kDefaultKvCacheBytes = int64_t{64} << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(const RunnerOptions& options) {
+  std::unique_ptr<CpuRunner> runner(new CpuRunner());
+  LoadOptions load;
+  load.num_threads = options.num_threads;
+  SPECD_ASSIGN_OR_RETURN(runner->model_, Model::Load(options.model_dir, load));
+  SPECD_ASSIGN_OR_RETURN(runner->max_model_len_,
+                         ResolveMaxModelLen(runner->model_->config(), options.max_model_len));
+  const int64_t block_bytes = runner->model_->MakeKvCacheSpec(1, options.block_size).total_bytes();
+  const int64_t pool_bytes =
+      options.kv_cache_bytes > 0 ? options.kv_cache_bytes : kDefaultKvCacheBytes;
+  const int32_t num_blocks = static_cast<int32_t>(std::max<int64_t>(
+      BlockTable::BlocksFor(runner->max_model_len_, options.block_size), pool_bytes / block_bytes));
+  SPECD_ASSIGN_OR_RETURN(runner->kv_, CpuKvCache::Create(runner->model_->MakeKvCacheSpec(
+                                          num_blocks, options.block_size)));
+  runner->num_threads_ = options.num_threads > 0
+                             ? options.num_threads
+                             : static_cast<int32_t>(std::thread::hardware_concurrency());
+  return runner;
+}
+
+std::string CpuRunner::device_name() const {
+  return absl::StrCat("cpu (", num_threads_, " threads)");
+}
+
+absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                             std::vector<SampleResult>* out) {
+  for (const SequenceInput& in : batch) {
+    if (in.all_logits) return absl::InvalidArgumentError("Step: a chunk asks for all_logits");
+  }
+  for (const SampleRow& row : rows) {
+    if (row.chunk < 0 || static_cast<size_t>(row.chunk) >= batch.size() || row.sampler == nullptr ||
+        row.history == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: sample row of chunk ", row.chunk, " is malformed"));
+    }
+  }
+  logits_.clear();
+  SPECD_RETURN_IF_ERROR(model_->Forward(batch, *kv_, &logits_));
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  out->clear();
+  out->reserve(rows.size());
+  for (const SampleRow& row : rows) {
+    std::span<float> logits = std::span<float>(logits_).subspan(row.chunk * vocab, vocab);
+    out->push_back(row.sampler->Sample(logits, *row.history, row.banned));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
+  if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
+  logits->clear();
+  return model_->Forward(batch, *kv_, logits);
+}
+
+}  // namespace specd

@@ -1,0 +1,246 @@
+#include "engine/runner/cuda_forward.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/model/cpu_ops.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+
+namespace specd {
+namespace {
+
+constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;  // what PyTorch gives cuBLASLt on Hopper
+
+// Launch failures name the kernel and the layer.
+absl::Status Launch(cudaError_t e, const char* kernel, int32_t layer = -1) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return cuda::Check(
+      e, layer < 0 ? std::string(kernel) : absl::StrCat(kernel, " (layer ", layer, ")"));
+}
+
+// p + elems for bf16 pointers (the type is incomplete outside nvcc).
+__nv_bfloat16* Offset(__nv_bfloat16* p, int64_t elems) {
+  return reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint16_t*>(p) + elems);
+}
+
+}  // namespace
+
+CudaForward::CudaForward(const ModelConfig& config, const CudaWeights* weights,
+                         const ForwardLimits& limits)
+    : config_(config), weights_(weights), limits_(limits) {
+  shape_.num_q_heads = config.num_heads;
+  shape_.num_kv_heads = config.num_kv_heads;
+  shape_.head_dim = config.head_dim;
+  shape_.block_size = limits.block_size;
+  shape_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  shape_.sliding_window = config.sliding_window;
+  max_blocks_per_seq_ = (limits.max_model_len + limits.block_size - 1) / limits.block_size;
+  qkv_stride_ = int64_t{config.q_size()} + 2 * int64_t{config.kv_size()};
+}
+
+int64_t CudaForward::KvBlockBytes(const ModelConfig& c, int32_t block_size) {
+  return 2 * int64_t{c.num_layers} * c.num_kv_heads * block_size * c.head_dim * 2;
+}
+
+absl::StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& config,
+                                                                 const CudaWeights* weights,
+                                                                 const ForwardLimits& limits,
+                                                                 int32_t num_sms) {
+  std::unique_ptr<CudaForward> f(new CudaForward(config, weights, limits));
+  SPECD_RETURN_IF_ERROR(f->AllocateBuffers(num_sms));
+  return f;
+}
+
+int32_t CudaForward::DecodeSplits(int32_t num_seqs, int32_t max_seq_len) const {
+  int32_t splits =
+      std::max(1, kernels::ChooseDecodeSplits(num_seqs, max_seq_len, num_sms_, shape_));
+  while (splits > 1 &&
+         kernels::PagedDecodeWorkspaceBytes(num_seqs, splits, shape_) > workspace_.bytes()) {
+    --splits;
+  }
+  return splits;
+}
+
+absl::Status CudaForward::AllocateBuffers(int32_t num_sms) {
+  num_sms_ = num_sms;
+  const int64_t t = limits_.max_tokens, hidden = config_.hidden_size;
+  const int64_t inter = config_.intermediate_size;
+  auto alloc = [this](cuda::DeviceMemory& m, int64_t bytes, const char* what) -> absl::Status {
+    SPECD_ASSIGN_OR_RETURN(m, cuda::DeviceMemory::Allocate(static_cast<size_t>(bytes), what));
+    buffer_bytes_ += bytes;
+    return absl::OkStatus();
+  };
+  SPECD_RETURN_IF_ERROR(alloc(x_, t * hidden * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(h_, t * hidden * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(qkv_, t * qkv_stride_ * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(attn_, t * config_.q_size() * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(gate_up_, t * 2 * inter * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(act_, t * inter * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(alloc(gathered_, int64_t{limits_.max_rows} * hidden * 2, "activations"));
+  SPECD_RETURN_IF_ERROR(
+      alloc(logits_, int64_t{limits_.max_rows} * config_.vocab_size * 4, "logits"));
+  // Attention scratch: the largest decode batch at every split count it may use, or a prefill.
+  size_t workspace = kernels::PagedPrefillWorkspaceBytes(t, limits_.max_seqs, shape_);
+  for (int32_t n = 1; n <= limits_.max_decode_batch; ++n) {
+    const int32_t splits =
+        std::max(1, kernels::ChooseDecodeSplits(n, limits_.max_model_len, num_sms_, shape_));
+    workspace = std::max(workspace, kernels::PagedDecodeWorkspaceBytes(n, splits, shape_));
+  }
+  SPECD_RETURN_IF_ERROR(alloc(workspace_, static_cast<int64_t>(workspace), "attention workspace"));
+  // RoPE table, built once from the model's (scaled) inverse frequencies as the CPU path does.
+  const std::vector<float> inv_freq = RopeInvFreq(config_.rope, config_.head_dim);
+  SPECD_ASSIGN_OR_RETURN(cuda::DeviceMemory inv,
+                         cuda::DeviceMemory::Allocate(inv_freq.size() * 4, "RoPE frequencies"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpy(inv.as(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
+      "upload of RoPE frequencies"));
+  SPECD_RETURN_IF_ERROR(
+      alloc(rope_, int64_t{limits_.max_model_len} * config_.head_dim * 4, "RoPE table"));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::BuildRopeCache(inv.as<float>(), config_.head_dim, limits_.max_model_len,
+                                     rope_.as<float>(), nullptr),
+             "BuildRopeCache"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(nullptr), "BuildRopeCache"));
+  std::string error;
+  gemm_ = kernels::Gemm::Create(kGemmWorkspaceBytes, &error);
+  if (gemm_ == nullptr) return absl::InternalError(absl::StrCat("cuBLASLt: ", error));
+  buffer_bytes_ += static_cast<int64_t>(kGemmWorkspaceBytes);
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::AllocateKv(int32_t num_blocks) {
+  const int64_t layer_bytes =
+      int64_t{num_blocks} * config_.num_kv_heads * limits_.block_size * config_.head_dim * 2;
+  SPECD_ASSIGN_OR_RETURN(
+      kv_, cuda::DeviceMemory::Allocate(static_cast<size_t>(2 * layer_bytes * config_.num_layers),
+                                        "KV cache"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemset(kv_.as(), 0, kv_.bytes()), "KV cache zero-fill"));
+  k_cache_.clear();
+  v_cache_.clear();
+  uint8_t* base = kv_.as<uint8_t>();
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    k_cache_.push_back(reinterpret_cast<__nv_bfloat16*>(base + (2 * l) * layer_bytes));
+    v_cache_.push_back(reinterpret_cast<__nv_bfloat16*>(base + (2 * l + 1) * layer_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::RunGemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
+                                  const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k,
+                                  void* y, int64_t ldy, kernels::GemmOut out, cudaStream_t stream) {
+  std::string error;
+  if (gemm_->Run(x, ldx, w, bias, m, n, k, y, ldy, out, stream, &error)) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("GEMM [", m, ", ", k, "] x [", n, ", ", k, "]^T: ", error));
+}
+
+absl::Status CudaForward::Attention(int32_t layer, const ForwardArgs& a, cudaStream_t stream) {
+  auto* qkv = qkv_.as<__nv_bfloat16>();
+  auto* attn = attn_.as<__nv_bfloat16>();
+  if (a.decode) {
+    return Launch(kernels::PagedDecodeAttention(
+                      qkv, qkv_stride_, k_cache_[layer], v_cache_[layer], a.block_tables,
+                      max_blocks_per_seq_, a.seq_lens, a.num_seqs, a.num_splits, shape_, attn,
+                      config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
+                  "PagedDecodeAttention", layer);
+  }
+  return Launch(
+      kernels::PagedPrefillAttention(qkv, qkv_stride_, k_cache_[layer], v_cache_[layer],
+                                     a.block_tables, max_blocks_per_seq_, a.cu_q_lens, a.seq_lens,
+                                     a.num_seqs, a.num_tokens, a.max_q_len, shape_, attn,
+                                     config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
+      "PagedPrefillAttention", layer);
+}
+
+// One decoder layer. On entry h holds the previous layer's MLP output (layer 0: x holds the
+// embeddings); on exit x holds the residual stream and h this layer's MLP output.
+absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t stream) {
+  const CudaLayerWeights& w = weights_->layers[l];
+  const int64_t n = a.num_tokens, hidden = config_.hidden_size, inter = config_.intermediate_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  auto* x = x_.as<__nv_bfloat16>();
+  auto* h = h_.as<__nv_bfloat16>();
+  auto* qkv = qkv_.as<__nv_bfloat16>();
+  auto* k = Offset(qkv, config_.q_size());
+  auto* v = Offset(k, config_.kv_size());
+  if (l == 0) {
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::RmsNorm(x, w.input_norm, n, hidden, eps, h, stream), "RmsNorm", l));
+  } else {
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::FusedAddRmsNorm(h, x, w.input_norm, n, hidden, eps, h, stream),
+               "FusedAddRmsNorm", l));
+  }
+  SPECD_RETURN_IF_ERROR(RunGemm(h, hidden, w.qkv, w.qkv_bias, n, qkv_stride_, hidden, qkv,
+                                qkv_stride_, kernels::GemmOut::kBf16, stream));
+  if (config_.qk_norm) {
+    SPECD_RETURN_IF_ERROR(Launch(kernels::HeadRmsNorm(qkv, qkv_stride_, n, config_.num_heads,
+                                                      config_.head_dim, w.q_norm, eps, stream),
+                                 "HeadRmsNorm q", l));
+    SPECD_RETURN_IF_ERROR(Launch(kernels::HeadRmsNorm(k, qkv_stride_, n, config_.num_kv_heads,
+                                                      config_.head_dim, w.k_norm, eps, stream),
+                                 "HeadRmsNorm k", l));
+  }
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::ApplyRope(a.positions, n, qkv, qkv_stride_, config_.num_heads, k, qkv_stride_,
+                                config_.num_kv_heads, config_.head_dim, config_.head_dim,
+                                rope_.as<float>(), stream),
+             "ApplyRope", l));
+  SPECD_RETURN_IF_ERROR(Launch(kernels::WriteKvCache(k, qkv_stride_, v, qkv_stride_, a.slot_mapping,
+                                                     n, shape_, k_cache_[l], v_cache_[l], stream),
+                               "WriteKvCache", l));
+  SPECD_RETURN_IF_ERROR(Attention(l, a, stream));
+  SPECD_RETURN_IF_ERROR(RunGemm(attn_.as<__nv_bfloat16>(), config_.q_size(), w.o_proj, w.o_bias, n,
+                                hidden, config_.q_size(), h, hidden, kernels::GemmOut::kBf16,
+                                stream));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::FusedAddRmsNorm(h, x, w.post_norm, n, hidden, eps, h, stream),
+             "FusedAddRmsNorm", l));
+  auto* gate_up = gate_up_.as<__nv_bfloat16>();
+  auto* act = act_.as<__nv_bfloat16>();
+  SPECD_RETURN_IF_ERROR(RunGemm(h, hidden, w.gate_up, nullptr, n, 2 * inter, hidden, gate_up,
+                                2 * inter, kernels::GemmOut::kBf16, stream));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::SiluAndMul(gate_up, n, inter, act, stream), "SiluAndMul", l));
+  return RunGemm(act, inter, w.down, nullptr, n, hidden, inter, h, hidden, kernels::GemmOut::kBf16,
+                 stream);
+}
+
+absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
+  const int64_t hidden = config_.hidden_size;
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::EmbeddingGather(a.token_ids, a.num_tokens, weights_->embed, 0,
+                                      config_.vocab_size, hidden, x_.as<__nv_bfloat16>(), stream),
+             "EmbeddingGather"));
+  for (int32_t l = 0; l < config_.num_layers; ++l) SPECD_RETURN_IF_ERROR(Layer(l, a, stream));
+  auto* h = h_.as<__nv_bfloat16>();
+  return Launch(
+      kernels::FusedAddRmsNorm(h, x_.as<__nv_bfloat16>(), weights_->final_norm, a.num_tokens,
+                               hidden, static_cast<float>(config_.rms_norm_eps), h, stream),
+      "FusedAddRmsNorm (final)");
+}
+
+absl::Status CudaForward::LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens,
+                                 bool gather, cudaStream_t stream) {
+  const int64_t hidden = config_.hidden_size;
+  const __nv_bfloat16* src = h_.as<__nv_bfloat16>();
+  if (gather) {
+    auto* dst = gathered_.as<__nv_bfloat16>();
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::EmbeddingGather(rows, num_rows, src, 0, num_tokens, hidden, dst, stream),
+               "EmbeddingGather (logits rows)"));
+    src = dst;
+  }
+  return RunGemm(src, hidden, weights_->lm_head, nullptr, num_rows, config_.vocab_size, hidden,
+                 logits_.as<float>(), config_.vocab_size, kernels::GemmOut::kF32, stream);
+}
+
+}  // namespace specd

@@ -1,0 +1,117 @@
+// The transformer forward pass of the CUDA runner as a sequence of kernel launches on one stream:
+// embedding, per layer (RMSNorm / fused residual add + RMSNorm, fused qkv GEMM (+ bias), per-head
+// q/k norm, RoPE, KV write, paged decode or prefill attention, o_proj, fused add + norm, gate_up
+// GEMM, SiLU-and-mul, down GEMM), final norm, then the LM head on the rows that are sampled.
+// It owns the activation buffers, the paged bf16 KV cache, the RoPE table and the cuBLASLt
+// handle; every launch reads its per-step inputs from device memory, so Run can be captured in a
+// CUDA graph and replayed with new inputs. Engine thread only.
+#pragma once
+
+#include <driver_types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "engine/runner/cuda_util.h"
+#include "engine/runner/cuda_weights.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/gemm.h"
+
+namespace specd {
+
+struct ForwardLimits {
+  int64_t max_tokens = 0;     // tokens of one step (activation rows)
+  int32_t max_seqs = 0;       // chunks of one step
+  int32_t max_rows = 0;       // logits rows of one LM-head launch
+  int32_t max_model_len = 0;  // positions of the RoPE table; decode split choice
+  int32_t block_size = 16;
+  int32_t max_decode_batch = 0;  // largest decode batch (the top CUDA-graph bucket)
+};
+
+// One step's shape and its device inputs (all device pointers; see kernels/cuda/attention.h).
+struct ForwardArgs {
+  int64_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  bool decode = false;                    // one query token per sequence: PagedDecodeAttention
+  int32_t num_splits = 1;                 // decode: KV splits
+  int32_t max_q_len = 0;                  // prefill: the longest chunk
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]; < 0: do not write KV
+  const int32_t* seq_lens = nullptr;      // [num_seqs] context after this step
+  const int32_t* cu_q_lens = nullptr;     // [num_seqs + 1] prefill only
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+};
+
+class CudaForward {
+ public:
+  // Allocates activations, workspaces, the RoPE table and the cuBLASLt handle on the current
+  // device. `weights` must outlive the object.
+  static absl::StatusOr<std::unique_ptr<CudaForward>> Create(const ModelConfig& config,
+                                                             const CudaWeights* weights,
+                                                             const ForwardLimits& limits,
+                                                             int32_t num_sms);
+
+  // Bytes of one KV block over every layer (K and V, bf16).
+  static int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size);
+  // Allocates the cache: num_blocks blocks, zero-filled (padding rows read block 0 of a scratch
+  // block the caller reserves among them).
+  absl::Status AllocateKv(int32_t num_blocks);
+
+  const kernels::AttentionShape& attention_shape() const { return shape_; }
+  int32_t max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  // KV splits a decode launch of num_seqs sequences uses; `max_seq_len` is the longest context
+  // it may see (max_model_len inside graphs). Never more than the workspace holds.
+  int32_t DecodeSplits(int32_t num_seqs, int32_t max_seq_len) const;
+
+  // Embedding through the final norm: afterwards hidden() holds the normed final hidden state of
+  // every token.
+  absl::Status Run(const ForwardArgs& args, cudaStream_t stream);
+  // logits()[r] = LM head of hidden row rows[r] for r < num_rows (<= max_rows); with
+  // gather == false the rows are hidden rows 0 .. num_rows - 1 and `rows` is unused.
+  absl::Status LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens, bool gather,
+                      cudaStream_t stream);
+  float* logits() const { return logits_.as<float>(); }  // [max_rows, vocab] f32, device
+
+  int64_t buffer_bytes() const { return buffer_bytes_; }
+  int64_t kv_bytes() const { return static_cast<int64_t>(kv_.bytes()); }
+
+ private:
+  CudaForward(const ModelConfig& config, const CudaWeights* weights, const ForwardLimits& limits);
+  absl::Status AllocateBuffers(int32_t num_sms);
+  absl::Status RunGemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
+                       const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, void* y,
+                       int64_t ldy, kernels::GemmOut out, cudaStream_t stream);
+  absl::Status Attention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
+  absl::Status Layer(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
+
+  const ModelConfig config_;
+  const CudaWeights* weights_;
+  const ForwardLimits limits_;
+  kernels::AttentionShape shape_;
+  int32_t max_blocks_per_seq_ = 0;
+  int32_t num_sms_ = 0;
+  int64_t qkv_stride_ = 0;  // q_size + 2 kv_size
+
+  std::unique_ptr<kernels::Gemm> gemm_;
+  cuda::DeviceMemory x_;          // [max_tokens, hidden] bf16 residual stream
+  cuda::DeviceMemory h_;          // [max_tokens, hidden] bf16 normed input / sublayer output
+  cuda::DeviceMemory qkv_;        // [max_tokens, q_size + 2 kv_size] bf16
+  cuda::DeviceMemory attn_;       // [max_tokens, q_size] bf16
+  cuda::DeviceMemory gate_up_;    // [max_tokens, 2 intermediate] bf16
+  cuda::DeviceMemory act_;        // [max_tokens, intermediate] bf16
+  cuda::DeviceMemory gathered_;   // [max_rows, hidden] bf16 rows fed to the LM head
+  cuda::DeviceMemory logits_;     // [max_rows, vocab] f32
+  cuda::DeviceMemory rope_;       // [max_model_len, head_dim] f32 cos | sin
+  cuda::DeviceMemory workspace_;  // attention scratch (decode partials or prefill)
+  cuda::DeviceMemory kv_;         // per layer: K then V, [num_blocks, kv_heads, block, head_dim]
+  std::vector<__nv_bfloat16*> k_cache_;  // [num_layers]
+  std::vector<__nv_bfloat16*> v_cache_;  // [num_layers]
+  int64_t buffer_bytes_ = 0;
+};
+
+}  // namespace specd

@@ -1,0 +1,53 @@
+// The CUDA backend behind ModelRunner: bf16 weights (safetensors, or random on the device for
+// load_format "dummy") and a paged bf16 KV cache on one GPU, the forward pass of CudaForward,
+// sampling on the GPU (GpuSampler). Decode steps (one new token per sequence) replay a CUDA graph
+// captured per batch-size bucket; their inputs live in fixed device buffers filled by two copies
+// from pinned staging memory, and the only synchronisation of a step is the read of the sampled
+// ids. The KV cache takes what gpu_memory_utilization leaves after weights, buffers and a graph
+// reserve (or kv_cache_bytes). Created on any thread; then one thread at a time (it selects its
+// device on every call, so the engine thread may differ from the creating one).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/runner/model_runner.h"
+
+namespace specd {
+
+// Visible CUDA devices; 0 when there is none or no driver.
+int32_t CudaDeviceCount();
+
+class CudaRunner : public ModelRunner {
+ public:
+  // On GPU `device`. ResourceExhausted when the weights or the smallest KV cache (one
+  // max_model_len sequence) do not fit under gpu_memory_utilization; InvalidArgument for a
+  // model the kernels cannot run (found by a warm-up pass) or a bad checkpoint.
+  static absl::StatusOr<std::unique_ptr<CudaRunner>> Create(const RunnerOptions& options,
+                                                            int32_t device);
+  ~CudaRunner() override;
+
+  const ModelConfig& config() const override;
+  std::string device_name() const override;
+  int32_t num_kv_blocks() const override;
+  int32_t block_size() const override;
+  int32_t max_model_len() const override;
+
+  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                    std::vector<SampleResult>* out) override;
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
+
+  // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
+  std::vector<int32_t> graph_batch_sizes() const;
+
+ private:
+  struct State;  // device, model, buffers, graphs: cuda_runner.cc
+  explicit CudaRunner(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace specd

@@ -1,0 +1,53 @@
+// Draws the next token of every sampled row on the GPU from the LM head's f32 logits: banned ids
+// (min_tokens) set to -inf, penalties (repetition / presence / frequency, when any row has them),
+// then argmax when every row is greedy, else temperature / min-p / top-k / top-p and a Philox
+// draw keyed by (request seed, tokens drawn so far), so a seeded request repeats in any batch.
+// Rows that ask for logprobs are the exception: their raw logits row is copied to the host and
+// the request's CPU Sampler handles it (exact CPU semantics, including top-n logprobs and its own
+// seeded RNG). Only ids (and those logits rows) come back: one synchronisation per step, which
+// the caller does between Enqueue and Finish. Engine thread only.
+#pragma once
+
+#include <driver_types.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/runner/cuda_util.h"
+#include "engine/runner/model_runner.h"
+
+namespace specd {
+
+class GpuSampler {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuSampler>> Create(int32_t max_rows, int32_t vocab);
+
+  // Queues sampling of rows[i] from logits row i (logits: [rows.size(), vocab] f32, device,
+  // modified in place) and the copies back, on `stream`.
+  absl::Status Enqueue(float* logits, std::span<const SampleRow> rows, cudaStream_t stream);
+  // After the stream is synchronised: the drawn tokens, rows[i] -> (*out)[i].
+  void Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out);
+
+ private:
+  GpuSampler(int32_t max_rows, int32_t vocab) : max_rows_(max_rows), vocab_(vocab) {}
+  // What one step launches; Pack fills the upload arena.
+  struct Work;
+  Work Pack(std::span<const SampleRow> rows);
+  absl::Status CopyLogprobRows(const float* logits, std::span<const SampleRow> rows,
+                               cudaStream_t stream);
+
+  int32_t max_rows_;
+  int32_t vocab_;
+  cuda::UploadArena arena_;
+  cuda::DeviceMemory workspace_;    // penalty / sampling scratch
+  cuda::DeviceMemory ids_;          // [max_rows] int32
+  cuda::PinnedMemory host_ids_;     // [max_rows] int32
+  cuda::PinnedMemory host_logits_;  // [num logprob rows, vocab] f32, grown on demand
+  std::vector<int32_t> cpu_slot_;   // [rows of the last Enqueue] row in host_logits_, or -1
+};
+
+}  // namespace specd

@@ -1,0 +1,138 @@
+#include "engine/runner/cuda_util.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/base/status.h"
+
+namespace specd::cuda {
+namespace {
+
+constexpr size_t kArenaAlign = 16;
+
+// The allocation failure, with the device's free memory for context.
+absl::Status OutOfMemory(std::string_view what, size_t bytes, std::string_view where) {
+  cudaGetLastError();  // out-of-memory is not sticky: clear it
+  size_t free = 0, total = 0;
+  std::string context;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+    context = absl::StrCat(" (", FormatBytes(static_cast<int64_t>(free)), " free of ",
+                           FormatBytes(static_cast<int64_t>(total)), ")");
+  }
+  cudaGetLastError();
+  return absl::ResourceExhaustedError(absl::StrCat(std::string(what), ": cannot allocate ",
+                                                   FormatBytes(static_cast<int64_t>(bytes)), " ",
+                                                   std::string(where), context));
+}
+
+}  // namespace
+
+absl::Status Check(cudaError_t error, std::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", cudaGetErrorName(error), " (",
+                                          cudaGetErrorString(error), ")"));
+}
+
+int32_t DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.1f KiB", bytes / double(1 << 10));
+  return absl::StrCat(bytes, " B");
+}
+
+absl::StatusOr<MemoryInfo> GetMemoryInfo() {
+  size_t free = 0, total = 0;
+  SPECD_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+  return MemoryInfo{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
+absl::StatusOr<DeviceMemory> DeviceMemory::Allocate(size_t bytes, std::string_view what) {
+  DeviceMemory m;
+  if (bytes == 0) return m;
+  const cudaError_t e = cudaMalloc(&m.data_, bytes);
+  if (e == cudaErrorMemoryAllocation) return OutOfMemory(what, bytes, "on the GPU");
+  SPECD_RETURN_IF_ERROR(Check(e, absl::StrCat(std::string(what), ": cudaMalloc")));
+  m.bytes_ = bytes;
+  return m;
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<PinnedMemory> PinnedMemory::Allocate(size_t bytes, std::string_view what) {
+  PinnedMemory m;
+  if (bytes == 0) return m;
+  const cudaError_t e = cudaHostAlloc(&m.data_, bytes, cudaHostAllocDefault);
+  if (e == cudaErrorMemoryAllocation) return OutOfMemory(what, bytes, "in pinned host memory");
+  SPECD_RETURN_IF_ERROR(Check(e, absl::StrCat(std::string(what), ": cudaHostAlloc")));
+  m.bytes_ = bytes;
+  return m;
+}
+
+PinnedMemory::~PinnedMemory() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+PinnedMemory::PinnedMemory(PinnedMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedMemory& PinnedMemory::operator=(PinnedMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+size_t UploadArena::Push(const void* data, size_t bytes) {
+  const size_t offset = (host_.size() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+  host_.resize(offset + bytes);
+  if (bytes > 0) std::memcpy(host_.data() + offset, data, bytes);
+  return offset;
+}
+
+absl::Status UploadArena::Upload(cudaStream_t stream) {
+  const size_t bytes = host_.size();
+  if (bytes == 0) return absl::OkStatus();
+  if (pinned_.bytes() < bytes || device_.bytes() < bytes) {
+    const size_t grown = std::max<size_t>(bytes * 2, 64 << 10);
+    pinned_ = PinnedMemory();
+    device_ = DeviceMemory();
+    SPECD_ASSIGN_OR_RETURN(pinned_, PinnedMemory::Allocate(grown, "sampling inputs"));
+    SPECD_ASSIGN_OR_RETURN(device_, DeviceMemory::Allocate(grown, "sampling inputs"));
+  }
+  std::memcpy(pinned_.as(), host_.data(), bytes);
+  return Check(cudaMemcpyAsync(device_.as(), pinned_.as(), bytes, cudaMemcpyHostToDevice, stream),
+               "upload of sampling inputs");
+}
+
+}  // namespace specd::cuda

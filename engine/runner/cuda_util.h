@@ -1,0 +1,108 @@
+// Small CUDA runtime helpers for the GPU runner: cudaError_t -> absl::Status, owned device and
+// pinned host allocations whose failure is a ResourceExhausted naming the bytes asked for and
+// free, and a host/device upload arena. Plain C++ over the CUDA runtime API (no nvcc).
+// Engine thread (the runner's owner) only.
+#pragma once
+
+#include <driver_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specd::cuda {
+
+// OK, or Internal("what: cudaErrorName (description)"). Clears a non-sticky error.
+absl::Status Check(cudaError_t error, std::string_view what);
+
+// Visible CUDA devices; 0 when there is none or no driver.
+int32_t DeviceCount();
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string FormatBytes(int64_t bytes);
+
+// Free and total bytes of the current device.
+struct MemoryInfo {
+  int64_t free = 0;
+  int64_t total = 0;
+  int64_t used() const { return total - free; }
+};
+absl::StatusOr<MemoryInfo> GetMemoryInfo();
+
+// cudaMalloc'd bytes, freed on destruction. Move-only.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  // ResourceExhausted("<what>: cannot allocate N on the GPU (M free)") when the device is full.
+  static absl::StatusOr<DeviceMemory> Allocate(size_t bytes, std::string_view what);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  template <typename T = void>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// cudaHostAlloc'd (pinned) bytes, freed on destruction. Move-only.
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  static absl::StatusOr<PinnedMemory> Allocate(size_t bytes, std::string_view what);
+  ~PinnedMemory();
+  PinnedMemory(PinnedMemory&& other) noexcept;
+  PinnedMemory& operator=(PinnedMemory&& other) noexcept;
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+
+  template <typename T = void>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Packs small per-step arrays into one host buffer and uploads them with one copy; each array's
+// device address is resolved after Upload (the device buffer grows when needed, which is only
+// safe while no work on it is queued: callers synchronise at the end of every step).
+class UploadArena {
+ public:
+  void Reset() { host_.clear(); }
+  // Appends `bytes` bytes (16-byte aligned); returns their byte offset.
+  size_t Push(const void* data, size_t bytes);
+  template <typename T>
+  size_t Push(const std::vector<T>& v) {
+    return Push(v.data(), v.size() * sizeof(T));
+  }
+  size_t size() const { return host_.size(); }
+  // Copies everything pushed since Reset to the device, asynchronously on `stream`.
+  absl::Status Upload(cudaStream_t stream);
+  template <typename T>
+  T* At(size_t offset) const {
+    return reinterpret_cast<T*>(device_.as<uint8_t>() + offset);
+  }
+
+ private:
+  std::vector<uint8_t> host_;
+  PinnedMemory pinned_;
+  DeviceMemory device_;
+};
+
+}  // namespace specd::cuda

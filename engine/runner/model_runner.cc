@@ -1,0 +1,100 @@
+#include "engine/runner/model_runner.h"
+
+#include <charconv>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/runner/cpu_runner.h"
+#ifdef SPECD_HAS_CUDA
+#include "engine/runner/cuda_runner.h"
+#endif
+
+namespace specd {
+namespace {
+
+struct DeviceChoice {
+  bool cuda = false;
+  int32_t index = 0;  // GPU ordinal
+};
+
+int32_t VisibleGpus() {
+#ifdef SPECD_HAS_CUDA
+  return CudaDeviceCount();
+#else
+  return 0;
+#endif
+}
+
+absl::StatusOr<DeviceChoice> ParseDevice(std::string_view device) {
+  if (device == "cpu") return DeviceChoice{};
+  if (device == "auto") return DeviceChoice{VisibleGpus() > 0, 0};
+  if (device == "cuda") return DeviceChoice{true, 0};
+  if (device.substr(0, 5) == "cuda:") {
+    std::string_view n = device.substr(5);
+    int32_t index = -1;
+    auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), index);
+    if (ec == std::errc() && end == n.data() + n.size() && !n.empty() && index >= 0) {
+      return DeviceChoice{true, index};
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device '", std::string(device), "' is not one of cpu, cuda, cuda:N (N >= 0), auto"));
+}
+
+absl::Status ValidateOptions(const RunnerOptions& o) {
+  if (o.load_format != "auto" && o.load_format != "dummy") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_format '", o.load_format, "' is not one of auto, dummy"));
+  }
+  if (o.block_size < 1 || o.max_num_seqs < 1 || o.max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "block_size, max_num_seqs and max_num_batched_tokens must be positive");
+  }
+  if (o.max_model_len < 0 || o.kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError("max_model_len and kv_cache_bytes must not be negative");
+  }
+  if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_memory_utilization ", o.gpu_memory_utilization, " is outside (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int32_t> ResolveMaxModelLen(const ModelConfig& config, int32_t requested) {
+  if (requested <= 0) return config.max_position_embeddings;
+  if (requested > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("max_model_len ", requested,
+                                                   " exceeds the model's max_position_embeddings ",
+                                                   config.max_position_embeddings));
+  }
+  return requested;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options) {
+  SPECD_RETURN_IF_ERROR(ValidateOptions(options));
+  SPECD_ASSIGN_OR_RETURN(DeviceChoice device, ParseDevice(options.device));
+  if (!device.cuda) {
+    if (options.load_format == "dummy") {
+      return absl::InvalidArgumentError(
+          "load_format dummy (random weights) needs a CUDA device; the CPU runner loads "
+          "safetensors only");
+    }
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu, CpuRunner::Create(options));
+    return std::unique_ptr<ModelRunner>(std::move(cpu));
+  }
+#ifdef SPECD_HAS_CUDA
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<CudaRunner> cuda,
+                         CudaRunner::Create(options, device.index));
+  return std::unique_ptr<ModelRunner>(std::move(cuda));
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("device '", options.device,
+                   "': this build has no CUDA (configure with -DSPECD_ENABLE_CUDA=ON)"));
+#endif
+}
+
+}  // namespace specd

@@ -1,0 +1,91 @@
+// The seam between the engine loop and a compute backend. A ModelRunner owns a loaded model,
+// its paged KV cache and whatever the device needs; each engine step hands it the scheduler's
+// ragged batch (SequenceInput per scheduled chunk, block tables from the block manager) and the
+// rows whose next token is drawn this step, and gets the drawn tokens back. The scheduler and
+// block manager (engine/sched, engine/kv) are backend-independent: a runner only promises that
+// it has num_kv_blocks() blocks of block_size() tokens and honours the block ids it is given.
+//   CpuRunner  (cpu_runner.h): the exact fp32 Model + CpuKvCache + the CPU Sampler.
+//   CudaRunner (cuda_runner.h, built with SPECD_ENABLE_CUDA): bf16 weights and KV on one GPU,
+//              cuBLASLt GEMMs, our attention kernels, CUDA graphs for decode, sampling on the GPU.
+// Created on any thread; afterwards one thread at a time (the engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/sample/sampler.h"
+#include "engine/sample/sampling_params.h"
+
+namespace specd {
+
+struct RunnerOptions {
+  std::string model_dir;
+  std::string device = "auto";       // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (cuda if present)
+  std::string load_format = "auto";  // "auto": safetensors; "dummy": random weights (CUDA only)
+  int32_t num_threads = 0;           // CPU threads (0 = one per core)
+  int32_t block_size = 16;
+  int32_t max_model_len = 0;              // 0 = the model's max_position_embeddings
+  int32_t max_num_seqs = 256;             // largest batch (CUDA graph buckets up to it)
+  int32_t max_num_batched_tokens = 2048;  // largest step in tokens (activation buffers)
+  int64_t kv_cache_bytes = 0;             // 0: the device's default (CPU 64 MiB; CUDA from
+                                          // gpu_memory_utilization); at least one
+                                          // max_model_len sequence always fits
+  double gpu_memory_utilization = 0.9;    // CUDA: fraction of the GPU's memory specd may hold
+  bool enforce_eager = false;             // CUDA: no graphs (debugging)
+};
+
+// One sequence whose next token is drawn this step: its logits row is the last token of batch
+// chunk `chunk`. Pointers are the request's and outlive the Step call.
+struct SampleRow {
+  int32_t chunk = 0;
+  Sampler* sampler = nullptr;              // the request's CPU sampler (its own seeded RNG)
+  const SamplingParams* params = nullptr;  // the request's params (what the GPU sampler reads)
+  const TokenHistory* history = nullptr;   // prompt and output ids (penalties)
+  std::span<const int32_t> banned;         // ids that must not be drawn (min_tokens)
+  uint64_t seed = 0;                       // the request's seed (given or drawn at arrival)
+  int64_t num_generated = 0;               // tokens drawn so far (GPU Philox offset)
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // "cpu (N threads)", "cuda:0 NVIDIA H100 80GB HBM3", ... for logs and /v1/models.
+  virtual std::string device_name() const = 0;
+  virtual int32_t num_kv_blocks() const = 0;
+  virtual int32_t block_size() const = 0;
+  // Context limit every buffer is sized for: options.max_model_len, or the model's.
+  virtual int32_t max_model_len() const = 0;
+
+  // Runs every chunk of `batch` (writing the KV of each new token) and draws one token per
+  // row into (*out)[i] for rows[i]. Logprobs as the CPU Sampler returns them when the row's
+  // params ask for them. Chunks must not ask for all_logits. InvalidArgument for a malformed
+  // batch (nothing is written then); Internal for a device failure.
+  virtual absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                            std::vector<SampleResult>* out) = 0;
+
+  // Runs `batch` like Step (same kernels and graphs) and returns logits instead of drawing:
+  // *logits gets [num_rows, vocab] f32 rows, in chunk order, for the last token of each chunk
+  // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
+  virtual absl::Status Forward(std::span<const SequenceInput> batch,
+                               std::vector<float>* logits) = 0;
+};
+
+// The runner `options.device` names. "auto" picks CUDA when the build has it and a GPU is
+// visible, else the CPU. Errors name the device, file or size at fault (an unknown device,
+// no GPU for "cuda", a build without CUDA, not enough GPU memory for the weights or the KV
+// cache: ResourceExhausted with the bytes needed and available).
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options);
+
+// options.max_model_len checked against the model (0: the model's max_position_embeddings).
+absl::StatusOr<int32_t> ResolveMaxModelLen(const ModelConfig& config, int32_t requested);
+
+}  // namespace specd

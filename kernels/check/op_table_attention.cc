@@ -1,0 +1,568 @@
+// Attention ops of the check table (kernels/cuda/attention.h): write_kv_cache,
+// paged_decode_attention, paged_prefill_attention. Attention shapes use OpShape's named fields --
+// batch (sequences), num_heads, num_kv_heads, head_dim, block_size, window -- and:
+//   context     the longest sequence's length (keys, the queries' own included)
+//   table_rows  the shortest's (lengths spread linearly from `context` down to it; 0: all equal)
+//   num_tokens  query tokens: decode = batch; prefill = the total, split evenly over the
+//               sequences and clipped to each length; write_kv_cache = tokens written
+//   width       decode: a forced split count (0: ChooseDecodeSplits); write_kv_cache: the row
+//               stride of key and value (odd: the scalar path)
+// kernels_cuda_test names a case "<op>_<num_tokens>x<width>", so those pairs are unique per op.
+// The KV cache sits behind shuffled block tables and every slot a query must not read holds NaN
+// (slots past each length, before a sliding window, blocks nobody owns), so a masking or
+// addressing mistake shows up as an infinite error.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/check/op_families.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/ref/attention.h"
+
+namespace specd::kernels::check {
+namespace {
+
+constexpr int64_t kBf16Bytes = 2;
+constexpr uint16_t kNaNBits = 0xffff;
+// Values per random pool; larger caches (perf shapes) repeat a pool at shifting offsets.
+constexpr size_t kRandomPoolSize = size_t{1} << 22;
+// Caches up to this many values (every check shape) hold NaN wherever no query may read.
+constexpr size_t kMaxPoisonedCacheValues = size_t{1} << 25;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__nv_bfloat16* Bf16(const DeviceBuffer& buffer) { return buffer.as<__nv_bfloat16>(); }
+
+std::mt19937_64 RngFor(const OpShape& s, uint64_t op_salt) {
+  uint64_t h = 0x5eedULL ^ (op_salt * 1000003ULL);
+  for (int64_t v : {s.num_tokens, s.width, s.table_rows, s.batch, s.num_heads, s.num_kv_heads,
+                    s.head_dim, s.context, s.block_size, s.window}) {
+    h = h * 0x100000001b3ULL ^ static_cast<uint64_t>(v);
+  }
+  return std::mt19937_64(h);
+}
+
+AttentionShape KernelShape(const OpShape& s) {
+  AttentionShape a;
+  a.num_q_heads = static_cast<int32_t>(s.num_heads);
+  a.num_kv_heads = static_cast<int32_t>(s.num_kv_heads);
+  a.head_dim = static_cast<int32_t>(s.head_dim);
+  a.block_size = static_cast<int32_t>(s.block_size);
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  a.sliding_window = static_cast<int32_t>(s.window);
+  return a;
+}
+
+ref::AttentionShape RefShape(const AttentionShape& a) {
+  return {a.num_q_heads,   a.num_kv_heads, a.head_dim, a.block_size, static_cast<double>(a.scale),
+          a.sliding_window};
+}
+
+// Random bf16 bits in [-2, 2): exact up to kRandomPoolSize values, beyond that a pool repeated
+// at shifting offsets (timing needs non-zero data, not fresh randomness).
+std::vector<uint16_t> RandomBits(size_t n, std::mt19937_64& rng) {
+  if (n <= kRandomPoolSize) return RandomBf16(n, -2.0f, 2.0f, rng);
+  const std::vector<uint16_t> pool = RandomBf16(kRandomPoolSize, -2.0f, 2.0f, rng);
+  std::vector<uint16_t> bits(n);
+  for (size_t done = 0, shift = 0; done < n; shift = (shift + 7919) % kRandomPoolSize) {
+    const size_t count = std::min(n - done, kRandomPoolSize - shift);
+    std::copy_n(pool.begin() + shift, count, bits.begin() + done);
+    done += count;
+  }
+  return bits;
+}
+
+// Sequence lengths from `context` down to table_rows (or all `context`).
+std::vector<int32_t> SeqLens(const OpShape& s) {
+  const int64_t shortest = s.table_rows > 0 ? s.table_rows : s.context;
+  std::vector<int32_t> lens(s.batch);
+  for (int64_t i = 0; i < s.batch; ++i) {
+    const int64_t drop = s.batch > 1 ? i * (s.context - shortest) / (s.batch - 1) : 0;
+    lens[i] = static_cast<int32_t>(s.context - drop);
+  }
+  return lens;
+}
+
+// A paged KV cache holding each sequence's keys [first_visible[i], seq_lens[i]) behind shuffled
+// block tables; every other slot is NaN. Unused block-table entries are -1.
+struct PagedKv {
+  int64_t num_blocks = 0;
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [batch, max_blocks_per_seq]
+  std::vector<uint16_t> k_bits, v_bits;
+
+  PagedKv(const AttentionShape& a, const std::vector<int32_t>& seq_lens,
+          const std::vector<int32_t>& first_visible, std::mt19937_64& rng) {
+    const int64_t tile = static_cast<int64_t>(a.block_size) * a.head_dim;  // one head of a block
+    for (int32_t len : seq_lens) {
+      const int64_t blocks = CeilDiv(len, a.block_size);
+      max_blocks_per_seq = std::max(max_blocks_per_seq, static_cast<int32_t>(blocks) + 1);
+      num_blocks += blocks;
+    }
+    num_blocks += 2;  // owned by nobody
+    std::vector<int32_t> pool(num_blocks);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    block_tables.assign(seq_lens.size() * max_blocks_per_seq, -1);
+    const size_t cache_values = static_cast<size_t>(num_blocks) * a.num_kv_heads * tile;
+    const bool poison = cache_values <= kMaxPoisonedCacheValues;
+    k_bits = poison ? std::vector<uint16_t>(cache_values, kNaNBits) : RandomBits(cache_values, rng);
+    v_bits = poison ? std::vector<uint16_t>(cache_values, kNaNBits) : RandomBits(cache_values, rng);
+    size_t next = 0;
+    for (size_t s = 0; s < seq_lens.size(); ++s) {
+      for (int64_t b = 0; b < CeilDiv(seq_lens[s], a.block_size); ++b) {
+        block_tables[s * max_blocks_per_seq + b] = pool[next++];
+      }
+      if (!poison) continue;
+      const std::vector<uint16_t> k_rows = RandomBf16(
+          static_cast<size_t>(seq_lens[s]) * a.num_kv_heads * a.head_dim, -2.0f, 2.0f, rng);
+      const std::vector<uint16_t> v_rows = RandomBf16(k_rows.size(), -2.0f, 2.0f, rng);
+      for (int32_t pos = first_visible[s]; pos < seq_lens[s]; ++pos) {
+        const int64_t block = block_tables[s * max_blocks_per_seq + pos / a.block_size];
+        for (int32_t h = 0; h < a.num_kv_heads; ++h) {
+          const int64_t dst =
+              (block * a.num_kv_heads + h) * tile + (pos % a.block_size) * a.head_dim;
+          const int64_t src = (static_cast<int64_t>(pos) * a.num_kv_heads + h) * a.head_dim;
+          std::copy_n(k_rows.begin() + src, a.head_dim, k_bits.begin() + dst);
+          std::copy_n(v_rows.begin() + src, a.head_dim, v_bits.begin() + dst);
+        }
+      }
+    }
+  }
+};
+
+// Device copies of a PagedKv plus the per-sequence lengths.
+struct DeviceKv {
+  DeviceBuffer k_cache, v_cache, block_tables, seq_lens;
+
+  DeviceKv(const PagedKv& kv, const std::vector<int32_t>& lens)
+      : k_cache(kv.k_bits.size() * kBf16Bytes),
+        v_cache(kv.v_bits.size() * kBf16Bytes),
+        block_tables(kv.block_tables.size() * sizeof(int32_t)),
+        seq_lens(lens.size() * sizeof(int32_t)) {}
+
+  void Upload(const PagedKv& kv, const std::vector<int32_t>& lens) {
+    k_cache.Upload(kv.k_bits);
+    v_cache.Upload(kv.v_bits);
+    block_tables.Upload(kv.block_tables);
+    seq_lens.Upload(lens);
+  }
+};
+
+// Keys a query at `pos` sees start here.
+int32_t FirstVisible(int32_t pos, int64_t window) {
+  return window > 0 ? std::max<int32_t>(0, pos - static_cast<int32_t>(window) + 1) : 0;
+}
+
+// Bytes of K and V from position `first` to `len`, the least any kernel must read.
+int64_t KvBytes(const AttentionShape& a, int64_t first, int64_t len) {
+  return 2 * (len - first) * a.num_kv_heads * a.head_dim * kBf16Bytes;
+}
+
+class WriteKvCacheCase : public OpCase {
+ public:
+  explicit WriteKvCacheCase(const OpShape& shape)
+      : shape_(shape),
+        attn_(KernelShape(shape)),
+        num_blocks_(CeilDiv(shape.num_tokens, attn_.block_size) + 3),
+        cache_values_(num_blocks_ * attn_.num_kv_heads * attn_.block_size * attn_.head_dim),
+        qkv_(shape.num_tokens * shape.width * kBf16Bytes),
+        slots_(shape.num_tokens * sizeof(int64_t)),
+        k_cache_(cache_values_ * kBf16Bytes),
+        v_cache_(cache_values_ * kBf16Bytes) {
+    std::mt19937_64 rng = RngFor(shape, 11);
+    qkv_bits_ = RandomBits(shape.num_tokens * shape.width, rng);
+    k_init_ = RandomBits(cache_values_, rng);
+    v_init_ = RandomBits(cache_values_, rng);
+    std::vector<int64_t> all_slots(num_blocks_ * attn_.block_size);
+    std::iota(all_slots.begin(), all_slots.end(), 0);
+    std::shuffle(all_slots.begin(), all_slots.end(), rng);
+    slot_mapping_.assign(all_slots.begin(), all_slots.begin() + shape.num_tokens);
+    for (size_t t = 3; t < slot_mapping_.size(); t += 5) slot_mapping_[t] = -1;  // skipped
+    Reset();
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return WriteKvCache(Key(), shape_.width, Value(), shape_.width, slots_.as<int64_t>(),
+                        shape_.num_tokens, attn_, Bf16(k_cache_), Bf16(v_cache_), stream);
+  }
+
+  int64_t BytesMoved() const override {
+    const int64_t written =
+        std::count_if(slot_mapping_.begin(), slot_mapping_.end(), [](int64_t s) { return s >= 0; });
+    return written * 2 * KvBytes(attn_, 0, 1) + shape_.num_tokens * 8;
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    Reset();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t k_offset = KeyOffset(), v_offset = k_offset + attn_.num_kv_heads * attn_.head_dim;
+    auto k64 = WidenToDouble(k_init_), v64 = WidenToDouble(v_init_);
+    auto k32 = WidenToFloat(k_init_), v32 = WidenToFloat(v_init_);
+    const auto qkv64 = WidenToDouble(qkv_bits_);
+    const auto qkv32 = WidenToFloat(qkv_bits_);
+    const ref::AttentionShape r = RefShape(attn_);
+    ref::WriteKvCache(qkv64.data() + k_offset, shape_.width, qkv64.data() + v_offset, shape_.width,
+                      slot_mapping_.data(), shape_.num_tokens, r, k64.data(), v64.data());
+    ref::WriteKvCache(qkv32.data() + k_offset, shape_.width, qkv32.data() + v_offset, shape_.width,
+                      slot_mapping_.data(), shape_.num_tokens, r, k32.data(), v32.data());
+    return {CompareWithReference("k_cache", WidenToDouble(k_cache_.Download<uint16_t>()),
+                                 RoundToBf16(k32), k64),
+            CompareWithReference("v_cache", WidenToDouble(v_cache_.Download<uint16_t>()),
+                                 RoundToBf16(v32), v64)};
+  }
+
+ private:
+  // K and V of a token sit after its q heads in a fused qkv row of `width` elements
+  // (__nv_bfloat16 is incomplete here: offsets go through the uint16_t view).
+  int64_t KeyOffset() const { return static_cast<int64_t>(attn_.num_q_heads) * attn_.head_dim; }
+  const __nv_bfloat16* Key() const {
+    return reinterpret_cast<const __nv_bfloat16*>(qkv_.as<uint16_t>() + KeyOffset());
+  }
+  const __nv_bfloat16* Value() const {
+    return reinterpret_cast<const __nv_bfloat16*>(qkv_.as<uint16_t>() + KeyOffset() +
+                                                  static_cast<int64_t>(attn_.num_kv_heads) *
+                                                      attn_.head_dim);
+  }
+
+  void Reset() {
+    qkv_.Upload(qkv_bits_);
+    slots_.Upload(slot_mapping_);
+    k_cache_.Upload(k_init_);  // prior contents, which unwritten slots must keep
+    v_cache_.Upload(v_init_);
+  }
+
+  OpShape shape_;
+  AttentionShape attn_;
+  int64_t num_blocks_, cache_values_;
+  std::vector<uint16_t> qkv_bits_, k_init_, v_init_;
+  std::vector<int64_t> slot_mapping_;
+  DeviceBuffer qkv_;                // [num_tokens, width] bf16: q heads, then k, then v
+  DeviceBuffer slots_;              // [num_tokens] int64
+  DeviceBuffer k_cache_, v_cache_;  // [num_blocks, num_kv_heads, block_size, head_dim] bf16
+};
+
+// Queries for both attention ops: rows of a fused qkv buffer (stride (hq + 2 hkv) * d), so
+// q_stride differs from the output's.
+int64_t QkvStride(const AttentionShape& a) {
+  return static_cast<int64_t>(a.num_q_heads + 2 * a.num_kv_heads) * a.head_dim;
+}
+int64_t OutStride(const AttentionShape& a) {
+  return static_cast<int64_t>(a.num_q_heads) * a.head_dim;
+}
+
+class PagedDecodeCase : public OpCase {
+ public:
+  explicit PagedDecodeCase(const OpShape& shape)
+      : shape_(shape),
+        attn_(KernelShape(shape)),
+        seq_lens_(SeqLens(shape)),
+        rng_(RngFor(shape, 12)),
+        kv_(attn_, seq_lens_, FirstVisibleKeys(), rng_),
+        device_kv_(kv_, seq_lens_),
+        q_(shape.batch * QkvStride(attn_) * kBf16Bytes),
+        out_(shape.batch * OutStride(attn_) * kBf16Bytes),
+        num_splits_(ChooseSplits()),
+        workspace_(
+            PagedDecodeWorkspaceBytes(static_cast<int32_t>(shape.batch), num_splits_, attn_)) {
+    q_bits_ = RandomBits(shape.batch * QkvStride(attn_), rng_);
+    Reset();
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return PagedDecodeAttention(
+        Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
+        device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
+        device_kv_.seq_lens.as<int32_t>(), static_cast<int32_t>(shape_.batch), num_splits_, attn_,
+        Bf16(out_), OutStride(attn_), workspace_.as<void>(), workspace_.bytes(), stream);
+  }
+
+  int64_t BytesMoved() const override {
+    int64_t bytes = 2 * shape_.batch * OutStride(attn_) * kBf16Bytes;  // q in, out
+    const auto first = FirstVisibleKeys();
+    for (size_t s = 0; s < seq_lens_.size(); ++s) bytes += KvBytes(attn_, first[s], seq_lens_[s]);
+    return bytes;
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    Reset();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t n = shape_.batch * OutStride(attn_);
+    std::vector<double> out64(n);
+    std::vector<float> out32(n);
+    const ref::AttentionShape r = RefShape(attn_);
+    ref::PagedDecodeAttention(WidenToDouble(q_bits_).data(), QkvStride(attn_),
+                              WidenToDouble(kv_.k_bits).data(), WidenToDouble(kv_.v_bits).data(),
+                              kv_.block_tables.data(), kv_.max_blocks_per_seq, seq_lens_.data(),
+                              shape_.batch, r, out64.data(), OutStride(attn_));
+    ref::PagedDecodeAttention(WidenToFloat(q_bits_).data(), QkvStride(attn_),
+                              WidenToFloat(kv_.k_bits).data(), WidenToFloat(kv_.v_bits).data(),
+                              kv_.block_tables.data(), kv_.max_blocks_per_seq, seq_lens_.data(),
+                              shape_.batch, r, out32.data(), OutStride(attn_),
+                              ref::ProbRounding::kBf16);
+    return {CompareWithReference("out", WidenToDouble(out_.Download<uint16_t>()),
+                                 RoundToBf16(out32), out64)};
+  }
+
+ private:
+  std::vector<int32_t> FirstVisibleKeys() const {
+    std::vector<int32_t> first(seq_lens_.size());
+    for (size_t s = 0; s < seq_lens_.size(); ++s) {
+      first[s] = FirstVisible(seq_lens_[s] - 1, shape_.window);
+    }
+    return first;
+  }
+
+  int32_t ChooseSplits() const {
+    if (shape_.width > 0) return static_cast<int32_t>(shape_.width);
+    int device = 0, num_sms = 0;
+    SPECD_CUDA_CHECK(cudaGetDevice(&device));
+    SPECD_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    return ChooseDecodeSplits(static_cast<int32_t>(shape_.batch),
+                              *std::max_element(seq_lens_.begin(), seq_lens_.end()), num_sms,
+                              attn_);
+  }
+
+  void Reset() {
+    device_kv_.Upload(kv_, seq_lens_);
+    q_.Upload(q_bits_);
+    out_.Poison();
+    workspace_.Poison();
+  }
+
+  OpShape shape_;
+  AttentionShape attn_;
+  std::vector<int32_t> seq_lens_;
+  std::mt19937_64 rng_;
+  PagedKv kv_;
+  DeviceKv device_kv_;
+  std::vector<uint16_t> q_bits_;
+  DeviceBuffer q_;    // [batch, hq + 2 hkv, d] bf16 (q is the first hq heads of each row)
+  DeviceBuffer out_;  // [batch, hq, d] bf16
+  int32_t num_splits_;
+  DeviceBuffer workspace_;
+};
+
+class PagedPrefillCase : public OpCase {
+ public:
+  explicit PagedPrefillCase(const OpShape& shape)
+      : shape_(shape),
+        attn_(KernelShape(shape)),
+        seq_lens_(SeqLens(shape)),
+        cu_q_lens_(CuQueryLens()),
+        num_tokens_(cu_q_lens_.back()),
+        rng_(RngFor(shape, 13)),
+        kv_(attn_, seq_lens_, FirstVisibleKeys(), rng_),
+        device_kv_(kv_, seq_lens_),
+        cu_q_lens_device_(cu_q_lens_.size() * sizeof(int32_t)),
+        q_(num_tokens_ * QkvStride(attn_) * kBf16Bytes),
+        out_(num_tokens_ * OutStride(attn_) * kBf16Bytes) {
+    q_bits_ = RandomBits(num_tokens_ * QkvStride(attn_), rng_);
+    for (size_t s = 0; s + 1 < cu_q_lens_.size(); ++s) {
+      max_q_len_ = std::max(max_q_len_, cu_q_lens_[s + 1] - cu_q_lens_[s]);
+    }
+    Reset();
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return PagedPrefillAttention(Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache),
+                                 Bf16(device_kv_.v_cache), device_kv_.block_tables.as<int32_t>(),
+                                 kv_.max_blocks_per_seq, cu_q_lens_device_.as<int32_t>(),
+                                 device_kv_.seq_lens.as<int32_t>(),
+                                 static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_, attn_,
+                                 Bf16(out_), OutStride(attn_), nullptr, 0, stream);
+  }
+
+  int64_t BytesMoved() const override {
+    int64_t bytes = 2 * num_tokens_ * OutStride(attn_) * kBf16Bytes;  // q in, out
+    const auto first = FirstVisibleKeys();
+    for (size_t s = 0; s < seq_lens_.size(); ++s) bytes += KvBytes(attn_, first[s], seq_lens_[s]);
+    return bytes;
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    Reset();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t n = num_tokens_ * OutStride(attn_);
+    std::vector<double> out64(n);
+    std::vector<float> out32(n);
+    const ref::AttentionShape r = RefShape(attn_);
+    ref::PagedPrefillAttention(WidenToDouble(q_bits_).data(), QkvStride(attn_),
+                               WidenToDouble(kv_.k_bits).data(), WidenToDouble(kv_.v_bits).data(),
+                               kv_.block_tables.data(), kv_.max_blocks_per_seq, cu_q_lens_.data(),
+                               seq_lens_.data(), shape_.batch, r, out64.data(), OutStride(attn_));
+    ref::PagedPrefillAttention(WidenToFloat(q_bits_).data(), QkvStride(attn_),
+                               WidenToFloat(kv_.k_bits).data(), WidenToFloat(kv_.v_bits).data(),
+                               kv_.block_tables.data(), kv_.max_blocks_per_seq, cu_q_lens_.data(),
+                               seq_lens_.data(), shape_.batch, r, out32.data(), OutStride(attn_),
+                               ref::ProbRounding::kBf16);
+    return {CompareWithReference("out", WidenToDouble(out_.Download<uint16_t>()),
+                                 RoundToBf16(out32), out64)};
+  }
+
+ private:
+  // num_tokens split evenly over the sequences, each clipped to [1, its length].
+  std::vector<int32_t> CuQueryLens() const {
+    std::vector<int32_t> cu = {0};
+    for (int64_t s = 0; s < shape_.batch; ++s) {
+      const int64_t even =
+          shape_.num_tokens / shape_.batch + (s < shape_.num_tokens % shape_.batch);
+      cu.push_back(cu.back() + static_cast<int32_t>(std::clamp<int64_t>(even, 1, seq_lens_[s])));
+    }
+    return cu;
+  }
+
+  // The first query's window start: no query of the sequence sees a key before it.
+  std::vector<int32_t> FirstVisibleKeys() const {
+    std::vector<int32_t> first(seq_lens_.size());
+    for (size_t s = 0; s < seq_lens_.size(); ++s) {
+      const int32_t q_len = cu_q_lens_[s + 1] - cu_q_lens_[s];
+      first[s] = FirstVisible(seq_lens_[s] - q_len, shape_.window);
+    }
+    return first;
+  }
+
+  void Reset() {
+    device_kv_.Upload(kv_, seq_lens_);
+    cu_q_lens_device_.Upload(cu_q_lens_);
+    q_.Upload(q_bits_);
+    out_.Poison();
+  }
+
+  OpShape shape_;
+  AttentionShape attn_;
+  std::vector<int32_t> seq_lens_;
+  std::vector<int32_t> cu_q_lens_;
+  int64_t num_tokens_;
+  int32_t max_q_len_ = 0;
+  std::mt19937_64 rng_;
+  PagedKv kv_;
+  DeviceKv device_kv_;
+  DeviceBuffer cu_q_lens_device_;  // [batch + 1] int32
+  std::vector<uint16_t> q_bits_;
+  DeviceBuffer q_;    // [num_tokens, hq + 2 hkv, d] bf16 (q is the first hq heads of each row)
+  DeviceBuffer out_;  // [num_tokens, hq, d] bf16
+};
+
+// One attention shape. `shortest` 0: every sequence `context` long; `extra`: decode's forced
+// split count (0: chosen), unused by prefill.
+OpShape Attn(int64_t batch, int64_t num_tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+             int64_t block_size, int64_t context, int64_t shortest, int64_t window, int64_t extra) {
+  OpShape s;
+  s.batch = batch;
+  s.num_tokens = num_tokens;
+  s.num_heads = heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.block_size = block_size;
+  s.context = context;
+  s.table_rows = shortest;
+  s.window = window;
+  s.width = extra;
+  char buf[96];
+  int n = std::snprintf(buf, sizeof(buf), "b%lld q%lld h%lld/%lld d%lld bs%lld ctx",
+                        static_cast<long long>(batch), static_cast<long long>(num_tokens),
+                        static_cast<long long>(heads), static_cast<long long>(kv_heads),
+                        static_cast<long long>(head_dim), static_cast<long long>(block_size));
+  if (shortest > 0 && shortest != context) {
+    n += std::snprintf(buf + n, sizeof(buf) - n, "%lld-", static_cast<long long>(shortest));
+  }
+  n += std::snprintf(buf + n, sizeof(buf) - n, "%lld", static_cast<long long>(context));
+  if (window > 0)
+    n += std::snprintf(buf + n, sizeof(buf) - n, " w%lld", static_cast<long long>(window));
+  if (extra > 0) std::snprintf(buf + n, sizeof(buf) - n, " s%lld", static_cast<long long>(extra));
+  s.label = buf;
+  return s;
+}
+
+OpShape Decode(int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+               int64_t context, int64_t shortest, int64_t window, int64_t splits) {
+  return Attn(batch, batch, heads, kv_heads, head_dim, block_size, context, shortest, window,
+              splits);
+}
+
+OpShape WriteKv(int64_t num_tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                int64_t block_size, int64_t row_pad) {
+  OpShape s = Attn(1, num_tokens, heads, kv_heads, head_dim, block_size, 0, 0, 0, 0);
+  s.width = (heads + 2 * kv_heads) * head_dim + row_pad;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "t%lld h%lld/%lld d%lld bs%lld stride%lld",
+                static_cast<long long>(num_tokens), static_cast<long long>(heads),
+                static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
+                static_cast<long long>(block_size), static_cast<long long>(s.width));
+  s.label = buf;
+  return s;
+}
+
+std::vector<OpShape> DecodeCheckShapes() {
+  //      batch hq hkv  d   bs  ctx  shortest window splits
+  return {
+      Decode(3, 4, 4, 64, 16, 37, 1, 0, 0),         // MHA, a 1-token sequence
+      Decode(5, 32, 8, 128, 16, 300, 17, 0, 0),     // Llama-3 8B heads
+      Decode(2, 16, 2, 128, 32, 1000, 999, 0, 7),   // group 8, forced splits
+      Decode(3, 8, 2, 64, 32, 333, 64, 100, 3),     // sliding window
+      Decode(2, 32, 2, 128, 16, 200, 31, 0, 1),     // group 16, one split (direct output)
+      Decode(2, 40, 2, 64, 16, 150, 5, 0, 0),       // group 20: two CTAs per kv head
+      Decode(4, 8, 1, 256, 16, 200, 1, 0, 0),       // head_dim 256, MQA
+      Decode(1, 8, 8, 256, 64, 129, 0, 0, 2),       // block 64
+      Decode(6, 24, 2, 256, 16, 90, 40, 50, 0),     // group 12, window, head_dim 256
+      Decode(7, 28, 4, 128, 64, 700, 300, 0, 1),    // Qwen-7B heads (group 7)
+      Decode(3, 32, 8, 128, 16, 40, 1, 0, 16),      // more splits than tiles: empty splits
+      Decode(8, 32, 8, 128, 16, 2100, 1500, 0, 0),  // batch 8, longer contexts
+  };
+}
+
+std::vector<OpShape> DecodePerfShapes() {
+  std::vector<OpShape> shapes;
+  for (int64_t context : {512, 8192, 32768}) {
+    for (int64_t batch : {1, 8}) shapes.push_back(Decode(batch, 32, 8, 128, 16, context, 0, 0, 0));
+  }
+  return shapes;
+}
+
+std::vector<OpShape> PrefillCheckShapes() {
+  //        batch tokens hq hkv d  bs  ctx shortest window
+  return {
+      Attn(1, 77, 4, 4, 64, 16, 77, 0, 0, 0),       // one whole prompt
+      Attn(3, 150, 8, 2, 128, 16, 300, 200, 0, 0),  // chunks after cached context
+      Attn(1, 100, 8, 1, 128, 32, 150, 0, 48, 0),   // sliding window, chunked
+      Attn(4, 4, 32, 8, 128, 16, 500, 1, 0, 0),     // q_len 1 (decode through prefill)
+      Attn(3, 15, 16, 2, 64, 32, 600, 300, 0, 0),   // 5-token verification
+      Attn(2, 130, 4, 2, 256, 16, 130, 70, 0, 0),   // head_dim 256
+      Attn(2, 200, 8, 8, 64, 64, 333, 120, 70, 0),  // block 64, window
+      Attn(1, 257, 32, 4, 128, 16, 1000, 0, 0, 0),  // several q tiles, group 8
+      Attn(2, 90, 8, 2, 256, 32, 90, 60, 33, 0),    // head_dim 256, window
+  };
+}
+
+std::vector<OpShape> PrefillPerfShapes() {
+  return {Attn(1, 4096, 32, 8, 128, 16, 4096, 0, 0, 0),  // 4K prompt, Llama-3 8B heads
+          Attn(1, 512, 32, 8, 128, 16, 8192, 0, 0, 0),   // 512-token chunk at 8K context
+          Attn(8, 40, 32, 8, 128, 16, 4096, 0, 0, 0)};   // 5-token verification, batch 8
+}
+
+}  // namespace
+
+void AddAttentionOps(std::vector<OpSpec>* table) {
+  table->push_back({"write_kv_cache",
+                    {WriteKv(1, 4, 4, 64, 16, 0), WriteKv(37, 32, 8, 128, 16, 0),
+                     WriteKv(100, 8, 2, 256, 32, 0), WriteKv(19, 4, 1, 64, 64, 1)},
+                    {WriteKv(1, 32, 8, 128, 16, 0), WriteKv(256, 32, 8, 128, 16, 0),
+                     WriteKv(4096, 32, 8, 128, 16, 0)},
+                    [](const OpShape& s) { return std::make_unique<WriteKvCacheCase>(s); }});
+  table->push_back({"paged_decode_attention", DecodeCheckShapes(), DecodePerfShapes(),
+                    [](const OpShape& s) { return std::make_unique<PagedDecodeCase>(s); }});
+  table->push_back({"paged_prefill_attention", PrefillCheckShapes(), PrefillPerfShapes(),
+                    [](const OpShape& s) { return std::make_unique<PagedPrefillCase>(s); }});
+}
+
+}  // namespace specd::kernels::check

@@ -1,0 +1,290 @@
+// Paged attention launchers (layer 2): validate what the kernels cannot run, pick the template
+// instance, size the grid, launch, report the error. Kernel templates in attention.cuh.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention.h"
+
+namespace specd::kernels {
+namespace {
+
+using attention::DecodeConfig;
+using attention::DecodeParams;
+using attention::PrefillConfig;
+using attention::PrefillParams;
+
+// Splits of one decode launch never exceed this (the combine kernel reads them serially).
+constexpr int32_t kMaxDecodeSplits = 256;
+// A split covers at least this many tokens: one 16-token tile per warp of the CTA.
+constexpr int64_t kMinSplitTokens = 64;
+// Row alignment of the workspace's log-sum-exp array.
+constexpr size_t kWorkspaceAlign = 256;
+
+int Log2(int32_t x) {
+  int n = 0;
+  while ((1 << n) < x) ++n;
+  return n;
+}
+
+bool ValidShape(const AttentionShape& s) {
+  return s.num_q_heads > 0 && s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0 &&
+         (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) &&
+         (s.block_size == 16 || s.block_size == 32 || s.block_size == 64) &&
+         s.sliding_window >= 0 && std::isfinite(s.scale);
+}
+
+// q heads per decode CTA (8 or 16) and the number of CTAs one kv head's group needs.
+int DecodeRows(const AttentionShape& s) { return s.num_q_heads / s.num_kv_heads <= 8 ? 8 : 16; }
+int DecodeParts(const AttentionShape& s) {
+  const int group = s.num_q_heads / s.num_kv_heads;
+  return static_cast<int>(CeilDiv(group, DecodeRows(s)));
+}
+
+template <int kHeadDim>
+int DecodeMinCtasPerSm(int rows) {
+  return rows == 8 ? DecodeConfig<kHeadDim, 8>::kMinCtasPerSm
+                   : DecodeConfig<kHeadDim, 16>::kMinCtasPerSm;
+}
+
+int DecodeMinCtasPerSm(const AttentionShape& s) {
+  const int rows = DecodeRows(s);
+  return s.head_dim == 64    ? DecodeMinCtasPerSm<64>(rows)
+         : s.head_dim == 128 ? DecodeMinCtasPerSm<128>(rows)
+                             : DecodeMinCtasPerSm<256>(rows);
+}
+
+// 16-byte vector access: aligned pointer, row stride a whole number of vectors, rows at least
+// as wide as the heads they hold.
+bool ValidRows(const void* p, int64_t stride, int64_t row_elems) {
+  return p != nullptr && IsAligned(p, 16) && stride % kBf16PerVec16 == 0 && stride >= row_elems;
+}
+
+size_t PartialOutBytes(int64_t num_seqs, int32_t num_splits, const AttentionShape& s) {
+  const size_t bytes =
+      static_cast<size_t>(num_seqs) * s.num_q_heads * num_splits * s.head_dim * sizeof(float);
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+// Launches the combine kernel as a programmatic dependent of the decode kernel (sm_90: it may
+// start while the decode grid drains and waits in-kernel for its results); where the attribute
+// is refused, a plain launch.
+template <int kHeadDim>
+cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, int num_splits,
+                          int num_q_heads, int64_t num_rows, __nv_bfloat16* out, int64_t out_stride,
+                          cudaStream_t stream) {
+  const auto kernel = attention::DecodeCombineKernel<kHeadDim>;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(num_rows));
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, partial_out, partial_lse, num_splits, num_q_heads, out,
+                         out_stride) == cudaSuccess) {
+    return cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  kernel<<<config.gridDim, config.blockDim, 0, stream>>>(partial_out, partial_lse, num_splits,
+                                                         num_q_heads, out, out_stride);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, int kRows>
+cudaError_t LaunchDecode(const DecodeParams& params, int64_t num_ctas, cudaStream_t stream) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  attention::PagedDecodeKernel<kHeadDim, kRows>
+      <<<static_cast<unsigned>(num_ctas), Cfg::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim>
+cudaError_t LaunchDecodeAndCombine(const DecodeParams& params, int64_t num_seqs, int kRows,
+                                   cudaStream_t stream) {
+  const int64_t num_ctas =
+      num_seqs * params.num_kv_heads * params.num_parts * static_cast<int64_t>(params.num_splits);
+  const cudaError_t err = kRows == 8 ? LaunchDecode<kHeadDim, 8>(params, num_ctas, stream)
+                                     : LaunchDecode<kHeadDim, 16>(params, num_ctas, stream);
+  if (err != cudaSuccess || params.num_splits == 1) return err;
+  return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
+                                 params.num_q_heads, num_seqs * params.num_q_heads, params.out,
+                                 params.out_stride, stream);
+}
+
+template <int kHeadDim>
+cudaError_t LaunchPrefill(const PrefillParams& params, int32_t max_q_len, int32_t num_q_heads,
+                          int32_t num_seqs, cudaStream_t stream) {
+  using Cfg = PrefillConfig<kHeadDim>;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(max_q_len, Cfg::kBlockM)),
+                  static_cast<unsigned>(num_q_heads), static_cast<unsigned>(num_seqs));
+  attention::PagedPrefillKernel<kHeadDim><<<grid, Cfg::kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t WriteKvCache(const __nv_bfloat16* key, int64_t key_stride, const __nv_bfloat16* value,
+                         int64_t value_stride, const int64_t* slot_mapping, int64_t num_tokens,
+                         const AttentionShape& shape, __nv_bfloat16* k_cache,
+                         __nv_bfloat16* v_cache, cudaStream_t stream) {
+  if (!ValidShape(shape) || num_tokens < 0 || num_tokens > INT_MAX) return cudaErrorInvalidValue;
+  const int64_t row = static_cast<int64_t>(shape.num_kv_heads) * shape.head_dim;
+  if (key_stride < row || value_stride < row) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaSuccess;
+  const bool vectorize = ValidRows(key, key_stride, row) && ValidRows(value, value_stride, row) &&
+                         IsAligned(k_cache, 16) && IsAligned(v_cache, 16);
+  const int vec = vectorize ? kBf16PerVec16 : 1;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(128, CeilDiv(CeilDiv(row, vec), kWarpSize) * kWarpSize));
+  const auto grid = static_cast<unsigned>(num_tokens);
+  if (vectorize) {
+    attention::WriteKvCacheKernel<kBf16PerVec16><<<grid, threads, 0, stream>>>(
+        key, key_stride, value, value_stride, slot_mapping, shape.num_kv_heads, shape.head_dim,
+        shape.block_size, k_cache, v_cache);
+  } else {
+    attention::WriteKvCacheKernel<1><<<grid, threads, 0, stream>>>(
+        key, key_stride, value, value_stride, slot_mapping, shape.num_kv_heads, shape.head_dim,
+        shape.block_size, k_cache, v_cache);
+  }
+  return cudaGetLastError();
+}
+
+size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
+                                 const AttentionShape& shape) {
+  if (!ValidShape(shape) || max_num_seqs <= 0 || num_splits <= 1) return 0;
+  return PartialOutBytes(max_num_seqs, num_splits, shape) +
+         static_cast<size_t>(max_num_seqs) * shape.num_q_heads * num_splits * sizeof(float);
+}
+
+int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,
+                           const AttentionShape& shape) {
+  if (!ValidShape(shape) || num_seqs <= 0 || max_seq_len <= 0 || num_sms <= 0) return 1;
+  // CTAs per split and the CTAs one wave of the chip holds: fill one wave, so every CTA streams
+  // from the start to the end and none waits for a slot.
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(num_seqs) * shape.num_kv_heads * DecodeParts(shape);
+  const int64_t wave = static_cast<int64_t>(num_sms) * DecodeMinCtasPerSm(shape);
+  int64_t context = max_seq_len;
+  if (shape.sliding_window > 0) context = std::min<int64_t>(context, shape.sliding_window + 16);
+  const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
+  const int64_t splits =
+      std::min({wave / ctas_per_split, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
+  return static_cast<int32_t>(std::max<int64_t>(1, splits));
+}
+
+cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                 const int32_t* seq_lens, int32_t num_seqs, int32_t num_splits,
+                                 const AttentionShape& shape, __nv_bfloat16* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
+  if (!ValidShape(shape) || num_seqs < 0 || num_splits < 1 || num_splits > kMaxDecodeSplits) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_seqs == 0) return cudaSuccess;
+  const int64_t row = static_cast<int64_t>(shape.num_q_heads) * shape.head_dim;
+  if (!ValidRows(q, q_stride, row) || !ValidRows(out, out_stride, row) || !IsAligned(k_cache, 16) ||
+      !IsAligned(v_cache, 16) || k_cache == nullptr || v_cache == nullptr ||
+      block_tables == nullptr || seq_lens == nullptr || max_blocks_per_seq < 1 ||
+      max_blocks_per_seq > (INT_MAX >> 6)) {
+    return cudaErrorInvalidValue;
+  }
+  const int parts = DecodeParts(shape);
+  if (static_cast<int64_t>(num_seqs) * shape.num_kv_heads * parts * num_splits > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  DecodeParams params = {};
+  params.q = q;
+  params.q_stride = q_stride;
+  params.k_cache = k_cache;
+  params.v_cache = v_cache;
+  params.block_tables = block_tables;
+  params.max_blocks_per_seq = max_blocks_per_seq;
+  params.seq_lens = seq_lens;
+  params.num_q_heads = shape.num_q_heads;
+  params.num_kv_heads = shape.num_kv_heads;
+  params.group = shape.num_q_heads / shape.num_kv_heads;
+  params.num_parts = parts;
+  params.log2_block_size = Log2(shape.block_size);
+  params.sliding_window = shape.sliding_window;
+  params.num_splits = num_splits;
+  params.scale_log2 = shape.scale * attention::kLog2e;
+  params.out = out;
+  params.out_stride = out_stride;
+  if (num_splits > 1) {
+    if (workspace == nullptr || !IsAligned(workspace, 16) ||
+        workspace_bytes < PagedDecodeWorkspaceBytes(num_seqs, num_splits, shape)) {
+      return cudaErrorInvalidValue;
+    }
+    params.partial_out = static_cast<float*>(workspace);
+    params.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                                  PartialOutBytes(num_seqs, num_splits, shape));
+  }
+  const int rows = DecodeRows(shape);
+  switch (shape.head_dim) {
+    case 64:
+      return LaunchDecodeAndCombine<64>(params, num_seqs, rows, stream);
+    case 128:
+      return LaunchDecodeAndCombine<128>(params, num_seqs, rows, stream);
+    default:
+      return LaunchDecodeAndCombine<256>(params, num_seqs, rows, stream);
+  }
+}
+
+size_t PagedPrefillWorkspaceBytes(int64_t /*max_num_tokens*/, int32_t /*max_num_seqs*/,
+                                  const AttentionShape& /*shape*/) {
+  return 0;
+}
+
+cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                  const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                  const int32_t* cu_q_lens, const int32_t* seq_lens,
+                                  int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
+                                  const AttentionShape& shape, __nv_bfloat16* out,
+                                  int64_t out_stride, void* /*workspace*/,
+                                  size_t /*workspace_bytes*/, cudaStream_t stream) {
+  if (!ValidShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
+      num_tokens > INT_MAX || max_q_len < 0 || shape.num_q_heads > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
+  const int64_t row = static_cast<int64_t>(shape.num_q_heads) * shape.head_dim;
+  if (!ValidRows(q, q_stride, row) || !ValidRows(out, out_stride, row) || !IsAligned(k_cache, 16) ||
+      !IsAligned(v_cache, 16) || k_cache == nullptr || v_cache == nullptr ||
+      block_tables == nullptr || cu_q_lens == nullptr || seq_lens == nullptr ||
+      max_blocks_per_seq < 1 || max_blocks_per_seq > (INT_MAX >> 6)) {
+    return cudaErrorInvalidValue;
+  }
+  PrefillParams params = {};
+  params.q = q;
+  params.q_stride = q_stride;
+  params.k_cache = k_cache;
+  params.v_cache = v_cache;
+  params.block_tables = block_tables;
+  params.max_blocks_per_seq = max_blocks_per_seq;
+  params.cu_q_lens = cu_q_lens;
+  params.seq_lens = seq_lens;
+  params.num_kv_heads = shape.num_kv_heads;
+  params.group = shape.num_q_heads / shape.num_kv_heads;
+  params.log2_block_size = Log2(shape.block_size);
+  params.sliding_window = shape.sliding_window;
+  params.scale_log2 = shape.scale * attention::kLog2e;
+  params.out = out;
+  params.out_stride = out_stride;
+  switch (shape.head_dim) {
+    case 64:
+      return LaunchPrefill<64>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
+    case 128:
+      return LaunchPrefill<128>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
+    default:
+      return LaunchPrefill<256>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
+  }
+}
+
+}  // namespace specd::kernels

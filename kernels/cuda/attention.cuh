@@ -1,0 +1,854 @@
+// Paged attention kernel templates (layer 1 of kernels/cuda; launchers and their contracts in
+// attention.h / attention.cu). bf16 operands on tensor cores (mma.sync), fp32 accumulation and
+// online softmax in the log2 domain. Include from .cu files only.
+//
+// Fragment notation (PTX ISA, mma.m16n8k16 / m16n8k8): lane = 4 * g + t (g = lane / 4 is the
+// "group", t = lane % 4). A (16 x k) holds rows g and g + 8, columns 2t, 2t + 1 (+ 8); B (k x 8)
+// holds column g, rows 2t, 2t + 1 (+ 8); C (16 x 8) holds rows g, g + 8, columns 2t, 2t + 1.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace specd::kernels::attention {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+// C += A * B, m16n8k16, bf16 in, fp32 accumulate. a = {row g lo, row g+8 lo, row g hi, row g+8
+// hi} (lo: columns 2t, 2t+1; hi: 2t+8, 2t+9), b = {rows 2t.., rows 2t+8..}.
+__device__ __forceinline__ void Mma16816(float& c0, float& c1, float& c2, float& c3, uint32_t a0,
+                                         uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// C += A * B, m16n8k8: a = {row g, row g+8} (columns 2t, 2t+1), b = rows 2t, 2t+1.
+__device__ __forceinline__ void Mma1688(float& c0, float& c1, float& c2, float& c3, uint32_t a0,
+                                        uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// Two floats as a bf16 pair (lo in the low half), the A-operand form of probabilities.
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; !valid writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Programmatic dependent launch (sm_90): the decode kernel lets the combine kernel launch early;
+// the combine kernel waits for the decode grid's memory before reading it. No-ops elsewhere.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Streaming 16-byte load of KV data read once per launch (evict-first in L1 and L2).
+__device__ __forceinline__ uint4 LoadStreaming(const __nv_bfloat16* p) {
+  return __ldcs(reinterpret_cast<const uint4*>(p));
+}
+
+// One softmax row's running state update for a new tile of scores (log2 domain): returns the
+// factor the row's accumulator must be scaled by. m_use keeps exp2 finite while the row has seen
+// no valid key (m = -inf): every exp2 then yields 0.
+__device__ __forceinline__ float OnlineSoftmaxRescale(float& m, float tile_max, float& m_use) {
+  const float m_new = fmaxf(m, tile_max);
+  m_use = m_new == kNegInf ? 0.0f : m_new;
+  const float alpha = exp2f(m - m_use);
+  m = m_new;
+  return alpha;
+}
+
+__device__ __forceinline__ float QuadMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float QuadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV-cache write: one thread block per token, kVec-element vectors over its heads.
+
+template <int kVec>
+__global__ void WriteKvCacheKernel(const __nv_bfloat16* __restrict__ key, int64_t key_stride,
+                                   const __nv_bfloat16* __restrict__ value, int64_t value_stride,
+                                   const int64_t* __restrict__ slot_mapping, int num_kv_heads,
+                                   int head_dim, int block_size,
+                                   __nv_bfloat16* __restrict__ k_cache,
+                                   __nv_bfloat16* __restrict__ v_cache) {
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0) return;
+  const int64_t block = slot / block_size, row = slot % block_size;
+  const int vecs_per_head = head_dim / kVec;
+  for (int i = threadIdx.x; i < num_kv_heads * vecs_per_head; i += blockDim.x) {
+    const int head = i / vecs_per_head, col = (i % vecs_per_head) * kVec;
+    const int64_t dst = ((block * num_kv_heads + head) * block_size + row) * head_dim + col;
+    Bf16Vec<kVec>::Load(key + token * key_stride + head * head_dim + col).Store(k_cache + dst);
+    Bf16Vec<kVec>::Load(value + token * value_stride + head * head_dim + col).Store(v_cache + dst);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode (flash-decoding, split-KV). Grid: one CTA per (sequence, kv head, part, split), where a
+// part is up to kRows q heads of the kv head's group (one part unless the group exceeds 16).
+// Each of the 4 warps streams whole kStep-token tiles of its kv head (contiguous in the HND
+// layout) straight from global memory into registers with 16-byte loads -- all of a tile's K and
+// V loads in flight at once -- and computes S = Q K^T and O^T += V^T P^T with mma, keeping its
+// own online softmax state. Warps take the split's tiles round-robin; at the end the four states
+// merge through shared memory and the CTA writes either the bf16 output (one split) or an fp32
+// partial output and its log2-sum-exp for the combine kernel.
+//
+// No shared-memory staging of K and V: the mma fragments are built from the 16-byte loads.
+//   S = Q K^T (m16n8k16; M = q heads, N = 8 tokens, K = head_dim): lane (g, t) loads
+//     K[token g][vectors t + 4i] (i < D/32). head_dim is permuted -- a dot product does not care
+//     about the order of its terms -- so that word w of vector i is B register (w & 1) of k-chunk
+//     2i + w / 2; Q is loaded the same way as the A operand (rows g, g + 8 = q heads).
+//   O^T = V^T P^T (M = head_dim, N = q heads, K = tokens): S's C fragment (head g, tokens 2t,
+//     2t+1) is already P^T's B fragment. Lane (g, t) loads V[tokens 2t, 2t+1 (+8)][vectors
+//     g + 8jj] (jj < D/64); one byte permute pairs an element across two tokens into an A
+//     register. M-tile mt = 4jj + w covers head_dim 8 (g + 8jj) + 2w (row g) and + 1 (row g + 8),
+//     so each lane's accumulator holds head_dim pairs (d, d + 1) of q heads 2t and 2t + 1.
+// References: Tri Dao et al., "Flash-Decoding for long-context inference" (2023); FlashInfer
+// include/flashinfer/attention/decode.cuh (split-KV, merge by log-sum-exp).
+
+struct DecodeParams {
+  const __nv_bfloat16* q;  // [num_seqs, num_q_heads, head_dim], row stride q_stride
+  int64_t q_stride;
+  const __nv_bfloat16* k_cache;
+  const __nv_bfloat16* v_cache;
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq;
+  const int32_t* seq_lens;  // [num_seqs]
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t group;  // num_q_heads / num_kv_heads
+  int32_t num_parts;
+  int32_t log2_block_size;
+  int32_t sliding_window;
+  int32_t num_splits;
+  float scale_log2;    // softmax scale * log2(e)
+  __nv_bfloat16* out;  // num_splits == 1: [num_seqs, num_q_heads, head_dim], out_stride
+  int64_t out_stride;
+  float* partial_out;  // num_splits > 1: [num_seqs, num_q_heads, num_splits, head_dim]
+  float* partial_lse;  // num_splits > 1: [num_seqs, num_q_heads, num_splits], log2 domain
+};
+
+template <int kHeadDim, int kRows>
+struct DecodeConfig {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+  static_assert(kRows == 8 || kRows == 16);
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  // Tokens per warp tile: 16 keeps 8 KiB of K+V in flight per warp at head_dim 128; 8 at 256
+  // keeps the registers in bounds. Block sizes are multiples, so a tile never spans two blocks.
+  static constexpr int kStep = kHeadDim <= 128 ? 16 : 8;
+  static constexpr int kTokTiles = kStep / 8;    // n8 tiles of tokens in S
+  static constexpr int kKVecs = kHeadDim / 32;   // K (and Q) 16-byte vectors per lane per row
+  static constexpr int kVVecs = kHeadDim / 64;   // V 16-byte vectors per lane per token
+  static constexpr int kMTiles = kHeadDim / 16;  // m16 tiles of O^T
+  static constexpr int kHalves = kRows / 8;      // q heads g (and g + 8) in use
+  // Occupancy the register budget is sized for (launch bounds: 65536 / (128 * n) registers per
+  // thread; 128 fits head_dim 128 with 8 heads without spills); ChooseDecodeSplits fills one
+  // wave of it.
+  static constexpr int kMinCtasPerSm = kHeadDim == 256                    ? 2
+                                       : (kHeadDim == 128 && kRows == 16) ? 3
+                                                                          : 4;
+};
+
+template <int kHeadDim, int kRows>
+struct DecodeSmem {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  static constexpr int kAcc = Cfg::kMTiles * Cfg::kHalves * 4;  // accumulator floats per lane
+  // Two warps' states in flight during the tree merge, [slot][value][lane]; slot 1 is reused as
+  // the final [kRows][kHeadDim] output tile (the same number of floats).
+  float acc[2][kAcc][kWarpSize];
+  float m[2][Cfg::kHalves][kWarpSize];
+  float l[2][Cfg::kHalves][kWarpSize];
+  float lse[kRows];
+};
+
+// Lane (g, t)'s value for q heads 2t and 2t + 1 (of one half) from the per-head values lanes
+// 4 * head hold (row g of the S layout) -- the move from S's rows to O^T's columns.
+__device__ __forceinline__ float2 HeadPairFromRows(float row_value, int t) {
+  return make_float2(__shfl_sync(0xffffffffu, row_value, 8 * t),
+                     __shfl_sync(0xffffffffu, row_value, 8 * t + 4));
+}
+
+// One warp's running state.
+template <int kHeadDim, int kRows>
+struct DecodeWarpState {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  // O^T accumulator [m-tile][half][c]: c = 0, 1: head_dim d of heads 2t, 2t + 1; c = 2, 3: d + 1.
+  float o[Cfg::kMTiles][Cfg::kHalves][4];
+  float m[Cfg::kHalves];  // max of q head 8 half + g (log2 domain), same across the quad
+  float l[Cfg::kHalves];  // this lane's part of that head's sum
+
+  __device__ __forceinline__ void Init() {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < Cfg::kHalves; ++h)
+        o[mt][h][0] = o[mt][h][1] = o[mt][h][2] = o[mt][h][3] = 0;
+    }
+#pragma unroll
+    for (int h = 0; h < Cfg::kHalves; ++h) m[h] = kNegInf, l[h] = 0.0f;
+  }
+
+  // Multiplies the accumulator columns of half h by the per-head factors `scale` (S layout).
+  __device__ __forceinline__ void ScaleColumns(int h, float scale, int t) {
+    const float2 f = HeadPairFromRows(scale, t);
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      o[mt][h][0] *= f.x, o[mt][h][1] *= f.y, o[mt][h][2] *= f.x, o[mt][h][3] *= f.y;
+    }
+  }
+
+  __device__ __forceinline__ void Store(DecodeSmem<kHeadDim, kRows>& sm, int slot, int lane) const {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < Cfg::kHalves; ++h) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          sm.acc[slot][(mt * Cfg::kHalves + h) * 4 + c][lane] = o[mt][h][c];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < Cfg::kHalves; ++h) sm.m[slot][h][lane] = m[h], sm.l[slot][h][lane] = l[h];
+  }
+
+  // Folds another warp's state (same lane, so the same heads and columns) into this one.
+  __device__ __forceinline__ void Merge(const DecodeSmem<kHeadDim, kRows>& sm, int slot, int lane) {
+    const int t = lane % 4;
+#pragma unroll
+    for (int h = 0; h < Cfg::kHalves; ++h) {
+      const float m_other = sm.m[slot][h][lane];
+      const float m_new = fmaxf(m[h], m_other);
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;
+      const float self_scale = exp2f(m[h] - m_use), other_scale = exp2f(m_other - m_use);
+      m[h] = m_new;
+      l[h] = l[h] * self_scale + sm.l[slot][h][lane] * other_scale;
+      const float2 fs = HeadPairFromRows(self_scale, t), fo = HeadPairFromRows(other_scale, t);
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float other = sm.acc[slot][(mt * Cfg::kHalves + h) * 4 + c][lane];
+          o[mt][h][c] = o[mt][h][c] * ((c & 1) ? fs.y : fs.x) + other * ((c & 1) ? fo.y : fo.x);
+        }
+      }
+    }
+  }
+};
+
+// The CTA's Q rows as A fragments: q[half][i] is the 16-byte vector t + 4i of q head
+// head0 + g + 8 * half (zeros past the part's rows).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void LoadDecodeQ(
+    const DecodeParams& p, int seq, int head0, int rows, int lane,
+    uint4 (&q)[DecodeConfig<kHeadDim, kRows>::kHalves][DecodeConfig<kHeadDim, kRows>::kKVecs]) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < Cfg::kHalves; ++h) {
+    const int row = g + 8 * h;
+    const __nv_bfloat16* src =
+        p.q + seq * p.q_stride + static_cast<int64_t>(head0 + row) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < Cfg::kKVecs; ++i) {
+      q[h][i] = row < rows ? __ldg(reinterpret_cast<const uint4*>(src + 8 * (t + 4 * i)))
+                           : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// One kStep-token tile of one warp: S = Q K^T, mask, online softmax, O^T += V^T P^T.
+//   k[tt][i]      K[token 8tt + g][vector t + 4i]
+//   v[tt][e][jj]  V[token 8tt + 2t + e][vector g + 8jj], zeros for masked tokens
+//   valid[tt][e]  whether token 8tt + 2t + e is inside [kv_begin, kv_end)
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void DecodeTile(
+    const uint4 (&q)[DecodeConfig<kHeadDim, kRows>::kHalves][DecodeConfig<kHeadDim, kRows>::kKVecs],
+    const uint4 (
+        &k)[DecodeConfig<kHeadDim, kRows>::kTokTiles][DecodeConfig<kHeadDim, kRows>::kKVecs],
+    const uint4 (
+        &v)[DecodeConfig<kHeadDim, kRows>::kTokTiles][2][DecodeConfig<kHeadDim, kRows>::kVVecs],
+    const bool (&valid)[DecodeConfig<kHeadDim, kRows>::kTokTiles][2], float scale_log2, int t,
+    DecodeWarpState<kHeadDim, kRows>& st) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  constexpr bool kTwoHalves = Cfg::kHalves == 2;
+  float s[Cfg::kTokTiles][4];
+#pragma unroll
+  for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+    s[tt][0] = s[tt][1] = s[tt][2] = s[tt][3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < Cfg::kKVecs; ++i) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // k-chunk 2i + half: words 2 half, 2 half + 1
+        const uint32_t a1 = kTwoHalves ? Word(q[Cfg::kHalves - 1][i], 2 * half) : 0u;
+        const uint32_t a3 = kTwoHalves ? Word(q[Cfg::kHalves - 1][i], 2 * half + 1) : 0u;
+        Mma16816(s[tt][0], s[tt][1], s[tt][2], s[tt][3], Word(q[0][i], 2 * half), a1,
+                 Word(q[0][i], 2 * half + 1), a3, Word(k[tt][i], 2 * half),
+                 Word(k[tt][i], 2 * half + 1));
+      }
+    }
+  }
+  // Scale into the log2 domain; masked tokens become -inf (also where their cache rows hold
+  // NaN), so their probabilities are exactly 0.
+#pragma unroll
+  for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[tt][c] = valid[tt][c & 1] ? s[tt][c] * scale_log2 : kNegInf;
+  }
+  uint32_t p[Cfg::kHalves][Cfg::kTokTiles];  // P^T B fragments, bf16 pairs
+#pragma unroll
+  for (int h = 0; h < Cfg::kHalves; ++h) {
+    float tile_max = kNegInf;
+#pragma unroll
+    for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+      tile_max = fmaxf(tile_max, fmaxf(s[tt][2 * h], s[tt][2 * h + 1]));
+    }
+    float m_use;
+    const float alpha = OnlineSoftmaxRescale(st.m[h], QuadMax(tile_max), m_use);
+    st.l[h] *= alpha;
+#pragma unroll
+    for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+      const float p0 = exp2f(s[tt][2 * h] - m_use), p1 = exp2f(s[tt][2 * h + 1] - m_use);
+      st.l[h] += p0 + p1;
+      p[h][tt] = PackBf16x2(p0, p1);
+    }
+    st.ScaleColumns(h, alpha, t);
+  }
+  // O^T += V^T P^T: A = one head_dim element pair of two tokens per register.
+#pragma unroll
+  for (int jj = 0; jj < Cfg::kVVecs; ++jj) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int mt = 4 * jj + w;
+      const uint32_t x0 = Word(v[0][0][jj], w), x1 = Word(v[0][1][jj], w);
+      const uint32_t a0 = __byte_perm(x0, x1, 0x5410), a1 = __byte_perm(x0, x1, 0x7632);
+      if constexpr (Cfg::kTokTiles == 2) {
+        const uint32_t y0 = Word(v[1][0][jj], w), y1 = Word(v[1][1][jj], w);
+        const uint32_t a2 = __byte_perm(y0, y1, 0x5410), a3 = __byte_perm(y0, y1, 0x7632);
+#pragma unroll
+        for (int h = 0; h < Cfg::kHalves; ++h) {
+          float* o = st.o[mt][h];
+          Mma16816(o[0], o[1], o[2], o[3], a0, a1, a2, a3, p[h][0], p[h][1]);
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < Cfg::kHalves; ++h) {
+          float* o = st.o[mt][h];
+          Mma1688(o[0], o[1], o[2], o[3], a0, a1, p[h][0]);
+        }
+      }
+    }
+  }
+}
+
+// Tokens [kv_begin, kv_end) of the sequence and this split's tile range [first, last) of them.
+struct DecodeRange {
+  int kv_begin, kv_end, first_tile, last_tile;
+};
+
+template <int kStep>
+__device__ __forceinline__ DecodeRange SplitRange(const DecodeParams& p, int seq, int split) {
+  const int seq_len = max(0, min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size));
+  DecodeRange r;
+  r.kv_end = seq_len;
+  r.kv_begin = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
+  const int first = r.kv_begin / kStep, last = (seq_len + kStep - 1) / kStep;
+  const int per_split = (last - first + p.num_splits - 1) / p.num_splits;
+  r.first_tile = first + split * per_split;
+  r.last_tile = min(r.first_tile + per_split, last);
+  return r;
+}
+
+// Writes the CTA's rows from the final [kRows][kHeadDim] tile in shared memory, or zeros / an
+// empty partial (lse = -inf) when the split has no key (`tile` == nullptr).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void WriteDecodeRows(const DecodeParams& p, int seq, int head0, int rows,
+                                                int split, const float* tile, const float* lse) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  if (p.num_splits == 1) {
+    for (int i = threadIdx.x; i < rows * kHeadDim / 8; i += Cfg::kThreads) {
+      const int r = i / (kHeadDim / 8), c = (i % (kHeadDim / 8)) * 8;
+      Bf16Vec<8> out;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        out.v[e] = __float2bfloat16_rn(tile != nullptr ? tile[r * kHeadDim + c + e] : 0.0f);
+      }
+      out.Store(p.out + seq * p.out_stride + static_cast<int64_t>(head0 + r) * kHeadDim + c);
+    }
+    return;
+  }
+  const int64_t row0 = static_cast<int64_t>(seq) * p.num_q_heads + head0;
+  if (tile != nullptr) {
+    for (int i = threadIdx.x; i < rows * kHeadDim / 4; i += Cfg::kThreads) {
+      const int r = i / (kHeadDim / 4), c = (i % (kHeadDim / 4)) * 4;
+      const float4 value = *reinterpret_cast<const float4*>(tile + r * kHeadDim + c);
+      *reinterpret_cast<float4*>(p.partial_out + ((row0 + r) * p.num_splits + split) * kHeadDim +
+                                 c) = value;
+    }
+  }
+  for (int r = threadIdx.x; r < rows; r += Cfg::kThreads) {
+    p.partial_lse[(row0 + r) * p.num_splits + split] = tile != nullptr ? lse[r] : kNegInf;
+  }
+}
+
+// Loads one tile's K and V (masked tokens' V as zeros: their rows may be stale or NaN, and
+// 0 * NaN would poison O) and runs it.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void DecodeStep(
+    const DecodeParams& p, const DecodeRange& range, int64_t row0, int tok0, int lane,
+    const uint4 (&q)[DecodeConfig<kHeadDim, kRows>::kHalves][DecodeConfig<kHeadDim, kRows>::kKVecs],
+    DecodeWarpState<kHeadDim, kRows>& st) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  const int g = lane / 4, t = lane % 4;
+  const __nv_bfloat16* k_tile = p.k_cache + row0 * kHeadDim + g * kHeadDim + 8 * t;
+  const __nv_bfloat16* v_tile = p.v_cache + row0 * kHeadDim + 2 * t * kHeadDim + 8 * g;
+  uint4 k[Cfg::kTokTiles][Cfg::kKVecs];
+  uint4 v[Cfg::kTokTiles][2][Cfg::kVVecs];
+  bool valid[Cfg::kTokTiles][2];
+#pragma unroll
+  for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kKVecs; ++i) {
+      k[tt][i] = LoadStreaming(k_tile + 8 * tt * kHeadDim + 32 * i);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = tok0 + 8 * tt + 2 * t + e;
+      valid[tt][e] = tok >= range.kv_begin && tok < range.kv_end;
+#pragma unroll
+      for (int jj = 0; jj < Cfg::kVVecs; ++jj) {
+        v[tt][e][jj] = valid[tt][e] ? LoadStreaming(v_tile + (8 * tt + e) * kHeadDim + 64 * jj)
+                                    : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+  DecodeTile<kHeadDim, kRows>(q, k, v, valid, p.scale_log2, t, st);
+}
+
+// Merges the four warps' states (2,3 -> 0,1, then 1 -> 0), normalises, and leaves the CTA's
+// [kRows][kHeadDim] output in shared memory slot 1 and the log2-sum-exps in sm.lse. Returns the
+// tile. Every thread of the CTA calls it.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ const float* MergeDecodeWarps(DecodeSmem<kHeadDim, kRows>& sm,
+                                                         DecodeWarpState<kHeadDim, kRows>& st,
+                                                         int warp, int lane) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  static_assert(Cfg::kWarps == 4);
+  if (warp >= 2) st.Store(sm, warp - 2, lane);
+  __syncthreads();
+  if (warp < 2) st.Merge(sm, warp, lane);
+  __syncthreads();
+  if (warp == 1) st.Store(sm, 0, lane);
+  __syncthreads();
+  float* tile = &sm.acc[1][0][0];  // slot 1 is free from here on
+  if (warp == 0) {
+    st.Merge(sm, 0, lane);
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int h = 0; h < Cfg::kHalves; ++h) {
+      const float l = QuadSum(st.l[h]);
+      if (t == 0) sm.lse[g + 8 * h] = l > 0.0f ? st.m[h] + __log2f(l) : kNegInf;
+      const float2 inv = HeadPairFromRows(l > 0.0f ? 1.0f / l : 0.0f, t);
+      const int head = 8 * h + 2 * t;
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        const int d = 8 * (g + 8 * (mt / 4)) + 2 * (mt % 4);
+        const float* o = st.o[mt][h];
+        *reinterpret_cast<float2*>(tile + head * kHeadDim + d) =
+            make_float2(o[0] * inv.x, o[2] * inv.x);
+        *reinterpret_cast<float2*>(tile + (head + 1) * kHeadDim + d) =
+            make_float2(o[1] * inv.y, o[3] * inv.y);
+      }
+    }
+  }
+  __syncthreads();
+  return tile;
+}
+
+template <int kHeadDim, int kRows>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads,
+                                  DecodeConfig<kHeadDim, kRows>::kMinCtasPerSm)
+    PagedDecodeKernel(const DecodeParams p) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  __shared__ DecodeSmem<kHeadDim, kRows> sm;
+  AllowDependentLaunch();
+  int index = blockIdx.x;
+  const int split = index % p.num_splits;
+  index /= p.num_splits;
+  const int part = index % p.num_parts;
+  index /= p.num_parts;
+  const int kv_head = index % p.num_kv_heads;
+  const int seq = index / p.num_kv_heads;
+  const int head0 = kv_head * p.group + part * kRows;
+  const int rows = min(kRows, p.group - part * kRows);
+  const DecodeRange range = SplitRange<Cfg::kStep>(p, seq, split);
+  if (range.first_tile >= range.last_tile) {  // CTA-uniform
+    WriteDecodeRows<kHeadDim, kRows>(p, seq, head0, rows, split, nullptr, nullptr);
+    return;
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  uint4 q[Cfg::kHalves][Cfg::kKVecs];
+  LoadDecodeQ<kHeadDim, kRows>(p, seq, head0, rows, lane, q);
+  DecodeWarpState<kHeadDim, kRows> st;
+  st.Init();
+
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int block_mask = (1 << p.log2_block_size) - 1;
+  int tile = range.first_tile + warp;
+  // The next tile's block id is fetched one tile ahead, so its latency hides behind a tile.
+  int block =
+      tile < range.last_tile ? __ldg(table + ((tile * Cfg::kStep) >> p.log2_block_size)) : 0;
+#pragma unroll 1
+  for (; tile < range.last_tile; tile += Cfg::kWarps) {
+    const int tok0 = tile * Cfg::kStep;
+    // Cache row of the tile's first token: (block, kv head) tile, then the row inside it.
+    const int64_t row0 =
+        ((static_cast<int64_t>(block) * p.num_kv_heads + kv_head) << p.log2_block_size) |
+        (tok0 & block_mask);
+    const int next = tile + Cfg::kWarps;
+    if (next < range.last_tile) block = __ldg(table + ((next * Cfg::kStep) >> p.log2_block_size));
+    DecodeStep<kHeadDim, kRows>(p, range, row0, tok0, lane, q, st);
+  }
+  const float* out_tile = MergeDecodeWarps<kHeadDim, kRows>(sm, st, warp, lane);
+  WriteDecodeRows<kHeadDim, kRows>(p, seq, head0, rows, split, out_tile, sm.lse);
+}
+
+// Merges the splits of one (sequence, q head) row per CTA: out = sum_s w_s o_s / sum_s w_s with
+// w_s = exp2(lse_s - max lse). Threads own 4 columns each and stride over the splits.
+template <int kHeadDim>
+__global__ void __launch_bounds__(128)
+    DecodeCombineKernel(const float* __restrict__ partial_out,
+                        const float* __restrict__ partial_lse, int num_splits, int num_q_heads,
+                        __nv_bfloat16* __restrict__ out, int64_t out_stride) {
+  constexpr int kCols = kHeadDim / 4;       // float4 columns of a row
+  constexpr int kSplitLanes = 128 / kCols;  // splits read in parallel
+  __shared__ float4 partial_sums[128];
+  WaitForPrerequisiteGrid();
+  const int64_t row = blockIdx.x;  // seq * num_q_heads + head
+  const float* lse = partial_lse + row * num_splits;
+  float max_lse = kNegInf;
+  for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse[s]);
+  const int col = threadIdx.x % kCols, lane_split = threadIdx.x / kCols;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (max_lse != kNegInf) {
+#pragma unroll 4
+    for (int s = lane_split; s < num_splits; s += kSplitLanes) {
+      const float lse_s = lse[s];
+      if (lse_s == kNegInf) continue;
+      const float w = exp2f(lse_s - max_lse);
+      const float4 o = *reinterpret_cast<const float4*>(
+          partial_out + (row * num_splits + s) * kHeadDim + 4 * col);
+      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+    }
+  }
+  partial_sums[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x >= kCols) return;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int r = 0; r < kSplitLanes; ++r) {
+    const float4 part = partial_sums[r * kCols + col];
+    sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
+  }
+  float weight = 0.0f;
+  if (max_lse != kNegInf) {
+    for (int s = 0; s < num_splits; ++s) {
+      if (lse[s] != kNegInf) weight += exp2f(lse[s] - max_lse);
+    }
+  }
+  const float inv = weight > 0.0f ? 1.0f / weight : 0.0f;
+  Bf16Vec<4> result;
+  result.v[0] = __float2bfloat16_rn(sum.x * inv);
+  result.v[1] = __float2bfloat16_rn(sum.y * inv);
+  result.v[2] = __float2bfloat16_rn(sum.z * inv);
+  result.v[3] = __float2bfloat16_rn(sum.w * inv);
+  const int64_t seq = row / num_q_heads, head = row % num_q_heads;
+  result.Store(out + seq * out_stride + head * kHeadDim + 4 * col);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill / verification (flash-attention 2 over the paged cache). Grid: (q tiles of 64 rows,
+// q heads, sequences), the latest q tiles (the most keys) first. Each of the 4 warps owns 16
+// query rows, held as A fragments in registers. K/V tiles of kBlockN tokens go through shared
+// memory with cp.async, double buffered, each 16-byte chunk placed at column chunk ^ (row % 8)
+// so ldmatrix reads are bank-conflict free; every chunk looks up its own block, so a tile may
+// span blocks or sit inside one. Tokens outside the CTA's key range are zero-filled and never
+// read from the cache. Reference: Tri Dao, "FlashAttention-2" (2023), Algorithm 1.
+
+struct PrefillParams {
+  const __nv_bfloat16* q;  // [num_tokens, num_q_heads, head_dim], row stride q_stride
+  int64_t q_stride;
+  const __nv_bfloat16* k_cache;
+  const __nv_bfloat16* v_cache;
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq;
+  const int32_t* cu_q_lens;  // [num_seqs + 1]
+  const int32_t* seq_lens;   // [num_seqs]
+  int32_t num_kv_heads;
+  int32_t group;
+  int32_t log2_block_size;
+  int32_t sliding_window;
+  float scale_log2;
+  __nv_bfloat16* out;  // [num_tokens, num_q_heads, head_dim], row stride out_stride
+  int64_t out_stride;
+};
+
+template <int kHeadDim>
+struct PrefillConfig {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kBlockM = 16 * kWarps;      // query rows per CTA
+  static constexpr int kBlockN = 4096 / kHeadDim;  // keys per tile: 8 KiB of K per stage
+  static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per K/V row
+  static constexpr int kKChunks = kHeadDim / 16;   // k16 steps of Q K^T
+  static constexpr int kSTiles = kBlockN / 8;      // n8 tiles of S
+  static constexpr int kOTiles = kHeadDim / 8;     // n8 tiles of O
+  static constexpr int kTileElems = kBlockN * kHeadDim;
+  static constexpr int kCopiesPerThread = kBlockN * kChunks / kThreads;
+  static_assert(kCopiesPerThread * kThreads == kBlockN * kChunks);
+};
+
+// Element offset of (row, 16-byte chunk) in a swizzled [rows][kHeadDim] tile.
+template <int kHeadDim>
+__device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Queues the copies of keys [tile * kBlockN, +kBlockN) into one stage; keys outside
+// [kv_lo, kv_hi) become zeros.
+template <int kHeadDim>
+__device__ __forceinline__ void LoadPrefillKvTile(const PrefillParams& p, const int32_t* table,
+                                                  int kv_head, int tile, int kv_lo, int kv_hi,
+                                                  __nv_bfloat16* k_stage, __nv_bfloat16* v_stage) {
+  using Cfg = PrefillConfig<kHeadDim>;
+  const int block_mask = (1 << p.log2_block_size) - 1;
+#pragma unroll
+  for (int i = 0; i < Cfg::kCopiesPerThread; ++i) {
+    const int index = threadIdx.x + i * Cfg::kThreads;
+    const int row = index / Cfg::kChunks, chunk = index % Cfg::kChunks;
+    const int tok = tile * Cfg::kBlockN + row;
+    const bool valid = tok >= kv_lo && tok < kv_hi;
+    int64_t offset = 0;
+    if (valid) {
+      const int64_t block = __ldg(table + (tok >> p.log2_block_size));
+      offset = (((block * p.num_kv_heads + kv_head) << p.log2_block_size) | (tok & block_mask)) *
+                   kHeadDim +
+               chunk * 8;
+    }
+    const int dst = SwizzledOffset<kHeadDim>(row, chunk);
+    CpAsync16(SmemAddr(k_stage + dst), p.k_cache + offset, valid);
+    CpAsync16(SmemAddr(v_stage + dst), p.v_cache + offset, valid);
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
+    PagedPrefillKernel(const PrefillParams p) {
+  using Cfg = PrefillConfig<kHeadDim>;
+  __shared__ alignas(128) __nv_bfloat16 k_smem[2][Cfg::kTileElems];
+  __shared__ alignas(128) __nv_bfloat16 v_smem[2][Cfg::kTileElems];
+  const int q_tile = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, seq = blockIdx.z;
+  const int q_begin = p.cu_q_lens[seq];
+  const int q_len = p.cu_q_lens[seq + 1] - q_begin;
+  const int m0 = q_tile * Cfg::kBlockM;
+  if (m0 >= q_len) return;
+  const int seq_len = min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size);
+  const int ctx = seq_len - q_len;  // position of query 0 (the cached context before the chunk)
+  const int kv_head = head / p.group;
+  // Keys any row of this CTA may see: [kv_lo, kv_hi).
+  const int kv_hi = min(seq_len, ctx + min(m0 + Cfg::kBlockM, q_len));
+  const int kv_lo = p.sliding_window > 0 ? max(0, ctx + m0 - p.sliding_window + 1) : 0;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+
+  // Q rows m0 + 16 warp + g (+ 8) as A fragments; rows past q_len are zeros.
+  uint32_t qf[Cfg::kKChunks][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = m0 + 16 * warp + g + 8 * h;
+    const __nv_bfloat16* src = p.q + static_cast<int64_t>(q_begin + qi) * p.q_stride +
+                               static_cast<int64_t>(head) * kHeadDim + 2 * t;
+#pragma unroll
+    for (int c = 0; c < Cfg::kKChunks; ++c) {
+      qf[c][h] = qi < q_len ? __ldg(reinterpret_cast<const uint32_t*>(src + 16 * c)) : 0u;
+      qf[c][2 + h] = qi < q_len ? __ldg(reinterpret_cast<const uint32_t*>(src + 16 * c + 8)) : 0u;
+    }
+  }
+  float o[Cfg::kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < Cfg::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  // Positions of this warp's first and last rows, for the tile-needs-a-mask test.
+  const int warp_pos_lo = ctx + m0 + 16 * warp, warp_pos_hi = warp_pos_lo + 15;
+
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int first_tile = kv_lo / Cfg::kBlockN;
+  const int num_tiles = max(0, (kv_hi + Cfg::kBlockN - 1) / Cfg::kBlockN - first_tile);
+  if (num_tiles > 0) {
+    LoadPrefillKvTile<kHeadDim>(p, table, kv_head, first_tile, kv_lo, kv_hi, k_smem[0], v_smem[0]);
+  }
+  CpAsyncCommit();
+  for (int it = 0; it < num_tiles; ++it) {
+    const int tile = first_tile + it, stage = it & 1;
+    if (it + 1 < num_tiles) {
+      LoadPrefillKvTile<kHeadDim>(p, table, kv_head, tile + 1, kv_lo, kv_hi, k_smem[stage ^ 1],
+                                  v_smem[stage ^ 1]);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // this tile's group has landed (the next one may be in flight)
+    __syncthreads();
+
+    // S = Q K^T: ldmatrix x4 gives B of two k-chunks for 8 keys.
+    float s[Cfg::kSTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < Cfg::kKChunks; c += 2) {
+        uint32_t b[4];
+        LdMatrixX4(b, SmemAddr(k_smem[stage] +
+                               SwizzledOffset<kHeadDim>(8 * nt + (lane & 7), 2 * c + (lane >> 3))));
+        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c][0], qf[c][1], qf[c][2], qf[c][3],
+                 b[0], b[1]);
+        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c + 1][0], qf[c + 1][1], qf[c + 1][2],
+                 qf[c + 1][3], b[2], b[3]);
+      }
+    }
+    // Causal and window mask (only where the tile reaches past a row's visible keys), scale.
+    const int key0 = tile * Cfg::kBlockN;
+    const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
+                            (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
+                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * nt + 2 * t + (e & 1);
+        const int pos = warp_pos_lo + g + 8 * (e >> 1);
+        const bool valid = !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
+                                           (p.sliding_window == 0 || key > pos - p.sliding_window));
+        s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = kNegInf;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+        tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      }
+      float m_use;
+      const float alpha = OnlineSoftmaxRescale(m[h], QuadMax(tile_max), m_use);
+      l[h] *= alpha;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          s[nt][2 * h + c] = exp2f(s[nt][2 * h + c] - m_use);
+          l[h] += s[nt][2 * h + c];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kOTiles; ++j) o[j][2 * h] *= alpha, o[j][2 * h + 1] *= alpha;
+    }
+    // O += P V: two n8 tiles of S form one k16 A fragment; ldmatrix.trans gives B of two
+    // head_dim n-tiles for 16 keys.
+#pragma unroll
+    for (int kc = 0; kc < Cfg::kBlockN / 16; ++kc) {
+      const uint32_t a0 = PackBf16x2(s[2 * kc][0], s[2 * kc][1]);
+      const uint32_t a1 = PackBf16x2(s[2 * kc][2], s[2 * kc][3]);
+      const uint32_t a2 = PackBf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      const uint32_t a3 = PackBf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int j = 0; j < Cfg::kOTiles; j += 2) {
+        uint32_t b[4];
+        LdMatrixX4Trans(
+            b, SmemAddr(v_smem[stage] +
+                        SwizzledOffset<kHeadDim>(16 * kc + 8 * ((lane >> 3) & 1) + (lane & 7),
+                                                 j + (lane >> 4))));
+        Mma16816(o[j][0], o[j][1], o[j][2], o[j][3], a0, a1, a2, a3, b[0], b[1]);
+        Mma16816(o[j + 1][0], o[j + 1][1], o[j + 1][2], o[j + 1][3], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float row_sum = QuadSum(l[h]);
+    const float inv_l = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    const int qi = m0 + 16 * warp + g + 8 * h;
+    if (qi >= q_len) continue;
+    __nv_bfloat16* dst = p.out + static_cast<int64_t>(q_begin + qi) * p.out_stride +
+                         static_cast<int64_t>(head) * kHeadDim + 2 * t;
+#pragma unroll
+    for (int j = 0; j < Cfg::kOTiles; ++j) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+          __floats2bfloat162_rn(o[j][2 * h] * inv_l, o[j][2 * h + 1] * inv_l);
+    }
+  }
+}
+
+}  // namespace specd::kernels::attention

@@ -1,0 +1,118 @@
+// Paged attention launchers for the CUDA backend (bf16 storage, fp32 math): the KV-cache write,
+// decode attention with split-KV (flash-decoding) and ragged causal attention over the paged
+// cache for prefill chunks and multi-token verification. References: kernels/ref/attention.h.
+// Any host thread; work is queued on `stream` and never allocates (scratch comes from the
+// caller's workspace), and no launch reads a host value that changes between steps, so a decode
+// step captured in a CUDA graph replays correctly with new sequence lengths and block tables.
+//
+// KV cache layout, per layer ("HND" as FlashInfer calls it; each head of a block is one
+// contiguous block_size x head_dim tile, so a CTA streams whole tiles):
+//   k_cache, v_cache  [num_blocks, num_kv_heads, block_size, head_dim] bf16
+// Token `pos` of a sequence lives in block block_table[pos / block_size], row pos % block_size.
+// A slot is block_id * block_size + row.
+// Vector access: q, out, key, value, the caches and the decode workspace are 16-byte aligned and
+// their row strides multiples of 8 elements (WriteKvCache falls back to scalar copies otherwise;
+// the attention launchers return cudaErrorInvalidValue). Kernels: attention.cuh.
+#pragma once
+
+#include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
+
+#include <cstddef>
+#include <cstdint>
+
+struct __nv_bfloat16;  // cuda_bf16.h, which host-only callers need not include
+
+namespace specd::kernels {
+
+// Shapes shared by the attention launchers. head_dim is 64, 128 or 256 (what Llama, Qwen and
+// Mistral use); num_q_heads a multiple of num_kv_heads (GQA; MQA and MHA included).
+struct AttentionShape {
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;      // tokens per KV block: 16 (the engine's default), 32 or 64
+  float scale = 0;             // softmax scale, 1/sqrt(head_dim) unless the model says otherwise
+  int32_t sliding_window = 0;  // > 0: a query at position p sees keys in (p - window, p]; 0: all
+};
+
+// Writes the new tokens' K and V into the cache (vLLM reshape_and_cache_flash).
+//   key, value   [num_tokens, num_kv_heads, head_dim] bf16, device, in; row strides key_stride,
+//                value_stride elements (so they can point into the fused qkv projection output)
+//   slot_mapping [num_tokens] int64, device, in: the slot of each token; < 0 skips the token
+//   k_cache, v_cache  see the layout above, device, out
+cudaError_t WriteKvCache(const __nv_bfloat16* key, int64_t key_stride, const __nv_bfloat16* value,
+                         int64_t value_stride, const int64_t* slot_mapping, int64_t num_tokens,
+                         const AttentionShape& shape, __nv_bfloat16* k_cache,
+                         __nv_bfloat16* v_cache, cudaStream_t stream);
+
+// Bytes of workspace PagedDecodeAttention needs for up to max_num_seqs sequences with
+// num_splits KV splits each (partial outputs and log-sum-exps in fp32); 0 for one split, which
+// writes `out` directly.
+size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
+                                 const AttentionShape& shape);
+
+// Split count a decode launch should use for num_seqs sequences of up to max_seq_len tokens on a
+// GPU with num_sms multiprocessors: enough CTAs to fill the chip, no split shorter than a block.
+// The CUDA-graph runner calls it once per batch-size bucket with the model's max_model_len.
+// Policy: one CTA per (sequence, kv head, split) (two or more for GQA groups over 16 q heads);
+// splits = the CTAs one wave of the chip holds at the kernel's occupancy / CTAs per split,
+// capped so a split spans at least max(64 tokens, a block) of max_seq_len (or of the sliding
+// window), at most 256, at least 1. Pure host arithmetic; no CUDA call.
+int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,
+                           const AttentionShape& shape);
+
+// One query token per sequence attends to the sequence's whole cached context (its own K/V
+// already written by WriteKvCache), split over `num_splits` CTAs along the context, then merged
+// by a second kernel through the log-sum-exps (flash-decoding; the merge kernel is a programmatic
+// dependent launch on sm_90, so it overlaps the first kernel's tail). A split whose part of the
+// context is empty writes an empty partial (lse = -inf); lengths come from the device, so one
+// graph serves every length up to max_blocks_per_seq * block_size (longer lengths are clipped to
+// it). A sequence with seq_len 0 (graph padding) gets a zero output.
+//   q             [num_seqs, num_q_heads, head_dim] bf16, device, in; row stride q_stride
+//   k_cache, v_cache  device, in
+//   block_tables  [num_seqs, max_blocks_per_seq] int32, device, in
+//   seq_lens      [num_seqs] int32, device, in: context length including the query token (>= 1)
+//   out           [num_seqs, num_q_heads, head_dim] bf16, device, out; row stride out_stride
+//   workspace     >= PagedDecodeWorkspaceBytes(num_seqs, num_splits, shape) bytes, device
+// cudaErrorInvalidValue for an unsupported head_dim / block_size, a head count that is not a
+// multiple, num_splits < 1 or > 256, a misaligned pointer or stride, or a workspace too small
+// (ignored, may be null, with one split); num_seqs == 0 launches nothing.
+cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                 const int32_t* seq_lens, int32_t num_seqs, int32_t num_splits,
+                                 const AttentionShape& shape, __nv_bfloat16* out,
+                                 int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream);
+
+// Bytes of workspace PagedPrefillAttention needs (0 if it needs none: today always 0).
+size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
+                                  const AttentionShape& shape);
+
+// Ragged causal attention over the paged cache: sequence s has q_lens[s] = cu_q_lens[s+1] -
+// cu_q_lens[s] new query tokens at positions seq_lens[s] - q_len[s] ... seq_lens[s] - 1 (their
+// K/V already written), and query i sees every cached key at a position <= its own (and inside
+// the sliding window). Covers a whole prompt, a chunk of a long prompt after earlier chunks, and
+// K+1 verification queries. Tensor cores (bf16 mma, fp32 accumulation), flash-attention-2 style
+// online softmax over KV tiles.
+//   q             [num_tokens, num_q_heads, head_dim] bf16, device, in; row stride q_stride
+//   cu_q_lens     [num_seqs + 1] int32, device, in: prefix sums of query counts, cu_q_lens[0] = 0
+//   seq_lens      [num_seqs] int32, device, in: context length after this step
+//   block_tables  [num_seqs, max_blocks_per_seq] int32, device, in
+//   max_q_len     the largest q_len (host; sizes the grid); queries past it are not computed
+//   out           [num_tokens, num_q_heads, head_dim] bf16, device, out; row stride out_stride
+// Grid: (ceil(max_q_len / 64), num_q_heads, num_seqs); each CTA reads only the keys its 64
+// queries can see (causal tiles past the last query and tiles before the window are skipped).
+// cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, or
+// num_seqs / num_q_heads > 65535; nothing to do (no tokens, sequences or queries) launches
+// nothing. The workspace arguments are unused.
+cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                  const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                  const int32_t* cu_q_lens, const int32_t* seq_lens,
+                                  int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
+                                  const AttentionShape& shape, __nv_bfloat16* out,
+                                  int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream);
+
+}  // namespace specd::kernels

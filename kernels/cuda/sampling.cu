@@ -1,0 +1,77 @@
+// Sampling launchers (layer 2): validate, pick the load width, launch, report.
+#include <climits>
+
+#include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/sampling.h"
+
+namespace specd::kernels {
+namespace {
+
+// Every row starts 16 bytes aligned.
+bool RowsVec4(const float* logits, int64_t stride) {
+  return IsAligned(logits, 16) && stride % 4 == 0;
+}
+
+bool ValidRows(int64_t stride, int32_t num_rows, int32_t vocab) {
+  return vocab >= 1 && stride >= vocab && num_rows >= 0;
+}
+
+}  // namespace
+
+cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                       int32_t* out_ids, cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab)) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  ArgmaxRowsKernel<<<static_cast<unsigned>(num_rows), kArgmaxThreads, 0, stream>>>(
+      logits, stride, vocab, RowsVec4(logits, stride), out_ids);
+  return cudaGetLastError();
+}
+
+size_t PenaltyWorkspaceBytes(int32_t num_rows, int32_t vocab) {
+  if (num_rows <= 0 || vocab <= 0) return 0;
+  return static_cast<size_t>(num_rows) * static_cast<size_t>(vocab) * sizeof(uint32_t);
+}
+
+cudaError_t ApplyPenalties(float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const int32_t* prompt_ids, const int32_t* prompt_offsets,
+                           const int32_t* output_ids, const int32_t* output_offsets,
+                           const float* penalties, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) ||
+      workspace_bytes < PenaltyWorkspaceBytes(num_rows, vocab) ||
+      !IsAligned(workspace, alignof(uint32_t))) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_rows == 0) return cudaSuccess;
+  ApplyPenaltiesKernel<<<static_cast<unsigned>(num_rows), kPenaltyThreads, 0, stream>>>(
+      logits, stride, vocab, prompt_ids, prompt_offsets, output_ids, output_offsets, penalties,
+      static_cast<uint32_t*>(workspace));
+  return cudaGetLastError();
+}
+
+size_t SampleWorkspaceBytes(int32_t /*num_rows*/, int32_t /*vocab*/) { return 0; }
+
+cudaError_t SampleRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                       const SamplingRow* rows, int32_t* out_ids, float* out_logprobs,
+                       void* /*workspace*/, size_t workspace_bytes, cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) || vocab > kMaxSampleVocab ||
+      workspace_bytes < SampleWorkspaceBytes(num_rows, vocab)) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_rows == 0) return cudaSuccess;
+  SampleRowsKernel<<<static_cast<unsigned>(num_rows), kSampleThreads, 0, stream>>>(
+      logits, stride, vocab, RowsVec4(logits, stride), rows, out_ids, out_logprobs);
+  return cudaGetLastError();
+}
+
+cudaError_t SampleUniforms(const SamplingRow* rows, int32_t num_rows, double* out,
+                           cudaStream_t stream) {
+  if (num_rows < 0) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  SampleUniformsKernel<<<static_cast<unsigned>(CeilDiv(num_rows, kThreads)), kThreads, 0, stream>>>(
+      rows, num_rows, out);
+  return cudaGetLastError();
+}
+
+}  // namespace specd::kernels

@@ -1,0 +1,94 @@
+// Logits processing and sampling launchers for the CUDA backend (fp32 logits, one row per
+// sequence). References: kernels/ref/sampling.h, which also spells out the exact sampling
+// definition (filters, ties, the token-id-order draw). Any host thread; queued on `stream`, no
+// allocation (scratch from the caller's workspace); graph-capturable. The order of operations is
+// the CPU Sampler's (engine/sample/sampler.h, vLLM's): penalties, then temperature, then
+// min-p / top-k / top-p on the tempered distribution, then the draw. Launchers return
+// cudaErrorInvalidValue for sizes they cannot run (and queue nothing); they cannot check device
+// contents (offsets, ids), which the caller guarantees.
+#pragma once
+
+#include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
+
+#include <cstddef>
+#include <cstdint>
+
+namespace specd::kernels {
+
+// Index of the largest logit of each row; ties go to the lowest index (as torch.argmax and the
+// CPU sampler); NaN counts as -inf. One block per row, 16-byte loads when logits is 16-byte
+// aligned and stride % 4 == 0.
+//   logits  [num_rows, vocab] f32, device, in; row stride `stride` elements
+//   out_ids [num_rows] int32, device, out
+// cudaErrorInvalidValue unless 1 <= vocab <= stride and num_rows >= 0.
+cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                       int32_t* out_ids, cudaStream_t stream);
+
+// Repetition, presence and frequency penalties in place (vLLM's apply_penalties):
+// for every token t that occurs in the row's prompt or output: repetition penalty r divides a
+// positive logit by r and multiplies a negative one by r; for tokens in the output with count c:
+// logit -= frequency * c + presence * (c > 0).
+// Token lists are CSR: the row's prompt ids are prompt_ids[prompt_offsets[r] ...
+// prompt_offsets[r+1]), its output ids output_ids[output_offsets[r] ... output_offsets[r+1]).
+// Every distinct token gets the repetition penalty once, whatever its duplicates; ids outside
+// [0, vocab) are ignored. Results equal the CPU Sampler's bit for bit.
+//   logits    [num_rows, vocab] f32, device, in/out; row stride `stride`
+//   prompt_ids / output_ids  int32, device, in; prompt_offsets / output_offsets [num_rows + 1]
+//   penalties [num_rows, 3] f32, device, in: repetition, presence, frequency (1, 0, 0 = off)
+//   workspace >= PenaltyWorkspaceBytes(num_rows, vocab) bytes, device, 4-byte aligned: a
+//             [num_rows, vocab] uint32 count per token; any contents (only the listed tokens'
+//             entries are used, and they are zeroed first)
+// One block per row; work is O(prompt + output length), not O(vocab).
+size_t PenaltyWorkspaceBytes(int32_t num_rows, int32_t vocab);
+cudaError_t ApplyPenalties(float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const int32_t* prompt_ids, const int32_t* prompt_offsets,
+                           const int32_t* output_ids, const int32_t* output_offsets,
+                           const float* penalties, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream);
+
+// Per-row sampling parameters, device-resident. temperature 0 means greedy (argmax; the other
+// fields are ignored). top_k 0 = off, top_p 1 = off, min_p 0 = off.
+struct SamplingRow {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  uint64_t seed;    // Philox4x32-10 key
+  uint64_t offset;  // Philox counter: the caller passes the number of tokens drawn so far, so a
+                    // seeded request is reproducible whatever batch it runs in
+};
+
+// Scratch bytes SampleRows needs for num_rows rows of vocab logits (0 today: all scratch is in
+// shared memory; the workspace may then be null).
+size_t SampleWorkspaceBytes(int32_t num_rows, int32_t vocab);
+
+// Draws one token per row from softmax(logits / temperature) restricted by min-p, top-k and
+// top-p (filters apply to the tempered distribution; a token survives top-p if the mass of
+// strictly more probable tokens is < top_p; ties at a cut are kept), with a uniform from Philox
+// (seed, offset). Writes the id and, when out_logprobs is not null, the log-probability of the
+// drawn token under the unfiltered, untempered softmax of the (penalized) logits. The draw
+// walks the kept tokens in ascending id order (kernels/ref/sampling.h, step 4). NaN logits count
+// as -inf, so a token can be banned by writing 0xffffffff over it (cudaMemsetAsync).
+// Algorithm: one block of 1024 threads per row, no sort. Pass 1 finds the max, the argmax and
+// the raw softmax sum; the top-k threshold is a 3-pass radix select (11/11/10-bit digits of p's
+// fp32 bits) over count histograms, the top-p threshold a 3-pass radix select over mass
+// histograms; the draw is one pass of per-warp kept mass plus three short levels of a 32-way
+// search. Masses are summed in 2^-40 fixed point, so results do not depend on summation order:
+// a seeded row is reproducible bit for bit. Up to 8 passes over the row (2 without top-k/top-p).
+// The uniform is ref::PhiloxUniform(seed, offset) (kernels/ref/sampling.h).
+//   logits  [num_rows, vocab] f32, device, in (not modified); row stride `stride`
+//   rows    [num_rows] SamplingRow, device, in
+//   out_ids [num_rows] int32, device, out; out_logprobs [num_rows] f32, device, out or null
+// cudaErrorInvalidValue unless 1 <= vocab <= min(stride, 2^23), num_rows >= 0 and the workspace
+// is large enough.
+cudaError_t SampleRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                       const SamplingRow* rows, int32_t* out_ids, float* out_logprobs,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The uniform in [0, 1) SampleRows draws for each row (ref::PhiloxUniform(seed, offset)), for
+// tests and for callers that accept or reject with the same stream of randomness.
+//   rows [num_rows] SamplingRow, device, in;  out [num_rows] f64, device, out
+cudaError_t SampleUniforms(const SamplingRow* rows, int32_t num_rows, double* out,
+                           cudaStream_t stream);
+
+}  // namespace specd::kernels

@@ -1,0 +1,291 @@
+#include "kernels/ref/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace specd::kernels::ref {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::vector<double> RandomValues(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> values(n);
+  for (double& v : values) v = dist(rng);
+  return values;
+}
+
+// Sequences with their contiguous K/V and the same K/V scattered over a paged cache through
+// random block tables. Every slot no token was written to holds NaN, so a read of a wrong slot
+// turns the output into NaN.
+struct PagedSequences {
+  AttentionShape shape;
+  std::vector<int32_t> seq_lens;
+  std::vector<std::vector<double>> keys, values;  // per sequence: [seq_len, num_kv_heads, d]
+  int64_t max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq]
+  std::vector<double> k_cache, v_cache;
+
+  PagedSequences(const AttentionShape& s, std::vector<int32_t> lens, std::mt19937_64& rng)
+      : shape(s), seq_lens(std::move(lens)) {
+    const int64_t row = s.num_kv_heads * s.head_dim;
+    int64_t num_used = 0;
+    for (int32_t len : seq_lens) {
+      max_blocks_per_seq =
+          std::max<int64_t>(max_blocks_per_seq, (len + s.block_size - 1) / s.block_size);
+      num_used += (len + s.block_size - 1) / s.block_size;
+    }
+    const int64_t num_blocks = num_used + 3;  // spare blocks nobody owns
+    std::vector<int32_t> free_blocks(num_blocks);
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    block_tables.assign(seq_lens.size() * max_blocks_per_seq, -1);
+    k_cache.assign(num_blocks * row * s.block_size, kNaN);
+    v_cache = k_cache;
+    size_t next_free = 0;
+    for (size_t i = 0; i < seq_lens.size(); ++i) {
+      const int32_t len = seq_lens[i];
+      keys.push_back(RandomValues(len * row, rng));
+      values.push_back(RandomValues(len * row, rng));
+      std::vector<int64_t> slots(len);
+      for (int32_t pos = 0; pos < len; ++pos) {
+        int32_t& block = block_tables[i * max_blocks_per_seq + pos / s.block_size];
+        if (pos % s.block_size == 0) block = free_blocks[next_free++];
+        slots[pos] = static_cast<int64_t>(block) * s.block_size + pos % s.block_size;
+      }
+      WriteKvCache(keys[i].data(), row, values[i].data(), row, slots.data(), len, shape,
+                   k_cache.data(), v_cache.data());
+    }
+  }
+};
+
+// Dense causal attention of one sequence's q_len last positions on contiguous K/V, written
+// independently of the paged reference: a full score matrix with an explicit mask.
+//   q  [q_len, num_q_heads, d];  k, v  [seq_len, num_kv_heads, d];  returns [q_len, num_q_heads, d]
+std::vector<double> DenseCausalAttention(const std::vector<double>& q, const std::vector<double>& k,
+                                         const std::vector<double>& v, int64_t q_len,
+                                         int64_t seq_len, const AttentionShape& s) {
+  const int64_t d = s.head_dim, hq = s.num_q_heads, hkv = s.num_kv_heads;
+  std::vector<double> out(q_len * hq * d, 0.0);
+  for (int64_t i = 0; i < q_len; ++i) {
+    const int64_t pos = seq_len - q_len + i;
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t kvh = h / (hq / hkv);
+      std::vector<double> scores(seq_len, -std::numeric_limits<double>::infinity());
+      for (int64_t j = 0; j < seq_len; ++j) {
+        const bool visible = j <= pos && (s.sliding_window == 0 || pos - j < s.sliding_window);
+        if (!visible) continue;
+        double dot = 0;
+        for (int64_t x = 0; x < d; ++x) dot += q[(i * hq + h) * d + x] * k[(j * hkv + kvh) * d + x];
+        scores[j] = dot * s.scale;
+      }
+      const double max_score = *std::max_element(scores.begin(), scores.end());
+      double sum = 0;
+      for (double& sc : scores) sum += (sc = std::exp(sc - max_score));
+      for (int64_t j = 0; j < seq_len; ++j) {
+        for (int64_t x = 0; x < d; ++x) {
+          out[(i * hq + h) * d + x] += scores[j] / sum * v[(j * hkv + kvh) * d + x];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Runs the paged prefill reference over all sequences with the given query counts and checks
+// every output against the dense attention.
+void ExpectPrefillMatchesDense(const AttentionShape& shape, const std::vector<int32_t>& seq_lens,
+                               const std::vector<int32_t>& q_lens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  PagedSequences seqs(shape, seq_lens, rng);
+  std::vector<int32_t> cu_q_lens = {0};
+  for (int32_t n : q_lens) cu_q_lens.push_back(cu_q_lens.back() + n);
+  const int64_t num_tokens = cu_q_lens.back(), row = shape.num_q_heads * shape.head_dim;
+  // Strided rows (as views into a fused qkv output) to exercise q_stride and out_stride.
+  const int64_t q_stride = row + 8, out_stride = row + 4;
+  const std::vector<double> q = RandomValues(num_tokens * q_stride, rng);
+  std::vector<double> out(num_tokens * out_stride, kNaN);
+  PagedPrefillAttention(q.data(), q_stride, seqs.k_cache.data(), seqs.v_cache.data(),
+                        seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
+                        seq_lens.data(), static_cast<int64_t>(seq_lens.size()), shape, out.data(),
+                        out_stride);
+  for (size_t s = 0; s < seq_lens.size(); ++s) {
+    std::vector<double> seq_q;
+    for (int32_t t = cu_q_lens[s]; t < cu_q_lens[s + 1]; ++t) {
+      seq_q.insert(seq_q.end(), q.begin() + t * q_stride, q.begin() + t * q_stride + row);
+    }
+    const auto dense =
+        DenseCausalAttention(seq_q, seqs.keys[s], seqs.values[s], q_lens[s], seq_lens[s], shape);
+    for (int32_t i = 0; i < q_lens[s]; ++i) {
+      for (int64_t x = 0; x < row; ++x) {
+        ASSERT_NEAR(out[(cu_q_lens[s] + i) * out_stride + x], dense[i * row + x], 1e-12)
+            << "seq " << s << " query " << i << " element " << x;
+      }
+    }
+  }
+}
+
+AttentionShape Shape(int64_t hq, int64_t hkv, int64_t d, int64_t block_size, int64_t window) {
+  return {hq, hkv, d, block_size, 1.3 / std::sqrt(static_cast<double>(d)), window};
+}
+
+// Slots 3 (block 1, row 1), -1 (skipped) and 0 (block 0, row 0) with 2 kv heads of 2 values:
+// head h of a block is the block_size x head_dim tile at (block * heads + h) * block_size rows.
+TEST(WriteKvCacheRefTest, PlacesRowsInHndTilesAndSkipsNegativeSlots) {
+  const AttentionShape shape = Shape(2, 2, 2, 2, 0);
+  const std::vector<double> key = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const std::vector<double> value = {-1, -2, -3, -4, -5, -6, -7, -8, -9, -10, -11, -12};
+  const std::vector<int64_t> slots = {3, -1, 0};
+  std::vector<double> k_cache(16, 0), v_cache(16, 0);
+  WriteKvCache(key.data(), 4, value.data(), 4, slots.data(), 3, shape, k_cache.data(),
+               v_cache.data());
+  //                                  block 0: head 0 rows 0,1 | head 1 | block 1: head 0 | head 1
+  EXPECT_EQ(k_cache, (std::vector<double>{9, 10, 0, 0, 11, 12, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4}));
+  EXPECT_EQ(v_cache,
+            (std::vector<double>{-9, -10, 0, 0, -11, -12, 0, 0, 0, 0, -1, -2, 0, 0, -3, -4}));
+}
+
+// q is orthogonal to both keys: equal scores, so the output is the mean of the two values.
+TEST(PagedDecodeRefTest, EqualScoresAverageTheValues) {
+  const AttentionShape shape = Shape(1, 1, 2, 16, 0);
+  std::vector<double> k_cache(32, kNaN), v_cache(32, kNaN);
+  k_cache[0] = 1, k_cache[1] = 0, k_cache[2] = -1, k_cache[3] = 0;
+  v_cache[0] = 2, v_cache[1] = 4, v_cache[2] = 6, v_cache[3] = -8;
+  const std::vector<double> q = {0, 5};
+  const std::vector<int32_t> block_table = {0}, seq_len = {2};
+  std::vector<double> out(2);
+  PagedDecodeAttention(q.data(), 2, k_cache.data(), v_cache.data(), block_table.data(), 1,
+                       seq_len.data(), 1, shape, out.data(), 2);
+  EXPECT_NEAR(out[0], 4.0, 1e-15);
+  EXPECT_NEAR(out[1], -2.0, 1e-15);
+}
+
+TEST(PagedPrefillRefTest, WholePromptsMatchDenseCausalAttention) {
+  ExpectPrefillMatchesDense(Shape(2, 2, 8, 4, 0), {13, 1, 8}, {13, 1, 8}, 1);
+}
+
+// Chunked prefill and verification: each chunk's queries follow a cached context and see it.
+TEST(PagedPrefillRefTest, ChunksAfterCachedContextMatchDenseCausalAttention) {
+  ExpectPrefillMatchesDense(Shape(2, 2, 8, 4, 0), {21, 9, 30, 5}, {6, 9, 1, 3}, 2);
+}
+
+// Query head h reads kv head h / group (not h % num_kv_heads): checked against MHA with every
+// kv head repeated `group` times.
+TEST(PagedPrefillRefTest, GroupedQueryHeadsShareTheirKvHead) {
+  ExpectPrefillMatchesDense(Shape(8, 2, 8, 4, 0), {17, 11}, {5, 11}, 3);
+
+  std::mt19937_64 rng(4);
+  const AttentionShape gqa = Shape(6, 2, 4, 4, 0), mha = Shape(6, 6, 4, 4, 0);
+  const std::vector<int32_t> seq_lens = {10}, cu_q_lens = {0, 4};
+  PagedSequences seqs(gqa, seq_lens, rng);
+  std::vector<double> k_mha, v_mha;  // [10, 6, 4]: kv head h / 3 in head h
+  for (int32_t pos = 0; pos < 10; ++pos) {
+    for (int h = 0; h < 6; ++h) {
+      const auto k = seqs.keys[0].begin() + (pos * 2 + h / 3) * 4;
+      const auto v = seqs.values[0].begin() + (pos * 2 + h / 3) * 4;
+      k_mha.insert(k_mha.end(), k, k + 4);
+      v_mha.insert(v_mha.end(), v, v + 4);
+    }
+  }
+  const std::vector<double> q = RandomValues(4 * 24, rng);
+  std::vector<double> out(4 * 24);
+  PagedPrefillAttention(q.data(), 24, seqs.k_cache.data(), seqs.v_cache.data(),
+                        seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
+                        seq_lens.data(), 1, gqa, out.data(), 24);
+  const auto expected = DenseCausalAttention(q, k_mha, v_mha, 4, 10, mha);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-12) << i;
+}
+
+TEST(PagedPrefillRefTest, SlidingWindowMatchesDenseAttentionWithTheWindowMask) {
+  ExpectPrefillMatchesDense(Shape(4, 2, 8, 4, 5), {23, 7, 12}, {23, 2, 9}, 5);
+  ExpectPrefillMatchesDense(Shape(4, 1, 8, 8, 1), {9}, {9}, 6);
+}
+
+// A window of 1 leaves each query only its own key: the output is its own value row.
+TEST(PagedPrefillRefTest, WindowOfOneReturnsTheQuerysOwnValue) {
+  std::mt19937_64 rng(7);
+  const AttentionShape shape = Shape(2, 1, 4, 4, 1);
+  const std::vector<int32_t> seq_lens = {6}, cu_q_lens = {0, 3};
+  PagedSequences seqs(shape, seq_lens, rng);
+  const std::vector<double> q = RandomValues(3 * 8, rng);
+  std::vector<double> out(3 * 8);
+  PagedPrefillAttention(q.data(), 8, seqs.k_cache.data(), seqs.v_cache.data(),
+                        seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
+                        seq_lens.data(), 1, shape, out.data(), 8);
+  for (int i = 0; i < 3; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      for (int x = 0; x < 4; ++x) {
+        EXPECT_DOUBLE_EQ(out[(i * 2 + h) * 4 + x], seqs.values[0][(3 + i) * 4 + x]);
+      }
+    }
+  }
+}
+
+// Decode is the q_len = 1 case of prefill: compared with the last query of whole-prompt prefill
+// and with dense attention, with and without a window, over several block sizes.
+TEST(PagedDecodeRefTest, MatchesLastPrefillQueryAndDenseAttention) {
+  for (const int64_t window : {0, 6}) {
+    for (const int64_t block_size : {1, 4, 16}) {
+      std::mt19937_64 rng(8 + block_size);
+      const AttentionShape shape = Shape(4, 2, 8, block_size, window);
+      const std::vector<int32_t> seq_lens = {19, 1, 33};
+      PagedSequences seqs(shape, seq_lens, rng);
+      const int64_t row = 32;
+      const std::vector<double> q = RandomValues(3 * row, rng);
+      std::vector<double> decode_out(3 * row, kNaN);
+      PagedDecodeAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
+                           seqs.block_tables.data(), seqs.max_blocks_per_seq, seq_lens.data(), 3,
+                           shape, decode_out.data(), row);
+      const std::vector<int32_t> cu_q_lens = {0, 1, 2, 3};
+      std::vector<double> prefill_out(3 * row, kNaN);
+      PagedPrefillAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
+                            seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
+                            seq_lens.data(), 3, shape, prefill_out.data(), row);
+      EXPECT_EQ(decode_out, prefill_out);
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<double> seq_q(q.begin() + s * row, q.begin() + (s + 1) * row);
+        const auto dense =
+            DenseCausalAttention(seq_q, seqs.keys[s], seqs.values[s], 1, seq_lens[s], shape);
+        for (int64_t x = 0; x < row; ++x) {
+          ASSERT_NEAR(decode_out[s * row + x], dense[x], 1e-12)
+              << "window " << window << " block " << block_size << " seq " << s;
+        }
+      }
+    }
+  }
+}
+
+// kBf16 perturbs each probability by at most 2^-8 relative (half a bf16 ulp), so the output moves
+// by at most 2^-8 * max|v| = 2^-8 (the normaliser is unrounded), and it does move.
+TEST(PagedDecodeRefTest, Bf16ProbabilitiesStayWithinTheirRoundingOfExact) {
+  std::mt19937_64 rng(9);
+  const AttentionShape shape = Shape(4, 2, 16, 16, 0);
+  const std::vector<int32_t> seq_lens = {100};
+  PagedSequences seqs(shape, seq_lens, rng);
+  std::vector<float> k_cache(seqs.k_cache.begin(), seqs.k_cache.end());
+  std::vector<float> v_cache(seqs.v_cache.begin(), seqs.v_cache.end());
+  const auto q64 = RandomValues(64, rng);
+  const std::vector<float> q(q64.begin(), q64.end());
+  std::vector<float> exact(64), rounded(64);
+  for (auto [rounding, out] :
+       {std::pair{ProbRounding::kExact, &exact}, std::pair{ProbRounding::kBf16, &rounded}}) {
+    PagedDecodeAttention(q.data(), 64, k_cache.data(), v_cache.data(), seqs.block_tables.data(),
+                         seqs.max_blocks_per_seq, seq_lens.data(), 1, shape, out->data(), 64,
+                         rounding);
+  }
+  double max_diff = 0;
+  for (int i = 0; i < 64; ++i)
+    max_diff = std::max<double>(max_diff, std::abs(exact[i] - rounded[i]));
+  EXPECT_GT(max_diff, 0.0);
+  EXPECT_LE(max_diff, std::ldexp(1.0, -8) + 1e-5);
+}
+
+}  // namespace
+}  // namespace specd::kernels::ref

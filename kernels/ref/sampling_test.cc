@@ -1,0 +1,232 @@
+#include "kernels/ref/sampling.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace specd::kernels::ref {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Logits whose tempered (T = 1) probabilities relative to the largest are exactly `p` (up to
+// exp/log rounding): l_i = log(p_i), with max p = 1.
+std::vector<double> LogitsFor(const std::vector<double>& p) {
+  std::vector<double> logits;
+  for (double v : p) logits.push_back(v > 0 ? std::log(v) : -kInf);
+  return logits;
+}
+
+std::vector<int32_t> KeptIds(const FilteredRow<double>& row) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < row.kept.size(); ++i) {
+    if (row.kept[i] > 0) ids.push_back(static_cast<int32_t>(i));
+  }
+  return ids;
+}
+
+SampleParams Params(float temperature, int32_t top_k, float top_p, float min_p) {
+  return SampleParams{temperature, top_k, top_p, min_p};
+}
+
+// Random123 tests/kat_vectors, the three "philox4x32 10" lines (counter, key, expected).
+TEST(PhiloxTest, MatchesRandom123KnownAnswers) {
+  struct Kat {
+    Philox4x32Block counter;
+    uint32_t key0, key1;
+    Philox4x32Block expected;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       0xffffffff,
+       0xffffffff,
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       0xa4093822,
+       0x299f31d0,
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Kat& kat : kats) {
+    const Philox4x32Block out = Philox4x32_10(kat.counter, kat.key0, kat.key1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.v[i], kat.expected.v[i]) << i;
+  }
+}
+
+TEST(PhiloxTest, UniformIsTopBitsOfTheFirstTwoWords) {
+  // seed 0, offset 0: the first KAT block, words 0x6627e8d5 0xe169c58d.
+  EXPECT_EQ(PhiloxUniform(0, 0), static_cast<double>(0x6627e8d5e169c58dull >> 11) * 0x1.0p-53);
+  EXPECT_EQ(PhiloxUniform(0, 0), 0.3990464708489645);
+  // Counter words 0/1 come from the offset, key words from the seed.
+  const Philox4x32Block b = Philox4x32_10({{7, 1, 0, 0}}, 5, 2);
+  EXPECT_EQ(PhiloxUniform((uint64_t{2} << 32) | 5, (uint64_t{1} << 32) | 7),
+            static_cast<double>(((uint64_t{b.v[0]} << 32) | b.v[1]) >> 11) * 0x1.0p-53);
+  double sum = 0;
+  for (uint64_t offset = 0; offset < 1000; ++offset) {
+    const double u = PhiloxUniform(42, offset);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 1000, 0.5, 0.05);
+  EXPECT_NE(PhiloxUniform(42, 0), PhiloxUniform(43, 0));
+}
+
+TEST(ArgmaxRowsTest, TiesGoToTheLowestIndexAndNanIsIgnored) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Rows of 4 with stride 5 (the fifth element is padding that must be ignored).
+  const std::vector<double> logits = {1,     3,     3,     2,     9,  //
+                                      nan,   0,     -1,    0,     9,  //
+                                      -kInf, -kInf, -kInf, -kInf, 9};
+  std::vector<int32_t> ids(3, -1);
+  ArgmaxRows(logits.data(), 5, 3, 4, ids.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 1, 0}));
+}
+
+TEST(ApplyPenaltiesTest, RepetitionOncePerTokenFrequencyPerOccurrence) {
+  // Row 0: prompt {1, 1, 3}, output {1, 2, 2, 2, 7 (out of range), -1}.
+  // Row 1: penalties off. Row 2: repetition only, prompt {0}, no output.
+  std::vector<float> logits = {1, 2, -2, 4, 5, 1, 2, -2, 4, 5, -3, 2, -2, 4, 5};
+  const std::vector<int32_t> prompt_ids = {1, 1, 3, 2, 0};
+  const std::vector<int32_t> prompt_offsets = {0, 3, 4, 5};
+  const std::vector<int32_t> output_ids = {1, 2, 2, 2, 7, -1, 0};
+  const std::vector<int32_t> output_offsets = {0, 6, 7, 7};
+  const std::vector<float> penalties = {2.0f, 0.5f, 0.25f, 1.0f, 0.0f, 0.0f, 1.5f, 0.0f, 0.0f};
+  ApplyPenalties(logits.data(), 5, 3, 5, prompt_ids.data(), prompt_offsets.data(),
+                 output_ids.data(), output_offsets.data(), penalties.data());
+  // Token 1: in prompt twice and output once: 2 / 2 = 1, then - (0.25 * 1 + 0.5) = 0.25.
+  // Token 2: output three times, negative: -2 * 2 = -4, then - (0.25 * 3 + 0.5) = -5.25.
+  // Token 3: prompt only: 4 / 2 = 2. Tokens 0 and 4: untouched.
+  EXPECT_EQ(logits[0], 1.0f);
+  EXPECT_EQ(logits[1], 0.25f);
+  EXPECT_EQ(logits[2], -5.25f);
+  EXPECT_EQ(logits[3], 2.0f);
+  EXPECT_EQ(logits[4], 5.0f);
+  EXPECT_EQ(std::vector<float>(logits.begin() + 5, logits.begin() + 10),
+            (std::vector<float>{1, 2, -2, 4, 5}));
+  EXPECT_EQ(std::vector<float>(logits.begin() + 10, logits.end()),
+            (std::vector<float>{-4.5f, 2, -2, 4, 5}));
+}
+
+TEST(FilterRowTest, TopKKeepsTiesAtTheCut) {
+  const std::vector<double> logits = {3, 2, 2, 1, 0};
+  const FilteredRow<double> row = FilterRow(logits.data(), 5, Params(1, 2, 1, 0));
+  EXPECT_EQ(KeptIds(row), (std::vector<int32_t>{0, 1, 2}));
+  const FilteredRow<double> top1 = FilterRow(logits.data(), 5, Params(1, 1, 1, 0));
+  EXPECT_EQ(KeptIds(top1), (std::vector<int32_t>{0}));
+  const FilteredRow<double> all = FilterRow(logits.data(), 5, Params(1, 5, 1, 0));
+  EXPECT_EQ(KeptIds(all), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(FilterRowTest, MinPIsRelativeToTheMostProbableToken) {
+  const std::vector<double> logits = LogitsFor({0.3, 1.0, 0.6, 0.45, 0.1});
+  const FilteredRow<double> row = FilterRow(logits.data(), 5, Params(1, 0, 1, 0.5f));
+  EXPECT_EQ(KeptIds(row), (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(row.kept_mass, 1.6, 1e-12);
+  // min_p above 1 keeps the most probable token only.
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 5, Params(1, 0, 1, 3.0f))), (std::vector<int32_t>{1}));
+}
+
+TEST(FilterRowTest, TopPKeepsTokensWhoseMoreProbableMassIsBelowTheTarget) {
+  // p = {1, 0.6, 0.4}: M = 2; G = 0, 1, 1.6.
+  const std::vector<double> logits = LogitsFor({1.0, 0.6, 0.4});
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 3, Params(1, 0, 0.45f, 0))),
+            (std::vector<int32_t>{0}));
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 3, Params(1, 0, 0.55f, 0))),
+            (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 3, Params(1, 0, 0.85f, 0))),
+            (std::vector<int32_t>{0, 1, 2}));
+  // top_p 0 still keeps the most probable token.
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 3, Params(1, 0, 0.0f, 0))), (std::vector<int32_t>{0}));
+}
+
+TEST(FilterRowTest, TopPKeepsTiesAtTheCut) {
+  // p = {0.5, 1, 0.25, 0.5}: M = 2.25, P = 0.49 * 2.25 = 1.1025; both 0.5s have G = 1 < P,
+  // although a prefix of a sorted order would stop after one of them.
+  const std::vector<double> logits = LogitsFor({0.5, 1.0, 0.25, 0.5});
+  const FilteredRow<double> row = FilterRow(logits.data(), 4, Params(1, 0, 0.49f, 0));
+  EXPECT_EQ(KeptIds(row), (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_NEAR(row.kept_mass, 2.0, 1e-12);
+}
+
+TEST(FilterRowTest, TopPIsTakenOverTheTopKSurvivors) {
+  // p = {1, 0.8, 0.6, 0.4}; top-k 2 leaves M = 1.8, so top_p 0.5 (P = 0.9) drops token 1
+  // (G = 1), which it would keep over the whole row (P = 1.4).
+  const std::vector<double> logits = LogitsFor({1.0, 0.8, 0.6, 0.4});
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 4, Params(1, 2, 0.5f, 0))), (std::vector<int32_t>{0}));
+  EXPECT_EQ(KeptIds(FilterRow(logits.data(), 4, Params(1, 0, 0.5f, 0))),
+            (std::vector<int32_t>{0, 1}));
+}
+
+TEST(FilterRowTest, TemperatureScalesLogitGaps) {
+  const std::vector<double> logits = {0.0, -1.0, -kInf};
+  const FilteredRow<double> row = FilterRow(logits.data(), 3, Params(0.5f, 0, 1, 0));
+  EXPECT_DOUBLE_EQ(row.kept[0], 1.0);
+  EXPECT_DOUBLE_EQ(row.kept[1], std::exp(-2.0));
+  EXPECT_EQ(row.kept[2], 0.0);
+}
+
+TEST(FilterRowTest, MarginIsSmallOnlyNearAThreshold) {
+  const std::vector<double> logits = LogitsFor({1.0, 0.6, 0.4});
+  EXPECT_GT(FilterRow(logits.data(), 3, Params(1, 0, 0.65f, 0)).filter_margin, 0.1);
+  // top_p * M = 1.0000002 lies next to G = 1.
+  EXPECT_LT(FilterRow(logits.data(), 3, Params(1, 0, 0.5000001f, 0)).filter_margin, 1e-6);
+  EXPECT_LT(FilterRow(logits.data(), 3, Params(1, 0, 1, 0.6000001f)).filter_margin, 1e-6);
+}
+
+TEST(SampleRowTest, DrawsByCumulativeMassInTokenIdOrder) {
+  // p = {0.25, 1, 0.5}: M = 1.75; intervals id 0 [0, 0.25), id 1 [0.25, 1.25), id 2 [1.25, 1.75).
+  const std::vector<double> logits = LogitsFor({0.25, 1.0, 0.5});
+  const SampleParams params = Params(1, 0, 1, 0);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.0), 0);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.1), 0);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.25 / 1.75 - 1e-9), 0);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.25 / 1.75 + 1e-9), 1);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.5), 1);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 1.25 / 1.75 + 1e-9), 2);
+  EXPECT_EQ(SampleRow(logits.data(), 3, params, 0.999999), 2);
+}
+
+TEST(SampleRowTest, GreedyRowsTakeTheArgmax) {
+  const std::vector<double> logits = {0.5, 2.0, 2.0, -1.0};
+  EXPECT_EQ(SampleRow(logits.data(), 4, Params(0, 0, 1, 0), 0.99), 1);
+  EXPECT_EQ(SampleRow(logits.data(), 4, Params(-1, 0, 1, 0), 0.0), 1);
+  const std::vector<double> no_finite = {-kInf, -kInf};
+  EXPECT_EQ(SampleRow(no_finite.data(), 2, Params(1, 0, 1, 0), 0.7), 0);
+}
+
+// Evenly spaced uniforms reproduce the filtered distribution: each kept token is drawn for a
+// share of the grid within one grid step of its probability.
+TEST(SampleRowTest, EvenlySpacedUniformsReproduceTheFilteredDistribution) {
+  const std::vector<double> logits = {1.0, -0.5, 2.0, 0.25, -3.0, 2.0, 0.0, -1.0};
+  const SampleParams params = Params(0.8f, 5, 0.9f, 0.05f);
+  const FilteredRow<double> row = FilterRow(logits.data(), 8, params);
+  const int n = 100000;
+  std::vector<int> counts(8);
+  for (int j = 0; j < n; ++j) ++counts[SampleRow(logits.data(), 8, params, (j + 0.5) / n)];
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_NEAR(static_cast<double>(counts[i]) / n, row.kept[i] / row.kept_mass, 1.5 / n) << i;
+  }
+}
+
+TEST(SampleRowTest, FloatAndDoubleAgreeAwayFromBoundaries) {
+  const std::vector<double> logits = {1.0, -0.5, 2.0, 0.25, -3.0, 2.5, 0.0, -1.0};
+  const std::vector<float> logits32(logits.begin(), logits.end());
+  const SampleParams params = Params(1.3f, 6, 0.95f, 0.01f);
+  for (double u : {0.01, 0.2, 0.4, 0.6, 0.8, 0.99}) {
+    EXPECT_EQ(SampleRow(logits.data(), 8, params, u), SampleRow(logits32.data(), 8, params, u))
+        << u;
+  }
+}
+
+TEST(RawLogprobTest, IsLogSoftmaxOfTheUntemperedRow) {
+  const std::vector<double> logits = {1.0, 2.0, 3.0};
+  const double log_z = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  EXPECT_NEAR(RawLogprob(logits.data(), 3, 0), 1.0 - log_z, 1e-12);
+  EXPECT_NEAR(RawLogprob(logits.data(), 3, 2), 3.0 - log_z, 1e-12);
+}
+
+}  // namespace
+}  // namespace specd::kernels::ref
