@@ -9,6 +9,8 @@
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
 #include "engine/runner/model_runner.h"
+#include "engine/spec/draft_model.h"
+#include "engine/spec/ngram.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specd {
@@ -74,14 +76,22 @@ RequestOutcome OutcomeOf(FinishReason reason, const absl::Status& status) {
 
 }  // namespace
 
-Engine::Request::Request(RequestId id, GenerateRequest req, int32_t block_size,
-                         const Tokenizer* tok)
+// Mixed into the request's seed for the acceptance RNG, so it is not the sampler's stream.
+constexpr uint64_t kAcceptSeedSalt = 0xbb67ae8584caa73bULL;
+
+Engine::Request::Request(RequestId id, GenerateRequest req, ResolvedSpeculation spec,
+                         int32_t block_size, const Tokenizer* tok)
     : id(id),
       request(std::move(req)),
       seq(SeqId{id}, request.prompt_ids, block_size),
       seed(SeedFor(request.params)),
       sampler(request.params, seed),
+      spec(spec),
       stop(request.params.stop) {
+  if (spec.enabled()) {
+    acceptor.emplace(request.params, seed ^ kAcceptSeedSalt);
+    seq.set_num_lookahead_tokens(spec.num_speculative_tokens);
+  }
   history.AddPrompt(request.prompt_ids);
   if (tok) detok.emplace(*tok, request.prompt_ids, /*skip_special=*/true);
 }
@@ -123,6 +133,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       }
     }
   }
+  SPECD_RETURN_IF_ERROR(engine->CreateSpeculators(runner));
   engine->block_size_ = engine->runner_->block_size();
   const int32_t num_blocks = engine->runner_->num_kv_blocks();
   engine->core_ = std::make_unique<Core>(num_blocks, engine->block_size_, options);
@@ -134,6 +145,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                  options.model_dir, engine->runner_->device_name(), num_blocks, engine->block_size_,
                  engine->max_model_len_);
   return engine;
+}
+
+absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
+  const SpeculativeConfig& spec = options_.speculative;
+  ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
+  if (spec.draft_model.empty()) return absl::OkStatus();
+  RunnerOptions draft = target;
+  draft.model_dir = spec.draft_model;
+  draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
+  draft.max_model_len = max_model_len_;  // the draft runs the same positions as the target
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(draft);
+  if (!runner.ok()) {
+    return absl::Status(runner.status().code(),
+                        absl::StrCat("draft model: ", runner.status().message()));
+  }
+  SPECD_ASSIGN_OR_RETURN(
+      draft_, DraftModelSpeculator::Create(*std::move(runner), runner_->config().vocab_size,
+                                           options_.max_num_batched_tokens));
+  SPECD_LOG_INFO("engine: draft model {} for speculation (default method {}, K {})",
+                 spec.draft_model, SpeculationMethodName(spec.method), spec.num_speculative_tokens);
+  return absl::OkStatus();
 }
 
 Engine::~Engine() { Stop(); }
@@ -164,12 +196,17 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
   if (!request.params.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this model has none");
   }
-  return absl::OkStatus();
+  return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr).status();
 }
 
 Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                                     absl::Time arrival) {
-  auto owned = std::make_unique<Request>(id, std::move(request), block_size_, tokenizer_.get());
+  // Validate accepted the request, so its speculation resolves.
+  const ResolvedSpeculation spec =
+      ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr)
+          .value_or(ResolvedSpeculation{});
+  auto owned =
+      std::make_unique<Request>(id, std::move(request), spec, block_size_, tokenizer_.get());
   Request& r = *owned;
   r.on_output = std::move(on_output);
   r.arrival = arrival;
@@ -191,6 +228,7 @@ void Engine::Request::Emit(const TokenCallback* on_token, std::vector<GeneratedT
       sink->tokens = std::move(tokens);
       sink->text = stop.text();
       sink->finish_reason = reason;
+      sink->usage = Usage();
     }
     return;
   }
@@ -211,12 +249,16 @@ RequestUsage Engine::Request::Usage() const {
   u.prompt_tokens = seq.num_prompt_tokens();
   u.completion_tokens = seq.num_generated();
   u.cached_prompt_tokens = std::max(0, seq.num_cached_prompt_tokens());
+  u.num_drafts = num_drafts;
+  u.num_draft_tokens = num_draft_tokens;
+  u.num_accepted_tokens = num_accepted_tokens;
   return u;
 }
 
 // One engine step: schedule, run the ragged batch and draw the next token of every sequence
-// whose tokens all have KV after it (one runner call), commit the tokens. False when there
-// was nothing to run.
+// whose tokens all have KV after it (one runner call), commit the tokens. Steps where some
+// decodes carry drafts run Speculate -> Verify -> Apply instead (engine_spec.cc). False when
+// there was nothing to run.
 absl::StatusOr<bool> Engine::RunStep() {
   Core& c = *core_;
   const StepPlan plan = c.scheduler.Schedule();
@@ -235,14 +277,18 @@ absl::StatusOr<bool> Engine::RunStep() {
     c.batch.push_back(in);
   }
   PlanSampling(plan);
-  if (absl::Status s = runner_->Step(c.batch, c.rows, &c.sampled); !s.ok()) {
+  Speculate(plan);
+  absl::Status s =
+      c.num_spec_rows > 0 ? VerifyAndApply(plan) : runner_->Step(c.batch, c.rows, &c.sampled);
+  if (!s.ok()) {
     const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
     for (const ScheduledChunk& chunk : plan.chunks) {
-      FinishRequest(*c.live.find(chunk.seq->id().value)->second, FinishReason::kAbort, failed,
-                    absl::Now());
+      auto it = c.live.find(chunk.seq->id().value);
+      if (it != c.live.end()) FinishRequest(*it->second, FinishReason::kAbort, failed, absl::Now());
     }
     return failed;
   }
+  if (c.num_spec_rows > 0) return true;  // VerifyAndApply committed the tokens
   c.scheduler.Postprocess(plan);
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < c.rows.size(); ++k) {
@@ -307,7 +353,7 @@ bool Contains(const std::vector<int32_t>& v, int32_t id) {
 
 }  // namespace
 
-void Engine::CommitToken(Request& r, SampleResult sampled, absl::Time now) {
+bool Engine::CommitToken(Request& r, SampleResult sampled, absl::Time now) {
   const SamplingParams& p = r.request.params;
   const int32_t num_generated = r.seq.num_generated();
   r.seq.AppendToken(sampled.id);
@@ -329,16 +375,20 @@ void Engine::CommitToken(Request& r, SampleResult sampled, absl::Time now) {
   if (finished) {
     FinishRequest(r, stop ? FinishReason::kStop : FinishReason::kLength, absl::OkStatus(), now,
                   std::move(token), std::move(text));
-    return;
+    return true;
   }
   r.Emit(core_->on_token, std::move(token), std::move(text), false, FinishReason::kLength,
          absl::OkStatus());
+  return false;
 }
 
 // Frees the request's KV, sends its last update, reports it, and destroys it.
 void Engine::FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                            std::vector<GeneratedToken> tokens, std::string text) {
   core_->scheduler.Finish(&r.seq);
+  if (r.spec.enabled()) {
+    if (Speculator* speculator = SpeculatorFor(r)) speculator->Release(r.id);
+  }
   if (EngineObserver* observer = options_.observer.get()) {
     FinishedRequestMetrics m;
     m.outcome = OutcomeOf(reason, status);

@@ -26,13 +26,16 @@
 #include "absl/time/time.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
+#include "engine/spec/spec_config.h"
 
 namespace specd {
 
 class ModelRunner;
 class Tokenizer;
+struct RunnerOptions;
 struct ModelConfig;
 class EngineObserver;
+class Speculator;
 struct StepPlan;
 
 struct EngineOptions {
@@ -51,17 +54,21 @@ struct EngineOptions {
   double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
   bool enforce_eager = false;           // CUDA: no CUDA graphs (debugging)
   // Continuous batching (vLLM's names where they exist).
-  int32_t max_num_seqs = 256;                // running sequences per step
-  int32_t max_num_batched_tokens = 2048;     // token budget of one step (chunked prefill)
-  int32_t max_waiting = 1024;                // queued requests; Submit past it: ResourceExhausted
-                                             // (>= 1; preempted sequences count as queued)
-  bool enable_prefix_caching = true;         // share full KV blocks of equal prefixes
+  int32_t max_num_seqs = 256;             // running sequences per step
+  int32_t max_num_batched_tokens = 2048;  // token budget of one step (chunked prefill)
+  int32_t max_waiting = 1024;             // queued requests; Submit past it: ResourceExhausted
+                                          // (>= 1; preempted sequences count as queued)
+  bool enable_prefix_caching = true;      // share full KV blocks of equal prefixes
+  // Speculative decoding (`--speculative-config`): the default method and K for requests
+  // that do not choose, and the draft model to load (it runs on `device`, with its own KV).
+  SpeculativeConfig speculative;
   std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
 
 struct GenerateRequest {
   std::vector<int32_t> prompt_ids;  // [num_prompt_tokens], BOS included if wanted
   SamplingParams params;
+  SpeculationParams speculation;  // method and K for this request (default: the server's)
   // Serving only: past it the request ends with DeadlineExceeded wherever it is.
   absl::Time deadline = absl::InfiniteFuture();
   std::string request_id;  // the front end's id, for logs (optional)
@@ -77,11 +84,29 @@ struct GeneratedToken {
   std::vector<TokenLogprob> top;  // [params.logprobs]
 };
 
+// Token counts of a request, as OpenAI's `usage` reports them.
+struct RequestUsage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  // Speculative decoding: verification rounds that carried drafts, draft tokens proposed,
+  // and drafts the target accepted (every committed token is the target's either way).
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  // Tokens committed per verification round: 1 + accepted / drafts (vLLM's "mean acceptance
+  // length"); 0 without rounds.
+  double mean_accepted_length() const {
+    return num_drafts > 0 ? 1.0 + static_cast<double>(num_accepted_tokens) / num_drafts : 0.0;
+  }
+};
+
 struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<GeneratedToken> tokens;  // generated, EOS included when it ended the request
   std::string text;                    // detokenized output, stop string removed
   FinishReason finish_reason = FinishReason::kLength;
+  RequestUsage usage;  // token counts and speculation stats
 
   std::vector<int32_t> ids() const;
 };
@@ -91,13 +116,6 @@ struct GenerateResult {
 using TokenCallback = std::function<void(size_t index, const GeneratedToken&, std::string_view)>;
 
 using RequestId = uint64_t;
-
-// Token counts of a request, as OpenAI's `usage` reports them.
-struct RequestUsage {
-  int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;
-  int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
-};
 
 // One update of a serving request. tokens/text are what is new since the previous update.
 struct RequestOutput {
@@ -140,6 +158,14 @@ struct FinishedRequestMetrics {
   double e2e_seconds = 0;    // arrival -> finished
 };
 
+// One engine step's speculation, for metrics.
+struct SpeculationStepMetrics {
+  std::vector<int32_t> num_draft_tokens;  // [num_rounds] drafts each verified sequence carried
+  std::vector<int32_t> num_accepted;      // [num_rounds] how many of them the target accepted
+  double draft_seconds = 0;               // the speculators' Propose calls
+  double verify_seconds = 0;              // the target's verification pass and acceptance
+};
+
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
 // against their readers and quick). server/ implements it with prometheus-cpp.
 class EngineObserver {
@@ -153,6 +179,8 @@ class EngineObserver {
   // Counters: prefix-cache lookups and hits (in blocks), sequences preempted.
   virtual void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) = 0;
   virtual void OnPreemption(int32_t num_sequences) = 0;
+  // After a step that verified drafts.
+  virtual void OnSpeculation(const SpeculationStepMetrics&) {}
 };
 
 class Engine {
@@ -170,6 +198,8 @@ class Engine {
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   // BOS id from config.json / generation_config.json, for prompts given as nothing.
   std::optional<int32_t> model_bos_id() const;
+  const SpeculativeConfig& speculative_config() const { return options_.speculative; }
+  bool has_draft_model() const { return draft_ != nullptr; }
 
   // Checks a request before any work is done: InvalidArgument for bad params or prompts.
   absl::Status Validate(const GenerateRequest& request) const;
@@ -208,6 +238,7 @@ class Engine {
   struct Shared;   // the inbox and the stats snapshot: all front-end threads touch
 
   Engine();
+  absl::Status CreateSpeculators(const RunnerOptions& target);
   Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                       absl::Time arrival);
   absl::StatusOr<bool> RunStep();
@@ -215,7 +246,13 @@ class Engine {
   // Builds the step's sample rows: the chunks whose sequence has all its tokens computed
   // after this step draw their next token.
   void PlanSampling(const StepPlan& plan);
-  void CommitToken(Request& r, SampleResult sampled, absl::Time now);
+  // Commits one drawn token; true when it finished (and destroyed) the request.
+  bool CommitToken(Request& r, SampleResult sampled, absl::Time now);
+  // Speculation (engine_spec.cc): drafts for the step's speculating decodes, appended to
+  // their batch chunks; then the verification pass, acceptance and commit. See there.
+  void Speculate(const StepPlan& plan);
+  absl::Status VerifyAndApply(const StepPlan& plan);
+  Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
   void FinishAll(const absl::Status& status);
@@ -226,6 +263,8 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Speculator> ngram_;  // always there (free to run)
+  std::unique_ptr<Speculator> draft_;  // when options.speculative names a draft model
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int32_t block_size_ = 16;

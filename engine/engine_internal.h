@@ -17,8 +17,10 @@
 #include "engine/engine.h"
 #include "engine/kv/block_manager.h"
 #include "engine/runner/model_runner.h"
+#include "engine/sample/acceptance.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
+#include "engine/spec/speculator.h"
 #include "engine/stop_checker.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
 
@@ -27,13 +29,19 @@ namespace specd {
 // One request while it is live: its scheduler Sequence plus what turns logits into
 // streamed text. Owned by Core::live; engine thread (or the offline caller) only.
 struct Engine::Request {
-  Request(RequestId id, GenerateRequest req, int32_t block_size, const Tokenizer* tok);
+  Request(RequestId id, GenerateRequest req, ResolvedSpeculation spec, int32_t block_size,
+          const Tokenizer* tok);
 
   RequestId id;
   GenerateRequest request;
   Sequence seq;
   uint64_t seed;  // the request's, or drawn at arrival: CPU sampler RNG and GPU Philox key
   Sampler sampler;
+  ResolvedSpeculation spec;          // what this request speculates with (Validate resolved it)
+  std::optional<Acceptor> acceptor;  // when spec.enabled(): verification, its own seeded RNG
+  int64_t num_drafts = 0;            // speculation stats (RequestUsage)
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
   TokenHistory history;
   std::optional<IncrementalDetokenizer> detok;
   StopChecker stop;
@@ -69,6 +77,16 @@ struct Engine::Core {
   std::vector<Request*> row_requests;        // [num_rows] scratch
   std::vector<std::vector<int32_t>> banned;  // [num_rows] scratch (min_tokens)
   std::vector<SampleResult> sampled;         // [num_rows] scratch
+  // Speculation scratch, per sample row: the draft (empty: plain decode) and the chunk's
+  // tokens (the sequence's last token, then the drafts) the verification pass runs.
+  std::vector<Draft> drafts;                      // [num_rows]
+  std::vector<std::vector<int32_t>> spec_tokens;  // [num_rows]
+  std::vector<DraftInput> draft_inputs;           // [num_inputs] one speculator's batch
+  std::vector<int32_t> draft_rows;                // [num_inputs] their sample rows
+  std::vector<Draft> proposed;                    // [num_inputs]
+  std::vector<float> logits;                      // [num_logit_rows, vocab] verification pass
+  double draft_seconds = 0;                       // this step's Propose time
+  int32_t num_spec_rows = 0;                      // rows with drafts this step
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, control

@@ -200,10 +200,12 @@ AcceptResult Acceptor::Verify(std::span<const float> target_logits,
     }
   }
   return AcceptLazily(draft_tokens, draft_probs, vocab, target_row, rng_,
-                      Rule::kSpeculativeSampling);
+                      acceptance_internal::acceptor_rule_for_test);
 }
 
 namespace acceptance_internal {
+
+Rule acceptor_rule_for_test = Rule::kSpeculativeSampling;
 
 AcceptResult AcceptStochasticWithRule(std::span<const int32_t> draft_tokens,
                                       std::span<const float> draft_probs,

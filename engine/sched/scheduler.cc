@@ -42,8 +42,24 @@ void Scheduler::ScheduleDecodes(TokenBudget& budget, StepPlan& plan) {
     }
     if (self_preempted) break;  // seq was the newest: nothing left behind it
     blocks_->MayAppend(seq->blocks_, seq->num_tokens()).IgnoreError();  // CanAppend held
-    plan.chunks.push_back({seq, budget.Take(1)});
+    const int32_t num_decodes_behind = static_cast<int32_t>(running_.size() - i - 1);
+    const int32_t lookahead = LookaheadSlots(*seq, budget.remaining() - 1, num_decodes_behind);
+    if (lookahead > 0) {  // checked to fit
+      blocks_->MayAppend(seq->blocks_, seq->num_tokens() + lookahead).IgnoreError();
+    }
+    plan.chunks.push_back({seq, budget.Take(1), budget.Take(lookahead)});
   }
+}
+
+int32_t Scheduler::LookaheadSlots(const Sequence& seq, int32_t budget,
+                                  int32_t num_decodes_behind) const {
+  const int32_t wanted = std::min(seq.num_lookahead_tokens(), budget);
+  if (wanted <= 0) return 0;
+  // Leave one free block for every decode still to be scheduled this step, so that lookahead
+  // never forces a preemption (the drafts are an optimisation; a decode is not).
+  const int32_t extra = BlockTable::BlocksFor(seq.num_tokens() + wanted, blocks_->block_size()) -
+                        seq.blocks().num_blocks();
+  return extra <= blocks_->num_free_blocks() - num_decodes_behind ? wanted : 0;
 }
 
 void Scheduler::SchedulePartialPrefills(TokenBudget& budget, StepPlan& plan) {
@@ -96,6 +112,11 @@ void Scheduler::Postprocess(const StepPlan& plan) {
     c.seq->num_computed_ += c.num_new_tokens;
     blocks_->CacheComputedBlocks(c.seq->blocks_, c.seq->tokens(), c.seq->num_computed_);
   }
+}
+
+void Scheduler::AcceptSpeculated(Sequence* seq, int32_t num_accepted) {
+  seq->num_computed_ = std::min(seq->num_computed_ + num_accepted, seq->num_tokens());
+  blocks_->CacheComputedBlocks(seq->blocks_, seq->tokens(), seq->num_computed_);
 }
 
 void Scheduler::Finish(Sequence* seq) {

@@ -4,7 +4,9 @@
 // resumed or partial) share the rest of the budget, so a long prompt is prefilled in
 // chunks over several steps. When a decode needs a KV block and none is free, the newest
 // running sequence is preempted by recompute: it drops its blocks and goes back to the
-// front of the waiting queue (its prefix may come back from the prefix cache).
+// front of the waiting queue (its prefix may come back from the prefix cache). A decode of
+// a speculating sequence also gets lookahead slots for its drafts when KV and budget allow
+// (never at the price of a preemption).
 // The scheduler does not own sequences; the caller keeps them alive until Finish.
 // Engine thread only.
 #pragma once
@@ -27,6 +29,9 @@ struct SchedulerConfig {
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) run
+  // Decodes only: draft tokens this step may verify after the new token, with their KV slots
+  // and token budget reserved (at most seq->num_lookahead_tokens()).
+  int32_t num_lookahead_tokens = 0;
 };
 
 // One step: what Model::Forward runs, plus what happened to the queues.
@@ -56,11 +61,18 @@ class Scheduler {
   // After the forward pass ran the plan: the chunks' tokens now have KV. A sequence with
   // num_uncomputed() == 0 afterwards needs its next token sampled (then AppendToken).
   void Postprocess(const StepPlan& plan);
+  // After Postprocess, for a decode that verified drafts: the sequence appended its
+  // num_accepted accepted drafts (and then the token that follows them), and the step already
+  // wrote the drafts' KV into the slots reserved for them: they count as computed now.
+  void AcceptSpeculated(Sequence* seq, int32_t num_accepted);
   // Removes a sequence wherever it is (finished, aborted, expired) and frees its KV.
   void Finish(Sequence* seq);
 
  private:
   void ScheduleDecodes(TokenBudget& budget, StepPlan& plan);
+  // Draft slots a decode of seq gets: its lookahead, within `budget` tokens, when the extra
+  // KV blocks fit beside one block for each of num_decodes_behind later decodes.
+  int32_t LookaheadSlots(const Sequence& seq, int32_t budget, int32_t num_decodes_behind) const;
   void SchedulePartialPrefills(TokenBudget& budget, StepPlan& plan);
   void Admit(TokenBudget& budget, StepPlan& plan);
   void Preempt(Sequence* seq, StepPlan& plan);

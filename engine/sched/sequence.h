@@ -42,6 +42,10 @@ class Sequence {
   int32_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
   int32_t num_preemptions() const { return num_preemptions_; }
   const BlockTable& blocks() const { return blocks_; }
+  // Draft tokens a decode of this sequence may verify per step (speculation's K; 0: none).
+  // The scheduler reserves KV slots and token budget for them when it can spare them.
+  int32_t num_lookahead_tokens() const { return num_lookahead_tokens_; }
+  void set_num_lookahead_tokens(int32_t n) { num_lookahead_tokens_ = n; }
 
   // A sampled token; its KV is computed by the next step.
   void AppendToken(int32_t id) { tokens_.push_back(id); }
@@ -55,6 +59,7 @@ class Sequence {
   int32_t num_computed_ = 0;
   int32_t num_cached_prompt_tokens_ = -1;
   int32_t num_preemptions_ = 0;
+  int32_t num_lookahead_tokens_ = 0;
   SequenceStatus status_ = SequenceStatus::kWaiting;
   BlockTable blocks_;
 };

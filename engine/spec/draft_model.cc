@@ -1,0 +1,159 @@
+#include "engine/spec/draft_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/sample/acceptance.h"
+
+namespace specd {
+namespace {
+
+// Mixed into the request's seed so the draft's draws are not the target sampler's stream.
+constexpr uint64_t kDraftSeedSalt = 0x6a09e667f3bcc909ULL;
+
+int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<int32_t>(ia - a.begin());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> DraftModelSpeculator::Create(
+    std::unique_ptr<ModelRunner> runner, int32_t target_vocab, int32_t max_tokens_per_forward) {
+  if (runner == nullptr) return absl::InvalidArgumentError("draft model: no runner");
+  if (max_tokens_per_forward < 1) {
+    return absl::InvalidArgumentError("draft model: max_tokens_per_forward must be positive");
+  }
+  if (runner->config().vocab_size != target_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: vocab_size ", runner->config().vocab_size, " differs from the target's ",
+        target_vocab, "; a draft must share the target's tokenizer"));
+  }
+  return std::unique_ptr<DraftModelSpeculator>(
+      new DraftModelSpeculator(std::move(runner), max_tokens_per_forward));
+}
+
+DraftModelSpeculator::DraftModelSpeculator(std::unique_ptr<ModelRunner> runner,
+                                           int32_t max_tokens_per_forward)
+    : runner_(std::move(runner)),
+      max_tokens_per_forward_(max_tokens_per_forward),
+      allocator_(runner_->num_kv_blocks()) {}
+
+void DraftModelSpeculator::Release(uint64_t seq_id) {
+  auto it = states_.find(seq_id);
+  if (it == states_.end()) return;
+  it->second->blocks.Release(allocator_).IgnoreError();  // the table holds allocated blocks
+  states_.erase(it);
+}
+
+bool DraftModelSpeculator::Prepare(const DraftInput& in, State& state, int32_t num_drafts,
+                                   Active* active) {
+  const int32_t n = static_cast<int32_t>(in.tokens.size());
+  // Decode inputs d_1 .. d_{k-1} sit at positions n .. n + k - 2.
+  num_drafts = std::min(num_drafts, runner_->max_model_len() - n + 1);
+  if (n == 0 || num_drafts <= 0) return false;
+  const int32_t start = std::min(CommonPrefix(state.kv_tokens, in.tokens), n - 1);
+  state.kv_tokens.resize(start);
+  state.blocks.Truncate(start, allocator_).IgnoreError();  // only frees blocks it holds
+  if (!state.blocks.EnsureCapacity(n + num_drafts - 1, allocator_).ok()) {
+    state.blocks.Release(allocator_).IgnoreError();
+    state.kv_tokens.clear();
+    return false;
+  }
+  if (!state.seeded) {
+    state.rng.seed(in.seed ^ kDraftSeedSalt);  // the same request, the same drafts
+    state.seeded = true;
+  }
+  active->state = &state;
+  active->pending.assign(in.tokens.begin() + start, in.tokens.end());
+  active->offset = 0;
+  active->num_wanted = num_drafts;
+  return true;
+}
+
+void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
+                                     std::span<const float> logits, Draft& draft) {
+  const int32_t j = static_cast<int32_t>(draft.tokens.size());
+  std::span<const int32_t> banned =
+      j < in.num_banned_positions ? in.banned : std::span<const int32_t>();
+  probs_.resize(logits.size());
+  ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
+  if (in.params->greedy()) {  // a one-hot row at the argmax
+    draft.tokens.push_back(
+        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin()));
+    return;
+  }
+  draft.tokens.push_back(DrawFromProbs(probs_, state.rng));
+  draft.probs.insert(draft.probs.end(), probs_.begin(), probs_.end());
+}
+
+absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts) {
+  drafts->resize(inputs.size());
+  for (Draft& d : *drafts) {
+    d.tokens.clear();
+    d.probs.clear();
+  }
+  active_.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& in = inputs[i];
+    if (in.num_draft_tokens <= 0 || in.params == nullptr || in.history == nullptr) continue;
+    std::unique_ptr<State>& state = states_[in.seq_id];
+    if (state == nullptr) state = std::make_unique<State>(runner_->block_size());
+    Active a;
+    a.input = i;
+    if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
+  }
+  while (!active_.empty()) SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts) {
+  batch_.clear();
+  size_t budget = static_cast<size_t>(max_tokens_per_forward_);
+  for (Active& a : active_) {
+    a.num_running = std::min(a.pending.size() - a.offset, budget);
+    budget -= a.num_running;
+    if (a.num_running == 0) continue;
+    SequenceInput s;
+    s.tokens = std::span<const int32_t>(a.pending).subspan(a.offset, a.num_running);
+    s.start_pos = static_cast<int32_t>(a.state->kv_tokens.size());
+    s.block_table = a.state->blocks.ids();
+    batch_.push_back(s);
+  }
+  if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) {
+    for (const Active& a : active_) Release(inputs[a.input].seq_id);
+    active_.clear();
+    return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
+  }
+  const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
+  size_t row = 0, kept = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = active_[i];
+    bool done = false;
+    if (a.num_running > 0) {
+      const auto ran = a.pending.begin() + static_cast<std::ptrdiff_t>(a.offset);
+      a.state->kv_tokens.insert(a.state->kv_tokens.end(), ran,
+                                ran + static_cast<std::ptrdiff_t>(a.num_running));
+      a.offset += a.num_running;
+      if (a.offset == a.pending.size()) {  // the logits row is the next draft's
+        Draft& draft = (*drafts)[a.input];
+        DrawDraft(inputs[a.input], *a.state,
+                  std::span<const float>(logits_).subspan(row * vocab, vocab), draft);
+        a.pending.assign(1, draft.tokens.back());
+        a.offset = 0;
+        done = --a.num_wanted == 0;
+      }
+      ++row;
+    }
+    if (done) continue;
+    if (kept != i) active_[kept] = std::move(a);
+    ++kept;
+  }
+  active_.resize(kept);
+  return absl::OkStatus();
+}
+
+}  // namespace specd

@@ -1,0 +1,84 @@
+// Draft-model speculation: a second, smaller HF model that shares the target's tokenizer
+// proposes K tokens autoregressively (Leviathan et al. 2023; vLLM's draft_model method). It
+// runs on its own ModelRunner (CPU, or a GPU: the same or another one) with its own paged KV
+// pool. Per sequence it remembers which tokens its KV holds; at the next Propose the longest
+// prefix those share with the committed tokens is kept and the rest (rejected drafts) is
+// rolled back and overwritten, so verification needs no separate call. All sequences of a
+// round share each forward pass: one catch-up chunk per sequence (the tokens committed since
+// the last round), then K - 1 one-token decode steps.
+// Greedy requests draft the argmax of the processed distribution; sampled requests draw from
+// it (penalties, temperature, min-p, top-k, top-p as the target's sampler applies them) and
+// return it as q for speculative sampling. A sequence whose KV does not fit the pool gets no
+// drafts that round (the target decodes it plainly). Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "engine/kv/block_allocator.h"
+#include "engine/runner/model_runner.h"
+#include "engine/spec/speculator.h"
+
+namespace specd {
+
+class DraftModelSpeculator : public Speculator {
+ public:
+  // runner: the draft model, loaded with its own KV pool. target_vocab: the target's vocab
+  // size; InvalidArgument when the draft's differs (the pair must share a tokenizer).
+  // max_tokens_per_forward: the most tokens one forward pass may run (the runner's
+  // max_num_batched_tokens); long catch-up chunks (a new prompt) are split over several passes.
+  static absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> Create(
+      std::unique_ptr<ModelRunner> runner, int32_t target_vocab, int32_t max_tokens_per_forward);
+
+  absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
+  void Release(uint64_t seq_id) override;
+
+  const ModelRunner& runner() const { return *runner_; }
+  int32_t num_free_blocks() const { return allocator_.num_free(); }
+  int32_t num_live_sequences() const { return static_cast<int32_t>(states_.size()); }
+
+ private:
+  // What the draft holds for one sequence.
+  struct State {
+    explicit State(int32_t block_size) : blocks(block_size) {}
+    BlockTable blocks;
+    std::vector<int32_t> kv_tokens;  // [n] ids whose KV is in `blocks`, positions [0, n)
+    std::mt19937_64 rng;             // sampled drafts
+    bool seeded = false;
+  };
+  // One sequence being drafted this round.
+  struct Active {
+    size_t input = 0;  // index into Propose's inputs
+    State* state = nullptr;
+    std::vector<int32_t> pending;  // tokens still to run: the catch-up, then the last draft
+    size_t offset = 0;             // pending[0, offset) already ran
+    size_t num_running = 0;        // tokens of pending the current pass runs (0: not in it)
+    int32_t num_wanted = 0;        // drafts it still wants
+  };
+
+  DraftModelSpeculator(std::unique_ptr<ModelRunner> runner, int32_t max_tokens_per_forward);
+  // One forward pass over every active sequence's next piece of pending tokens (within the
+  // token budget); draws a draft for each sequence whose pending tokens all ran.
+  absl::Status RunPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
+  // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
+  bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
+  // Draws draft j of one sequence from its logits row.
+  void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
+
+  std::unique_ptr<ModelRunner> runner_;
+  int32_t max_tokens_per_forward_;
+  BlockAllocator allocator_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;
+  std::vector<Active> active_;        // scratch
+  std::vector<SequenceInput> batch_;  // scratch
+  std::vector<float> logits_;         // [num_active, vocab] scratch
+  std::vector<float> probs_;          // [vocab] scratch
+};
+
+}  // namespace specd
