@@ -252,6 +252,9 @@ class Engine {
   // their batch chunks; then the verification pass, acceptance and commit. See there.
   void Speculate(const StepPlan& plan);
   absl::Status VerifyAndApply(const StepPlan& plan);
+  bool GreedyVerifyFits() const;
+  absl::Status VerifyGreedyOnRunner();
+  absl::Status VerifyOnHost();
   Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});

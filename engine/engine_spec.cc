@@ -2,13 +2,17 @@
 // (docs/architecture.md, "Speculation"). Speculate asks each request's speculator for up to K
 // drafts (K limited by the lookahead slots the scheduler reserved, the context and max_tokens)
 // and appends them to the decode's chunk. VerifyAndApply runs ONE target pass over the whole
-// ragged batch (prefill chunks, plain decodes and the drafted decodes with logits for every
-// position), accepts per sequence (greedy: up to the first mismatch; sampled: speculative
-// sampling against the draft's q, so the output distribution is the target's), commits the
+// ragged batch (prefill chunks, plain decodes and the drafted decodes), accepts per sequence
+// (greedy: up to the first mismatch; sampled: speculative sampling against the draft's q, so the
+// output distribution is the target's), commits the
 // accepted drafts and the correction or bonus token through the same path as plain tokens
 // (stop strings, max_tokens, logprobs from the target's logits), and marks the accepted
 // drafts' KV computed. Rejected drafts' KV slots stay reserved and are overwritten next step;
-// the draft model rolls its own KV back at its next Propose. Engine thread only.
+// the draft model rolls its own KV back at its next Propose. Two ways to verify: when every
+// drafted request is plain greedy (no penalties, bans or logprobs) the runner's Step draws the
+// target's choice at every drafted position (on a GPU only token ids leave the device); else
+// Forward returns the logits of every drafted position and acceptance runs on the host
+// (Acceptor: processed distributions, rejection sampling, logprobs). Engine thread only.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -101,18 +105,71 @@ void Engine::Speculate(const StepPlan& plan) {
       std::vector<int32_t>& tokens = c.spec_tokens[k];
       tokens.assign(1, c.row_requests[k]->seq.tokens().back());
       tokens.insert(tokens.end(), c.drafts[k].tokens.begin(), c.drafts[k].tokens.end());
-      SequenceInput& in = c.batch[c.rows[k].chunk];
-      in.tokens = tokens;
-      in.all_logits = true;
+      c.batch[c.rows[k].chunk].tokens = tokens;  // Verify decides whether it needs all logits
       ++c.num_spec_rows;
     }
   }
   c.draft_seconds = absl::ToDoubleSeconds(absl::Now() - start);
 }
 
-absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
+// Whether every drafted row can be verified by the runner's own sampler (Step rows at each
+// drafted position: on a GPU no logits leave the device): greedy, no penalties (they would need
+// the pending drafts), nothing banned, no logprobs, and the rows fit one Step.
+bool Engine::GreedyVerifyFits() const {
+  const Core& c = *core_;
+  int64_t num_rows = 0;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const Draft& d = c.drafts[k];
+    num_rows += static_cast<int64_t>(d.tokens.size()) + 1;
+    if (d.tokens.empty()) continue;
+    const SamplingParams& p = c.row_requests[k]->request.params;
+    if (!p.greedy() || p.has_penalties() || p.logprobs >= 0 || !c.rows[k].banned.empty()) {
+      return false;
+    }
+  }
+  return num_rows <= runner_->max_sample_rows();
+}
+
+absl::Status Engine::VerifyGreedyOnRunner() {
   Core& c = *core_;
-  const absl::Time start = absl::Now();
+  c.verify_rows.clear();
+  std::vector<size_t> first(c.rows.size() + 1, 0);  // first verify row of each sample row
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const int32_t n = static_cast<int32_t>(c.drafts[k].tokens.size());
+    if (n == 0) {
+      c.verify_rows.push_back(c.rows[k]);
+    } else {
+      for (int32_t j = 0; j <= n; ++j) {
+        SampleRow row = c.rows[k];
+        row.token = j;
+        c.verify_rows.push_back(row);
+      }
+    }
+    first[k + 1] = c.verify_rows.size();
+  }
+  SPECD_RETURN_IF_ERROR(runner_->Step(c.batch, c.verify_rows, &c.sampled));
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    std::vector<SampleResult>& commit = c.commits[k];
+    commit.clear();
+    const Draft& d = c.drafts[k];
+    if (d.tokens.empty()) {
+      commit.push_back(std::move(c.sampled[first[k]]));
+      continue;
+    }
+    std::vector<int32_t> target(d.tokens.size() + 1);
+    for (size_t j = 0; j < target.size(); ++j) target[j] = c.sampled[first[k] + j].id;
+    const AcceptResult a = AcceptGreedy(d.tokens, target);
+    for (int32_t j = 0; j <= a.num_accepted; ++j) commit.push_back({target[j], 0.0f, {}});
+    c.accepted[k] = a.num_accepted;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::VerifyOnHost() {
+  Core& c = *core_;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    if (!c.drafts[k].tokens.empty()) c.batch[c.rows[k].chunk].all_logits = true;
+  }
   SPECD_RETURN_IF_ERROR(runner_->Forward(c.batch, &c.logits));
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   // First logits row of each chunk: one row per chunk, one per token for drafted decodes.
@@ -127,56 +184,61 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
   auto row_logits = [&](size_t row, size_t count) {
     return std::span<float>(c.logits).subspan(row * vocab, count * vocab);
   };
-  // Verify: acceptance for drafted rows, a plain draw for the others.
-  std::vector<AcceptResult> accepted(c.rows.size());
-  c.sampled.resize(c.rows.size());
   for (size_t k = 0; k < c.rows.size(); ++k) {
     const size_t row = first_row[c.rows[k].chunk];
     Request& r = *c.row_requests[k];
     const Draft& d = c.drafts[k];
+    std::vector<SampleResult>& commit = c.commits[k];
+    commit.clear();
     if (d.tokens.empty()) {
-      c.sampled[k] = r.sampler.Sample(row_logits(row, 1), r.history, c.rows[k].banned);
+      commit.push_back(r.sampler.Sample(row_logits(row, 1), r.history, c.rows[k].banned));
       continue;
     }
     BannedIds banned;
     banned.ids = c.rows[k].banned;
     banned.num_positions = std::max(0, r.request.params.min_tokens - r.seq.num_generated());
-    accepted[k] = r.acceptor->Verify(row_logits(row, d.tokens.size() + 1), d.tokens, d.probs,
-                                     r.history, banned);
+    const AcceptResult a = r.acceptor->Verify(row_logits(row, d.tokens.size() + 1), d.tokens,
+                                              d.probs, r.history, banned);
+    // The target's raw logprobs for every committed token.
+    const int32_t num_logprobs = r.request.params.logprobs;
+    for (int32_t j = 0; j <= a.num_accepted; ++j) {
+      const int32_t id = j < a.num_accepted ? d.tokens[j] : a.next_token;
+      commit.push_back(TargetToken(row_logits(row + j, 1), id, num_logprobs));
+    }
+    c.accepted[k] = a.num_accepted;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
+  Core& c = *core_;
+  const absl::Time start = absl::Now();
+  c.commits.resize(c.rows.size());
+  c.accepted.assign(c.rows.size(), 0);
+  SPECD_RETURN_IF_ERROR(GreedyVerifyFits() ? VerifyGreedyOnRunner() : VerifyOnHost());
   SpeculationStepMetrics metrics;
   metrics.draft_seconds = c.draft_seconds;
   metrics.verify_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  // Apply.
+  // Apply: commit each row's tokens (a plain row's one token; a drafted row's accepted drafts
+  // and the token after them) until one finishes the request, which destroys it.
   c.scheduler.Postprocess(plan);
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < c.rows.size(); ++k) {
     Request& r = *c.row_requests[k];
-    const Draft& d = c.drafts[k];
-    if (d.tokens.empty()) {
-      CommitToken(r, std::move(c.sampled[k]), now);
-      continue;
+    const int32_t num_draft = static_cast<int32_t>(c.drafts[k].tokens.size());
+    if (num_draft > 0) {
+      metrics.num_draft_tokens.push_back(num_draft);
+      metrics.num_accepted.push_back(c.accepted[k]);
+      r.num_drafts += 1;
+      r.num_draft_tokens += num_draft;
+      r.num_accepted_tokens += c.accepted[k];
     }
-    const AcceptResult a = accepted[k];
-    const int32_t num_draft = static_cast<int32_t>(d.tokens.size());
-    metrics.num_draft_tokens.push_back(num_draft);
-    metrics.num_accepted.push_back(a.num_accepted);
-    r.num_drafts += 1;
-    r.num_draft_tokens += num_draft;
-    r.num_accepted_tokens += a.num_accepted;
-    const size_t row = first_row[c.rows[k].chunk];
-    const int32_t num_logprobs = r.request.params.logprobs;
-    // r may be destroyed by the commit that finishes it: stop there.
-    bool finished = false;
-    for (int32_t j = 0; j < a.num_accepted && !finished; ++j) {
-      finished =
-          CommitToken(r, TargetToken(row_logits(row + j, 1), d.tokens[j], num_logprobs), now);
-    }
-    if (finished) continue;
     Sequence* seq = &r.seq;
-    finished = CommitToken(
-        r, TargetToken(row_logits(row + a.num_accepted, 1), a.next_token, num_logprobs), now);
-    if (!finished) c.scheduler.AcceptSpeculated(seq, a.num_accepted);
+    bool finished = false;
+    for (size_t j = 0; j < c.commits[k].size() && !finished; ++j) {
+      finished = CommitToken(r, std::move(c.commits[k][j]), now);
+    }
+    if (!finished && num_draft > 0) c.scheduler.AcceptSpeculated(seq, c.accepted[k]);
   }
   if (options_.observer) options_.observer->OnSpeculation(metrics);
   return absl::OkStatus();

@@ -408,6 +408,36 @@ TEST_F(CodepairCudaTest, BatchedRunEqualsSingleRunsAndGraphsEqualEager) {
   }
 }
 
+// Speculation on the GPU (draft model on the same GPU, greedy rows verified by the runner's own
+// argmax at every drafted position; n-gram too): the output is plain decoding's, up to bf16
+// flips at near-ties (a verification pass computes a position in a multi-token chunk, the
+// decode step alone).
+TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.draft_model = ModelDir("codepair/draft");
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  std::vector<GenerateRequest> requests = GoldenRequests();
+  const auto plain = Batch(*engine, requests);
+  for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
+    for (GenerateRequest& r : requests) r.speculation = {m, 4};
+    auto results = engine->GenerateBatch(requests);
+    ASSERT_TRUE(results.ok()) << results.status();
+    int64_t rounds = 0, accepted = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      rounds += (*results)[i].usage.num_drafts;
+      accepted += (*results)[i].usage.num_accepted_tokens;
+      EXPECT_TRUE(
+          GreedyAgrees(std::string(SpeculationMethodName(m)) + " prompt " + std::to_string(i),
+                       requests[i].prompt_ids, plain[i], (*results)[i].ids(), *cpu_, *gpu_));
+    }
+    EXPECT_GT(rounds, 0);
+    std::printf("[ codepair %s K=4 on the GPU ] %.2f tokens per round\n", SpeculationMethodName(m),
+                rounds ? 1.0 + double(accepted) / rounds : 0.0);
+  }
+}
+
 TEST_F(CodepairCudaTest, SeededSamplingRepeatsAloneAndInBatch) {
   auto engine = MakeEngine(EngineOn("cuda"));
   ASSERT_TRUE(engine);

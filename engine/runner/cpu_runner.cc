@@ -43,20 +43,36 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
   for (const SequenceInput& in : batch) {
     if (in.all_logits) return absl::InvalidArgumentError("Step: a chunk asks for all_logits");
   }
+  bool per_token = false;
   for (const SampleRow& row : rows) {
     if (row.chunk < 0 || static_cast<size_t>(row.chunk) >= batch.size() || row.sampler == nullptr ||
-        row.history == nullptr) {
+        row.history == nullptr || row.token < -1 ||
+        row.token >= static_cast<int64_t>(batch[row.chunk].tokens.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("Step: sample row of chunk ", row.chunk, " is malformed"));
     }
+    per_token = per_token || row.token >= 0;
+  }
+  // Rows naming a token inside their chunk need every logits row of that chunk.
+  std::span<const SequenceInput> run = batch;
+  if (per_token) {
+    batch_.assign(batch.begin(), batch.end());
+    for (const SampleRow& row : rows) batch_[row.chunk].all_logits |= row.token >= 0;
+    run = batch_;
   }
   logits_.clear();
-  SPECD_RETURN_IF_ERROR(model_->Forward(batch, *kv_, &logits_));
+  SPECD_RETURN_IF_ERROR(model_->Forward(run, *kv_, &logits_));
+  std::vector<size_t> first_row(run.size() + 1, 0);  // first logits row of each chunk
+  for (size_t c = 0; c < run.size(); ++c) {
+    first_row[c + 1] = first_row[c] + (run[c].all_logits ? run[c].tokens.size() : 1);
+  }
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
   out->clear();
   out->reserve(rows.size());
   for (const SampleRow& row : rows) {
-    std::span<float> logits = std::span<float>(logits_).subspan(row.chunk * vocab, vocab);
+    const size_t r =
+        row.token >= 0 ? first_row[row.chunk] + row.token : first_row[row.chunk + 1] - 1;
+    std::span<float> logits = std::span<float>(logits_).subspan(r * vocab, vocab);
     out->push_back(row.sampler->Sample(logits, *row.history, row.banned));
   }
   return absl::OkStatus();

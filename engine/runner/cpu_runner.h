@@ -4,6 +4,7 @@
 // Engine thread only (the Model's pool and scratch buffers).
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,6 +27,7 @@ class CpuRunner : public ModelRunner {
   int32_t num_kv_blocks() const override { return kv_->spec().num_blocks; }
   int32_t block_size() const override { return kv_->spec().block_size; }
   int32_t max_model_len() const override { return max_model_len_; }
+  int32_t max_sample_rows() const override { return std::numeric_limits<int32_t>::max(); }
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;
@@ -38,7 +40,8 @@ class CpuRunner : public ModelRunner {
   std::unique_ptr<CpuKvCache> kv_;
   int32_t max_model_len_ = 0;
   int32_t num_threads_ = 0;
-  std::vector<float> logits_;  // [num_chunks, vocab] scratch of Step
+  std::vector<float> logits_;         // [num_logit_rows, vocab] scratch of Step
+  std::vector<SequenceInput> batch_;  // scratch of Step: the batch with all_logits where needed
 };
 
 }  // namespace specd

@@ -118,6 +118,37 @@ TEST_F(CpuRunnerTest, StepDrawsFromTheLastLogitsRowOfEachSampledChunk) {
   EXPECT_EQ(out[0].top[0].id, out[0].id);
 }
 
+// Verification of greedy drafts: rows naming tokens inside a chunk draw from those tokens'
+// logits, as Forward with all_logits returns them.
+TEST_F(CpuRunnerTest, RowsNamingTokensDrawFromThoseTokensLogits) {
+  const std::vector<int32_t> a = {0, 5, 9, 14, 3}, b = {0, 7, 7};
+  BlockTable ta = Table(5), tb = Table(3), tc = Table(5), td = Table(3);
+  std::vector<SequenceInput> batch = {{a, 0, ta.ids(), true}, {b, 0, tb.ids(), false}};
+  std::vector<float> logits;
+  ASSERT_TRUE(runner_->Forward(batch, &logits).ok());
+  const int32_t vocab = runner_->config().vocab_size;
+  ASSERT_EQ(logits.size(), 6u * vocab);  // 5 rows of a, the last of b
+
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler sampler(greedy, 1);
+  TokenHistory history;
+  std::vector<SampleRow> rows;
+  for (int32_t token : {4, 0, 2}) rows.push_back({0, &sampler, &greedy, &history, {}, 1, 0, token});
+  rows.push_back({1, &sampler, &greedy, &history, {}, 1, 0, -1});
+  std::vector<SampleResult> out;
+  std::vector<SequenceInput> again = {{a, 0, tc.ids(), false}, {b, 0, td.ids(), false}};
+  ASSERT_TRUE(runner_->Step(again, rows, &out).ok());
+  ASSERT_EQ(out.size(), 4u);
+  auto row = [&](int r) { return std::span<const float>(logits.data() + r * vocab, vocab); };
+  EXPECT_EQ(out[0].id, Argmax(row(4)));
+  EXPECT_EQ(out[1].id, Argmax(row(0)));
+  EXPECT_EQ(out[2].id, Argmax(row(2)));
+  EXPECT_EQ(out[3].id, Argmax(row(5)));
+  rows[0].token = 5;  // past the chunk
+  EXPECT_EQ(runner_->Step(again, rows, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuRunnerTest, MalformedRowsAndAllLogitsChunksAreRejected) {
   const std::vector<int32_t> a = {0, 5};
   BlockTable t = Table(2);

@@ -477,6 +477,7 @@ std::string CudaRunner::device_name() const { return s_->name; }
 int32_t CudaRunner::num_kv_blocks() const { return s_->num_kv_blocks; }
 int32_t CudaRunner::block_size() const { return s_->block_size; }
 int32_t CudaRunner::max_model_len() const { return s_->max_model_len; }
+int32_t CudaRunner::max_sample_rows() const { return s_->limits.max_rows; }
 std::vector<int32_t> CudaRunner::graph_batch_sizes() const { return s_->buckets; }
 
 absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
@@ -485,32 +486,36 @@ absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<co
   if (batch.empty()) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
   SPECD_RETURN_IF_ERROR(s_->Validate(batch));
-  std::vector<bool> seen(batch.size(), false);
   std::vector<int32_t> logit_rows;
   bool rows_are_chunks = rows.size() == batch.size();
   for (size_t i = 0; i < rows.size(); ++i) {
     const SampleRow& r = rows[i];
-    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() || seen[r.chunk] ||
-        r.sampler == nullptr || r.params == nullptr || r.history == nullptr) {
+    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() || r.sampler == nullptr ||
+        r.params == nullptr || r.history == nullptr || r.token < -1 ||
+        r.token >= static_cast<int64_t>(batch[r.chunk].tokens.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("Step: sample row ", i, " (chunk ", r.chunk, ") is malformed"));
     }
     if (batch[r.chunk].all_logits) return absl::InvalidArgumentError("Step: all_logits chunk");
-    seen[r.chunk] = true;
-    rows_are_chunks = rows_are_chunks && r.chunk == static_cast<int32_t>(i);
+    rows_are_chunks = rows_are_chunks && r.chunk == static_cast<int32_t>(i) && r.token < 0;
   }
   if (rows.size() > static_cast<size_t>(s_->limits.max_rows)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Step: ", rows.size(), " rows; at most ", s_->limits.max_rows));
   }
-  // Token index of each row's last token in the flattened batch.
-  std::vector<int32_t> last(batch.size());
-  int32_t t = 0;
+  // Token index of each chunk's first token in the flattened batch.
+  std::vector<int32_t> first(batch.size() + 1, 0);
   for (size_t c = 0; c < batch.size(); ++c) {
-    t += static_cast<int32_t>(batch[c].tokens.size());
-    last[c] = t - 1;
+    first[c + 1] = first[c] + static_cast<int32_t>(batch[c].tokens.size());
   }
-  for (const SampleRow& r : rows) logit_rows.push_back(last[r.chunk]);
+  for (const SampleRow& r : rows) {
+    logit_rows.push_back(r.token >= 0 ? first[r.chunk] + r.token : first[r.chunk + 1] - 1);
+  }
+  std::vector<int32_t> sorted = logit_rows;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return absl::InvalidArgumentError("Step: two sample rows name the same token");
+  }
   SPECD_ASSIGN_OR_RETURN(Launch launch,
                          s_->Prepare(batch, logit_rows, s_->GraphBucket(batch, rows_are_chunks)));
   SPECD_RETURN_IF_ERROR(s_->Execute(launch));

@@ -36,6 +36,7 @@ class CudaRunner : public ModelRunner {
   int32_t num_kv_blocks() const override;
   int32_t block_size() const override;
   int32_t max_model_len() const override;
+  int32_t max_sample_rows() const override;
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;

@@ -41,8 +41,10 @@ struct RunnerOptions {
   bool enforce_eager = false;             // CUDA: no graphs (debugging)
 };
 
-// One sequence whose next token is drawn this step: its logits row is the last token of batch
-// chunk `chunk`. Pointers are the request's and outlive the Step call.
+// One token drawn this step: from the logits of batch chunk `chunk` at its last token (the
+// sequence's next token), or at token `token` of the chunk (verification of greedy drafts draws
+// the target's choice after every position of a drafted chunk). Pointers are the request's and
+// outlive the Step call.
 struct SampleRow {
   int32_t chunk = 0;
   Sampler* sampler = nullptr;              // the request's CPU sampler (its own seeded RNG)
@@ -51,6 +53,7 @@ struct SampleRow {
   std::span<const int32_t> banned;         // ids that must not be drawn (min_tokens)
   uint64_t seed = 0;                       // the request's seed (given or drawn at arrival)
   int64_t num_generated = 0;               // tokens drawn so far (GPU Philox offset)
+  int32_t token = -1;                      // index into the chunk's tokens; -1: the last
 };
 
 class ModelRunner {
@@ -64,11 +67,14 @@ class ModelRunner {
   virtual int32_t block_size() const = 0;
   // Context limit every buffer is sized for: options.max_model_len, or the model's.
   virtual int32_t max_model_len() const = 0;
+  // Most rows one Step may draw (the device's logits buffer).
+  virtual int32_t max_sample_rows() const = 0;
 
   // Runs every chunk of `batch` (writing the KV of each new token) and draws one token per
   // row into (*out)[i] for rows[i]. Logprobs as the CPU Sampler returns them when the row's
-  // params ask for them. Chunks must not ask for all_logits. InvalidArgument for a malformed
-  // batch (nothing is written then); Internal for a device failure.
+  // params ask for them. Chunks must not ask for all_logits; rows name distinct (chunk, token)
+  // pairs, at most max_sample_rows() of them. InvalidArgument for a malformed batch (nothing is
+  // written then); Internal for a device failure.
   virtual absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                             std::vector<SampleResult>* out) = 0;
 

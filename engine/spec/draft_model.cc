@@ -109,6 +109,35 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
   return absl::OkStatus();
 }
 
+absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs, bool* drawn) {
+  // Greedy passes sample on the runner: every row ends its sequence's pending tokens and no
+  // draft position is banned (min_tokens), so the runner's argmax is the processed one.
+  bool greedy = true;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    const bool finishing = a.num_running > 0 && a.offset + a.num_running == a.pending.size();
+    const bool in_pass = a.num_running > 0;
+    greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0);
+  }
+  *drawn = greedy;
+  if (!greedy) return runner_->Forward(batch_, &logits_);
+  rows_.clear();
+  int32_t chunk = 0;
+  for (Active& a : active_) {
+    if (a.num_running == 0) continue;
+    const DraftInput& in = inputs[a.input];
+    if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
+    SampleRow row;
+    row.chunk = chunk++;
+    row.sampler = a.state->sampler.get();
+    row.params = in.params;
+    row.history = in.history;
+    row.seed = in.seed;
+    rows_.push_back(row);
+  }
+  return runner_->Step(batch_, rows_, &drawn_);
+}
+
 absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
                                            std::vector<Draft>* drafts) {
   batch_.clear();
@@ -123,7 +152,8 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
     s.block_table = a.state->blocks.ids();
     batch_.push_back(s);
   }
-  if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) {
+  bool drawn = false;
+  if (absl::Status s = ForwardPass(inputs, &drawn); !s.ok()) {
     for (const Active& a : active_) Release(inputs[a.input].seq_id);
     active_.clear();
     return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
@@ -138,10 +168,14 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
       a.state->kv_tokens.insert(a.state->kv_tokens.end(), ran,
                                 ran + static_cast<std::ptrdiff_t>(a.num_running));
       a.offset += a.num_running;
-      if (a.offset == a.pending.size()) {  // the logits row is the next draft's
+      if (a.offset == a.pending.size()) {  // the row gives the next draft
         Draft& draft = (*drafts)[a.input];
-        DrawDraft(inputs[a.input], *a.state,
-                  std::span<const float>(logits_).subspan(row * vocab, vocab), draft);
+        if (drawn) {
+          draft.tokens.push_back(drawn_[row].id);
+        } else {
+          DrawDraft(inputs[a.input], *a.state,
+                    std::span<const float>(logits_).subspan(row * vocab, vocab), draft);
+        }
         a.pending.assign(1, draft.tokens.back());
         a.offset = 0;
         done = --a.num_wanted == 0;

@@ -8,8 +8,11 @@
 // the last round), then K - 1 one-token decode steps.
 // Greedy requests draft the argmax of the processed distribution; sampled requests draw from
 // it (penalties, temperature, min-p, top-k, top-p as the target's sampler applies them) and
-// return it as q for speculative sampling. A sequence whose KV does not fit the pool gets no
-// drafts that round (the target decodes it plainly). Engine thread only.
+// return it as q for speculative sampling. A pass whose sequences are all greedy runs through
+// the runner's Step (on a GPU: the decode CUDA graphs and the argmax kernel, no logits copied
+// to the host); its penalties then see the committed tokens but not the round's earlier drafts,
+// which only affects how good a draft is, never the output. A sequence whose KV does not fit the
+// pool gets no drafts that round (the target decodes it plainly). Engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +53,7 @@ class DraftModelSpeculator : public Speculator {
     std::vector<int32_t> kv_tokens;  // [n] ids whose KV is in `blocks`, positions [0, n)
     std::mt19937_64 rng;             // sampled drafts
     bool seeded = false;
+    std::unique_ptr<Sampler> sampler;  // greedy passes through the runner's Step
   };
   // One sequence being drafted this round.
   struct Active {
@@ -65,6 +69,9 @@ class DraftModelSpeculator : public Speculator {
   // One forward pass over every active sequence's next piece of pending tokens (within the
   // token budget); draws a draft for each sequence whose pending tokens all ran.
   absl::Status RunPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // The pass's forward: next-draft tokens drawn by the runner when every sequence is greedy
+  // (*greedy_ids, one per finishing row), else logits rows in logits_.
+  absl::Status ForwardPass(std::span<const DraftInput> inputs, bool* drawn);
   // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
   // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
   bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
@@ -79,6 +86,8 @@ class DraftModelSpeculator : public Speculator {
   std::vector<SequenceInput> batch_;  // scratch
   std::vector<float> logits_;         // [num_active, vocab] scratch
   std::vector<float> probs_;          // [vocab] scratch
+  std::vector<SampleRow> rows_;       // scratch: greedy passes
+  std::vector<SampleResult> drawn_;   // scratch: greedy passes
 };
 
 }  // namespace specd

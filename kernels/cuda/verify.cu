@@ -15,7 +15,11 @@ static_assert(kMaxVerifyVocab == ref::kMaxVerifyVocab);
 
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kFusedMaxAutoBatch = 128;
-constexpr int64_t kFusedMaxAutoKvBytes = int64_t{1} << 20;
+// Measured on an H100 (verify_bench, docs/benchmarks.md, acceptance 0.9): the fused kernel won
+// with up to 72-147 KiB of KV rows (256 B rows: batch 32 at K 8; 1 KiB rows: batch 16; 4 KiB
+// rows and K 128: batch 1) and lost from 132-147 KiB on (batch 64 with 256 B rows, K 128 at
+// batch 4). 128 KiB splits the two.
+constexpr int64_t kFusedMaxAutoKvBytes = int64_t{128} << 10;
 
 bool ValidLayout(const DraftLayout& layout) {
   if (layout.batch < 0 || layout.max_draft_len < 0 || layout.max_draft_len >= INT_MAX) {

@@ -81,9 +81,9 @@ enum class VerifyPackPath {
 
 // The fused kernel runs on one SM: it wins while launch overhead dominates and loses once the
 // KV rows it copies need more than one SM's bandwidth (the study's crossover: ~4 MB of rows on
-// an L40S; recalibrate per GPU with tools/gpu/verify_bench). Decides on upper bounds, since the
-// accepted lengths are unknown on the host: batch <= 128 and batch * (max_draft_len + 1) *
-// kv_row_bytes <= 1 MiB.
+// an L40S; on an H100 we measured it near 128 KiB: docs/benchmarks.md; recalibrate per GPU with
+// tools/gpu/verify_bench). Decides on upper bounds, since the accepted lengths are unknown on
+// the host: batch <= 128 and batch * (max_draft_len + 1) * kv_row_bytes <= 128 KiB.
 bool PreferFusedVerifyPack(const DraftLayout& layout, int64_t kv_row_bytes);
 
 // Greedy acceptance and packing. The fused path runs in ONE launch: warps run the ballot scan of

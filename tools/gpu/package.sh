@@ -20,7 +20,7 @@ BUILD=${1:-build-cuda}
 DEST=.carry/gpu
 CARRY_LIMIT_MIB=64  # the device tool's limit on the working tree plus carried paths
 MARGIN_MIB=2        # files that appear before the run (logs, notes) need room too
-BENCHES=(attention_bench gemm_bench decode_bench verify_bench)
+BENCHES=(attention_bench gemm_bench decode_bench verify_bench spec_bench)
 
 die() { echo "package.sh: $*" >&2; exit 1; }
 [[ -f "$BUILD/CTestTestfile.cmake" ]] || die "no ctest build in $BUILD"

@@ -7,6 +7,7 @@
 #   kernel_check --mode check; a `specd serve --load-format dummy` smoke (Llama-3.1-8B shapes,
 #     three completions, one streamed, then SIGTERM and exit 0); attention_bench;
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
+#     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
 # The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
@@ -182,6 +183,8 @@ run_step "gemm_bench" 60 "${OURS[@]}" "$WORK/bin/gemm_bench"
 run_step "verify_bench" 90 "${OURS[@]}" "$WORK/bin/verify_bench"
 run_step "verify_torch_bench.py" 90 env PYTHONUNBUFFERED=1 python3 tools/gpu/verify_torch_bench.py \
   --compare "$WORK/steps/verify_bench.out"
+run_step "spec_bench" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
+  --k 4 --max-tokens 128
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
@@ -189,7 +192,7 @@ run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode per
 
 echo
 echo "== key results (full output in $LOG)"
-for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py"; do
+for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/$s.out"
