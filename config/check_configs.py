@@ -79,12 +79,16 @@ def example_files():
 
 
 def readme_flags():
-    """(field, flags) rows of the README's field table."""
+    """(field, flags) rows of the README's field table (its "## Fields" section; other
+    tables, such as the speculative_config keys, are not ServeConfig fields)."""
     rows = []
+    section = None
     with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
         for line in f:
+            if line.startswith("## "):
+                section = line[3:].strip()
             m = re.match(r"\| `([a-z_.]+)` \| (.*?) \|", line)
-            if m:
+            if m and section == "Fields":
                 rows.append((m.group(1), re.findall(r"`(--[a-z-]+)`", m.group(2))))
     return rows
 
@@ -208,6 +212,17 @@ class ServeTest(unittest.TestCase):
             status, body = d.post_json("/v1/completions", {
                 "model": "codepair", "prompt": [7] * 2040, "max_tokens": 8})
             self.assertEqual(status, 200, body)
+            # speculative_config: the draft model drafts by default; output as without.
+            request = {"model": "codepair", "prompt": "def fibonacci(n):", "max_tokens": 32,
+                       "temperature": 0}
+            status, body = d.post_json("/v1/completions", request)
+            self.assertEqual(status, 200, body)
+            self.assertGreater(body["usage"]["speculation"]["num_drafts"], 0, body)
+            status, plain = d.post_json("/v1/completions",
+                                        dict(request, speculation={"method": "none"}))
+            self.assertEqual(status, 200, plain)
+            self.assertEqual(plain["usage"]["speculation"]["num_drafts"], 0, plain)
+            self.assertEqual(body["choices"][0]["text"], plain["choices"][0]["text"])
             self.assertEqual(d.stop(), 0)
 
     def test_cpu_demo_textproto_serves(self):
@@ -226,7 +241,8 @@ class ServeTest(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertNotIn("--config", p.stderr)
                 self.assertRegex(p.stderr, r"--(model|device)")
-                # With CPU-only overrides it must start.
+                # With CPU-only overrides it must start (speculative_config: see the file's
+                # comments; the runnable alternative it shows is checked below).
                 d = self.daemon.Daemon(ARGS.specd, "--config", path, "--device", "cpu",
                                        "--speculative-config=", "--max-model-len", "2048",
                                        "--kv-cache-memory-bytes", str(64 << 20),
@@ -236,6 +252,33 @@ class ServeTest(unittest.TestCase):
                     status, body = d.get_json("/v1/models")
                     self.assertEqual(status, 200, body)
                     self.assertEqual(d.stop(), 0)
+
+    def test_speculative_configs_shown_in_comments_start(self):
+        # The speculative_config lines the GPU examples show as runnable today start the
+        # real server (on the codepair pair: the draft path swapped for the bundled draft).
+        model = os.path.join(ARGS.source, "models", "codepair", "target")
+        draft = os.path.join(ARGS.source, "models", "codepair", "draft")
+        shown = []
+        for name in ["gpu-1.textproto", "gpu-tp-speculator.textproto"]:
+            with open(os.path.join(HERE, name), encoding="utf-8") as f:
+                shown += re.findall(r"^#\s*(?:speculative_config:)?\s*'(\{.*\})'\s*$", f.read(),
+                                    re.M)
+        self.assertGreaterEqual(len(shown), 3, shown)
+        for config in shown:
+            config = re.sub(r'"model": "[^"]*"', f'"model": "{draft}"', config)
+            with self.subTest(config=config):
+                d = self.daemon.Daemon(ARGS.specd, "--device", "cpu", "--speculative-config",
+                                       config, source_dir=ARGS.source, model=model)
+                with d:
+                    status, body = d.post_json("/v1/completions", {
+                        "prompt": "def f(", "max_tokens": 8, "temperature": 0})
+                    self.assertEqual(status, 200, body)
+                    self.assertIn("speculation", body["usage"])
+                    self.assertEqual(d.stop(), 0)
+        p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "ssd"}')
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--speculative-config", p.stderr)
+        self.assertIn("not available yet", p.stderr)
 
     def test_a_typo_fails_startup(self):
         with tempfile.NamedTemporaryFile("w", suffix=".textproto") as f:

@@ -32,6 +32,8 @@ bool WantsHelp(const std::vector<std::string>& args) {
 struct GenerateFlags {
   std::string model = kDefaultModel;
   std::optional<std::string> prompt, prompt_ids, stop, log_level;
+  std::string speculative_config, speculation_method;
+  int32_t num_speculative_tokens = 0;
   std::string device = "auto", load_format = "auto";
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
@@ -64,6 +66,13 @@ struct GenerateFlags {
     p.Add("enforce-eager", &enforce_eager, "no CUDA graphs (debugging)");
     p.Add("threads", &threads, "CPU threads (0 = all cores)");
     p.Add("max-model-len", &max_model_len, "context limit (0 = the model's)");
+    p.Add("speculative-config", &speculative_config,
+          "speculative decoding, JSON as for specd serve (e.g. {\"method\": \"draft_model\", "
+          "\"model\": DIR, \"num_speculative_tokens\": 4}); the output is the same");
+    p.Add("speculation-method", &speculation_method,
+          "this request's method: none | auto | draft_model | ngram (default: the config's)");
+    p.Add("num-speculative-tokens", &num_speculative_tokens,
+          "draft tokens per round, 0..64 (0 = the config's)");
     p.Add("json", &json, "print one JSON object instead of streaming text");
     p.Add("log-level", &log_level, "trace|debug|info|warn|error");
   }
@@ -107,6 +116,29 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const GenerateFlags& f, const Eng
   return std::vector<int32_t>{*bos};
 }
 
+absl::StatusOr<SpeculationParams> ToSpeculationParams(const GenerateFlags& f) {
+  SpeculationParams s;
+  absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(f.speculation_method);
+  if (!method.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculation-method: ", method.status().message()));
+  }
+  s.method = *method;
+  if (f.num_speculative_tokens < 0 || f.num_speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num-speculative-tokens: must be in [0, ", kMaxSpeculativeTokens, "]"));
+  }
+  s.num_speculative_tokens = f.num_speculative_tokens;
+  return s;
+}
+
+nlohmann::json SpeculationJson(const RequestUsage& u) {
+  return {{"num_drafts", u.num_drafts},
+          {"num_draft_tokens", u.num_draft_tokens},
+          {"num_accepted_tokens", u.num_accepted_tokens},
+          {"mean_accepted_length", u.mean_accepted_length()}};
+}
+
 nlohmann::json LogprobsJson(const GenerateResult& r) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& t : r.tokens) {
@@ -140,8 +172,10 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   options.enforce_eager = f.enforce_eager;
   options.num_threads = f.threads;
   options.max_model_len = f.max_model_len;
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  SPECD_ASSIGN_OR_RETURN(options.speculative, ParseSpeculativeConfig(f.speculative_config));
   GenerateRequest request;
+  SPECD_ASSIGN_OR_RETURN(request.speculation, ToSpeculationParams(f));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
   SPECD_ASSIGN_OR_RETURN(request.prompt_ids, PromptIds(f, *engine));
   request.params = f.ToSamplingParams();
   TokenCallback stream;
@@ -161,6 +195,9 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
                         {"text", result.text},
                         {"finish_reason", FinishReasonName(result.finish_reason)}};
   if (f.logprobs >= 0) out["logprobs"] = LogprobsJson(result);
+  if (options.speculative.enabled() || !f.speculation_method.empty()) {
+    out["speculation"] = SpeculationJson(result.usage);
+  }
   std::printf("%s\n", Dump(out).c_str());
   return absl::OkStatus();
 }

@@ -27,6 +27,14 @@ const Histogram::BucketBoundaries kRequestBuckets = {
     0.01, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,   5.0,    10.0,  15.0,
     20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+// Accepted drafts per verification round: every value up to 16, then coarser to K = 64.
+const Histogram::BucketBoundaries kAcceptedLengthBuckets = {
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 24, 32, 48, 64};
+// Draft and verification time of one engine step.
+const Histogram::BucketBoundaries kSpecStepBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                      0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                      1.0,    2.5,     5.0,    10.0};
+
 prometheus::Counter* NewCounter(prometheus::Registry& r, const std::string& name,
                                 const std::string& help) {
   return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
@@ -79,6 +87,29 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                          .Name("specd_http_responses_total")
                          .Help("HTTP responses sent, by status code.")
                          .Register(r);
+  spec_drafts_ = NewCounter(r, "specd_spec_decode_num_drafts_total",
+                            "Speculative decoding: verification rounds that carried drafts.");
+  spec_draft_tokens_ = NewCounter(r, "specd_spec_decode_num_draft_tokens_total",
+                                  "Speculative decoding: draft tokens proposed.");
+  spec_accepted_tokens_ = NewCounter(r, "specd_spec_decode_num_accepted_tokens_total",
+                                     "Speculative decoding: draft tokens the target accepted.");
+  spec_accepted_per_pos_ =
+      &prometheus::BuildCounter()
+           .Name("specd_spec_decode_num_accepted_tokens_per_pos_total")
+           .Help("Speculative decoding: accepted draft tokens by position in the draft (0-based).")
+           .Register(r);
+  spec_accepted_length_ =
+      NewHistogram(r, "specd_spec_decode_accepted_length",
+                   "Speculative decoding: draft tokens accepted per verification round.",
+                   kAcceptedLengthBuckets);
+  spec_draft_seconds_ =
+      NewHistogram(r, "specd_spec_decode_draft_seconds",
+                   "Speculative decoding: time the speculators took to draft, per engine step.",
+                   kSpecStepBuckets);
+  spec_verify_seconds_ = NewHistogram(
+      r, "specd_spec_decode_verify_seconds",
+      "Speculative decoding: time of the verification pass and acceptance, per engine step.",
+      kSpecStepBuckets);
 }
 
 Metrics::~Metrics() = default;
@@ -103,6 +134,28 @@ void Metrics::OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) {
 }
 
 void Metrics::OnPreemption(int32_t num_sequences) { preemptions_->Increment(num_sequences); }
+
+void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
+  if (m.num_draft_tokens.empty()) return;  // no sequence of the step carried drafts
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  for (size_t i = 0; i < m.num_draft_tokens.size(); ++i) {
+    draft_tokens += m.num_draft_tokens[i];
+    const int32_t accepted = i < m.num_accepted.size() ? m.num_accepted[i] : 0;
+    accepted_tokens += accepted;
+    spec_accepted_length_->Observe(accepted);
+    for (int32_t pos = 0; pos < accepted && pos < kMaxSpeculativeTokens; ++pos) {
+      prometheus::Counter*& at = spec_accepted_at_[pos];
+      if (at == nullptr) at = &spec_accepted_per_pos_->Add({{"position", std::to_string(pos)}});
+      at->Increment();
+    }
+  }
+  spec_drafts_->Increment(static_cast<double>(m.num_draft_tokens.size()));
+  spec_draft_tokens_->Increment(static_cast<double>(draft_tokens));
+  spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
+  spec_draft_seconds_->Observe(m.draft_seconds);
+  spec_verify_seconds_->Observe(m.verify_seconds);
+}
 
 void Metrics::OnHttpResponse(int status) {
   http_responses_->Add({{"code", std::to_string(status)}}).Increment();

@@ -34,6 +34,7 @@ class Metrics : public EngineObserver {
   void OnStep(const EngineStats& stats) override;
   void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) override;
   void OnPreemption(int32_t num_sequences) override;
+  void OnSpeculation(const SpeculationStepMetrics& m) override;
 
   // One HTTP response sent with this status (I/O threads).
   void OnHttpResponse(int status);
@@ -62,6 +63,17 @@ class Metrics : public EngineObserver {
   prometheus::Counter* prefix_hits_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
   prometheus::Family<prometheus::Counter>* http_responses_ = nullptr;
+  // Speculative decoding.
+  prometheus::Counter* spec_drafts_ = nullptr;
+  prometheus::Counter* spec_draft_tokens_ = nullptr;
+  prometheus::Counter* spec_accepted_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_pos_ = nullptr;
+  // Children of spec_accepted_per_pos_ by position, made when first reached (engine thread
+  // only, so that /metrics lists only positions some draft was long enough to have).
+  std::array<prometheus::Counter*, kMaxSpeculativeTokens> spec_accepted_at_{};
+  prometheus::Histogram* spec_accepted_length_ = nullptr;
+  prometheus::Histogram* spec_draft_seconds_ = nullptr;
+  prometheus::Histogram* spec_verify_seconds_ = nullptr;
 };
 
 }  // namespace specd

@@ -84,6 +84,8 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.chat_template = chat_template;
   c.max_model_len = engine.max_model_len();
   c.vocab_size = c.tokenizer ? c.tokenizer->vocab_size() : std::numeric_limits<int32_t>::max();
+  c.speculative = engine.speculative_config();
+  c.has_draft_model = engine.has_draft_model();
   return c;
 }
 
@@ -232,8 +234,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
     return absl::OkStatus();
   }
   SetLogLevel(o.log_level);
-  if (!o.speculative_config.empty()) {
-    SPECD_LOG_WARN("--speculative-config is not implemented yet; serving without speculation");
+  if (o.speculative.enabled()) {
+    SPECD_LOG_INFO("speculation: default method {}, K {}, draft model {}",
+                   SpeculationMethodName(o.speculative.method),
+                   o.speculative.num_speculative_tokens,
+                   o.speculative.draft_model.empty() ? "none" : o.speculative.draft_model);
   }
   SPECD_RETURN_IF_ERROR(InstallShutdownSignals());
   ServeProcess process(std::move(o));

@@ -49,7 +49,10 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("drain-timeout", &o.drain_timeout_s, "seconds in-flight requests may finish on SIGTERM");
   p.Add("request-timeout", &o.request_timeout_s, "per-request deadline in seconds (0 = none)");
   p.Add("log-level", &o.log_level, "trace|debug|info|warn|error");
-  p.Add("speculative-config", &o.speculative_config, "speculation settings (JSON)");
+  p.Add("speculative-config", &o.speculative_config,
+        "speculative decoding defaults, JSON: {\"method\": none|auto|draft_model|ngram, "
+        "\"model\": DRAFT_DIR, \"num_speculative_tokens\": K, \"prompt_lookup_min\"/"
+        "\"prompt_lookup_max\": N, \"draft_kv_cache_bytes\": B}");
 }
 
 absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(what); }
@@ -151,6 +154,17 @@ absl::Status CheckSeconds(absl::string_view flag, double v) {
   return Bad(absl::StrCat("--", flag, ": must be a number of seconds >= 0"));
 }
 
+// Parses --speculative-config into o->speculative; the draft model must be a directory.
+absl::Status ParseSpeculation(ServeOptions* o) {
+  SPECD_ASSIGN_OR_RETURN(o->speculative, ParseSpeculativeConfig(o->speculative_config));
+  const std::string& draft = o->speculative.draft_model;
+  std::error_code ec;
+  if (!draft.empty() && !std::filesystem::is_directory(draft, ec)) {
+    return Bad(absl::StrCat("--speculative-config: \"model\" '", draft, "' is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const ServeOptions& o) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -237,6 +251,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(const std::vector<std::string>& a
     if (options.served_model_name.empty()) options.served_model_name = options.model;
   }
   SPECD_RETURN_IF_ERROR(Validate(options));
+  SPECD_RETURN_IF_ERROR(ParseSpeculation(&options));
   return options;
 }
 
@@ -263,6 +278,7 @@ EngineOptions ToEngineOptions(const ServeOptions& o) {
   e.max_num_batched_tokens = o.max_num_batched_tokens;
   e.max_waiting = o.max_waiting_requests;
   e.enable_prefix_caching = !o.disable_prefix_caching;
+  e.speculative = o.speculative;
   return e;
 }
 

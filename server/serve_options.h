@@ -48,7 +48,10 @@ struct ServeOptions {
   double drain_timeout_s = 30;
   double request_timeout_s = 0;  // 0: no deadline
   std::string log_level = "info";
+  // Speculative decoding: vLLM-style JSON (engine/spec/spec_config.h), e.g.
+  // {"method": "draft_model", "model": "DIR", "num_speculative_tokens": 4}; empty: none.
   std::string speculative_config;
+  SpeculativeConfig speculative;  // speculative_config parsed (by ParseServeOptions)
 
   bool help = false;  // --help was given: print ServeUsage() and exit 0
 };

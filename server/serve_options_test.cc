@@ -143,11 +143,70 @@ TEST(ServeOptionsTest, BadFlagsAndConfigsAreInvalidArgument) {
   }
 }
 
+const std::string kDraft = SPECD_SOURCE_DIR "/models/codepair/draft";
+
+TEST(ServeOptionsTest, SpeculativeConfigReachesTheEngine) {
+  auto none = Parse({});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(ToEngineOptions(*none).speculative.enabled());
+  auto o = Parse({"--speculative-config", R"({"method": "draft_model", "model": ")" + kDraft +
+                                              R"(", "num_speculative_tokens": 6})"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EngineOptions e = ToEngineOptions(*o);
+  EXPECT_EQ(e.speculative.method, SpeculationMethod::kDraftModel);
+  EXPECT_EQ(e.speculative.draft_model, kDraft);
+  EXPECT_EQ(e.speculative.num_speculative_tokens, 6);
+  auto ngram = Parse({"--speculative-config={\"method\": \"ngram\", \"prompt_lookup_max\": 3}"});
+  ASSERT_TRUE(ngram.ok()) << ngram.status();
+  EXPECT_EQ(ToEngineOptions(*ngram).speculative.method, SpeculationMethod::kNgram);
+  EXPECT_EQ(ToEngineOptions(*ngram).speculative.prompt_lookup_max, 3);
+}
+
+TEST(ServeOptionsTest, SpeculativeConfigComesFromTheConfigFileAndTheFlagWins) {
+  const std::string path =
+      WriteFile("spec.json", R"({"speculative_config": "{\"method\": \"none\", \"model\": \")" +
+                                 kDraft + R"(\"}"})");
+  auto o = Parse({"--config", path});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.method, SpeculationMethod::kNone);
+  EXPECT_EQ(o->speculative.draft_model, kDraft);
+  EXPECT_TRUE(o->speculative.enabled());
+  auto flag = Parse({"--config", path, "--speculative-config", R"({"method": "ngram"})"});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->speculative.method, SpeculationMethod::kNgram);
+  EXPECT_TRUE(flag->speculative.draft_model.empty());
+}
+
+TEST(ServeOptionsTest, BadSpeculativeConfigNamesTheFlag) {
+  const std::string in_file = WriteFile("bad_spec.json", R"({"speculative_config": "{\"k\": 1}"})");
+  const std::vector<std::vector<std::string>> cases = {
+      {"--speculative-config", "not json"},
+      {"--speculative-config", "[1]"},
+      {"--speculative-config", R"({"method": "warp"})"},
+      {"--speculative-config", R"({"method": "ssd"})"},
+      {"--speculative-config", R"({"method": "draft_model"})"},
+      {"--speculative-config", R"({"model": "/no/such/draft"})"},
+      {"--speculative-config", R"({"method": "ngram", "num_speculative_tokens": 65})"},
+      {"--speculative-config", R"({"method": "ngram", "num_speculative_tokens": 0})"},
+      {"--speculative-config", R"({"method": "ngram", "prompt_lookup_min": 5,
+                                   "prompt_lookup_max": 2})"},
+      {"--speculative-config", R"({"method": "ngram", "extra": 1})"},
+      {"--config", in_file},
+  };
+  for (const auto& args : cases) {
+    auto o = Parse(args);
+    ASSERT_FALSE(o.ok()) << args[1];
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << args[1];
+    EXPECT_NE(o.status().message().find("--speculative-config"), std::string::npos) << o.status();
+  }
+}
+
 TEST(ServeOptionsTest, HelpIsReported) {
   auto o = ParseServeOptions({"--help"}, nullptr);
   ASSERT_TRUE(o.ok());
   EXPECT_TRUE(o->help);
   EXPECT_NE(ServeUsage().find("--max-num-batched-tokens"), std::string::npos);
+  EXPECT_NE(ServeUsage().find("--speculative-config"), std::string::npos);
 }
 
 }  // namespace

@@ -88,6 +88,45 @@ class GenerateTest(unittest.TestCase):
         self.assertIn("/nonexistent/model", p.stderr)
 
 
+class SpeculationTest(unittest.TestCase):
+    DRAFT = f"{SOURCE}/models/codepair/draft"
+
+    def test_speculation_gives_the_hf_golden_and_reports_stats(self):
+        config = json.dumps({"model": self.DRAFT, "num_speculative_tokens": 4})
+        for g in GOLDEN["target"][:2]:
+            ids = ",".join(map(str, g["prompt_ids"]))
+            plain = generate_json("--prompt-ids", ids, "--max-tokens", "48", "--ignore-eos",
+                                  "--logprobs", "2")
+            self.assertNotIn("speculation", plain)  # the CLI contract's keys only
+            for extra in (["--speculative-config", config],
+                          ["--speculative-config", config, "--num-speculative-tokens", "7"],
+                          ["--speculation-method", "ngram"]):
+                out = generate_json("--prompt-ids", ids, "--max-tokens", "48", "--ignore-eos",
+                                    "--logprobs", "2", *extra)
+                self.assertEqual(out["ids"], g["greedy_ids"], extra)
+                self.assertEqual(out["text"], g["greedy_text"], extra)
+                for a, b in zip(out["logprobs"], plain["logprobs"]):
+                    self.assertEqual([t["id"] for t in a["top"]], [t["id"] for t in b["top"]])
+                    self.assertAlmostEqual(a["logprob"], b["logprob"], delta=1e-4)
+                s = out["speculation"]
+                self.assertGreater(s["num_drafts"], 0, extra)
+                self.assertLessEqual(s["num_accepted_tokens"], s["num_draft_tokens"])
+
+    def test_bad_speculation_flags_exit_2_naming_the_flag(self):
+        cases = [
+            (("--speculative-config", "{"), "--speculative-config"),
+            (("--speculative-config", '{"method": "ssd"}'), "not available yet"),
+            (("--speculative-config", '{"method": "draft_model"}'), "--speculative-config"),
+            (("--speculation-method", "warp"), "--speculation-method"),
+            (("--num-speculative-tokens", "65"), "--num-speculative-tokens"),
+            (("--speculation-method", "draft_model"), "draft model"),  # none loaded
+        ]
+        for args, message in cases:
+            p = run("generate", "--model", MODEL, "--max-tokens", "2", *args)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(message, p.stderr, args)
+
+
 class TokenizeTest(unittest.TestCase):
     def test_vectors_match_hf_tokenizers(self):
         vectors = [json.loads(l) for l in open(f"{SHARED}/models/codepair/tokenizer_vectors.jsonl")]

@@ -5,7 +5,8 @@ Starts `specd serve` on free loopback ports with the bundled codepair model and 
 with Debian's python3-grpcio: stubs generated from specd.proto at test time (protoc +
 grpc_python_plugin); grpc.health.v1 and server reflection called as generic methods with
 message classes built from descriptors (grpc_client.py; Debian ships no Python stubs for
-them).
+them). SpeculationTest serves with the codepair draft loaded: SpeculationOptions give the
+same ids and logprobs as without, and the last message carries speculation_stats.
 Usage:
   grpc_test.py SPECD_BINARY SOURCE_DIR PROTOC GRPC_PYTHON_PLUGIN [unittest args]
 """
@@ -213,6 +214,13 @@ class GenerateTest(GrpcTestCase):
              "speculation.method"),
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                 num_speculative_tokens=-1)), "num_speculative_tokens"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                num_speculative_tokens=65)), "num_speculative_tokens"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(method="ssd")),
+             "not available yet"),
+            # This server has no draft model.
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                method="draft_model")), "draft model"),
             (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * 9000)), "context limit"),
         ]
         for req, message in cases:
@@ -240,6 +248,69 @@ class GenerateTest(GrpcTestCase):
                                                timeout=60))
         self.assertEqual(len(ids), 2)
         self.wait_idle()
+
+
+class SpeculationTest(GrpcTestCase):
+    """The draft model loaded, speculation only when a request asks (issue 5)."""
+    daemon_args = ("--speculative-config",
+                   json.dumps({"model": f"{SOURCE}/models/codepair/draft", "method": "none"}))
+
+    def generate(self, prompt, n=1, **speculation):
+        r = pb.GenerateRequest(text=prompt, max_tokens=40, temperature=0, n=n, logprobs=2)
+        if speculation:
+            r.speculation.CopyFrom(pb.SpeculationOptions(**speculation))
+        per_choice, finals = {}, {}
+        for m in self.stub.Generate(r, timeout=120):
+            ids, lps = per_choice.setdefault(m.index, ([], []))
+            ids += list(m.token_ids)
+            lps += [(lp.sampled.logprob, [t.token_id for t in lp.top]) for lp in m.logprobs]
+            if m.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+                finals[m.index] = m
+        return per_choice, finals
+
+    def test_speculation_options_give_the_same_ids_and_report_stats(self):
+        prompts = ["def main(", "import os\nimport sys\n", "class Foo:\n    def __init__("]
+        options = [dict(method="draft_model", num_speculative_tokens=4),
+                   dict(method="draft", num_speculative_tokens=7),
+                   dict(method="ngram"), dict(method="auto")]
+        accepted = 0
+        for prompt in prompts:
+            want, want_finals = self.generate(prompt, n=2)
+            self.assertEqual(want_finals[0].speculation_stats.num_drafts, 0)
+            for opts in options:
+                got, finals = self.generate(prompt, n=2, **opts)
+                what = f"{prompt!r} {opts}"
+                self.assertEqual(sorted(got), [0, 1], what)
+                for i in (0, 1):
+                    self.assertEqual(got[i][0], want[i][0], what)
+                    for (lp, top), (want_lp, want_top) in zip(got[i][1], want[i][1]):
+                        self.assertEqual(top, want_top, what)
+                        self.assertAlmostEqual(lp, want_lp, delta=1e-4, msg=what)
+                    self.assertEqual(finals[i].finish_reason, want_finals[i].finish_reason)
+                    s = finals[i].speculation_stats
+                    self.assertLessEqual(s.num_accepted_tokens, s.num_draft_tokens, what)
+                    self.assertLessEqual(s.num_drafts, finals[i].usage.completion_tokens, what)
+                    if s.num_drafts:
+                        self.assertAlmostEqual(s.mean_accepted_length,
+                                               1 + s.num_accepted_tokens / s.num_drafts)
+                    if opts["method"] != "ngram":
+                        self.assertGreater(s.num_drafts, 0, what)
+                        self.assertGreater(s.num_draft_tokens, 0, what)
+                    accepted += s.num_accepted_tokens
+        self.assertGreater(accepted, 0)
+        self.wait_idle()
+
+    def test_bad_speculation_options_are_invalid_argument(self):
+        for opts, message in [(dict(method="vegas"), "not available yet"),
+                              (dict(method="ssv"), "not available yet"),
+                              (dict(method="warp"), "speculation.method"),
+                              (dict(method="ngram", num_speculative_tokens=100),
+                               "num_speculative_tokens")]:
+            self.assert_rpc_error(grpc.StatusCode.INVALID_ARGUMENT, self.stub.Generate,
+                                  pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                                      **opts)), timeout=30, contains=message)
+        _, finals = self.generate("x", method="none")
+        self.assertEqual(finals[0].speculation_stats.num_drafts, 0)
 
 
 class StopTheWorkTest(GrpcTestCase):

@@ -99,7 +99,10 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (auto it = j.find("method"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return FieldError("method", "must be a string");
     absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(it->get<std::string>());
-    if (!m.ok()) return FieldError("method", std::string(m.status().message()));
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculative-config: \"method\": ", std::string(m.status().message())));
+    }
     config.method = *m == SpeculationMethod::kDefault ? config.method : *m;
   }
   if (absl::Status s = ReadInt32(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens,

@@ -1,6 +1,5 @@
 #include "server/grpc/generate_conversion.h"
 
-#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -9,15 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "engine/base/status.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specd {
 namespace {
-
-constexpr std::array<const char*, 8> kSpeculationMethods = {"",      "auto", "none",  "draft_model",
-                                                            "ngram", "ssd",  "vegas", "ssv"};
 
 absl::StatusOr<std::vector<int32_t>> PromptIds(const v1::GenerateRequest& request,
                                                const ServedModel& model) {
@@ -41,19 +36,23 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const v1::GenerateRequest& reques
   return absl::InvalidArgumentError("prompt is required: set text or token_ids");
 }
 
-absl::Status ValidateSpeculation(const v1::SpeculationOptions& spec) {
-  bool known = false;
-  for (const char* m : kSpeculationMethods) known |= spec.method() == m;
-  if (!known) {
+// "" keeps the server's default; "draft" is accepted for "draft_model".
+absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptions& options) {
+  SpeculationParams params;
+  absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(options.method());
+  if (!method.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("speculation.method '", spec.method(), "' is unknown; use one of auto, ",
-                     absl::StrJoin(std::span(kSpeculationMethods).subspan(2), ", ")));
+        absl::StrCat("speculation.method: ", method.status().message()));
   }
-  if (spec.num_speculative_tokens() < 0 || spec.num_speculative_tokens() > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "]"));
+  params.method = *method;
+  if (options.num_speculative_tokens() < 0 ||
+      options.num_speculative_tokens() > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens,
+                     "], got ", options.num_speculative_tokens()));
   }
-  return absl::OkStatus();
+  params.num_speculative_tokens = options.num_speculative_tokens();
+  return params;
 }
 
 // max_tokens: as given (it must fit the context), or what the context leaves.
@@ -123,7 +122,7 @@ absl::StatusOr<std::vector<GenerateRequest>> ToEngineRequests(const v1::Generate
   if (request.has_logprobs() && request.logprobs() < 0) {
     return absl::InvalidArgumentError("logprobs must be between 0 and 20");
   }
-  SPECD_RETURN_IF_ERROR(ValidateSpeculation(request.speculation()));
+  SPECD_ASSIGN_OR_RETURN(SpeculationParams speculation, ToSpeculationParams(request.speculation()));
   SPECD_ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids, PromptIds(request, model));
   SPECD_ASSIGN_OR_RETURN(
       int32_t max_tokens,
@@ -136,6 +135,7 @@ absl::StatusOr<std::vector<GenerateRequest>> ToEngineRequests(const v1::Generate
     GenerateRequest& r = out[i];
     r.prompt_ids = prompt_ids;
     r.params = ToSamplingParams(request, max_tokens);
+    r.speculation = speculation;
     if (r.params.seed) *r.params.seed += static_cast<uint64_t>(i);
     r.deadline = deadline;
     r.request_id = n == 1 ? request_id : absl::StrCat(request_id, "/", i);
@@ -171,7 +171,11 @@ void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool 
   usage->set_prompt_tokens(output.usage.prompt_tokens);
   usage->set_completion_tokens(output.usage.completion_tokens);
   usage->set_cached_prompt_tokens(output.usage.cached_prompt_tokens);
-  response->mutable_speculation_stats();  // reserved: zero until speculation lands
+  v1::SpeculationStats* stats = response->mutable_speculation_stats();
+  stats->set_num_drafts(output.usage.num_drafts);
+  stats->set_num_draft_tokens(output.usage.num_draft_tokens);
+  stats->set_num_accepted_tokens(output.usage.num_accepted_tokens);
+  stats->set_mean_accepted_length(output.usage.mean_accepted_length());
 }
 
 absl::Status ReadModelFileInfo(const std::string& model_dir, ServedModel* model) {

@@ -34,9 +34,10 @@ inline constexpr int32_t kMaxChoices = 16;
 // Longest draft SpeculationOptions may ask for: kMaxSpeculativeTokens (engine/spec, via engine.h).
 
 // Checks and tokenizes `request`: one engine request per choice (n of them), each with
-// `request_id` and `deadline`. InvalidArgument naming the field for bad values, NotFound for
-// another model's name, Unimplemented for options the engine lacks. Sampling ranges are
-// checked again by Engine::Submit.
+// `request_id` and `deadline`. InvalidArgument naming the field for bad values (speculation
+// options included: unknown or not-yet-available methods, K outside [0, 64]), NotFound for
+// another model's name, Unimplemented for options the engine lacks. Sampling ranges and
+// whether the server can run the speculation method are checked again by Engine::Submit.
 absl::StatusOr<std::vector<GenerateRequest>> ToEngineRequests(const v1::GenerateRequest& request,
                                                               const ServedModel& model,
                                                               const std::string& request_id,
@@ -44,7 +45,8 @@ absl::StatusOr<std::vector<GenerateRequest>> ToEngineRequests(const v1::Generate
 
 // Appends one engine update of choice `index` to `response` (new tokens, text and, when
 // `with_logprobs`, their logprobs); when the update finished the choice successfully, also
-// sets finish_reason and usage. Several updates may be merged into one response this way.
+// sets finish_reason, usage and speculation_stats. Several updates may be merged into one
+// response this way.
 void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool with_logprobs,
                   v1::GenerateResponse* response);
 

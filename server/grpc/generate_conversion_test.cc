@@ -131,6 +131,13 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
       {"draft len",
        [](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(65); },
        absl::StatusCode::kInvalidArgument, "num_speculative_tokens"},
+      {"negative draft len",
+       [](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(-1); },
+       absl::StatusCode::kInvalidArgument, "num_speculative_tokens"},
+      {"ssd", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("ssd"); },
+       absl::StatusCode::kInvalidArgument, "not available yet"},
+      {"vegas", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("vegas"); },
+       absl::StatusCode::kInvalidArgument, "not available yet"},
       {"skip special", [](v1::GenerateRequest* r) { r->set_skip_special_tokens(false); },
        absl::StatusCode::kUnimplemented, "skip_special_tokens"},
   };
@@ -142,6 +149,61 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
     EXPECT_EQ(s.code(), c.code) << c.name << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.name;
   }
+}
+
+TEST_F(GenerateConversionTest, SpeculationOptionsReachEveryChoice) {
+  struct Case {
+    const char* method;
+    SpeculationMethod want;
+  };
+  const Case cases[] = {
+      {"", SpeculationMethod::kDefault},         {"none", SpeculationMethod::kNone},
+      {"auto", SpeculationMethod::kAuto},        {"draft_model", SpeculationMethod::kDraftModel},
+      {"draft", SpeculationMethod::kDraftModel}, {"ngram", SpeculationMethod::kNgram}};
+  for (const Case& c : cases) {
+    v1::GenerateRequest r;
+    r.set_text("x");
+    r.set_n(2);
+    r.mutable_speculation()->set_method(c.method);
+    r.mutable_speculation()->set_num_speculative_tokens(64);
+    absl::StatusOr<std::vector<GenerateRequest>> out = Convert(r);
+    ASSERT_TRUE(out.ok()) << c.method << ": " << out.status();
+    ASSERT_EQ(out->size(), 2u);
+    for (const GenerateRequest& g : *out) {
+      EXPECT_EQ(g.speculation.method, c.want) << c.method;
+      EXPECT_EQ(g.speculation.num_speculative_tokens, 64) << c.method;
+    }
+  }
+  v1::GenerateRequest plain;
+  plain.set_text("x");
+  absl::StatusOr<std::vector<GenerateRequest>> out = Convert(plain);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->front().speculation.method, SpeculationMethod::kDefault);
+  EXPECT_EQ(out->front().speculation.num_speculative_tokens, 0);
+}
+
+TEST_F(GenerateConversionTest, LastMessageCarriesSpeculationStats) {
+  v1::GenerateResponse resp;
+  RequestOutput out;
+  out.tokens = {{5, 0.0f, {}}};
+  out.finished = true;
+  out.finish_reason = FinishReason::kStop;
+  out.usage.completion_tokens = 9;
+  out.usage.num_drafts = 4;
+  out.usage.num_draft_tokens = 16;
+  out.usage.num_accepted_tokens = 10;
+  AppendOutput(out, tokenizer_.get(), false, &resp);
+  EXPECT_EQ(resp.speculation_stats().num_drafts(), 4);
+  EXPECT_EQ(resp.speculation_stats().num_draft_tokens(), 16);
+  EXPECT_EQ(resp.speculation_stats().num_accepted_tokens(), 10);
+  EXPECT_DOUBLE_EQ(resp.speculation_stats().mean_accepted_length(), 3.5);
+
+  v1::GenerateResponse plain;
+  out.usage.num_drafts = out.usage.num_draft_tokens = out.usage.num_accepted_tokens = 0;
+  AppendOutput(out, tokenizer_.get(), false, &plain);
+  EXPECT_TRUE(plain.has_speculation_stats());
+  EXPECT_EQ(plain.speculation_stats().num_drafts(), 0);
+  EXPECT_EQ(plain.speculation_stats().mean_accepted_length(), 0.0);
 }
 
 TEST_F(GenerateConversionTest, LongPromptIsRejected) {

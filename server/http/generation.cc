@@ -3,12 +3,24 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/engine.h"
 
 namespace specd::http {
 namespace {
+
+// The engine's InvalidArgument messages about speculation start with the field
+// ("speculation.method ..."): name it as the error's param (400 either way).
+absl::Status NameEngineParam(absl::Status status) {
+  const absl::string_view message = status.message();
+  if (status.code() != absl::StatusCode::kInvalidArgument ||
+      !absl::StartsWith(message, "speculation.")) {
+    return status;
+  }
+  return WithParam(std::move(status), message.substr(0, message.find(' ')));
+}
 
 class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
  public:
@@ -37,7 +49,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     int64_t prompt_tokens = 0;
     int64_t text_offset = 0;  // stream: completion logprobs' running offset
     FinishReason finish_reason = FinishReason::kLength;
-    int32_t cached_tokens = 0;
+    RequestUsage usage;  // the engine's, final once finished
   };
 
   absl::Status SubmitAll(absl::Duration timeout);
@@ -96,7 +108,7 @@ absl::Status GenerationCall::SubmitAll(absl::Duration timeout) {
           [self, i, out = std::move(out)]() mutable { self->OnOutput(i, std::move(out)); });
     };
     absl::StatusOr<RequestId> id = engine_->Submit(std::move(request), std::move(callback));
-    if (!id.ok()) return id.status();
+    if (!id.ok()) return NameEngineParam(id.status());
     choices_[i].id = *id;
     choices_[i].submitted = true;
   }
@@ -111,7 +123,7 @@ void GenerationCall::OnOutput(size_t index, RequestOutput out) {
   if (out.finished) {
     c.finished = true;
     c.finish_reason = out.finish_reason;
-    c.cached_tokens = out.usage.cached_prompt_tokens;
+    c.usage = out.usage;
     ++num_finished_;
   }
   if (done_) return;
@@ -181,13 +193,17 @@ void GenerationCall::AbortUnfinished() {
 // Prompt tokens count once per prompt (not per choice), as OpenAI counts them.
 Usage GenerationCall::TotalUsage() const {
   Usage u;
+  u.report_speculation = spec_.report_speculation;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     u.completion_tokens += c.num_tokens;
     if (i % static_cast<size_t>(spec_.n) == 0) {
       u.prompt_tokens += c.prompt_tokens;
-      u.cached_tokens += c.cached_tokens;
+      u.cached_tokens += c.usage.cached_prompt_tokens;
     }
+    u.num_drafts += c.usage.num_drafts;
+    u.num_draft_tokens += c.usage.num_draft_tokens;
+    u.num_accepted_tokens += c.usage.num_accepted_tokens;
   }
   return u;
 }

@@ -149,8 +149,43 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
   return prompts;
 }
 
-// Reads what both endpoints share: model, unsupported fields, stream options, n and the
-// sampling fields.
+// The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram,
+// "num_speculative_tokens": 0..64}. Wrong JSON types are 422, unknown fields and bad values
+// 400, each naming "speculation.<field>"; a method the server cannot run (draft_model without
+// a draft model) is 400 too.
+absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
+  spec->report_speculation = model.speculative.method != SpeculationMethod::kNone;
+  const Json* v = FindField(body, "speculation");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_object()) return SchemaError("speculation", "'speculation' must be an object");
+  spec->report_speculation = true;
+  constexpr char kMethod[] = "speculation.method";
+  constexpr char kNumTokens[] = "speculation.num_speculative_tokens";
+  for (const auto& [key, value] : v->items()) {
+    if (key != "method" && key != "num_speculative_tokens") {
+      return InvalidParam(absl::StrCat("speculation.", key),
+                          absl::StrCat("unknown speculation field '", key,
+                                       "'; use method and num_speculative_tokens"));
+    }
+  }
+  // The fields under their full names, so that errors name them so.
+  const Json named = {{kMethod, v->value("method", Json())},
+                      {kNumTokens, v->value("num_speculative_tokens", Json())}};
+  std::string method;
+  SPECD_RETURN_IF_ERROR(ReadString(named, kMethod, &method));
+  absl::StatusOr<SpeculationMethod> parsed = ParseSpeculationMethod(method);
+  if (!parsed.ok()) return InvalidParam(kMethod, parsed.status().message());
+  spec->speculation.method = *parsed;
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 0, kMaxSpeculativeTokens,
+                                  &spec->speculation.num_speculative_tokens));
+  absl::Status resolved =
+      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model).status();
+  if (!resolved.ok()) return InvalidParam(kMethod, resolved.message());
+  return absl::OkStatus();
+}
+
+// Reads what both endpoints share: model, unsupported fields, stream options, n, the
+// speculation options and the sampling fields.
 absl::Status ReadCommon(const Json& body, const ModelContext& model, GenerationSpec* spec,
                         SamplingParams* params) {
   SPECD_RETURN_IF_ERROR(CheckModel(body, model));
@@ -164,6 +199,7 @@ absl::Status ReadCommon(const Json& body, const ModelContext& model, GenerationS
       return InvalidParam("best_of", "best_of must equal n (or be omitted)");
     }
   }
+  SPECD_RETURN_IF_ERROR(ReadSpeculation(body, model, spec));
   return ReadSampling(body, params);
 }
 
@@ -212,6 +248,7 @@ absl::Status BuildRequests(Prompts prompts, SamplingParams params,
       GenerateRequest r;
       r.prompt_ids = ids;
       r.params = p;
+      r.speculation = spec->speculation;
       // Distinct but reproducible seeds per choice, else n seeded choices would be equal.
       if (p.seed) r.params.seed = *p.seed + static_cast<uint64_t>(j);
       spec->requests.push_back(std::move(r));

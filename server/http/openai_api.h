@@ -27,6 +27,10 @@ struct ModelContext {
   const ChatTemplate* chat_template = nullptr;  // null: the model cannot chat
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
+  // The server's speculation defaults and whether a draft model is loaded: requests asking
+  // for what the server cannot run are refused here with a named param.
+  SpeculativeConfig speculative;
+  bool has_draft_model = false;
 };
 
 // Most choices (n) per prompt, and engine requests per HTTP request (prompts x n).
@@ -49,6 +53,12 @@ struct GenerationSpec {
   bool logprobs = false;       // report logprobs
   int32_t top_logprobs = 0;    // alternatives per token when logprobs
   bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: "token_id:N" strings
+  // The request's `speculation` object ({"method", "num_speculative_tokens"}), set on every
+  // choice's request.
+  SpeculationParams speculation;
+  // usage carries a `speculation` object: the request had one, or the server speculates by
+  // default. Otherwise usage stays exactly OpenAI's.
+  bool report_speculation = false;
   std::vector<GenerateRequest> requests;
 };
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "engine/tokenizer/jinja/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
@@ -187,6 +188,98 @@ TEST_F(OpenAiApiTest, BadCompletionBodiesNameTheFieldAndStatus) {
   ExpectError(Completion(R"({"prompt": "x", "logit_bias": {"5": 100}})"), 400, "logit_bias");
   ExpectError(Completion(R"({"prompt": "x", "best_of": 3})"), 400, "best_of");
   ExpectError(Completion(R"({"prompt": "x", "seed": "1"})"), 422, "seed");
+}
+
+TEST_F(OpenAiApiTest, SpeculationObjectReachesEveryChoice) {
+  model_.has_draft_model = true;
+  auto spec = Completion(
+      R"({"prompt": ["a", "b"], "n": 2, "speculation": {"method": "draft_model",
+          "num_speculative_tokens": 4}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->requests.size(), 4u);
+  for (const GenerateRequest& r : spec->requests) {
+    EXPECT_EQ(r.speculation.method, SpeculationMethod::kDraftModel);
+    EXPECT_EQ(r.speculation.num_speculative_tokens, 4);
+  }
+  EXPECT_TRUE(spec->report_speculation);
+  struct Case {
+    const char* body;
+    SpeculationMethod method;
+    int32_t k;
+  };
+  const Case cases[] = {
+      {R"({"prompt": "x", "speculation": {"method": "draft"}})", SpeculationMethod::kDraftModel, 0},
+      {R"({"prompt": "x", "speculation": {"method": "ngram", "num_speculative_tokens": 64}})",
+       SpeculationMethod::kNgram, 64},
+      {R"({"prompt": "x", "speculation": {"method": "auto"}})", SpeculationMethod::kAuto, 0},
+      {R"({"prompt": "x", "speculation": {"method": "none"}})", SpeculationMethod::kNone, 0},
+      {R"({"prompt": "x", "speculation": {"num_speculative_tokens": 0}})",
+       SpeculationMethod::kDefault, 0},
+      {R"({"prompt": "x", "speculation": {"method": null}})", SpeculationMethod::kDefault, 0},
+      {R"({"prompt": "x", "speculation": {}})", SpeculationMethod::kDefault, 0},
+  };
+  for (const Case& c : cases) {
+    auto s = Completion(c.body);
+    ASSERT_TRUE(s.ok()) << c.body << ": " << s.status();
+    EXPECT_EQ(s->requests[0].speculation.method, c.method) << c.body;
+    EXPECT_EQ(s->requests[0].speculation.num_speculative_tokens, c.k) << c.body;
+    EXPECT_TRUE(s->report_speculation) << c.body;
+  }
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "hi"}],
+                       "speculation": {"method": "ngram", "num_speculative_tokens": 3}})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->requests[0].speculation.method, SpeculationMethod::kNgram);
+  EXPECT_EQ(chat->requests[0].speculation.num_speculative_tokens, 3);
+}
+
+TEST_F(OpenAiApiTest, UsageReportsSpeculationOnlyWhenAskedOrServerSpeculates) {
+  auto plain = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->report_speculation);
+  EXPECT_EQ(plain->requests[0].speculation.method, SpeculationMethod::kDefault);
+  auto null_object = Completion(R"({"prompt": "x", "speculation": null})");
+  ASSERT_TRUE(null_object.ok()) << null_object.status();
+  EXPECT_FALSE(null_object->report_speculation);
+  model_.speculative.method = SpeculationMethod::kNgram;
+  auto by_default = Completion(R"({"prompt": "x"})");
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_TRUE(by_default->report_speculation);
+}
+
+TEST_F(OpenAiApiTest, BadSpeculationNamesTheFieldAndStatus) {
+  ExpectError(Completion(R"({"prompt": "x", "speculation": "ngram"})"), 422, "speculation");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": [1]})"), 422, "speculation");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": 3}})"), 422,
+              "speculation.method");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"num_speculative_tokens": "4"}})"), 422,
+              "speculation.num_speculative_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"num_speculative_tokens": 2.5}})"), 422,
+              "speculation.num_speculative_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"num_speculative_tokens": 65}})"), 400,
+              "speculation.num_speculative_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"num_speculative_tokens": -1}})"), 400,
+              "speculation.num_speculative_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "warp"}})"), 400,
+              "speculation.method");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"k": 4}})"), 400, "speculation.k");
+  // Not the server's to run: no draft model loaded.
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "draft_model"}})"), 400,
+              "speculation.method");
+  ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}],
+                       "speculation": {"method": "vegas"}})"),
+              400, "speculation.method");
+  for (const char* later : {"ssd", "vegas", "ssv"}) {
+    const std::string body =
+        absl::StrCat(R"({"prompt": "x", "speculation": {"method": ")", later, R"("}})");
+    auto r = ParseCompletionRequest(Json::parse(body), model_);
+    ASSERT_FALSE(r.ok()) << later;
+    EXPECT_NE(r.status().message().find("not available yet"), std::string::npos) << r.status();
+  }
+  auto unknown = Completion(R"({"prompt": "x", "speculation": {"method": "warp"}})");
+  EXPECT_NE(unknown.status().message().find("auto"), std::string::npos) << unknown.status();
+  auto no_draft = Completion(R"({"prompt": "x", "speculation": {"method": "draft"}})");
+  EXPECT_NE(no_draft.status().message().find("draft model"), std::string::npos)
+      << no_draft.status();
 }
 
 TEST_F(OpenAiApiTest, PromptAtTheContextLimitIsRejectedWithContextCode) {

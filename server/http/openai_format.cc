@@ -115,10 +115,20 @@ Json LogprobsJson(const ResponseMeta& meta, std::span<const GeneratedToken> toke
 }
 
 Json UsageJson(const Usage& u) {
-  return Json{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  Json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  if (u.report_speculation) {
+    // Tokens committed per verification round (vLLM's mean acceptance length).
+    const double mean =
+        u.num_drafts > 0 ? 1.0 + static_cast<double>(u.num_accepted_tokens) / u.num_drafts : 0.0;
+    j["speculation"] = {{"num_drafts", u.num_drafts},
+                        {"num_draft_tokens", u.num_draft_tokens},
+                        {"num_accepted_tokens", u.num_accepted_tokens},
+                        {"mean_accepted_length", mean}};
+  }
+  return j;
 }
 
 Json Envelope(const ResponseMeta& meta, bool chunk) {

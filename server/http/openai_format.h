@@ -40,6 +40,12 @@ struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  // Speculative decoding, summed over choices; reported as usage.speculation {num_drafts,
+  // num_draft_tokens, num_accepted_tokens, mean_accepted_length} only when set.
+  bool report_speculation = false;
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
 };
 
 // One finished choice of a non-streamed response.

@@ -93,6 +93,30 @@ TEST(OpenAiFormatTest, CompletionChunksCarryTextAndNoUsageKeyUnlessAsked) {
   EXPECT_FALSE(chunk.contains("usage"));
 }
 
+TEST(OpenAiFormatTest, UsageCarriesSpeculationOnlyWhenReported) {
+  Usage usage{5, 9, 0};
+  Json plain = Json::parse(
+      FormatResponse(Meta(Endpoint::kCompletions), {{"abc", {}, FinishReason::kLength}}, usage));
+  EXPECT_FALSE(plain["usage"].contains("speculation"));
+  usage.report_speculation = true;
+  Json none = Json::parse(UsageEvent(Meta(Endpoint::kChat), usage).substr(6));
+  EXPECT_EQ(none["usage"]["speculation"], Json({{"num_drafts", 0},
+                                                {"num_draft_tokens", 0},
+                                                {"num_accepted_tokens", 0},
+                                                {"mean_accepted_length", 0.0}}));
+  usage.num_drafts = 4;
+  usage.num_draft_tokens = 16;
+  usage.num_accepted_tokens = 6;
+  Json body = Json::parse(
+      FormatResponse(Meta(Endpoint::kCompletions), {{"abc", {}, FinishReason::kLength}}, usage));
+  const Json& s = body["usage"]["speculation"];
+  EXPECT_EQ(s["num_drafts"], 4);
+  EXPECT_EQ(s["num_draft_tokens"], 16);
+  EXPECT_EQ(s["num_accepted_tokens"], 6);
+  EXPECT_DOUBLE_EQ(s["mean_accepted_length"].get<double>(), 2.5);
+  EXPECT_EQ(body["usage"]["total_tokens"], 14);
+}
+
 TEST(OpenAiFormatTest, ErrorEventHasErrorObject) {
   Json e = ParseEvent(ErrorEvent(ToApiError(absl::DeadlineExceededError("late"))));
   EXPECT_EQ(e["error"]["type"], "timeout_error");

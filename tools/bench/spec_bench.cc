@@ -81,15 +81,24 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     bool ok = true;
-    if (a == "--model") f->model = value();
-    else if (a == "--draft") f->draft = value();
-    else if (a == "--device") f->device = value();
-    else if (a == "--prompts") f->prompts = value();
-    else if (a == "--k") ok = absl::SimpleAtoi(value(), &f->k) && f->k >= 1 && f->k <= 64;
-    else if (a == "--max-tokens") ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
-    else if (a == "--temperature") ok = absl::SimpleAtof(value(), &f->temperature);
-    else if (a == "--repeats") ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
-    else if (a == "--threads") ok = absl::SimpleAtoi(value(), &f->threads);
+    if (a == "--model")
+      f->model = value();
+    else if (a == "--draft")
+      f->draft = value();
+    else if (a == "--device")
+      f->device = value();
+    else if (a == "--prompts")
+      f->prompts = value();
+    else if (a == "--k")
+      ok = absl::SimpleAtoi(value(), &f->k) && f->k >= 1 && f->k <= 64;
+    else if (a == "--max-tokens")
+      ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
+    else if (a == "--temperature")
+      ok = absl::SimpleAtof(value(), &f->temperature);
+    else if (a == "--repeats")
+      ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
+    else if (a == "--threads")
+      ok = absl::SimpleAtoi(value(), &f->threads);
     else if (a == "--batches") {
       f->batches.clear();
       for (absl::string_view s : absl::StrSplit(value(), ',')) {
@@ -184,17 +193,17 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::printf("spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f\n",
-              f.model.c_str(), (*engine)->device_name().c_str(), f.draft.c_str(), f.k,
-              f.max_tokens, f.temperature);
+              f.model.c_str(), (*engine)->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
+              f.temperature);
   // Warm-up (CUDA graphs, caches).
-  Measure(**engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, Flags{.max_tokens = 8,
-                                                                         .repeats = 1});
+  Measure(**engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0},
+          Flags{.max_tokens = 8, .repeats = 1});
   std::printf("%-6s %-12s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
               "tok/round", "acceptance by position");
   for (int batch : f.batches) {
     const Run plain = Measure(**engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
-    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", batch, "none", plain.tokens_per_s, "1.00x",
-                "-", "-");
+    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", batch, "none", plain.tokens_per_s, "1.00x", "-",
+                "-");
     for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
       const Run r = Measure(**engine, *acc, prompts, batch, {m, f.k}, f);
       std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s\n", batch, SpeculationMethodName(m),

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Speculative decoding through the OpenAI HTTP API of `specd serve` (issue 5, points 3-5).
+
+Starts the real daemon (tests/daemon.py) with the bundled codepair target and its draft
+loaded (`--speculative-config '{"model": ".../draft", "method": "none"}'`: no speculation
+unless a request asks) and checks:
+- lossless: greedy completions with `speculation` {draft_model, K = 1, 4, 8}, {ngram} and
+  {auto} return exactly the text, token ids and finish reasons of the same request without
+  speculation, for codepair prompts, streamed and not, with several prompts and n = 2, with
+  stop strings, with logprobs (same top ids, logprobs within 1e-4), on both endpoints;
+- usage.speculation (drafts, draft tokens, accepted tokens, mean accepted length) when the
+  request has a `speculation` object, and no such key (OpenAI's usage) when it has none;
+- bad `speculation` values: the right status (422 wrong type, 400 bad value), OpenAI error
+  JSON naming the param, and the server keeps serving;
+- /metrics: the specd_spec_decode_* families count the rounds and `promtool check metrics`
+  passes;
+- a server whose default method is ngram speculates for requests that say nothing (and
+  reports it in usage), and refuses draft_model (no draft model loaded).
+
+Usage: spec_http_test.py SPECD_BINARY SOURCE_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+SPECD, SOURCE = sys.argv[1:3]
+del sys.argv[1:3]
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon import Daemon  # noqa: E402
+
+DRAFT = os.path.join(SOURCE, "models", "codepair", "draft")
+PROMPTS_FILE = os.path.join(SOURCE, "models", "codepair", "prompts.jsonl")
+DAEMON = None
+LOGPROB_TOLERANCE = 1e-4
+
+# What a request may ask for; each must give the output of no speculation at all.
+STRATEGIES = [
+    {"method": "draft_model", "num_speculative_tokens": 4},
+    {"method": "draft", "num_speculative_tokens": 1},
+    {"method": "draft_model", "num_speculative_tokens": 8},
+    {"method": "ngram"},
+    {"method": "auto", "num_speculative_tokens": 3},
+]
+
+
+def codepair_prompts(count, max_chars=400):
+    """The first `count` codepair prompts, their tails cut to max_chars (prompt + output
+    must fit the context; the tail is what the continuation depends on most)."""
+    with open(PROMPTS_FILE, encoding="utf-8") as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return [p[-max_chars:] for p in prompts[:count]]
+
+
+def setUpModule():
+    global DAEMON
+    config = json.dumps({"model": DRAFT, "method": "none", "num_speculative_tokens": 4})
+    DAEMON = Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--served-model-name",
+                    "codepair", "--speculative-config", config, source_dir=SOURCE,
+                    name="spec_http_test").start()
+
+
+def tearDownModule():
+    if DAEMON:
+        code = DAEMON.stop()
+        assert code == 0, f"specd exited with {code}:\n{DAEMON.output()[-3000:]}"
+
+
+def post(path, body, daemon=None):
+    status, payload = (daemon or DAEMON).post_json(path, body)
+    return status, payload
+
+
+def completion(body, daemon=None):
+    status, payload = post("/v1/completions", body, daemon)
+    assert status == 200, f"{status}: {payload}"
+    return payload
+
+
+def streamed(path, body, daemon=None):
+    """(per-choice text, per-choice logprob entries, finish reasons, usage) of an SSE stream."""
+    text, logprobs, finish, usage = {}, {}, {}, None
+    events = list((daemon or DAEMON).stream(path, dict(body, stream=True)))
+    assert events[-1] == "[DONE]", events[-1]
+    for e in events[:-1]:
+        assert "error" not in e, e
+        if e.get("usage"):
+            usage = e["usage"]
+        for c in e["choices"]:
+            i = c["index"]
+            delta = c.get("delta", {}).get("content") if "delta" in c else c.get("text")
+            text[i] = text.get(i, "") + (delta or "")
+            lp = c.get("logprobs")
+            if lp:
+                entries = logprobs.setdefault(i, [])
+                if "content" in lp:  # chat
+                    entries += [(t["token"], t["logprob"],
+                                 [(a["token"], a["logprob"]) for a in t["top_logprobs"]])
+                                for t in lp["content"]]
+                else:
+                    entries += list(zip(lp["tokens"], lp["token_logprobs"],
+                                        [list(d.items()) for d in lp["top_logprobs"]]))
+            if c.get("finish_reason"):
+                finish[i] = c["finish_reason"]
+    return text, logprobs, finish, usage
+
+
+def completion_entries(choice):
+    """[(token, logprob, [(alt, logprob)])] of a non-streamed completion choice."""
+    lp = choice["logprobs"]
+    return list(zip(lp["tokens"], lp["token_logprobs"],
+                    [list(d.items()) for d in lp["top_logprobs"]]))
+
+
+class SpecTestCase(unittest.TestCase):
+    def assert_same_logprobs(self, got, want, what):
+        """Same tokens and top alternatives; logprob values within the tolerance."""
+        self.assertEqual([t for t, _, _ in got], [t for t, _, _ in want], what)
+        for k, ((_, lp, top), (_, want_lp, want_top)) in enumerate(zip(got, want)):
+            self.assertAlmostEqual(lp, want_lp, delta=LOGPROB_TOLERANCE, msg=f"{what} #{k}")
+            self.assertEqual([a for a, _ in top], [a for a, _ in want_top], f"{what} #{k}")
+            for (_, a_lp), (_, w_lp) in zip(top, want_top):
+                self.assertAlmostEqual(a_lp, w_lp, delta=LOGPROB_TOLERANCE, msg=f"{what} #{k}")
+
+    def assert_spec_usage(self, usage, what, speculated=True):
+        s = usage["speculation"]
+        self.assertEqual(set(s), {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                  "mean_accepted_length"}, what)
+        if speculated:
+            self.assertGreater(s["num_drafts"], 0, what)
+            self.assertGreaterEqual(s["num_draft_tokens"], s["num_drafts"], what)
+        self.assertLessEqual(s["num_accepted_tokens"], s["num_draft_tokens"], what)
+        self.assertLessEqual(s["num_drafts"], usage["completion_tokens"], what)
+        want_mean = 1 + s["num_accepted_tokens"] / s["num_drafts"] if s["num_drafts"] else 0
+        self.assertAlmostEqual(s["mean_accepted_length"], want_mean, places=9, msg=what)
+        return s
+
+
+class LosslessTest(SpecTestCase):
+    def test_greedy_completions_equal_no_speculation(self):
+        prompts = codepair_prompts(6)
+        base_body = {"prompt": prompts, "max_tokens": 40, "temperature": 0, "logprobs": 3,
+                     "return_tokens_as_token_ids": True}
+        base = completion(base_body)
+        self.assertNotIn("speculation", base["usage"])  # OpenAI's usage when not asked
+        accepted = 0
+        for strategy in STRATEGIES:
+            got = completion(dict(base_body, speculation=strategy))
+            what = json.dumps(strategy)
+            self.assertEqual(len(got["choices"]), len(prompts))
+            for g, w in zip(got["choices"], base["choices"]):
+                self.assertEqual(g["text"], w["text"], what)
+                self.assertEqual(g["finish_reason"], w["finish_reason"], what)
+                self.assert_same_logprobs(completion_entries(g), completion_entries(w), what)
+            self.assertEqual(got["usage"]["completion_tokens"], base["usage"]["completion_tokens"])
+            s = self.assert_spec_usage(got["usage"], what)
+            accepted += s["num_accepted_tokens"]
+        self.assertGreater(accepted, 0)  # the draft model agrees with its target often
+
+    def test_n_and_stop_strings_equal_no_speculation(self):
+        prompts = codepair_prompts(4, 300)
+        for stop in (["\n\n"], [")", ":"], ["return"]):
+            body = {"prompt": prompts, "max_tokens": 48, "temperature": 0, "n": 2, "stop": stop,
+                    "logprobs": 0, "return_tokens_as_token_ids": True}
+            base = completion(body)
+            for strategy in STRATEGIES[:1] + STRATEGIES[3:4]:
+                got = completion(dict(body, speculation=strategy))
+                what = f"{strategy} stop={stop}"
+                self.assertEqual(len(got["choices"]), 2 * len(prompts))
+                for g, w in zip(got["choices"], base["choices"]):
+                    self.assertEqual(g["text"], w["text"], what)
+                    self.assertEqual(g["finish_reason"], w["finish_reason"], what)
+                    self.assertEqual(g["logprobs"]["tokens"], w["logprobs"]["tokens"], what)
+                    for s in stop:
+                        self.assertNotIn(s, g["text"], what)
+                self.assert_spec_usage(got["usage"], what)
+
+    def test_streams_equal_no_speculation(self):
+        prompts = codepair_prompts(3, 300)
+        body = {"prompt": prompts, "max_tokens": 32, "temperature": 0, "n": 2, "logprobs": 2,
+                "return_tokens_as_token_ids": True, "stream_options": {"include_usage": True}}
+        text, lps, finish, usage = streamed("/v1/completions", body)
+        self.assertNotIn("speculation", usage)
+        self.assertEqual(len(text), 2 * len(prompts))
+        for strategy in (STRATEGIES[0], STRATEGIES[3]):
+            what = json.dumps(strategy)
+            g_text, g_lps, g_finish, g_usage = streamed(
+                "/v1/completions", dict(body, speculation=strategy))
+            self.assertEqual(g_text, text, what)
+            self.assertEqual(g_finish, finish, what)
+            for i in lps:
+                self.assert_same_logprobs(g_lps[i], lps[i], f"{what} choice {i}")
+            self.assertEqual(g_usage["completion_tokens"], usage["completion_tokens"], what)
+            self.assert_spec_usage(g_usage, what)
+
+    def test_chat_equals_no_speculation(self):
+        body = {"messages": [{"role": "user", "content": "Write a function that adds two "
+                              "numbers."}], "max_tokens": 40, "temperature": 0,
+                "logprobs": True, "top_logprobs": 3}
+        status, base = post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, base)
+        base_entries = [(t["token"], t["logprob"],
+                         [(a["token"], a["logprob"]) for a in t["top_logprobs"]])
+                        for t in base["choices"][0]["logprobs"]["content"]]
+        for strategy in (STRATEGIES[0], STRATEGIES[3], STRATEGIES[4]):
+            what = json.dumps(strategy)
+            status, got = post("/v1/chat/completions", dict(body, speculation=strategy))
+            self.assertEqual(status, 200, got)
+            self.assertEqual(got["choices"][0]["message"]["content"],
+                             base["choices"][0]["message"]["content"], what)
+            entries = [(t["token"], t["logprob"],
+                        [(a["token"], a["logprob"]) for a in t["top_logprobs"]])
+                       for t in got["choices"][0]["logprobs"]["content"]]
+            self.assert_same_logprobs(entries, base_entries, what)
+            self.assert_spec_usage(got["usage"], what)
+            s_text, _, _, s_usage = streamed(
+                "/v1/chat/completions",
+                dict(body, speculation=strategy, stream_options={"include_usage": True}))
+            self.assertEqual(s_text[0], base["choices"][0]["message"]["content"], what)
+            self.assert_spec_usage(s_usage, what)
+
+    def test_method_none_reports_zero_speculation(self):
+        got = completion({"prompt": "def main(", "max_tokens": 8, "temperature": 0,
+                          "speculation": {"method": "none"}})
+        self.assertEqual(got["usage"]["speculation"],
+                         {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                          "mean_accepted_length": 0})
+        # The server's default (none, with a draft model loaded) applies to {} too.
+        got = completion({"prompt": "def main(", "max_tokens": 8, "temperature": 0,
+                          "speculation": {}})
+        self.assertEqual(got["usage"]["speculation"]["num_drafts"], 0)
+
+
+class BadSpeculationTest(SpecTestCase):
+    def test_bad_speculation_is_refused_and_the_server_keeps_serving(self):
+        cases = [
+            ("x", 422, "speculation", None),
+            ([], 422, "speculation", None),
+            (4, 422, "speculation", None),
+            ({"method": 1}, 422, "speculation.method", None),
+            ({"method": ["ngram"]}, 422, "speculation.method", None),
+            ({"num_speculative_tokens": "4"}, 422, "speculation.num_speculative_tokens", None),
+            ({"num_speculative_tokens": 2.0}, 422, "speculation.num_speculative_tokens", None),
+            ({"num_speculative_tokens": 65}, 400, "speculation.num_speculative_tokens", None),
+            ({"num_speculative_tokens": -1}, 400, "speculation.num_speculative_tokens", None),
+            ({"method": "warp"}, 400, "speculation.method", "unknown"),
+            ({"method": "DRAFT"}, 400, "speculation.method", "unknown"),
+            ({"method": "ssd"}, 400, "speculation.method", "not available yet"),
+            ({"method": "vegas"}, 400, "speculation.method", "not available yet"),
+            ({"method": "ssv", "num_speculative_tokens": 4}, 400, "speculation.method",
+             "not available yet"),
+            ({"method": "ngram", "k": 4}, 400, "speculation.k", "unknown"),
+        ]
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            for value, want_status, param, message in cases:
+                body = {"max_tokens": 4, "speculation": value}
+                if path == "/v1/completions":
+                    body["prompt"] = "def f("
+                else:
+                    body["messages"] = [{"role": "user", "content": "hi"}]
+                for stream in (False, True):
+                    what = f"{path} stream={stream} speculation={value!r}"
+                    status, payload = post(path, dict(body, stream=stream))
+                    self.assertEqual(status, want_status, f"{what}: {payload}")
+                    self.assertEqual(set(payload), {"error"}, what)
+                    e = payload["error"]
+                    self.assertEqual(set(e), {"message", "type", "param", "code"}, what)
+                    self.assertEqual(e["type"], "invalid_request_error", what)
+                    self.assertEqual(e["param"], param, what)
+                    if message:
+                        self.assertIn(message, e["message"], what)
+        got = completion({"prompt": "def f(", "max_tokens": 4,
+                          "speculation": {"method": "ngram"}})
+        self.assertEqual(got["usage"]["completion_tokens"], 4)
+
+
+class MetricsTest(SpecTestCase):
+    def test_spec_decode_metrics_count_rounds_and_pass_promtool(self):
+        before = DAEMON.metrics()
+        got = completion({"prompt": codepair_prompts(2), "max_tokens": 32, "temperature": 0,
+                          "speculation": {"method": "draft_model", "num_speculative_tokens": 4}})
+        s = self.assert_spec_usage(got["usage"], "metrics request")
+        after = DAEMON.metrics()
+
+        def delta(key):
+            return after.get(key, 0.0) - before.get(key, 0.0)
+
+        self.assertEqual(delta("specd_spec_decode_num_drafts_total"), s["num_drafts"])
+        self.assertEqual(delta("specd_spec_decode_num_draft_tokens_total"),
+                         s["num_draft_tokens"])
+        self.assertEqual(delta("specd_spec_decode_num_accepted_tokens_total"),
+                         s["num_accepted_tokens"])
+        per_pos = sum(delta(f'specd_spec_decode_num_accepted_tokens_per_pos_total'
+                            f'{{position="{p}"}}') for p in range(64))
+        self.assertEqual(per_pos, s["num_accepted_tokens"])
+        if s["num_accepted_tokens"]:
+            self.assertGreater(after['specd_spec_decode_num_accepted_tokens_per_pos_total'
+                                    '{position="0"}'], 0)
+        self.assertEqual(delta("specd_spec_decode_accepted_length_count"), s["num_drafts"])
+        self.assertGreater(after["specd_spec_decode_verify_seconds_count"], 0)
+        self.assertGreater(after["specd_spec_decode_draft_seconds_count"], 0)
+        for p in range(4, 64):  # K = 4: positions 0..3 only
+            self.assertEqual(delta('specd_spec_decode_num_accepted_tokens_per_pos_total'
+                                   f'{{position="{p}"}}'), 0)
+        status, _, payload = DAEMON.request("GET", "/metrics")
+        self.assertEqual(status, 200)
+        promtool = shutil.which("promtool")
+        self.assertIsNotNone(promtool, "promtool is needed (tools/install_deps.sh)")
+        p = subprocess.run([promtool, "check", "metrics"], input=payload, capture_output=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual((p.stdout + p.stderr).strip(), b"", p.stdout + p.stderr)
+
+
+class ServerDefaultTest(SpecTestCase):
+    """A server whose --speculative-config default is ngram, without a draft model."""
+
+    def test_default_method_speculates_and_is_reported(self):
+        config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+        with Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
+                    config, source_dir=SOURCE, name="spec_http_default") as d:
+            prompts = codepair_prompts(3, 300)
+            body = {"prompt": prompts, "max_tokens": 40, "temperature": 0}
+            got = completion(body, d)
+            plain = completion(dict(body, speculation={"method": "none"}), d)
+            for g, w in zip(got["choices"], plain["choices"]):
+                self.assertEqual(g["text"], w["text"])
+            self.assert_spec_usage(got["usage"], "server default ngram")
+            self.assertEqual(plain["usage"]["speculation"]["num_drafts"], 0)
+            for value in ({"method": "draft_model"}, {"method": "draft"}):
+                status, payload = post("/v1/completions", dict(body, speculation=value), d)
+                self.assertEqual(status, 400, payload)
+                self.assertEqual(payload["error"]["param"], "speculation.method")
+                self.assertIn("draft model", payload["error"]["message"])
+            got = completion(dict(body, speculation={"method": "auto"}), d)  # auto: n-gram
+            self.assert_spec_usage(got["usage"], "auto without a draft model")
+            self.assertGreater(d.metric("specd_spec_decode_num_drafts_total"), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
