@@ -518,6 +518,12 @@ std::vector<OpShape> DecodeCheckShapes() {
       Decode(7, 28, 4, 128, 64, 700, 300, 0, 1),    // Qwen-7B heads (group 7)
       Decode(3, 32, 8, 128, 16, 40, 1, 0, 16),      // more splits than tiles: empty splits
       Decode(8, 32, 8, 128, 16, 2100, 1500, 0, 0),  // batch 8, longer contexts
+      Decode(2, 16, 4, 64, 64, 900, 500, 0, 9),     // head_dim 64, block 64, 9 splits
+      Decode(1, 32, 8, 128, 16, 4000, 0, 0, 33),    // 8B heads, 33 splits (batch 1's choice)
+      Decode(4, 4, 2, 16, 16, 70, 9, 0, 3),         // head_dim 16 (tiny test models), group 2
+      Decode(3, 4, 2, 16, 16, 50, 17, 0, 1),        // head_dim 16, one split (direct output)
+      Decode(5, 4, 2, 32, 16, 130, 1, 0, 2),        // head_dim 32, a 1-token sequence
+      Decode(1, 4, 2, 32, 16, 100, 0, 40, 0),       // head_dim 32, window, chosen splits
   };
 }
 
@@ -541,6 +547,10 @@ std::vector<OpShape> PrefillCheckShapes() {
       Attn(2, 200, 8, 8, 64, 64, 333, 120, 70, 0),  // block 64, window
       Attn(1, 257, 32, 4, 128, 16, 1000, 0, 0, 0),  // several q tiles, group 8
       Attn(2, 90, 8, 2, 256, 32, 90, 60, 33, 0),    // head_dim 256, window
+      Attn(2, 96, 4, 2, 16, 16, 150, 80, 0, 0),     // head_dim 16 (tiny test models), chunks
+      Attn(2, 10, 4, 2, 16, 16, 40, 9, 0, 0),       // head_dim 16, 5-token verification
+      Attn(3, 33, 4, 2, 32, 16, 200, 120, 0, 0),    // head_dim 32, chunks after context
+      Attn(1, 70, 4, 2, 32, 16, 70, 0, 20, 0),      // head_dim 32, whole prompt, window
   };
 }
 
@@ -553,12 +563,13 @@ std::vector<OpShape> PrefillPerfShapes() {
 }  // namespace
 
 void AddAttentionOps(std::vector<OpSpec>* table) {
-  table->push_back({"write_kv_cache",
-                    {WriteKv(1, 4, 4, 64, 16, 0), WriteKv(37, 32, 8, 128, 16, 0),
-                     WriteKv(100, 8, 2, 256, 32, 0), WriteKv(19, 4, 1, 64, 64, 1)},
-                    {WriteKv(1, 32, 8, 128, 16, 0), WriteKv(256, 32, 8, 128, 16, 0),
-                     WriteKv(4096, 32, 8, 128, 16, 0)},
-                    [](const OpShape& s) { return std::make_unique<WriteKvCacheCase>(s); }});
+  table->push_back(
+      {"write_kv_cache",
+       {WriteKv(1, 4, 4, 64, 16, 0), WriteKv(37, 32, 8, 128, 16, 0), WriteKv(100, 8, 2, 256, 32, 0),
+        WriteKv(19, 4, 1, 64, 64, 1), WriteKv(5, 4, 2, 16, 16, 0), WriteKv(7, 4, 2, 32, 16, 1)},
+       {WriteKv(1, 32, 8, 128, 16, 0), WriteKv(256, 32, 8, 128, 16, 0),
+        WriteKv(4096, 32, 8, 128, 16, 0)},
+       [](const OpShape& s) { return std::make_unique<WriteKvCacheCase>(s); }});
   table->push_back({"paged_decode_attention", DecodeCheckShapes(), DecodePerfShapes(),
                     [](const OpShape& s) { return std::make_unique<PagedDecodeCase>(s); }});
   table->push_back({"paged_prefill_attention", PrefillCheckShapes(), PrefillPerfShapes(),

@@ -15,8 +15,11 @@ using attention::DecodeParams;
 using attention::PrefillConfig;
 using attention::PrefillParams;
 
-// Splits of one decode launch never exceed this (the combine kernel reads them serially).
-constexpr int32_t kMaxDecodeSplits = 256;
+using attention::kMaxDecodeSplits;
+// PagedDecodePipeKernel's ring depth and the CTAs per SM its registers and shared memory allow
+// (3 x (64 KiB ring + ~9 KiB merge scratch) of the 227 KiB).
+constexpr int kDecodePipeStages = 2;
+constexpr int kDecodePipeCtasPerSm = 3;
 // A split covers at least this many tokens: one 16-token tile per warp of the CTA.
 constexpr int64_t kMinSplitTokens = 64;
 // Row alignment of the workspace's log-sum-exp array.
@@ -30,7 +33,8 @@ int Log2(int32_t x) {
 
 bool ValidShape(const AttentionShape& s) {
   return s.num_q_heads > 0 && s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0 &&
-         (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256) &&
+         (s.head_dim == 16 || s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128 ||
+          s.head_dim == 256) &&
          (s.block_size == 16 || s.block_size == 32 || s.block_size == 64) &&
          s.sliding_window >= 0 && std::isfinite(s.scale);
 }
@@ -48,9 +52,16 @@ int DecodeMinCtasPerSm(int rows) {
                    : DecodeConfig<kHeadDim, 16>::kMinCtasPerSm;
 }
 
+// Whether PagedDecodePipeKernel runs the shape (see its comment in attention.cuh): head_dim 128,
+// up to 8 q heads per kv head -- the shapes it was measured on; elsewhere PagedDecodeKernel.
+bool DecodePipelined(int head_dim, int rows) { return head_dim == 128 && rows == 8; }
+
 int DecodeMinCtasPerSm(const AttentionShape& s) {
   const int rows = DecodeRows(s);
-  return s.head_dim == 64    ? DecodeMinCtasPerSm<64>(rows)
+  if (DecodePipelined(s.head_dim, rows)) return kDecodePipeCtasPerSm;
+  return s.head_dim == 16    ? DecodeMinCtasPerSm<16>(rows)
+         : s.head_dim == 32  ? DecodeMinCtasPerSm<32>(rows)
+         : s.head_dim == 64  ? DecodeMinCtasPerSm<64>(rows)
          : s.head_dim == 128 ? DecodeMinCtasPerSm<128>(rows)
                              : DecodeMinCtasPerSm<256>(rows);
 }
@@ -77,7 +88,7 @@ cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, in
   const auto kernel = attention::DecodeCombineKernel<kHeadDim>;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(num_rows));
-  config.blockDim = dim3(128);
+  config.blockDim = dim3(attention::kCombineThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -102,13 +113,35 @@ cudaError_t LaunchDecode(const DecodeParams& params, int64_t num_ctas, cudaStrea
   return cudaGetLastError();
 }
 
+template <int kHeadDim, int kRows>
+cudaError_t LaunchDecodePipe(const DecodeParams& params, int64_t num_ctas, cudaStream_t stream) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  constexpr int kSmem = attention::DecodePipeSmemBytes<kHeadDim, kRows, kDecodePipeStages>();
+  const auto kernel =
+      attention::PagedDecodePipeKernel<kHeadDim, kRows, kDecodePipeStages, kDecodePipeCtasPerSm>;
+  // The ring is over the 48 KiB default. Set on every launch (cheap, host only): the attribute
+  // belongs to the current device, and decode steps replay from graphs anyway.
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(num_ctas), Cfg::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
 template <int kHeadDim>
 cudaError_t LaunchDecodeAndCombine(const DecodeParams& params, int64_t num_seqs, int kRows,
                                    cudaStream_t stream) {
   const int64_t num_ctas =
       num_seqs * params.num_kv_heads * params.num_parts * static_cast<int64_t>(params.num_splits);
-  const cudaError_t err = kRows == 8 ? LaunchDecode<kHeadDim, 8>(params, num_ctas, stream)
-                                     : LaunchDecode<kHeadDim, 16>(params, num_ctas, stream);
+  // The kernel DecodePipelined names for the shape (kRows: 8 or 16, from DecodeRows).
+  cudaError_t err;
+  if (kRows == 16) {
+    err = LaunchDecode<kHeadDim, 16>(params, num_ctas, stream);
+  } else if constexpr (kHeadDim == 128) {
+    err = LaunchDecodePipe<kHeadDim, 8>(params, num_ctas, stream);
+  } else {
+    err = LaunchDecode<kHeadDim, 8>(params, num_ctas, stream);
+  }
   if (err != cudaSuccess || params.num_splits == 1) return err;
   return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
                                  params.num_q_heads, num_seqs * params.num_q_heads, params.out,
@@ -171,8 +204,19 @@ int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sm
   int64_t context = max_seq_len;
   if (shape.sliding_window > 0) context = std::min<int64_t>(context, shape.sliding_window + 16);
   const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
-  const int64_t splits =
-      std::min({wave / ctas_per_split, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
+  // Prefer the most CTAs that spread evenly over the SMs (a whole number each, so every SM streams
+  // the same share) while that keeps at least half the wave's splits. Llama-3.1-8B shapes at
+  // batch 1 on an H100: 33 splits (2 CTAs per SM) read ~1 point of the copy bandwidth faster
+  // than the 49 that fill 3 per SM.
+  int64_t fill = wave / ctas_per_split;
+  for (int64_t per_sm = DecodeMinCtasPerSm(shape); per_sm >= 1; --per_sm) {
+    const int64_t ctas = per_sm * num_sms;
+    if (ctas % ctas_per_split == 0) {
+      if (2 * (ctas / ctas_per_split) >= fill) fill = ctas / ctas_per_split;
+      break;
+    }
+  }
+  const int64_t splits = std::min({fill, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
   return static_cast<int32_t>(std::max<int64_t>(1, splits));
 }
 
@@ -227,6 +271,10 @@ cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
   }
   const int rows = DecodeRows(shape);
   switch (shape.head_dim) {
+    case 16:
+      return LaunchDecodeAndCombine<16>(params, num_seqs, rows, stream);
+    case 32:
+      return LaunchDecodeAndCombine<32>(params, num_seqs, rows, stream);
     case 64:
       return LaunchDecodeAndCombine<64>(params, num_seqs, rows, stream);
     case 128:
@@ -278,6 +326,10 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
   params.out = out;
   params.out_stride = out_stride;
   switch (shape.head_dim) {
+    case 16:
+      return LaunchPrefill<16>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
+    case 32:
+      return LaunchPrefill<32>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
     case 64:
       return LaunchPrefill<64>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
     case 128:

@@ -15,6 +15,10 @@ namespace specd::kernels::attention {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
+// Splits of one decode launch never exceed this (the combine kernel holds their weights in
+// shared memory); the combine kernel's block size.
+constexpr int kMaxDecodeSplits = 256;
+constexpr int kCombineThreads = 128;
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -68,6 +72,12 @@ __device__ __forceinline__ void CpAsyncWait() {
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
                : "r"(addr)
                : "memory");
 }
@@ -190,21 +200,26 @@ struct DecodeParams {
 
 template <int kHeadDim, int kRows>
 struct DecodeConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+  static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128 ||
+                kHeadDim == 256);
   static_assert(kRows == 8 || kRows == 16);
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * kWarpSize;
   // Tokens per warp tile: 16 keeps 8 KiB of K+V in flight per warp at head_dim 128; 8 at 256
   // keeps the registers in bounds. Block sizes are multiples, so a tile never spans two blocks.
   static constexpr int kStep = kHeadDim <= 128 ? 16 : 8;
-  static constexpr int kTokTiles = kStep / 8;    // n8 tiles of tokens in S
-  static constexpr int kKVecs = kHeadDim / 32;   // K (and Q) 16-byte vectors per lane per row
-  static constexpr int kVVecs = kHeadDim / 64;   // V 16-byte vectors per lane per token
-  static constexpr int kMTiles = kHeadDim / 16;  // m16 tiles of O^T
-  static constexpr int kHalves = kRows / 8;      // q heads g (and g + 8) in use
+  static constexpr int kTokTiles = kStep / 8;  // n8 tiles of tokens in S
+  // Below head_dim 32 (K, Q) and 64 (V) the fragments are zero-padded to those widths: lanes
+  // whose vector lies past the row load zeros (which add nothing to S, and give O^T rows past
+  // head_dim that are never written out), so the layouts below hold for every head_dim.
+  static constexpr int kRowVecs = kHeadDim / 8;  // 16-byte vectors of one head row
+  static constexpr int kKVecs = kHeadDim >= 32 ? kHeadDim / 32 : 1;  // K, Q vectors per lane
+  static constexpr int kVVecs = kHeadDim >= 64 ? kHeadDim / 64 : 1;  // V vectors per lane/token
+  static constexpr int kMTiles = 4 * kVVecs;  // m16 tiles of O^T (head_dim / 16 from 64 up)
+  static constexpr int kHalves = kRows / 8;   // q heads g (and g + 8) in use
   // Occupancy the register budget is sized for (launch bounds: 65536 / (128 * n) registers per
-  // thread; 128 fits head_dim 128 with 8 heads without spills); ChooseDecodeSplits fills one
-  // wave of it.
+  // thread; 128 fits head_dim 128 with 8 heads without spills); ChooseDecodeSplits sizes the
+  // grid to one wave of it. (PagedDecodePipeKernel, where it runs: kDecodePipeCtasPerSm.)
   static constexpr int kMinCtasPerSm = kHeadDim == 256                    ? 2
                                        : (kHeadDim == 128 && kRows == 16) ? 3
                                                                           : 4;
@@ -220,6 +235,7 @@ struct DecodeSmem {
   float m[2][Cfg::kHalves][kWarpSize];
   float l[2][Cfg::kHalves][kWarpSize];
   float lse[kRows];
+  static_assert(kAcc * kWarpSize >= kRows * kHeadDim);  // slot 1 holds the output tile
 };
 
 // Lane (g, t)'s value for q heads 2t and 2t + 1 (of one half) from the per-head values lanes
@@ -311,8 +327,9 @@ __device__ __forceinline__ void LoadDecodeQ(
         p.q + seq * p.q_stride + static_cast<int64_t>(head0 + row) * kHeadDim;
 #pragma unroll
     for (int i = 0; i < Cfg::kKVecs; ++i) {
-      q[h][i] = row < rows ? __ldg(reinterpret_cast<const uint4*>(src + 8 * (t + 4 * i)))
-                           : make_uint4(0, 0, 0, 0);
+      const bool in_row = Cfg::kRowVecs >= 4 || t + 4 * i < Cfg::kRowVecs;
+      q[h][i] = row < rows && in_row ? __ldg(reinterpret_cast<const uint4*>(src + 8 * (t + 4 * i)))
+                                     : make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -462,6 +479,7 @@ __device__ __forceinline__ void DecodeStep(
   const int g = lane / 4, t = lane % 4;
   const __nv_bfloat16* k_tile = p.k_cache + row0 * kHeadDim + g * kHeadDim + 8 * t;
   const __nv_bfloat16* v_tile = p.v_cache + row0 * kHeadDim + 2 * t * kHeadDim + 8 * g;
+  const bool v_in_row = Cfg::kRowVecs >= 8 || g < Cfg::kRowVecs;  // head_dim < 64: pad lanes
   uint4 k[Cfg::kTokTiles][Cfg::kKVecs];
   uint4 v[Cfg::kTokTiles][2][Cfg::kVVecs];
   bool valid[Cfg::kTokTiles][2];
@@ -469,7 +487,9 @@ __device__ __forceinline__ void DecodeStep(
   for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
 #pragma unroll
     for (int i = 0; i < Cfg::kKVecs; ++i) {
-      k[tt][i] = LoadStreaming(k_tile + 8 * tt * kHeadDim + 32 * i);
+      const bool in_row = Cfg::kRowVecs >= 4 || t + 4 * i < Cfg::kRowVecs;
+      k[tt][i] =
+          in_row ? LoadStreaming(k_tile + 8 * tt * kHeadDim + 32 * i) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -477,8 +497,9 @@ __device__ __forceinline__ void DecodeStep(
       valid[tt][e] = tok >= range.kv_begin && tok < range.kv_end;
 #pragma unroll
       for (int jj = 0; jj < Cfg::kVVecs; ++jj) {
-        v[tt][e][jj] = valid[tt][e] ? LoadStreaming(v_tile + (8 * tt + e) * kHeadDim + 64 * jj)
-                                    : make_uint4(0, 0, 0, 0);
+        v[tt][e][jj] = valid[tt][e] && v_in_row
+                           ? LoadStreaming(v_tile + (8 * tt + e) * kHeadDim + 64 * jj)
+                           : make_uint4(0, 0, 0, 0);
       }
     }
   }
@@ -513,6 +534,7 @@ __device__ __forceinline__ const float* MergeDecodeWarps(DecodeSmem<kHeadDim, kR
 #pragma unroll
       for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
         const int d = 8 * (g + 8 * (mt / 4)) + 2 * (mt % 4);
+        if (Cfg::kRowVecs < 8 && d >= kHeadDim) continue;  // padding rows of O^T
         const float* o = st.o[mt][h];
         *reinterpret_cast<float2*>(tile + head * kHeadDim + d) =
             make_float2(o[0] * inv.x, o[2] * inv.x);
@@ -573,33 +595,240 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads,
   WriteDecodeRows<kHeadDim, kRows>(p, seq, head0, rows, split, out_tile, sm.lse);
 }
 
-// Merges the splits of one (sequence, q head) row per CTA: out = sum_s w_s o_s / sum_s w_s with
-// w_s = exp2(lse_s - max lse). Threads own 4 columns each and stride over the splits.
+// Pipelined decode: the same CTA work and tile math as PagedDecodeKernel, but each warp streams
+// its tiles through a private ring of kStages K/V tiles in shared memory filled by cp.async, so
+// kStages - 1 tiles (8 KiB each at head_dim 128) stay in flight while it computes one, without
+// holding registers for them. 3 CTAs share an SM (2 stages: 64 KiB of ring per CTA) and leave
+// registers for the combine kernel's CTAs to become resident before the decode grid drains
+// (measured: the split path costs ~2 us over an unsplit launch of the same bytes, ~4 us after
+// the register kernel, which fills the register file). Written for kStep 16 and rows of 8 or 16
+// chunks (head_dim 64, 128); launched for head_dim 128 with up to 8 q heads per kv head, the
+// shapes it was measured on. Dynamic shared memory: DecodePipeSmemBytes.
+// H100, Llama-3.1-8B shapes, context 32768, batch 1 (attention_bench --sweep 1, 2026-11-23): KV
+// read at 81-82% of the copy bandwidth (33 splits) against 80-81% for the register kernel at
+// its best split count, and 69% with 8 splits (64 CTAs) where the register kernel gets 47%.
+//
+// Swizzles (16-byte chunk c of row r of a tile): K at c ^ 4 (r & 1), V at c ^ 2 ((r >> 1) & 3).
+// DecodeTile's fragment reads take, per 8 lanes, 2 K rows x 4 chunks and 4 V rows x 2 chunks
+// from rows 256 (head_dim 128) or 128 bytes apart: unswizzled, 2- and 4-way bank conflicts.
 template <int kHeadDim>
-__global__ void __launch_bounds__(128)
+struct DecodePipeLayout {
+  static constexpr int kChunks = kHeadDim / 8;
+  static_assert(kChunks == 8 || kChunks == 16);
+  __device__ __forceinline__ static int K(int r, int c) {
+    return r * kChunks + (c ^ ((r & 1) << 2));
+  }
+  __device__ __forceinline__ static int V(int r, int c) {
+    return r * kChunks + (c ^ (((r >> 1) & 3) << 1));
+  }
+};
+
+template <int kHeadDim, int kRows, int kStages>
+constexpr int DecodePipeSmemBytes() {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  return Cfg::kWarps * kStages * 2 * Cfg::kStep * kHeadDim * 2;  // K and V, bf16
+}
+
+// Queues one tile's K and V (cache rows row0 .. row0 + kStep - 1, contiguous: a tile never spans
+// blocks) into `stage` (K tile then V tile, uint4 chunks). Masked tokens' V is zero-filled
+// without reading the cache (stale rows may hold NaN, and 0 * NaN would poison O).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void QueueDecodeTile(const DecodeParams& p, const DecodeRange& range,
+                                                int64_t row0, int tok0, int lane, uint4* stage) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  using L = DecodePipeLayout<kHeadDim>;
+  constexpr int kTileChunks = Cfg::kStep * L::kChunks;
+  static_assert(kTileChunks % kWarpSize == 0);
+  const uint4* k_src = reinterpret_cast<const uint4*>(p.k_cache + row0 * kHeadDim);
+  const uint4* v_src = reinterpret_cast<const uint4*>(p.v_cache + row0 * kHeadDim);
+#pragma unroll
+  for (int j = 0; j < kTileChunks / kWarpSize; ++j) {
+    const int x = lane + kWarpSize * j, r = x / L::kChunks, c = x % L::kChunks;
+    const int tok = tok0 + r;
+    CpAsync16(SmemAddr(stage + L::K(r, c)), k_src + x, true);
+    CpAsync16(SmemAddr(stage + kTileChunks + L::V(r, c)), v_src + x,
+              tok >= range.kv_begin && tok < range.kv_end);
+  }
+}
+
+// Reads one queued tile into DecodeTile's fragments and runs it.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void DecodePipeStep(
+    const DecodeParams& p, const DecodeRange& range, int tok0, int lane, const uint4* stage,
+    const uint4 (&q)[DecodeConfig<kHeadDim, kRows>::kHalves][DecodeConfig<kHeadDim, kRows>::kKVecs],
+    DecodeWarpState<kHeadDim, kRows>& st) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  using L = DecodePipeLayout<kHeadDim>;
+  constexpr int kTileChunks = Cfg::kStep * L::kChunks;
+  const int g = lane / 4, t = lane % 4;
+  uint4 k[Cfg::kTokTiles][Cfg::kKVecs];
+  uint4 v[Cfg::kTokTiles][2][Cfg::kVVecs];
+  bool valid[Cfg::kTokTiles][2];
+#pragma unroll
+  for (int tt = 0; tt < Cfg::kTokTiles; ++tt) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kKVecs; ++i) k[tt][i] = stage[L::K(8 * tt + g, t + 4 * i)];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tok = tok0 + 8 * tt + 2 * t + e;
+      valid[tt][e] = tok >= range.kv_begin && tok < range.kv_end;
+#pragma unroll
+      for (int jj = 0; jj < Cfg::kVVecs; ++jj) {
+        v[tt][e][jj] = stage[kTileChunks + L::V(8 * tt + 2 * t + e, g + 8 * jj)];
+      }
+    }
+  }
+  DecodeTile<kHeadDim, kRows>(q, k, v, valid, p.scale_log2, t, st);
+}
+
+// Grid and arguments as PagedDecodeKernel (DecodeParams: q, caches, tables and outputs with
+// their shapes above); kMinCtas: the occupancy its launch bounds size registers for.
+template <int kHeadDim, int kRows, int kStages, int kMinCtas>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads, kMinCtas)
+    PagedDecodePipeKernel(const DecodeParams p) {
+  using Cfg = DecodeConfig<kHeadDim, kRows>;
+  static_assert(Cfg::kStep == 16 && kStages >= 2);
+  constexpr int kTileChunks = Cfg::kStep * DecodePipeLayout<kHeadDim>::kChunks;
+  __shared__ DecodeSmem<kHeadDim, kRows> sm;
+  extern __shared__ uint4 pipe_smem[];  // [kWarps][kStages][K tile, V tile]
+  AllowDependentLaunch();
+  int index = blockIdx.x;
+  const int split = index % p.num_splits;
+  index /= p.num_splits;
+  const int part = index % p.num_parts;
+  index /= p.num_parts;
+  const int kv_head = index % p.num_kv_heads;
+  const int seq = index / p.num_kv_heads;
+  const int head0 = kv_head * p.group + part * kRows;
+  const int rows = min(kRows, p.group - part * kRows);
+  const DecodeRange range = SplitRange<Cfg::kStep>(p, seq, split);
+  if (range.first_tile >= range.last_tile) {  // CTA-uniform
+    WriteDecodeRows<kHeadDim, kRows>(p, seq, head0, rows, split, nullptr, nullptr);
+    return;
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  uint4* ring = pipe_smem + warp * kStages * 2 * kTileChunks;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int block_mask = (1 << p.log2_block_size) - 1;
+  // Cache row of a tile's first token: (block, kv head) tile, then the row inside it.
+  auto cache_row = [&](int tile, int block) {
+    return ((static_cast<int64_t>(block) * p.num_kv_heads + kv_head) << p.log2_block_size) |
+           ((tile * Cfg::kStep) & block_mask);
+  };
+  auto block_of = [&](int tile) {
+    return tile < range.last_tile ? __ldg(table + ((tile * Cfg::kStep) >> p.log2_block_size)) : 0;
+  };
+  // Prologue: the warp's first kStages - 1 tiles (warps take tiles round-robin), one cp.async
+  // group each -- empty past the end, so the group count stays uniform for the waits below.
+  int issue = range.first_tile + warp;
+  int blocks[kStages - 1];
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) blocks[s] = block_of(issue + s * Cfg::kWarps);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (issue < range.last_tile) {
+      QueueDecodeTile<kHeadDim, kRows>(p, range, cache_row(issue, blocks[s]), issue * Cfg::kStep,
+                                       lane, ring + s * 2 * kTileChunks);
+    }
+    CpAsyncCommit();
+    issue += Cfg::kWarps;
+  }
+  int next_block = block_of(issue);  // fetched a tile ahead, so its latency hides behind one
+  uint4 q[Cfg::kHalves][Cfg::kKVecs];
+  LoadDecodeQ<kHeadDim, kRows>(p, seq, head0, rows, lane, q);
+  DecodeWarpState<kHeadDim, kRows> st;
+  st.Init();
+  int read_stage = 0, write_stage = kStages - 1;
+#pragma unroll 1
+  for (int tile = range.first_tile + warp; tile < range.last_tile; tile += Cfg::kWarps) {
+    CpAsyncWait<kStages - 2>();
+    __syncwarp();  // every lane's copies of this tile landed; every lane is done with write_stage
+    if (issue < range.last_tile) {
+      QueueDecodeTile<kHeadDim, kRows>(p, range, cache_row(issue, next_block), issue * Cfg::kStep,
+                                       lane, ring + write_stage * 2 * kTileChunks);
+    }
+    CpAsyncCommit();
+    issue += Cfg::kWarps;
+    next_block = block_of(issue);
+    DecodePipeStep<kHeadDim, kRows>(p, range, tile * Cfg::kStep, lane,
+                                    ring + read_stage * 2 * kTileChunks, q, st);
+    write_stage = read_stage;
+    read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+  }
+  CpAsyncWait<0>();
+  const float* out_tile = MergeDecodeWarps<kHeadDim, kRows>(sm, st, warp, lane);
+  WriteDecodeRows<kHeadDim, kRows>(p, seq, head0, rows, split, out_tile, sm.lse);
+}
+
+// Merges the splits of one (sequence, q head) row per CTA: out = sum_s w_s o_s / sum_s w_s with
+// w_s = exp2(lse_s - max lse). A row is a few KiB, so the kernel is latency-bound: each phase
+// issues all its loads at once -- the log-sum-exps one per thread (reduced through shared
+// memory into the max and the weights), then the weighted partial rows, threads owning 4
+// columns each and striding over the splits -- about three memory round trips per launch
+// whatever the split count, where a serial scan of the log-sum-exps costs one per split.
+//   partial_out  [rows, num_splits, kHeadDim] fp32; rows of splits with lse -inf may hold any
+//                bits (they are read with the others, then dropped)
+//   partial_lse  [rows, num_splits] fp32, log2 domain; -inf: the split saw no key
+//   out          bf16, row (seq, head) at seq * out_stride + head * kHeadDim
+template <int kHeadDim>
+__global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const float* __restrict__ partial_out,
                         const float* __restrict__ partial_lse, int num_splits, int num_q_heads,
                         __nv_bfloat16* __restrict__ out, int64_t out_stride) {
-  constexpr int kCols = kHeadDim / 4;       // float4 columns of a row
-  constexpr int kSplitLanes = 128 / kCols;  // splits read in parallel
-  __shared__ float4 partial_sums[128];
+  constexpr int kCols = kHeadDim / 4;                   // float4 columns of a row
+  constexpr int kSplitLanes = kCombineThreads / kCols;  // splits read in parallel
+  constexpr int kLsePerThread = kMaxDecodeSplits / kCombineThreads;
+  constexpr int kWarps = kCombineThreads / kWarpSize;
+  static_assert(kLsePerThread * kCombineThreads == kMaxDecodeSplits);
+  __shared__ float weights[kMaxDecodeSplits];
+  __shared__ float warp_max[kWarps], warp_sum[kWarps];
+  __shared__ float4 partial_sums[kCombineThreads];
   WaitForPrerequisiteGrid();
   const int64_t row = blockIdx.x;  // seq * num_q_heads + head
   const float* lse = partial_lse + row * num_splits;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  float lse_own[kLsePerThread];
   float max_lse = kNegInf;
-  for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse[s]);
+#pragma unroll
+  for (int j = 0; j < kLsePerThread; ++j) {
+    const int s = threadIdx.x + j * kCombineThreads;
+    lse_own[j] = s < num_splits ? lse[s] : kNegInf;
+    max_lse = fmaxf(max_lse, lse_own[j]);
+  }
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+  }
+  if (lane == 0) warp_max[warp] = max_lse;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) max_lse = fmaxf(max_lse, warp_max[w]);
+  // Splits without keys (lse -inf, also every split when max_lse is -inf) weigh exactly 0.
+  float weight_sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kLsePerThread; ++j) {
+    const int s = threadIdx.x + j * kCombineThreads;
+    const float w = lse_own[j] == kNegInf ? 0.0f : exp2f(lse_own[j] - max_lse);
+    if (s < num_splits) weights[s] = w;
+    weight_sum += w;
+  }
+  weight_sum = WarpReduceSum(weight_sum);
+  if (lane == 0) warp_sum[warp] = weight_sum;
+  __syncthreads();
+  weight_sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) weight_sum += warp_sum[w];
+
   const int col = threadIdx.x % kCols, lane_split = threadIdx.x / kCols;
+  const float* src = partial_out + row * num_splits * kHeadDim + 4 * col;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (max_lse != kNegInf) {
-#pragma unroll 4
-    for (int s = lane_split; s < num_splits; s += kSplitLanes) {
-      const float lse_s = lse[s];
-      if (lse_s == kNegInf) continue;
-      const float w = exp2f(lse_s - max_lse);
-      const float4 o = *reinterpret_cast<const float4*>(
-          partial_out + (row * num_splits + s) * kHeadDim + 4 * col);
-      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
-    }
+  // Loads are unconditional so the unrolled ones issue together; rows of empty splits (never
+  // written: any bits, NaN too) are dropped by the select rather than multiplied by 0.
+#pragma unroll 8
+  for (int s = lane_split; s < num_splits; s += kSplitLanes) {
+    const float w = weights[s];
+    const float4 o = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kHeadDim);
+    if (w > 0.0f) acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
   }
   partial_sums[threadIdx.x] = acc;
   __syncthreads();
@@ -610,13 +839,7 @@ __global__ void __launch_bounds__(128)
     const float4 part = partial_sums[r * kCols + col];
     sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
   }
-  float weight = 0.0f;
-  if (max_lse != kNegInf) {
-    for (int s = 0; s < num_splits; ++s) {
-      if (lse[s] != kNegInf) weight += exp2f(lse[s] - max_lse);
-    }
-  }
-  const float inv = weight > 0.0f ? 1.0f / weight : 0.0f;
+  const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
   Bf16Vec<4> result;
   result.v[0] = __float2bfloat16_rn(sum.x * inv);
   result.v[1] = __float2bfloat16_rn(sum.y * inv);
@@ -655,24 +878,37 @@ struct PrefillParams {
 
 template <int kHeadDim>
 struct PrefillConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+  static_assert(kHeadDim == 16 || kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128 ||
+                kHeadDim == 256);
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kBlockM = 16 * kWarps;      // query rows per CTA
-  static constexpr int kBlockN = 4096 / kHeadDim;  // keys per tile: 8 KiB of K per stage
-  static constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per K/V row
-  static constexpr int kKChunks = kHeadDim / 16;   // k16 steps of Q K^T
-  static constexpr int kSTiles = kBlockN / 8;      // n8 tiles of S
-  static constexpr int kOTiles = kHeadDim / 8;     // n8 tiles of O
+  static constexpr int kBlockM = 16 * kWarps;  // query rows per CTA
+  // Keys per tile: 8 KiB of K per stage, capped at 128 keys (head_dim 16: 4 KiB) so S stays
+  // at 64 registers per thread (256 keys make ptxas spill).
+  static constexpr int kBlockN = kHeadDim >= 32 ? 4096 / kHeadDim : 128;
+  static constexpr int kChunks = kHeadDim / 8;    // 16-byte chunks per K/V row
+  static constexpr int kKChunks = kHeadDim / 16;  // k16 steps of Q K^T
+  static constexpr int kSTiles = kBlockN / 8;     // n8 tiles of S
+  static constexpr int kOTiles = kHeadDim / 8;    // n8 tiles of O
   static constexpr int kTileElems = kBlockN * kHeadDim;
   static constexpr int kCopiesPerThread = kBlockN * kChunks / kThreads;
-  static_assert(kCopiesPerThread * kThreads == kBlockN * kChunks);
+  static_assert(kCopiesPerThread >= 1 && kCopiesPerThread * kThreads == kBlockN * kChunks);
+  static_assert(kKChunks == 1 || kKChunks % 2 == 0);
+  static_assert(kOTiles % 2 == 0 && kBlockN % 16 == 0);
 };
 
-// Element offset of (row, 16-byte chunk) in a swizzled [rows][kHeadDim] tile.
+// Element offset of (row, 16-byte chunk) in a swizzled [rows][kHeadDim] tile. Rows of 8 or more
+// chunks XOR the chunk with row % 8; narrower rows (head_dim 16, 32: 8 / kChunks rows per 128
+// bytes) XOR it with (row / (8 / kChunks)) % kChunks, so any 8 consecutive rows' chunk c still
+// falls in 8 distinct 16-byte bank groups and the swizzle stays inside the row.
 template <int kHeadDim>
 __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+  constexpr int kChunks = kHeadDim / 8;
+  if constexpr (kChunks >= 8) {
+    return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+  } else {
+    return row * kHeadDim + ((chunk ^ ((row / (8 / kChunks)) & (kChunks - 1))) << 3);
+  }
 }
 
 // Queues the copies of keys [tile * kBlockN, +kBlockN) into one stage; keys outside
@@ -765,15 +1001,23 @@ __global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
 #pragma unroll
     for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < Cfg::kKChunks; c += 2) {
-        uint32_t b[4];
-        LdMatrixX4(b, SmemAddr(k_smem[stage] +
-                               SwizzledOffset<kHeadDim>(8 * nt + (lane & 7), 2 * c + (lane >> 3))));
-        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c][0], qf[c][1], qf[c][2], qf[c][3],
+      if constexpr (Cfg::kKChunks == 1) {  // head_dim 16: ldmatrix x2, one k-chunk
+        uint32_t b[2];
+        LdMatrixX2(b, SmemAddr(k_smem[stage] +
+                               SwizzledOffset<kHeadDim>(8 * nt + (lane & 7), (lane >> 3) & 1)));
+        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[0][0], qf[0][1], qf[0][2], qf[0][3],
                  b[0], b[1]);
-        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c + 1][0], qf[c + 1][1], qf[c + 1][2],
-                 qf[c + 1][3], b[2], b[3]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < Cfg::kKChunks; c += 2) {
+          uint32_t b[4];
+          LdMatrixX4(b, SmemAddr(k_smem[stage] + SwizzledOffset<kHeadDim>(8 * nt + (lane & 7),
+                                                                          2 * c + (lane >> 3))));
+          Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c][0], qf[c][1], qf[c][2], qf[c][3],
+                   b[0], b[1]);
+          Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c + 1][0], qf[c + 1][1], qf[c + 1][2],
+                   qf[c + 1][3], b[2], b[3]);
+        }
       }
     }
     // Causal and window mask (only where the tile reaches past a row's visible keys), scale.

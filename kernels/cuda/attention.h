@@ -25,7 +25,8 @@ struct __nv_bfloat16;  // cuda_bf16.h, which host-only callers need not include
 namespace specd::kernels {
 
 // Shapes shared by the attention launchers. head_dim is 64, 128 or 256 (what Llama, Qwen and
-// Mistral use); num_q_heads a multiple of num_kv_heads (GQA; MQA and MHA included).
+// Mistral use), or 16 or 32 (tiny test models); num_q_heads a multiple of num_kv_heads (GQA; MQA
+// and MHA included).
 struct AttentionShape {
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
@@ -55,7 +56,8 @@ size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
 // GPU with num_sms multiprocessors: enough CTAs to fill the chip, no split shorter than a block.
 // The CUDA-graph runner calls it once per batch-size bucket with the model's max_model_len.
 // Policy: one CTA per (sequence, kv head, split) (two or more for GQA groups over 16 q heads);
-// splits = the CTAs one wave of the chip holds at the kernel's occupancy / CTAs per split,
+// splits = the CTAs one wave of the chip holds at the kernel's occupancy / CTAs per split, or,
+// where it is at least half of that, the largest count whose CTAs are a whole number per SM;
 // capped so a split spans at least max(64 tokens, a block) of max_seq_len (or of the sliding
 // window), at most 256, at least 1. Pure host arithmetic; no CUDA call.
 int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,

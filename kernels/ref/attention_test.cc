@@ -203,6 +203,13 @@ TEST(PagedPrefillRefTest, GroupedQueryHeadsShareTheirKvHead) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-12) << i;
 }
 
+// The tiny test models' shapes: 4 query / 2 kv heads, head_dim 16 and 32, block 16.
+TEST(PagedPrefillRefTest, TinyModelShapesMatchDenseCausalAttention) {
+  ExpectPrefillMatchesDense(Shape(4, 2, 16, 16, 0), {40, 17, 3}, {40, 5, 3}, 10);
+  ExpectPrefillMatchesDense(Shape(4, 2, 32, 16, 0), {35, 20}, {9, 20}, 11);
+  ExpectPrefillMatchesDense(Shape(4, 2, 16, 16, 7), {30}, {12}, 12);
+}
+
 TEST(PagedPrefillRefTest, SlidingWindowMatchesDenseAttentionWithTheWindowMask) {
   ExpectPrefillMatchesDense(Shape(4, 2, 8, 4, 5), {23, 7, 12}, {23, 2, 9}, 5);
   ExpectPrefillMatchesDense(Shape(4, 1, 8, 8, 1), {9}, {9}, 6);
@@ -229,33 +236,37 @@ TEST(PagedPrefillRefTest, WindowOfOneReturnsTheQuerysOwnValue) {
 }
 
 // Decode is the q_len = 1 case of prefill: compared with the last query of whole-prompt prefill
-// and with dense attention, with and without a window, over several block sizes.
+// and with dense attention, with and without a window, over several block sizes and head_dims
+// (16: the tiny test models').
 TEST(PagedDecodeRefTest, MatchesLastPrefillQueryAndDenseAttention) {
-  for (const int64_t window : {0, 6}) {
-    for (const int64_t block_size : {1, 4, 16}) {
-      std::mt19937_64 rng(8 + block_size);
-      const AttentionShape shape = Shape(4, 2, 8, block_size, window);
-      const std::vector<int32_t> seq_lens = {19, 1, 33};
-      PagedSequences seqs(shape, seq_lens, rng);
-      const int64_t row = 32;
-      const std::vector<double> q = RandomValues(3 * row, rng);
-      std::vector<double> decode_out(3 * row, kNaN);
-      PagedDecodeAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
-                           seqs.block_tables.data(), seqs.max_blocks_per_seq, seq_lens.data(), 3,
-                           shape, decode_out.data(), row);
-      const std::vector<int32_t> cu_q_lens = {0, 1, 2, 3};
-      std::vector<double> prefill_out(3 * row, kNaN);
-      PagedPrefillAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
-                            seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
-                            seq_lens.data(), 3, shape, prefill_out.data(), row);
-      EXPECT_EQ(decode_out, prefill_out);
-      for (int s = 0; s < 3; ++s) {
-        const std::vector<double> seq_q(q.begin() + s * row, q.begin() + (s + 1) * row);
-        const auto dense =
-            DenseCausalAttention(seq_q, seqs.keys[s], seqs.values[s], 1, seq_lens[s], shape);
-        for (int64_t x = 0; x < row; ++x) {
-          ASSERT_NEAR(decode_out[s * row + x], dense[x], 1e-12)
-              << "window " << window << " block " << block_size << " seq " << s;
+  for (const int64_t head_dim : {8, 16}) {
+    for (const int64_t window : {0, 6}) {
+      for (const int64_t block_size : {1, 4, 16}) {
+        std::mt19937_64 rng(8 + block_size);
+        const AttentionShape shape = Shape(4, 2, head_dim, block_size, window);
+        const std::vector<int32_t> seq_lens = {19, 1, 33};
+        PagedSequences seqs(shape, seq_lens, rng);
+        const int64_t row = 4 * head_dim;
+        const std::vector<double> q = RandomValues(3 * row, rng);
+        std::vector<double> decode_out(3 * row, kNaN);
+        PagedDecodeAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
+                             seqs.block_tables.data(), seqs.max_blocks_per_seq, seq_lens.data(), 3,
+                             shape, decode_out.data(), row);
+        const std::vector<int32_t> cu_q_lens = {0, 1, 2, 3};
+        std::vector<double> prefill_out(3 * row, kNaN);
+        PagedPrefillAttention(q.data(), row, seqs.k_cache.data(), seqs.v_cache.data(),
+                              seqs.block_tables.data(), seqs.max_blocks_per_seq, cu_q_lens.data(),
+                              seq_lens.data(), 3, shape, prefill_out.data(), row);
+        EXPECT_EQ(decode_out, prefill_out);
+        for (int s = 0; s < 3; ++s) {
+          const std::vector<double> seq_q(q.begin() + s * row, q.begin() + (s + 1) * row);
+          const auto dense =
+              DenseCausalAttention(seq_q, seqs.keys[s], seqs.values[s], 1, seq_lens[s], shape);
+          for (int64_t x = 0; x < row; ++x) {
+            ASSERT_NEAR(decode_out[s * row + x], dense[x], 1e-12)
+                << "head_dim " << head_dim << " window " << window << " block " << block_size
+                << " seq " << s;
+          }
         }
       }
     }

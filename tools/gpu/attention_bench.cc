@@ -6,7 +6,10 @@
 // (shuffled block tables) that together exceed L2 several times; the KV data are a random tile
 // repeated (setup stays fast), and a few outputs are spot-checked against an fp64 reference so a
 // layout bug cannot pass as a rate. A split-count sweep comes first, the result table last.
-//   attention_bench [--iters N] [--context N]
+// --sweep adds tuning probes: wide split sweeps, batch 1 at other contexts (time = fixed cost +
+// bytes / rate), and batch 64 x 512 tokens unsplit (batch 1's bytes and CTA count without the
+// combine kernel).
+//   attention_bench [--iters N] [--context N] [--sweep 0|1]
 // Exit status: 0 when every launch ran and passed its spot check, 1 otherwise, 2 on bad flags,
 // 77 when no GPU is visible. One thread.
 #include <cuda_runtime_api.h>
@@ -41,6 +44,7 @@ constexpr int32_t kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 struct Options {
   int iters = 50;
   int32_t context = 32768;
+  bool sweep = false;
 };
 
 bool ParseArgs(int argc, char** argv, Options* o) {
@@ -50,6 +54,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->iters = std::atoi(argv[i + 1]);
     } else if (arg == "--context") {
       o->context = std::atoi(argv[i + 1]);
+    } else if (arg == "--sweep") {
+      o->sweep = std::atoi(argv[i + 1]) != 0;
     } else {
       return false;
     }
@@ -242,10 +248,45 @@ bool CheckDecode(DecodeSetup& s, int32_t splits, cudaStream_t stream) {
   return ok;
 }
 
+// The --sweep probes (see the file comment); each line's percentages are of `copy_gbps`.
+bool RunProbes(const Options& options, int num_sms, double copy_gbps, std::mt19937_64& rng,
+               cudaStream_t stream) {
+  bool ok = true;
+  auto pct = [&](const Result& r) { return 100.0 * r.kv_gbps / copy_gbps; };
+  for (const int32_t batch : {1, 8}) {
+    DecodeSetup s(batch, options.context, rng);
+    std::printf("probe: splits, batch %d:", batch);
+    const std::vector<int32_t> splits =
+        batch == 1 ? std::vector<int32_t>{8, 16, 24, 33, 44, 50, 66, 88, 99, 132, 198, 256}
+                   : std::vector<int32_t>{2, 4, 6, 8, 12, 16, 24};
+    for (const int32_t n : splits) {
+      const Result r = TimeDecode(s, n, options.iters, stream);
+      std::printf("  %d: %.1fus %.1f%%", n, r.us, pct(r));
+    }
+    std::printf("\n");
+  }
+  std::printf("probe: batch 1 by context (chosen splits):");
+  for (const int32_t context : {4096, 8192, 16384, 65536}) {
+    DecodeSetup s(1, context, rng);
+    const int32_t chosen = kernels::ChooseDecodeSplits(1, context, num_sms, Shape());
+    const Result r = TimeDecode(s, chosen, options.iters, stream);
+    std::printf("  %d (%d): %.1fus %.1f%%", context, chosen, r.us, pct(r));
+  }
+  std::printf("\n");
+  {
+    DecodeSetup s(64, 512, rng);
+    ok = CheckDecode(s, 1, stream) && ok;
+    const Result r = TimeDecode(s, 1, options.iters, stream);
+    std::printf("probe: batch 64 x 512 tokens, 1 split (no combine): %.1fus %.1f%%\n", r.us,
+                pct(r));
+  }
+  return ok;
+}
+
 int Main(int argc, char** argv) {
   Options options;
   if (!ParseArgs(argc, argv, &options)) {
-    std::fprintf(stderr, "usage: attention_bench [--iters N] [--context N]\n");
+    std::fprintf(stderr, "usage: attention_bench [--iters N] [--context N] [--sweep 0|1]\n");
     return 2;
   }
   if (kc::CudaDeviceCount() == 0) {
@@ -279,6 +320,9 @@ int Main(int argc, char** argv) {
     }
     std::printf("\n");
     rows.emplace_back(setups.back().get(), TimeDecode(s, chosen, options.iters, stream));
+  }
+  if (options.sweep) {
+    all_ok = RunProbes(options, prop.multiProcessorCount, copy_gbps, rng, stream) && all_ok;
   }
   std::printf("memcpy D2D %zu MiB: %.1f GB/s (bytes read + written)\n", kCopyBytes >> 20,
               copy_gbps);
