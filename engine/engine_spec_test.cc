@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/kv/block_allocator.h"
+#include "engine/runner/model_runner.h"
 #include "engine/sample/acceptance.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
@@ -194,8 +196,11 @@ TEST_F(SpecLosslessTest, AcceptanceAtKFourReachesThreeTokensPerRound) {
   EXPECT_EQ(obs.num_accepted, accepted);
   std::string per_position;
   for (size_t j = 0; j < obs.accepted_at.size(); ++j) {
-    per_position += " " + std::to_string(static_cast<double>(obs.accepted_at[j]) /
-                                         std::max<int64_t>(1, obs.drafted_at[j]));
+    char rate[16];
+    std::snprintf(
+        rate, sizeof(rate), " %.3f",
+        static_cast<double>(obs.accepted_at[j]) / std::max<int64_t>(1, obs.drafted_at[j]));
+    per_position += rate;
     if (j > 0) {
       EXPECT_LE(obs.accepted_at[j], obs.accepted_at[j - 1]);
     }
@@ -363,6 +368,86 @@ std::pair<double, double> SecondTokenChiSquare(Engine& engine, const std::vector
   std::printf("chi-square: statistic %.2f, dof %d, critical %.2f\n", stat, dof,
               ChiSquareCritical999(dof));
   return {stat, ChiSquareCritical999(std::max(dof, 1))};
+}
+
+// Softmax of a logits row, in double.
+std::vector<double> Softmax(std::span<const float> logits) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(double{logits[i]} - max);
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+// Last-position logits of `ids` on a fresh runner of `model` (CPU).
+std::vector<float> LastLogits(const std::string& model, const std::vector<int32_t>& ids) {
+  RunnerOptions o;
+  o.model_dir = model;
+  o.device = "cpu";
+  o.max_model_len = 1024;
+  auto runner = CreateModelRunner(o);
+  EXPECT_TRUE(runner.ok());
+  BlockAllocator allocator((*runner)->num_kv_blocks());
+  BlockTable table((*runner)->block_size());
+  EXPECT_TRUE(table.EnsureCapacity(static_cast<int32_t>(ids.size()), allocator).ok());
+  std::vector<SequenceInput> batch = {{ids, 0, table.ids(), false}};
+  std::vector<float> logits;
+  EXPECT_TRUE((*runner)->Forward(batch, &logits).ok());
+  return logits;
+}
+
+// Speculative sampling accepts draft 1 with probability sum_x min(p(x), q(x)) (Leviathan et al.):
+// one round per request (max_tokens 3, K = 1: the round after the first token), the engine's
+// acceptance rate over many requests must match the mean overlap of the two models' full
+// distributions at those contexts, computed here from their logits. A draft whose q is not the
+// distribution it was drawn from (or drawn from the wrong context) moves the rate off it.
+TEST(SpecAcceptanceRateTest, SampledAcceptanceEqualsTheOverlapOfTheTwoDistributions) {
+  auto engine = MakeEngine(kTarget, R"({"model": ")" + kDraft + R"("})");
+  ASSERT_NE(engine, nullptr);
+  const auto prompts = LoadPrompts(*engine->tokenizer());
+  std::vector<GenerateRequest> requests;
+  for (int seed = 0; seed < 10; ++seed) {
+    for (const auto& p : prompts) {
+      GenerateRequest r = Greedy(p, 3, {SpeculationMethod::kDraftModel, 1});
+      r.params.temperature = 1.0f;
+      r.params.ignore_eos = true;
+      r.params.seed = 500 + seed;
+      requests.push_back(r);
+    }
+  }
+  auto results = engine->GenerateBatch(requests);
+  ASSERT_TRUE(results.ok());
+  int64_t drafts = 0, accepted = 0;
+  double overlap = 0;
+  std::map<std::vector<int32_t>, double> memo;  // context -> overlap
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerateResult& r = (*results)[i];
+    // At most one round, at prompt + t1; none where the scheduler had no KV to spare for a
+    // lookahead slot (memory pressure, not the sampled tokens, decides that).
+    ASSERT_LE(r.usage.num_drafts, 1) << i;
+    if (r.usage.num_drafts == 0) continue;
+    drafts += r.usage.num_draft_tokens;
+    accepted += r.usage.num_accepted_tokens;
+    std::vector<int32_t> ctx = requests[i].prompt_ids;
+    ctx.push_back(r.tokens[0].id);
+    auto [it, fresh] = memo.try_emplace(ctx, 0.0);
+    if (fresh) {
+      const std::vector<double> p = Softmax(LastLogits(kTarget, ctx));
+      const std::vector<double> q = Softmax(LastLogits(kDraft, ctx));
+      for (size_t x = 0; x < p.size(); ++x) it->second += std::min(p[x], q[x]);
+    }
+    overlap += it->second;
+  }
+  const double rate = static_cast<double>(accepted) / drafts;
+  ASSERT_GT(drafts, 150);
+  const double expected = overlap / drafts;
+  const double stderr_ = std::sqrt(expected * (1 - expected) / drafts);
+  std::printf(
+      "temperature 1, K=1: acceptance %.4f over %lld drafts; mean overlap %.4f "
+      "(standard error %.4f)\n",
+      rate, static_cast<long long>(drafts), expected, stderr_);
+  EXPECT_NEAR(rate, expected, 4 * stderr_);
 }
 
 class SpecSamplingTest : public ::testing::Test {

@@ -366,6 +366,33 @@ class Driver {
     return ms;
   }
 
+  // One greedy verification step as the engine runs it (speculation issue 5): each sequence's
+  // last token plus k draft ids (random), a row at every one of the k + 1 positions (the
+  // target's choice after each). Milliseconds of Step. Nothing is committed: the next call
+  // overwrites the same KV slots.
+  absl::StatusOr<double> Verify(const Sequences& seqs, int32_t k) {
+    std::vector<SequenceInput> batch;
+    std::vector<SampleRow> rows;
+    std::vector<std::vector<int32_t>> chunks;
+    chunks.reserve(seqs.size());
+    std::uniform_int_distribution<int32_t> id(1, runner_->config().vocab_size - 1);
+    for (const std::unique_ptr<Sequence>& s : seqs) {
+      SPECD_RETURN_IF_ERROR(blocks_.Cover(&s->block_table, s->num_cached + k + 1));
+      std::vector<int32_t>& chunk = chunks.emplace_back(1, s->tokens.back());
+      for (int32_t j = 0; j < k; ++j) chunk.push_back(id(rng_));
+      batch.push_back({chunk, s->num_cached, s->block_table, false});
+      for (int32_t j = 0; j <= k; ++j) {
+        SampleRow row = RowOf(*s, static_cast<int32_t>(batch.size()) - 1);
+        row.token = j;
+        rows.push_back(row);
+      }
+    }
+    const Clock::time_point start = Clock::now();
+    out_.clear();
+    SPECD_RETURN_IF_ERROR(runner_->Step(batch, rows, &out_));
+    return MsSince(start);
+  }
+
  private:
   static SampleRow RowOf(Sequence& s, int32_t chunk) {
     SampleRow row;
@@ -470,6 +497,39 @@ absl::Status MeasureDecodeLatency(Driver& driver, const ModelCosts& costs, const
         TargetRow(absl::StrCat("decode step b=1 ctx=", context),
                   absl::StrFormat("%.3f ms (%.0f tok/s)", t.ms_per_step, 1e3 / t.ms_per_step),
                   ratio, context < kLongContext ? kDecodeTargetShort : kDecodeTargetLong));
+  }
+  return absl::OkStatus();
+}
+
+// A verification step over K drafts at batch 1 against a plain decode step, alternated on the
+// same sequence (context 512 + the steps taken): target at most 1.15x (issue 5).
+absl::Status MeasureVerify(Driver& driver, const ModelCosts& costs, const Options& o,
+                           std::vector<Row>* rows) {
+  constexpr int32_t kContext = 512;
+  constexpr double kTarget = 1.15;
+  for (int32_t k : {4, 8}) {
+    Sequences seqs = driver.NewSequences(1, kContext);
+    SPECD_RETURN_IF_ERROR(driver.Prefill(seqs));
+    int64_t keys = 0;
+    for (int32_t i = 0; i < o.warmup_steps; ++i) {
+      SPECD_RETURN_IF_ERROR(driver.Decode(seqs, costs, &keys).status());
+      SPECD_RETURN_IF_ERROR(driver.Verify(seqs, k).status());
+    }
+    std::vector<double> decode_ms, verify_ms;
+    for (int32_t i = 0; i < o.decode_steps; ++i) {
+      SPECD_ASSIGN_OR_RETURN(double v, driver.Verify(seqs, k));
+      SPECD_ASSIGN_OR_RETURN(double d, driver.Decode(seqs, costs, &keys));
+      verify_ms.push_back(v);
+      decode_ms.push_back(d);
+    }
+    const double v = Median(verify_ms), d = Median(decode_ms);
+    std::printf("verify b=1 ctx=%d K=%d: %.3f ms, decode %.3f ms, %.2fx\n", kContext, k, v, d,
+                v / d);
+    std::fflush(stdout);
+    rows->push_back({absl::StrCat("verify step K=", k, " b=1 ctx=", kContext),
+                     absl::StrFormat("%.3f ms (decode %.3f)", v, d),
+                     absl::StrFormat("<= %.2fx", kTarget), absl::StrFormat("%.2fx", v / d),
+                     v / d <= kTarget ? "PASS" : "MISS"});
   }
   return absl::OkStatus();
 }
@@ -623,6 +683,7 @@ int Main(int argc, char** argv) {
   Driver driver(runner->get(), o.max_num_batched_tokens);
   const std::vector<std::pair<const char*, std::function<absl::Status()>>> steps = {
       {"decode latency", [&] { return MeasureDecodeLatency(driver, costs, o, *ceilings, &rows); }},
+      {"verify", [&] { return MeasureVerify(driver, costs, o, &rows); }},
       {"throughput", [&] { return MeasureThroughput(driver, costs, o, *ceilings, &rows); }},
       {"ttft", [&] { return MeasureTtft(driver, o, &rows); }},
       {"prefill", [&] { return MeasurePrefill(driver, costs, o, *ceilings, &rows); }},
