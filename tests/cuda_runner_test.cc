@@ -32,8 +32,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -254,30 +256,83 @@ class CudaTinyRandomTest : public ::testing::TestWithParam<const char*> {
   std::string dir() const { return ModelDir(std::string("tiny-random/") + GetParam()); }
 };
 
+// A copy of the model directory `dir` in `out` with every F32 tensor rounded to bf16 (round to
+// nearest even), as the GPU runner stores weights: the same-precision baseline for goldens.
+bool WriteBf16RoundedCopy(const std::string& dir, const std::string& out) {
+  namespace fs = std::filesystem;
+  fs::create_directories(out);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() != "model.safetensors") {
+      fs::copy_file(e.path(), out + "/" + e.path().filename().string(),
+                    fs::copy_options::overwrite_existing);
+    }
+  }
+  std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) return false;
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  if (8 + header_len > bytes.size()) return false;
+  const nlohmann::json header =
+      nlohmann::json::parse(bytes.substr(8, header_len), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return false;
+  const size_t base = 8 + header_len;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__" || t["dtype"] != "F32") continue;
+    const auto offsets = t["data_offsets"].get<std::vector<uint64_t>>();
+    for (uint64_t off = offsets[0]; off + 4 <= offsets[1]; off += 4) {
+      float v;
+      std::memcpy(&v, bytes.data() + base + off, 4);
+      v = kernels::Bf16ToFloat(kernels::FloatToBf16(v));
+      std::memcpy(bytes.data() + base + off, &v, 4);
+    }
+  }
+  std::ofstream(out + "/model.safetensors", std::ios::binary) << bytes;
+  return true;
+}
+
+// The GPU's logits against HF's fp32 goldens. The tolerance is bf16's: 1/32 of the largest
+// |logit|, or three times the error of the same-precision baseline -- the exact fp32 CPU backend
+// on the model with its weights rounded to bf16, as the GPU holds them -- when a model is that
+// sensitive to bf16 weights (llama-linear row 0: its bf16-weight baseline alone is ~3e-2 at
+// position 39, against ~7e-3 for the other families).
 TEST_P(CudaTinyRandomTest, PrefillLogitsMatchHfGoldenAtBf16Tolerance) {
   SKIP_UNLESS_EXISTS(dir());
   Harness h(MakeRunner(Options(dir(), "cuda")));
   ASSERT_TRUE(h.ok());
+  const std::string rounded =
+      (std::filesystem::temp_directory_path() / ("specd-bf16-" + std::string(GetParam()))).string();
+  ASSERT_TRUE(WriteBf16RoundedCopy(dir(), rounded));
+  Harness baseline(MakeRunner(Options(rounded, "cpu")));
+  ASSERT_TRUE(baseline.ok());
   const nlohmann::json g = ReadJson(dir() + "/golden.json");
-  const int a = h.AddSequence(), b = h.AddSequence();
-  const std::vector<float> logits =
-      h.Run({{a, Ids(g["input_ids"][0]), true}, {b, Ids(g["input_ids"][1]), true}});
+  auto run = [&](Harness& on) {
+    const int a = on.AddSequence(), b = on.AddSequence();
+    return on.Run({{a, Ids(g["input_ids"][0]), true}, {b, Ids(g["input_ids"][1]), true}});
+  };
+  const std::vector<float> logits = run(h), base = run(baseline);
   const int32_t vocab = h.vocab();
   ASSERT_EQ(logits.size(), static_cast<size_t>(2 * 40 * vocab));
+  ASSERT_EQ(base.size(), logits.size());
   double sum_abs = 0;
   for (float v : logits) sum_abs += std::fabs(v);
   for (int row = 0; row < 2; ++row) {
-    const auto last = g["logits_last_pos"][row].get<std::vector<float>>();
-    const auto pos5 = g["logits_pos5"][row].get<std::vector<float>>();
-    const double e39 = RelError(Row(logits, row * 40 + 39, vocab), last);
-    const double e5 = RelError(Row(logits, row * 40 + 5, vocab), pos5);
-    std::printf("[ %s ] row %d: rel error pos39 %.2e, pos5 %.2e (tolerance %.2e)\n", GetParam(),
-                row, e39, e5, kBf16RelTolerance);
-    EXPECT_LE(e39, kBf16RelTolerance) << "row " << row << " position 39";
-    EXPECT_LE(e5, kBf16RelTolerance) << "row " << row << " position 5";
+    for (const auto& [pos, key] : {std::pair<int, const char*>{39, "logits_last_pos"},
+                                   std::pair<int, const char*>{5, "logits_pos5"}}) {
+      const auto golden = g[key][row].get<std::vector<float>>();
+      const double err = RelError(Row(logits, row * 40 + pos, vocab), golden);
+      const double base_err = RelError(Row(base, row * 40 + pos, vocab), golden);
+      const double tolerance = std::max(kBf16RelTolerance, 3 * base_err);
+      std::printf(
+          "[ %s ] row %d pos %d: rel error %.2e (bf16-weight baseline %.2e, tolerance "
+          "%.2e)\n",
+          GetParam(), row, pos, err, base_err, tolerance);
+      EXPECT_LE(err, tolerance) << "row " << row << " position " << pos;
+    }
   }
   const double golden_sum = g["logits_sum_abs"].get<double>();
   EXPECT_NEAR(sum_abs, golden_sum, kBf16RelTolerance * golden_sum);
+  std::filesystem::remove_all(rounded);
 }
 
 TEST_P(CudaTinyRandomTest, GreedyContinuationMatchesGoldenUpToBf16Flips) {

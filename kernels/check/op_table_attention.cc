@@ -5,8 +5,10 @@
 //   table_rows  the shortest's (lengths spread linearly from `context` down to it; 0: all equal)
 //   num_tokens  query tokens: decode = batch; prefill = the total, split evenly over the
 //               sequences and clipped to each length; write_kv_cache = tokens written
-//   width       decode: a forced split count (0: ChooseDecodeSplits); write_kv_cache: the row
-//               stride of key and value (odd: the scalar path)
+//   width       decode: a forced split count (0: ChooseDecodeSplits); prefill: > 0 runs
+//               PagedVerifyAttention with that many splits (0: PagedPrefillAttention, which
+//               picks the kernel and split count itself); write_kv_cache: the row stride of key
+//               and value (odd: the scalar path)
 // kernels_cuda_test names a case "<op>_<num_tokens>x<width>", so those pairs are unique per op.
 // The KV cache sits behind shuffled block tables and every slot a query must not read holds NaN
 // (slots past each length, before a sliding window, blocks nobody owns), so a masking or
@@ -364,7 +366,11 @@ class PagedPrefillCase : public OpCase {
         device_kv_(kv_, seq_lens_),
         cu_q_lens_device_(cu_q_lens_.size() * sizeof(int32_t)),
         q_(num_tokens_ * QkvStride(attn_) * kBf16Bytes),
-        out_(num_tokens_ * OutStride(attn_) * kBf16Bytes) {
+        out_(num_tokens_ * OutStride(attn_) * kBf16Bytes),
+        workspace_(shape.width > 0 ? PagedVerifyWorkspaceBytes(
+                                         num_tokens_, static_cast<int32_t>(shape.width), attn_)
+                                   : PagedPrefillWorkspaceBytes(
+                                         num_tokens_, static_cast<int32_t>(shape.batch), attn_)) {
     q_bits_ = RandomBits(num_tokens_ * QkvStride(attn_), rng_);
     for (size_t s = 0; s + 1 < cu_q_lens_.size(); ++s) {
       max_q_len_ = std::max(max_q_len_, cu_q_lens_[s + 1] - cu_q_lens_[s]);
@@ -373,12 +379,21 @@ class PagedPrefillCase : public OpCase {
   }
 
   cudaError_t Launch(cudaStream_t stream) override {
-    return PagedPrefillAttention(Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache),
-                                 Bf16(device_kv_.v_cache), device_kv_.block_tables.as<int32_t>(),
-                                 kv_.max_blocks_per_seq, cu_q_lens_device_.as<int32_t>(),
-                                 device_kv_.seq_lens.as<int32_t>(),
-                                 static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_, attn_,
-                                 Bf16(out_), OutStride(attn_), nullptr, 0, stream);
+    if (shape_.width > 0) {
+      return PagedVerifyAttention(
+          Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
+          device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
+          cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(),
+          static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_,
+          static_cast<int32_t>(shape_.width), attn_, Bf16(out_), OutStride(attn_),
+          workspace_.as<void>(), workspace_.bytes(), stream);
+    }
+    return PagedPrefillAttention(
+        Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
+        device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
+        cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(),
+        static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_, attn_, Bf16(out_),
+        OutStride(attn_), workspace_.as<void>(), workspace_.bytes(), stream);
   }
 
   int64_t BytesMoved() const override {
@@ -436,6 +451,7 @@ class PagedPrefillCase : public OpCase {
     cu_q_lens_device_.Upload(cu_q_lens_);
     q_.Upload(q_bits_);
     out_.Poison();
+    workspace_.Poison();
   }
 
   OpShape shape_;
@@ -451,10 +467,11 @@ class PagedPrefillCase : public OpCase {
   std::vector<uint16_t> q_bits_;
   DeviceBuffer q_;    // [num_tokens, hq + 2 hkv, d] bf16 (q is the first hq heads of each row)
   DeviceBuffer out_;  // [num_tokens, hq, d] bf16
+  DeviceBuffer workspace_;
 };
 
 // One attention shape. `shortest` 0: every sequence `context` long; `extra`: decode's forced
-// split count (0: chosen), unused by prefill.
+// split count (0: chosen), prefill's forced verification split count (0: PagedPrefillAttention).
 OpShape Attn(int64_t batch, int64_t num_tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
              int64_t block_size, int64_t context, int64_t shortest, int64_t window, int64_t extra) {
   OpShape s;
@@ -551,13 +568,32 @@ std::vector<OpShape> PrefillCheckShapes() {
       Attn(2, 10, 4, 2, 16, 16, 40, 9, 0, 0),       // head_dim 16, 5-token verification
       Attn(3, 33, 4, 2, 32, 16, 200, 120, 0, 0),    // head_dim 32, chunks after context
       Attn(1, 70, 4, 2, 32, 16, 70, 0, 20, 0),      // head_dim 32, whole prompt, window
+      // Short query runs (max q_len <= kMaxVerifyQueryLen): the split-KV verification kernel,
+      // the last column a forced split count (0: PagedPrefillAttention's choice).
+      //   batch tokens hq hkv d  bs  ctx shortest window splits
+      Attn(1, 8, 32, 8, 128, 16, 3000, 0, 0, 0),         // K+1 = 8, Llama-3 8B heads (32 rows)
+      Attn(2, 16, 32, 8, 128, 16, 4100, 2500, 0, 13),    // 8B heads, 13 splits
+      Attn(4, 32, 32, 8, 128, 16, 3000, 1, 0, 0),        // ragged q_lens 8, 8, 8, 1
+      Attn(3, 48, 16, 2, 128, 32, 2000, 700, 0, 7),      // group 8, q_len 16: two 64-row tiles
+      Attn(2, 6, 8, 8, 64, 16, 1500, 900, 0, 5),         // MHA, q_len 3 (one warp)
+      Attn(3, 12, 32, 8, 64, 16, 2000, 1000, 300, 4),    // head_dim 64, window, q_len 4
+      Attn(2, 20, 8, 2, 128, 64, 2600, 1200, 500, 0),    // block 64, window, q_len 10 (40 rows)
+      Attn(1, 2, 8, 1, 256, 16, 1200, 0, 0, 3),          // head_dim 256, MQA, q_len 2
+      Attn(2, 14, 4, 2, 16, 16, 700, 300, 0, 3),         // head_dim 16, q_len 7
+      Attn(2, 9, 4, 2, 32, 16, 800, 100, 40, 2),         // head_dim 32, window, q_lens 5, 4
+      Attn(5, 40, 32, 8, 128, 16, 33, 9, 0, 24),         // short contexts: empty splits
+      Attn(1, 16, 32, 8, 128, 16, 8192, 0, 0, 0),        // q_len 16 over 8K keys (64 rows)
+      Attn(8, 64, 32, 8, 128, 16, 4096, 2000, 0, 0),     // batch 8, K+1 = 8
+      Attn(3, 21, 32, 4, 128, 16, 3000, 1500, 1000, 0),  // group 8, window, q_len 7
   };
 }
 
 std::vector<OpShape> PrefillPerfShapes() {
   return {Attn(1, 4096, 32, 8, 128, 16, 4096, 0, 0, 0),  // 4K prompt, Llama-3 8B heads
           Attn(1, 512, 32, 8, 128, 16, 8192, 0, 0, 0),   // 512-token chunk at 8K context
-          Attn(8, 40, 32, 8, 128, 16, 4096, 0, 0, 0)};   // 5-token verification, batch 8
+          Attn(8, 40, 32, 8, 128, 16, 4096, 0, 0, 0),    // 5-token verification, batch 8
+          Attn(1, 8, 32, 8, 128, 16, 32768, 0, 0, 0),    // K+1 = 8 over 32K keys
+          Attn(8, 64, 32, 8, 128, 16, 32768, 0, 0, 0)};  // the same, batch 8
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ using attention::DecodeConfig;
 using attention::DecodeParams;
 using attention::PrefillConfig;
 using attention::PrefillParams;
+using attention::VerifyParams;
 
 using attention::kMaxDecodeSplits;
 // PagedDecodePipeKernel's ring depth and the CTAs per SM its registers and shared memory allow
@@ -22,6 +23,14 @@ constexpr int kDecodePipeStages = 2;
 constexpr int kDecodePipeCtasPerSm = 3;
 // A split covers at least this many tokens: one 16-token tile per warp of the CTA.
 constexpr int64_t kMinSplitTokens = 64;
+// PagedVerifyKernel's ring depth (4 x 16 KiB of K and V tiles from head_dim 32 up), the CTAs per
+// SM that leaves room for (3 x 64 KiB of the 227 KiB), and the fewest tokens per split: a split
+// writes an fp32 row per (query, q head) -- 16 KiB for 32 rows at head_dim 128 -- so splits
+// stay long enough that those stay small next to the 128 KiB of K and V a split of 256 tokens
+// reads.
+constexpr int kVerifyStages = 4;
+constexpr int kVerifyCtasPerSm = 3;
+constexpr int64_t kMinVerifySplitTokens = 256;
 // Row alignment of the workspace's log-sum-exp array.
 constexpr size_t kWorkspaceAlign = 256;
 
@@ -146,6 +155,88 @@ cudaError_t LaunchDecodeAndCombine(const DecodeParams& params, int64_t num_seqs,
   return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
                                  params.num_q_heads, num_seqs * params.num_q_heads, params.out,
                                  params.out_stride, stream);
+}
+
+// Warps per verification CTA (16 rows each) for runs of max_q_len queries, and the row tiles.
+int VerifyWarps(int32_t max_q_len, const AttentionShape& s) {
+  const int64_t rows = static_cast<int64_t>(max_q_len) * (s.num_q_heads / s.num_kv_heads);
+  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+}
+int64_t VerifyRowTiles(int32_t max_q_len, const AttentionShape& s) {
+  const int64_t rows = static_cast<int64_t>(max_q_len) * (s.num_q_heads / s.num_kv_heads);
+  return CeilDiv(rows, 16 * VerifyWarps(max_q_len, s));
+}
+
+// The current device's multiprocessor count; 0 if it cannot be read.
+int CurrentDeviceSms() {
+  int device = 0, num_sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return num_sms;
+}
+
+template <int kHeadDim, int kWarps>
+cudaError_t LaunchVerifyAndCombine(const VerifyParams& params, int64_t num_ctas, int64_t num_tokens,
+                                   cudaStream_t stream) {
+  constexpr int kSmem = attention::VerifySmemBytes<kHeadDim, kVerifyStages>();
+  const auto kernel = attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages>;
+  if constexpr (kSmem > 48 * 1024) {
+    // Over the 48 KiB default; set on every launch (cheap, host only: the attribute belongs to
+    // the current device).
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), kWarps * kWarpSize, kSmem, stream>>>(params);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || params.num_splits == 1) return err;
+  return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
+                                 params.num_q_heads, num_tokens * params.num_q_heads,
+                                 params.pre.out, params.pre.out_stride, stream);
+}
+
+template <int kHeadDim>
+cudaError_t LaunchVerify(const VerifyParams& params, int warps, int64_t num_ctas,
+                         int64_t num_tokens, cudaStream_t stream) {
+  if (warps == 1) return LaunchVerifyAndCombine<kHeadDim, 1>(params, num_ctas, num_tokens, stream);
+  if (warps == 2) return LaunchVerifyAndCombine<kHeadDim, 2>(params, num_ctas, num_tokens, stream);
+  return LaunchVerifyAndCombine<kHeadDim, 4>(params, num_ctas, num_tokens, stream);
+}
+
+// Checks PagedPrefillAttention's arguments (shared by PagedVerifyAttention) and fills the
+// prefill parameters; false for an invalid argument.
+bool PrefillArgs(const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+                 const __nv_bfloat16* v_cache, const int32_t* block_tables,
+                 int32_t max_blocks_per_seq, const int32_t* cu_q_lens, const int32_t* seq_lens,
+                 const AttentionShape& shape, __nv_bfloat16* out, int64_t out_stride,
+                 PrefillParams* params) {
+  const int64_t row = static_cast<int64_t>(shape.num_q_heads) * shape.head_dim;
+  if (!ValidRows(q, q_stride, row) || !ValidRows(out, out_stride, row) || !IsAligned(k_cache, 16) ||
+      !IsAligned(v_cache, 16) || k_cache == nullptr || v_cache == nullptr ||
+      block_tables == nullptr || cu_q_lens == nullptr || seq_lens == nullptr ||
+      max_blocks_per_seq < 1 || max_blocks_per_seq > (INT_MAX >> 6)) {
+    return false;
+  }
+  *params = {};
+  params->q = q;
+  params->q_stride = q_stride;
+  params->k_cache = k_cache;
+  params->v_cache = v_cache;
+  params->block_tables = block_tables;
+  params->max_blocks_per_seq = max_blocks_per_seq;
+  params->cu_q_lens = cu_q_lens;
+  params->seq_lens = seq_lens;
+  params->num_kv_heads = shape.num_kv_heads;
+  params->group = shape.num_q_heads / shape.num_kv_heads;
+  params->log2_block_size = Log2(shape.block_size);
+  params->sliding_window = shape.sliding_window;
+  params->scale_log2 = shape.scale * attention::kLog2e;
+  params->out = out;
+  params->out_stride = out_stride;
+  return true;
 }
 
 template <int kHeadDim>
@@ -284,9 +375,116 @@ cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
   }
 }
 
-size_t PagedPrefillWorkspaceBytes(int64_t /*max_num_tokens*/, int32_t /*max_num_seqs*/,
-                                  const AttentionShape& /*shape*/) {
-  return 0;
+size_t PagedVerifyWorkspaceBytes(int64_t num_tokens, int32_t num_splits,
+                                 const AttentionShape& shape) {
+  if (!ValidShape(shape) || num_tokens <= 0 || num_splits <= 1) return 0;
+  return PartialOutBytes(num_tokens, num_splits, shape) +
+         static_cast<size_t>(num_tokens) * shape.num_q_heads * num_splits * sizeof(float);
+}
+
+int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_len,
+                           int32_t num_sms, const AttentionShape& shape) {
+  if (!ValidShape(shape) || num_seqs <= 0 || max_q_len <= 0 || max_q_len > kMaxVerifyQueryLen ||
+      max_seq_len <= 0 || num_sms <= 0) {
+    return 1;
+  }
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(num_seqs) * shape.num_kv_heads * VerifyRowTiles(max_q_len, shape);
+  const int64_t wave = static_cast<int64_t>(num_sms) * kVerifyCtasPerSm;
+  int64_t context = max_seq_len;
+  if (shape.sliding_window > 0) {
+    context = std::min<int64_t>(context, int64_t{shape.sliding_window} + max_q_len + 64);
+  }
+  const int64_t max_splits = CeilDiv(context, kMinVerifySplitTokens);
+  // As ChooseDecodeSplits: the most CTAs that are a whole number per SM, while that keeps at
+  // least half the wave's splits. Llama-3.1-8B shapes, K+1 = 8, 32K context, batch 1 on an H100
+  // (attention_bench, 2026-11-23): 32 splits (~2 CTAs per SM) 62.1 us, 49 (3 per SM, uneven)
+  // 66.0 us, 24: 75.0 us, 73: 79.3 us.
+  int64_t fill = wave / ctas_per_split;
+  for (int64_t per_sm = kVerifyCtasPerSm; per_sm >= 1; --per_sm) {
+    const int64_t ctas = per_sm * num_sms;
+    if (ctas % ctas_per_split == 0) {
+      if (2 * (ctas / ctas_per_split) >= fill) fill = ctas / ctas_per_split;
+      break;
+    }
+  }
+  const int64_t splits = std::min({fill, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
+  return static_cast<int32_t>(std::max<int64_t>(1, splits));
+}
+
+cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                 const int32_t* cu_q_lens, const int32_t* seq_lens,
+                                 int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
+                                 int32_t num_splits, const AttentionShape& shape,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream) {
+  if (!ValidShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
+      num_tokens > INT_MAX || max_q_len < 0 || max_q_len > kMaxVerifyQueryLen ||
+      shape.num_q_heads > 65535 || num_splits < 1 || num_splits > kMaxDecodeSplits) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
+  VerifyParams params = {};
+  if (!PrefillArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
+                   seq_lens, shape, out, out_stride, &params.pre)) {
+    return cudaErrorInvalidValue;
+  }
+  const int warps = VerifyWarps(max_q_len, shape);
+  const int64_t row_tiles = VerifyRowTiles(max_q_len, shape);
+  const int64_t num_ctas = static_cast<int64_t>(num_seqs) * shape.num_kv_heads * row_tiles *
+                           static_cast<int64_t>(num_splits);
+  if (num_ctas > INT_MAX || num_tokens * shape.num_q_heads > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  params.num_q_heads = shape.num_q_heads;
+  params.max_q_len = max_q_len;
+  params.num_row_tiles = static_cast<int32_t>(row_tiles);
+  params.num_splits = num_splits;
+  if (num_splits > 1) {
+    if (workspace == nullptr || !IsAligned(workspace, 16) ||
+        workspace_bytes < PagedVerifyWorkspaceBytes(num_tokens, num_splits, shape)) {
+      return cudaErrorInvalidValue;
+    }
+    params.partial_out = static_cast<float*>(workspace);
+    params.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                                  PartialOutBytes(num_tokens, num_splits, shape));
+  }
+  switch (shape.head_dim) {
+    case 16:
+      return LaunchVerify<16>(params, warps, num_ctas, num_tokens, stream);
+    case 32:
+      return LaunchVerify<32>(params, warps, num_ctas, num_tokens, stream);
+    case 64:
+      return LaunchVerify<64>(params, warps, num_ctas, num_tokens, stream);
+    case 128:
+      return LaunchVerify<128>(params, warps, num_ctas, num_tokens, stream);
+    default:
+      return LaunchVerify<256>(params, warps, num_ctas, num_tokens, stream);
+  }
+}
+
+size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
+                                  const AttentionShape& shape) {
+  if (!ValidShape(shape) || max_num_tokens <= 0 || max_num_seqs <= 0) return 0;
+  const int num_sms = CurrentDeviceSms();
+  if (num_sms <= 0) return 0;
+  // The verification launches PagedPrefillAttention makes: n sequences of up to q queries each
+  // (at most max_num_tokens in all), at the split count of an unbounded context (the most).
+  size_t bytes = 0;
+  for (int32_t n = 1; n <= max_num_seqs; ++n) {
+    bool split = false;
+    for (int32_t q = 1; q <= kMaxVerifyQueryLen; ++q) {
+      const int32_t splits = ChooseVerifySplits(n, q, INT_MAX, num_sms, shape);
+      if (splits <= 1) continue;
+      split = true;
+      const int64_t tokens = std::min<int64_t>(max_num_tokens, int64_t{n} * q);
+      bytes = std::max(bytes, PagedVerifyWorkspaceBytes(tokens, splits, shape));
+    }
+    if (!split) break;  // more sequences only mean fewer splits
+  }
+  return bytes;
 }
 
 cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
@@ -295,36 +493,31 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   const int32_t* cu_q_lens, const int32_t* seq_lens,
                                   int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
                                   const AttentionShape& shape, __nv_bfloat16* out,
-                                  int64_t out_stride, void* /*workspace*/,
-                                  size_t /*workspace_bytes*/, cudaStream_t stream) {
+                                  int64_t out_stride, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream) {
   if (!ValidShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
       num_tokens > INT_MAX || max_q_len < 0 || shape.num_q_heads > 65535) {
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
-  const int64_t row = static_cast<int64_t>(shape.num_q_heads) * shape.head_dim;
-  if (!ValidRows(q, q_stride, row) || !ValidRows(out, out_stride, row) || !IsAligned(k_cache, 16) ||
-      !IsAligned(v_cache, 16) || k_cache == nullptr || v_cache == nullptr ||
-      block_tables == nullptr || cu_q_lens == nullptr || seq_lens == nullptr ||
-      max_blocks_per_seq < 1 || max_blocks_per_seq > (INT_MAX >> 6)) {
+  if (max_q_len <= kMaxVerifyQueryLen) {
+    const int64_t max_seq_len =
+        std::min<int64_t>(INT_MAX, int64_t{max_blocks_per_seq} * shape.block_size);
+    int32_t splits = ChooseVerifySplits(num_seqs, max_q_len, static_cast<int32_t>(max_seq_len),
+                                        CurrentDeviceSms(), shape);
+    while (splits > 1 && (workspace == nullptr || !IsAligned(workspace, 16) ||
+                          PagedVerifyWorkspaceBytes(num_tokens, splits, shape) > workspace_bytes)) {
+      --splits;
+    }
+    return PagedVerifyAttention(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq,
+                                cu_q_lens, seq_lens, num_seqs, num_tokens, max_q_len, splits, shape,
+                                out, out_stride, workspace, workspace_bytes, stream);
+  }
+  PrefillParams params;
+  if (!PrefillArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
+                   seq_lens, shape, out, out_stride, &params)) {
     return cudaErrorInvalidValue;
   }
-  PrefillParams params = {};
-  params.q = q;
-  params.q_stride = q_stride;
-  params.k_cache = k_cache;
-  params.v_cache = v_cache;
-  params.block_tables = block_tables;
-  params.max_blocks_per_seq = max_blocks_per_seq;
-  params.cu_q_lens = cu_q_lens;
-  params.seq_lens = seq_lens;
-  params.num_kv_heads = shape.num_kv_heads;
-  params.group = shape.num_q_heads / shape.num_kv_heads;
-  params.log2_block_size = Log2(shape.block_size);
-  params.sliding_window = shape.sliding_window;
-  params.scale_log2 = shape.scale * attention::kLog2e;
-  params.out = out;
-  params.out_stride = out_stride;
   switch (shape.head_dim) {
     case 16:
       return LaunchPrefill<16>(params, max_q_len, shape.num_q_heads, num_seqs, stream);

@@ -87,7 +87,14 @@ cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  int64_t out_stride, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 
-// Bytes of workspace PagedPrefillAttention needs (0 if it needs none: today always 0).
+// Longest query run (max_q_len) PagedPrefillAttention sends to the split-KV verification kernel
+// (PagedVerifyAttention); longer runs take the prefill kernel.
+inline constexpr int32_t kMaxVerifyQueryLen = 16;
+
+// Bytes of workspace PagedPrefillAttention needs for up to max_num_tokens query tokens of up to
+// max_num_seqs sequences: the largest PagedVerifyWorkspaceBytes of the split counts
+// ChooseVerifySplits picks for runs of up to kMaxVerifyQueryLen queries, on the current device
+// (0 where its multiprocessor count cannot be read). The prefill kernel needs none.
 size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
                                   const AttentionShape& shape);
 
@@ -102,12 +109,19 @@ size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
 //   seq_lens      [num_seqs] int32, device, in: context length after this step
 //   block_tables  [num_seqs, max_blocks_per_seq] int32, device, in
 //   max_q_len     the largest q_len (host; sizes the grid); queries past it are not computed
+//                 (with max_q_len <= kMaxVerifyQueryLen their output rows are unspecified)
 //   out           [num_tokens, num_q_heads, head_dim] bf16, device, out; row stride out_stride
-// Grid: (ceil(max_q_len / 64), num_q_heads, num_seqs); each CTA reads only the keys its 64
-// queries can see (causal tiles past the last query and tiles before the window are skipped).
+//   workspace     device scratch of workspace_bytes (may be null with 0 bytes)
+// max_q_len <= kMaxVerifyQueryLen (verification, decode through prefill): PagedVerifyAttention
+// with ChooseVerifySplits' split count for the current device and a context of
+// max_blocks_per_seq * block_size, lowered until PagedVerifyWorkspaceBytes fits the workspace
+// (one split, which needs none, at worst). num_tokens must then equal cu_q_lens[num_seqs].
+// Longer runs: grid (ceil(max_q_len / 64), num_q_heads, num_seqs); each CTA reads only the keys
+// its 64 queries can see (causal tiles past the last query and tiles before the window are
+// skipped); the workspace is unused.
 // cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, or
 // num_seqs / num_q_heads > 65535; nothing to do (no tokens, sequences or queries) launches
-// nothing. The workspace arguments are unused.
+// nothing.
 cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                   const int32_t* block_tables, int32_t max_blocks_per_seq,
@@ -116,5 +130,40 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   const AttentionShape& shape, __nv_bfloat16* out,
                                   int64_t out_stride, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);
+
+// Bytes of workspace PagedVerifyAttention needs for num_tokens query tokens with num_splits KV
+// splits (partial outputs and log-sum-exps in fp32); 0 for one split, which writes `out` directly.
+size_t PagedVerifyWorkspaceBytes(int64_t num_tokens, int32_t num_splits,
+                                 const AttentionShape& shape);
+
+// Split count for a PagedVerifyAttention launch over num_seqs sequences of up to max_q_len
+// queries and max_seq_len tokens on a GPU with num_sms multiprocessors: one wave of CTAs (3 per
+// SM, what the kernel's shared memory allows) over (sequence, kv head, row tile) CTAs per split,
+// or, where it is at least half of that, the largest count whose CTAs are a whole number per SM;
+// capped so a split spans at least 256 tokens of max_seq_len (or of the sliding window plus the
+// run), at most 256, at least 1. Pure host arithmetic; no CUDA call.
+int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_len,
+                           int32_t num_sms, const AttentionShape& shape);
+
+// PagedPrefillAttention's contract (arguments, layouts, masking) for runs of up to
+// kMaxVerifyQueryLen queries, split over the KV (flash-decoding): one CTA per (sequence, kv head,
+// row tile, split) holds the run's queries times the kv head's q-head group as rows (16 per warp,
+// up to 64 per CTA), so each CTA reads its share of the kv head's keys once for all of them; each
+// row has its own causal limit. With num_splits > 1 the combine kernel of PagedDecodeAttention
+// merges the splits per (token, q head) (a programmatic dependent launch on sm_90). Lengths come
+// from the device; the grid depends only on num_seqs, max_q_len and num_splits.
+//   workspace     >= PagedVerifyWorkspaceBytes(num_tokens, num_splits, shape) bytes, device,
+//   16-byte
+//                 aligned (ignored, may be null, with one split)
+// cudaErrorInvalidValue as PagedPrefillAttention, and for max_q_len > kMaxVerifyQueryLen,
+// num_splits < 1 or > 256, or a workspace too small.
+cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                 const int32_t* cu_q_lens, const int32_t* seq_lens,
+                                 int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
+                                 int32_t num_splits, const AttentionShape& shape,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace specd::kernels

@@ -8,7 +8,9 @@
 // layout bug cannot pass as a rate. A split-count sweep comes first, the result table last.
 // --sweep adds tuning probes: wide split sweeps, batch 1 at other contexts (time = fixed cost +
 // bytes / rate), and batch 64 x 512 tokens unsplit (batch 1's bytes and CTA count without the
-// combine kernel).
+// combine kernel). Last, verification attention (8 queries per sequence over the same KV, through
+// PagedPrefillAttention and its split-KV verification kernel) against decode, after a sweep of
+// forced split counts around ChooseVerifySplits' choice.
 //   attention_bench [--iters N] [--context N] [--sweep 0|1]
 // Exit status: 0 when every launch ran and passed its spot check, 1 otherwise, 2 on bad flags,
 // 77 when no GPU is visible. One thread.
@@ -237,7 +239,11 @@ Result TimeDecode(const DecodeSetup& s, int32_t splits, int iters, cudaStream_t 
 // Verification attention (issue 5): K + 1 = 8 queries per sequence (the last 8 positions,
 // causal) over the same KV, through the kernel the engine runs for multi-token chunks
 // (PagedPrefillAttention). Median microseconds, rotating over the sets.
-double TimeVerify(const DecodeSetup& s, int iters, cudaStream_t stream) {
+// Verification attention: 8 queries per sequence over the same KV, through
+// PagedPrefillAttention (which picks the split-KV verification kernel and its split count, given
+// the workspace it asks for) or, with splits > 0, PagedVerifyAttention with that many splits.
+// Microseconds per launch (median).
+double TimeVerify(const DecodeSetup& s, int32_t splits, int iters, cudaStream_t stream) {
   constexpr int32_t kQueries = 8;
   const int64_t tokens = static_cast<int64_t>(s.batch) * kQueries;
   std::mt19937_64 rng(7);
@@ -248,15 +254,24 @@ double TimeVerify(const DecodeSetup& s, int iters, cudaStream_t stream) {
   for (int32_t i = 0; i <= s.batch; ++i) cu[i] = i * kQueries;
   kc::DeviceBuffer cu_q_lens(cu.size() * sizeof(int32_t));
   cu_q_lens.Upload(cu);
+  kc::DeviceBuffer workspace(splits > 0
+                                 ? kernels::PagedVerifyWorkspaceBytes(tokens, splits, Shape())
+                                 : kernels::PagedPrefillWorkspaceBytes(tokens, s.batch, Shape()));
   auto* k = reinterpret_cast<const __nv_bfloat16*>(s.k_cache.as<uint16_t>());
   auto* v = reinterpret_cast<const __nv_bfloat16*>(s.v_cache.as<uint16_t>());
+  auto* qp = reinterpret_cast<const __nv_bfloat16*>(q.as<uint16_t>());
+  auto* op = reinterpret_cast<__nv_bfloat16*>(out.as<uint16_t>());
   const double ms = MedianMs(iters, stream, [&](int i) {
+    if (splits > 0) {
+      return kernels::PagedVerifyAttention(
+          qp, kHeads * kHeadDim, k, v, s.Tables(i % s.num_sets), s.blocks_per_seq,
+          cu_q_lens.as<int32_t>(), s.seq_lens.as<int32_t>(), s.batch, tokens, kQueries, splits,
+          Shape(), op, kHeads * kHeadDim, workspace.as<void>(), workspace.bytes(), stream);
+    }
     return kernels::PagedPrefillAttention(
-        reinterpret_cast<const __nv_bfloat16*>(q.as<uint16_t>()), kHeads * kHeadDim, k, v,
-        s.Tables(i % s.num_sets), s.blocks_per_seq, cu_q_lens.as<int32_t>(),
-        s.seq_lens.as<int32_t>(), s.batch, tokens, kQueries, Shape(),
-        reinterpret_cast<__nv_bfloat16*>(out.as<uint16_t>()), kHeads * kHeadDim, nullptr, 0,
-        stream);
+        qp, kHeads * kHeadDim, k, v, s.Tables(i % s.num_sets), s.blocks_per_seq,
+        cu_q_lens.as<int32_t>(), s.seq_lens.as<int32_t>(), s.batch, tokens, kQueries, Shape(), op,
+        kHeads * kHeadDim, workspace.as<void>(), workspace.bytes(), stream);
   });
   return ms * 1e3;
 }
@@ -363,7 +378,17 @@ int Main(int argc, char** argv) {
   }
   std::printf("verification attention (8 queries per sequence, causal, same KV) vs decode:\n");
   for (const auto& [setup, r] : rows) {
-    const double us = TimeVerify(*setup, options.iters, stream);
+    const int32_t chosen = kernels::ChooseVerifySplits(setup->batch, 8, options.context,
+                                                       prop.multiProcessorCount, Shape());
+    std::printf("verify split sweep, batch %d (chosen %d):", setup->batch, chosen);
+    for (const int32_t splits : {chosen / 2, chosen * 2 / 3, chosen * 3 / 2}) {
+      if (splits < 1 || splits == chosen || splits > 256) continue;
+      std::printf("  %d: %.1fus", splits, TimeVerify(*setup, splits, options.iters, stream));
+    }
+    std::printf("\n");
+  }
+  for (const auto& [setup, r] : rows) {
+    const double us = TimeVerify(*setup, 0, options.iters, stream);
     std::printf("batch %d: verify %.1f us, decode %.1f us: %.2fx (target <= 1.15x)\n", setup->batch,
                 us, r.us, us / r.us);
   }

@@ -1,0 +1,228 @@
+// Split-KV paged attention for short query runs (speculative verification: K + 1 queries per
+// sequence with the GQA group folded into rows). Builds on the prefill tiles; its splits merge
+// with the decode combine kernel. Include from .cu files only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_decode.cuh"
+#include "kernels/cuda/attention_prefill.cuh"
+
+namespace specd::kernels::attention {
+
+// ---------------------------------------------------------------------------------------------
+// Verification (short query runs, split-KV). Grid: one CTA per (sequence, kv head, row tile,
+// split), flattened into blockIdx.x in that order (split fastest). A sequence's q_len queries and
+// its kv head's `group` q heads fold into q_len * group rows, row r = query r / group, q head
+// kv_head * group + r % group, so the whole group and every query of the run share one read of
+// the KV; a row tile is 16 rows per warp (kWarps warps). The CTA's keys -- those its rows may see,
+// [window start of its first query, position of its last query] -- are cut into num_splits equal
+// runs of kBlockN-key tiles, one per split, which stream through a kStages-deep cp.async ring of
+// K/V tiles in shared memory (the prefill kernel's swizzled tiles, ldmatrix and mma math; each
+// warp computes its 16 rows against every tile), each row masked by its own causal limit (query
+// i of q_len sees keys <= seq_len - q_len + i) and window. One split writes bf16 rows of `out`;
+// more write fp32 partial rows and their log2-sum-exps for DecodeCombineKernel, whose rows are
+// (token, q head) here. A row that sees no key of its split (an empty split, or keys all past
+// its causal limit) gets lse -inf (weight 0) and no partial row.
+// Dynamic shared memory: VerifySmemBytes. References: Tri Dao et al., "Flash-Decoding for
+// long-context inference" (2023); FlashInfer's batch decode with GQA group folding.
+
+struct VerifyParams {
+  PrefillParams pre;  // q, caches, tables, cu_q_lens, seq_lens, out: as for the prefill kernel
+  int32_t num_q_heads;
+  int32_t max_q_len;      // queries past it (of a longer run) are not computed
+  int32_t num_row_tiles;  // ceil(max_q_len * group / (16 * kWarps))
+  int32_t num_splits;
+  float* partial_out;  // num_splits > 1: [num_tokens, num_q_heads, num_splits, head_dim] fp32
+  float* partial_lse;  // num_splits > 1: [num_tokens, num_q_heads, num_splits] fp32, log2 domain
+};
+
+template <int kHeadDim, int kStages>
+constexpr int VerifySmemBytes() {
+  return kStages * 2 * PrefillConfig<kHeadDim>::kTileElems * 2;  // K and V stages, bf16
+}
+
+template <int kHeadDim, int kWarps, int kStages>
+__global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const VerifyParams vp) {
+  using Cfg = PrefillConfig<kHeadDim>;
+  constexpr int kThreads = kWarps * kWarpSize;
+  constexpr int kCtaRows = 16 * kWarps;
+  static_assert(kStages >= 2);
+  extern __shared__ uint4 verify_smem[];  // K stages, then V stages
+  __nv_bfloat16* k_smem = reinterpret_cast<__nv_bfloat16*>(verify_smem);
+  __nv_bfloat16* v_smem = k_smem + kStages * Cfg::kTileElems;
+  const PrefillParams& p = vp.pre;
+  AllowDependentLaunch();
+  int index = blockIdx.x;
+  const int split = index % vp.num_splits;
+  index /= vp.num_splits;
+  const int row_tile = index % vp.num_row_tiles;
+  index /= vp.num_row_tiles;
+  const int kv_head = index % p.num_kv_heads;
+  const int seq = index / p.num_kv_heads;
+  const int group = p.group;
+  const int q_begin = p.cu_q_lens[seq];
+  const int q_len = min(p.cu_q_lens[seq + 1] - q_begin, vp.max_q_len);
+  const int num_rows = q_len * group;
+  const int r0 = row_tile * kCtaRows;
+  if (r0 >= num_rows) return;  // CTA-uniform; no token owns these rows
+  const int seq_len = min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size);
+  const int ctx = seq_len - q_len;  // position of query 0
+  // Keys any row of this CTA may see: [kv_lo, kv_hi), then this split's share of its tiles.
+  const int q_first = r0 / group, q_last = (min(num_rows, r0 + kCtaRows) - 1) / group;
+  const int kv_hi = max(0, min(seq_len, ctx + q_last + 1));
+  const int kv_lo = p.sliding_window > 0 ? max(0, ctx + q_first - p.sliding_window + 1) : 0;
+  const int first = kv_lo / Cfg::kBlockN;
+  const int last = max(first, (kv_hi + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  const int per_split = (last - first + vp.num_splits - 1) / vp.num_splits;
+  const int tile_begin = first + split * per_split;
+  const int num_tiles = max(0, min(tile_begin + per_split, last) - tile_begin);
+
+  if (num_tiles == 0 && vp.num_splits > 1) {  // CTA-uniform: an empty partial (lse -inf only)
+    for (int r = r0 + threadIdx.x; r < min(num_rows, r0 + kCtaRows); r += kThreads) {
+      const int64_t token = q_begin + r / group, head = kv_head * group + r % group;
+      vp.partial_lse[(token * vp.num_q_heads + head) * vp.num_splits + split] = kNegInf;
+    }
+    return;
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row0 = r0 + 16 * warp;
+  const bool warp_active = warp_row0 < num_rows;  // warp-uniform
+  // This lane's rows g and g + 8 of the warp's 16: query, q head, position; Q as A fragments
+  // (rows past num_rows are zeros and never written).
+  int row_token[2], row_head[2], row_pos[2];
+  bool row_valid[2];
+  uint32_t qf[Cfg::kKChunks][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp_row0 + g + 8 * h;
+    row_valid[h] = r < num_rows;
+    const int qi = row_valid[h] ? r / group : 0;
+    row_token[h] = q_begin + qi;
+    row_head[h] = kv_head * group + (row_valid[h] ? r % group : 0);
+    row_pos[h] = ctx + qi;
+    const __nv_bfloat16* src = p.q + static_cast<int64_t>(row_token[h]) * p.q_stride +
+                               static_cast<int64_t>(row_head[h]) * kHeadDim + 2 * t;
+#pragma unroll
+    for (int c = 0; c < Cfg::kKChunks; ++c) {
+      qf[c][h] = row_valid[h] ? __ldg(reinterpret_cast<const uint32_t*>(src + 16 * c)) : 0u;
+      qf[c][2 + h] = row_valid[h] ? __ldg(reinterpret_cast<const uint32_t*>(src + 16 * c + 8)) : 0u;
+    }
+  }
+  // Positions of the warp's first and last rows, for the tile-needs-a-mask test.
+  const int warp_pos_lo = ctx + warp_row0 / group;
+  const int warp_pos_hi = ctx + (min(num_rows, warp_row0 + 16) - 1) / group;
+  float o[Cfg::kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < Cfg::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  // Prologue: the first kStages - 1 tiles, one cp.async group each (empty past the end, so the
+  // group count stays uniform for the waits).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) {
+      LoadPrefillKvTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + s, kv_lo, kv_hi,
+                                            k_smem + s * Cfg::kTileElems,
+                                            v_smem + s * Cfg::kTileElems);
+    }
+    CpAsyncCommit();
+  }
+  int stage = 0;
+#pragma unroll 1
+  for (int it = 0; it < num_tiles; ++it) {
+    CpAsyncWait<kStages - 2>();  // tile `it` has landed (later ones may be in flight)
+    __syncthreads();  // visible to every warp; every warp is done with the stage refilled next
+    {
+      const int ahead = it + kStages - 1;
+      const int fill = stage == 0 ? kStages - 1 : stage - 1;  // the stage read last iteration
+      if (ahead < num_tiles) {
+        LoadPrefillKvTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + ahead, kv_lo, kv_hi,
+                                              k_smem + fill * Cfg::kTileElems,
+                                              v_smem + fill * Cfg::kTileElems);
+      }
+      CpAsyncCommit();
+    }
+    const __nv_bfloat16* k_stage = k_smem + stage * Cfg::kTileElems;
+    const __nv_bfloat16* v_stage = v_smem + stage * Cfg::kTileElems;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (!warp_active) continue;
+    const int tile = tile_begin + it;
+
+    // S = Q K^T: ldmatrix x4 gives B of two k-chunks for 8 keys.
+    float s[Cfg::kSTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      if constexpr (Cfg::kKChunks == 1) {  // head_dim 16: ldmatrix x2, one k-chunk
+        uint32_t b[2];
+        LdMatrixX2(
+            b, SmemAddr(k_stage + SwizzledOffset<kHeadDim>(8 * nt + (lane & 7), (lane >> 3) & 1)));
+        Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[0][0], qf[0][1], qf[0][2], qf[0][3],
+                 b[0], b[1]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < Cfg::kKChunks; c += 2) {
+          uint32_t b[4];
+          LdMatrixX4(b, SmemAddr(k_stage + SwizzledOffset<kHeadDim>(8 * nt + (lane & 7),
+                                                                    2 * c + (lane >> 3))));
+          Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c][0], qf[c][1], qf[c][2], qf[c][3],
+                   b[0], b[1]);
+          Mma16816(s[nt][0], s[nt][1], s[nt][2], s[nt][3], qf[c + 1][0], qf[c + 1][1], qf[c + 1][2],
+                   qf[c + 1][3], b[2], b[3]);
+        }
+      }
+    }
+    // Causal and window mask per row (only where the tile reaches past some row's visible keys).
+    const int key0 = tile * Cfg::kBlockN;
+    const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
+                            (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
+                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * nt + 2 * t + (e & 1);
+        const int pos = row_pos[e >> 1];
+        const bool valid = !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
+                                           (p.sliding_window == 0 || key > pos - p.sliding_window));
+        s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+      }
+    }
+    SoftmaxAndAccumulatePV<kHeadDim>(s, m, l, o, v_stage, lane);
+  }
+  CpAsyncWait<0>();  // no copy outlives the CTA (only empty groups can remain)
+  if (!warp_active) return;
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float row_sum = QuadSum(l[h]);
+    if (!row_valid[h]) continue;
+    const float inv_l = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    if (vp.num_splits == 1) {
+      __nv_bfloat16* dst = p.out + static_cast<int64_t>(row_token[h]) * p.out_stride +
+                           static_cast<int64_t>(row_head[h]) * kHeadDim + 2 * t;
+#pragma unroll
+      for (int j = 0; j < Cfg::kOTiles; ++j) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+            __floats2bfloat162_rn(o[j][2 * h] * inv_l, o[j][2 * h + 1] * inv_l);
+      }
+    } else {
+      const int64_t prow =
+          (static_cast<int64_t>(row_token[h]) * vp.num_q_heads + row_head[h]) * vp.num_splits +
+          split;
+      if (t == 0) vp.partial_lse[prow] = row_sum > 0.0f ? m[h] + __log2f(row_sum) : kNegInf;
+      if (row_sum == 0.0f) continue;  // lse -inf: the combine kernel ignores the row's bits
+      float* dst = vp.partial_out + prow * kHeadDim + 2 * t;
+#pragma unroll
+      for (int j = 0; j < Cfg::kOTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[j][2 * h] * inv_l, o[j][2 * h + 1] * inv_l);
+      }
+    }
+  }
+}
+
+}  // namespace specd::kernels::attention
