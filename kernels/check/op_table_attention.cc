@@ -571,19 +571,19 @@ std::vector<OpShape> PrefillCheckShapes() {
       // Short query runs (max q_len <= kMaxVerifyQueryLen): the split-KV verification kernel,
       // the last column a forced split count (0: PagedPrefillAttention's choice).
       //   batch tokens hq hkv d  bs  ctx shortest window splits
-      Attn(1, 8, 32, 8, 128, 16, 3000, 0, 0, 0),         // K+1 = 8, Llama-3 8B heads (32 rows)
-      Attn(2, 16, 32, 8, 128, 16, 4100, 2500, 0, 13),    // 8B heads, 13 splits
-      Attn(4, 32, 32, 8, 128, 16, 3000, 1, 0, 0),        // ragged q_lens 8, 8, 8, 1
-      Attn(3, 48, 16, 2, 128, 32, 2000, 700, 0, 7),      // group 8, q_len 16: two 64-row tiles
-      Attn(2, 6, 8, 8, 64, 16, 1500, 900, 0, 5),         // MHA, q_len 3 (one warp)
-      Attn(3, 12, 32, 8, 64, 16, 2000, 1000, 300, 4),    // head_dim 64, window, q_len 4
-      Attn(2, 20, 8, 2, 128, 64, 2600, 1200, 500, 0),    // block 64, window, q_len 10 (40 rows)
-      Attn(1, 2, 8, 1, 256, 16, 1200, 0, 0, 3),          // head_dim 256, MQA, q_len 2
-      Attn(2, 14, 4, 2, 16, 16, 700, 300, 0, 3),         // head_dim 16, q_len 7
-      Attn(2, 9, 4, 2, 32, 16, 800, 100, 40, 2),         // head_dim 32, window, q_lens 5, 4
-      Attn(5, 40, 32, 8, 128, 16, 33, 9, 0, 24),         // short contexts: empty splits
-      Attn(1, 16, 32, 8, 128, 16, 8192, 0, 0, 0),        // q_len 16 over 8K keys (64 rows)
-      Attn(8, 64, 32, 8, 128, 16, 4096, 2000, 0, 0),     // batch 8, K+1 = 8
+      Attn(1, 8, 32, 8, 128, 16, 3000, 0, 0, 0),       // K+1 = 8, Llama-3 8B heads (32 rows)
+      Attn(2, 16, 32, 8, 128, 16, 4100, 2500, 0, 13),  // 8B heads, 13 splits
+      Attn(4, 32, 32, 8, 128, 16, 3000, 1, 0, 0),      // ragged q_lens 8, 8, 8, 1
+      Attn(3, 48, 16, 2, 128, 32, 2000, 700, 0, 7),    // group 8, q_len 16: two 64-row tiles
+      Attn(2, 6, 8, 8, 64, 16, 1500, 900, 0, 5),       // MHA, q_len 3 (one warp)
+      Attn(3, 12, 32, 8, 64, 16, 2000, 1000, 300, 4),  // head_dim 64, window, q_len 4
+      Attn(2, 20, 8, 2, 128, 64, 2600, 1200, 500, 0),  // block 64, window, q_len 10 (40 rows)
+      Attn(1, 2, 8, 1, 256, 16, 1200, 0, 0, 0),       // head_dim 256, MQA, q_len 2 (prefill kernel)
+      Attn(2, 14, 4, 2, 16, 16, 700, 300, 0, 3),      // head_dim 16, q_len 7
+      Attn(2, 9, 4, 2, 32, 16, 800, 100, 40, 2),      // head_dim 32, window, q_lens 5, 4
+      Attn(5, 40, 32, 8, 128, 16, 33, 9, 0, 24),      // short contexts: empty splits
+      Attn(1, 16, 32, 8, 128, 16, 8192, 0, 0, 0),     // q_len 16 over 8K keys (64 rows)
+      Attn(8, 64, 32, 8, 128, 16, 4096, 2000, 0, 0),  // batch 8, K+1 = 8
       Attn(3, 21, 32, 4, 128, 16, 3000, 1500, 1000, 0),  // group 8, window, q_len 7
   };
 }

@@ -158,10 +158,15 @@ cudaError_t LaunchDecodeAndCombine(const DecodeParams& params, int64_t num_seqs,
 }
 
 // Warps per verification CTA (16 rows each) for runs of max_q_len queries, and the row tiles.
+// At most two: the four-warp variants spill registers (ptxas), so more rows take more row tiles.
 int VerifyWarps(int32_t max_q_len, const AttentionShape& s) {
   const int64_t rows = static_cast<int64_t>(max_q_len) * (s.num_q_heads / s.num_kv_heads);
-  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+  return rows <= 16 ? 1 : 2;
 }
+
+// Whether the verification kernel runs the shape: head_dim up to 128 (its head_dim 256 variants
+// spill registers; the prefill kernel serves those).
+bool VerifyShape(const AttentionShape& s) { return ValidShape(s) && s.head_dim <= 128; }
 int64_t VerifyRowTiles(int32_t max_q_len, const AttentionShape& s) {
   const int64_t rows = static_cast<int64_t>(max_q_len) * (s.num_q_heads / s.num_kv_heads);
   return CeilDiv(rows, 16 * VerifyWarps(max_q_len, s));
@@ -202,8 +207,7 @@ template <int kHeadDim>
 cudaError_t LaunchVerify(const VerifyParams& params, int warps, int64_t num_ctas,
                          int64_t num_tokens, cudaStream_t stream) {
   if (warps == 1) return LaunchVerifyAndCombine<kHeadDim, 1>(params, num_ctas, num_tokens, stream);
-  if (warps == 2) return LaunchVerifyAndCombine<kHeadDim, 2>(params, num_ctas, num_tokens, stream);
-  return LaunchVerifyAndCombine<kHeadDim, 4>(params, num_ctas, num_tokens, stream);
+  return LaunchVerifyAndCombine<kHeadDim, 2>(params, num_ctas, num_tokens, stream);
 }
 
 // Checks PagedPrefillAttention's arguments (shared by PagedVerifyAttention) and fills the
@@ -384,7 +388,7 @@ size_t PagedVerifyWorkspaceBytes(int64_t num_tokens, int32_t num_splits,
 
 int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_len,
                            int32_t num_sms, const AttentionShape& shape) {
-  if (!ValidShape(shape) || num_seqs <= 0 || max_q_len <= 0 || max_q_len > kMaxVerifyQueryLen ||
+  if (!VerifyShape(shape) || num_seqs <= 0 || max_q_len <= 0 || max_q_len > kMaxVerifyQueryLen ||
       max_seq_len <= 0 || num_sms <= 0) {
     return 1;
   }
@@ -420,7 +424,7 @@ cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  int32_t num_splits, const AttentionShape& shape,
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream) {
-  if (!ValidShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
+  if (!VerifyShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
       num_tokens > INT_MAX || max_q_len < 0 || max_q_len > kMaxVerifyQueryLen ||
       shape.num_q_heads > 65535 || num_splits < 1 || num_splits > kMaxDecodeSplits) {
     return cudaErrorInvalidValue;
@@ -458,16 +462,14 @@ cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
       return LaunchVerify<32>(params, warps, num_ctas, num_tokens, stream);
     case 64:
       return LaunchVerify<64>(params, warps, num_ctas, num_tokens, stream);
-    case 128:
+    default:  // 128 (VerifyShape)
       return LaunchVerify<128>(params, warps, num_ctas, num_tokens, stream);
-    default:
-      return LaunchVerify<256>(params, warps, num_ctas, num_tokens, stream);
   }
 }
 
 size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
                                   const AttentionShape& shape) {
-  if (!ValidShape(shape) || max_num_tokens <= 0 || max_num_seqs <= 0) return 0;
+  if (!VerifyShape(shape) || max_num_tokens <= 0 || max_num_seqs <= 0) return 0;
   const int num_sms = CurrentDeviceSms();
   if (num_sms <= 0) return 0;
   // The verification launches PagedPrefillAttention makes: n sequences of up to q queries each
@@ -500,7 +502,7 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
-  if (max_q_len <= kMaxVerifyQueryLen) {
+  if (max_q_len <= kMaxVerifyQueryLen && VerifyShape(shape)) {
     const int64_t max_seq_len =
         std::min<int64_t>(INT_MAX, int64_t{max_blocks_per_seq} * shape.block_size);
     int32_t splits = ChooseVerifySplits(num_seqs, max_q_len, static_cast<int32_t>(max_seq_len),

@@ -112,8 +112,8 @@ size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
 //                 (with max_q_len <= kMaxVerifyQueryLen their output rows are unspecified)
 //   out           [num_tokens, num_q_heads, head_dim] bf16, device, out; row stride out_stride
 //   workspace     device scratch of workspace_bytes (may be null with 0 bytes)
-// max_q_len <= kMaxVerifyQueryLen (verification, decode through prefill): PagedVerifyAttention
-// with ChooseVerifySplits' split count for the current device and a context of
+// max_q_len <= kMaxVerifyQueryLen and head_dim <= 128 (verification, decode through prefill):
+// PagedVerifyAttention with ChooseVerifySplits' split count for the current device and a context of
 // max_blocks_per_seq * block_size, lowered until PagedVerifyWorkspaceBytes fits the workspace
 // (one split, which needs none, at worst). num_tokens must then equal cu_q_lens[num_seqs].
 // Longer runs: grid (ceil(max_q_len / 64), num_q_heads, num_seqs); each CTA reads only the keys
@@ -148,15 +148,16 @@ int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_
 // PagedPrefillAttention's contract (arguments, layouts, masking) for runs of up to
 // kMaxVerifyQueryLen queries, split over the KV (flash-decoding): one CTA per (sequence, kv head,
 // row tile, split) holds the run's queries times the kv head's q-head group as rows (16 per warp,
-// up to 64 per CTA), so each CTA reads its share of the kv head's keys once for all of them; each
-// row has its own causal limit. With num_splits > 1 the combine kernel of PagedDecodeAttention
-// merges the splits per (token, q head) (a programmatic dependent launch on sm_90). Lengths come
-// from the device; the grid depends only on num_seqs, max_q_len and num_splits.
+// up to 32 per CTA: more rows take more row tiles), so each CTA reads its share of the kv head's
+// keys once for all of them; each row has its own causal limit. With num_splits > 1 the combine
+// kernel of PagedDecodeAttention merges the splits per (token, q head) (a programmatic dependent
+// launch on sm_90). Lengths come from the device; the grid depends only on num_seqs, max_q_len and
+// num_splits.
 //   workspace     >= PagedVerifyWorkspaceBytes(num_tokens, num_splits, shape) bytes, device,
-//   16-byte
-//                 aligned (ignored, may be null, with one split)
-// cudaErrorInvalidValue as PagedPrefillAttention, and for max_q_len > kMaxVerifyQueryLen,
-// num_splits < 1 or > 256, or a workspace too small.
+//                 16-byte aligned (ignored, may be null, with one split)
+// head_dim 16 to 128 (the head_dim 256 variants spilled registers: PagedPrefillAttention takes
+// those to the prefill kernel). cudaErrorInvalidValue as PagedPrefillAttention, and for head_dim
+// 256, max_q_len > kMaxVerifyQueryLen, num_splits < 1 or > 256, or a workspace too small.
 cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                  const int32_t* block_tables, int32_t max_blocks_per_seq,
