@@ -230,3 +230,76 @@ TEST(SchedulerTest, RandomSimulationFinishesEverySequenceWithinLimits) {
 
 }  // namespace
 }  // namespace specd
+
+namespace specd {
+namespace {
+
+const ScheduledChunk* ChunkOf(const StepPlan& plan, const Sequence* seq) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.seq == seq) return &c;
+  }
+  return nullptr;
+}
+
+// Speculating decodes get lookahead slots (KV and budget) for their drafts; accepted drafts
+// become computed tokens.
+TEST(SchedulerLookaheadTest, DecodeReservesSlotsAndAcceptedDraftsBecomeComputed) {
+  Harness h(16, {4, 64});
+  Sequence* s = h.Add(Prompt(5));
+  s->set_num_lookahead_tokens(3);
+  h.Step();  // prefill: no lookahead on prefills
+  ASSERT_EQ(s->num_tokens(), 6);
+  StepPlan plan = h.sched.Schedule();
+  const ScheduledChunk* c = ChunkOf(plan, s);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->num_new_tokens, 1);
+  EXPECT_EQ(c->num_lookahead_tokens, 3);
+  EXPECT_EQ(plan.num_batched_tokens, 4);
+  EXPECT_GE(s->blocks().capacity(), 6 + 3);  // slots for positions 5 .. 8
+  h.sched.Postprocess(plan);
+  // The engine commits two accepted drafts and the token after them.
+  for (int32_t id : {11, 12, 13}) s->AppendToken(id);
+  h.sched.AcceptSpeculated(s, 2);
+  EXPECT_EQ(s->num_computed(), 8);
+  EXPECT_EQ(s->num_uncomputed(), 1);
+}
+
+TEST(SchedulerLookaheadTest, LookaheadIsLimitedByTheTokenBudget) {
+  Harness h(16, {4, 3});
+  Sequence* s = h.Add(Prompt(2));
+  s->set_num_lookahead_tokens(8);
+  h.Step();
+  StepPlan plan = h.sched.Schedule();
+  ASSERT_NE(ChunkOf(plan, s), nullptr);
+  EXPECT_EQ(ChunkOf(plan, s)->num_lookahead_tokens, 2);  // budget 3: the token and 2 drafts
+  EXPECT_EQ(plan.num_batched_tokens, 3);
+}
+
+// Lookahead never costs a preemption: a's drafts would take the last free block, which b's
+// next token needs, so a decodes without drafts and nobody is preempted (taking it would have
+// preempted b).
+TEST(SchedulerLookaheadTest, NoLookaheadWhereItWouldForceAPreemption) {
+  Harness h(4, {4, 64});  // 4 blocks of 4 tokens
+  Sequence* a = h.Add(Prompt(4));
+  Sequence* b = h.Add(Prompt(4, 300));
+  a->set_num_lookahead_tokens(4);
+  h.Step();  // both prefilled (1 block each) and each drew a token: 5 tokens, next needs block 2
+  ASSERT_EQ(h.blocks.num_free_blocks(), 2);
+  StepPlan plan = h.sched.Schedule();
+  EXPECT_TRUE(plan.preempted.empty());
+  ASSERT_NE(ChunkOf(plan, a), nullptr);
+  ASSERT_NE(ChunkOf(plan, b), nullptr);
+  EXPECT_EQ(ChunkOf(plan, a)->num_lookahead_tokens, 0);
+  EXPECT_EQ(h.blocks.num_free_blocks(), 0);
+  // Alone, the same sequence gets its drafts' slots.
+  Harness alone(4, {4, 64});
+  Sequence* c = alone.Add(Prompt(4));
+  c->set_num_lookahead_tokens(4);
+  alone.Step();
+  StepPlan solo = alone.sched.Schedule();
+  ASSERT_NE(ChunkOf(solo, c), nullptr);
+  EXPECT_EQ(ChunkOf(solo, c)->num_lookahead_tokens, 4);
+}
+
+}  // namespace
+}  // namespace specd

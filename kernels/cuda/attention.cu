@@ -288,23 +288,16 @@ size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
          static_cast<size_t>(max_num_seqs) * shape.num_q_heads * num_splits * sizeof(float);
 }
 
-int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,
-                           const AttentionShape& shape) {
-  if (!ValidShape(shape) || num_seqs <= 0 || max_seq_len <= 0 || num_sms <= 0) return 1;
-  // CTAs per split and the CTAs one wave of the chip holds: fill one wave, so every CTA streams
-  // from the start to the end and none waits for a slot.
-  const int64_t ctas_per_split =
-      static_cast<int64_t>(num_seqs) * shape.num_kv_heads * DecodeParts(shape);
-  const int64_t wave = static_cast<int64_t>(num_sms) * DecodeMinCtasPerSm(shape);
-  int64_t context = max_seq_len;
-  if (shape.sliding_window > 0) context = std::min<int64_t>(context, shape.sliding_window + 16);
-  const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
-  // Prefer the most CTAs that spread evenly over the SMs (a whole number each, so every SM streams
-  // the same share) while that keeps at least half the wave's splits. Llama-3.1-8B shapes at
-  // batch 1 on an H100: 33 splits (2 CTAs per SM) read ~1 point of the copy bandwidth faster
-  // than the 49 that fill 3 per SM.
-  int64_t fill = wave / ctas_per_split;
-  for (int64_t per_sm = DecodeMinCtasPerSm(shape); per_sm >= 1; --per_sm) {
+// Split count of a split-KV launch whose splits have ctas_per_split CTAs each, on num_sms SMs
+// holding ctas_per_sm CTAs each: fill one wave (every CTA streams from start to end, none waits
+// for a slot), but prefer the most CTAs that are a whole number per SM (every SM streams the
+// same share) while that keeps at least half the wave's splits; at most max_splits and
+// kMaxDecodeSplits, at least 1.
+namespace {
+int32_t EvenWaveSplits(int64_t ctas_per_split, int64_t ctas_per_sm, int64_t num_sms,
+                       int64_t max_splits) {
+  int64_t fill = num_sms * ctas_per_sm / ctas_per_split;
+  for (int64_t per_sm = ctas_per_sm; per_sm >= 1; --per_sm) {
     const int64_t ctas = per_sm * num_sms;
     if (ctas % ctas_per_split == 0) {
       if (2 * (ctas / ctas_per_split) >= fill) fill = ctas / ctas_per_split;
@@ -313,6 +306,20 @@ int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sm
   }
   const int64_t splits = std::min({fill, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
   return static_cast<int32_t>(std::max<int64_t>(1, splits));
+}
+}  // namespace
+
+int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,
+                           const AttentionShape& shape) {
+  if (!ValidShape(shape) || num_seqs <= 0 || max_seq_len <= 0 || num_sms <= 0) return 1;
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(num_seqs) * shape.num_kv_heads * DecodeParts(shape);
+  int64_t context = max_seq_len;
+  if (shape.sliding_window > 0) context = std::min<int64_t>(context, shape.sliding_window + 16);
+  const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
+  // Llama-3.1-8B shapes at batch 1 on an H100: 33 splits (2 CTAs per SM) read ~1 point of the
+  // copy bandwidth faster than the 49 that fill 3 per SM.
+  return EvenWaveSplits(ctas_per_split, DecodeMinCtasPerSm(shape), num_sms, max_splits);
 }
 
 cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
@@ -394,26 +401,15 @@ int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_
   }
   const int64_t ctas_per_split =
       static_cast<int64_t>(num_seqs) * shape.num_kv_heads * VerifyRowTiles(max_q_len, shape);
-  const int64_t wave = static_cast<int64_t>(num_sms) * kVerifyCtasPerSm;
   int64_t context = max_seq_len;
   if (shape.sliding_window > 0) {
     context = std::min<int64_t>(context, int64_t{shape.sliding_window} + max_q_len + 64);
   }
   const int64_t max_splits = CeilDiv(context, kMinVerifySplitTokens);
-  // As ChooseDecodeSplits: the most CTAs that are a whole number per SM, while that keeps at
-  // least half the wave's splits. Llama-3.1-8B shapes, K+1 = 8, 32K context, batch 1 on an H100
+  // Llama-3.1-8B shapes, K+1 = 8, 32K context, batch 1 on an H100
   // (attention_bench, 2026-11-23): 32 splits (~2 CTAs per SM) 62.1 us, 49 (3 per SM, uneven)
   // 66.0 us, 24: 75.0 us, 73: 79.3 us.
-  int64_t fill = wave / ctas_per_split;
-  for (int64_t per_sm = kVerifyCtasPerSm; per_sm >= 1; --per_sm) {
-    const int64_t ctas = per_sm * num_sms;
-    if (ctas % ctas_per_split == 0) {
-      if (2 * (ctas / ctas_per_split) >= fill) fill = ctas / ctas_per_split;
-      break;
-    }
-  }
-  const int64_t splits = std::min({fill, max_splits, static_cast<int64_t>(kMaxDecodeSplits)});
-  return static_cast<int32_t>(std::max<int64_t>(1, splits));
+  return EvenWaveSplits(ctas_per_split, kVerifyCtasPerSm, num_sms, max_splits);
 }
 
 cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
