@@ -154,17 +154,20 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   RunnerOptions draft = target;
   draft.model_dir = spec.draft_model;
   draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
+  if (!spec.speculator_device.empty()) draft.device = spec.speculator_device;
   draft.max_model_len = max_model_len_;  // the draft runs the same positions as the target
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(draft);
   if (!runner.ok()) {
     return absl::Status(runner.status().code(),
                         absl::StrCat("draft model: ", runner.status().message()));
   }
+  const std::string draft_device = (*runner)->device_name();
   SPECD_ASSIGN_OR_RETURN(
       draft_, DraftModelSpeculator::Create(*std::move(runner), runner_->config().vocab_size,
                                            options_.max_num_batched_tokens));
-  SPECD_LOG_INFO("engine: draft model {} for speculation (default method {}, K {})",
-                 spec.draft_model, SpeculationMethodName(spec.method), spec.num_speculative_tokens);
+  SPECD_LOG_INFO("engine: draft model {} on {} for speculation (default method {}, K {})",
+                 spec.draft_model, draft_device, SpeculationMethodName(spec.method),
+                 spec.num_speculative_tokens);
   return absl::OkStatus();
 }
 

@@ -79,17 +79,18 @@ struct Engine::Core {
   std::vector<SampleResult> sampled;         // [num_rows] scratch
   // Speculation scratch, per sample row: the draft (empty: plain decode) and the chunk's
   // tokens (the sequence's last token, then the drafts) the verification pass runs.
-  std::vector<Draft> drafts;                       // [num_rows]
-  std::vector<std::vector<int32_t>> spec_tokens;   // [num_rows]
-  std::vector<DraftInput> draft_inputs;            // [num_inputs] one speculator's batch
-  std::vector<int32_t> draft_rows;                 // [num_inputs] their sample rows
-  std::vector<Draft> proposed;                     // [num_inputs]
-  std::vector<float> logits;                       // [num_logit_rows, vocab] verification pass
-  std::vector<SampleRow> verify_rows;              // greedy verification: rows per position
-  std::vector<std::vector<SampleResult>> commits;  // [num_rows] tokens each row commits
-  std::vector<int32_t> accepted;                   // [num_rows] drafts accepted
-  double draft_seconds = 0;                        // this step's Propose time
-  int32_t num_spec_rows = 0;                       // rows with drafts this step
+  std::vector<Draft> drafts;                          // [num_rows]
+  std::vector<std::vector<int32_t>> spec_tokens;      // [num_rows]
+  std::vector<DraftInput> draft_inputs;               // [num_inputs] one speculator's batch
+  std::vector<int32_t> draft_rows;                    // [num_inputs] their sample rows
+  std::vector<Draft> proposed;                        // [num_inputs]
+  std::vector<float> logits;                          // [num_logit_rows, vocab] verification pass
+  std::vector<std::span<const int32_t>> draft_spans;  // [num_rows] views of drafts
+  std::vector<GreedyVerifyResult> verified;           // [num_rows] greedy verification
+  std::vector<std::vector<SampleResult>> commits;     // [num_rows] tokens each row commits
+  std::vector<int32_t> accepted;                      // [num_rows] drafts accepted
+  double draft_seconds = 0;                           // this step's Propose time
+  int32_t num_spec_rows = 0;                          // rows with drafts this step
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, control

@@ -132,35 +132,17 @@ bool Engine::GreedyVerifyFits() const {
 
 absl::Status Engine::VerifyGreedyOnRunner() {
   Core& c = *core_;
-  c.verify_rows.clear();
-  std::vector<size_t> first(c.rows.size() + 1, 0);  // first verify row of each sample row
-  for (size_t k = 0; k < c.rows.size(); ++k) {
-    const int32_t n = static_cast<int32_t>(c.drafts[k].tokens.size());
-    if (n == 0) {
-      c.verify_rows.push_back(c.rows[k]);
-    } else {
-      for (int32_t j = 0; j <= n; ++j) {
-        SampleRow row = c.rows[k];
-        row.token = j;
-        c.verify_rows.push_back(row);
-      }
-    }
-    first[k + 1] = c.verify_rows.size();
-  }
-  SPECD_RETURN_IF_ERROR(runner_->Step(c.batch, c.verify_rows, &c.sampled));
+  c.draft_spans.clear();
+  for (const Draft& d : c.drafts) c.draft_spans.emplace_back(d.tokens);
+  SPECD_RETURN_IF_ERROR(runner_->StepGreedyVerify(c.batch, c.rows, c.draft_spans, &c.verified));
   for (size_t k = 0; k < c.rows.size(); ++k) {
     std::vector<SampleResult>& commit = c.commits[k];
     commit.clear();
-    const Draft& d = c.drafts[k];
-    if (d.tokens.empty()) {
-      commit.push_back(std::move(c.sampled[first[k]]));
-      continue;
-    }
-    std::vector<int32_t> target(d.tokens.size() + 1);
-    for (size_t j = 0; j < target.size(); ++j) target[j] = c.sampled[first[k] + j].id;
-    const AcceptResult a = AcceptGreedy(d.tokens, target);
-    for (int32_t j = 0; j <= a.num_accepted; ++j) commit.push_back({target[j], 0.0f, {}});
-    c.accepted[k] = a.num_accepted;
+    const std::vector<int32_t>& drafts = c.drafts[k].tokens;
+    GreedyVerifyResult& v = c.verified[k];
+    for (int32_t j = 0; j < v.num_accepted; ++j) commit.push_back({drafts[j], 0.0f, {}});
+    commit.push_back(std::move(v.next));
+    c.accepted[k] = v.num_accepted;
   }
   return absl::OkStatus();
 }

@@ -425,6 +425,25 @@ class CodepairCudaTest : public ::testing::Test {
     ids.resize(requests.size());
     return ids;
   }
+  // The golden prompts with `method` at K = 4 give plain decoding's output on `engine`.
+  void ExpectSpeculationEqualsPlain(Engine& engine, SpeculationMethod method,
+                                    const std::string& label) {
+    std::vector<GenerateRequest> requests = GoldenRequests();
+    const auto plain = Batch(engine, requests);
+    for (GenerateRequest& r : requests) r.speculation = {method, 4};
+    auto results = engine.GenerateBatch(requests);
+    ASSERT_TRUE(results.ok()) << results.status();
+    int64_t rounds = 0, accepted = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      rounds += (*results)[i].usage.num_drafts;
+      accepted += (*results)[i].usage.num_accepted_tokens;
+      EXPECT_TRUE(GreedyAgrees(label + " prompt " + std::to_string(i), requests[i].prompt_ids,
+                               plain[i], (*results)[i].ids(), *cpu_, *gpu_));
+    }
+    EXPECT_GT(rounds, 0);
+    std::printf("[ codepair %s, K=4 ] %.2f tokens per round\n", label.c_str(),
+                rounds ? 1.0 + double(accepted) / rounds : 0.0);
+  }
   std::unique_ptr<Harness> cpu_, gpu_;
 };
 
@@ -473,24 +492,97 @@ TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
   o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
   auto engine = MakeEngine(o);
   ASSERT_TRUE(engine);
-  std::vector<GenerateRequest> requests = GoldenRequests();
-  const auto plain = Batch(*engine, requests);
   for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
-    for (GenerateRequest& r : requests) r.speculation = {m, 4};
-    auto results = engine->GenerateBatch(requests);
-    ASSERT_TRUE(results.ok()) << results.status();
-    int64_t rounds = 0, accepted = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      rounds += (*results)[i].usage.num_drafts;
-      accepted += (*results)[i].usage.num_accepted_tokens;
-      EXPECT_TRUE(
-          GreedyAgrees(std::string(SpeculationMethodName(m)) + " prompt " + std::to_string(i),
-                       requests[i].prompt_ids, plain[i], (*results)[i].ids(), *cpu_, *gpu_));
-    }
-    EXPECT_GT(rounds, 0);
-    std::printf("[ codepair %s K=4 on the GPU ] %.2f tokens per round\n", SpeculationMethodName(m),
-                rounds ? 1.0 + double(accepted) / rounds : 0.0);
+    ExpectSpeculationEqualsPlain(*engine, m, SpeculationMethodName(m) + std::string(" on the GPU"));
   }
+}
+
+// The draft on another device than the target (the second GPU when there is one, else the CPU
+// backend): same output as plain decoding.
+TEST_F(CodepairCudaTest, DraftOnAnotherDeviceEqualsPlainDecoding) {
+  EngineOptions o = EngineOn("cuda:0");
+  o.speculative.draft_model = ModelDir("codepair/draft");
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  o.speculative.speculator_device = CudaDeviceCount() > 1 ? "cuda:1" : "cpu";
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kDraftModel,
+                               "draft on " + o.speculative.speculator_device + ", target cuda:0");
+}
+
+// The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
+// what the host scan over the same step's ids gives, for drafts that are all right, wrong at
+// the first or the last position, and a draftless row, in one ragged batch.
+TEST_F(CodepairCudaTest, DeviceGreedyVerificationEqualsTheHostScan) {
+  ModelRunner& gpu = gpu_->runner();
+  const std::vector<GenerateRequest> prompts = GoldenRequests();
+  // Rows: K drafts right; wrong at the first; wrong at the last; a draftless row. 13 rows of
+  // the runner's 16 (Options: max_num_seqs).
+  constexpr int kK = 3;
+  const int n = 4;
+  auto wrong_at = [](int i) { return i == 1 ? 0 : kK - 1; };
+  BlockAllocator allocator(gpu.num_kv_blocks());
+  std::vector<BlockTable> tables;
+  std::vector<std::vector<int32_t>> truth(n), chunks(n), drafts(n);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  TokenHistory history;
+  Sampler sampler(greedy, 1);
+  // The greedy continuations (the GPU runner's decode path) are the truth; computed first, as
+  // the harness has its own block allocator over the same KV blocks.
+  for (int i = 0; i < n; ++i) truth[i] = gpu_->Greedy(prompts[i].prompt_ids, kK + 1);
+  for (int i = 0; i < n; ++i) {
+    const std::vector<int32_t>& prompt = prompts[i].prompt_ids;
+    tables.emplace_back(gpu.block_size());
+    ASSERT_TRUE(
+        tables.back().EnsureCapacity(static_cast<int32_t>(prompt.size()) + kK + 1, allocator).ok());
+    // Prefill the prompt but its last token, which the verification chunk carries.
+    std::vector<SequenceInput> prefill = {
+        {std::span<const int32_t>(prompt).first(prompt.size() - 1), 0, tables.back().ids(), false}};
+    std::vector<float> logits;
+    ASSERT_TRUE(gpu.Forward(prefill, &logits).ok());
+    if (i < n - 1) {
+      drafts[i].assign(truth[i].begin(), truth[i].begin() + kK);
+      if (i > 0) drafts[i][wrong_at(i)] = (drafts[i][wrong_at(i)] + 1) % gpu.config().vocab_size;
+    }
+    chunks[i] = {prompt.back()};
+    chunks[i].insert(chunks[i].end(), drafts[i].begin(), drafts[i].end());
+  }
+  std::vector<SequenceInput> batch;
+  std::vector<SampleRow> rows;
+  std::vector<std::span<const int32_t>> spans;
+  for (int i = 0; i < n; ++i) {
+    batch.push_back({chunks[i], static_cast<int32_t>(prompts[i].prompt_ids.size()) - 1,
+                     tables[i].ids(), false});
+    SampleRow row;
+    row.chunk = i;
+    row.sampler = &sampler;
+    row.params = &greedy;
+    row.history = &history;
+    rows.push_back(row);
+    spans.emplace_back(drafts[i]);
+  }
+  std::vector<GreedyVerifyResult> device, host;
+  absl::Status s = gpu.StepGreedyVerify(batch, rows, spans, &device);
+  ASSERT_TRUE(s.ok()) << s;
+  // Same step again (same tokens at the same positions: the KV it writes is identical).
+  s = gpu.ModelRunner::StepGreedyVerify(batch, rows, spans, &host);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(device.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(device[i].num_accepted, host[i].num_accepted) << "row " << i;
+    EXPECT_EQ(device[i].next.id, host[i].next.id) << "row " << i;
+  }
+  // Against the truth, up to bf16 near-ties between a multi-token chunk and decode steps.
+  int as_expected = 0;
+  for (int i = 0; i < n - 1; ++i) {
+    const int want = i == 0 ? kK : wrong_at(i);
+    as_expected += device[i].num_accepted == want && device[i].next.id == truth[i][want] ? 1 : 0;
+  }
+  as_expected += device[n - 1].num_accepted == 0 && device[n - 1].next.id == truth[n - 1][0];
+  EXPECT_GE(as_expected, n - 1) << "verification disagrees with greedy decoding on most rows";
+  std::printf("[ device verification ] %d of %d rows exactly as greedy decoding\n", as_expected, n);
+  for (BlockTable& t : tables) ASSERT_TRUE(t.Release(allocator).ok());
 }
 
 TEST_F(CodepairCudaTest, SeededSamplingRepeatsAloneAndInBatch) {

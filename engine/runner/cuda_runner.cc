@@ -15,6 +15,7 @@
 #include "engine/runner/cuda_sampling.h"
 #include "engine/runner/cuda_util.h"
 #include "engine/runner/cuda_weights.h"
+#include "kernels/cuda/verify.h"
 
 namespace specd {
 namespace {
@@ -126,6 +127,10 @@ struct CudaRunner::State {
   cuda::DeviceMemory tables;       // [max_seqs, max_blocks_per_seq] int32
   std::vector<int32_t> buckets;    // ascending; empty when eager
   std::map<int32_t, cudaGraphExec_t> graphs;
+  // Greedy verification (StepGreedyVerify): uploads, results on the device and read back.
+  cuda::UploadArena verify_arena;
+  cuda::DeviceMemory verify_out;   // [4 * max_rows + 1] int32, see StepGreedyVerify
+  cuda::PinnedMemory verify_host;  // [2 * max_rows] int32
 };
 
 CudaRunner::State::~State() {
@@ -186,6 +191,11 @@ absl::Status CudaRunner::State::AllocateBuffers() {
       size_t{4} * limits.max_seqs * static_cast<size_t>(forward->max_blocks_per_seq());
   SPECD_ASSIGN_OR_RETURN(tables_host, cuda::PinnedMemory::Allocate(table_bytes, "block tables"));
   SPECD_ASSIGN_OR_RETURN(tables, cuda::DeviceMemory::Allocate(table_bytes, "block tables"));
+  const size_t rows = static_cast<size_t>(limits.max_rows);
+  SPECD_ASSIGN_OR_RETURN(verify_out,
+                         cuda::DeviceMemory::Allocate(4 * (4 * rows + 1), "verification results"));
+  SPECD_ASSIGN_OR_RETURN(verify_host,
+                         cuda::PinnedMemory::Allocate(4 * 2 * rows, "verification results"));
   return absl::OkStatus();
 }
 
@@ -484,6 +494,70 @@ absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<co
                               std::vector<SampleResult>* out) {
   out->clear();
   if (batch.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, /*copy_ids=*/true));
+  SPECD_RETURN_IF_ERROR(s_->Sync("step"));
+  s_->sampler->Finish(rows, out);
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
+                                          std::span<const SampleRow> rows,
+                                          std::span<const std::span<const int32_t>> drafts,
+                                          std::vector<GreedyVerifyResult>* out) {
+  out->clear();
+  if (batch.empty()) return absl::OkStatus();
+  std::vector<SampleRow> expanded;
+  SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, /*copy_ids=*/false));
+  // The ragged layout of kernels::DraftLayout is the expansion's: row i's K_i + 1 ids follow
+  // the previous rows' (a draftless row is K_i = 0, its one id the drawn token).
+  const int32_t n = static_cast<int32_t>(rows.size());
+  std::vector<int32_t> cu(n + 1, 0), draft_tokens;
+  int32_t max_draft_len = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    cu[i + 1] = cu[i] + static_cast<int32_t>(drafts[i].size());
+    max_draft_len = std::max(max_draft_len, static_cast<int32_t>(drafts[i].size()));
+    draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
+  }
+  cuda::UploadArena& arena = s_->verify_arena;
+  arena.Reset();
+  const size_t cu_at = arena.Push(cu);
+  const size_t drafts_at = draft_tokens.empty() ? 0 : arena.Push(draft_tokens);
+  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
+  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, then packing
+  int32_t* next = accepted + s_->limits.max_rows;
+  kernels::PackArgs pack;
+  pack.cu_committed = next + s_->limits.max_rows;                       // [n + 1]
+  pack.committed_tokens = pack.cu_committed + s_->limits.max_rows + 1;  // [<= rows]
+  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(kernels::VerifyGreedyAndPack(layout, arena.At<int32_t>(drafts_at),
+                                               s_->sampler->device_ids(), accepted, next, pack,
+                                               kernels::VerifyPackPath::kAuto, s_->stream),
+                  "VerifyGreedyAndPack"));
+  int32_t* host = s_->verify_host.as<int32_t>();
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s_->stream),
+                  "copy of verification results"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("verification step"));
+  std::vector<SampleResult> sampled;  // meaningful for logprobs rows only
+  s_->sampler->Finish(expanded, &sampled);
+  out->resize(rows.size());
+  for (int32_t i = 0, at = 0; i < n; at += cu[i + 1] - cu[i] + 1, ++i) {
+    GreedyVerifyResult& r = (*out)[i];
+    if (drafts[i].empty() && rows[i].params->logprobs >= 0) {
+      r.next = std::move(sampled[at]);
+      continue;
+    }
+    r.num_accepted = host[i];
+    r.next.id = host[s_->limits.max_rows + i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
+                                     std::span<const SampleRow> rows, bool copy_ids) {
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
   SPECD_RETURN_IF_ERROR(s_->Validate(batch));
   std::vector<int32_t> logit_rows;
@@ -519,10 +593,7 @@ absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<co
   SPECD_ASSIGN_OR_RETURN(Launch launch,
                          s_->Prepare(batch, logit_rows, s_->GraphBucket(batch, rows_are_chunks)));
   SPECD_RETURN_IF_ERROR(s_->Execute(launch));
-  SPECD_RETURN_IF_ERROR(s_->sampler->Enqueue(s_->forward->logits(), rows, s_->stream));
-  SPECD_RETURN_IF_ERROR(s_->Sync("step"));
-  s_->sampler->Finish(rows, out);
-  return absl::OkStatus();
+  return s_->sampler->Enqueue(s_->forward->logits(), rows, s_->stream, copy_ids);
 }
 
 absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {

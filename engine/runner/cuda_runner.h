@@ -40,6 +40,12 @@ class CudaRunner : public ModelRunner {
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;
+  // Argmax ids stay on the device; kernels::VerifyGreedyAndPack (fused ballot scan and packing
+  // of the committed tokens) turns them into two ints per row, the only values read back.
+  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
+                                std::span<const SampleRow> rows,
+                                std::span<const std::span<const int32_t>> drafts,
+                                std::vector<GreedyVerifyResult>* out) override;
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
 
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
@@ -47,6 +53,9 @@ class CudaRunner : public ModelRunner {
 
  private:
   struct State;  // device, model, buffers, graphs: cuda_runner.cc
+  // Step up to the queued sampling (ids copied back when copy_ids); the caller synchronises.
+  absl::Status EnqueueStep(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                           bool copy_ids);
   explicit CudaRunner(std::unique_ptr<State> state);
   std::unique_ptr<State> s_;
 };

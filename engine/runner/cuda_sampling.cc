@@ -117,7 +117,7 @@ absl::Status GpuSampler::CopyLogprobRows(const float* logits, std::span<const Sa
 }
 
 absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, bool copy_ids) {
   const int32_t n = static_cast<int32_t>(rows.size());
   if (n == 0) return absl::OkStatus();
   if (n > max_rows_) {
@@ -155,6 +155,7 @@ absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
         kernels::ArgmaxRows(logits, vocab_, n, vocab_, ids_.as<int32_t>(), stream), "ArgmaxRows"));
   }
   cpu_slot_ = std::move(w.cpu_slot);
+  if (!copy_ids) return absl::OkStatus();
   return cuda::Check(cudaMemcpyAsync(host_ids_.as(), ids_.as(), n * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, stream),
                      "copy of sampled ids");

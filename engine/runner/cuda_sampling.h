@@ -27,10 +27,16 @@ class GpuSampler {
   static absl::StatusOr<std::unique_ptr<GpuSampler>> Create(int32_t max_rows, int32_t vocab);
 
   // Queues sampling of rows[i] from logits row i (logits: [rows.size(), vocab] f32, device,
-  // modified in place) and the copies back, on `stream`.
-  absl::Status Enqueue(float* logits, std::span<const SampleRow> rows, cudaStream_t stream);
-  // After the stream is synchronised: the drawn tokens, rows[i] -> (*out)[i].
+  // modified in place) and the copies back, on `stream`. copy_ids false: the ids stay on the
+  // device (device_ids(), for greedy verification), only logprobs rows come back.
+  absl::Status Enqueue(float* logits, std::span<const SampleRow> rows, cudaStream_t stream,
+                       bool copy_ids = true);
+  // After the stream is synchronised: the drawn tokens, rows[i] -> (*out)[i]. Without copy_ids
+  // only the rows that ask for logprobs (drawn on the host) are meaningful.
   void Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out);
+  // [rows of the last Enqueue] int32, device: the ids drawn by the kernels (not those of
+  // logprobs rows, which the host draws in Finish).
+  const int32_t* device_ids() const { return ids_.as<int32_t>(); }
 
  private:
   GpuSampler(int32_t max_rows, int32_t vocab) : max_rows_(max_rows), vocab_(vocab) {}

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
 #include "engine/runner/cpu_runner.h"
+#include "engine/sample/acceptance.h"
 #ifdef SPECD_HAS_CUDA
 #include "engine/runner/cuda_runner.h"
 #endif
@@ -95,6 +96,72 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
       absl::StrCat("device '", options.device,
                    "': this build has no CUDA (configure with -DSPECD_ENABLE_CUDA=ON)"));
 #endif
+}
+
+namespace runner_internal {
+
+absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                              std::span<const std::span<const int32_t>> drafts,
+                              std::vector<SampleRow>* expanded) {
+  if (drafts.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepGreedyVerify: ", drafts.size(), " drafts for ", rows.size(), " rows"));
+  }
+  expanded->clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    const size_t k = drafts[i].size();
+    if (k == 0) {
+      expanded->push_back(r);
+      continue;
+    }
+    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
+        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("StepGreedyVerify: row ", i, " has ", k,
+                                                     " drafts but its chunk is not them plus one"));
+    }
+    const SamplingParams* p = r.params;
+    if (p == nullptr || !p->greedy() || p->has_penalties() || p->logprobs >= 0 ||
+        !r.banned.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepGreedyVerify: row ", i, " is not greedy without penalties, logprobs or bans"));
+    }
+    for (size_t j = 0; j <= k; ++j) {
+      SampleRow row = r;
+      row.token = static_cast<int32_t>(j);
+      expanded->push_back(row);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace runner_internal
+
+absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
+                                           std::span<const SampleRow> rows,
+                                           std::span<const std::span<const int32_t>> drafts,
+                                           std::vector<GreedyVerifyResult>* out) {
+  std::vector<SampleRow> expanded;
+  SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
+  std::vector<SampleResult> sampled;
+  SPECD_RETURN_IF_ERROR(Step(batch, expanded, &sampled));
+  out->assign(rows.size(), GreedyVerifyResult{});
+  std::vector<int32_t> target;
+  size_t at = 0;  // first expanded row of rows[i]
+  for (size_t i = 0; i < rows.size(); ++i) {
+    GreedyVerifyResult& r = (*out)[i];
+    if (drafts[i].empty()) {
+      r.next = std::move(sampled[at++]);
+      continue;
+    }
+    target.clear();
+    for (size_t j = 0; j <= drafts[i].size(); ++j) target.push_back(sampled[at + j].id);
+    const AcceptResult a = AcceptGreedy(drafts[i], target);
+    r.num_accepted = a.num_accepted;
+    r.next.id = a.next_token;
+    at += drafts[i].size() + 1;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specd

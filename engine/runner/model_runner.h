@@ -56,6 +56,14 @@ struct SampleRow {
   int32_t token = -1;                      // index into the chunk's tokens; -1: the last
 };
 
+// What greedy verification of one row's drafts gives: the drafts kept up to the first mismatch
+// with the target's argmax, and the target's token after them (the correction, or the bonus
+// token when every draft is kept). A row without drafts draws `next` exactly as Step does.
+struct GreedyVerifyResult {
+  int32_t num_accepted = 0;  // 0..K
+  SampleResult next;         // logprobs only for draftless rows that ask for them
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -78,6 +86,17 @@ class ModelRunner {
   virtual absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                             std::vector<SampleResult>* out) = 0;
 
+  // A Step that verifies greedy drafts: rows[i]'s chunk holds the row's last committed token
+  // followed by drafts[i] (exactly drafts[i].size() + 1 tokens; an empty draft is a plain row).
+  // Rows with drafts must be greedy, without penalties, logprobs or banned ids; the total of
+  // drafts[i].size() + 1 is at most max_sample_rows(). The default runs Step over every drafted
+  // position and compares on the host; the CUDA runner keeps the argmax ids on the device and
+  // runs the ballot-scan verify-and-pack kernel, reading back two ints per row.
+  virtual absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
+                                        std::span<const SampleRow> rows,
+                                        std::span<const std::span<const int32_t>> drafts,
+                                        std::vector<GreedyVerifyResult>* out);
+
   // Runs `batch` like Step (same kernels and graphs) and returns logits instead of drawing:
   // *logits gets [num_rows, vocab] f32 rows, in chunk order, for the last token of each chunk
   // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
@@ -93,5 +112,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
 
 // options.max_model_len checked against the model (0: the model's max_position_embeddings).
 absl::StatusOr<int32_t> ResolveMaxModelLen(const ModelConfig& config, int32_t requested);
+
+namespace runner_internal {
+
+// StepGreedyVerify's argument checks (InvalidArgument naming the row), and its expansion of
+// `rows` into one Step row per verified position: rows[i] becomes drafts[i].size() + 1 rows
+// (token 0..K of its chunk), or stays one row when it has no drafts.
+absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                              std::span<const std::span<const int32_t>> drafts,
+                              std::vector<SampleRow>* expanded);
+
+}  // namespace runner_internal
 
 }  // namespace specd

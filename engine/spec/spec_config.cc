@@ -82,7 +82,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "num_speculative_tokens",
                                            "prompt_lookup_min",
                                            "prompt_lookup_max",
-                                           "draft_kv_cache_bytes"};
+                                           "draft_kv_cache_bytes",
+                                           "speculator_device"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -126,6 +127,16 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                &config.draft_kv_cache_bytes);
       !s.ok()) {
     return s;
+  }
+  if (auto it = j.find("speculator_device"); it != j.end() && !it->is_null()) {
+    if (it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < 1024) {
+      config.speculator_device = absl::StrCat("cuda:", it->get<int64_t>());
+    } else if (it->is_string() && !it->get<std::string>().empty()) {
+      config.speculator_device = it->get<std::string>();
+    } else {
+      return FieldError("speculator_device",
+                        "must be a GPU index (0, 1, ...) or a device name (cpu, cuda:N)");
+    }
   }
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");

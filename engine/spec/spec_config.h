@@ -43,6 +43,8 @@ struct SpeculativeConfig {
   int32_t prompt_lookup_min = 1;       // n-gram: shortest suffix matched
   int32_t prompt_lookup_max = 4;       // n-gram: longest suffix matched
   int64_t draft_kv_cache_bytes = 0;    // draft model's KV pool; 0: the device default
+  std::string speculator_device;       // where the draft runs ("cpu", "cuda:N"; JSON also takes
+                                       // an integer N); "": the target's device
 
   bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
 };

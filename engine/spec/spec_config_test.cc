@@ -24,6 +24,13 @@ TEST(SpeculativeConfigTest, ParsesVllmStyleDraftModelConfig) {
   EXPECT_EQ(c->method, SpeculationMethod::kDraftModel);
   EXPECT_EQ(c->draft_model, "/m/draft");
   EXPECT_EQ(c->num_speculative_tokens, 7);
+  EXPECT_EQ(c->speculator_device, "");
+  c = ParseSpeculativeConfig(R"({"model": "/m/draft", "speculator_device": 1})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->speculator_device, "cuda:1");
+  c = ParseSpeculativeConfig(R"({"model": "/m/draft", "speculator_device": "cpu"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->speculator_device, "cpu");
 }
 
 TEST(SpeculativeConfigTest, ModelAloneImpliesDraftModelAndNgramKeepsLookupBounds) {
@@ -53,6 +60,8 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2})",
        "prompt_lookup_min"},
       {R"({"model": ""})", "\"model\""},
+      {R"({"model": "d", "speculator_device": -1})", "speculator_device"},
+      {R"({"model": "d", "speculator_device": ""})", "speculator_device"},
       {R"({"method": "ngram", "draft_tensor_parallel_size": 1})", "not a known field"},
   };
   for (const auto& [json, message] : cases) {
