@@ -150,6 +150,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   const SpeculativeConfig& spec = options_.speculative;
   ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
+  // SSD's draft runs in the speculator process, not here.
+  if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
   RunnerOptions draft = target;
   draft.model_dir = spec.draft_model;
@@ -199,15 +201,17 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
   if (!request.params.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this model has none");
   }
-  return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr).status();
+  return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
+                            ssd_ != nullptr)
+      .status();
 }
 
 Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                                     absl::Time arrival) {
   // Validate accepted the request, so its speculation resolves.
-  const ResolvedSpeculation spec =
-      ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr)
-          .value_or(ResolvedSpeculation{});
+  const ResolvedSpeculation spec = ResolveSpeculation(request.speculation, options_.speculative,
+                                                      draft_ != nullptr, ssd_ != nullptr)
+                                       .value_or(ResolvedSpeculation{});
   auto owned =
       std::make_unique<Request>(id, std::move(request), spec, block_size_, tokenizer_.get());
   Request& r = *owned;

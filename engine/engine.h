@@ -27,6 +27,7 @@
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 #include "engine/spec/spec_config.h"
+#include "engine/spec/ssd_stats.h"
 
 namespace specd {
 
@@ -164,6 +165,7 @@ struct SpeculationStepMetrics {
   std::vector<int32_t> num_accepted;      // [num_rounds] how many of them the target accepted
   double draft_seconds = 0;               // the speculators' Propose calls
   double verify_seconds = 0;              // the target's verification pass and acceptance
+  const SsdStats* ssd = nullptr;          // SSD's cumulative counters (null without SSD)
 };
 
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
@@ -200,6 +202,10 @@ class Engine {
   std::optional<int32_t> model_bos_id() const;
   const SpeculativeConfig& speculative_config() const { return options_.speculative; }
   bool has_draft_model() const { return draft_ != nullptr; }
+  bool has_ssd() const { return ssd_ != nullptr; }
+  // The SSD speculator process the engine launched, or -1 (none running, or not launched by
+  // us). Any thread (fault tests signal it).
+  int32_t ssd_speculator_pid() const;
 
   // Checks a request before any work is done: InvalidArgument for bad params or prompts.
   absl::Status Validate(const GenerateRequest& request) const;
@@ -239,6 +245,7 @@ class Engine {
 
   Engine();
   absl::Status CreateSpeculators(const RunnerOptions& target);
+  absl::Status CreateSsd(const RunnerOptions& target);  // engine_ssd.cc
   Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                       absl::Time arrival);
   absl::StatusOr<bool> RunStep();
@@ -268,11 +275,32 @@ class Engine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Speculator> ngram_;  // always there (free to run)
   std::unique_ptr<Speculator> draft_;  // when options.speculative names a draft model
+  std::unique_ptr<Speculator> ssd_;    // method ssd: the speculator process's client
+  const SsdStats* ssd_stats_ = nullptr;
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int32_t block_size_ = 16;
   std::unique_ptr<Core> core_;
   std::unique_ptr<Shared> shared_;
 };
+
+// `specd speculator`: the SSD speculator process. Loads the draft model named by
+// speculative.draft_model on `draft.device`, connects to the verifier at `connect` (HOST:PORT)
+// and serves it until it shuts down (OK) or the link breaks (Unavailable); with `reconnect` it
+// then connects again (a speculator on another host outlives verifier restarts).
+struct SpeculatorProcessOptions {
+  std::string connect;  // the verifier's HOST:PORT
+  SpeculativeConfig speculative;
+  std::string device = "cpu";  // the draft's device
+  int32_t num_threads = 0;
+  int32_t block_size = 16;
+  int32_t max_num_seqs = 256;  // the verifier's (the wire limits must match)
+  int32_t max_model_len = 0;   // the verifier's
+  int32_t max_num_batched_tokens = 2048;
+  double gpu_memory_utilization = 0.9;
+  absl::Duration connect_timeout = absl::Seconds(60);
+  bool reconnect = false;
+};
+absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options);
 
 }  // namespace specd

@@ -43,6 +43,8 @@ Speculator* Engine::SpeculatorFor(const Request& r) const {
       return draft_.get();
     case SpeculationMethod::kNgram:
       return ngram_.get();
+    case SpeculationMethod::kSsd:
+      return ssd_.get();
     default:
       return nullptr;
   }
@@ -59,7 +61,7 @@ void Engine::Speculate(const StepPlan& plan) {
   }
   if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
   const absl::Time start = absl::Now();
-  for (Speculator* speculator : {draft_.get(), ngram_.get()}) {
+  for (Speculator* speculator : {draft_.get(), ngram_.get(), ssd_.get()}) {
     if (speculator == nullptr) continue;
     c.draft_inputs.clear();
     c.draft_rows.clear();
@@ -87,6 +89,7 @@ void Engine::Speculate(const StepPlan& plan) {
       in.banned = c.rows[k].banned;
       in.num_banned_positions = std::max(0, p.min_tokens - r.seq.num_generated());
       in.seed = r.seed;
+      in.saguaro_c = r.spec.saguaro_c;
       c.draft_inputs.push_back(in);
       c.draft_rows.push_back(static_cast<int32_t>(k));
     }
@@ -200,6 +203,7 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
   SPECD_RETURN_IF_ERROR(GreedyVerifyFits() ? VerifyGreedyOnRunner() : VerifyOnHost());
   SpeculationStepMetrics metrics;
   metrics.draft_seconds = c.draft_seconds;
+  metrics.ssd = ssd_stats_;
   metrics.verify_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   // Apply: commit each row's tokens (a plain row's one token; a drafted row's accepted drafts
   // and the token after them) until one finishes the request, which destroys it.

@@ -238,4 +238,44 @@ absl::Status RunTokenize(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+absl::Status RunSpeculator(const std::vector<std::string>& args) {
+  FlagParser p;
+  SpeculatorProcessOptions o;
+  std::string config;
+  std::optional<std::string> log_level;
+  int64_t connect_timeout_s = 60;
+  p.Add("connect", &o.connect, "the verifier's HOST:PORT (its speculator_address)");
+  p.Add("speculative-config", &config,
+        "the verifier's --speculative-config JSON (method ssd, model = the draft, fan_out, ...)");
+  p.Add("device", &o.device, "the draft's device: cpu | cuda | cuda:N (default cpu)");
+  p.Add("threads", &o.num_threads, "CPU threads (0 = all cores)");
+  p.Add("block-size", &o.block_size, "KV block size in tokens (default 16)");
+  p.Add("max-num-seqs", &o.max_num_seqs, "the verifier's --max-num-seqs (default 256)");
+  p.Add("max-model-len", &o.max_model_len, "the verifier's context limit (0 = the draft's)");
+  p.Add("max-num-batched-tokens", &o.max_num_batched_tokens,
+        "tokens per draft forward pass (default 2048)");
+  p.Add("gpu-memory-utilization", &o.gpu_memory_utilization,
+        "fraction of the GPU's memory the draft may hold (default 0.9)");
+  p.Add("connect-timeout", &connect_timeout_s, "seconds to keep trying to connect (default 60)");
+  p.Add("reconnect", &o.reconnect, "connect again after the verifier goes away");
+  p.Add("log-level", &log_level, "trace|debug|info|warn|error (default info)");
+  if (WantsHelp(args)) {
+    std::printf("usage: specd speculator --connect HOST:PORT --speculative-config JSON [flags]\n%s",
+                p.Usage().c_str());
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(p.Parse(args));
+  if (!SetLogLevel(log_level.value_or("info"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-level: unknown level '", *log_level, "'"));
+  }
+  if (o.connect.empty()) return absl::InvalidArgumentError("--connect HOST:PORT is required");
+  SPECD_ASSIGN_OR_RETURN(o.speculative, ParseSpeculativeConfig(config));
+  if (o.speculative.draft_model.empty()) {
+    return absl::InvalidArgumentError("--speculative-config must name the draft \"model\"");
+  }
+  o.connect_timeout = absl::Seconds(connect_timeout_s);
+  return RunSpeculatorProcess(o);
+}
+
 }  // namespace specd

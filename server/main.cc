@@ -1,4 +1,4 @@
-// specd: command-line entry point. Subcommands: serve, generate, tokenize. Main thread
+// specd: command-line entry point. Subcommands: serve, generate, tokenize, speculator. Main thread
 // only.
 #include <cstdio>
 #include <iostream>
@@ -18,7 +18,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  serve      run the OpenAI-compatible HTTP (and gRPC) server (see specd serve --help)\n"
     "  generate   generate text from a prompt (see specd generate --help)\n"
-    "  tokenize   JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout\n";
+    "  tokenize   JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout\n"
+    "  speculator the SSD speculator process (see specd speculator --help)\n";
 
 }  // namespace
 
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
     status = specd::RunGenerate(args);
   } else if (command == "tokenize") {
     status = specd::RunTokenize(args);
+  } else if (command == "speculator") {
+    status = specd::RunSpeculator(args);
   } else if (command == "--help" || command == "help") {
     std::fputs(kUsage, stdout);
     return 0;

@@ -110,6 +110,32 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
       r, "specd_spec_decode_verify_seconds",
       "Speculative decoding: time of the verification pass and acceptance, per engine step.",
       kSpecStepBuckets);
+  auto family = [&r](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
+  };
+  ssd_drafts_ = family("specd_ssd_drafts_total",
+                       "SSD: sequences drafted per round, by how: hit (speculation cache), "
+                       "miss_primary / miss_backup (fallback tier), none, local (no speculator).");
+  ssd_outcomes_ = family("specd_ssd_outcomes_total",
+                         "SSD: verification outcomes told to the speculator, by accepted length.");
+  ssd_hits_ = family("specd_ssd_cache_hits_total",
+                     "SSD: outcomes the speculation cache held, by accepted length.");
+  ssd_bytes_ = family("specd_ssd_bytes_total",
+                      "SSD: bytes on the speculator link, by direction (sent, received).");
+  ssd_link_failures_ = NewCounter(r, "specd_ssd_link_failures_total",
+                                  "SSD: speculator timeouts, broken links and deaths.");
+  ssd_connects_ = NewCounter(r, "specd_ssd_speculator_connects_total",
+                             "SSD: speculator processes that joined.");
+  ssd_launches_ = NewCounter(r, "specd_ssd_speculator_launches_total",
+                             "SSD: speculator processes the verifier started.");
+  ssd_wait_seconds_ = NewCounter(r, "specd_ssd_verifier_wait_seconds_total",
+                                 "SSD: time the verifier waited for the speculator's drafts.");
+  ssd_busy_seconds_ = NewCounter(r, "specd_ssd_speculator_busy_seconds_total",
+                                 "SSD: speculator compute time (its busy fraction is the rate).");
+  ssd_cache_seconds_ = NewCounter(r, "specd_ssd_cache_build_seconds_total",
+                                  "SSD: speculator time spent building the speculation cache.");
+  ssd_connected_ =
+      NewGauge(r, "specd_ssd_speculator_connected", "SSD: 1 while a speculator is connected.");
 }
 
 Metrics::~Metrics() = default;
@@ -136,6 +162,7 @@ void Metrics::OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) {
 void Metrics::OnPreemption(int32_t num_sequences) { preemptions_->Increment(num_sequences); }
 
 void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
+  if (m.ssd != nullptr) OnSsd(*m.ssd);
   if (m.num_draft_tokens.empty()) return;  // no sequence of the step carried drafts
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
@@ -155,6 +182,38 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
   spec_draft_seconds_->Observe(m.draft_seconds);
   spec_verify_seconds_->Observe(m.verify_seconds);
+}
+
+void Metrics::OnSsd(const SsdStats& s) {
+  SsdStats& last = ssd_last_;
+  auto add = [](prometheus::Counter* c, double now, double before) {
+    if (now > before) c->Increment(now - before);
+  };
+  add(&ssd_drafts_->Add({{"status", "hit"}}), s.drafts_hit, last.drafts_hit);
+  add(&ssd_drafts_->Add({{"status", "miss_primary"}}), s.drafts_miss_primary,
+      last.drafts_miss_primary);
+  add(&ssd_drafts_->Add({{"status", "miss_backup"}}), s.drafts_miss_backup,
+      last.drafts_miss_backup);
+  add(&ssd_drafts_->Add({{"status", "none"}}), s.drafts_none, last.drafts_none);
+  add(&ssd_drafts_->Add({{"status", "local"}}), s.local_rounds, last.local_rounds);
+  for (size_t k = 0; k < s.outcomes_by_accepted_len.size(); ++k) {
+    const std::string label = std::to_string(k);
+    const bool had = k < last.outcomes_by_accepted_len.size();
+    add(&ssd_outcomes_->Add({{"accepted_len", label}}), s.outcomes_by_accepted_len[k],
+        had ? last.outcomes_by_accepted_len[k] : 0);
+    add(&ssd_hits_->Add({{"accepted_len", label}}), s.hits_by_accepted_len[k],
+        had ? last.hits_by_accepted_len[k] : 0);
+  }
+  add(&ssd_bytes_->Add({{"direction", "sent"}}), s.bytes_sent, last.bytes_sent);
+  add(&ssd_bytes_->Add({{"direction", "received"}}), s.bytes_received, last.bytes_received);
+  add(ssd_link_failures_, s.link_failures, last.link_failures);
+  add(ssd_connects_, s.connects, last.connects);
+  add(ssd_launches_, s.launches, last.launches);
+  add(ssd_wait_seconds_, s.wait_seconds, last.wait_seconds);
+  add(ssd_busy_seconds_, s.speculator_busy_seconds, last.speculator_busy_seconds);
+  add(ssd_cache_seconds_, s.speculator_cache_seconds, last.speculator_cache_seconds);
+  ssd_connected_->Set(s.connected ? 1 : 0);
+  last = s;
 }
 
 void Metrics::OnHttpResponse(int status) {

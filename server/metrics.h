@@ -74,6 +74,20 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_accepted_length_ = nullptr;
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
+  // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold).
+  void OnSsd(const SsdStats& s);
+  SsdStats ssd_last_;
+  prometheus::Family<prometheus::Counter>* ssd_drafts_ = nullptr;    // {status}
+  prometheus::Family<prometheus::Counter>* ssd_outcomes_ = nullptr;  // {accepted_len}
+  prometheus::Family<prometheus::Counter>* ssd_hits_ = nullptr;      // {accepted_len}
+  prometheus::Family<prometheus::Counter>* ssd_bytes_ = nullptr;     // {direction}
+  prometheus::Counter* ssd_link_failures_ = nullptr;
+  prometheus::Counter* ssd_connects_ = nullptr;
+  prometheus::Counter* ssd_launches_ = nullptr;
+  prometheus::Counter* ssd_wait_seconds_ = nullptr;
+  prometheus::Counter* ssd_busy_seconds_ = nullptr;
+  prometheus::Counter* ssd_cache_seconds_ = nullptr;
+  prometheus::Gauge* ssd_connected_ = nullptr;
 };
 
 }  // namespace specd

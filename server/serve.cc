@@ -86,6 +86,7 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.vocab_size = c.tokenizer ? c.tokenizer->vocab_size() : std::numeric_limits<int32_t>::max();
   c.speculative = engine.speculative_config();
   c.has_draft_model = engine.has_draft_model();
+  c.has_ssd = engine.has_ssd();
   return c;
 }
 

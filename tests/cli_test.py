@@ -115,7 +115,8 @@ class SpeculationTest(unittest.TestCase):
     def test_bad_speculation_flags_exit_2_naming_the_flag(self):
         cases = [
             (("--speculative-config", "{"), "--speculative-config"),
-            (("--speculative-config", '{"method": "ssd"}'), "not available yet"),
+            (("--speculative-config", '{"method": "ssd"}'), "is required for method ssd"),
+            (("--speculative-config", '{"method": "vegas"}'), "not available yet"),
             (("--speculative-config", '{"method": "draft_model"}'), "--speculative-config"),
             (("--speculation-method", "warp"), "--speculation-method"),
             (("--num-speculative-tokens", "65"), "--num-speculative-tokens"),

@@ -217,6 +217,8 @@ class GenerateTest(GrpcTestCase):
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                 num_speculative_tokens=65)), "num_speculative_tokens"),
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(method="ssd")),
+             "needs a speculator"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(method="ssv")),
              "not available yet"),
             # This server has no draft model.
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(

@@ -14,9 +14,10 @@ import sys
 
 # module -> modules it may include from. A module is the longest matching folder prefix.
 # Order inside engine/ (lower may not include higher): base, kv, tokenizer, sample, model,
-# runner, sched, spec, dist, then engine/ itself (engine.h, the facade).
+# runner, sched, dist, spec, then engine/ itself (engine.h, the facade). dist/ (the SSD channel)
+# knows only base/; spec/ builds the SSD speculator on it.
 ENGINE_ORDER = ["engine/base", "engine/kv", "engine/tokenizer", "engine/sample",
-                "engine/model", "engine/runner", "engine/sched", "engine/spec", "engine/dist"]
+                "engine/model", "engine/runner", "engine/sched", "engine/dist", "engine/spec"]
 KERNELS = ["kernels/ref", "kernels/cuda"]
 
 RULES = {
@@ -32,6 +33,7 @@ for i, mod in enumerate(ENGINE_ORDER):
     RULES[mod] = ENGINE_ORDER[:i] + KERNELS + ["proto"]
 RULES["engine/tokenizer"] = ["engine/base"]  # tokenizers know nothing of models or kernels
 RULES["engine/kv"] = ["engine/base"] + KERNELS
+RULES["engine/dist"] = ["engine/base"]
 RULES["engine/base"] = ["kernels/ref"]  # bf16 conversion is defined once, in kernels/ref
 
 # server/ sees the engine only through engine.h and the types its API hands out (Status

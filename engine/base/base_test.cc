@@ -1,10 +1,15 @@
+#include <sys/wait.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "engine/base/float16.h"
 #include "engine/base/mapped_file.h"
+#include "engine/base/subprocess.h"
 #include "engine/base/thread_pool.h"
 #include "gtest/gtest.h"
 
@@ -38,6 +43,34 @@ TEST(MappedFileTest, MapsContentsAndReportsMissingFile) {
   EXPECT_EQ(f->bytes()[4], 'o');
   auto missing = MappedFile::Open(path + ".nope");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SubprocessTest, SpawnsKillsAndReportsExitStatus) {
+  absl::StatusOr<Subprocess> sleeper = Subprocess::Spawn({"/bin/sleep", "30"});
+  ASSERT_TRUE(sleeper.ok()) << sleeper.status();
+  EXPECT_GT(sleeper->pid(), 0);
+  EXPECT_TRUE(sleeper->Running());
+  sleeper->Signal(SIGSTOP);
+  EXPECT_TRUE(sleeper->Running());  // stopped is not exited
+  sleeper->Kill();
+  EXPECT_FALSE(sleeper->Running());
+  EXPECT_TRUE(WIFSIGNALED(sleeper->exit_status()));
+
+  absl::StatusOr<Subprocess> failing = Subprocess::Spawn({"/bin/sh", "-c", "exit 3"});
+  ASSERT_TRUE(failing.ok());
+  for (int i = 0; i < 500 && failing->Running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(failing->Running());
+  ASSERT_TRUE(WIFEXITED(failing->exit_status()));
+  EXPECT_EQ(WEXITSTATUS(failing->exit_status()), 3);
+
+  absl::StatusOr<Subprocess> missing = Subprocess::Spawn({"/nonexistent/specd"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/specd"), std::string::npos);
+  absl::StatusOr<std::string> self = SelfExecutable();
+  ASSERT_TRUE(self.ok());
+  EXPECT_NE(self->find("base_test"), std::string::npos);
 }
 
 TEST(ThreadPoolTest, ParallelForCoversEveryIndexOnce) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
+#include "engine/spec/saguaro.h"
 
 namespace specd {
 namespace {
@@ -15,6 +16,22 @@ constexpr uint64_t kDraftSeedSalt = 0x6a09e667f3bcc909ULL;
 int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
   return static_cast<int32_t>(ia - a.begin());
+}
+
+// Appends one position's candidates to draft.candidates: the num ids of `scores` ranked best
+// first (TopF: ties to the lower id). A greedy draft `first` (>= 0) leads its row even where
+// penalties or min_tokens bans made it differ from the raw logits' argmax.
+void AppendCandidates(std::span<const float> scores, int32_t num, int32_t first, Draft& draft) {
+  std::vector<int32_t> top = TopF(scores, num);
+  if (first >= 0 && !top.empty() && top.front() != first) {
+    auto it = std::find(top.begin(), top.end(), first);
+    if (it == top.end()) {  // it displaces the last
+      top.back() = first;
+      it = top.end() - 1;
+    }
+    std::rotate(top.begin(), it, it + 1);  // `first` to the front, the rest keep their order
+  }
+  draft.candidates.insert(draft.candidates.end(), top.begin(), top.end());
 }
 
 }  // namespace
@@ -47,13 +64,66 @@ void DraftModelSpeculator::Release(uint64_t seq_id) {
   states_.erase(it);
 }
 
+absl::Status DraftModelSpeculator::Fork(uint64_t parent, uint64_t child, int32_t num_tokens) {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("draft model: fork point ", num_tokens));
+  }
+  auto it = states_.find(parent);
+  if (it == states_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("draft model: no sequence ", parent, " to fork"));
+  }
+  if (states_.contains(child)) {
+    return absl::AlreadyExistsError(absl::StrCat("draft model: sequence ", child, " exists"));
+  }
+  const State& p = *it->second;
+  const int32_t block_size = p.blocks.block_size();
+  const int32_t num_shared =
+      std::min(num_tokens, static_cast<int32_t>(p.kv_tokens.size())) / block_size;
+  auto c = std::make_unique<State>(block_size);
+  for (int32_t b = 0; b < num_shared; ++b) {
+    if (absl::Status s = allocator_.AddRef(p.blocks.block(b)); !s.ok()) {  // a bug: p holds it
+      c->blocks.Release(allocator_).IgnoreError();
+      return absl::InternalError(absl::StrCat("draft model: fork: ", s.message()));
+    }
+    c->blocks.Append(p.blocks.block(b));
+  }
+  c->kv_tokens.assign(p.kv_tokens.begin(), p.kv_tokens.begin() + num_shared * block_size);
+  states_.emplace(child, std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelSpeculator::Adopt(uint64_t parent, uint64_t child) {
+  auto it = states_.find(child);
+  if (it == states_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("draft model: no sequence ", child, " to adopt"));
+  }
+  std::unique_ptr<State> adopted = std::move(it->second);
+  states_.erase(it);
+  Release(parent);  // drops the parent's references; blocks the child shares stay allocated
+  states_[parent] = std::move(adopted);
+  return absl::OkStatus();
+}
+
+int32_t DraftModelSpeculator::WritableStart(const State& state, int32_t start) const {
+  const int32_t block_size = state.blocks.block_size();
+  const int32_t b = start / block_size;
+  // An aligned start keeps no part of block b (Truncate drops it); a start inside a block
+  // keeps it and writes into it, which a block shared with a fork must never see.
+  if (start % block_size != 0 && b < state.blocks.num_blocks() &&
+      allocator_.ref_count(state.blocks.block(b)) > 1) {
+    return b * block_size;
+  }
+  return start;
+}
+
 bool DraftModelSpeculator::Prepare(const DraftInput& in, State& state, int32_t num_drafts,
                                    Active* active) {
   const int32_t n = static_cast<int32_t>(in.tokens.size());
   // Decode inputs d_1 .. d_{k-1} sit at positions n .. n + k - 2.
   num_drafts = std::min(num_drafts, runner_->max_model_len() - n + 1);
   if (n == 0 || num_drafts <= 0) return false;
-  const int32_t start = std::min(CommonPrefix(state.kv_tokens, in.tokens), n - 1);
+  const int32_t start =
+      WritableStart(state, std::min(CommonPrefix(state.kv_tokens, in.tokens), n - 1));
   state.kv_tokens.resize(start);
   state.blocks.Truncate(start, allocator_).IgnoreError();  // only frees blocks it holds
   if (!state.blocks.EnsureCapacity(n + num_drafts - 1, allocator_).ok()) {
@@ -79,10 +149,18 @@ void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
       j < in.num_banned_positions ? in.banned : std::span<const int32_t>();
   probs_.resize(logits.size());
   ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
-  if (in.params->greedy()) {  // a one-hot row at the argmax
-    draft.tokens.push_back(
-        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin()));
+  if (in.params->greedy()) {  // a one-hot row at the argmax (lowest id on ties, as Argmax)
+    const auto token =
+        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+    if (in.num_candidates > 0) AppendCandidates(logits, in.num_candidates, token, draft);
+    draft.tokens.push_back(token);
     return;
+  }
+  if (in.num_candidates > 0) AppendCandidates(probs_, in.num_candidates, -1, draft);
+  if (in.saguaro_fan_out > 0 && in.saguaro_c >= 0.0f && in.saguaro_c < 1.0f) {
+    // Saguaro sampling: draw from the row with its top-F ids down-weighted by C, and hand that
+    // row on as q (verification with the drawn-from row keeps the output the target's).
+    SaguaroDownweight(probs_, TopF(probs_, in.saguaro_fan_out), in.saguaro_c);
   }
   draft.tokens.push_back(DrawFromProbs(probs_, state.rng));
   draft.probs.insert(draft.probs.end(), probs_.begin(), probs_.end());
@@ -94,6 +172,8 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
   for (Draft& d : *drafts) {
     d.tokens.clear();
     d.probs.clear();
+    d.candidates.clear();
+    d.origin = DraftOrigin::kDefault;
   }
   active_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -111,13 +191,15 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
 
 absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs, bool* drawn) {
   // Greedy passes sample on the runner: every row ends its sequence's pending tokens and no
-  // draft position is banned (min_tokens), so the runner's argmax is the processed one.
+  // draft position is banned (min_tokens), so the runner's argmax is the processed one. Rows
+  // that want candidates need their logits on the host: their passes run Forward.
   bool greedy = true;
   for (const Active& a : active_) {
     const DraftInput& in = inputs[a.input];
     const bool finishing = a.num_running > 0 && a.offset + a.num_running == a.pending.size();
     const bool in_pass = a.num_running > 0;
-    greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0);
+    greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0 &&
+                           in.num_candidates == 0);
   }
   *drawn = greedy;
   if (!greedy) return runner_->Forward(batch_, &logits_);

@@ -13,9 +13,13 @@
 // to the host); its penalties then see the committed tokens but not the round's earlier drafts,
 // which only affects how good a draft is, never the output. A sequence whose KV does not fit the
 // pool gets no drafts that round (the target decodes it plainly). Engine thread only.
+// For SSD's speculation cache (engine/spec/ssd_worker.h) it also forks sequences without
+// copying KV (shared blocks, reference counted), reports the top candidates at each drafted
+// position (logits then come to the host), and draws sampled drafts with Saguaro sampling.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <span>
@@ -40,6 +44,31 @@ class DraftModelSpeculator : public Speculator {
 
   absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
   void Release(uint64_t seq_id) override;
+
+  // SSD's branches. Fork makes `child` a new sequence whose KV shares the parent's full
+  // blocks below position min(num_tokens, parent's KV length) (no copy: AddRef), and whose
+  // kv_tokens are the parent's truncated to those blocks; the partial block after them is not
+  // shared: the child recomputes it (and the rest of its tokens) in the catch-up chunk of its
+  // first Propose, which rolls back and catches up as for any sequence. num_tokens is the fork
+  // point: where the child's tokens leave the parent's (SSD: context + d_1..d_k, then t*).
+  // Why sharing is safe: shared blocks hold positions below the fork point, which both sides
+  // agree on and neither rewrites while both hold them. A sequence only rewrites positions at
+  // or after its rollback point; the caller's contract is that a child whose outcome did not
+  // happen is Released (and the one that did is Adopted) before the parent is proposed for
+  // again, since the parent may then roll back below the fork point. Prepare also enforces
+  // it: a rollback point inside a block held by another sequence recomputes from that block's
+  // start into a fresh block, so a shared block is never written even if the contract is broken.
+  // NotFound for an unknown parent; AlreadyExists for a child id in use; InvalidArgument for
+  // num_tokens < 0.
+  absl::Status Fork(uint64_t parent, uint64_t child, int32_t num_tokens);
+  // Fork at the end of the parent's KV: every full block it holds is shared.
+  absl::Status Fork(uint64_t parent, uint64_t child) {
+    return Fork(parent, child, std::numeric_limits<int32_t>::max());
+  }
+  // A cache hit: the child's state (KV, RNG) replaces the parent's, whose own references are
+  // released (blocks the child shares stay); the child id is gone. An unknown parent simply
+  // gets the child's state. NotFound for an unknown child.
+  absl::Status Adopt(uint64_t parent, uint64_t child);
 
   const ModelRunner& runner() const { return *runner_; }
   int32_t num_free_blocks() const { return allocator_.num_free(); }
@@ -69,13 +98,17 @@ class DraftModelSpeculator : public Speculator {
   // One forward pass over every active sequence's next piece of pending tokens (within the
   // token budget); draws a draft for each sequence whose pending tokens all ran.
   absl::Status RunPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
-  // The pass's forward: next-draft tokens drawn by the runner when every sequence is greedy
-  // (*greedy_ids, one per finishing row), else logits rows in logits_.
+  // The pass's forward: next-draft tokens drawn by the runner (drawn_, one per finishing row)
+  // when every sequence is greedy and wants no candidates, else logits rows in logits_.
   absl::Status ForwardPass(std::span<const DraftInput> inputs, bool* drawn);
   // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
   // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
   bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
-  // Draws draft j of one sequence from its logits row.
+  // The position Prepare may rewrite from, given the common prefix `start`: `start`, or the
+  // first position of its block when another sequence (a fork) also holds that block.
+  int32_t WritableStart(const State& state, int32_t start) const;
+  // Draws draft j of one sequence from its logits row (and its candidates, with Saguaro
+  // sampling when asked).
   void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
 
   std::unique_ptr<ModelRunner> runner_;

@@ -1,9 +1,14 @@
 // DraftModelSpeculator on the codepair draft (CPU runner): its greedy drafts reproduce HF
 // transformers' greedy continuation of the draft model (golden.json), across rounds whose
 // drafts were partly rejected (its KV rolled back) or all accepted; a pool too small for a
-// sequence yields no drafts and no leak; sampled drafts come with their distribution.
+// sequence yields no drafts and no leak; sampled drafts come with their distribution. SSD's
+// additions: forked and adopted sequences draft exactly as fresh ones (shared KV blocks never
+// corrupted, reference counts balanced), candidates follow the logits / drawn-from row, and
+// Saguaro sampling draws from (and returns) the down-weighted row.
 #include "engine/spec/draft_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -66,12 +71,38 @@ class DraftModelTest : public ::testing::Test {
     return out[0].tokens;
   }
 
+  // Proposes for several sequences in one call: ids[i] with tokens[i], k drafts each, the
+  // SSD options of `options` (num_candidates, saguaro_*), its params or the fixture's greedy.
+  std::vector<Draft> ProposeMany(DraftModelSpeculator& draft, const std::vector<uint64_t>& ids,
+                                 const std::vector<std::vector<int32_t>>& tokens, int32_t k,
+                                 const DraftInput& options = {}) {
+    histories_.assign(ids.size(), TokenHistory());
+    std::vector<DraftInput> inputs(ids.size(), options);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      histories_[i].AddPrompt(tokens[i]);
+      inputs[i].seq_id = ids[i];
+      inputs[i].tokens = tokens[i];
+      inputs[i].num_draft_tokens = k;
+      if (inputs[i].params == nullptr) inputs[i].params = &params_;
+      inputs[i].history = &histories_[i];
+    }
+    std::vector<Draft> out;
+    EXPECT_TRUE(draft.Propose(inputs, &out).ok());
+    EXPECT_EQ(out.size(), ids.size());
+    return out;
+  }
+  Draft ProposeOne(DraftModelSpeculator& draft, uint64_t id, const std::vector<int32_t>& tokens,
+                   int32_t k, const DraftInput& options = {}) {
+    return ProposeMany(draft, {id}, {tokens}, k, options)[0];
+  }
+
   SamplingParams params_ = [] {
     SamplingParams p;
     p.temperature = 0;
     return p;
   }();
   TokenHistory history_;
+  std::vector<TokenHistory> histories_;
 };
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, std::span<const int32_t> b) {
@@ -172,6 +203,251 @@ TEST_F(DraftModelTest, SampledDraftsComeWithTheDistributionTheyWereDrawnFrom) {
     EXPECT_LE(nonzero, 20) << j;  // top_k 20
     EXPECT_GT(q[out[0].tokens[j]], 0.0f) << j;
   }
+}
+
+std::vector<int32_t> Prefix(const std::vector<int32_t>& v, size_t n) {
+  return std::vector<int32_t>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+// A token other than t: the target's correction where it rejected the draft t.
+int32_t Other(int32_t t) { return t == 17 ? 18 : 17; }
+
+constexpr int32_t kBlockSize = 16;  // RunnerOptions' default
+constexpr int32_t kVocab = 8192;
+
+TEST_F(DraftModelTest, ForkedChildDraftsAsAFreshSequenceAndLeavesTheParentAlone) {
+  auto draft = MakeDraft();
+  auto fresh = MakeDraft();  // every sequence new: no rollback, no sharing
+  auto plain = MakeDraft();  // the parent's rounds without forks
+  const int32_t total = draft->num_free_blocks();
+  const std::vector<int32_t> prompt = LoadDraftGolden(1).prompt_ids;
+  uint64_t fresh_id = 100;
+  // (context length, k): the child forks at len + k, block-aligned (32, 48) or not.
+  const std::vector<std::pair<size_t, int32_t>> cases = {{32, 0}, {32, 2}, {37, 0},
+                                                         {30, 2}, {45, 3}, {47, 5}};
+  for (const auto& [len, k] : cases) {
+    SCOPED_TRACE(testing::Message() << "context " << len << ", k " << k);
+    const std::vector<int32_t> context = Prefix(prompt, len);
+    const std::vector<int32_t> d = Propose(*draft, 1, context, 6);  // KV: context + d_1..d_5
+    ASSERT_EQ(d, Propose(*plain, 1, context, 6));
+    // The outcome "d_1..d_k accepted, then t* != d_{k+1}" on a fork, sharing full blocks only.
+    const int32_t fork_point = static_cast<int32_t>(len) + k;
+    const int32_t before = draft->num_free_blocks();
+    ASSERT_TRUE(draft->Fork(1, 2, fork_point).ok());
+    EXPECT_EQ(draft->num_free_blocks(), before);  // nothing allocated, nothing copied
+    std::vector<int32_t> child = Concat(context, std::span<const int32_t>(d).first(k));
+    child.push_back(Other(d[k]));
+    EXPECT_EQ(Propose(*draft, 2, child, 5), Propose(*fresh, fresh_id++, child, 5));
+    // The child allocated only what lies past the shared blocks.
+    const int32_t child_blocks =
+        BlockTable::BlocksFor(static_cast<int32_t>(child.size()) + 4, kBlockSize);
+    EXPECT_EQ(before - draft->num_free_blocks(), child_blocks - fork_point / kBlockSize);
+    draft->Release(2);
+    EXPECT_EQ(draft->num_free_blocks(), before);
+    // The outcome that happened: d_1..d_3 accepted, bonus d_4; the parent is as if unforked.
+    const std::vector<int32_t> next = Concat(context, std::span<const int32_t>(d).first(4));
+    EXPECT_EQ(Propose(*draft, 1, next, 5), Propose(*plain, 1, next, 5));
+    draft->Release(1);
+    plain->Release(1);
+  }
+  EXPECT_EQ(draft->num_free_blocks(), total);
+  EXPECT_EQ(draft->num_live_sequences(), 0);
+}
+
+TEST_F(DraftModelTest, ParentAndLiveChildRollingBackIntoASharedBlockStayIntact) {
+  // Breaks the caller's contract on purpose (the parent drafts again while its child lives, and
+  // both roll back into a block they share): neither may write into the shared block.
+  auto draft = MakeDraft();
+  auto fresh = MakeDraft();
+  const int32_t total = draft->num_free_blocks();
+  const std::vector<int32_t> prompt = LoadDraftGolden(2).prompt_ids;
+  const std::vector<int32_t> context = Prefix(prompt, 37);
+  const std::vector<int32_t> d = Propose(*draft, 1, context, 6);  // KV: 42 tokens, 2 full blocks
+  ASSERT_TRUE(draft->Fork(1, 2).ok());                            // shares positions 0..31
+  std::vector<int32_t> child = Prefix(prompt, 20);                // rolls back into block 1
+  child.push_back(Other(prompt[20]));
+  const std::vector<int32_t> c = Propose(*draft, 2, child, 5);
+  EXPECT_EQ(c, Propose(*fresh, 100, child, 5));
+  std::vector<int32_t> parent = Prefix(prompt, 25);  // also inside block 1, which the child holds
+  parent.push_back(Other(prompt[25]));
+  EXPECT_EQ(Propose(*draft, 1, parent, 5), Propose(*fresh, 101, parent, 5));
+  // Each continues from its own KV.
+  child = Concat(child, std::span<const int32_t>(c).first(3));
+  EXPECT_EQ(Propose(*draft, 2, child, 4), Propose(*fresh, 102, child, 4));
+  parent = Concat(context, std::span<const int32_t>(d).first(2));
+  EXPECT_EQ(Propose(*draft, 1, parent, 4), Propose(*fresh, 103, parent, 4));
+  draft->Release(1);
+  draft->Release(2);
+  EXPECT_EQ(draft->num_free_blocks(), total);
+}
+
+TEST_F(DraftModelTest, AdoptedChildContinuesAsTheParentAndBlocksBalance) {
+  auto draft = MakeDraft();
+  auto fresh = MakeDraft();
+  const int32_t total = draft->num_free_blocks();
+  const std::vector<int32_t> context = Prefix(LoadDraftGolden(3).prompt_ids, 40);
+  const std::vector<int32_t> d = Propose(*draft, 1, context, 6);
+  // Three branches (k = 0, 1, 2), drafted together in one batched Propose.
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<int32_t>> branches;
+  for (int32_t k = 0; k < 3; ++k) {
+    ids.push_back(10 + k);
+    branches.push_back(Concat(context, std::span<const int32_t>(d).first(k)));
+    branches.back().push_back(Other(d[k]));
+    ASSERT_TRUE(draft->Fork(1, ids.back(), 40 + k).ok());
+  }
+  const std::vector<Draft> drafted = ProposeMany(*draft, ids, branches, 5);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(drafted[i].tokens, Propose(*fresh, 100 + i, branches[i], 5)) << "branch " << i;
+  }
+  // The verifier's outcome was branch 1's: it becomes sequence 1.
+  ASSERT_TRUE(draft->Adopt(1, 11).ok());
+  EXPECT_EQ(draft->num_live_sequences(), 3);  // 1 (was 11), 10, 12
+  EXPECT_EQ(draft->Adopt(1, 11).code(), absl::StatusCode::kNotFound);
+  // Its drafts: 2 accepted, then the bonus token its third draft happened to predict.
+  const std::vector<int32_t> next =
+      Concat(branches[1], std::span<const int32_t>(drafted[1].tokens).first(3));
+  EXPECT_EQ(Propose(*draft, 1, next, 5), Propose(*fresh, 200, next, 5));
+  // The errors.
+  EXPECT_EQ(draft->Fork(99, 20).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(draft->Fork(1, 10).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(draft->Fork(1, 1).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(draft->Fork(1, 20, -1).code(), absl::StatusCode::kInvalidArgument);
+  // Forks of forks, an adopt of a grandchild, releases in any order: every reference returns.
+  ASSERT_TRUE(draft->Fork(1, 20).ok());
+  ASSERT_TRUE(draft->Fork(20, 21, 45).ok());
+  ASSERT_TRUE(draft->Adopt(10, 21).ok());
+  for (uint64_t id : {12, 1, 10, 20}) draft->Release(id);
+  EXPECT_EQ(draft->num_live_sequences(), 0);
+  EXPECT_EQ(draft->num_free_blocks(), total);
+}
+
+// Ids sorted by (score descending, id ascending): an independent ranking to check TopF's use.
+std::vector<int32_t> Ranked(std::span<const float> scores, size_t n) {
+  std::vector<int32_t> ids(scores.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  ids.resize(n);
+  return ids;
+}
+
+TEST_F(DraftModelTest, GreedyCandidatesStartWithTheDraftAndFollowTheLogits) {
+  constexpr int32_t kF = 6, kK = 4;
+  auto draft = MakeDraft();
+  const Golden g = LoadDraftGolden(1);  // a 64-token prompt: one catch-up chunk, like Forward's
+  DraftInput options;
+  options.num_candidates = kF;
+  const Draft out = ProposeOne(*draft, 1, g.prompt_ids, kK, options);
+  // The drafts are exactly the plain (runner argmax) drafts, which follow HF's greedy decoding.
+  EXPECT_EQ(out.tokens, std::vector<int32_t>(g.greedy_ids.begin(), g.greedy_ids.begin() + kK));
+  EXPECT_EQ(out.tokens, Propose(*draft, 2, g.prompt_ids, kK));
+  EXPECT_TRUE(out.probs.empty());
+  ASSERT_EQ(out.candidates.size(), size_t{kK} * kF);
+  for (int32_t j = 0; j < kK; ++j) {
+    std::vector<int32_t> row(out.candidates.begin() + j * kF,
+                             out.candidates.begin() + (j + 1) * kF);
+    EXPECT_EQ(row[0], out.tokens[j]) << j;
+    std::sort(row.begin(), row.end());
+    EXPECT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "distinct, row " << j;
+  }
+  // Position 1's row against the logits a plain runner computes for the same context.
+  RunnerOptions o;
+  o.model_dir = kCodepair + "/draft";
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 1024;
+  auto runner = CreateModelRunner(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> blocks(BlockTable::BlocksFor(64, kBlockSize));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  SequenceInput s;
+  s.tokens = g.prompt_ids;
+  s.block_table = blocks;
+  std::vector<float> logits;
+  ASSERT_TRUE((*runner)->Forward(std::span<const SequenceInput>(&s, 1), &logits).ok());
+  ASSERT_EQ(logits.size(), size_t{kVocab});
+  const std::vector<int32_t> row0(out.candidates.begin(), out.candidates.begin() + kF);
+  EXPECT_EQ(row0, Ranked(logits, kF));
+  for (int32_t i = 0; i + 1 < kF; ++i) EXPECT_GE(logits[row0[i]], logits[row0[i + 1]]);
+}
+
+TEST_F(DraftModelTest, SampledCandidatesFollowTheRowTheDraftWasDrawnFrom) {
+  constexpr int32_t kF = 5, kK = 3;
+  auto draft = MakeDraft();
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  DraftInput options;
+  options.params = &sampled;
+  options.seed = 7;
+  options.num_candidates = kF;
+  const Draft out = ProposeOne(*draft, 1, LoadDraftGolden(4).prompt_ids, kK, options);
+  ASSERT_EQ(out.tokens.size(), size_t{kK});
+  ASSERT_EQ(out.probs.size(), size_t{kK} * kVocab);
+  ASSERT_EQ(out.candidates.size(), size_t{kK} * kF);
+  for (int32_t j = 0; j < kK; ++j) {
+    const std::span<const float> q(out.probs.data() + size_t(j) * kVocab, kVocab);
+    const std::vector<int32_t> row(out.candidates.begin() + j * kF,
+                                   out.candidates.begin() + (j + 1) * kF);
+    EXPECT_EQ(row, Ranked(q, kF)) << j;
+    EXPECT_GT(q[row[0]], q[row[kF - 1]]) << j;
+  }
+}
+
+TEST_F(DraftModelTest, SaguaroSamplingDrawsFromAndReturnsTheDownweightedRow) {
+  constexpr float kC = 0.2f;
+  constexpr int32_t kDraws = 800;
+  auto draft = MakeDraft();
+  const std::vector<int32_t> context = Prefix(LoadDraftGolden(5).prompt_ids, 16);
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  DraftInput plain;
+  plain.params = &sampled;
+  DraftInput saguaro = plain;
+  saguaro.saguaro_fan_out = 2;
+  saguaro.saguaro_c = kC;
+  // q at the first position, and its top 2.
+  const Draft q_draft = ProposeOne(*draft, 1, context, 1, plain);
+  ASSERT_EQ(q_draft.probs.size(), size_t{kVocab});
+  const std::vector<float>& q = q_draft.probs;
+  const std::vector<int32_t> top = Ranked(q, 2);
+  const double m = double(q[top[0]]) + q[top[1]];
+  ASSERT_GT(m, 0.2);  // the context makes the test sensitive: neither tiny nor almost all mass
+  ASSERT_LT(m, 0.9);
+  // The returned row is q' = q with the top 2 scaled by C, renormalised.
+  const Draft s_draft = ProposeOne(*draft, 2, context, 1, saguaro);
+  ASSERT_EQ(s_draft.probs.size(), size_t{kVocab});
+  const double z = 1.0 - (1.0 - kC) * m;
+  double sum = 0;
+  for (int32_t t = 0; t < kVocab; ++t) {
+    const bool cached = t == top[0] || t == top[1];
+    EXPECT_NEAR(s_draft.probs[t], (cached ? kC : 1.0) * q[t] / z, 1e-6) << t;
+    sum += s_draft.probs[t];
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+  // Drawn from q': the top 2 come up C-scaled (in odds) against plain draws.
+  auto top2_share = [&](DraftInput options) {
+    int32_t hits = 0;
+    for (int32_t i = 0; i < kDraws; ++i) {
+      options.seed = uint64_t(i);  // a new sequence per draw, each with its own seed
+      const int32_t t = ProposeOne(*draft, 1000, context, 1, options).tokens.at(0);
+      draft->Release(1000);
+      hits += t == top[0] || t == top[1];
+    }
+    return double(hits) / kDraws;
+  };
+  const double p_plain = m, p_saguaro = kC * m / z;
+  const double f_plain = top2_share(plain), f_saguaro = top2_share(saguaro);
+  EXPECT_NEAR(f_plain, p_plain, 5 * std::sqrt(p_plain * (1 - p_plain) / kDraws));
+  EXPECT_NEAR(f_saguaro, p_saguaro, 5 * std::sqrt(p_saguaro * (1 - p_saguaro) / kDraws));
+  const double odds_ratio = (f_saguaro / (1 - f_saguaro)) / (f_plain / (1 - f_plain));
+  EXPECT_NEAR(odds_ratio, kC, 0.1) << "plain " << f_plain << ", saguaro " << f_saguaro;
+  // Greedy requests ignore it.
+  DraftInput greedy_saguaro = saguaro;
+  greedy_saguaro.params = &params_;
+  const Draft g = ProposeOne(*draft, 3, context, 3, greedy_saguaro);
+  EXPECT_TRUE(g.probs.empty());
+  EXPECT_EQ(g.tokens, Propose(*draft, 4, context, 3));
 }
 
 TEST(DraftModelCreateTest, RejectsADraftWithAnotherVocabulary) {

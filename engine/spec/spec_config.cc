@@ -36,6 +36,51 @@ absl::Status ReadInt32(const json& j, const char* field, int64_t lo, int64_t hi,
   return absl::OkStatus();
 }
 
+// A string field, left unchanged when absent; non-empty unless `allow_empty`.
+absl::Status ReadString(const json& j, const char* field, bool allow_empty, std::string* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string() || (!allow_empty && it->get<std::string>().empty())) {
+    return FieldError(field, "must be a non-empty string");
+  }
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
+  if (absl::Status s = ReadInt32(j, "fan_out", 1, 64, &o->fan_out); !s.ok()) return s;
+  std::string mode = o->geometric_fan_out ? "geometric" : "constant";
+  if (absl::Status s = ReadString(j, "fan_out_mode", false, &mode); !s.ok()) return s;
+  if (mode != "geometric" && mode != "constant") {
+    return FieldError("fan_out_mode", "must be \"geometric\" or \"constant\"");
+  }
+  o->geometric_fan_out = mode == "geometric";
+  if (auto it = j.find("saguaro_c"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() < 0.0 || it->get<double>() > 1.0) {
+      return FieldError("saguaro_c", "must be a number in [0, 1]");
+    }
+    o->saguaro_c = it->get<float>();
+  }
+  if (absl::Status s = ReadInt32(j, "critical_batch_size", 0, 1 << 20, &o->critical_batch_size);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadString(j, "backup", false, &o->backup); !s.ok()) return s;
+  if (o->backup != "ngram" && o->backup != "random") {
+    return FieldError("backup", "must be \"ngram\" or \"random\"");
+  }
+  if (absl::Status s = ReadString(j, "speculator_address", false, &o->address); !s.ok()) return s;
+  if (o->address.rfind(':') == std::string::npos) {
+    return FieldError("speculator_address", "must be HOST:PORT");
+  }
+  if (auto it = j.find("launch_speculator"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return FieldError("launch_speculator", "must be true or false");
+    o->launch = it->get<bool>();
+  }
+  if (absl::Status s = ReadString(j, "speculator_binary", false, &o->binary); !s.ok()) return s;
+  return ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms);
+}
+
 }  // namespace
 
 absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) {
@@ -44,14 +89,15 @@ absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) 
   if (name == "auto") return SpeculationMethod::kAuto;
   if (name == "draft_model" || name == "draft") return SpeculationMethod::kDraftModel;
   if (name == "ngram") return SpeculationMethod::kNgram;
-  if (name == "ssd" || name == "vegas" || name == "ssv") {
+  if (name == "ssd") return SpeculationMethod::kSsd;
+  if (name == "vegas" || name == "ssv") {
     return absl::InvalidArgumentError(
         absl::StrCat("speculation method '", std::string(name),
-                     "' is not available yet; use none, auto, draft_model or ngram"));
+                     "' is not available yet; use none, auto, draft_model, ngram or ssd"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("speculation method '", std::string(name),
-                   "' is unknown; use none, auto, draft_model or ngram"));
+                   "' is unknown; use none, auto, draft_model, ngram or ssd"));
 }
 
 const char* SpeculationMethodName(SpeculationMethod m) {
@@ -66,6 +112,8 @@ const char* SpeculationMethodName(SpeculationMethod m) {
       return "draft_model";
     case SpeculationMethod::kNgram:
       return "ngram";
+    case SpeculationMethod::kSsd:
+      return "ssd";
   }
   return "unknown";
 }
@@ -83,7 +131,16 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "prompt_lookup_min",
                                            "prompt_lookup_max",
                                            "draft_kv_cache_bytes",
-                                           "speculator_device"};
+                                           "speculator_device",
+                                           "fan_out",
+                                           "fan_out_mode",
+                                           "saguaro_c",
+                                           "critical_batch_size",
+                                           "backup",
+                                           "speculator_address",
+                                           "launch_speculator",
+                                           "speculator_binary",
+                                           "speculator_timeout_ms"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -138,15 +195,40 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                         "must be a GPU index (0, 1, ...) or a device name (cpu, cuda:N)");
     }
   }
+  if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");
+  }
+  if (config.method == SpeculationMethod::kSsd && config.draft_model.empty()) {
+    return FieldError("model", "is required for method ssd (the speculator's draft model)");
   }
   return config;
 }
 
+std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
+  json j;
+  j["method"] = SpeculationMethodName(c.method);
+  if (!c.draft_model.empty()) j["model"] = c.draft_model;
+  j["num_speculative_tokens"] = c.num_speculative_tokens;
+  j["prompt_lookup_min"] = c.prompt_lookup_min;
+  j["prompt_lookup_max"] = c.prompt_lookup_max;
+  j["draft_kv_cache_bytes"] = c.draft_kv_cache_bytes;
+  if (!c.speculator_device.empty()) j["speculator_device"] = c.speculator_device;
+  j["fan_out"] = c.ssd.fan_out;
+  j["fan_out_mode"] = c.ssd.geometric_fan_out ? "geometric" : "constant";
+  if (c.ssd.saguaro_c >= 0.0f) j["saguaro_c"] = c.ssd.saguaro_c;
+  j["critical_batch_size"] = c.ssd.critical_batch_size;
+  j["backup"] = c.ssd.backup;
+  j["speculator_address"] = c.ssd.address;
+  j["launch_speculator"] = c.ssd.launch;
+  if (!c.ssd.binary.empty()) j["speculator_binary"] = c.ssd.binary;
+  j["speculator_timeout_ms"] = c.ssd.timeout_ms;
+  return j.dump();
+}
+
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
-                                                       bool has_draft_model) {
+                                                       bool has_draft_model, bool has_ssd) {
   if (request.num_speculative_tokens < 0 ||
       request.num_speculative_tokens > kMaxSpeculativeTokens) {
     return absl::InvalidArgumentError(
@@ -163,9 +245,19 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
         "speculation.method draft_model needs a draft model; start the server with "
         "--speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'");
   }
+  if (method == SpeculationMethod::kSsd && !has_ssd) {
+    return absl::InvalidArgumentError(
+        "speculation.method ssd needs a speculator; start the server with "
+        "--speculative-config '{\"method\": \"ssd\", \"model\": DIR}'");
+  }
+  if (request.saguaro_c > 1.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
+  }
   ResolvedSpeculation out;
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
+  out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;
   out.num_speculative_tokens = request.num_speculative_tokens > 0 ? request.num_speculative_tokens
                                                                   : server.num_speculative_tokens;
   return out;

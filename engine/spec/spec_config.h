@@ -17,10 +17,11 @@ namespace specd {
 
 // kDefault: the request said nothing (the server's default applies). kAuto: let the server
 // pick (the draft model when one is loaded, else n-gram prompt lookup).
-enum class SpeculationMethod { kDefault, kNone, kAuto, kDraftModel, kNgram };
+// kSsd: speculative speculative decoding (Saguaro) with a speculator process on its own device.
+enum class SpeculationMethod { kDefault, kNone, kAuto, kDraftModel, kNgram, kSsd };
 
-// "auto", "none", "draft_model" (also "draft"), "ngram"; "" is kDefault. Methods that later
-// issues add ("ssd", "vegas", "ssv") are InvalidArgument "not available yet"; anything else is
+// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd"; "" is kDefault. Methods that
+// later issues add ("vegas", "ssv") are InvalidArgument "not available yet"; anything else is
 // InvalidArgument naming the accepted values.
 absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name);
 const char* SpeculationMethodName(SpeculationMethod m);  // "none", "draft_model", "ngram", ...
@@ -32,6 +33,22 @@ inline constexpr int32_t kMaxSpeculativeTokens = 64;
 struct SpeculationParams {
   SpeculationMethod method = SpeculationMethod::kDefault;
   int32_t num_speculative_tokens = 0;  // 0: the server's default
+  float saguaro_c = -1.0f;             // SSD: Saguaro down-weighting C in [0, 1]; < 0: default
+};
+
+// SSD's settings (method "ssd"; docs/architecture.md "SSD"): the speculator process, its
+// speculation cache and the fallback tiers.
+struct SsdOptions {
+  int32_t fan_out = 3;              // F: cache budget per acceptance length, B = (K + 1) * F
+  bool geometric_fan_out = true;    // F_k from the online alpha_p and r; false: F at every k
+  float saguaro_c = -1.0f;          // default C for sampled requests; < 0: by temperature
+  int32_t critical_batch_size = 0;  // b*: misses of batches this large go to the backup; 0: from
+                                    // the measured hit rate and latencies (saguaro.h)
+  std::string backup = "ngram";     // the fast backup speculator: "ngram" or "random"
+  std::string address = "127.0.0.1:0";  // where the verifier listens for its speculator
+  bool launch = true;         // the verifier starts (and restarts) the speculator process itself
+  std::string binary;         // the specd executable it launches; "": this process's own
+  int32_t timeout_ms = 2000;  // longest wait for drafts before a round goes without them
 };
 
 // The server's speculation settings (`--speculative-config`), immutable after parsing.
@@ -45,6 +62,7 @@ struct SpeculativeConfig {
   int64_t draft_kv_cache_bytes = 0;    // draft model's KV pool; 0: the device default
   std::string speculator_device;       // where the draft runs ("cpu", "cuda:N"; JSON also takes
                                        // an integer N); "": the target's device
+  SsdOptions ssd;                      // method ssd (the draft is `draft_model`)
 
   bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
 };
@@ -55,19 +73,24 @@ struct SpeculativeConfig {
 // or out-of-range values, or a draft_model method without "model".
 absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view json);
 
+// The JSON ParseSpeculativeConfig reads back into `config` (how the verifier hands its SSD
+// settings to the speculator process it launches).
+std::string SpeculativeConfigToJson(const SpeculativeConfig& config);
+
 // What one request runs with.
 struct ResolvedSpeculation {
-  SpeculationMethod method = SpeculationMethod::kNone;  // kNone, kDraftModel or kNgram
+  SpeculationMethod method = SpeculationMethod::kNone;  // kNone, kDraftModel, kNgram or kSsd
   int32_t num_speculative_tokens = 0;                   // K; 0 when method is kNone
+  float saguaro_c = -1.0f;                              // SSD: the request's C, else the server's
   bool enabled() const { return method != SpeculationMethod::kNone; }
 };
 
 // The request's method (or the server default when it gave none), `auto` resolved to the draft
 // model when `has_draft_model`, else n-gram; K from the request, else the server's.
-// InvalidArgument when the request asks for a draft model the server has not loaded, or K
-// outside [0, kMaxSpeculativeTokens].
+// InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded, K
+// outside [0, kMaxSpeculativeTokens] or C outside [0, 1].
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
-                                                       bool has_draft_model);
+                                                       bool has_draft_model, bool has_ssd = false);
 
 }  // namespace specd

@@ -52,7 +52,15 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {"[1]", "JSON object"},
       {R"({"method": "draft_model"})", "\"model\""},
       {R"({"method": "magic"})", "unknown"},
-      {R"({"method": "ssd", "model": "d"})", "not available yet"},
+      {R"({"method": "vegas", "model": "d"})", "not available yet"},
+      {R"({"method": "ssd"})", "\"model\""},
+      {R"({"method": "ssd", "model": "d", "fan_out": 0})", "fan_out"},
+      {R"({"method": "ssd", "model": "d", "fan_out_mode": "fancy"})", "fan_out_mode"},
+      {R"({"method": "ssd", "model": "d", "saguaro_c": 1.5})", "saguaro_c"},
+      {R"({"method": "ssd", "model": "d", "backup": "eagle"})", "backup"},
+      {R"({"method": "ssd", "model": "d", "speculator_address": "nohost"})", "HOST:PORT"},
+      {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
+      {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
       {R"({"method": 3})", "\"method\""},
       {R"({"num_speculative_tokens": 0, "method": "ngram"})", "num_speculative_tokens"},
       {R"({"num_speculative_tokens": 65, "method": "ngram"})", "num_speculative_tokens"},
@@ -70,6 +78,43 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << json;
     EXPECT_THAT(c.status().message(), HasSubstr(message)) << json;
   }
+}
+
+TEST(SpeculativeConfigTest, ParsesSsdOptions) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(
+      R"({"method": "ssd", "model": "/m/draft", "num_speculative_tokens": 7,
+          "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
+          "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
+          "launch_speculator": false, "speculator_timeout_ms": 500})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kSsd);
+  EXPECT_EQ(c->num_speculative_tokens, 7);
+  EXPECT_EQ(c->speculator_device, "cuda:1");
+  EXPECT_EQ(c->ssd.fan_out, 4);
+  EXPECT_FALSE(c->ssd.geometric_fan_out);
+  EXPECT_FLOAT_EQ(c->ssd.saguaro_c, 0.5f);
+  EXPECT_EQ(c->ssd.critical_batch_size, 8);
+  EXPECT_EQ(c->ssd.backup, "random");
+  EXPECT_EQ(c->ssd.address, "0.0.0.0:7000");
+  EXPECT_FALSE(c->ssd.launch);
+  EXPECT_EQ(c->ssd.timeout_ms, 500);
+  // The JSON handed to a launched speculator reads back the same.
+  absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));
+  EXPECT_EQ(back->ssd.backup, "random");
+  EXPECT_EQ(back->speculator_device, "cuda:1");
+  // Requests may ask for SSD only when the server runs it; C per request overrides the server's.
+  auto r = ResolveSpeculation({SpeculationMethod::kSsd, 0, 0.25f}, *c, true, /*has_ssd=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->method, SpeculationMethod::kSsd);
+  EXPECT_EQ(r->num_speculative_tokens, 7);
+  EXPECT_FLOAT_EQ(r->saguaro_c, 0.25f);
+  r = ResolveSpeculation({SpeculationMethod::kSsd, 0}, *c, true, /*has_ssd=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FLOAT_EQ(r->saguaro_c, 0.5f);
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kSsd, 0}, *c, true, false).ok());
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kSsd, 0, 1.5f}, *c, true, true).ok());
 }
 
 TEST(ResolveSpeculationTest, RequestOverridesServerDefault) {

@@ -28,7 +28,14 @@ struct DraftInput {
   std::span<const int32_t> banned;         // ids the target may not emit (min_tokens) ...
   int32_t num_banned_positions = 0;        // ... at the first this many draft positions
   uint64_t seed = 0;                       // the request's seed (sampled drafts' RNG)
+  // SSD (a draft model building a speculation cache; others ignore these):
+  int32_t num_candidates = 0;   // > 0: Draft::candidates gets the top ids at each position
+  int32_t saguaro_fan_out = 0;  // sampled drafts: down-weight the top-F ids of each row ...
+  float saguaro_c = -1.0f;      // ... by C in [0, 1) (Saguaro sampling); < 0 (unset) or 1: plain
 };
+
+// Where an SSD draft came from (metrics split acceptance by it); kDefault for other speculators.
+enum class DraftOrigin : uint8_t { kDefault, kCacheHit, kPrimary, kBackup, kLocal };
 
 // What a speculator proposes for one sequence.
 struct Draft {
@@ -37,6 +44,12 @@ struct Draft {
   // request's params, as acceptance needs for sampled requests). Empty for deterministic
   // proposals (n-gram) and for greedy requests: acceptance then treats q as one-hot.
   std::vector<float> probs;
+  // [k, num_candidates] with DraftInput::num_candidates: the draft's best ids at each drafted
+  // position, distinct, best first: by the probability of the row draft j was drawn from
+  // (before Saguaro down-weighting), ties to the lower id; greedy requests: by raw logit, and
+  // row j starts with tokens[j]. Empty when num_candidates is 0.
+  std::vector<int32_t> candidates;
+  DraftOrigin origin = DraftOrigin::kDefault;
 };
 
 class Speculator {

@@ -52,6 +52,13 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptio
                      "], got ", options.num_speculative_tokens()));
   }
   params.num_speculative_tokens = options.num_speculative_tokens();
+  if (options.has_saguaro_c()) {
+    if (!(options.saguaro_c() >= 0.0f && options.saguaro_c() <= 1.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", options.saguaro_c()));
+    }
+    params.saguaro_c = options.saguaro_c();
+  }
   return params;
 }
 

@@ -149,10 +149,10 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
   return prompts;
 }
 
-// The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram,
-// "num_speculative_tokens": 0..64}. Wrong JSON types are 422, unknown fields and bad values
-// 400, each naming "speculation.<field>"; a method the server cannot run (draft_model without
-// a draft model) is 400 too.
+// The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd,
+// "num_speculative_tokens": 0..64, "saguaro_c": 0..1 (SSD's down-weighting C)}. Wrong JSON types
+// are 422, unknown fields and bad values 400, each naming "speculation.<field>"; a method the
+// server cannot run (draft_model without a draft model) is 400 too.
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
   spec->report_speculation = model.speculative.method != SpeculationMethod::kNone;
   const Json* v = FindField(body, "speculation");
@@ -162,15 +162,17 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   constexpr char kMethod[] = "speculation.method";
   constexpr char kNumTokens[] = "speculation.num_speculative_tokens";
   for (const auto& [key, value] : v->items()) {
-    if (key != "method" && key != "num_speculative_tokens") {
+    if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c") {
       return InvalidParam(absl::StrCat("speculation.", key),
                           absl::StrCat("unknown speculation field '", key,
-                                       "'; use method and num_speculative_tokens"));
+                                       "'; use method, num_speculative_tokens and saguaro_c"));
     }
   }
   // The fields under their full names, so that errors name them so.
+  constexpr char kSaguaroC[] = "speculation.saguaro_c";
   const Json named = {{kMethod, v->value("method", Json())},
-                      {kNumTokens, v->value("num_speculative_tokens", Json())}};
+                      {kNumTokens, v->value("num_speculative_tokens", Json())},
+                      {kSaguaroC, v->value("saguaro_c", Json())}};
   std::string method;
   SPECD_RETURN_IF_ERROR(ReadString(named, kMethod, &method));
   absl::StatusOr<SpeculationMethod> parsed = ParseSpeculationMethod(method);
@@ -178,8 +180,10 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   spec->speculation.method = *parsed;
   SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 0, kMaxSpeculativeTokens,
                                   &spec->speculation.num_speculative_tokens));
+  SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0f, 1.0f, &spec->speculation.saguaro_c));
   absl::Status resolved =
-      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model).status();
+      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model, model.has_ssd)
+          .status();
   if (!resolved.ok()) return InvalidParam(kMethod, resolved.message());
   return absl::OkStatus();
 }

@@ -31,6 +31,7 @@ struct ModelContext {
   // for what the server cannot run are refused here with a named param.
   SpeculativeConfig speculative;
   bool has_draft_model = false;
+  bool has_ssd = false;  // an SSD speculator (method "ssd") is configured
 };
 
 // Most choices (n) per prompt, and engine requests per HTTP request (prompts x n).

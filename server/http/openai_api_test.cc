@@ -268,13 +268,22 @@ TEST_F(OpenAiApiTest, BadSpeculationNamesTheFieldAndStatus) {
   ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}],
                        "speculation": {"method": "vegas"}})"),
               400, "speculation.method");
-  for (const char* later : {"ssd", "vegas", "ssv"}) {
+  for (const char* later : {"vegas", "ssv"}) {
     const std::string body =
         absl::StrCat(R"({"prompt": "x", "speculation": {"method": ")", later, R"("}})");
     auto r = ParseCompletionRequest(Json::parse(body), model_);
     ASSERT_FALSE(r.ok()) << later;
     EXPECT_NE(r.status().message().find("not available yet"), std::string::npos) << r.status();
   }
+  // SSD exists, but this server runs no speculator; C must be in [0, 1].
+  auto no_ssd = Completion(R"({"prompt": "x", "speculation": {"method": "ssd"}})");
+  ExpectError(no_ssd, 400, "speculation.method");
+  EXPECT_NE(no_ssd.status().message().find("needs a speculator"), std::string::npos)
+      << no_ssd.status();
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"saguaro_c": 1.5}})"), 400,
+              "speculation.saguaro_c");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"saguaro_c": "high"}})"), 422,
+              "speculation.saguaro_c");
   auto unknown = Completion(R"({"prompt": "x", "speculation": {"method": "warp"}})");
   EXPECT_NE(unknown.status().message().find("auto"), std::string::npos) << unknown.status();
   auto no_draft = Completion(R"({"prompt": "x", "speculation": {"method": "draft"}})");

@@ -3,10 +3,14 @@
 // plain decoding against the draft model and n-gram lookup at K draft tokens, on the CPU or a
 // GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy unless
 // --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
-// decoding, tokens per verification round and per-position acceptance.
+// decoding, tokens per verification round and per-position acceptance. With --ssd it then runs
+// SSD too (a second engine, after the first is gone: the verifier on --device, the `specd
+// speculator` process it launches on --speculator-device) and reports its speculation-cache
+// hit rate.
 //
 //   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16] [--k 4]
 //              [--max-tokens 128] [--temperature 0] [--prompts FILE] [--repeats 2]
+//              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +40,11 @@ struct Flags {
   float temperature = 0;
   int repeats = 2;
   int threads = 0;
+  bool ssd = false;
+  std::string specd;              // the specd binary SSD launches as its speculator
+  std::string speculator_device;  // "": the verifier's device
+  int fan_out = 3;
+  float saguaro_c = -1;
 };
 
 // Per-position acceptance over the rounds the engine reports.
@@ -48,6 +57,7 @@ class Acceptance : public EngineObserver {
   void OnPreemption(int32_t) override {}
   void OnSpeculation(const SpeculationStepMetrics& m) override {
     std::lock_guard lock(mu_);
+    if (m.ssd != nullptr) ssd_ = *m.ssd;
     for (size_t i = 0; i < m.num_draft_tokens.size(); ++i) {
       if (drafted.size() < static_cast<size_t>(m.num_draft_tokens[i])) {
         drafted.resize(m.num_draft_tokens[i]);
@@ -70,10 +80,15 @@ class Acceptance : public EngineObserver {
     accepted.clear();
     return out.empty() ? "-" : out;
   }
+  SsdStats ssd() {
+    std::lock_guard lock(mu_);
+    return ssd_;
+  }
 
  private:
   std::mutex mu_;
   std::vector<int64_t> drafted, accepted;  // [position]
+  SsdStats ssd_;                           // the last SSD counters reported
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -99,6 +114,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
     else if (a == "--threads")
       ok = absl::SimpleAtoi(value(), &f->threads);
+    else if (a == "--ssd")
+      f->ssd = true;
+    else if (a == "--specd")
+      f->specd = value();
+    else if (a == "--speculator-device")
+      f->speculator_device = value();
+    else if (a == "--fan-out")
+      ok = absl::SimpleAtoi(value(), &f->fan_out) && f->fan_out >= 1;
+    else if (a == "--saguaro-c")
+      ok = absl::SimpleAtof(value(), &f->saguaro_c) && f->saguaro_c >= 0 && f->saguaro_c <= 1;
     else if (a == "--batches") {
       f->batches.clear();
       for (absl::string_view s : absl::StrSplit(value(), ',')) {
@@ -121,6 +146,7 @@ struct Run {
   double tokens_per_s = 0;
   double tokens_per_round = 0;  // 0 without speculation
   std::string acceptance;
+  double hit_rate = -1;  // SSD: drafts served from the speculation cache; < 0 otherwise
 };
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
@@ -140,6 +166,7 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
   Run best;
   for (int rep = 0; rep < f.repeats; ++rep) {
     acc.Take();
+    const SsdStats before = acc.ssd();
     const auto start = std::chrono::steady_clock::now();
     auto results = engine.GenerateBatch(requests);
     const double s =
@@ -158,34 +185,66 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     run.tokens_per_s = tokens / s;
     run.tokens_per_round = rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
     run.acceptance = acc.Take();
+    const SsdStats after = acc.ssd();
+    const int64_t hits = after.drafts_hit - before.drafts_hit;
+    const int64_t told = hits + after.drafts_miss_primary - before.drafts_miss_primary +
+                         after.drafts_miss_backup - before.drafts_miss_backup;
+    if (told > 0) run.hit_rate = static_cast<double>(hits) / told;
     if (run.tokens_per_s > best.tokens_per_s) best = run;
   }
   return best;
 }
 
-int Main(int argc, char** argv) {
-  Flags f;
-  if (!ParseFlags(argc, argv, &f)) return 2;
-  auto acc = std::make_shared<Acceptance>();
+// One short request: CUDA graphs, caches, the speculator's first contact.
+Flags WarmUp(const Flags& f) {
+  Flags w = f;
+  w.max_tokens = 8;
+  w.repeats = 1;
+  return w;
+}
+
+std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec,
+                                   std::shared_ptr<Acceptance> acc) {
   EngineOptions o;
   o.model_dir = f.model;
   o.device = f.device;
   o.num_threads = f.threads;
   o.max_model_len = 2048;
-  o.observer = acc;
-  o.speculative.draft_model = f.draft;
-  o.speculative.num_speculative_tokens = f.k;
+  o.observer = std::move(acc);
+  o.speculative = spec;
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "spec_bench: %s\n", engine.status().ToString().c_str());
-    return 1;
+    std::exit(1);
   }
+  return *std::move(engine);
+}
+
+void PrintRow(int batch, const char* method, const Run& r, double plain) {
+  char hits[32] = "";
+  if (r.hit_rate >= 0) std::snprintf(hits, sizeof(hits), "  (cache hits %.1f%%)", 100 * r.hit_rate);
+  std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s\n", batch, method, r.tokens_per_s,
+              r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits);
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  if (f.ssd && f.specd.empty()) {
+    std::fprintf(stderr, "spec_bench: --ssd needs --specd PATH (the specd binary)\n");
+    return 2;
+  }
+  auto acc = std::make_shared<Acceptance>();
+  SpeculativeConfig draft;
+  draft.draft_model = f.draft;
+  draft.num_speculative_tokens = f.k;
+  std::unique_ptr<Engine> engine = MakeEngine(f, draft, acc);
   std::vector<std::vector<int32_t>> prompts;
   std::ifstream in(f.prompts);
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
-    auto ids = (*engine)->tokenizer()->Encode(
-        nlohmann::json::parse(line)["prompt"].get<std::string>(), true);
+    auto ids =
+        engine->tokenizer()->Encode(nlohmann::json::parse(line)["prompt"].get<std::string>(), true);
     if (ids.ok()) prompts.push_back(*ids);
   }
   if (prompts.empty()) {
@@ -193,27 +252,44 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::printf("spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f\n",
-              f.model.c_str(), (*engine)->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
+              f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
               f.temperature);
   // Warm-up (CUDA graphs, caches).
-  Measure(**engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0},
-          Flags{.max_tokens = 8, .repeats = 1});
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
   std::printf("%-6s %-12s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
               "tok/round", "acceptance by position");
+  std::vector<double> plain;
   for (int batch : f.batches) {
-    const Run plain = Measure(**engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
-    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", batch, "none", plain.tokens_per_s, "1.00x", "-",
+    const Run p = Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
+    plain.push_back(p.tokens_per_s);
+    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", batch, "none", p.tokens_per_s, "1.00x", "-",
                 "-");
     for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
-      const Run r = Measure(**engine, *acc, prompts, batch, {m, f.k}, f);
-      std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s\n", batch, SpeculationMethodName(m),
-                  r.tokens_per_s, r.tokens_per_s / plain.tokens_per_s, r.tokens_per_round,
-                  r.acceptance.c_str());
+      PrintRow(batch, SpeculationMethodName(m), Measure(*engine, *acc, prompts, batch, {m, f.k}, f),
+               p.tokens_per_s);
     }
+  }
+  if (!f.ssd) return 0;
+  engine.reset();  // one verifier at a time on the device
+  SpeculativeConfig ssd = draft;
+  ssd.method = SpeculationMethod::kSsd;
+  ssd.speculator_device = f.speculator_device;
+  ssd.ssd.binary = f.specd;
+  ssd.ssd.fan_out = f.fan_out;
+  ssd.ssd.saguaro_c = f.saguaro_c;
+  engine = MakeEngine(f, ssd, acc);
+  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s\n",
+              engine->device_name().c_str(),
+              f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
+              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str());
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.k}, WarmUp(f));
+  for (size_t i = 0; i < f.batches.size(); ++i) {
+    PrintRow(f.batches[i], "ssd",
+             Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kSsd, f.k}, f),
+             plain[i]);
   }
   return 0;
 }
-
 }  // namespace
 }  // namespace specd
 

@@ -1,0 +1,141 @@
+// The CPU transport of the SSD channel and its rendezvous: length-prefixed frames (messages.h)
+// over one TCP connection with TCP_NODELAY, non-blocking sockets and poll() for timeouts. It runs
+// the whole verifier/speculator topology on one CPU machine (CI) or across hosts, and carries the
+// control messages when device payloads go over NCCL.
+//
+// Rendezvous: the verifier calls TcpListener::Listen (port 0 picks a free port, port() reports
+// it) and Accept(); the speculator calls TcpChannel::Connect, which retries until the listener is
+// up. Both run the Hello handshake (channel.h) before returning. When a speculator dies, the
+// verifier's channel reports Unavailable, and Accept() may be called again for its replacement.
+// Sends use MSG_NOSIGNAL: a dead peer is a status, never SIGPIPE.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/dist/channel.h"
+#include "engine/dist/messages.h"
+#include "engine/dist/wire.h"
+
+namespace specd {
+
+// How TcpChannel::Connect keeps trying while the verifier is not listening yet.
+struct ConnectOptions {
+  absl::Duration timeout = absl::Seconds(30);              // connecting + handshake, in all
+  absl::Duration retry_interval = absl::Milliseconds(50);  // between refused attempts
+};
+
+// One connected TCP socket speaking frames. Thread-safe (see Channel): one mutex serializes
+// senders, another receivers, so a sender and a receiver run concurrently. The frame buffers are
+// reserved once from the WireLimits (WireLimits::MaxFrameBytes() each way; untouched pages cost
+// no memory), so steady-state Send never allocates.
+class TcpChannel final : public Channel {
+ public:
+  // Takes ownership of `fd`, a connected stream socket (TCP or, in tests, a socketpair); makes it
+  // non-blocking. `limits` must pass Validate(). No handshake is run.
+  static std::unique_ptr<TcpChannel> FromConnectedSocket(int fd, const WireLimits& limits,
+                                                         std::string peer_address);
+
+  // Speculator side of the rendezvous: connects to host:port (retrying refused connections
+  // until options.timeout), then runs ConnectHandshake with `local`. DeadlineExceeded when no
+  // listener answered in time; FailedPrecondition with the verifier's reason when refused.
+  static absl::StatusOr<std::unique_ptr<TcpChannel>> Connect(std::string_view host, uint16_t port,
+                                                             const Hello& local,
+                                                             const ConnectOptions& options = {});
+
+  ~TcpChannel() override;  // closes the socket
+  TcpChannel(const TcpChannel&) = delete;
+  TcpChannel& operator=(const TcpChannel&) = delete;
+
+  absl::Status Send(MessageRef message, absl::Duration timeout) override;
+  absl::StatusOr<MessageType> Recv(absl::Duration timeout, Message* message) override;
+  void Close() override;
+
+  // The peer's Hello from the handshake (default-constructed before one ran). Not thread-safe
+  // against the handshake itself, which completes before Connect/Accept return.
+  const Hello& peer_hello() const { return peer_hello_; }
+  // "host:port" of the peer, for logs.
+  const std::string& peer_address() const { return peer_address_; }
+  // Frames sent / received so far (the next frame's sequence number). Any thread.
+  uint64_t frames_sent() const { return frames_sent_.load(std::memory_order_relaxed); }
+  uint64_t frames_received() const { return frames_received_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class TcpListener;
+  TcpChannel(int fd, const WireLimits& limits, std::string peer_address);
+
+  // Marks the channel dead with `reason` (kept for later calls) and shuts the socket down,
+  // waking any thread blocked in poll(). Returns `reason`.
+  absl::Status Break(absl::Status reason) ABSL_LOCKS_EXCLUDED(state_mu_);
+  // Unavailable naming why the channel died.
+  absl::Status DeadStatus() const ABSL_LOCKS_EXCLUDED(state_mu_);
+  // Reads until the current frame part (header or payload) is complete.
+  absl::Status ReadFramePart(size_t need, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  // Decodes a complete header or payload in rx_; on completion of a frame returns true.
+  absl::StatusOr<bool> DecodeFramePart(Message* message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+
+  const int fd_;
+  const WireLimits limits_;
+  const std::string peer_address_;
+  Hello peer_hello_;
+  std::atomic<bool> dead_{false};
+  std::atomic<uint64_t> frames_sent_{0};
+  std::atomic<uint64_t> frames_received_{0};
+
+  mutable absl::Mutex state_mu_;
+  absl::Status dead_reason_ ABSL_GUARDED_BY(state_mu_);
+
+  absl::Mutex send_mu_;
+  FrameBuffer tx_ ABSL_GUARDED_BY(send_mu_);
+
+  absl::Mutex recv_mu_;
+  FrameBuffer rx_ ABSL_GUARDED_BY(recv_mu_);      // the frame being received
+  size_t rx_have_ ABSL_GUARDED_BY(recv_mu_) = 0;  // bytes of it received so far
+  bool rx_have_header_ ABSL_GUARDED_BY(recv_mu_) = false;
+  FrameHeader rx_header_ ABSL_GUARDED_BY(recv_mu_);
+};
+
+// Verifier side of the rendezvous: a listening socket that hands out one handshaken channel per
+// Accept(). Accept may be called again after an earlier channel died (a restarted speculator
+// rejoins). Accept from one thread at a time; Close from any thread.
+class TcpListener {
+ public:
+  // Binds host:port ("" or "0.0.0.0" = all IPv4 interfaces, "::" = all, "127.0.0.1" = loopback;
+  // port 0 = a free port) and listens. `local` is this side's Hello; its limits must Validate().
+  static absl::StatusOr<std::unique_ptr<TcpListener>> Listen(std::string_view host, uint16_t port,
+                                                             const Hello& local);
+  ~TcpListener();
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+
+  // The bound port (the chosen one when Listen was given 0).
+  uint16_t port() const { return port_; }
+
+  // Waits up to `timeout` for a peer to connect and finish the handshake (a connected peer gets
+  // at most 10 s for its Hello). DeadlineExceeded when
+  // none did; FailedPrecondition when one was refused (it was told why); DataLoss etc. when it
+  // sent garbage; Unavailable after Close(). Each of these leaves the listener usable.
+  absl::StatusOr<std::unique_ptr<TcpChannel>> Accept(absl::Duration timeout);
+
+  // Stops listening; a later Accept returns Unavailable. Idempotent.
+  void Close();
+
+ private:
+  TcpListener(int fd, uint16_t port, const Hello& local);
+
+  const int fd_;
+  const uint16_t port_;
+  const Hello local_;
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace specd

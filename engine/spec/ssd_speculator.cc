@@ -1,0 +1,284 @@
+#include "engine/spec/ssd_speculator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/spec/saguaro.h"
+#include "engine/spec/ssd_protocol.h"
+
+namespace specd {
+namespace {
+
+// Extra wait per prompt token of the round's new sequences (the speculator prefills them before
+// it drafts; a CPU draft model runs some thousands of tokens per second).
+constexpr absl::Duration kPrefillAllowancePerToken = absl::Milliseconds(1);
+
+// Least time between two launches of the speculator process (a crash loop must not spin).
+constexpr absl::Duration kRelaunchInterval = absl::Seconds(2);
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculator_address '", address, "' is not HOST:PORT"));
+  }
+  return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+Hello VerifierHello(const WireLimits& limits, int32_t vocab) {
+  Hello h;
+  h.role = Role::kVerifier;
+  h.model_fingerprint = SsdFingerprint(vocab);
+  h.limits = limits;
+  return h;
+}
+
+}  // namespace
+
+SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
+    : options_(o),
+      limits_(SsdWireLimits(o.vocab_size, o.max_num_seqs, o.max_model_len)),
+      local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {}
+
+SsdSpeculator::~SsdSpeculator() {
+  if (channel_) {
+    channel_->Send(Shutdown{"verifier stopping"}, absl::Milliseconds(100)).IgnoreError();
+    channel_->Close();
+  }
+  process_.Kill();
+}
+
+absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
+    const SsdSpeculatorOptions& o) {
+  std::unique_ptr<SsdSpeculator> s(new SsdSpeculator(o));
+  SPECD_ASSIGN_OR_RETURN(auto address, SplitAddress(o.config.ssd.address));
+  SPECD_ASSIGN_OR_RETURN(
+      s->listener_,
+      TcpListener::Listen(address.first, address.second, VerifierHello(s->limits_, o.vocab_size)));
+  SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, s->port());
+  s->MaybeLaunch();
+  if (o.config.ssd.launch && !s->process_.Running()) {
+    return absl::InternalError("ssd: the speculator process did not start");
+  }
+  if (!s->TryAccept(o.startup_timeout)) {
+    SPECD_LOG_WARN("ssd: no speculator joined within {}; drafting locally until one does",
+                   absl::FormatDuration(o.startup_timeout));
+  }
+  return s;
+}
+
+int32_t SsdSpeculator::port() const { return listener_->port(); }
+
+void SsdSpeculator::MaybeLaunch() {
+  if (!options_.config.ssd.launch || process_.Running()) return;
+  pid_ = -1;
+  const absl::Time now = absl::Now();
+  if (now - last_launch_ < kRelaunchInterval) return;
+  last_launch_ = now;
+  std::string binary = options_.config.ssd.binary;
+  if (binary.empty()) {
+    absl::StatusOr<std::string> self = SelfExecutable();
+    if (!self.ok()) {
+      SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", self.status().ToString());
+      return;
+    }
+    binary = *self;
+  }
+  std::vector<std::string> argv = {binary, "speculator", "--connect",
+                                   absl::StrCat("127.0.0.1:", port())};
+  argv.insert(argv.end(), options_.launch_args.begin(), options_.launch_args.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Spawn(argv);
+  if (!p.ok()) {
+    SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", p.status().ToString());
+    return;
+  }
+  process_ = *std::move(p);
+  pid_ = process_.pid();
+  ++stats_.launches;
+  SPECD_LOG_INFO("ssd: launched the speculator (pid {})", process_.pid());
+}
+
+bool SsdSpeculator::TryAccept(absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<TcpChannel>> c = listener_->Accept(timeout);
+  if (!c.ok()) {
+    if (!absl::IsDeadlineExceeded(c.status())) {
+      SPECD_LOG_WARN("ssd: a speculator failed to join: {}", c.status().ToString());
+    }
+    return false;
+  }
+  SPECD_LOG_INFO("ssd: speculator joined from {}", (*c)->peer_address());
+  channel_ = *std::move(c);
+  for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
+  released_.clear();
+  ++stats_.connects;
+  stats_.connected = true;
+  return true;
+}
+
+void SsdSpeculator::LinkDown(const absl::Status& why) {
+  SPECD_LOG_WARN("ssd: speculator link lost ({}); drafting locally until one rejoins",
+                 why.ToString());
+  ++stats_.link_failures;
+  stats_.connected = false;
+  if (channel_) channel_->Close();
+  channel_.reset();
+  // A launched speculator that stopped answering is replaced; a dead one is reaped.
+  if (options_.config.ssd.launch) {
+    pid_ = -1;
+    process_.Kill();
+  }
+}
+
+void SsdSpeculator::Release(uint64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  if (it->second.synced && channel_) released_.push_back(seq_id);
+  seqs_.erase(it);
+}
+
+absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
+                                    std::vector<Draft>* drafts) {
+  drafts->assign(inputs.size(), Draft{});
+  if (!channel_) {
+    MaybeLaunch();
+    TryAccept(absl::ZeroDuration());
+  }
+  if (channel_) {
+    const absl::Status s = RemoteRound(inputs, drafts);
+    if (s.ok()) return s;
+    LinkDown(s);
+    drafts->assign(inputs.size(), Draft{});
+  }
+  ++stats_.local_rounds;
+  SPECD_RETURN_IF_ERROR(local_.Propose(inputs, drafts));
+  for (Draft& d : *drafts) d.origin = DraftOrigin::kLocal;
+  return absl::OkStatus();
+}
+
+absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
+                                        std::vector<Draft>* drafts) {
+  const absl::Duration timeout = absl::Milliseconds(options_.config.ssd.timeout_ms);
+  if (!released_.empty()) {
+    specd::Release release;
+    const size_t n = std::min<size_t>(released_.size(), limits_.max_release_ids);
+    release.seq_ids.assign(released_.begin(), released_.begin() + n);
+    released_.erase(released_.begin(), released_.begin() + n);
+    SPECD_RETURN_IF_ERROR(channel_->Send(release, timeout));
+  }
+  auto& request = std::get<SpeculateRequest>(request_);
+  request.Clear();
+  request.round_id = ++round_;
+  std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
+  uint64_t budget = limits_.max_request_tokens;
+  int64_t new_tokens = 0;
+  for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
+    const DraftInput& in = inputs[i];
+    SeqState& s = seqs_[in.seq_id];
+    if (s.synced && in.tokens.size() < s.num_sent) s = SeqState{};  // preempted and restarted
+    SpeculateSeq m;
+    m.seq_id = in.seq_id;
+    std::span<const int32_t> fresh = in.tokens;
+    if (s.synced) {
+      fresh = fresh.subspan(s.num_sent);
+      const auto [a, b] =
+          std::mismatch(fresh.begin(), fresh.end(), s.drafts.begin(), s.drafts.end());
+      m.accepted_len = static_cast<uint16_t>(
+          std::min<size_t>(a - fresh.begin(), fresh.empty() ? 0 : fresh.size() - 1));
+    } else {
+      m.flags |= kSeqNew;
+    }
+    if (fresh.empty() || fresh.size() > limits_.max_seq_tokens || fresh.size() > budget) continue;
+    budget -= fresh.size();
+    if (m.flags & kSeqNew) new_tokens += static_cast<int64_t>(fresh.size());
+    const SamplingParams& p = *in.params;
+    m.num_draft_tokens = static_cast<uint16_t>(
+        std::min<int32_t>(in.num_draft_tokens, static_cast<int32_t>(limits_.max_draft_tokens)));
+    m.fan_out = static_cast<uint16_t>(
+        std::min<int32_t>(options_.config.ssd.fan_out, static_cast<int32_t>(limits_.max_fan_out)));
+    if (!p.greedy()) {
+      m.flags |= kSeqWantProbs;
+      m.sampling = {p.temperature, p.top_p, std::max(0, p.top_k), p.min_p, in.seed};
+      m.saguaro_c = in.saguaro_c >= 0.0f ? in.saguaro_c : DefaultDownweight(p.temperature);
+    }
+    request.AddSeq(m, fresh);
+    sent[i] = static_cast<int32_t>(request.seqs.size()) - 1;
+    s.synced = true;
+    s.num_sent = in.tokens.size();
+    s.drafts.clear();
+  }
+  // New sequences make the speculator prefill their prompts first: allow for that.
+  const absl::Duration wait = timeout + kPrefillAllowancePerToken * new_tokens;
+  const absl::Time start = absl::Now();
+  SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
+  for (;;) {
+    const absl::Duration left = wait - (absl::Now() - start);
+    absl::StatusOr<MessageType> type =
+        channel_->Recv(std::max(left, absl::ZeroDuration()), &reply_);
+    if (!type.ok()) return type.status();
+    if (*type == MessageType::kSpeculateResponse &&
+        std::get<SpeculateResponse>(reply_).round_id == request.round_id) {
+      break;
+    }
+    if (*type == MessageType::kShutdown) return absl::UnavailableError("the speculator shut down");
+  }
+  stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  ++stats_.rounds;
+  const auto& response = std::get<SpeculateResponse>(reply_);
+  if (response.drafts.size() != request.seqs.size()) {
+    return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",
+                                            request.seqs.size(), " sequences"));
+  }
+  stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
+  stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
+  const size_t vocab = static_cast<size_t>(options_.vocab_size);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (sent[i] < 0) continue;
+    const SpeculateDraft& d = response.drafts[sent[i]];
+    const SpeculateSeq& m = request.seqs[sent[i]];
+    SeqState& s = seqs_[inputs[i].seq_id];
+    if (!(m.flags & kSeqNew)) {  // the speculator was told an outcome: count it by k
+      const size_t k = m.accepted_len;
+      if (stats_.outcomes_by_accepted_len.size() <= k) {
+        stats_.outcomes_by_accepted_len.resize(k + 1);
+        stats_.hits_by_accepted_len.resize(k + 1);
+      }
+      ++stats_.outcomes_by_accepted_len[k];
+      stats_.hits_by_accepted_len[k] += d.status == DraftStatus::kHit ? 1 : 0;
+    }
+    switch (d.status) {
+      case DraftStatus::kHit:
+        ++stats_.drafts_hit;
+        break;
+      case DraftStatus::kMissPrimary:
+        ++stats_.drafts_miss_primary;
+        break;
+      case DraftStatus::kMissBackup:
+        ++stats_.drafts_miss_backup;
+        break;
+      case DraftStatus::kNone:
+        ++stats_.drafts_none;
+        if (!(m.flags & kSeqNew)) s = SeqState{};  // it lost the sequence: resend it whole
+        break;
+    }
+    const std::span<const int32_t> tokens = response.TokensOf(d);
+    Draft& out = (*drafts)[i];
+    out.origin = d.status == DraftStatus::kHit          ? DraftOrigin::kCacheHit
+                 : d.status == DraftStatus::kMissBackup ? DraftOrigin::kBackup
+                                                        : DraftOrigin::kPrimary;
+    out.tokens.assign(tokens.begin(), tokens.end());
+    s.drafts = out.tokens;
+    if (!inputs[i].params->greedy() && !out.tokens.empty()) {
+      const std::span<const float> rows = response.ProbsOf(d, static_cast<uint32_t>(vocab));
+      out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specd

@@ -1,0 +1,137 @@
+// The SSD speculator (Kumar, Dao & May 2026, "Saguaro"; docs/architecture.md "SSD"): the loop
+// of the `specd speculator` process, which holds the draft model on its own device and talks to
+// the verifier over a Channel. Each round it receives the verification outcome of every
+// sequence (k accepted drafts and the bonus token t*), answers with the next drafts, and then,
+// while the verifier verifies them, precomputes the drafts for the likeliest next outcomes:
+//   - cache hit: the outcome (k, t*) was precomputed; its branch's KV becomes the sequence's
+//     (DraftModelSpeculator::Adopt) and the drafts go back at once;
+//   - miss, batch below b*: the primary draft model re-drafts (the batch waits for it);
+//   - miss, batch of b* or more: the backup speculator (n-gram or random tokens) drafts at
+//     once, and only this sequence pays with poor drafts (dual-tier fallback).
+// The cache (SpeculationCache): for acceptance length k the top-F_k candidates of the draft's
+// own distribution at position k + 1 (without d_{k+1}, which would have been accepted), F_k from
+// the geometric fan-out with alpha_p and r estimated online (or constant F); every branch
+// forks the sequence's KV (no copy) and all branches of all sequences draft together, one
+// forward pass per depth. Sampled requests draw from Saguaro's down-weighted distribution
+// (cached top-F ids times C) and send those rows as q, so verification stays lossless.
+// Single-threaded: Serve owns everything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/dist/channel.h"
+#include "engine/dist/messages.h"
+#include "engine/runner/model_runner.h"
+#include "engine/spec/draft_model.h"
+#include "engine/spec/ngram.h"
+#include "engine/spec/saguaro.h"
+#include "engine/spec/spec_config.h"
+
+namespace specd {
+
+struct SsdWorkerOptions {
+  SpeculativeConfig config;    // method ssd: draft model dir, K, fan-out, backup, b*
+  RunnerOptions draft;         // the draft's runner (model_dir is config.draft_model)
+  int32_t max_num_seqs = 256;  // the verifier's: sizes the wire limits
+  int32_t max_model_len = 0;   // the verifier's context limit (0: the draft's)
+  uint64_t seed = 0x5eed;      // backup random drafts
+};
+
+// What the worker did, cumulative (the verifier also gets per-draft status in each response).
+struct SsdWorkerStats {
+  int64_t rounds = 0;
+  int64_t hits = 0;
+  int64_t misses_primary = 0;
+  int64_t misses_backup = 0;
+  int64_t branches = 0;  // cached speculations built
+};
+
+class SsdWorker {
+ public:
+  // Loads the draft model (its own runner and KV).
+  static absl::StatusOr<std::unique_ptr<SsdWorker>> Create(const SsdWorkerOptions& options);
+
+  // Connects to the verifier at HOST:PORT (retrying until connect_timeout), shakes hands and
+  // serves rounds until the verifier sends Shutdown (OK) or the link breaks (Unavailable).
+  absl::Status Serve(const std::string& address, absl::Duration connect_timeout);
+  // Serves rounds over an already connected, handshaken channel.
+  absl::Status ServeChannel(Channel& channel);
+
+  // One round: the response to `request`. Then BuildCache precomputes the next outcomes' drafts.
+  // Public for tests (ServeChannel calls both).
+  // BuildCache stops between waves of branches once `stop` returns true (the verifier's next
+  // message arrived).
+  absl::Status Handle(const SpeculateRequest& request, SpeculateResponse* response);
+  absl::Status BuildCache(const std::function<bool()>& stop = {});
+  // Drops a sequence (the verifier's Release).
+  void Drop(uint64_t seq_id);
+
+  const SsdWorkerStats& stats() const { return stats_; }
+  // The draft model's KV blocks: free now, and all of them (tests check nothing leaks).
+  int32_t draft_free_blocks() const { return draft_->num_free_blocks(); }
+  int32_t draft_total_blocks() const { return draft_->runner().num_kv_blocks(); }
+  int32_t vocab_size() const;
+  WireLimits limits() const;
+  // b* in force: the configured critical batch size, or the one the measured hit rate and
+  // latencies give (saguaro.h CriticalBatchSize).
+  int32_t critical_batch_size() const;
+
+ private:
+  // Who served a sequence's drafts this round.
+  enum class Served { kNone, kHit, kPrimary, kBackup };
+  struct Seq {
+    std::vector<int32_t> tokens;  // committed context, as the verifier told it
+    SamplingParams params;
+    TokenHistory history;
+    uint64_t seed = 0;
+    float saguaro_c = 1.0f;
+    int32_t num_draft_tokens = 0;  // K
+    int32_t fan_out = 0;           // F per acceptance length
+    std::vector<int32_t> drafts;   // sent this round (<= K)
+    // The draft's candidates at positions 1..num_rows (row j: position j + 1), F_max each, best
+    // first; num_rows = drafts + 1 when the draft model made the drafts, 1 after the backup.
+    std::vector<int32_t> candidates;
+    int32_t num_rows = 0;
+    Served served = Served::kNone;
+    uint64_t round = 0;
+  };
+
+  SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
+            OutcomeStats stats);
+  DraftInput InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
+                      int32_t num_drafts) const;
+  std::vector<int32_t> FanOut(int32_t K) const;
+  std::vector<int32_t> BackupDraft(const Seq& s, int32_t num_drafts);
+  void ReleaseBranches(uint64_t seq_id);
+
+  SsdWorkerOptions options_;
+  std::unique_ptr<DraftModelSpeculator> draft_;
+  NgramSpeculator ngram_;
+  OutcomeStats outcomes_;
+  SpeculationCache cache_;
+  absl::node_hash_map<uint64_t, Seq> seqs_;  // node: DraftInputs point into a Seq
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> branches_;  // seq -> live branch ids
+  uint64_t next_branch_id_ = uint64_t{1} << 63;                    // above every verifier seq id
+  std::mt19937_64 rng_;
+  SsdWorkerStats stats_;
+  // Measured latencies (EMA, seconds) behind b*: the verifier's round (from our response to
+  // its next request), a primary re-draft, a backup draft.
+  double verify_seconds_ = 0, primary_seconds_ = 0, backup_seconds_ = 0;
+  absl::Time last_response_ = absl::InfinitePast();
+  double build_seconds_ = 0;      // the last BuildCache
+  std::vector<uint64_t> served_;  // sequences of the last response, in order
+  int32_t f_max_ = 0;
+};
+
+}  // namespace specd

@@ -1,0 +1,180 @@
+// SsdWorker in process (no sockets): the speculation cache serves exactly the drafts the draft
+// model would make from scratch for the outcome that happened (greedy: branches forked from the
+// sequence's KV compute the same thing as a fresh sequence), misses re-draft, hits chain over
+// rounds, the backup tier serves large batches, and every KV block comes back at the end.
+#include "engine/spec/ssd_worker.h"
+
+#include <fstream>
+#include <string>
+
+#include "engine/spec/draft_model.h"
+#include "engine/spec/ssd_protocol.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+namespace {
+
+const std::string kDraft = std::string(SPECD_SHARED_DIR) + "/models/codepair/draft";
+constexpr int32_t kK = 4;
+
+RunnerOptions DraftRunner() {
+  RunnerOptions r;
+  r.model_dir = kDraft;
+  r.device = "cpu";
+  r.num_threads = 2;
+  r.max_model_len = 512;
+  r.kv_cache_bytes = int64_t{16} << 20;
+  return r;
+}
+
+std::unique_ptr<SsdWorker> MakeWorker(const std::string& extra = "") {
+  SsdWorkerOptions o;
+  auto config =
+      ParseSpeculativeConfig(R"({"method": "ssd", "model": ")" + kDraft +
+                             R"(", "fan_out": 3, "fan_out_mode": "constant")" + extra + "}");
+  EXPECT_TRUE(config.ok()) << config.status();
+  o.config = *config;
+  o.draft = DraftRunner();
+  o.max_num_seqs = 16;
+  o.max_model_len = 512;
+  auto w = SsdWorker::Create(o);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *std::move(w) : nullptr;
+}
+
+// What a fresh draft model proposes greedily after `tokens` (K drafts, and the top candidates
+// at each drafted position).
+Draft Fresh(const std::vector<int32_t>& tokens, int32_t num_candidates = 8) {
+  auto runner = CreateModelRunner(DraftRunner());
+  EXPECT_TRUE(runner.ok());
+  const int32_t vocab = (*runner)->config().vocab_size;
+  auto d = DraftModelSpeculator::Create(*std::move(runner), vocab, 2048);
+  EXPECT_TRUE(d.ok());
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  TokenHistory history;
+  DraftInput in;
+  in.seq_id = 1;
+  in.tokens = tokens;
+  in.num_draft_tokens = kK;
+  in.params = &greedy;
+  in.history = &history;
+  in.num_candidates = num_candidates;
+  std::vector<Draft> out;
+  EXPECT_TRUE((*d)->Propose({&in, 1}, &out).ok());
+  return out.at(0);
+}
+
+std::vector<int32_t> Prompt() {
+  std::ifstream in(std::string(SPECD_SHARED_DIR) + "/models/codepair/golden.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  return j["target"][0]["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+SpeculateSeq Seq(uint64_t id, uint8_t flags, int32_t accepted) {
+  SpeculateSeq m;
+  m.seq_id = id;
+  m.flags = flags;
+  m.accepted_len = static_cast<uint16_t>(accepted);
+  m.num_draft_tokens = kK;
+  m.fan_out = 3;
+  return m;
+}
+
+std::vector<int32_t> TokensOf(const SpeculateResponse& r, size_t i) {
+  const auto t = r.TokensOf(r.drafts.at(i));
+  return {t.begin(), t.end()};
+}
+
+TEST(SsdWorkerTest, CacheHitsServeExactlyTheDraftsOfAFreshSequence) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  req.round_id = 1;
+  req.AddSeq(Seq(7, kSeqNew, 0), prompt);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  ASSERT_EQ(resp.drafts.size(), 1u);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissPrimary);  // nothing cached yet
+  const std::vector<int32_t> d = TokensOf(resp, 0);
+  ASSERT_EQ(d, Fresh(prompt).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+  EXPECT_GT(w->stats().branches, 0);
+
+  // Outcome: 2 drafts accepted, then the draft's second choice at position 3 (cached: F = 3).
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 2);
+  const Draft at3 = Fresh(context, 3);
+  const int32_t bonus = at3.candidates.at(1);  // candidates[0][1]: row 0 of the fresh run
+  ASSERT_NE(bonus, d[2]);
+  std::vector<int32_t> fresh = {d[0], d[1], bonus};
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(7, 0, 2), fresh);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  context.push_back(bonus);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens) << "a hit must equal a fresh draft";
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // Hits chain: all K accepted and the bonus token is the draft's own first choice after them.
+  const std::vector<int32_t> d2 = TokensOf(resp, 0);
+  std::vector<int32_t> all = context;
+  all.insert(all.end(), d2.begin(), d2.end());
+  const int32_t bonus2 = Fresh(all, 3).candidates.at(0);
+  fresh = d2;
+  fresh.push_back(bonus2);
+  req.Clear();
+  req.round_id = 3;
+  req.AddSeq(Seq(7, 0, kK), fresh);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  all.push_back(bonus2);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(all).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // A miss: a bonus token no cache entry has (the draft's 8th choice) is re-drafted.
+  const std::vector<int32_t> d3 = TokensOf(resp, 0);
+  const int32_t rare = Fresh(all, 8).candidates.at(7);
+  req.Clear();
+  req.round_id = 4;
+  req.AddSeq(Seq(7, 0, 0), std::vector<int32_t>{rare});
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  all.push_back(rare);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissPrimary);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(all).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing) {
+  auto w = MakeWorker(R"(, "critical_batch_size": 2, "backup": "ngram")");
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  req.round_id = 1;
+  req.AddSeq(Seq(1, kSeqNew, 0), prompt);
+  req.AddSeq(Seq(2, kSeqNew, 0), prompt);
+  req.AddSeq(Seq(3, 0, 0), std::vector<int32_t>{5});  // never sent whole: unknown
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  ASSERT_EQ(resp.drafts.size(), 3u);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissBackup);
+  EXPECT_EQ(resp.drafts[1].status, DraftStatus::kMissBackup);
+  EXPECT_EQ(resp.drafts[2].status, DraftStatus::kNone);
+  EXPECT_EQ(resp.drafts[2].num_tokens, 0u);
+  // The backup is n-gram prompt lookup over the context.
+  EXPECT_EQ(TokensOf(resp, 0), NgramLookup(prompt, 1, 4, kK));
+  ASSERT_TRUE(w->BuildCache().ok());  // k = 0 entries from the draft's row at position 1
+  EXPECT_GT(w->stats().branches, 0);
+  w->Drop(1);
+  w->Drop(2);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
+}
+
+}  // namespace
+}  // namespace specd
