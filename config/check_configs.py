@@ -278,6 +278,9 @@ class ServeTest(unittest.TestCase):
         p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "ssd"}')
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("--speculative-config", p.stderr)
+        self.assertIn("is required for method ssd", p.stderr)
+        p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "vegas"}')
+        self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("not available yet", p.stderr)
 
     def test_a_typo_fails_startup(self):

@@ -259,6 +259,9 @@ RequestUsage Engine::Request::Usage() const {
   u.num_drafts = num_drafts;
   u.num_draft_tokens = num_draft_tokens;
   u.num_accepted_tokens = num_accepted_tokens;
+  u.num_cache_hit_drafts = num_cache_hit_drafts;
+  u.num_cache_hit_draft_tokens = num_cache_hit_draft_tokens;
+  u.num_cache_hit_accepted_tokens = num_cache_hit_accepted_tokens;
   return u;
 }
 

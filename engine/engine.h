@@ -95,6 +95,11 @@ struct RequestUsage {
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
+  // SSD: rounds whose drafts came from the speculation cache, and their draft / accepted
+  // tokens (the rest came from a fallback).
+  int64_t num_cache_hit_drafts = 0;
+  int64_t num_cache_hit_draft_tokens = 0;
+  int64_t num_cache_hit_accepted_tokens = 0;
   // Tokens committed per verification round: 1 + accepted / drafts (vLLM's "mean acceptance
   // length"); 0 without rounds.
   double mean_accepted_length() const {
@@ -165,6 +170,7 @@ struct SpeculationStepMetrics {
   std::vector<int32_t> num_accepted;      // [num_rounds] how many of them the target accepted
   double draft_seconds = 0;               // the speculators' Propose calls
   double verify_seconds = 0;              // the target's verification pass and acceptance
+  std::vector<uint8_t> from_cache;        // [num_rounds] 1: SSD drafts from the cache
   const SsdStats* ssd = nullptr;          // SSD's cumulative counters (null without SSD)
 };
 

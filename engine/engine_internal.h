@@ -42,6 +42,9 @@ struct Engine::Request {
   int64_t num_drafts = 0;            // speculation stats (RequestUsage)
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
+  int64_t num_cache_hit_drafts = 0;  // SSD: rounds drafted from the speculation cache
+  int64_t num_cache_hit_draft_tokens = 0;
+  int64_t num_cache_hit_accepted_tokens = 0;
   TokenHistory history;
   std::optional<IncrementalDetokenizer> detok;
   StopChecker stop;

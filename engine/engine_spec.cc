@@ -218,6 +218,13 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
       r.num_drafts += 1;
       r.num_draft_tokens += num_draft;
       r.num_accepted_tokens += c.accepted[k];
+      const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
+      metrics.from_cache.push_back(hit ? 1 : 0);
+      if (hit) {
+        r.num_cache_hit_drafts += 1;
+        r.num_cache_hit_draft_tokens += num_draft;
+        r.num_cache_hit_accepted_tokens += c.accepted[k];
+      }
     }
     Sequence* seq = &r.seq;
     bool finished = false;

@@ -136,6 +136,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                   "SSD: speculator time spent building the speculation cache.");
   ssd_connected_ =
       NewGauge(r, "specd_ssd_speculator_connected", "SSD: 1 while a speculator is connected.");
+  ssd_draft_tokens_ = family("specd_ssd_draft_tokens_total",
+                             "SSD: draft tokens verified, by where the draft came from (draft: hit "
+                             "= the speculation cache, miss = a fallback).");
+  ssd_accepted_tokens_ = family("specd_ssd_accepted_tokens_total",
+                                "SSD: draft tokens accepted, by where the draft came from.");
 }
 
 Metrics::~Metrics() = default;
@@ -182,6 +187,18 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
   spec_draft_seconds_->Observe(m.draft_seconds);
   spec_verify_seconds_->Observe(m.verify_seconds);
+  if (m.ssd == nullptr) return;
+  double drafted[2] = {0, 0}, accepted[2] = {0, 0};  // [miss, hit]
+  for (size_t i = 0; i < m.num_draft_tokens.size() && i < m.from_cache.size(); ++i) {
+    const int hit = m.from_cache[i] ? 1 : 0;
+    drafted[hit] += m.num_draft_tokens[i];
+    accepted[hit] += i < m.num_accepted.size() ? m.num_accepted[i] : 0;
+  }
+  for (int hit = 0; hit < 2; ++hit) {
+    const std::string label = hit ? "hit" : "miss";
+    ssd_draft_tokens_->Add({{"draft", label}}).Increment(drafted[hit]);
+    ssd_accepted_tokens_->Add({{"draft", label}}).Increment(accepted[hit]);
+  }
 }
 
 void Metrics::OnSsd(const SsdStats& s) {

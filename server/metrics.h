@@ -88,6 +88,8 @@ class Metrics : public EngineObserver {
   prometheus::Counter* ssd_busy_seconds_ = nullptr;
   prometheus::Counter* ssd_cache_seconds_ = nullptr;
   prometheus::Gauge* ssd_connected_ = nullptr;
+  prometheus::Family<prometheus::Counter>* ssd_draft_tokens_ = nullptr;     // {draft}
+  prometheus::Family<prometheus::Counter>* ssd_accepted_tokens_ = nullptr;  // {draft}
 };
 
 }  // namespace specd

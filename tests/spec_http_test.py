@@ -15,7 +15,10 @@ unless a request asks) and checks:
 - /metrics: the specd_spec_decode_* families count the rounds and `promtool check metrics`
   passes;
 - a server whose default method is ngram speculates for requests that say nothing (and
-  reports it in usage), and refuses draft_model (no draft model loaded).
+  reports it in usage), and refuses draft_model (no draft model loaded);
+- an SSD server (the real `specd speculator` process it launches): greedy output equals its
+  own output without speculation, usage.speculation.ssd reports cache hits, the specd_ssd_*
+  families count them and pass promtool, and a bad saguaro_c is a 400.
 
 Usage: spec_http_test.py SPECD_BINARY SOURCE_DIR
 """
@@ -124,6 +127,25 @@ class SpecTestCase(unittest.TestCase):
             self.assertEqual([a for a, _ in top], [a for a, _ in want_top], f"{what} #{k}")
             for (_, a_lp), (_, w_lp) in zip(top, want_top):
                 self.assertAlmostEqual(a_lp, w_lp, delta=LOGPROB_TOLERANCE, msg=f"{what} #{k}")
+
+    def same_as_plain(self, body, daemon):
+        """The server's default speculation gives the text of speculation none: both bodies."""
+        got = completion(body, daemon)
+        plain = completion(dict(body, speculation={"method": "none"}), daemon)
+        for g, w in zip(got["choices"], plain["choices"]):
+            self.assertEqual(g["text"], w["text"])
+        return got, plain
+
+    def assert_promtool_clean(self, daemon):
+        """/metrics passes `promtool check metrics` without a word."""
+        status, _, payload = daemon.request("GET", "/metrics")
+        self.assertEqual(status, 200)
+        promtool = shutil.which("promtool")
+        self.assertIsNotNone(promtool, "promtool is needed (tools/install_deps.sh)")
+        p = subprocess.run([promtool, "check", "metrics"], input=payload, capture_output=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual((p.stdout + p.stderr).strip(), b"", p.stdout + p.stderr)
 
     def assert_spec_usage(self, usage, what, speculated=True):
         s = usage["speculation"]
@@ -306,14 +328,7 @@ class MetricsTest(SpecTestCase):
         for p in range(4, 64):  # K = 4: positions 0..3 only
             self.assertEqual(delta('specd_spec_decode_num_accepted_tokens_per_pos_total'
                                    f'{{position="{p}"}}'), 0)
-        status, _, payload = DAEMON.request("GET", "/metrics")
-        self.assertEqual(status, 200)
-        promtool = shutil.which("promtool")
-        self.assertIsNotNone(promtool, "promtool is needed (tools/install_deps.sh)")
-        p = subprocess.run([promtool, "check", "metrics"], input=payload, capture_output=True,
-                           timeout=60)
-        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertEqual((p.stdout + p.stderr).strip(), b"", p.stdout + p.stderr)
+        self.assert_promtool_clean(DAEMON)
 
 
 class ServerDefaultTest(SpecTestCase):
@@ -323,12 +338,8 @@ class ServerDefaultTest(SpecTestCase):
         config = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
         with Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
                     config, source_dir=SOURCE, name="spec_http_default") as d:
-            prompts = codepair_prompts(3, 300)
-            body = {"prompt": prompts, "max_tokens": 40, "temperature": 0}
-            got = completion(body, d)
-            plain = completion(dict(body, speculation={"method": "none"}), d)
-            for g, w in zip(got["choices"], plain["choices"]):
-                self.assertEqual(g["text"], w["text"])
+            body = {"prompt": codepair_prompts(3, 300), "max_tokens": 40, "temperature": 0}
+            got, plain = self.same_as_plain(body, d)
             self.assert_spec_usage(got["usage"], "server default ngram")
             self.assertEqual(plain["usage"]["speculation"]["num_drafts"], 0)
             for value in ({"method": "draft_model"}, {"method": "draft"}):
@@ -339,6 +350,42 @@ class ServerDefaultTest(SpecTestCase):
             got = completion(dict(body, speculation={"method": "auto"}), d)  # auto: n-gram
             self.assert_spec_usage(got["usage"], "auto without a draft model")
             self.assertGreater(d.metric("specd_spec_decode_num_drafts_total"), 0)
+
+
+class SsdServerTest(SpecTestCase):
+    """A server whose default method is ssd (issue 6): the speculator is its own process."""
+
+    def test_ssd_is_lossless_reports_cache_hits_and_exports_metrics(self):
+        config = json.dumps({"method": "ssd", "model": DRAFT, "num_speculative_tokens": 4,
+                             "fan_out": 3})
+        with Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
+                    config, source_dir=SOURCE, name="spec_http_ssd") as d:
+            body = {"prompt": codepair_prompts(4, 300), "max_tokens": 48, "temperature": 0}
+            got, plain = self.same_as_plain(body, d)
+            s = got["usage"]["speculation"]
+            self.assertGreater(s["num_drafts"], 0)
+            ssd = s["ssd"]
+            self.assertEqual(set(ssd), {"cache_hit_drafts", "cache_hit_rate",
+                                        "cache_hit_draft_tokens", "cache_hit_accepted_tokens"})
+            self.assertGreater(ssd["cache_hit_drafts"], 0, s)
+            self.assertLessEqual(ssd["cache_hit_drafts"], s["num_drafts"])
+            self.assertAlmostEqual(ssd["cache_hit_rate"],
+                                   ssd["cache_hit_drafts"] / s["num_drafts"], places=9)
+            self.assertLessEqual(ssd["cache_hit_accepted_tokens"], ssd["cache_hit_draft_tokens"])
+            self.assertNotIn("ssd", plain["usage"]["speculation"])
+            # Sampled with Saguaro down-weighting: served (its distribution is ssd_test's job).
+            got = completion(dict(body, temperature=1.0, seed=3,
+                                  speculation={"method": "ssd", "saguaro_c": 0.5}), d)
+            self.assertGreater(got["usage"]["speculation"]["num_drafts"], 0)
+            status, payload = post("/v1/completions",
+                                   dict(body, speculation={"saguaro_c": -0.5}), d)
+            self.assertEqual(status, 400, payload)
+            self.assertEqual(payload["error"]["param"], "speculation.saguaro_c")
+            self.assertGreater(d.metric('specd_ssd_drafts_total{status="hit"}'), 0)
+            self.assertEqual(d.metric("specd_ssd_speculator_connected"), 1)
+            self.assertGreater(d.metric('specd_ssd_draft_tokens_total{draft="hit"}'), 0)
+            self.assertEqual(d.metric("specd_ssd_link_failures_total"), 0)
+            self.assert_promtool_clean(d)
 
 
 if __name__ == "__main__":

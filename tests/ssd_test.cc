@@ -76,11 +76,14 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   const auto want = Ids(*plain), got = Ids(*ssd);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
   const SsdStats s = observer->Last();
-  int64_t drafts = 0, accepted = 0;
+  int64_t drafts = 0, accepted = 0, hit_drafts = 0;
   for (const GenerateResult& r : *ssd) {
     drafts += r.usage.num_drafts;
     accepted += r.usage.num_accepted_tokens;
+    hit_drafts += r.usage.num_cache_hit_drafts;
+    EXPECT_LE(r.usage.num_cache_hit_accepted_tokens, r.usage.num_cache_hit_draft_tokens);
   }
+  EXPECT_EQ(hit_drafts, s.drafts_hit) << "per-request cache hits must add up to the speculator's";
   const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
   std::printf(
       "[ SSD K=%d, 48 prompts ] %.3f tokens per round; cache hits %lld of %lld drafts (%.1f%%), "

@@ -168,6 +168,12 @@ void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
 
 absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
                                            std::vector<Draft>* drafts) {
+  return Propose(inputs, drafts, {});
+}
+
+absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts,
+                                           const std::function<bool()>& stop) {
   drafts->resize(inputs.size());
   for (Draft& d : *drafts) {
     d.tokens.clear();
@@ -185,7 +191,13 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     a.input = i;
     if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
   }
-  while (!active_.empty()) SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
+  while (!active_.empty()) {
+    if (stop && stop()) {
+      active_.clear();
+      break;
+    }
+    SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
+  }
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -43,6 +44,11 @@ class DraftModelSpeculator : public Speculator {
       std::unique_ptr<ModelRunner> runner, int32_t target_vocab, int32_t max_tokens_per_forward);
 
   absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
+  // Propose that checks `stop` before every forward pass and returns early (OK) once it says
+  // true: sequences still drafting then have fewer drafts than asked (their KV is consistent
+  // with the drafts they have). SSD's cache construction yields to the verifier this way.
+  absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts,
+                       const std::function<bool()>& stop);
   void Release(uint64_t seq_id) override;
 
   // SSD's branches. Fork makes `child` a new sequence whose KV shares the parent's full

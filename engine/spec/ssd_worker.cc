@@ -300,9 +300,9 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   }
   // Every branch: the sequence's context, d_1..d_k, then a candidate t* for position k + 1.
   // Branches are built in waves by candidate rank (every sequence's best candidate at every k
-  // first, then the second best, ...), one batched Propose per wave, and the build stops early
-  // when `stop` says the verifier's next request is there: the cache is whatever fitted into
-  // the verification window (the paper's budget B is the most it may hold).
+  // first, then the second best, ...), one batched Propose per wave, and after the first wave
+  // the build stops as soon as `stop` says the verifier's next request is there: the cache is
+  // whatever fitted into the verification window (the paper's budget B is the most it holds).
   struct Branch {
     uint64_t seq_id, branch_id;
     int32_t k, bonus;
@@ -333,8 +333,14 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       }
     }
   }
-  for (std::vector<Branch>& wave : waves) {
-    if (stop && stop()) break;
+  for (size_t w = 0; w < waves.size(); ++w) {
+    // The first wave (every sequence's best candidate at every k) always completes: were it
+    // cut short whenever verification is quicker than a round of drafting, nothing would ever
+    // hit, and each round would pay for a re-draft; a hit instead costs no more than the wave.
+    const std::function<bool()> no_stop;
+    const std::function<bool()>& until = w == 0 ? no_stop : stop;
+    if (until && until()) break;
+    std::vector<Branch>& wave = waves[w];
     inputs.clear();
     for (Branch& br : wave) {
       const Seq& s = seqs_[br.seq_id];
@@ -345,11 +351,12 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       inputs.push_back(InputFor(br.branch_id, s, br.tokens, s.num_draft_tokens + 1));
       inputs.back().seed = Mix(s.seed, br.branch_id);
     }
-    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, &proposed));
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, &proposed, until));
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];
       Draft& d = proposed[j];
-      if (d.tokens.empty()) continue;  // the draft's KV is full: this outcome will miss
+      // Empty: the draft's KV is full; short: the build was stopped. This outcome will miss.
+      if (d.tokens.size() < static_cast<size_t>(inputs[j].num_draft_tokens)) continue;
       CachedDraft c;
       c.tokens = std::move(d.tokens);
       c.probs = std::move(d.probs);
@@ -392,10 +399,14 @@ absl::Status SsdWorker::ServeChannel(Channel& channel) {
   Message reply = SpeculateResponse();
   bool pending = false;  // BuildCache stopped because `message` arrived
   // Whether the verifier's next message is already here (then the cache build stops).
+  // Sticky: once a message is in, it stays pending until the loop handles it.
+  bool link_error = false;
   auto arrived = [&] {
+    if (pending || link_error) return true;
     absl::StatusOr<MessageType> type = channel.Recv(absl::ZeroDuration(), &message);
     pending = type.ok();
-    return pending || !absl::IsDeadlineExceeded(type.status());  // an error ends it too
+    link_error = !pending && !absl::IsDeadlineExceeded(type.status());  // the next Recv says it
+    return pending || link_error;
   };
   for (;;) {
     if (!pending) {

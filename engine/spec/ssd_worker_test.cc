@@ -4,9 +4,13 @@
 // rounds, the backup tier serves large batches, and every KV block comes back at the end.
 #include "engine/spec/ssd_worker.h"
 
+#include <sys/socket.h>
+
 #include <fstream>
 #include <string>
+#include <thread>
 
+#include "engine/dist/tcp_channel.h"
 #include "engine/spec/draft_model.h"
 #include "engine/spec/ssd_protocol.h"
 #include "gtest/gtest.h"
@@ -174,6 +178,55 @@ TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing
   w->Drop(1);
   w->Drop(2);
   EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
+}
+
+// The serving loop over a real channel, with a verifier that sends each round's outcome the
+// moment the drafts arrive: the cache build is interrupted every round, and no request may be
+// lost to it (every round is answered, in order, within the timeout).
+TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  std::unique_ptr<TcpChannel> verifier = TcpChannel::FromConnectedSocket(fds[0], w->limits(), "v");
+  std::unique_ptr<TcpChannel> speculator =
+      TcpChannel::FromConnectedSocket(fds[1], w->limits(), "s");
+  absl::Status served;
+  std::thread loop([&] { served = w->ServeChannel(*speculator); });
+  // On a failed assertion the verifier end closes, which ends the loop, before the join.
+  struct Joiner {
+    TcpChannel* verifier;
+    std::thread* loop;
+    ~Joiner() {
+      verifier->Close();
+      if (loop->joinable()) loop->join();
+    }
+  } joiner{verifier.get(), &loop};
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  req.round_id = 1;
+  req.AddSeq(Seq(3, kSeqNew, 0), prompt);
+  Message reply;
+  int hits = 0;
+  for (uint64_t round = 1; round <= 24; ++round) {
+    ASSERT_TRUE(verifier->Send(req, absl::Seconds(5)).ok());
+    absl::StatusOr<MessageType> type = verifier->Recv(absl::Seconds(10), &reply);
+    ASSERT_TRUE(type.ok()) << "round " << round << ": " << type.status();
+    const auto& resp = std::get<SpeculateResponse>(reply);
+    ASSERT_EQ(resp.round_id, round);
+    hits += resp.drafts[0].status == DraftStatus::kHit ? 1 : 0;
+    // Outcome: the first draft accepted, then the draft's own choice after it (a likely
+    // outcome, often cached; which one does not matter here).
+    const std::vector<int32_t> d = TokensOf(resp, 0);
+    ASSERT_GE(d.size(), 2u);
+    req.Clear();
+    req.round_id = round + 1;
+    req.AddSeq(Seq(3, 0, 2), std::vector<int32_t>{d[0], d[1], (d[1] + 1) % w->vocab_size()});
+  }
+  ASSERT_TRUE(verifier->Send(Shutdown{"done"}, absl::Seconds(5)).ok());
+  loop.join();
+  EXPECT_TRUE(served.ok()) << served;  // the loop ended on the Shutdown
+  std::printf("[ serving loop ] 24 rounds, %d cache hits\n", hits);
 }
 
 }  // namespace

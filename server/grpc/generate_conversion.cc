@@ -183,6 +183,9 @@ void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool 
   stats->set_num_draft_tokens(output.usage.num_draft_tokens);
   stats->set_num_accepted_tokens(output.usage.num_accepted_tokens);
   stats->set_mean_accepted_length(output.usage.mean_accepted_length());
+  stats->set_num_cache_hit_drafts(output.usage.num_cache_hit_drafts);
+  stats->set_num_cache_hit_draft_tokens(output.usage.num_cache_hit_draft_tokens);
+  stats->set_num_cache_hit_accepted_tokens(output.usage.num_cache_hit_accepted_tokens);
 }
 
 absl::Status ReadModelFileInfo(const std::string& model_dir, ServedModel* model) {

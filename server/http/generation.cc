@@ -194,6 +194,7 @@ void GenerationCall::AbortUnfinished() {
 Usage GenerationCall::TotalUsage() const {
   Usage u;
   u.report_speculation = spec_.report_speculation;
+  u.report_ssd = spec_.report_ssd;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     u.completion_tokens += c.num_tokens;
@@ -204,6 +205,9 @@ Usage GenerationCall::TotalUsage() const {
     u.num_drafts += c.usage.num_drafts;
     u.num_draft_tokens += c.usage.num_draft_tokens;
     u.num_accepted_tokens += c.usage.num_accepted_tokens;
+    u.num_cache_hit_drafts += c.usage.num_cache_hit_drafts;
+    u.num_cache_hit_draft_tokens += c.usage.num_cache_hit_draft_tokens;
+    u.num_cache_hit_accepted_tokens += c.usage.num_cache_hit_accepted_tokens;
   }
   return u;
 }

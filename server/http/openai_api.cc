@@ -155,6 +155,7 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
 // server cannot run (draft_model without a draft model) is 400 too.
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
   spec->report_speculation = model.speculative.method != SpeculationMethod::kNone;
+  spec->report_ssd = model.speculative.method == SpeculationMethod::kSsd;
   const Json* v = FindField(body, "speculation");
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_object()) return SchemaError("speculation", "'speculation' must be an object");
@@ -181,10 +182,10 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 0, kMaxSpeculativeTokens,
                                   &spec->speculation.num_speculative_tokens));
   SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0f, 1.0f, &spec->speculation.saguaro_c));
-  absl::Status resolved =
-      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model, model.has_ssd)
-          .status();
-  if (!resolved.ok()) return InvalidParam(kMethod, resolved.message());
+  absl::StatusOr<ResolvedSpeculation> resolved = ResolveSpeculation(
+      spec->speculation, model.speculative, model.has_draft_model, model.has_ssd);
+  if (!resolved.ok()) return InvalidParam(kMethod, resolved.status().message());
+  spec->report_ssd = resolved->method == SpeculationMethod::kSsd;
   return absl::OkStatus();
 }
 

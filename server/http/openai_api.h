@@ -60,6 +60,7 @@ struct GenerationSpec {
   // usage carries a `speculation` object: the request had one, or the server speculates by
   // default. Otherwise usage stays exactly OpenAI's.
   bool report_speculation = false;
+  bool report_ssd = false;  // the request runs SSD: usage.speculation.ssd too
   std::vector<GenerateRequest> requests;
 };
 

@@ -127,6 +127,14 @@ Json UsageJson(const Usage& u) {
                         {"num_draft_tokens", u.num_draft_tokens},
                         {"num_accepted_tokens", u.num_accepted_tokens},
                         {"mean_accepted_length", mean}};
+    if (u.report_ssd) {
+      j["speculation"]["ssd"] = {
+          {"cache_hit_drafts", u.num_cache_hit_drafts},
+          {"cache_hit_rate",
+           u.num_drafts > 0 ? static_cast<double>(u.num_cache_hit_drafts) / u.num_drafts : 0.0},
+          {"cache_hit_draft_tokens", u.num_cache_hit_draft_tokens},
+          {"cache_hit_accepted_tokens", u.num_cache_hit_accepted_tokens}};
+    }
   }
   return j;
 }

@@ -46,6 +46,12 @@ struct Usage {
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
+  // SSD (reported as usage.speculation.ssd when report_ssd): rounds drafted from the
+  // speculation cache and their draft / accepted tokens.
+  bool report_ssd = false;
+  int64_t num_cache_hit_drafts = 0;
+  int64_t num_cache_hit_draft_tokens = 0;
+  int64_t num_cache_hit_accepted_tokens = 0;
 };
 
 // One finished choice of a non-streamed response.

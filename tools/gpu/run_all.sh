@@ -7,7 +7,8 @@
 #   kernel_check --mode check; a `specd serve --load-format dummy` smoke (Llama-3.1-8B shapes,
 #     three completions, one streamed, then SIGTERM and exit 0); attention_bench;
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
-#     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16)
+#     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16);
+#     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
 # The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
@@ -185,6 +186,15 @@ run_step "verify_torch_bench.py" 90 env PYTHONUNBUFFERED=1 python3 tools/gpu/ver
   --compare "$WORK/steps/verify_bench.out"
 run_step "spec_bench" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
   --k 4 --max-tokens 128
+# SSD on two GPUs (verifier cuda:0, speculator cuda:1) beside plain decoding and draft-model
+# speculation on cuda:0, codepair pair (real acceptance), greedy, batch 1, 4 and 16.
+if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
+  for k in 4 7; do
+    run_step "ssd_bench k=$k" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+      --batches 1,4,16 --k "$k" --max-tokens 128 --ssd --specd "$WORK/bin/specd" \
+      --speculator-device cuda:1 --fan-out 3
+  done
+fi
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
@@ -192,10 +202,11 @@ run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode per
 
 echo
 echo "== key results (full output in $LOG)"
-for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench"; do
+for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench" \
+  "ssd_bench k=4" "ssd_bench k=7"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
-  tail -n 12 "$WORK/steps/$s.out"
+  tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
 done
 if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; then
   echo "-- decode_bench"
