@@ -357,7 +357,7 @@ class SsdServerTest(SpecTestCase):
 
     def test_ssd_is_lossless_reports_cache_hits_and_exports_metrics(self):
         config = json.dumps({"method": "ssd", "model": DRAFT, "num_speculative_tokens": 4,
-                             "fan_out": 3})
+                             "fan_out": 3, "cache_build": "complete"})
         with Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
                     config, source_dir=SOURCE, name="spec_http_ssd") as d:
             body = {"prompt": codepair_prompts(4, 300), "max_tokens": 48, "temperature": 0}

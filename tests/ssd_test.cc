@@ -62,10 +62,13 @@ std::vector<std::vector<int32_t>> Ids(const std::vector<GenerateResult>& results
 
 class SsdLosslessTest : public ::testing::TestWithParam<int32_t> {};
 
+// With "cache_build": "complete" (the whole budget is built every round, so hits do not depend
+// on how fast this machine is); the default, interruptible build, is what the fault and
+// sampling tests below and spec_http_test run.
 TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   const int32_t k = GetParam();
   auto observer = std::make_shared<SsdObserver>();
-  auto engine = MakeEngine(kTarget, SsdConfig(k), observer);
+  auto engine = MakeEngine(kTarget, SsdConfig(k, R"(, "cache_build": "complete")"), observer);
   ASSERT_NE(engine, nullptr);
   ASSERT_TRUE(engine->has_ssd());
   auto plain = engine->GenerateBatch(AllPrompts(*engine, {SpeculationMethod::kNone, 0}));
@@ -97,7 +100,7 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   }
   EXPECT_EQ(s.link_failures, 0);
   EXPECT_EQ(s.local_rounds, 0);
-  EXPECT_GT(s.drafts_hit, told / 10) << "the speculation cache should serve rounds";
+  EXPECT_GT(s.drafts_hit, told / 4) << "the speculation cache should serve rounds";
   EXPECT_GT(drafts, 0);
 }
 

@@ -78,6 +78,12 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     o->launch = it->get<bool>();
   }
   if (absl::Status s = ReadString(j, "speculator_binary", false, &o->binary); !s.ok()) return s;
+  std::string build = o->complete_cache ? "complete" : "interruptible";
+  if (absl::Status s = ReadString(j, "cache_build", false, &build); !s.ok()) return s;
+  if (build != "complete" && build != "interruptible") {
+    return FieldError("cache_build", "must be \"interruptible\" or \"complete\"");
+  }
+  o->complete_cache = build == "complete";
   return ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms);
 }
 
@@ -140,7 +146,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "speculator_address",
                                            "launch_speculator",
                                            "speculator_binary",
-                                           "speculator_timeout_ms"};
+                                           "speculator_timeout_ms",
+                                           "cache_build"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -223,6 +230,7 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["launch_speculator"] = c.ssd.launch;
   if (!c.ssd.binary.empty()) j["speculator_binary"] = c.ssd.binary;
   j["speculator_timeout_ms"] = c.ssd.timeout_ms;
+  j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
   return j.dump();
 }
 

@@ -49,6 +49,10 @@ struct SsdOptions {
   bool launch = true;         // the verifier starts (and restarts) the speculator process itself
   std::string binary;         // the specd executable it launches; "": this process's own
   int32_t timeout_ms = 2000;  // longest wait for drafts before a round goes without them
+  // The speculation cache is built until the verifier's next request arrives (the paper's
+  // verification window), or always completely before answering it ("cache_build":
+  // "complete": deterministic hit rates, for tests and measurements of the cache itself).
+  bool complete_cache = false;
 };
 
 // The server's speculation settings (`--speculative-config`), immutable after parsing.

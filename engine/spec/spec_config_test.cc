@@ -61,6 +61,7 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "speculator_address": "nohost"})", "HOST:PORT"},
       {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
       {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
+      {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
       {R"({"method": 3})", "\"method\""},
       {R"({"num_speculative_tokens": 0, "method": "ngram"})", "num_speculative_tokens"},
       {R"({"num_speculative_tokens": 65, "method": "ngram"})", "num_speculative_tokens"},
@@ -85,7 +86,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
       R"({"method": "ssd", "model": "/m/draft", "num_speculative_tokens": 7,
           "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
           "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
-          "launch_speculator": false, "speculator_timeout_ms": 500})");
+          "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete"})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->method, SpeculationMethod::kSsd);
   EXPECT_EQ(c->num_speculative_tokens, 7);
@@ -98,6 +99,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_EQ(c->ssd.address, "0.0.0.0:7000");
   EXPECT_FALSE(c->ssd.launch);
   EXPECT_EQ(c->ssd.timeout_ms, 500);
+  EXPECT_TRUE(c->ssd.complete_cache);
   // The JSON handed to a launched speculator reads back the same.
   absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status();

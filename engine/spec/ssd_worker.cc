@@ -276,7 +276,9 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     response->AddDraft(m.seq_id, status, s.drafts, rows);
   }
   last_response_ = absl::Now();
-  response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start));
+  // Busy since the last response: the cache built after it, then this answer.
+  response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
+                                            build_seconds_ * 1e9);
   return absl::OkStatus();
 }
 
@@ -300,9 +302,10 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   }
   // Every branch: the sequence's context, d_1..d_k, then a candidate t* for position k + 1.
   // Branches are built in waves by candidate rank (every sequence's best candidate at every k
-  // first, then the second best, ...), one batched Propose per wave, and after the first wave
-  // the build stops as soon as `stop` says the verifier's next request is there: the cache is
-  // whatever fitted into the verification window (the paper's budget B is the most it holds).
+  // first, then the second best, ...), one batched Propose per wave, and the build stops as
+  // soon as `stop` (checked before every forward pass) says the verifier's next request is
+  // there: the cache is whatever fitted into the verification window (the paper's budget B is
+  // the most it holds).
   struct Branch {
     uint64_t seq_id, branch_id;
     int32_t k, bonus;
@@ -333,14 +336,12 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       }
     }
   }
-  for (size_t w = 0; w < waves.size(); ++w) {
-    // The first wave (every sequence's best candidate at every k) always completes: were it
-    // cut short whenever verification is quicker than a round of drafting, nothing would ever
-    // hit, and each round would pay for a re-draft; a hit instead costs no more than the wave.
-    const std::function<bool()> no_stop;
-    const std::function<bool()>& until = w == 0 ? no_stop : stop;
-    if (until && until()) break;
-    std::vector<Branch>& wave = waves[w];
+  for (std::vector<Branch>& wave : waves) {
+    // The verifier's next request ends the build, even mid-wave: answering it at once is never
+    // worse than finishing a branch first (a hit saves at most one round of drafting, which is
+    // what the rest of a wave costs). When verification is quicker than one round of drafting,
+    // as for a tiny target, the cache then stays empty and SSD falls back to plain speculation.
+    if (stop && stop()) break;
     inputs.clear();
     for (Branch& br : wave) {
       const Seq& s = seqs_[br.seq_id];
@@ -351,7 +352,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       inputs.push_back(InputFor(br.branch_id, s, br.tokens, s.num_draft_tokens + 1));
       inputs.back().seed = Mix(s.seed, br.branch_id);
     }
-    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, &proposed, until));
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, &proposed, stop));
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];
       Draft& d = proposed[j];
@@ -420,7 +421,8 @@ absl::Status SsdWorker::ServeChannel(Channel& channel) {
         SPECD_RETURN_IF_ERROR(Handle(std::get<SpeculateRequest>(message), &response));
         response.cache_build_ns = static_cast<uint64_t>(build_seconds_ * 1e9);
         SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
-        SPECD_RETURN_IF_ERROR(BuildCache(arrived));
+        SPECD_RETURN_IF_ERROR(options_.config.ssd.complete_cache ? BuildCache()
+                                                                 : BuildCache(arrived));
         break;
       }
       case MessageType::kRelease:

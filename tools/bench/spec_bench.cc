@@ -10,7 +10,8 @@
 //
 //   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16] [--k 4]
 //              [--max-tokens 128] [--temperature 0] [--prompts FILE] [--repeats 2]
-//              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]]
+//              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
+//               [--cache-build interruptible|complete]]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +46,7 @@ struct Flags {
   std::string speculator_device;  // "": the verifier's device
   int fan_out = 3;
   float saguaro_c = -1;
+  std::string cache_build = "interruptible";
 };
 
 // Per-position acceptance over the rounds the engine reports.
@@ -120,6 +122,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->specd = value();
     else if (a == "--speculator-device")
       f->speculator_device = value();
+    else if (a == "--cache-build")
+      ok = (f->cache_build = value()) == "complete" || f->cache_build == "interruptible";
     else if (a == "--fan-out")
       ok = absl::SimpleAtoi(value(), &f->fan_out) && f->fan_out >= 1;
     else if (a == "--saguaro-c")
@@ -147,6 +151,9 @@ struct Run {
   double tokens_per_round = 0;  // 0 without speculation
   std::string acceptance;
   double hit_rate = -1;  // SSD: drafts served from the speculation cache; < 0 otherwise
+  double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
+  double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
+  double cache_ms = 0;   // SSD: ... of which cache construction, per round
 };
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
@@ -190,6 +197,13 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     const int64_t told = hits + after.drafts_miss_primary - before.drafts_miss_primary +
                          after.drafts_miss_backup - before.drafts_miss_backup;
     if (told > 0) run.hit_rate = static_cast<double>(hits) / told;
+    const int64_t remote = after.rounds - before.rounds;
+    if (remote > 0) {
+      run.wait_ms = 1e3 * (after.wait_seconds - before.wait_seconds) / remote;
+      run.busy_ms = 1e3 * (after.speculator_busy_seconds - before.speculator_busy_seconds) / remote;
+      run.cache_ms =
+          1e3 * (after.speculator_cache_seconds - before.speculator_cache_seconds) / remote;
+    }
     if (run.tokens_per_s > best.tokens_per_s) best = run;
   }
   return best;
@@ -221,8 +235,13 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
 }
 
 void PrintRow(int batch, const char* method, const Run& r, double plain) {
-  char hits[32] = "";
-  if (r.hit_rate >= 0) std::snprintf(hits, sizeof(hits), "  (cache hits %.1f%%)", 100 * r.hit_rate);
+  char hits[160] = "";
+  if (r.hit_rate >= 0) {
+    std::snprintf(hits, sizeof(hits),
+                  "  (cache hits %.1f%%; per round: verifier waits %.3f ms, speculator answers "
+                  "in %.3f ms and builds the cache in %.3f ms)",
+                  100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
+  }
   std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s\n", batch, method, r.tokens_per_s,
               r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits);
 }
@@ -277,11 +296,13 @@ int Main(int argc, char** argv) {
   ssd.ssd.binary = f.specd;
   ssd.ssd.fan_out = f.fan_out;
   ssd.ssd.saguaro_c = f.saguaro_c;
+  ssd.ssd.complete_cache = f.cache_build == "complete";
   engine = MakeEngine(f, ssd, acc);
-  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s\n",
+  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
               engine->device_name().c_str(),
               f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
-              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str());
+              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
+              f.cache_build.c_str());
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.k}, WarmUp(f));
   for (size_t i = 0; i < f.batches.size(); ++i) {
     PrintRow(f.batches[i], "ssd",

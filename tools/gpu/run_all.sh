@@ -190,9 +190,11 @@ run_step "spec_bench" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --ba
 # speculation on cuda:0, codepair pair (real acceptance), greedy, batch 1, 4 and 16.
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
   for k in 4 7; do
-    run_step "ssd_bench k=$k" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
-      --batches 1,4,16 --k "$k" --max-tokens 128 --ssd --specd "$WORK/bin/specd" \
-      --speculator-device cuda:1 --fan-out 3
+    for build in interruptible complete; do
+      run_step "ssd_bench k=$k $build" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+        --batches 1,4,16 --k "$k" --max-tokens 128 --ssd --specd "$WORK/bin/specd" \
+        --speculator-device cuda:1 --fan-out 3 --cache-build "$build"
+    done
   done
 fi
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
@@ -203,7 +205,8 @@ run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode per
 echo
 echo "== key results (full output in $LOG)"
 for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench" \
-  "ssd_bench k=4" "ssd_bench k=7"; do
+  "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
+  "ssd_bench k=7 complete"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
