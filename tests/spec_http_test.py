@@ -385,6 +385,8 @@ class SsdServerTest(SpecTestCase):
             self.assertEqual(d.metric("specd_ssd_speculator_connected"), 1)
             self.assertGreater(d.metric('specd_ssd_draft_tokens_total{draft="hit"}'), 0)
             self.assertEqual(d.metric("specd_ssd_link_failures_total"), 0)
+            self.assertGreater(d.metric('specd_ssd_bytes_total{direction="sent"}'), 0)
+            self.assertGreater(d.metric('specd_ssd_bytes_total{direction="received"}'), 0)
             self.assert_promtool_clean(d)
 
 

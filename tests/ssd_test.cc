@@ -68,7 +68,10 @@ class SsdLosslessTest : public ::testing::TestWithParam<int32_t> {};
 TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   const int32_t k = GetParam();
   auto observer = std::make_shared<SsdObserver>();
-  auto engine = MakeEngine(kTarget, SsdConfig(k, R"(, "cache_build": "complete")"), observer);
+  // The verifier waits for the whole cache every round: give a loaded machine time for it.
+  auto engine = MakeEngine(
+      kTarget, SsdConfig(k, R"(, "cache_build": "complete", "speculator_timeout_ms": 60000)"),
+      observer);
   ASSERT_NE(engine, nullptr);
   ASSERT_TRUE(engine->has_ssd());
   auto plain = engine->GenerateBatch(AllPrompts(*engine, {SpeculationMethod::kNone, 0}));
@@ -100,11 +103,37 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   }
   EXPECT_EQ(s.link_failures, 0);
   EXPECT_EQ(s.local_rounds, 0);
+  ASSERT_GT(s.rounds, 0);
+  EXPECT_GT(s.bytes_sent, 0);
+  EXPECT_GT(s.bytes_received, 0);
+  std::printf("    link: %.0f bytes sent and %.0f received per round\n",
+              double(s.bytes_sent) / s.rounds, double(s.bytes_received) / s.rounds);
   EXPECT_GT(s.drafts_hit, told / 4) << "the speculation cache should serve rounds";
   EXPECT_GT(drafts, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(K, SsdLosslessTest, ::testing::Values(4, 7));
+
+// A speculator that cannot start (no such draft model) fails the server's start with the reason,
+// at once, instead of leaving it to wait for a speculator that never joins.
+TEST(SsdStartupTest, ASpeculatorThatExitsIsAStartupError) {
+  EngineOptions o;
+  o.model_dir = kTarget;
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 1024;
+  auto spec = ParseSpeculativeConfig(R"({"method": "ssd", "model": "/no/such/draft", )"
+                                     R"("speculator_binary": ")" SPECD_BINARY R"("})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  o.speculative = *spec;
+  const absl::Time start = absl::Now();
+  auto engine = Engine::Create(o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
+  EXPECT_NE(engine.status().message().find("exited with status 1"), std::string::npos)
+      << engine.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
 
 TEST(SsdSamplingTest, SecondTokenFollowsTheTargetWithSaguaroDownweighting) {
   auto observer = std::make_shared<SsdObserver>();

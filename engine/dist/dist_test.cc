@@ -126,6 +126,9 @@ TEST(TcpChannelTest, HandshakeThenThousandRoundTripsAcrossProcesses) {
               absl::ToDoubleMicroseconds(elapsed) / 1000);
   EXPECT_EQ((*channel)->frames_sent(), 1002u);      // Hello + HelloAck + 1000 requests
   EXPECT_EQ((*channel)->frames_received(), 1001u);  // Hello + 1000 responses
+  // Every frame is at least its 24-byte header; the requests carry tokens on top.
+  EXPECT_GT((*channel)->bytes_sent(), 1002u * kFrameHeaderBytes);
+  EXPECT_GT((*channel)->bytes_received(), 1001u * kFrameHeaderBytes);
   ASSERT_TRUE((*channel)->Send(Shutdown{.reason = "done"}, kWait).ok());
   EXPECT_EQ(child.Wait(), 0);
 }

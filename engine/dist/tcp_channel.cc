@@ -201,6 +201,7 @@ absl::Status TcpChannel::Send(MessageRef message, absl::Duration timeout) {
         absl::StrCat("send to ", peer_address_, ": ", ErrnoText(n < 0 ? errno : EPIPE))));
   }
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(tx_.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -247,6 +248,8 @@ absl::StatusOr<bool> TcpChannel::DecodeFramePart(Message* message) {
       DecodePayload(rx_header_, rx_.bytes().subspan(kFrameHeaderBytes, rx_header_.payload_bytes),
                     limits_, message);
   if (!status.ok()) return Break(status);
+  bytes_received_.fetch_add(kFrameHeaderBytes + rx_header_.payload_bytes,
+                            std::memory_order_relaxed);
   rx_have_ = 0;
   rx_have_header_ = false;
   frames_received_.fetch_add(1, std::memory_order_relaxed);

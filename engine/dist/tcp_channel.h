@@ -67,6 +67,9 @@ class TcpChannel final : public Channel {
   // Frames sent / received so far (the next frame's sequence number). Any thread.
   uint64_t frames_sent() const { return frames_sent_.load(std::memory_order_relaxed); }
   uint64_t frames_received() const { return frames_received_.load(std::memory_order_relaxed); }
+  // Whole frames (header included) sent and received, in bytes.
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  private:
   friend class TcpListener;
@@ -90,6 +93,8 @@ class TcpChannel final : public Channel {
   std::atomic<bool> dead_{false};
   std::atomic<uint64_t> frames_sent_{0};
   std::atomic<uint64_t> frames_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
 
   mutable absl::Mutex state_mu_;
   absl::Status dead_reason_ ABSL_GUARDED_BY(state_mu_);

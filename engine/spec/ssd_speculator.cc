@@ -1,5 +1,7 @@
 #include "engine/spec/ssd_speculator.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -66,9 +68,23 @@ absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
   if (o.config.ssd.launch && !s->process_.Running()) {
     return absl::InternalError("ssd: the speculator process did not start");
   }
-  if (!s->TryAccept(o.startup_timeout)) {
-    SPECD_LOG_WARN("ssd: no speculator joined within {}; drafting locally until one does",
-                   absl::FormatDuration(o.startup_timeout));
+  // Wait for the first speculator; a launched one that exits first (a bad draft model, a
+  // missing GPU) is a startup error, reported with the reason it printed.
+  const absl::Time deadline = absl::Now() + o.startup_timeout;
+  while (!s->TryAccept(absl::Milliseconds(100))) {
+    if (o.config.ssd.launch && !s->process_.Running()) {
+      const int status = s->process_.exit_status();
+      return absl::FailedPreconditionError(
+          absl::StrCat("ssd: the speculator process (", s->launch_command_, ") exited ",
+                       WIFEXITED(status) ? absl::StrCat("with status ", WEXITSTATUS(status))
+                                         : absl::StrCat("on signal ", WTERMSIG(status)),
+                       " before joining; its error is in the log above"));
+    }
+    if (absl::Now() >= deadline) {
+      SPECD_LOG_WARN("ssd: no speculator joined within {}; drafting locally until one does",
+                     absl::FormatDuration(o.startup_timeout));
+      break;
+    }
   }
   return s;
 }
@@ -93,6 +109,7 @@ void SsdSpeculator::MaybeLaunch() {
   std::vector<std::string> argv = {binary, "speculator", "--connect",
                                    absl::StrCat("127.0.0.1:", port())};
   argv.insert(argv.end(), options_.launch_args.begin(), options_.launch_args.end());
+  launch_command_ = absl::StrCat(binary, " speculator");
   absl::StatusOr<Subprocess> p = Subprocess::Spawn(argv);
   if (!p.ok()) {
     SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", p.status().ToString());
@@ -113,6 +130,8 @@ bool SsdSpeculator::TryAccept(absl::Duration timeout) {
     return false;
   }
   SPECD_LOG_INFO("ssd: speculator joined from {}", (*c)->peer_address());
+  bytes_before_.sent = stats_.bytes_sent;
+  bytes_before_.received = stats_.bytes_received;
   channel_ = *std::move(c);
   for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
   released_.clear();
@@ -229,6 +248,8 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   }
   stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   ++stats_.rounds;
+  stats_.bytes_sent = bytes_before_.sent + static_cast<int64_t>(channel_->bytes_sent());
+  stats_.bytes_received = bytes_before_.received + static_cast<int64_t>(channel_->bytes_received());
   const auto& response = std::get<SpeculateResponse>(reply_);
   if (response.drafts.size() != request.seqs.size()) {
     return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",

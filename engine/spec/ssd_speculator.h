@@ -78,10 +78,14 @@ class SsdSpeculator : public Speculator {
   SsdSpeculatorOptions options_;
   WireLimits limits_;
   std::unique_ptr<TcpListener> listener_;
-  std::unique_ptr<Channel> channel_;
+  std::unique_ptr<TcpChannel> channel_;
   Subprocess process_;
   std::atomic<int32_t> pid_{-1};  // process_'s pid for other threads
   absl::Time last_launch_ = absl::InfinitePast();
+  std::string launch_command_;  // for errors
+  struct {
+    int64_t sent = 0, received = 0;
+  } bytes_before_;  // bytes of the links before the current one
   NgramSpeculator local_;
   absl::flat_hash_map<uint64_t, SeqState> seqs_;
   std::vector<uint64_t> released_;
