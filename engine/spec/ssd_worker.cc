@@ -8,6 +8,7 @@
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/dist/tcp_channel.h"
+#include "engine/spec/ngram.h"
 #include "engine/spec/ssd_protocol.h"
 
 namespace specd {
@@ -52,11 +53,7 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
 
 SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
                      OutcomeStats stats)
-    : options_(options),
-      draft_(std::move(draft)),
-      ngram_(options.config.prompt_lookup_min, options.config.prompt_lookup_max),
-      outcomes_(std::move(stats)),
-      rng_(options.seed) {
+    : options_(options), draft_(std::move(draft)), outcomes_(std::move(stats)), rng_(options.seed) {
   f_max_ = outcomes_.options().max_fan_out;
 }
 

@@ -34,7 +34,6 @@
 #include "engine/dist/messages.h"
 #include "engine/runner/model_runner.h"
 #include "engine/spec/draft_model.h"
-#include "engine/spec/ngram.h"
 #include "engine/spec/saguaro.h"
 #include "engine/spec/spec_config.h"
 
@@ -117,7 +116,6 @@ class SsdWorker {
 
   SsdWorkerOptions options_;
   std::unique_ptr<DraftModelSpeculator> draft_;
-  NgramSpeculator ngram_;
   OutcomeStats outcomes_;
   SpeculationCache cache_;
   absl::node_hash_map<uint64_t, Seq> seqs_;  // node: DraftInputs point into a Seq
