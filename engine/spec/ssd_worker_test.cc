@@ -12,6 +12,7 @@
 
 #include "engine/dist/tcp_channel.h"
 #include "engine/spec/draft_model.h"
+#include "engine/spec/ngram.h"
 #include "engine/spec/ssd_protocol.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
