@@ -165,8 +165,19 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   }
   const std::string draft_device = (*runner)->device_name();
   SPECD_ASSIGN_OR_RETURN(
-      draft_, DraftModelSpeculator::Create(*std::move(runner), runner_->config().vocab_size,
-                                           options_.max_num_batched_tokens));
+      std::unique_ptr<DraftModelSpeculator> speculator,
+      DraftModelSpeculator::Create(*std::move(runner), runner_->config().vocab_size,
+                                   options_.max_num_batched_tokens));
+  if (spec.replay.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
+                           DraftReplay::Load(spec.replay, runner_->config().vocab_size));
+    SPECD_LOG_WARN(
+        "engine: draft model in replay mode (controlled acceptance alpha {}, {} "
+        "trajectories): a benchmark setting, not a model's acceptance",
+        spec.replay.alpha, replay->num_trajectories());
+    speculator->set_replay(std::move(replay));
+  }
+  draft_ = std::move(speculator);
   SPECD_LOG_INFO("engine: draft model {} on {} for speculation (default method {}, K {})",
                  spec.draft_model, draft_device, SpeculationMethodName(spec.method),
                  spec.num_speculative_tokens);

@@ -297,7 +297,8 @@ class Engine {
 struct SpeculatorProcessOptions {
   std::string connect;  // the verifier's HOST:PORT
   SpeculativeConfig speculative;
-  std::string device = "cpu";  // the draft's device
+  std::string device = "cpu";        // the draft's device
+  std::string load_format = "auto";  // the draft's weights: safetensors, or dummy (random; CUDA)
   int32_t num_threads = 0;
   int32_t block_size = 16;
   int32_t max_num_seqs = 256;  // the verifier's (the wire limits must match)

@@ -143,7 +143,7 @@ absl::Status Engine::VerifyGreedyOnRunner() {
     commit.clear();
     const std::vector<int32_t>& drafts = c.drafts[k].tokens;
     GreedyVerifyResult& v = c.verified[k];
-    for (int32_t j = 0; j < v.num_accepted; ++j) commit.push_back({drafts[j], 0.0f, {}});
+    for (int32_t j = 0; j < v.num_accepted; ++j) commit.push_back({drafts[j], 0.0f, {}, {}});
     commit.push_back(std::move(v.next));
     c.accepted[k] = v.num_accepted;
   }

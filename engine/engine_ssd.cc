@@ -25,22 +25,26 @@ absl::Status Engine::CreateSsd(const RunnerOptions& target) {
   o.max_model_len = max_model_len_;
   const std::string device =
       spec.speculator_device.empty() ? target.device : spec.speculator_device;
-  o.launch_args = {"--speculative-config",
-                   SpeculativeConfigToJson(spec),
-                   "--device",
-                   device,
-                   "--threads",
-                   absl::StrCat(target.num_threads),
-                   "--block-size",
-                   absl::StrCat(target.block_size),
-                   "--max-num-seqs",
-                   absl::StrCat(options_.max_num_seqs),
-                   "--max-model-len",
-                   absl::StrCat(max_model_len_),
-                   "--max-num-batched-tokens",
-                   absl::StrCat(options_.max_num_batched_tokens),
-                   "--gpu-memory-utilization",
-                   absl::StrCat(target.gpu_memory_utilization)};
+  o.launch_args = {
+      "--speculative-config",
+      SpeculativeConfigToJson(spec),
+      "--device",
+      device,
+      "--threads",
+      absl::StrCat(target.num_threads),
+      "--block-size",
+      absl::StrCat(target.block_size),
+      "--max-num-seqs",
+      absl::StrCat(options_.max_num_seqs),
+      "--max-model-len",
+      absl::StrCat(max_model_len_),
+      "--max-num-batched-tokens",
+      absl::StrCat(options_.max_num_batched_tokens),
+      "--gpu-memory-utilization",
+      absl::StrCat(spec.ssd.gpu_memory_utilization > 0 ? spec.ssd.gpu_memory_utilization
+                                                       : target.gpu_memory_utilization),
+      "--load-format",
+      target.load_format};  // as an in-process draft inherits it
   absl::StatusOr<std::unique_ptr<SsdSpeculator>> ssd = SsdSpeculator::Create(o);
   if (!ssd.ok()) {
     return absl::Status(ssd.status().code(), absl::StrCat("ssd: ", ssd.status().message()));
@@ -61,6 +65,7 @@ absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options) {
   SsdWorkerOptions w;
   w.config = options.speculative;
   w.draft.device = options.device;
+  w.draft.load_format = options.load_format;
   w.draft.num_threads = options.num_threads;
   w.draft.block_size = options.block_size;
   w.draft.max_num_seqs = options.max_num_seqs;

@@ -248,6 +248,8 @@ absl::Status RunSpeculator(const std::vector<std::string>& args) {
   p.Add("speculative-config", &config,
         "the verifier's --speculative-config JSON (method ssd, model = the draft, fan_out, ...)");
   p.Add("device", &o.device, "the draft's device: cpu | cuda | cuda:N (default cpu)");
+  p.Add("load-format", &o.load_format,
+        "the draft's weights: auto (safetensors) | dummy (random; CUDA)");
   p.Add("threads", &o.num_threads, "CPU threads (0 = all cores)");
   p.Add("block-size", &o.block_size, "KV block size in tokens (default 16)");
   p.Add("max-num-seqs", &o.max_num_seqs, "the verifier's --max-num-seqs (default 256)");

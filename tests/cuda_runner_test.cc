@@ -50,6 +50,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/cuda/init.h"
 #include "kernels/ref/bf16.h"
+#include "kernels/ref/sampling.h"
 
 namespace specd {
 namespace {
@@ -640,6 +641,74 @@ TEST_F(CodepairCudaTest, LogprobsBansAndPenaltiesReachTheGpuSampler) {
   int most = 0;
   for (const auto& [id, n] : counts) most = std::max(most, n);
   EXPECT_LE(most, 3) << "penalties should stop a token from repeating";
+}
+
+// SSD's draft ranks candidates on the GPU (kernels::TopKRows inside Step): for a prefill chunk
+// (eager) and for decode steps of a batch (graph replay) they are exactly the top raw logits of
+// the same step run through Forward, whatever penalties the row's sampler applies.
+TEST_F(CodepairCudaTest, StepCandidatesAreTheTopRawLogitsOfTheSameStep) {
+  ModelRunner& r = gpu_->runner();
+  const int32_t vocab = r.config().vocab_size;
+  BlockAllocator allocator(r.num_kv_blocks());
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 57, 300, 12, 9, 44}, {1, 8, 8, 8, 2000}, {1, 640, 17}};
+  std::vector<BlockTable> tables;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    tables.emplace_back(r.block_size());
+    ASSERT_TRUE(tables.back().EnsureCapacity(16, allocator).ok());
+  }
+  SamplingParams params;
+  params.temperature = 0;
+  params.repetition_penalty = 1.5f;  // changes the draw's logits, not the candidates'
+  params.presence_penalty = 1.0f;
+  std::vector<Sampler> samplers;
+  std::vector<TokenHistory> histories(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    samplers.emplace_back(params, 1);
+    histories[i].AddPrompt(prompts[i]);
+  }
+  auto rows_for = [&](int32_t k) {
+    std::vector<SampleRow> rows(prompts.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].chunk = static_cast<int32_t>(i);
+      rows[i].sampler = &samplers[i];
+      rows[i].params = &params;
+      rows[i].history = &histories[i];
+      rows[i].num_candidates = k;
+    }
+    return rows;
+  };
+  for (int step = 0; step < 2; ++step) {  // 0: prefill chunks (eager); 1: decode (graph)
+    std::vector<SequenceInput> batch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::vector<int32_t>& p = prompts[i];
+      if (step == 0) {
+        batch.push_back({p, 0, tables[i].ids(), false});
+      } else {
+        batch.push_back({std::span<const int32_t>(p).last(1), static_cast<int32_t>(p.size()),
+                         tables[i].ids(), false});
+      }
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE(r.Forward(batch, &logits).ok());
+    for (int32_t k : {1, 6, 16}) {
+      std::vector<SampleResult> out;
+      const std::vector<SampleRow> rows = rows_for(k);
+      ASSERT_TRUE(r.Step(batch, rows, &out).ok());  // rewrites the same KV with the same values
+      ASSERT_EQ(out.size(), prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<int32_t> want(k);
+        kernels::ref::TopKRows(logits.data() + i * vocab, vocab, 1, vocab, k, want.data());
+        EXPECT_EQ(out[i].candidates, want) << "step " << step << " row " << i << " k " << k;
+      }
+    }
+  }
+  std::vector<SampleResult> out;
+  std::vector<SampleRow> rows = rows_for(kMaxSampleCandidates + 1);
+  std::vector<SequenceInput> one = {{prompts[0], 0, tables[0].ids(), false}};
+  rows.resize(1);
+  EXPECT_EQ(r.Step(one, rows, &out).code(), absl::StatusCode::kInvalidArgument);
+  for (BlockTable& t : tables) ASSERT_TRUE(t.Release(allocator).ok());
 }
 
 // ---- (d) Llama-3.1-8B shapes with random weights, end to end ----

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
 #include "engine/kv/block_allocator.h"
+#include "kernels/ref/sampling.h"
 
 namespace specd {
 namespace {
@@ -51,6 +52,11 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
       return absl::InvalidArgumentError(
           absl::StrCat("Step: sample row of chunk ", row.chunk, " is malformed"));
     }
+    if (row.num_candidates < 0 || row.num_candidates > kMaxSampleCandidates ||
+        row.num_candidates > model_->config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Step: ", row.num_candidates, " candidates; at most ", kMaxSampleCandidates));
+    }
     per_token = per_token || row.token >= 0;
   }
   // Rows naming a token inside their chunk need every logits row of that chunk.
@@ -73,7 +79,14 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
     const size_t r =
         row.token >= 0 ? first_row[row.chunk] + row.token : first_row[row.chunk + 1] - 1;
     std::span<float> logits = std::span<float>(logits_).subspan(r * vocab, vocab);
+    std::vector<int32_t> candidates;
+    if (row.num_candidates > 0) {  // raw logits: before the sampler's penalties and bans
+      candidates.resize(row.num_candidates);
+      kernels::ref::TopKRows(logits.data(), static_cast<int64_t>(vocab), 1,
+                             static_cast<int32_t>(vocab), row.num_candidates, candidates.data());
+    }
     out->push_back(row.sampler->Sample(logits, *row.history, row.banned));
+    out->back().candidates = std::move(candidates);
   }
   return absl::OkStatus();
 }

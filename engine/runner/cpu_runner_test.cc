@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,39 @@ TEST_F(CpuRunnerTest, StepDrawsFromTheLastLogitsRowOfEachSampledChunk) {
   EXPECT_EQ(out[0].id, Argmax(row_b));
   ASSERT_EQ(out[0].top.size(), 2u);
   EXPECT_EQ(out[0].top[0].id, out[0].id);
+}
+
+// SSD's candidates: the top raw logits of the row (before the sampler's penalties), ties to
+// the lower id, as many as asked (at most kMaxSampleCandidates).
+TEST_F(CpuRunnerTest, StepCandidatesAreTheTopRawLogits) {
+  const std::vector<int32_t> a = {0, 5, 9, 14, 3};
+  BlockTable ta = Table(5), tb = Table(5);
+  std::vector<SequenceInput> batch = {{a, 0, ta.ids(), false}};
+  std::vector<float> logits;
+  ASSERT_TRUE(runner_->Forward(batch, &logits).ok());
+  const int32_t vocab = runner_->config().vocab_size;
+  SamplingParams params;
+  params.temperature = 0;
+  params.repetition_penalty = 2.0f;
+  Sampler sampler(params, 1);
+  TokenHistory history;
+  history.AddPrompt(a);
+  SampleRow row;
+  row.sampler = &sampler;
+  row.params = &params;
+  row.history = &history;
+  row.num_candidates = 5;
+  std::vector<SampleResult> out;
+  std::vector<SequenceInput> again = {{a, 0, tb.ids(), false}};
+  ASSERT_TRUE(runner_->Step(again, {&row, 1}, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t x, int32_t y) { return logits[x] > logits[y]; });
+  EXPECT_EQ(out[0].candidates, std::vector<int32_t>(order.begin(), order.begin() + 5));
+  row.num_candidates = kMaxSampleCandidates + 1;
+  EXPECT_EQ(runner_->Step(again, {&row, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Verification of greedy drafts: rows naming tokens inside a chunk draw from those tokens'

@@ -33,6 +33,14 @@ absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Create(int32_t max_rows,
                          cuda::DeviceMemory::Allocate(workspace, "sampling workspace"));
   SPECD_ASSIGN_OR_RETURN(s->ids_, cuda::DeviceMemory::Allocate(max_rows * 4, "sampled ids"));
   SPECD_ASSIGN_OR_RETURN(s->host_ids_, cuda::PinnedMemory::Allocate(max_rows * 4, "sampled ids"));
+  const int32_t k = std::min(kMaxSampleCandidates, vocab);
+  const size_t topk_bytes = static_cast<size_t>(max_rows) * kMaxSampleCandidates * 4;
+  SPECD_ASSIGN_OR_RETURN(s->topk_ids_, cuda::DeviceMemory::Allocate(topk_bytes, "candidate ids"));
+  SPECD_ASSIGN_OR_RETURN(s->host_topk_, cuda::PinnedMemory::Allocate(topk_bytes, "candidate ids"));
+  if (const size_t ws = kernels::TopKWorkspaceBytes(max_rows, vocab, k); ws > 0) {
+    SPECD_ASSIGN_OR_RETURN(s->topk_workspace_,
+                           cuda::DeviceMemory::Allocate(ws, "candidate ranking workspace"));
+  }
   return s;
 }
 
@@ -126,6 +134,25 @@ absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
   }
   // Raw rows first: the kernels below modify the logits in place.
   SPECD_RETURN_IF_ERROR(CopyLogprobRows(logits, rows, stream));
+  topk_ = 0;
+  for (const SampleRow& row : rows) {
+    if (row.num_candidates < 0 || row.num_candidates > std::min(kMaxSampleCandidates, vocab_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Step: ", row.num_candidates, " candidates; at most ", kMaxSampleCandidates));
+    }
+    topk_ = std::max(topk_, row.num_candidates);
+  }
+  if (topk_ > 0) {  // every row is ranked (one launch); rows keep what they asked for
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::TopKRows(logits, vocab_, n, vocab_, topk_, topk_ids_.as<int32_t>(),
+                                      topk_workspace_.as(), topk_workspace_.bytes(), stream),
+                    "TopKRows"));
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(cudaMemcpyAsync(host_topk_.as(), topk_ids_.as(),
+                                    static_cast<size_t>(n) * topk_ * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream),
+                    "copy of candidate ids"));
+  }
   Work w = Pack(rows);
   SPECD_RETURN_IF_ERROR(arena_.Upload(stream));
   if (w.num_banned > 0) {
@@ -173,6 +200,10 @@ void GpuSampler::Finish(std::span<const SampleRow> rows, std::vector<SampleResul
       SampleResult r;
       r.id = host_ids_.as<int32_t>()[i];
       out->push_back(std::move(r));
+    }
+    if (rows[i].num_candidates > 0) {
+      const int32_t* top = host_topk_.as<int32_t>() + i * static_cast<size_t>(topk_);
+      out->back().candidates.assign(top, top + rows[i].num_candidates);
     }
   }
 }

@@ -4,8 +4,10 @@
 // draw keyed by (request seed, tokens drawn so far), so a seeded request repeats in any batch.
 // Rows that ask for logprobs are the exception: their raw logits row is copied to the host and
 // the request's CPU Sampler handles it (exact CPU semantics, including top-n logprobs and its own
-// seeded RNG). Only ids (and those logits rows) come back: one synchronisation per step, which
-// the caller does between Enqueue and Finish. Engine thread only.
+// seeded RNG). Rows that ask for candidates (SampleRow::num_candidates, SSD's draft) also get
+// the ids of their largest raw logits, ranked on the GPU (kernels::TopKRows). Only ids (and
+// those logits rows) come back: one synchronisation per step, which the caller does between
+// Enqueue and Finish. Engine thread only.
 #pragma once
 
 #include <driver_types.h>
@@ -54,6 +56,10 @@ class GpuSampler {
   cuda::PinnedMemory host_ids_;     // [max_rows] int32
   cuda::PinnedMemory host_logits_;  // [num logprob rows, vocab] f32, grown on demand
   std::vector<int32_t> cpu_slot_;   // [rows of the last Enqueue] row in host_logits_, or -1
+  cuda::DeviceMemory topk_workspace_;
+  cuda::DeviceMemory topk_ids_;   // [max_rows, kMaxSampleCandidates] int32
+  cuda::PinnedMemory host_topk_;  // the same, on the host
+  int32_t topk_ = 0;              // candidates ranked per row by the last Enqueue (0: none)
 };
 
 }  // namespace specd

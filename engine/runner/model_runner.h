@@ -54,7 +54,12 @@ struct SampleRow {
   uint64_t seed = 0;                       // the request's seed (given or drawn at arrival)
   int64_t num_generated = 0;               // tokens drawn so far (GPU Philox offset)
   int32_t token = -1;                      // index into the chunk's tokens; -1: the last
+  // The ids of the row's num_candidates largest raw logits (before penalties and bans), best
+  // first, ties to the lower id, in SampleResult::candidates (SSD's cache candidates; on a GPU
+  // only the ids come back). At most kMaxSampleCandidates.
+  int32_t num_candidates = 0;
 };
+inline constexpr int32_t kMaxSampleCandidates = 16;
 
 // What greedy verification of one row's drafts gives: the drafts kept up to the first mismatch
 // with the target's argmax, and the target's token after them (the correction, or the bonus

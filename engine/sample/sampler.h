@@ -23,8 +23,9 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t id = 0;
-  float logprob = 0.0f;           // raw log-probability of `id` (only when logprobs >= 0)
-  std::vector<TokenLogprob> top;  // [params.logprobs] best raw logprobs, descending
+  float logprob = 0.0f;             // raw log-probability of `id` (only when logprobs >= 0)
+  std::vector<TokenLogprob> top;    // [params.logprobs] best raw logprobs, descending
+  std::vector<int32_t> candidates;  // [SampleRow::num_candidates] (engine/runner/model_runner.h)
 };
 
 // What the penalties look at: which tokens the prompt has, and how often each generated

@@ -18,11 +18,10 @@ int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return static_cast<int32_t>(ia - a.begin());
 }
 
-// Appends one position's candidates to draft.candidates: the num ids of `scores` ranked best
-// first (TopF: ties to the lower id). A greedy draft `first` (>= 0) leads its row even where
-// penalties or min_tokens bans made it differ from the raw logits' argmax.
-void AppendCandidates(std::span<const float> scores, int32_t num, int32_t first, Draft& draft) {
-  std::vector<int32_t> top = TopF(scores, num);
+// Appends one position's candidates to draft.candidates: `top`, ids ranked best first (TopF of
+// the raw logits: ties to the lower id). A greedy draft `first` (>= 0) leads its row even where
+// penalties, min_tokens bans or a replay made it differ from the raw logits' argmax.
+void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft) {
   if (first >= 0 && !top.empty() && top.front() != first) {
     auto it = std::find(top.begin(), top.end(), first);
     if (it == top.end()) {  // it displaces the last
@@ -150,13 +149,21 @@ void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
   probs_.resize(logits.size());
   ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
   if (in.params->greedy()) {  // a one-hot row at the argmax (lowest id on ties, as Argmax)
-    const auto token =
+    auto token =
         static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
-    if (in.num_candidates > 0) AppendCandidates(logits, in.num_candidates, token, draft);
+    if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
+    if (in.num_candidates > 0) {
+      const size_t at = draft.candidates.size();
+      AppendCandidates(TopF(logits, in.num_candidates), token, draft);
+      if (replay_ != nullptr) {
+        replay_->Candidates(in.tokens, draft.tokens,
+                            std::span<int32_t>(draft.candidates).subspan(at));
+      }
+    }
     draft.tokens.push_back(token);
     return;
   }
-  if (in.num_candidates > 0) AppendCandidates(probs_, in.num_candidates, -1, draft);
+  if (in.num_candidates > 0) AppendCandidates(TopF(probs_, in.num_candidates), -1, draft);
   if (in.saguaro_fan_out > 0 && in.saguaro_c >= 0.0f && in.saguaro_c < 1.0f) {
     // Saguaro sampling: draw from the row with its top-F ids down-weighted by C, and hand that
     // row on as q (verification with the drawn-from row keeps the output the target's).
@@ -203,15 +210,16 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
 
 absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs, bool* drawn) {
   // Greedy passes sample on the runner: every row ends its sequence's pending tokens and no
-  // draft position is banned (min_tokens), so the runner's argmax is the processed one. Rows
-  // that want candidates need their logits on the host: their passes run Forward.
+  // draft position is banned (min_tokens), so the runner's argmax is the processed one; the
+  // runner also ranks SSD's candidates (on a GPU: only ids come back). Sampled rows need their
+  // logits on the host: their passes run Forward.
   bool greedy = true;
   for (const Active& a : active_) {
     const DraftInput& in = inputs[a.input];
     const bool finishing = a.num_running > 0 && a.offset + a.num_running == a.pending.size();
     const bool in_pass = a.num_running > 0;
     greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0 &&
-                           in.num_candidates == 0);
+                           in.num_candidates <= kMaxSampleCandidates);
   }
   *drawn = greedy;
   if (!greedy) return runner_->Forward(batch_, &logits_);
@@ -227,6 +235,7 @@ absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> input
     row.params = in.params;
     row.history = in.history;
     row.seed = in.seed;
+    row.num_candidates = in.num_candidates;
     rows_.push_back(row);
   }
   return runner_->Step(batch_, rows_, &drawn_);
@@ -265,7 +274,18 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
       if (a.offset == a.pending.size()) {  // the row gives the next draft
         Draft& draft = (*drafts)[a.input];
         if (drawn) {
-          draft.tokens.push_back(drawn_[row].id);
+          const DraftInput& in = inputs[a.input];
+          int32_t id = drawn_[row].id;
+          if (replay_ != nullptr) id = replay_->Draft(in.tokens, draft.tokens, id);
+          if (in.num_candidates > 0) {
+            const size_t at = draft.candidates.size();
+            AppendCandidates(std::move(drawn_[row].candidates), id, draft);
+            if (replay_ != nullptr) {
+              replay_->Candidates(in.tokens, draft.tokens,
+                                  std::span<int32_t>(draft.candidates).subspan(at));
+            }
+          }
+          draft.tokens.push_back(id);
         } else {
           DrawDraft(inputs[a.input], *a.state,
                     std::span<const float>(logits_).subspan(row * vocab, vocab), draft);

@@ -15,7 +15,8 @@
 // pool gets no drafts that round (the target decodes it plainly). Engine thread only.
 // For SSD's speculation cache (engine/spec/ssd_worker.h) it also forks sequences without
 // copying KV (shared blocks, reference counted), reports the top candidates at each drafted
-// position (logits then come to the host), and draws sampled drafts with Saguaro sampling.
+// position (greedy rows: ranked by the runner, SampleRow::num_candidates; sampled rows: from
+// their processed row on the host), and draws sampled drafts with Saguaro sampling.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "engine/kv/block_allocator.h"
 #include "engine/runner/model_runner.h"
+#include "engine/spec/draft_replay.h"
 #include "engine/spec/speculator.h"
 
 namespace specd {
@@ -76,6 +78,10 @@ class DraftModelSpeculator : public Speculator {
   // gets the child's state. NotFound for an unknown child.
   absl::Status Adopt(uint64_t parent, uint64_t child);
 
+  // Benchmarks only: greedy drafts (and their candidates) follow `replay` (controlled
+  // acceptance, engine/spec/draft_replay.h); nullptr turns it off. The forward passes still run.
+  void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
+
   const ModelRunner& runner() const { return *runner_; }
   int32_t num_free_blocks() const { return allocator_.num_free(); }
   int32_t num_live_sequences() const { return static_cast<int32_t>(states_.size()); }
@@ -118,6 +124,7 @@ class DraftModelSpeculator : public Speculator {
   void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
 
   std::unique_ptr<ModelRunner> runner_;
+  std::shared_ptr<const DraftReplay> replay_;
   int32_t max_tokens_per_forward_;
   BlockAllocator allocator_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;

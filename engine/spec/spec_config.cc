@@ -84,7 +84,59 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     return FieldError("cache_build", "must be \"interruptible\" or \"complete\"");
   }
   o->complete_cache = build == "complete";
+  if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
+      return FieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
+    }
+    o->gpu_memory_utilization = it->get<double>();
+  }
   return ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms);
+}
+
+// A number field in [lo, hi], left unchanged when absent.
+absl::Status ReadUnit(const json& j, const char* field, double lo, double hi, double* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number() || it->get<double>() < lo || it->get<double>() > hi) {
+    return FieldError(field, absl::StrCat("must be a number in [", lo, ", ", hi, "]"));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+// A field of the "replay" object: its errors name it "replay.<field>".
+absl::Status InReplay(absl::Status s) {
+  if (s.ok()) return s;
+  std::string m(s.message());
+  const size_t quote = m.find('"');
+  if (quote != std::string::npos) m.insert(quote + 1, "replay.");
+  return absl::InvalidArgumentError(m);
+}
+
+absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
+  auto it = j.find("replay");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError("replay", "must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "file" && key != "alpha" && key != "candidate_hit" && key != "seed") {
+      return FieldError(absl::StrCat("replay.", key), "is not a known field");
+    }
+  }
+  if (absl::Status s = InReplay(ReadString(*it, "file", false, &o->file)); !s.ok()) return s;
+  if (o->file.empty()) return FieldError("replay.file", "is required");
+  if (absl::Status s = InReplay(ReadUnit(*it, "alpha", 0.0, 1.0, &o->alpha)); !s.ok()) return s;
+  if (absl::Status s = InReplay(ReadUnit(*it, "candidate_hit", 0.0, 1.0, &o->candidate_hit));
+      !s.ok()) {
+    return s;
+  }
+  int64_t seed = static_cast<int64_t>(o->seed);
+  if (absl::Status s =
+          InReplay(ReadInt(*it, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+      !s.ok()) {
+    return s;
+  }
+  o->seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -147,7 +199,9 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "launch_speculator",
                                            "speculator_binary",
                                            "speculator_timeout_ms",
-                                           "cache_build"};
+                                           "cache_build",
+                                           "speculator_gpu_memory_utilization",
+                                           "replay"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -203,6 +257,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
     }
   }
   if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
+  if (absl::Status s = ReadReplayOptions(j, &config.replay); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");
   }
@@ -231,6 +286,15 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   if (!c.ssd.binary.empty()) j["speculator_binary"] = c.ssd.binary;
   j["speculator_timeout_ms"] = c.ssd.timeout_ms;
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
+  if (c.ssd.gpu_memory_utilization > 0) {
+    j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
+  }
+  if (c.replay.enabled()) {
+    j["replay"] = {{"file", c.replay.file},
+                   {"alpha", c.replay.alpha},
+                   {"candidate_hit", c.replay.candidate_hit},
+                   {"seed", static_cast<int64_t>(c.replay.seed & 0x7fffffffffffffffULL)}};
+  }
   return j.dump();
 }
 

@@ -53,6 +53,25 @@ struct SsdOptions {
   // verification window), or always completely before answering it ("cache_build":
   // "complete": deterministic hit rates, for tests and measurements of the cache itself).
   bool complete_cache = false;
+  // The speculator process's gpu_memory_utilization (a fraction of the whole GPU, counting
+  // memory others hold); 0: the verifier's. On the verifier's own GPU it must exceed the share
+  // the verifier holds (e.g. verifier 0.45, speculator 0.9).
+  double gpu_memory_utilization = 0;
+};
+
+// Benchmark-only controlled acceptance (JSON "replay": {"file": PATH, "alpha": A,
+// "candidate_hit": H, "seed": S}; engine/spec/draft_replay.h): the draft model still runs every
+// forward pass, but for greedy rows whose context follows a recorded greedy continuation of the
+// target, its draft equals the recorded next token with probability alpha (else another
+// token), and the recorded token is its best alternative candidate with probability
+// candidate_hit. Results measured with it are controlled-acceptance results, never a model's.
+struct DraftReplayOptions {
+  std::string
+      file;  // JSONL, one {"tokens": [...]} per line (prompt + target continuation); "": off
+  double alpha = 0.8;
+  double candidate_hit = 0.9;
+  uint64_t seed = 0;
+  bool enabled() const { return !file.empty(); }
 };
 
 // The server's speculation settings (`--speculative-config`), immutable after parsing.
@@ -67,6 +86,7 @@ struct SpeculativeConfig {
   std::string speculator_device;       // where the draft runs ("cpu", "cuda:N"; JSON also takes
                                        // an integer N); "": the target's device
   SsdOptions ssd;                      // method ssd (the draft is `draft_model`)
+  DraftReplayOptions replay;           // benchmarks only: controlled acceptance of the draft
 
   bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
 };

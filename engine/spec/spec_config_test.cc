@@ -62,6 +62,10 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
       {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
       {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
+      {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 0})",
+       "speculator_gpu_memory_utilization"},
+      {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 1.5})",
+       "speculator_gpu_memory_utilization"},
       {R"({"method": 3})", "\"method\""},
       {R"({"num_speculative_tokens": 0, "method": "ngram"})", "num_speculative_tokens"},
       {R"({"num_speculative_tokens": 65, "method": "ngram"})", "num_speculative_tokens"},
@@ -86,7 +90,8 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
       R"({"method": "ssd", "model": "/m/draft", "num_speculative_tokens": 7,
           "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
           "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
-          "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete"})");
+          "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete",
+          "speculator_gpu_memory_utilization": 0.8})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->method, SpeculationMethod::kSsd);
   EXPECT_EQ(c->num_speculative_tokens, 7);
@@ -100,11 +105,13 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_FALSE(c->ssd.launch);
   EXPECT_EQ(c->ssd.timeout_ms, 500);
   EXPECT_TRUE(c->ssd.complete_cache);
+  EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
   // The JSON handed to a launched speculator reads back the same.
   absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));
   EXPECT_EQ(back->ssd.backup, "random");
+  EXPECT_DOUBLE_EQ(back->ssd.gpu_memory_utilization, 0.8);
   EXPECT_EQ(back->speculator_device, "cuda:1");
   // Requests may ask for SSD only when the server runs it; C per request overrides the server's.
   auto r = ResolveSpeculation({SpeculationMethod::kSsd, 0, 0.25f}, *c, true, /*has_ssd=*/true);

@@ -19,6 +19,11 @@ namespace {
 // the first few ranks, and more candidates cost host work per position.
 constexpr int32_t kMaxCandidates = 16;
 
+// Most branches drafted together in one forward pass of the cache build. A draft model's decode
+// step costs about the same for 1 or a few dozen rows (it reads its weights once), so branches
+// of every candidate rank share passes up to this many rows; beyond it, waves go by rank.
+constexpr size_t kMaxBranchesPerPass = 64;
+
 // SplitMix64's finaliser: seeds of different branches (or requests) must give unrelated draft
 // streams; XOR of nearby integers collides (1000 ^ 1 == 1002 ^ 3).
 uint64_t Mix(uint64_t a, uint64_t b) {
@@ -44,6 +49,14 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<DraftModelSpeculator> draft,
       DraftModelSpeculator::Create(std::move(runner), vocab, r.max_num_batched_tokens));
+  if (c.replay.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay, DraftReplay::Load(c.replay, vocab));
+    SPECD_LOG_WARN(
+        "ssd speculator: draft in replay mode (controlled acceptance alpha {}, "
+        "candidate hit {}): a benchmark setting",
+        c.replay.alpha, c.replay.candidate_hit);
+    draft->set_replay(std::move(replay));
+  }
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
   o.max_fan_out = std::min(kMaxCandidates, std::max(2, c.ssd.fan_out * 2));
@@ -150,6 +163,12 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   std::vector<Result> results(request.seqs.size());
   std::vector<DraftInput> primary;
   std::vector<size_t> primary_of;
+  // Partial hits: a branch the build was still drafting when this request came; it resumes from
+  // the drafts it has (its context is the outcome's, its KV holds them), in the primary's pass.
+  std::vector<std::vector<int32_t>> resume_tokens;
+  resume_tokens.reserve(request.seqs.size());  // spans into it must stay valid
+  std::vector<Draft> partial(request.seqs.size());
+  bool any_miss = false;
   served_.clear();
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
@@ -200,7 +219,22 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     }
     Result& r = results[i];
     if (m.num_draft_tokens == 0) continue;
-    if (cached) {
+    const size_t wanted = static_cast<size_t>(m.num_draft_tokens) + 1;  // + the cache's row for K
+    if (cached && cached->tokens.size() < wanted) {
+      SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+      r.served = Served::kHit;
+      Draft& d = partial[i];
+      d.tokens = std::move(cached->tokens);
+      d.probs = std::move(cached->probs);
+      d.candidates = std::move(cached->candidates);
+      resume_tokens.emplace_back(s.tokens);
+      resume_tokens.back().insert(resume_tokens.back().end(), d.tokens.begin(), d.tokens.end());
+      primary.push_back(InputFor(m.seq_id, s, resume_tokens.back(),
+                                 static_cast<int32_t>(wanted - d.tokens.size())));
+      primary_of.push_back(i);
+      ++stats_.hits;
+      ++stats_.hits_partial;
+    } else if (cached) {
       SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
       r.served = Served::kHit;
       r.draft.tokens = std::move(cached->tokens);
@@ -214,6 +248,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
       r.served = Served::kPrimary;
       primary.push_back(InputFor(m.seq_id, s, s.tokens, m.num_draft_tokens + 1));
       primary_of.push_back(i);
+      any_miss = true;
       ++stats_.misses_primary;
     }
   }
@@ -221,9 +256,23 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     const absl::Time t = absl::Now();
     std::vector<Draft> proposed;
     SPECD_RETURN_IF_ERROR(draft_->Propose(primary, &proposed));
-    for (size_t j = 0; j < primary.size(); ++j)
-      results[primary_of[j]].draft = std::move(proposed[j]);
-    Ema(&primary_seconds_, absl::ToDoubleSeconds(absl::Now() - t));
+    for (size_t j = 0; j < primary.size(); ++j) {
+      Draft& d = results[primary_of[j]].draft;
+      Draft& resumed = partial[primary_of[j]];
+      if (resumed.tokens.empty()) {
+        d = std::move(proposed[j]);
+        continue;
+      }
+      // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
+      // drafts it had still stand).
+      d = std::move(resumed);
+      d.tokens.insert(d.tokens.end(), proposed[j].tokens.begin(), proposed[j].tokens.end());
+      d.probs.insert(d.probs.end(), proposed[j].probs.begin(), proposed[j].probs.end());
+      d.candidates.insert(d.candidates.end(), proposed[j].candidates.begin(),
+                          proposed[j].candidates.end());
+    }
+    // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
+    if (any_miss) Ema(&primary_seconds_, absl::ToDoubleSeconds(absl::Now() - t));
   }
   const absl::Time backup_start = absl::Now();
   bool any_backup = false;
@@ -298,14 +347,16 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     }
   }
   // Every branch: the sequence's context, d_1..d_k, then a candidate t* for position k + 1.
-  // Branches are built in waves by candidate rank (every sequence's best candidate at every k
-  // first, then the second best, ...), one batched Propose per wave, and the build stops as
-  // soon as `stop` (checked before every forward pass) says the verifier's next request is
-  // there: the cache is whatever fitted into the verification window (the paper's budget B is
-  // the most it holds).
+  // Branches are ordered by candidate rank (every sequence's best candidate at every k first,
+  // then the second best, ...) and drafted in waves of at most kMaxBranchesPerPass, one batched
+  // Propose per wave, and the build stops as soon as `stop` (checked before every forward
+  // pass) says the verifier's next request is there: the cache is whatever fitted into the
+  // verification window (the paper's budget B is the most it holds), plus the unfinished
+  // branches of the wave in progress, which a hit resumes.
   struct Branch {
     uint64_t seq_id, branch_id;
     int32_t k, bonus;
+    int32_t fan;  // F_k: the fan-out of its acceptance length, larger for likelier outcomes
     std::vector<int32_t> tokens;
   };
   std::vector<std::vector<Branch>> waves;
@@ -324,7 +375,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
         if (static_cast<int32_t>(rank) >= fan[std::min(k, K)]) break;
         if (k < static_cast<int32_t>(s.drafts.size()) && t == s.drafts[k]) continue;
         if (waves.size() <= rank) waves.resize(rank + 1);
-        Branch br{id, 0, k, t, {}};
+        Branch br{id, 0, k, t, fan[std::min(k, K)], {}};
         br.tokens.reserve(s.tokens.size() + k + 1);
         br.tokens.assign(s.tokens.begin(), s.tokens.end());
         br.tokens.insert(br.tokens.end(), s.drafts.begin(), s.drafts.begin() + k);
@@ -333,11 +384,22 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       }
     }
   }
-  for (std::vector<Branch>& wave : waves) {
-    // The verifier's next request ends the build, even mid-wave: answering it at once is never
-    // worse than finishing a branch first (a hit saves at most one round of drafting, which is
-    // what the rest of a wave costs). When verification is quicker than one round of drafting,
-    // as for a tiny target, the cache then stays empty and SSD falls back to plain speculation.
+  // Ranks share passes up to kMaxBranchesPerPass rows, in rank order and within a rank by
+  // outcome likelihood (F_k), so a build cut short has the likeliest outcomes.
+  std::vector<std::vector<Branch>> passes;
+  for (std::vector<Branch>& rank : waves) {
+    std::stable_sort(rank.begin(), rank.end(),
+                     [](const Branch& a, const Branch& b) { return a.fan > b.fan; });
+    for (Branch& br : rank) {
+      if (passes.empty() || passes.back().size() == kMaxBranchesPerPass) passes.emplace_back();
+      passes.back().push_back(std::move(br));
+    }
+  }
+  for (std::vector<Branch>& wave : passes) {
+    // The verifier's next request ends the build, even mid-wave: the other branches of the
+    // wave are of no use once the outcome is known, and the one that matches it (if any) goes
+    // on alone as a partial hit. When verification is quicker than the first pass of a wave, as
+    // for a tiny target, the cache stays empty and SSD falls back to plain speculation.
     if (stop && stop()) break;
     inputs.clear();
     for (Branch& br : wave) {
@@ -353,8 +415,9 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];
       Draft& d = proposed[j];
-      // Empty: the draft's KV is full; short: the build was stopped. This outcome will miss.
-      if (d.tokens.size() < static_cast<size_t>(inputs[j].num_draft_tokens)) continue;
+      // Empty: the draft's KV is full (this outcome will miss); short: the build was stopped
+      // mid-branch, and a hit resumes it from the drafts it has (Handle).
+      if (d.tokens.empty()) continue;
       CachedDraft c;
       c.tokens = std::move(d.tokens);
       c.probs = std::move(d.probs);

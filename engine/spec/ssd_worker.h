@@ -8,6 +8,8 @@
 //   - miss, batch below b*: the primary draft model re-drafts (the batch waits for it);
 //   - miss, batch of b* or more: the backup speculator (n-gram or random tokens) drafts at
 //     once, and only this sequence pays with poor drafts (dual-tier fallback).
+// A branch still drafting when the verifier's next request arrives is kept with the drafts it
+// has: a hit on it resumes it (a partial hit), which costs the remaining passes, not a re-draft.
 // The cache (SpeculationCache): for acceptance length k the top-F_k candidates of the draft's
 // own distribution at position k + 1 (without d_{k+1}, which would have been accepted), F_k from
 // the geometric fan-out with alpha_p and r estimated online (or constant F); every branch
@@ -51,6 +53,7 @@ struct SsdWorkerOptions {
 struct SsdWorkerStats {
   int64_t rounds = 0;
   int64_t hits = 0;
+  int64_t hits_partial = 0;  // of hits: branches the build had not finished, resumed
   int64_t misses_primary = 0;
   int64_t misses_backup = 0;
   int64_t branches = 0;  // cached speculations built
@@ -69,8 +72,8 @@ class SsdWorker {
 
   // One round: the response to `request`. Then BuildCache precomputes the next outcomes' drafts.
   // Public for tests (ServeChannel calls both).
-  // BuildCache stops between waves of branches once `stop` returns true (the verifier's next
-  // message arrived).
+  // BuildCache stops before its next forward pass once `stop` returns true (the verifier's next
+  // message arrived), keeping unfinished branches for partial hits.
   absl::Status Handle(const SpeculateRequest& request, SpeculateResponse* response);
   absl::Status BuildCache(const std::function<bool()>& stop = {});
   // Drops a sequence (the verifier's Release).

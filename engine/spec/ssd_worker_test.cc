@@ -92,6 +92,40 @@ std::vector<int32_t> TokensOf(const SpeculateResponse& r, size_t i) {
   return {t.begin(), t.end()};
 }
 
+// A build cut short (the verifier's next request came) keeps its unfinished branches: a hit on
+// one resumes it from the drafts it has, and the drafts equal a fresh sequence's.
+TEST(SsdWorkerTest, AnUnfinishedBranchResumesOnAHit) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  req.round_id = 1;
+  req.AddSeq(Seq(7, kSeqNew, 0), prompt);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  const std::vector<int32_t> d = TokensOf(resp, 0);
+  // One check before the wave, then one before each pass: the catch-up pass and one decode
+  // pass run (two drafts per branch of the K + 1 = 5 wanted), then the build stops.
+  int checks = 0;
+  ASSERT_TRUE(w->BuildCache([&] { return ++checks > 3; }).ok());
+  EXPECT_EQ(w->stats().branches, 15) << "every branch of the wave is kept, unfinished";
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 1);
+  const int32_t bonus = Fresh(context, 3).candidates.at(1);
+  ASSERT_NE(bonus, d[1]);
+  req.Clear();
+  req.round_id = 2;
+  const std::vector<int32_t> outcome = {d[0], bonus};
+  req.AddSeq(Seq(7, 0, 1), outcome);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  context.push_back(bonus);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(w->stats().hits_partial, 1);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens) << "a resumed branch equals a fresh draft";
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
+}
+
 TEST(SsdWorkerTest, CacheHitsServeExactlyTheDraftsOfAFreshSequence) {
   auto w = MakeWorker();
   ASSERT_NE(w, nullptr);

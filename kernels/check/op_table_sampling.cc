@@ -1,10 +1,10 @@
-// Sampling ops of the table: "argmax", "penalties" and "sample", against kernels/ref/sampling.h.
-// Ids are compared exactly. "sample" draws with the same Philox uniforms as the reference
-// (checked bit for bit as the "uniforms" output), so its ids must equal the reference's except
-// where the fp32 kernel and the fp64 reference may legitimately round differently: a draw within
-// kCdfEps of a CDF boundary (the kernel's token must then be a kept neighbour whose interval lies
-// that close), or a filter decision within kFilterMargin of its threshold. Such rows are counted
-// as "baseline" (tolerated) mismatches; any other mismatch fails.
+// Sampling ops of the table: "argmax", "top_k_rows", "penalties" and "sample", against
+// kernels/ref/sampling.h. Ids are compared exactly. "sample" draws with the same Philox uniforms as
+// the reference (checked bit for bit as the "uniforms" output), so its ids must equal the
+// reference's except where the fp32 kernel and the fp64 reference may legitimately round
+// differently: a draw within kCdfEps of a CDF boundary (the kernel's token must then be a kept
+// neighbour whose interval lies that close), or a filter decision within kFilterMargin of its
+// threshold. Such rows are counted as "baseline" (tolerated) mismatches; any other mismatch fails.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -35,6 +35,7 @@ struct SamplingParams {
   int64_t pad = 0;             // row stride = vocab + pad; odd values force scalar loads
   int32_t max_prompt_len = 0;  // penalties
   int32_t max_output_len = 0;  // penalties
+  int32_t k = 0;               // top_k_rows
 };
 
 int64_t Stride(const SamplingParams& p) { return p.vocab + p.pad; }
@@ -137,6 +138,47 @@ class ArgmaxCase : public OpCase {
   std::vector<float> host_logits_;
   DeviceBuffer logits_;  // [num_rows, stride] f32
   DeviceBuffer ids_;     // [num_rows] int32
+};
+
+class TopKCase : public OpCase {
+ public:
+  explicit TopKCase(const SamplingParams& p)
+      : p_(p),
+        logits_(p.num_rows * Stride(p) * sizeof(float)),
+        ids_(p.num_rows * p.k * sizeof(int32_t)),
+        workspace_(TopKWorkspaceBytes(static_cast<int32_t>(p.num_rows), p.vocab, p.k)) {
+    std::mt19937_64 rng = RngFor(p, 4);
+    host_logits_ = MakeLogits(p, rng);
+    logits_.Upload(host_logits_);
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return TopKRows(logits_.as<float>(), Stride(p_), static_cast<int32_t>(p_.num_rows), p_.vocab,
+                    p_.k, ids_.as<int32_t>(), workspace_.as<void>(), workspace_.bytes(), stream);
+  }
+
+  // Every logit read once, k ids written (the chunk candidates stay in L2).
+  int64_t BytesMoved() const override {
+    return p_.num_rows * (p_.vocab + p_.k) * static_cast<int64_t>(sizeof(float));
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    ids_.Poison();
+    workspace_.Poison();  // the kernel must not depend on the workspace's contents
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> expected(p_.num_rows * p_.k);
+    ref::TopKRows(host_logits_.data(), Stride(p_), static_cast<int32_t>(p_.num_rows), p_.vocab,
+                  p_.k, expected.data());
+    return {ExactBits("ids", ids_.Download<int32_t>(), expected)};
+  }
+
+ private:
+  SamplingParams p_;
+  std::vector<float> host_logits_;
+  DeviceBuffer logits_;     // [num_rows, stride] f32
+  DeviceBuffer ids_;        // [num_rows, k] int32
+  DeviceBuffer workspace_;  // TopKWorkspaceBytes
 };
 
 class PenaltiesCase : public OpCase {
@@ -354,7 +396,8 @@ OpShape ShapeOf(const SamplingParams& p) {
   s.label = std::to_string(p.num_rows) + "x" + std::to_string(p.vocab) +
             (p.pad > 0 ? " pad=" + std::to_string(p.pad) : "") +
             (p.max_prompt_len > 0 ? " prompt<=" + std::to_string(p.max_prompt_len) : "") +
-            (p.max_output_len > 0 ? " out<=" + std::to_string(p.max_output_len) : "");
+            (p.max_output_len > 0 ? " out<=" + std::to_string(p.max_output_len) : "") +
+            (p.k > 0 ? " k=" + std::to_string(p.k) : "");
   return s;
 }
 
@@ -377,7 +420,7 @@ OpSpec MakeSpec(std::string name, const std::vector<SamplingParams>& check,
 }  // namespace
 
 void AddSamplingOps(std::vector<OpSpec>* table) {
-  // {rows, vocab, pad, max prompt, max output}
+  // {rows, vocab, pad, max prompt, max output, k}
   table->push_back(
       MakeSpec("argmax",
                {{1, 128256, 4, 0, 0},
@@ -389,6 +432,23 @@ void AddSamplingOps(std::vector<OpSpec>* table) {
                 {64, 151936, 0, 0, 0}},
                {{1, 128256, 0, 0, 0}, {64, 128256, 0, 0, 0}, {256, 151936, 0, 0, 0}},
                [](const SamplingParams& p) { return std::make_unique<ArgmaxCase>(p); }));
+  // Rows cycle through MakeLogits' styles, so every shape of three or more rows has a row full
+  // of ties; four or more add NaN and -inf.
+  table->push_back(MakeSpec("top_k_rows",
+                            {{1, 128256, 4, 0, 0, 16},
+                             {3, 151936, 0, 0, 0, 8},
+                             {5, 1000, 0, 0, 0, 3},
+                             {7, 1001, 3, 0, 0, 16},
+                             {4, 7, 1, 0, 0, 7},
+                             {6, 8192, 0, 0, 0, 1},
+                             {9, 4097, 0, 0, 0, 16},
+                             {64, 151936, 0, 0, 0, 16},
+                             {64, 128256, 1, 0, 0, 3}},
+                            {{8, 128256, 0, 0, 0, 16},
+                             {64, 128256, 0, 0, 0, 16},
+                             {64, 151936, 0, 0, 0, 16},
+                             {64, 128256, 0, 0, 0, 1}},
+                            [](const SamplingParams& p) { return std::make_unique<TopKCase>(p); }));
   table->push_back(
       MakeSpec("penalties",
                {{4, 128256, 0, 2000, 500},

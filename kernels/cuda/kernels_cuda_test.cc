@@ -1,9 +1,12 @@
 // Every CUDA kernel against its fp64 reference (the op table in kernels/check), plus the
-// launchers' contracts: aliasing, the scalar fallback, graph capture, rejected sizes. Exits 77
+// launchers' contracts: aliasing, the scalar fallback, graph capture, rejected sizes, and
+// TopKRows over every k, vocabulary size and row layout. Exits 77
 // (ctest: skipped) where no GPU is visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,7 +16,9 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/ref/bf16.h"
+#include "kernels/ref/sampling.h"
 
 namespace specd::kernels {
 namespace {
@@ -153,6 +158,147 @@ TEST(LauncherTest, RejectsSizesTheKernelsCannotRunWithoutStickyErrors) {
             cudaErrorInvalidValue);
   // An empty batch is valid and launches nothing.
   EXPECT_EQ(RmsNorm(Bf16(a), Bf16(b), 0, 8, 1e-5f, Bf16(c), nullptr), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// TopKRows rows at `stride` from element `shift` of the buffer (padding and the shift hold 1e30,
+// which would win if read), cycling through four styles: uniform floats; a 0.5 grid of 25 values
+// (ties everywhere); a single value with every tenth entry NaN or -inf (one tie across the whole
+// row, then NaN / -inf ranked by id); -inf with a few NaN and one finite value.
+std::vector<float> TopKLogits(int32_t num_rows, int32_t vocab, int64_t stride, int64_t shift,
+                              uint64_t seed) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-6.0f, 6.0f);
+  std::vector<float> logits(shift + num_rows * stride, 1e30f);
+  for (int32_t r = 0; r < num_rows; ++r) {
+    float* row = logits.data() + shift + r * stride;
+    for (int32_t i = 0; i < vocab; ++i) {
+      switch (r % 4) {
+        case 0:
+          row[i] = uniform(rng);
+          break;
+        case 1:
+          row[i] = std::round(uniform(rng) * 2.0f) / 2.0f;
+          break;
+        case 2:
+          row[i] = i % 10 == 3 ? kNan : (i % 10 == 7 ? -kInf : 0.25f);
+          break;
+        default:
+          row[i] = rng() % 97 == 0 ? kNan : -kInf;
+      }
+    }
+    if (r % 4 == 3) row[rng() % vocab] = -1.0f;
+  }
+  return logits;
+}
+
+// The first index where two id lists differ, or -1.
+int64_t FirstMismatch(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Every k at vocabularies of one chunk, a partial last chunk, whole chunks and the two model
+// sizes, for 16-byte rows (stride % 4 == 0), odd strides and a shifted base (scalar loads).
+TEST(TopKRowsTest, MatchesTheReferenceForEveryKVocabularyAndLayout) {
+  struct Layout {
+    int32_t num_rows;
+    int64_t pad;
+    int64_t shift;
+  };
+  const Layout layouts[] = {{1, 0, 0}, {5, 1, 0}, {64, 4, 0}, {6, 0, 1}};
+  for (int32_t vocab : {7, 1000, 8192, 128256, 151936}) {
+    for (const Layout& l : layouts) {
+      const int64_t stride = vocab + l.pad;
+      const std::vector<float> host = TopKLogits(l.num_rows, vocab, stride, l.shift, vocab + l.pad);
+      DeviceBuffer logits(host.size() * sizeof(float));
+      logits.Upload(host);
+      for (int32_t k : {1, 3, 8, 16}) {
+        if (k > vocab) continue;
+        DeviceBuffer ids(l.num_rows * k * sizeof(int32_t)),
+            workspace(TopKWorkspaceBytes(l.num_rows, vocab, k));
+        ids.Poison();
+        workspace.Poison();
+        ASSERT_EQ(TopKRows(logits.as<float>() + l.shift, stride, l.num_rows, vocab, k,
+                           ids.as<int32_t>(), workspace.as<void>(), workspace.bytes(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<int32_t> expected(l.num_rows * k);
+        ref::TopKRows(host.data() + l.shift, stride, l.num_rows, vocab, k, expected.data());
+        const std::vector<int32_t> got = ids.Download<int32_t>();
+        const int64_t at = FirstMismatch(got, expected);
+        EXPECT_EQ(at, -1) << "vocab " << vocab << " rows " << l.num_rows << " pad " << l.pad
+                          << " shift " << l.shift << " k " << k << ": row " << at / k << " rank "
+                          << at % k << " id " << (at < 0 ? 0 : got[at]) << " expected "
+                          << (at < 0 ? 0 : expected[at]);
+      }
+    }
+  }
+}
+
+// Two launches and a workspace, still only queued work: a graph replays it.
+TEST(TopKRowsTest, CapturedInACudaGraphMatchesTheReference) {
+  const int32_t rows = 8, vocab = 128256, k = 16;
+  const std::vector<float> host = TopKLogits(rows, vocab, vocab, 0, 7);
+  DeviceBuffer logits(host.size() * sizeof(float)), ids(rows * k * sizeof(int32_t)),
+      workspace(TopKWorkspaceBytes(rows, vocab, k));
+  logits.Upload(host);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(TopKRows(logits.as<float>(), vocab, rows, vocab, k, ids.as<int32_t>(),
+                     workspace.as<void>(), workspace.bytes(), stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ids.Poison();
+  workspace.Poison();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<int32_t> expected(rows * k);
+  ref::TopKRows(host.data(), vocab, rows, vocab, k, expected.data());
+  EXPECT_EQ(ids.Download<int32_t>(), expected);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(TopKRowsTest, RejectsInvalidArgumentsWithoutStickyErrors) {
+  const int32_t rows = 2, vocab = 10000;
+  DeviceBuffer logits(rows * vocab * sizeof(float)), ids(rows * kMaxTopK * sizeof(int32_t)),
+      workspace(TopKWorkspaceBytes(rows, vocab, kMaxTopK) + 8);
+  logits.Upload(TopKLogits(rows, vocab, vocab, 0, 3));
+  const size_t bytes = TopKWorkspaceBytes(rows, vocab, kMaxTopK);
+  ASSERT_GT(bytes, 0u);
+  auto run = [&](int64_t stride, int32_t num_rows, int32_t n, int32_t k, void* ws,
+                 size_t ws_bytes) {
+    return TopKRows(logits.as<float>(), stride, num_rows, n, k, ids.as<int32_t>(), ws, ws_bytes,
+                    nullptr);
+  };
+  void* ws = workspace.as<void>();
+  EXPECT_EQ(run(vocab, rows, vocab, 0, ws, bytes), cudaErrorInvalidValue);             // k < 1
+  EXPECT_EQ(run(vocab, rows, vocab, kMaxTopK + 1, ws, bytes), cudaErrorInvalidValue);  // k > 16
+  EXPECT_EQ(run(8, rows, 7, 8, nullptr, 0), cudaErrorInvalidValue);                    // k > vocab
+  EXPECT_EQ(run(vocab - 1, rows, vocab, 4, ws, bytes), cudaErrorInvalidValue);         // stride
+  EXPECT_EQ(run(vocab, -1, vocab, 4, ws, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(run(vocab, rows, 0, 1, ws, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(run(vocab, rows, vocab, kMaxTopK, ws, bytes - 1), cudaErrorInvalidValue);
+  EXPECT_EQ(run(vocab, rows, vocab, kMaxTopK, nullptr, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(run(vocab, rows, vocab, kMaxTopK, workspace.as<char>() + 4, bytes),
+            cudaErrorInvalidValue);  // not 8-byte aligned
+  // Valid: an empty batch launches nothing; one chunk (vocab <= 4096) needs no workspace.
+  EXPECT_EQ(run(vocab, 0, vocab, kMaxTopK, nullptr, 0), cudaSuccess);
+  EXPECT_EQ(TopKWorkspaceBytes(rows, 4096, kMaxTopK), 0u);
+  EXPECT_GT(TopKWorkspaceBytes(rows, 4097, kMaxTopK), 0u);
+  EXPECT_EQ(run(vocab, rows, 4096, kMaxTopK, nullptr, 0), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 

@@ -1,4 +1,5 @@
 // Sampling launchers (layer 2): validate, pick the load width, launch, report.
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cuda/sampling.cuh"
@@ -16,6 +17,9 @@ bool ValidRows(int64_t stride, int32_t num_rows, int32_t vocab) {
   return vocab >= 1 && stride >= vocab && num_rows >= 0;
 }
 
+// Stage-1 blocks per row of TopKRows.
+int64_t TopKChunks(int32_t vocab) { return CeilDiv(vocab, kTopKChunk); }
+
 }  // namespace
 
 cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
@@ -24,6 +28,43 @@ cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, in
   if (num_rows == 0) return cudaSuccess;
   ArgmaxRowsKernel<<<static_cast<unsigned>(num_rows), kArgmaxThreads, 0, stream>>>(
       logits, stride, vocab, RowsVec4(logits, stride), out_ids);
+  return cudaGetLastError();
+}
+
+size_t TopKWorkspaceBytes(int32_t num_rows, int32_t vocab, int32_t k) {
+  if (num_rows <= 0 || vocab <= kTopKChunk || k <= 0) return 0;  // one chunk: no merge
+  return static_cast<size_t>(num_rows) * static_cast<size_t>(TopKChunks(vocab)) *
+         static_cast<size_t>(k) * sizeof(uint64_t);
+}
+
+cudaError_t TopKRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                     int32_t k, int32_t* out_ids, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) || k < 1 || k > std::min(kMaxTopK, vocab)) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t needed = TopKWorkspaceBytes(num_rows, vocab, k);
+  const int64_t num_chunks = TopKChunks(vocab), num_blocks = num_rows * num_chunks;
+  if (workspace_bytes < needed || (needed > 0 && workspace == nullptr) ||
+      !IsAligned(workspace, alignof(uint64_t)) || num_blocks > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_rows == 0) return cudaSuccess;
+  auto* candidates = static_cast<uint64_t*>(workspace);
+  const auto grid = static_cast<unsigned>(num_blocks);
+  const auto chunks = static_cast<int>(num_chunks);
+  if (RowsVec4(logits, stride)) {
+    TopKChunksKernel<true>
+        <<<grid, kTopKThreads, 0, stream>>>(logits, stride, vocab, chunks, k, candidates, out_ids);
+  } else {
+    TopKChunksKernel<false>
+        <<<grid, kTopKThreads, 0, stream>>>(logits, stride, vocab, chunks, k, candidates, out_ids);
+  }
+  if (num_chunks == 1) return cudaGetLastError();
+  const cudaError_t stage1 = cudaGetLastError();
+  if (stage1 != cudaSuccess) return stage1;
+  TopKMergeKernel<<<static_cast<unsigned>(num_rows), kWarpSize, 0, stream>>>(candidates, chunks * k,
+                                                                             k, out_ids);
   return cudaGetLastError();
 }
 

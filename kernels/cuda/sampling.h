@@ -24,6 +24,30 @@ namespace specd::kernels {
 cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
                        int32_t* out_ids, cudaStream_t stream);
 
+// Ids of the k largest logits of each row, best first; ties go to the lower id and NaN counts as
+// -inf (NaN and -inf entries rank last, among themselves by id): ref::TopKRows bit for bit. The
+// draft's candidate tokens in speculative decoding, after every draft step (8-64 rows of a
+// 128K-152K vocabulary). Each logit is ranked by one 64-bit key, its value's order-preserving
+// bits (NaN as -inf, -0 as +0) over ~id, so a single unsigned compare also breaks ties.
+// Algorithm, two launches: stage 1, one block per 4096-logit chunk of a row, reads each logit
+// once into registers (16-byte loads when logits is 16-byte aligned and stride % 4 == 0) and
+// takes the chunk's k best by k rounds of a block-wide max in which only the winning thread
+// rescans its registers (for its best key below the winner: every larger key is already out);
+// stage 2, one warp per row, merges the chunks' k-lists the same way. A row of one chunk (vocab
+// <= 4096) skips stage 2 and needs no workspace.
+//   logits    [num_rows, vocab] f32, device, in; row stride `stride` elements
+//   out_ids   [num_rows, k] int32, device, out
+//   workspace >= TopKWorkspaceBytes(num_rows, vocab, k) bytes, device, 8-byte aligned: the
+//             [num_rows, ceil(vocab / 4096), k] uint64 chunk candidates; any contents; may be
+//             null when TopKWorkspaceBytes is 0
+// cudaErrorInvalidValue unless 1 <= k <= min(kMaxTopK, vocab), vocab <= stride, num_rows >= 0,
+// the workspace is large enough and num_rows * ceil(vocab / 4096) < 2^31 (the grid).
+inline constexpr int32_t kMaxTopK = 16;
+size_t TopKWorkspaceBytes(int32_t num_rows, int32_t vocab, int32_t k);
+cudaError_t TopKRows(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                     int32_t k, int32_t* out_ids, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
+
 // Repetition, presence and frequency penalties in place (vLLM's apply_penalties):
 // for every token t that occurs in the row's prompt or output: repetition penalty r divides a
 // positive logit by r and multiplies a negative one by r; for tokens in the output with count c:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 
 namespace specd::kernels::ref {
 namespace {
@@ -88,6 +89,22 @@ template <typename T>
 void ArgmaxRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
                 int32_t* out_ids) {
   for (int32_t r = 0; r < num_rows; ++r) out_ids[r] = ArgmaxRow(logits + r * stride, vocab);
+}
+
+template <typename T>
+void TopKRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab, int32_t k,
+              int32_t* out_ids) {
+  std::vector<int32_t> ids(vocab);
+  for (int32_t r = 0; r < num_rows; ++r) {
+    const T* row = logits + r * stride;
+    std::iota(ids.begin(), ids.end(), 0);
+    // (value desc, id asc) is a strict total order once NaN is -inf.
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [row](int32_t a, int32_t b) {
+      const T va = NanAsNegInf(row[a]), vb = NanAsNegInf(row[b]);
+      return va > vb || (va == vb && a < b);
+    });
+    std::copy(ids.begin(), ids.begin() + k, out_ids + static_cast<int64_t>(r) * k);
+  }
 }
 
 template <typename T>
@@ -180,6 +197,7 @@ T RawLogprob(const T* logits, int32_t vocab, int32_t id) {
 
 #define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                        \
   template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);                    \
+  template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);             \
   template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*, const int32_t*, \
                                   const int32_t*, const int32_t*, const float*);                 \
   template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);                  \

@@ -1,7 +1,7 @@
 // References for the logits-processing and sampling kernels (kernels/cuda/sampling.h): argmax,
-// penalties, the min-p / top-k / top-p filters, the draw, raw logprobs, and the Philox4x32-10
-// generator the kernels draw their uniforms from. They define what the kernels compute; tests run
-// them in fp64 (the truth) and fp32 (the same-precision baseline).
+// top-k ids, penalties, the min-p / top-k / top-p filters, the draw, raw logprobs, and the
+// Philox4x32-10 generator the kernels draw their uniforms from. They define what the kernels
+// compute; tests run them in fp64 (the truth) and fp32 (the same-precision baseline).
 //
 // Sampling definition (shared with the CUDA kernel, which must agree except within rounding of a
 // threshold or a CDF boundary):
@@ -75,6 +75,16 @@ SPECD_HOST_DEVICE inline double PhiloxUniform(uint64_t seed, uint64_t offset) {
 template <typename T>
 void ArgmaxRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab, int32_t* out_ids);
 
+// Ids of the k largest logits of each row, best first; ties go to the lower id and NaN counts
+// as -inf, so NaN and -inf entries rank last, among themselves by id. The draft model's
+// candidates in speculative decoding (kernels/cuda/sampling.h TopKRows).
+//   logits  [num_rows, vocab] T, host, in; row stride `stride`
+//   out_ids [num_rows, k] int32, host, out
+// Requires 1 <= k <= vocab.
+template <typename T>
+void TopKRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab, int32_t k,
+              int32_t* out_ids);
+
 // Repetition, presence and frequency penalties in place (vLLM's apply_penalties, the CPU
 // Sampler's order): every distinct in-range token of the row's prompt or output once gets
 // v = v > 0 ? v / repetition : v * repetition; then a token with c > 0 output occurrences gets
@@ -117,13 +127,14 @@ int32_t SampleRow(const T* logits, int32_t vocab, const SampleParams& params, do
 template <typename T>
 T RawLogprob(const T* logits, int32_t vocab, int32_t id);
 
-#define SPECD_SAMPLING_REF_EXTERN(T)                                                     \
-  extern template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);     \
-  extern template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*,  \
-                                         const int32_t*, const int32_t*, const int32_t*, \
-                                         const float*);                                  \
-  extern template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);   \
-  extern template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);  \
+#define SPECD_SAMPLING_REF_EXTERN(T)                                                        \
+  extern template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);        \
+  extern template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*); \
+  extern template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*,     \
+                                         const int32_t*, const int32_t*, const int32_t*,    \
+                                         const float*);                                     \
+  extern template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);      \
+  extern template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);     \
   extern template T RawLogprob<T>(const T*, int32_t, int32_t);
 SPECD_SAMPLING_REF_EXTERN(float)
 SPECD_SAMPLING_REF_EXTERN(double)

@@ -1,7 +1,10 @@
 #include "kernels/ref/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -83,6 +86,89 @@ TEST(ArgmaxRowsTest, TiesGoToTheLowestIndexAndNanIsIgnored) {
   std::vector<int32_t> ids(3, -1);
   ArgmaxRows(logits.data(), 5, 3, 4, ids.data());
   EXPECT_EQ(ids, (std::vector<int32_t>{1, 1, 0}));
+}
+
+// The brute-force definition TopKRows must match: every row's (-value, id) pairs, NaN as -inf,
+// sorted by std::pair's order (value descending, then id ascending); the first k ids.
+template <typename T>
+std::vector<int32_t> SortedTopK(const std::vector<T>& logits, int64_t stride, int32_t num_rows,
+                                int32_t vocab, int32_t k) {
+  std::vector<int32_t> ids;
+  for (int32_t r = 0; r < num_rows; ++r) {
+    std::vector<std::pair<T, int32_t>> pairs;
+    for (int32_t i = 0; i < vocab; ++i) {
+      const T v = logits[r * stride + i];
+      pairs.emplace_back(std::isnan(v) ? std::numeric_limits<T>::infinity() : -v, i);
+    }
+    std::sort(pairs.begin(), pairs.end());
+    for (int32_t j = 0; j < k; ++j) ids.push_back(pairs[j].second);
+  }
+  return ids;
+}
+
+template <typename T>
+std::vector<int32_t> TopK(const std::vector<T>& logits, int64_t stride, int32_t num_rows,
+                          int32_t vocab, int32_t k) {
+  std::vector<int32_t> ids(static_cast<size_t>(num_rows) * k, -1);
+  TopKRows(logits.data(), stride, num_rows, vocab, k, ids.data());
+  return ids;
+}
+
+// Rows of `vocab` values in a stride of vocab + 3 (padding 1e30 would win if read): odd rows
+// uniform in [-8, 8), even rows drawn from a handful of values (ties everywhere), with NaN, -inf,
+// +inf and both zeros.
+template <typename T>
+std::vector<T> RandomTopKRows(int32_t num_rows, int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(-8.0, 8.0);
+  const T few[] = {1,
+                   0.5,
+                   T{0},
+                   -T{0},
+                   -2,
+                   std::numeric_limits<T>::quiet_NaN(),
+                   -std::numeric_limits<T>::infinity(),
+                   std::numeric_limits<T>::infinity()};
+  std::vector<T> logits(static_cast<size_t>(num_rows) * (vocab + 3), T{1e30});
+  for (int32_t r = 0; r < num_rows; ++r) {
+    for (int32_t i = 0; i < vocab; ++i) {
+      logits[r * (vocab + 3) + i] = r % 2 == 1 ? static_cast<T>(uniform(rng)) : few[rng() % 8];
+    }
+  }
+  return logits;
+}
+
+TEST(TopKRowsTest, MatchesSortedPairsOnRandomRowsWithTiesNanAndInf) {
+  for (int32_t vocab : {1, 7, 1000}) {
+    const auto logits32 = RandomTopKRows<float>(6, vocab, 11 + vocab);
+    const auto logits64 = RandomTopKRows<double>(6, vocab, 17 + vocab);
+    for (int32_t k : {1, 3, 16, vocab}) {
+      if (k > vocab) continue;
+      EXPECT_EQ(TopK(logits32, vocab + 3, 6, vocab, k),
+                SortedTopK(logits32, vocab + 3, 6, vocab, k))
+          << vocab << " " << k;
+      EXPECT_EQ(TopK(logits64, vocab + 3, 6, vocab, k),
+                SortedTopK(logits64, vocab + 3, 6, vocab, k))
+          << vocab << " " << k;
+    }
+  }
+}
+
+TEST(TopKRowsTest, TiesGoToTheLowerIdAndZerosOfEitherSignTie) {
+  const std::vector<double> logits = {1,    3,  3,   2,    3,  //
+                                      5,    5,  5,   5,    5,  //
+                                      -0.0, -1, 0.0, -0.0, 0.0};
+  EXPECT_EQ(TopK(logits, 5, 3, 5, 3), (std::vector<int32_t>{1, 2, 4, 0, 1, 2, 0, 2, 3}));
+  // k = vocab orders the whole row.
+  EXPECT_EQ(TopK(logits, 5, 1, 5, 5), (std::vector<int32_t>{1, 2, 4, 3, 0}));
+}
+
+TEST(TopKRowsTest, NanAndNegInfRankLastAmongThemselvesById) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> logits = {nan, -kInf, 1, nan, -kInf, -3};
+  EXPECT_EQ(TopK(logits, 6, 1, 6, 6), (std::vector<int32_t>{2, 5, 0, 1, 3, 4}));
+  const std::vector<double> banned = {-kInf, nan, nan, -kInf};
+  EXPECT_EQ(TopK(banned, 4, 1, 4, 2), (std::vector<int32_t>{0, 1}));
 }
 
 TEST(ApplyPenaltiesTest, RepetitionOncePerTokenFrequencyPerOccurrence) {

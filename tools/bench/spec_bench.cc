@@ -7,23 +7,37 @@
 // SSD too (a second engine, after the first is gone: the verifier on --device, the `specd
 // speculator` process it launches on --speculator-device) and reports its speculation-cache
 // hit rate.
+// Controlled acceptance (--replay-alpha A; benchmarks only, engine/spec/draft_replay.h): plain
+// decoding first records the target's greedy continuation of every prompt; then the draft model
+// (and SSD's) runs every forward pass but drafts the recorded next token with probability A
+// (and puts it among its cache candidates with probability --replay-hit), so draft speculation
+// and SSD are compared at a set acceptance with real costs. With --load-format dummy (random
+// weights from config.json, CUDA) and --random-prompts N (prompts of N random ids; also the
+// default when the model has no tokenizer) any shapes run without weights on disk.
 //
 //   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16] [--k 4]
 //              [--max-tokens 128] [--temperature 0] [--prompts FILE] [--repeats 2]
+//              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
+//              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
+//              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete]]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/model/model_config.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -47,6 +61,14 @@ struct Flags {
   int fan_out = 3;
   float saguaro_c = -1;
   std::string cache_build = "interruptible";
+  std::string load_format = "auto";
+  int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
+  int max_model_len = 2048;
+  double gpu_memory_utilization = 0.9;
+  double speculator_gpu_memory_utilization = 0;  // 0: the verifier's
+  double replay_alpha = -1;                      // < 0: no replay
+  double replay_hit = 0.9;
+  std::string replay_file;  // "": a file in /tmp
 };
 
 // Per-position acceptance over the rounds the engine reports.
@@ -128,6 +150,25 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value(), &f->fan_out) && f->fan_out >= 1;
     else if (a == "--saguaro-c")
       ok = absl::SimpleAtof(value(), &f->saguaro_c) && f->saguaro_c >= 0 && f->saguaro_c <= 1;
+    else if (a == "--load-format")
+      ok = (f->load_format = value()) == "auto" || f->load_format == "dummy";
+    else if (a == "--random-prompts")
+      ok = absl::SimpleAtoi(value(), &f->random_prompts) && f->random_prompts >= 8;
+    else if (a == "--gpu-memory-utilization")
+      ok = absl::SimpleAtod(value(), &f->gpu_memory_utilization) && f->gpu_memory_utilization > 0 &&
+           f->gpu_memory_utilization <= 1;
+    else if (a == "--speculator-gpu-memory-utilization")
+      ok = absl::SimpleAtod(value(), &f->speculator_gpu_memory_utilization) &&
+           f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
+    else if (a == "--max-model-len")
+      ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
+    else if (a == "--replay-alpha")
+      ok = absl::SimpleAtod(value(), &f->replay_alpha) && f->replay_alpha >= 0 &&
+           f->replay_alpha <= 1;
+    else if (a == "--replay-hit")
+      ok = absl::SimpleAtod(value(), &f->replay_hit) && f->replay_hit >= 0 && f->replay_hit <= 1;
+    else if (a == "--replay-file")
+      ok = !(f->replay_file = value()).empty();
     else if (a == "--batches") {
       f->batches.clear();
       for (absl::string_view s : absl::StrSplit(value(), ',')) {
@@ -154,7 +195,12 @@ struct Run {
   double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
   double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
   double cache_ms = 0;   // SSD: ... of which cache construction, per round
+  int equal = -1;        // replay: requests whose output equals the recorded plain output
+  int requests = 0;
 };
+
+// Replay: the recorded trajectory (prompt + plain greedy output) of each prompt.
+std::vector<std::vector<int32_t>> g_recorded;
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
 Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32_t>>& prompts,
@@ -190,6 +236,17 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     }
     Run run;
     run.tokens_per_s = tokens / s;
+    if (!g_recorded.empty() && f.temperature == 0) {
+      run.equal = 0;
+      run.requests = batch;
+      for (int i = 0; i < batch; ++i) {
+        const std::vector<int32_t>& want = g_recorded[i % g_recorded.size()];
+        const std::vector<int32_t> got = (*results)[i].ids();
+        const size_t n = requests[i].prompt_ids.size();
+        run.equal +=
+            got.size() <= want.size() - n && std::equal(got.begin(), got.end(), want.begin() + n);
+      }
+    }
     run.tokens_per_round = rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
     run.acceptance = acc.Take();
     const SsdStats after = acc.ssd();
@@ -223,7 +280,9 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.model_dir = f.model;
   o.device = f.device;
   o.num_threads = f.threads;
-  o.max_model_len = 2048;
+  o.max_model_len = f.max_model_len;
+  o.load_format = f.load_format;
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
   o.observer = std::move(acc);
   o.speculative = spec;
   auto engine = Engine::Create(o);
@@ -242,8 +301,146 @@ void PrintRow(int batch, const char* method, const Run& r, double plain) {
                   "in %.3f ms and builds the cache in %.3f ms)",
                   100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
   }
-  std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s\n", batch, method, r.tokens_per_s,
-              r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits);
+  char equal[64] = "";
+  if (r.equal >= 0) {
+    std::snprintf(equal, sizeof(equal), "  [output = plain run: %d of %d]", r.equal, r.requests);
+  }
+  std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s%s\n", batch, method, r.tokens_per_s,
+              r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits, equal);
+}
+
+// The prompts: random ids (--random-prompts, or a model without a tokenizer), else the file's.
+std::vector<std::vector<int32_t>> LoadPrompts(const Flags& f, const Engine& engine) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (f.random_prompts > 0 || engine.tokenizer() == nullptr) {
+    const int len = f.random_prompts > 0 ? f.random_prompts : 128;
+    const int count = std::max(16, *std::max_element(f.batches.begin(), f.batches.end()));
+    std::mt19937_64 rng(1234);
+    std::uniform_int_distribution<int32_t> id(0, engine.model_config().vocab_size - 1);
+    prompts.resize(count);
+    for (auto& p : prompts) {
+      p.resize(len);
+      for (int32_t& t : p) t = id(rng);
+    }
+    return prompts;
+  }
+  std::ifstream in(f.prompts);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto ids =
+        engine.tokenizer()->Encode(nlohmann::json::parse(line)["prompt"].get<std::string>(), true);
+    if (ids.ok()) prompts.push_back(*ids);
+  }
+  return prompts;
+}
+
+void PrintHeader() {
+  std::printf("%-6s %-12s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
+              "tok/round", "acceptance by position");
+}
+
+// SSD after the other engine is gone (one verifier at a time on the device).
+void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acceptance> acc,
+            const std::vector<std::vector<int32_t>>& prompts, const std::vector<double>& plain) {
+  SpeculativeConfig ssd = draft;
+  ssd.method = SpeculationMethod::kSsd;
+  ssd.speculator_device = f.speculator_device;
+  ssd.ssd.binary = f.specd;
+  ssd.ssd.fan_out = f.fan_out;
+  ssd.ssd.saguaro_c = f.saguaro_c;
+  ssd.ssd.complete_cache = f.cache_build == "complete";
+  ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
+  std::unique_ptr<Engine> engine = MakeEngine(f, ssd, acc);
+  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
+              engine->device_name().c_str(),
+              f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
+              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
+              f.cache_build.c_str());
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.k}, WarmUp(f));
+  for (size_t i = 0; i < f.batches.size(); ++i) {
+    PrintRow(f.batches[i], "ssd",
+             Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kSsd, f.k}, f),
+             plain[i]);
+  }
+}
+
+// Controlled acceptance: plain decoding (which records the trajectories), then the draft model
+// and SSD replaying them.
+int MainReplay(const Flags& f) {
+  auto acc = std::make_shared<Acceptance>();
+  std::unique_ptr<Engine> engine = MakeEngine(f, SpeculativeConfig(), acc);
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, *engine);
+  if (prompts.empty()) {
+    std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
+    return 1;
+  }
+  std::printf(
+      "spec_bench: %s on %s, draft %s, K %d, %d tokens per request, %zu prompts of %zu ids; "
+      "CONTROLLED ACCEPTANCE: drafts replay the plain greedy output with alpha %.2f, candidate "
+      "hit %.2f (the draft still runs every forward pass)\n",
+      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
+      prompts.size(), prompts[0].size(), f.replay_alpha, f.replay_hit);
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
+  std::vector<double> plain;
+  std::vector<Run> plain_runs;
+  for (int batch : f.batches) {
+    plain_runs.push_back(Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f));
+    plain.push_back(plain_runs.back().tokens_per_s);
+  }
+  // The recording: every prompt's greedy output, a round's worth longer than the runs ask.
+  Flags record = f;
+  record.max_tokens = f.max_tokens + f.k + 2;
+  std::vector<GenerateRequest> requests;
+  for (const auto& p : prompts) {
+    GenerateRequest r;
+    r.prompt_ids = p;
+    r.params.max_tokens = record.max_tokens;
+    r.params.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  auto results = engine->GenerateBatch(requests);
+  if (!results.ok()) {
+    std::fprintf(stderr, "spec_bench: recording: %s\n", results.status().ToString().c_str());
+    return 1;
+  }
+  const std::string path = f.replay_file.empty()
+                               ? "/tmp/spec_bench_replay_" + std::to_string(::getpid()) + ".jsonl"
+                               : f.replay_file;
+  std::ofstream out(path);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> t = prompts[i];
+    for (int32_t id : (*results)[i].ids()) t.push_back(id);
+    out << nlohmann::json{{"tokens", t}}.dump() << "\n";
+    g_recorded.push_back(std::move(t));
+  }
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "spec_bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  engine.reset();
+  PrintHeader();
+  for (size_t i = 0; i < f.batches.size(); ++i) {
+    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", f.batches[i], "none", plain[i], "1.00x", "-",
+                "-");
+  }
+  SpeculativeConfig draft;
+  draft.draft_model = f.draft;
+  draft.num_speculative_tokens = f.k;
+  draft.replay.file = path;
+  draft.replay.alpha = f.replay_alpha;
+  draft.replay.candidate_hit = f.replay_hit;
+  engine = MakeEngine(f, draft, acc);
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kDraftModel, f.k}, WarmUp(f));
+  for (size_t i = 0; i < f.batches.size(); ++i) {
+    PrintRow(
+        f.batches[i], "draft_model",
+        Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kDraftModel, f.k}, f),
+        plain[i]);
+  }
+  engine.reset();
+  if (f.ssd) RunSsd(f, draft, acc, prompts, plain);
+  return 0;
 }
 
 int Main(int argc, char** argv) {
@@ -253,19 +450,19 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "spec_bench: --ssd needs --specd PATH (the specd binary)\n");
     return 2;
   }
+  if (f.replay_alpha >= 0) {
+    if (f.temperature != 0) {
+      std::fprintf(stderr, "spec_bench: --replay-alpha replays greedy output: temperature 0\n");
+      return 2;
+    }
+    return MainReplay(f);
+  }
   auto acc = std::make_shared<Acceptance>();
   SpeculativeConfig draft;
   draft.draft_model = f.draft;
   draft.num_speculative_tokens = f.k;
   std::unique_ptr<Engine> engine = MakeEngine(f, draft, acc);
-  std::vector<std::vector<int32_t>> prompts;
-  std::ifstream in(f.prompts);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto ids =
-        engine->tokenizer()->Encode(nlohmann::json::parse(line)["prompt"].get<std::string>(), true);
-    if (ids.ok()) prompts.push_back(*ids);
-  }
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, *engine);
   if (prompts.empty()) {
     std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
     return 1;
@@ -275,8 +472,7 @@ int Main(int argc, char** argv) {
               f.temperature);
   // Warm-up (CUDA graphs, caches).
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
-  std::printf("%-6s %-12s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
-              "tok/round", "acceptance by position");
+  PrintHeader();
   std::vector<double> plain;
   for (int batch : f.batches) {
     const Run p = Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
@@ -290,25 +486,7 @@ int Main(int argc, char** argv) {
   }
   if (!f.ssd) return 0;
   engine.reset();  // one verifier at a time on the device
-  SpeculativeConfig ssd = draft;
-  ssd.method = SpeculationMethod::kSsd;
-  ssd.speculator_device = f.speculator_device;
-  ssd.ssd.binary = f.specd;
-  ssd.ssd.fan_out = f.fan_out;
-  ssd.ssd.saguaro_c = f.saguaro_c;
-  ssd.ssd.complete_cache = f.cache_build == "complete";
-  engine = MakeEngine(f, ssd, acc);
-  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
-              engine->device_name().c_str(),
-              f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
-              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
-              f.cache_build.c_str());
-  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.k}, WarmUp(f));
-  for (size_t i = 0; i < f.batches.size(); ++i) {
-    PrintRow(f.batches[i], "ssd",
-             Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kSsd, f.k}, f),
-             plain[i]);
-  }
+  RunSsd(f, draft, acc, prompts, plain);
   return 0;
 }
 }  // namespace

@@ -9,6 +9,7 @@
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
 #     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
+#     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
 # The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
@@ -196,6 +197,23 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
         --speculator-device cuda:1 --fan-out 3 --cache-build "$build"
     done
   done
+  # Controlled acceptance (issue 6 (b)): Llama-3.1-8B-shaped target and Llama-3.2-1B-shaped draft
+  # with random weights; the drafts replay the target's recorded greedy output with alpha 0.8
+  # (the draft still runs every pass); K 7, fan-out 3; plain, draft model and SSD side by side.
+  run_step "ssd_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --batches 1,4,16 --k 7 \
+    --max-tokens 128 --repeats 2 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
+    --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
+else
+  # One GPU: the same with the speculator process on the verifier's GPU (a functional run and a
+  # look at the speculator's costs; the two processes time-share the GPU, so no SSD speedup).
+  run_step "ssd_replay_bench (1 gpu)" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --batches 1,16 --k 7 \
+    --max-tokens 64 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
+    --specd "$WORK/bin/specd" --speculator-device cuda:0 --fan-out 3 --gpu-memory-utilization 0.45 \
+    --speculator-gpu-memory-utilization 0.9
 fi
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
@@ -206,7 +224,7 @@ echo
 echo "== key results (full output in $LOG)"
 for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
-  "ssd_bench k=7 complete"; do
+  "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
