@@ -245,10 +245,14 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
                                            std::vector<Draft>* drafts) {
   batch_.clear();
   size_t budget = static_cast<size_t>(max_tokens_per_forward_);
+  // At most max_sample_rows sequences per pass (each gives at most one row): SSD's branches can
+  // outnumber what one Step draws; the rest run in the next pass.
+  auto rows_left = static_cast<size_t>(runner_->max_sample_rows());
   for (Active& a : active_) {
-    a.num_running = std::min(a.pending.size() - a.offset, budget);
+    a.num_running = rows_left == 0 ? 0 : std::min(a.pending.size() - a.offset, budget);
     budget -= a.num_running;
     if (a.num_running == 0) continue;
+    --rows_left;
     SequenceInput s;
     s.tokens = std::span<const int32_t>(a.pending).subspan(a.offset, a.num_running);
     s.start_pos = static_cast<int32_t>(a.state->kv_tokens.size());

@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<DraftReplay>> DraftReplay::Create(
     std::vector<std::vector<int32_t>> trajectories) {
   if (vocab < 2) return absl::InvalidArgumentError("replay needs a vocabulary of 2 or more");
   if (trajectories.empty()) return absl::InvalidArgumentError("no trajectories");
-  absl::flat_hash_map<uint64_t, size_t> keys;
+  absl::flat_hash_map<uint64_t, std::vector<size_t>> keys;
   for (size_t i = 0; i < trajectories.size(); ++i) {
     const std::vector<int32_t>& t = trajectories[i];
     if (t.size() < kKeyTokens) {
@@ -84,10 +84,7 @@ absl::StatusOr<std::unique_ptr<DraftReplay>> DraftReplay::Create(
             absl::StrCat("trajectory ", i + 1, ": token id ", id, " outside [0, ", vocab, ")"));
       }
     }
-    if (!keys.emplace(KeyOf(t), i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("trajectory ", i + 1, " starts with the same ",
-                                                     kKeyTokens, " tokens as an earlier one"));
-    }
+    keys[KeyOf(t)].push_back(i);
   }
   std::unique_ptr<DraftReplay> r(new DraftReplay(options, vocab, std::move(trajectories)));
   r->by_key_ = std::move(keys);
@@ -104,16 +101,18 @@ const std::vector<int32_t>* DraftReplay::OnTrack(std::span<const int32_t> contex
   if (context.size() < kKeyTokens) return nullptr;
   auto it = by_key_.find(KeyOf(context));
   if (it == by_key_.end()) return nullptr;
-  const std::vector<int32_t>& t = trajectories_[it->second];
   const size_t p = context.size() + drafts.size();
-  if (p >= t.size()) return nullptr;
-  if (!std::equal(context.begin(), context.end(), t.begin()) ||
-      !std::equal(drafts.begin(), drafts.end(), t.begin() + context.size())) {
-    return nullptr;
+  for (size_t i : it->second) {  // the first trajectory the context and drafts follow
+    const std::vector<int32_t>& t = trajectories_[i];
+    if (p >= t.size() || !std::equal(context.begin(), context.end(), t.begin()) ||
+        !std::equal(drafts.begin(), drafts.end(), t.begin() + context.size())) {
+      continue;
+    }
+    *index = i;
+    *position = p;
+    return &t;
   }
-  *index = it->second;
-  *position = p;
-  return &t;
+  return nullptr;
 }
 
 double DraftReplay::Uniform(size_t index, size_t position, uint64_t salt) const {

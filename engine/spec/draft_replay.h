@@ -9,9 +9,9 @@
 // model's own token stands. For SSD's speculation cache, the recorded token is placed right
 // after the draft among the position's candidates with probability candidate_hit (the chance
 // that the bonus token t* is the draft's best alternative).
-// Trajectories are found by their first kKeyTokens tokens (the prompt's start), which must be
-// unique in the file. Results measured with it are labelled controlled-acceptance results.
-// Immutable after Load; any thread.
+// A context follows the first trajectory it is a prefix of (found through their first
+// kKeyTokens tokens); trajectories may share prompts or prefixes. Results measured with it are
+// labelled controlled-acceptance results. Immutable after Load; any thread.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ class DraftReplay {
   static constexpr size_t kKeyTokens = 8;
 
   // Reads options.file (JSONL, one {"tokens": [ids]} per line, each at least kKeyTokens long,
-  // ids in [0, vocab)). InvalidArgument naming the line for malformed input or a repeated key.
+  // ids in [0, vocab)). InvalidArgument naming the line or trajectory for malformed input.
   static absl::StatusOr<std::unique_ptr<DraftReplay>> Load(const DraftReplayOptions& options,
                                                            int32_t vocab);
   // From trajectories in memory (tests).
@@ -64,7 +64,8 @@ class DraftReplay {
   DraftReplayOptions options_;
   int32_t vocab_;
   std::vector<std::vector<int32_t>> trajectories_;
-  absl::flat_hash_map<uint64_t, size_t> by_key_;  // hash of the first kKeyTokens ids -> index
+  // hash of the first kKeyTokens ids -> trajectories starting so, in file order
+  absl::flat_hash_map<uint64_t, std::vector<size_t>> by_key_;
 };
 
 }  // namespace specd

@@ -384,14 +384,17 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       }
     }
   }
-  // Ranks share passes up to kMaxBranchesPerPass rows, in rank order and within a rank by
-  // outcome likelihood (F_k), so a build cut short has the likeliest outcomes.
+  // Ranks share passes up to kMaxBranchesPerPass rows (and what one runner Step draws), in rank
+  // order and within a rank by outcome likelihood (F_k), so a build cut short has the likeliest
+  // outcomes.
   std::vector<std::vector<Branch>> passes;
+  const size_t per_pass = std::min<size_t>(kMaxBranchesPerPass,
+                                           static_cast<size_t>(draft_->runner().max_sample_rows()));
   for (std::vector<Branch>& rank : waves) {
     std::stable_sort(rank.begin(), rank.end(),
                      [](const Branch& a, const Branch& b) { return a.fan > b.fan; });
     for (Branch& br : rank) {
-      if (passes.empty() || passes.back().size() == kMaxBranchesPerPass) passes.emplace_back();
+      if (passes.empty() || passes.back().size() == per_pass) passes.emplace_back();
       passes.back().push_back(std::move(br));
     }
   }

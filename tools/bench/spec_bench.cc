@@ -19,6 +19,7 @@
 //              [--max-tokens 128] [--temperature 0] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
+//              [--max-num-seqs N]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete]]
@@ -27,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -65,6 +67,7 @@ struct Flags {
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
   int max_model_len = 2048;
   double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 0;                          // 0: the engine's default
   double speculator_gpu_memory_utilization = 0;  // 0: the verifier's
   double replay_alpha = -1;                      // < 0: no replay
   double replay_hit = 0.9;
@@ -160,6 +163,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (a == "--speculator-gpu-memory-utilization")
       ok = absl::SimpleAtod(value(), &f->speculator_gpu_memory_utilization) &&
            f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
+    else if (a == "--max-num-seqs")
+      ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
     else if (a == "--max-model-len")
       ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
     else if (a == "--replay-alpha")
@@ -195,11 +200,12 @@ struct Run {
   double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
   double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
   double cache_ms = 0;   // SSD: ... of which cache construction, per round
-  int equal = -1;        // replay: requests whose output equals the recorded plain output
+  int equal = -1;        // replay: requests whose output equals their trajectory
   int requests = 0;
+  int settle_runs = 0;  // replay: runs until the output equalled the trajectories (< 0: never)
 };
 
-// Replay: the recorded trajectory (prompt + plain greedy output) of each prompt.
+// Replay: the trajectory (prompt + the target's greedy output) of each prompt in force.
 std::vector<std::vector<int32_t>> g_recorded;
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
@@ -283,6 +289,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.max_model_len = f.max_model_len;
   o.load_format = f.load_format;
   o.gpu_memory_utilization = f.gpu_memory_utilization;
+  if (f.max_num_seqs > 0) o.max_num_seqs = f.max_num_seqs;  // also caps the KV pool
   o.observer = std::move(acc);
   o.speculative = spec;
   auto engine = Engine::Create(o);
@@ -301,9 +308,11 @@ void PrintRow(int batch, const char* method, const Run& r, double plain) {
                   "in %.3f ms and builds the cache in %.3f ms)",
                   100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
   }
-  char equal[64] = "";
+  char equal[128] = "";
   if (r.equal >= 0) {
-    std::snprintf(equal, sizeof(equal), "  [output = plain run: %d of %d]", r.equal, r.requests);
+    std::snprintf(equal, sizeof(equal), "  [output = trajectory: %d of %d; settled %s %d runs]",
+                  r.equal, r.requests, r.settle_runs > 0 ? "after" : "NOT after",
+                  std::abs(r.settle_runs));
   }
   std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s%s\n", batch, method, r.tokens_per_s,
               r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits, equal);
@@ -340,8 +349,7 @@ void PrintHeader() {
 }
 
 // SSD after the other engine is gone (one verifier at a time on the device).
-void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acceptance> acc,
-            const std::vector<std::vector<int32_t>>& prompts, const std::vector<double>& plain) {
+SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   SpeculativeConfig ssd = draft;
   ssd.method = SpeculationMethod::kSsd;
   ssd.speculator_device = f.speculator_device;
@@ -350,7 +358,12 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acce
   ssd.ssd.saguaro_c = f.saguaro_c;
   ssd.ssd.complete_cache = f.cache_build == "complete";
   ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
-  std::unique_ptr<Engine> engine = MakeEngine(f, ssd, acc);
+  return ssd;
+}
+
+void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acceptance> acc,
+            const std::vector<std::vector<int32_t>>& prompts, const std::vector<double>& plain) {
+  std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
   std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
               engine->device_name().c_str(),
               f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
@@ -364,9 +377,38 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acce
   }
 }
 
-// Controlled acceptance: plain decoding (which records the trajectories), then the draft model
-// and SSD replaying them.
+// Greedy requests for prompts [0, batch) of `tokens` tokens each.
+std::vector<GenerateRequest> GreedyRequests(const std::vector<std::vector<int32_t>>& prompts,
+                                            int batch, int tokens, SpeculationParams spec) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < batch; ++i) {
+    GenerateRequest r;
+    r.prompt_ids = prompts[i % prompts.size()];
+    r.params.temperature = 0;  // greedy: what the replay follows
+    r.params.max_tokens = tokens;
+    r.params.ignore_eos = true;
+    r.speculation = spec;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+bool WriteTrajectories(const std::string& path, const std::vector<std::vector<int32_t>>& t) {
+  std::ofstream out(path);
+  for (const auto& ids : t) out << nlohmann::json{{"tokens", ids}}.dump() << "\n";
+  out.close();
+  return static_cast<bool>(out);
+}
+
+// Controlled acceptance: plain decoding records every prompt's greedy continuation; then each
+// speculative method replays it. Random-weight models have near-tied logits, and a verification
+// chunk rounds differently from a decode step, so the target's greedy output can depend on where
+// rounds start. Each (method, batch) therefore first settles: it runs with the trajectories, and
+// as long as its output differs from them they become its output and it runs again (a run whose
+// rounds start where the last one's did repeats it exactly). The timed runs then follow their
+// trajectories, so acceptance is the set alpha.
 int MainReplay(const Flags& f) {
+  constexpr int kMaxSettleRuns = 5;
   auto acc = std::make_shared<Acceptance>();
   std::unique_ptr<Engine> engine = MakeEngine(f, SpeculativeConfig(), acc);
   const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, *engine);
@@ -376,49 +418,33 @@ int MainReplay(const Flags& f) {
   }
   std::printf(
       "spec_bench: %s on %s, draft %s, K %d, %d tokens per request, %zu prompts of %zu ids; "
-      "CONTROLLED ACCEPTANCE: drafts replay the plain greedy output with alpha %.2f, candidate "
+      "CONTROLLED ACCEPTANCE: drafts replay the target's greedy output with alpha %.2f, candidate "
       "hit %.2f (the draft still runs every forward pass)\n",
       f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
       prompts.size(), prompts[0].size(), f.replay_alpha, f.replay_hit);
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
   std::vector<double> plain;
-  std::vector<Run> plain_runs;
   for (int batch : f.batches) {
-    plain_runs.push_back(Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f));
-    plain.push_back(plain_runs.back().tokens_per_s);
+    plain.push_back(
+        Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s);
   }
-  // The recording: every prompt's greedy output, a round's worth longer than the runs ask.
-  Flags record = f;
-  record.max_tokens = f.max_tokens + f.k + 2;
-  std::vector<GenerateRequest> requests;
-  for (const auto& p : prompts) {
-    GenerateRequest r;
-    r.prompt_ids = p;
-    r.params.max_tokens = record.max_tokens;
-    r.params.ignore_eos = true;
-    requests.push_back(std::move(r));
-  }
-  auto results = engine->GenerateBatch(requests);
-  if (!results.ok()) {
-    std::fprintf(stderr, "spec_bench: recording: %s\n", results.status().ToString().c_str());
+  // Trajectories a round's worth longer than the timed runs, so their last rounds follow too.
+  const int settle_tokens = f.max_tokens + f.k + 2;
+  auto plain_out = engine->GenerateBatch(GreedyRequests(
+      prompts, static_cast<int>(prompts.size()), settle_tokens, {SpeculationMethod::kNone, 0}));
+  if (!plain_out.ok()) {
+    std::fprintf(stderr, "spec_bench: recording: %s\n", plain_out.status().ToString().c_str());
     return 1;
   }
+  std::vector<std::vector<int32_t>> recorded;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    recorded.push_back(prompts[i]);
+    for (int32_t id : (*plain_out)[i].ids()) recorded.back().push_back(id);
+  }
+  engine.reset();
   const std::string path = f.replay_file.empty()
                                ? "/tmp/spec_bench_replay_" + std::to_string(::getpid()) + ".jsonl"
                                : f.replay_file;
-  std::ofstream out(path);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> t = prompts[i];
-    for (int32_t id : (*results)[i].ids()) t.push_back(id);
-    out << nlohmann::json{{"tokens", t}}.dump() << "\n";
-    g_recorded.push_back(std::move(t));
-  }
-  out.close();
-  if (!out) {
-    std::fprintf(stderr, "spec_bench: cannot write %s\n", path.c_str());
-    return 1;
-  }
-  engine.reset();
   PrintHeader();
   for (size_t i = 0; i < f.batches.size(); ++i) {
     std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", f.batches[i], "none", plain[i], "1.00x", "-",
@@ -430,16 +456,45 @@ int MainReplay(const Flags& f) {
   draft.replay.file = path;
   draft.replay.alpha = f.replay_alpha;
   draft.replay.candidate_hit = f.replay_hit;
-  engine = MakeEngine(f, draft, acc);
-  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kDraftModel, f.k}, WarmUp(f));
-  for (size_t i = 0; i < f.batches.size(); ++i) {
-    PrintRow(
-        f.batches[i], "draft_model",
-        Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kDraftModel, f.k}, f),
-        plain[i]);
+  SpeculativeConfig ssd = SsdConfig(f, draft);
+  std::vector<std::pair<SpeculationMethod, const SpeculativeConfig*>> methods = {
+      {SpeculationMethod::kDraftModel, &draft}};
+  if (f.ssd) methods.push_back({SpeculationMethod::kSsd, &ssd});
+  for (const auto& [method, config] : methods) {
+    for (size_t b = 0; b < f.batches.size(); ++b) {
+      const int batch = f.batches[b];
+      std::vector<std::vector<int32_t>> trajectories = recorded;
+      int runs = 0;
+      bool settled = false;
+      while (!settled && runs < kMaxSettleRuns) {
+        engine.reset();  // one verifier (and speculator) at a time
+        if (!WriteTrajectories(path, trajectories)) {
+          std::fprintf(stderr, "spec_bench: cannot write %s\n", path.c_str());
+          return 1;
+        }
+        engine = MakeEngine(f, *config, acc);
+        Measure(*engine, *acc, prompts, 1, {method, f.k}, WarmUp(f));
+        auto out =
+            engine->GenerateBatch(GreedyRequests(prompts, batch, settle_tokens, {method, f.k}));
+        if (!out.ok()) {
+          std::fprintf(stderr, "spec_bench: %s\n", out.status().ToString().c_str());
+          return 1;
+        }
+        ++runs;
+        settled = true;
+        for (int i = 0; i < batch; ++i) {
+          std::vector<int32_t> t = prompts[i % prompts.size()];
+          for (int32_t id : (*out)[i].ids()) t.push_back(id);
+          settled = settled && t == trajectories[i % prompts.size()];
+          trajectories[i % prompts.size()] = std::move(t);
+        }
+      }
+      g_recorded = trajectories;  // what Measure compares outputs with
+      Run run = Measure(*engine, *acc, prompts, batch, {method, f.k}, f);
+      run.settle_runs = settled ? runs : -runs;
+      PrintRow(batch, SpeculationMethodName(method), run, plain[b]);
+    }
   }
-  engine.reset();
-  if (f.ssd) RunSsd(f, draft, acc, prompts, plain);
   return 0;
 }
 

@@ -202,7 +202,8 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
   # (the draft still runs every pass); K 7, fan-out 3; plain, draft model and SSD side by side.
   run_step "ssd_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
     --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
-    --load-format dummy --random-prompts 128 --max-model-len 1024 --batches 1,4,16 --k 7 \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+    --batches 1,4,16 --k 7 \
     --max-tokens 128 --repeats 2 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
     --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
 else
@@ -210,7 +211,8 @@ else
   # look at the speculator's costs; the two processes time-share the GPU, so no SSD speedup).
   run_step "ssd_replay_bench (1 gpu)" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
     --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
-    --load-format dummy --random-prompts 128 --max-model-len 1024 --batches 1,16 --k 7 \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+    --batches 1,16 --k 7 \
     --max-tokens 64 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
     --specd "$WORK/bin/specd" --speculator-device cuda:0 --fan-out 3 --gpu-memory-utilization 0.45 \
     --speculator-gpu-memory-utilization 0.9
