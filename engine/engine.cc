@@ -115,6 +115,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   runner.max_model_len = options.max_model_len;
   runner.max_num_seqs = options.max_num_seqs;
   runner.max_num_batched_tokens = options.max_num_batched_tokens;
+  if (options.speculative.enabled()) {
+    // Greedy verification draws K + 1 rows per sequence on the device; rows beyond what one
+    // Step draws go the host path (every drafted position's logits copied back).
+    runner.max_sample_rows = static_cast<int32_t>(std::min<int64_t>(
+        options.max_num_batched_tokens,
+        int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
+  }
   runner.kv_cache_bytes = options.kv_cache_bytes;
   runner.gpu_memory_utilization = options.gpu_memory_utilization;
   runner.enforce_eager = options.enforce_eager;
@@ -154,6 +161,7 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
   RunnerOptions draft = target;
+  draft.max_sample_rows = 0;  // the draft draws one row per sequence
   draft.model_dir = spec.draft_model;
   draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
   if (!spec.speculator_device.empty()) draft.device = spec.speculator_device;

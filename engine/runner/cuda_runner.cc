@@ -462,10 +462,13 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   ForwardLimits& l = s->limits;
   l.max_tokens = o.max_num_batched_tokens;
   l.max_seqs = o.max_num_seqs;
-  l.max_rows = std::min(o.max_num_seqs, o.max_num_batched_tokens);
+  const int32_t max_decode = std::min(o.max_num_seqs, o.max_num_batched_tokens);
+  l.max_rows =
+      o.max_sample_rows > 0 ? std::min(o.max_sample_rows, o.max_num_batched_tokens) : max_decode;
+  l.max_rows = std::max(l.max_rows, max_decode);
   l.max_model_len = s->max_model_len;
   l.block_size = o.block_size;
-  l.max_decode_batch = l.max_rows;  // a decode step has at most this many sequences
+  l.max_decode_batch = max_decode;  // a decode step has at most this many sequences
   SPECD_RETURN_IF_ERROR(s->AllocateBuffers());
   SPECD_RETURN_IF_ERROR(s->SizeAndAllocateKv(o));
   SPECD_ASSIGN_OR_RETURN(const cuda::MemoryInfo before, cuda::GetMemoryInfo());

@@ -34,6 +34,9 @@ struct RunnerOptions {
   int32_t max_model_len = 0;              // 0 = the model's max_position_embeddings
   int32_t max_num_seqs = 256;             // largest batch (CUDA graph buckets up to it)
   int32_t max_num_batched_tokens = 2048;  // largest step in tokens (activation buffers)
+  int32_t max_sample_rows = 0;            // CUDA: rows one Step draws (logits buffer); 0:
+                                          // min(max_num_seqs, max_num_batched_tokens);
+                                          // speculation verifies K + 1 rows per sequence
   int64_t kv_cache_bytes = 0;             // 0: the device's default (CPU 64 MiB; CUDA from
                                           // gpu_memory_utilization); at least one
                                           // max_model_len sequence always fits

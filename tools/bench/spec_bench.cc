@@ -34,6 +34,8 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -85,6 +87,9 @@ class Acceptance : public EngineObserver {
   void OnSpeculation(const SpeculationStepMetrics& m) override {
     std::lock_guard lock(mu_);
     if (m.ssd != nullptr) ssd_ = *m.ssd;
+    ++steps_;
+    draft_s_ += m.draft_seconds;
+    verify_s_ += m.verify_seconds;
     for (size_t i = 0; i < m.num_draft_tokens.size(); ++i) {
       if (drafted.size() < static_cast<size_t>(m.num_draft_tokens[i])) {
         drafted.resize(m.num_draft_tokens[i]);
@@ -107,6 +112,15 @@ class Acceptance : public EngineObserver {
     accepted.clear();
     return out.empty() ? "-" : out;
   }
+  // Mean milliseconds per speculative step spent drafting and verifying since the last call.
+  std::pair<double, double> TakeStepTimes() {
+    std::lock_guard lock(mu_);
+    const double n = std::max<int64_t>(1, steps_);
+    const std::pair<double, double> out = {1e3 * draft_s_ / n, 1e3 * verify_s_ / n};
+    steps_ = 0;
+    draft_s_ = verify_s_ = 0;
+    return out;
+  }
   SsdStats ssd() {
     std::lock_guard lock(mu_);
     return ssd_;
@@ -116,6 +130,8 @@ class Acceptance : public EngineObserver {
   std::mutex mu_;
   std::vector<int64_t> drafted, accepted;  // [position]
   SsdStats ssd_;                           // the last SSD counters reported
+  int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
+  double draft_s_ = 0, verify_s_ = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -200,7 +216,8 @@ struct Run {
   double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
   double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
   double cache_ms = 0;   // SSD: ... of which cache construction, per round
-  int equal = -1;        // replay: requests whose output equals their trajectory
+  double step_draft_ms = 0, step_verify_ms = 0;  // per speculative step (engine's timers)
+  int equal = -1;  // replay: requests whose output equals their trajectory
   int requests = 0;
   int settle_runs = 0;  // replay: runs until the output equalled the trajectories (< 0: never)
 };
@@ -225,6 +242,7 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
   Run best;
   for (int rep = 0; rep < f.repeats; ++rep) {
     acc.Take();
+    acc.TakeStepTimes();
     const SsdStats before = acc.ssd();
     const auto start = std::chrono::steady_clock::now();
     auto results = engine.GenerateBatch(requests);
@@ -255,6 +273,7 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     }
     run.tokens_per_round = rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
     run.acceptance = acc.Take();
+    std::tie(run.step_draft_ms, run.step_verify_ms) = acc.TakeStepTimes();
     const SsdStats after = acc.ssd();
     const int64_t hits = after.drafts_hit - before.drafts_hit;
     const int64_t told = hits + after.drafts_miss_primary - before.drafts_miss_primary +
@@ -314,8 +333,10 @@ void PrintRow(int batch, const char* method, const Run& r, double plain) {
                   r.equal, r.requests, r.settle_runs > 0 ? "after" : "NOT after",
                   std::abs(r.settle_runs));
   }
-  std::printf("%-6d %-12s %12.1f %8.2fx %10.2f  %s%s%s\n", batch, method, r.tokens_per_s,
-              r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(), hits, equal);
+  std::printf(
+      "%-6d %-12s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms}%s%s\n", batch,
+      method, r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(),
+      r.step_draft_ms, r.step_verify_ms, hits, equal);
 }
 
 // The prompts: random ids (--random-prompts, or a model without a tokenizer), else the file's.
