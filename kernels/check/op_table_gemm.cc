@@ -1,5 +1,7 @@
 // GEMM ops of the table through kernels/cuda/gemm.h: "gemm_bf16" (bf16 output: the qkv, o,
-// gate_up and down projections) and "gemm_f32out" (fp32 output: lm_head). The reference is the
+// gate_up and down projections) and "gemm_f32out" (fp32 output: lm_head); and "gemv_bf16", the
+// small-m kernel of kernels/cuda/gemv.h (both outputs; perf lines labelled as the gemm ones at
+// m = 1 and 8, so the two compare line by line). The reference is the
 // dot product in fp64 over the bf16 inputs; the baseline accumulates in fp32 (and rounds to bf16
 // for bf16 output). Check shapes cover biases (epilogue and the rank-1 fallback), padded row
 // strides and sub-buffers off 256-byte alignment; perf shapes are Llama-3.1-8B's at
@@ -17,6 +19,7 @@
 
 #include "kernels/check/op_families.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/ref/bf16.h"
 
 namespace specd::kernels::check {
@@ -37,11 +40,15 @@ struct GemmParams {
   bool rank1 = false;  // f32 output: force the rank-1 bias update instead of the epilogue
   int64_t offset = 0;  // operands start this many elements into their buffers
   std::string name;    // shown in the label (qkv, o, ...)
+  GemmOut out = GemmOut::kBf16;
 };
+
+// Which launcher a case runs: cuBLASLt through Gemm::Run, or GemvBf16.
+enum class GemmImpl { kCublasLt, kGemv };
 
 GemmParams P(int64_t m, int64_t n, int64_t k, bool bias = false, int64_t pad = 0,
              bool rank1 = false, int64_t offset = 0, std::string name = "") {
-  return GemmParams{m, n, k, bias, pad, rank1, offset, std::move(name)};
+  return GemmParams{m, n, k, bias, pad, rank1, offset, std::move(name), GemmOut::kBf16};
 }
 
 // Random bf16 in [lo, hi) at `dst`; returns the values when n <= kMaxHostElements.
@@ -77,25 +84,35 @@ std::vector<T> GemmRef(const std::vector<T>& x, int64_t ldx, const std::vector<T
   return y;
 }
 
+// The params with every output set to `out`.
+std::vector<GemmParams> WithOut(std::vector<GemmParams> params, GemmOut out) {
+  for (GemmParams& p : params) p.out = out;
+  return params;
+}
+
 class GemmCase : public OpCase {
  public:
-  GemmCase(const GemmParams& p, GemmOut out)
+  GemmCase(const GemmParams& p, GemmImpl impl)
       : p_(p),
-        out_(out),
+        impl_(impl),
+        out_(p.out),
         ldx_(p.k + p.pad),
         ldy_(p.n + p.pad),
-        out_bytes_(out == GemmOut::kBf16 ? 2 : 4),
+        out_bytes_(p.out == GemmOut::kBf16 ? 2 : 4),
         x_((p.offset + p.m * ldx_) * kBf16Bytes),
         w_((p.offset + p.n * p.k) * kBf16Bytes),
         bias_(p.bias ? (p.offset + p.n) * kBf16Bytes : 0),
         y_((p.offset + p.m * ldy_) * out_bytes_) {
-    std::string error;
-    gemm_ = Gemm::Create(kWorkspaceBytes, &error);
-    if (gemm_ == nullptr) {
-      std::fprintf(stderr, "Gemm::Create: %s\n", error.c_str());
-      std::abort();
+    if (impl == GemmImpl::kCublasLt) {
+      std::string error;
+      gemm_ = Gemm::Create(kWorkspaceBytes, &error);
+      if (gemm_ == nullptr) {
+        std::fprintf(stderr, "Gemm::Create: %s\n", error.c_str());
+        std::abort();
+      }
+      if (p.rank1) gemm_->set_f32_bias_epilogue(false);
+      gemm_->set_small_m_gemv(false);  // the cuBLASLt path; gemv_bf16 is the small-m one
     }
-    if (p.rank1) gemm_->set_f32_bias_epilogue(false);
     std::mt19937_64 rng(0x6e33ULL ^ static_cast<uint64_t>(p.m * 7919 + p.n * 31 + p.k * 131 +
                                                           p.pad + p.offset * 17));
     x_bits_ = FillBf16(x_.as<uint16_t>() + p.offset, p.m * ldx_, -1.0f, 1.0f, rng);
@@ -107,8 +124,13 @@ class GemmCase : public OpCase {
   cudaError_t Launch(cudaStream_t stream) override {
     std::string error;
     const auto* bias = p_.bias ? Bf16Offset(bias_) : nullptr;
-    if (!gemm_->Run(Bf16Offset(x_), ldx_, Bf16Offset(w_), bias, p_.m, p_.n, p_.k,
-                    y_.as<uint8_t>() + p_.offset * out_bytes_, ldy_, out_, stream, &error)) {
+    void* y = y_.as<uint8_t>() + p_.offset * out_bytes_;
+    if (impl_ == GemmImpl::kGemv) {
+      return GemvBf16(Bf16Offset(x_), ldx_, Bf16Offset(w_), bias, p_.m, p_.n, p_.k, y, ldy_, out_,
+                      stream);
+    }
+    if (!gemm_->Run(Bf16Offset(x_), ldx_, Bf16Offset(w_), bias, p_.m, p_.n, p_.k, y, ldy_, out_,
+                    stream, &error)) {
       std::fprintf(stderr, "Gemm::Run: %s\n", error.c_str());
       return cudaErrorNotSupported;
     }
@@ -171,6 +193,7 @@ class GemmCase : public OpCase {
   }
 
   GemmParams p_;
+  GemmImpl impl_;
   GemmOut out_;
   int64_t ldx_, ldy_, out_bytes_;
   std::unique_ptr<Gemm> gemm_;
@@ -195,7 +218,7 @@ OpShape ShapeOf(const GemmParams& p) {
   return s;
 }
 
-OpSpec MakeSpec(std::string name, GemmOut out, const std::vector<GemmParams>& check,
+OpSpec MakeSpec(std::string name, GemmImpl impl, const std::vector<GemmParams>& check,
                 const std::vector<GemmParams>& perf) {
   auto by_label = std::make_shared<std::map<std::string, GemmParams>>();
   OpSpec spec{std::move(name), {}, {}, nullptr};
@@ -206,14 +229,15 @@ OpSpec MakeSpec(std::string name, GemmOut out, const std::vector<GemmParams>& ch
       (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
     }
   }
-  spec.make = [by_label, out](const OpShape& s) {
-    return std::make_unique<GemmCase>(by_label->at(s.label), out);
+  spec.make = [by_label, impl](const OpShape& s) {
+    return std::make_unique<GemmCase>(by_label->at(s.label), impl);
   };
   return spec;
 }
 
-// Llama-3.1-8B projections (n, k) at decode, small-batch and prefill m.
-std::vector<GemmParams> Llama8bPerf(bool lm_head) {
+// Llama-3.1-8B projections (n, k) at decode, small-batch and prefill m (lm_head: f32 output).
+std::vector<GemmParams> Llama8bPerf(bool lm_head,
+                                    const std::vector<int64_t>& ms = {1, 8, 64, 4096}) {
   struct Weight {
     int64_t n, k;
     const char* name;
@@ -225,9 +249,9 @@ std::vector<GemmParams> Llama8bPerf(bool lm_head) {
                                                                     {4096, 14336, "down"}};
   std::vector<GemmParams> shapes;
   for (const Weight& w : weights) {
-    for (int64_t m : {1, 8, 64, 4096}) shapes.push_back(P(m, w.n, w.k, false, 0, false, 0, w.name));
+    for (int64_t m : ms) shapes.push_back(P(m, w.n, w.k, false, 0, false, 0, w.name));
   }
-  return shapes;
+  return lm_head ? WithOut(shapes, GemmOut::kF32) : shapes;
 }
 
 }  // namespace
@@ -235,16 +259,33 @@ std::vector<GemmParams> Llama8bPerf(bool lm_head) {
 void AddGemmOps(std::vector<OpSpec>* table) {
   // P(m, n, k, bias, pad, rank1, offset)
   table->push_back(MakeSpec(
-      "gemm_bf16", GemmOut::kBf16,
+      "gemm_bf16", GemmImpl::kCublasLt,
       {P(1, 384, 256), P(8, 1000, 512, true), P(64, 768, 1024, false, 8), P(33, 1024, 4096, true),
        P(5, 2048, 1000), P(128, 512, 2048, false, 0, false, 8), P(3, 4096, 128, true, 8, false, 8)},
       Llama8bPerf(false)));
   table->push_back(
-      MakeSpec("gemm_f32out", GemmOut::kF32,
-               {P(1, 1000, 512), P(8, 4096, 256, true), P(64, 2048, 1024, true, 0, true),
-                P(17, 3000, 640, false, 8), P(65600, 16, 16, true, 0, true), P(2, 128256, 64, true),
-                P(9, 512, 4096, true, 0, false, 8)},
+      MakeSpec("gemm_f32out", GemmImpl::kCublasLt,
+               WithOut({P(1, 1000, 512), P(8, 4096, 256, true), P(64, 2048, 1024, true, 0, true),
+                        P(17, 3000, 640, false, 8), P(65600, 16, 16, true, 0, true),
+                        P(2, 128256, 64, true), P(9, 512, 4096, true, 0, false, 8)},
+                       GemmOut::kF32),
                Llama8bPerf(true)));
+  // m <= kMaxGemvRows; (m, k) unique per op. f32 outputs are named "f32" in the label.
+  std::vector<GemmParams> gemv_check = {P(1, 384, 256),
+                                        P(8, 1000, 512, true),
+                                        P(3, 1000, 24, true),
+                                        P(5, 2048, 1000, false, 8),
+                                        P(2, 4096, 4096, true, 8, false, 8),
+                                        P(7, 777, 2048, true, 8)};
+  for (GemmParams p : {P(1, 1000, 640), P(4, 3000, 1024, true, 8), P(6, 128256, 64, true),
+                       P(8, 512, 4096, true, 0, false, 8)}) {
+    p.out = GemmOut::kF32;
+    p.name = "f32";
+    gemv_check.push_back(p);
+  }
+  std::vector<GemmParams> gemv_perf = Llama8bPerf(false, {1, 8});
+  for (const GemmParams& p : Llama8bPerf(true, {1, 8})) gemv_perf.push_back(p);
+  table->push_back(MakeSpec("gemv_bf16", GemmImpl::kGemv, gemv_check, gemv_perf));
 }
 
 }  // namespace specd::kernels::check

@@ -12,9 +12,12 @@
 #include <algorithm>
 #include <compare>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <utility>
 #include <vector>
+
+#include "kernels/cuda/gemv.h"
 
 namespace specd::kernels {
 namespace {
@@ -189,6 +192,7 @@ struct Gemm::Impl {
   size_t workspace_bytes = 0;
   void* ones = nullptr;  // [kOnesRows] bf16 1.0: the rank-1 bias update's other vector
   bool f32_bias_epilogue = true;
+  bool small_m_gemv = true;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 
   ~Impl() {
@@ -272,6 +276,8 @@ std::unique_ptr<Gemm> Gemm::Create(size_t workspace_bytes, std::string* error) {
 
 void Gemm::set_f32_bias_epilogue(bool enabled) { impl_->f32_bias_epilogue = enabled; }
 
+void Gemm::set_small_m_gemv(bool enabled) { impl_->small_m_gemv = enabled; }
+
 bool Gemm::Run(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
                const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, void* y, int64_t ldy,
                GemmOut out_type, cudaStream_t stream, std::string* error) {
@@ -281,6 +287,15 @@ bool Gemm::Run(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
     return false;
   }
   if (m == 0) return true;
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (impl_->small_m_gemv && m <= kMaxGemvRows && k >= 8 && k % 8 == 0 && ldx % 8 == 0 &&
+      aligned16(x) && aligned16(w) && n / 16 < std::numeric_limits<int32_t>::max()) {
+    // Decode-sized m: the tensor-core GEMV streams W at close to copy bandwidth (gemv.h).
+    const cudaError_t e = GemvBf16(x, ldx, w, bias, m, n, k, y, ldy, out_type, stream);
+    if (e == cudaSuccess) return true;
+    if (error != nullptr) *error = std::string("GemvBf16: ") + cudaGetErrorString(e);
+    return false;
+  }
   PlanKey key;
   key.m = m;
   key.n = n;

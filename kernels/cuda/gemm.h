@@ -1,4 +1,5 @@
-// Dense GEMMs of the CUDA backend through cuBLASLt: y = x W^T (+ bias) with W in Hugging Face's
+// Dense GEMMs of the CUDA backend through cuBLASLt (decode-sized m through the GEMV of gemv.h):
+// y = x W^T (+ bias) with W in Hugging Face's
 // nn.Linear layout [out_features, in_features], bf16 operands, fp32 accumulation, bf16 or fp32
 // output. Plain C++ (no nvcc needed). One Gemm object per stream; not thread-safe. kernels/
 // depends on the CUDA libraries alone, so errors are strings, not absl::Status.
@@ -45,6 +46,10 @@ class Gemm {
   // Tests: false routes f32-output biases through the rank-1 update even where cuBLASLt
   // accepts the epilogue, so both paths can be checked. Affects plans built afterwards.
   void set_f32_bias_epilogue(bool enabled);
+  // m <= kMaxGemvRows (decode) runs the tensor-core GEMV of gemv.h when its alignment and size
+  // preconditions hold (true, the default), else cuBLASLt; false: always cuBLASLt (tests,
+  // benchmarks comparing the two).
+  void set_small_m_gemv(bool enabled);
 
  private:
   struct Impl;

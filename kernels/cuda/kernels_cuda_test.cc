@@ -1,6 +1,6 @@
 // Every CUDA kernel against its fp64 reference (the op table in kernels/check), plus the
-// launchers' contracts: aliasing, the scalar fallback, graph capture, rejected sizes, and
-// TopKRows over every k, vocabulary size and row layout. Exits 77
+// launchers' contracts: aliasing, the scalar fallback, graph capture, rejected sizes, TopKRows
+// over every k, vocabulary size and row layout, and GemvBf16 over every m. Exits 77
 // (ctest: skipped) where no GPU is visible.
 #include <algorithm>
 #include <cmath>
@@ -15,6 +15,7 @@
 #include "kernels/check/op_table.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/ref/bf16.h"
@@ -298,6 +299,157 @@ TEST(TopKRowsTest, RejectsInvalidArgumentsWithoutStickyErrors) {
   EXPECT_EQ(TopKWorkspaceBytes(rows, 4096, kMaxTopK), 0u);
   EXPECT_GT(TopKWorkspaceBytes(rows, 4097, kMaxTopK), 0u);
   EXPECT_EQ(run(vocab, rows, 4096, kMaxTopK, nullptr, 0), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// GemvBf16's inputs for kMaxGemvRows rows of x, and the fp64 reference without bias. Rows of
+// large n are checked at a stride (the kernel's tiles are alike) plus the last two tiles.
+struct GemvProblem {
+  int64_t n = 0, k = 0, row_step = 1;
+  std::vector<uint16_t> x;     // [kMaxGemvRows, k] bf16 bits
+  std::vector<uint16_t> w;     // [n, k]
+  std::vector<uint16_t> bias;  // [n]
+  std::vector<double> y;       // [kMaxGemvRows, n]: sum_l x[i, l] w[j, l]
+  std::vector<double> scale;   // [kMaxGemvRows, n]: sum_l |x[i, l] w[j, l]|
+
+  bool Checked(int64_t j) const { return j % row_step == 0 || j + 32 >= n; }
+};
+
+GemvProblem MakeGemvProblem(int64_t n, int64_t k) {
+  std::mt19937_64 rng(static_cast<uint64_t>(n * 31 + k));
+  GemvProblem p;
+  p.n = n;
+  p.k = k;
+  p.row_step = n > 32768 ? 7 : 1;
+  p.x = check::RandomBf16(kMaxGemvRows * k, -1.0f, 1.0f, rng);
+  p.w = check::RandomBf16(n * k, -1.0f, 1.0f, rng);
+  p.bias = check::RandomBf16(n, -1.0f, 1.0f, rng);
+  const std::vector<double> x = check::WidenToDouble(p.x);
+  p.y.assign(kMaxGemvRows * n, 0.0);
+  p.scale.assign(kMaxGemvRows * n, 0.0);
+  std::vector<double> w_row(k);
+  for (int64_t j = 0; j < n; ++j) {
+    if (!p.Checked(j)) continue;
+    for (int64_t l = 0; l < k; ++l) w_row[l] = Bf16ToFloat(p.w[j * k + l]);
+    for (int64_t i = 0; i < kMaxGemvRows; ++i) {
+      double acc = 0, abs_sum = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        const double prod = x[i * k + l] * w_row[l];
+        acc += prod;
+        abs_sum += std::abs(prod);
+      }
+      p.y[i * n + j] = acc;
+      p.scale[i * n + j] = abs_sum;
+    }
+  }
+  return p;
+}
+
+// x's first m rows at row stride ldx in a buffer of kMaxGemvRows rows; the padding and the rows
+// from m on hold NaN (0xffff), so a read of either shows in the output.
+std::vector<uint16_t> PaddedGemvInput(const GemvProblem& p, int64_t m, int64_t ldx) {
+  std::vector<uint16_t> rows(kMaxGemvRows * ldx, 0xffff);
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy_n(p.x.begin() + i * p.k, p.k, rows.begin() + i * ldx);
+  }
+  return rows;
+}
+
+// The first y[i, j] (j < n) outside tolerance or padding element (j >= n) written, or "".
+// Tolerance: the output's own rounding (bf16: 2^-8 |y|, f32: 1e-3 |y|) plus 2^-16 sum |x w| for
+// the order of fp32 accumulation.
+std::string FirstGemvMismatch(const GemvProblem& p, const DeviceBuffer& y, int64_t m, int64_t ldy,
+                              GemmOut out, bool with_bias) {
+  std::vector<double> got(m * ldy);
+  if (out == GemmOut::kBf16) {
+    const auto bits = y.Download<uint16_t>();
+    std::transform(bits.begin(), bits.end(), got.begin(), Bf16ToFloat);
+  } else {
+    const auto values = y.Download<float>();
+    std::copy(values.begin(), values.end(), got.begin());
+  }
+  const double rel = out == GemmOut::kBf16 ? std::ldexp(1.0, -8) : 1e-3;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldy; ++j) {
+      const double v = got[i * ldy + j];
+      if (j >= p.n) {
+        if (!std::isnan(v))
+          return "padding written at " + std::to_string(i) + "," + std::to_string(j);
+        continue;
+      }
+      if (!p.Checked(j)) continue;
+      const double ref = p.y[i * p.n + j] + (with_bias ? Bf16ToFloat(p.bias[j]) : 0.0);
+      const double tol = rel * std::abs(ref) + std::ldexp(p.scale[i * p.n + j], -16);
+      if (!(std::abs(v - ref) <= tol)) {
+        return "y[" + std::to_string(i) + ", " + std::to_string(j) + "] = " + std::to_string(v) +
+               ", reference " + std::to_string(ref) + ", tolerance " + std::to_string(tol);
+      }
+    }
+  }
+  return "";
+}
+
+// Every m of the decode projections of Llama-3.1-8B (lm_head: f32 output only) and a tiny odd
+// shape (n not a multiple of the 16-row tile, k below one lane group's 32 columns), with and
+// without bias, dense and padded row strides, bf16 and f32 output.
+TEST(GemvTest, MatchesFp64ReferenceForEveryRowCountBiasStrideAndOutput) {
+  struct Shape {
+    int64_t n, k;
+    bool bf16_out;
+  };
+  for (const Shape& s : {Shape{6144, 4096, true}, Shape{4096, 4096, true}, Shape{4096, 14336, true},
+                         Shape{1000, 24, true}, Shape{128256, 4096, false}}) {
+    const GemvProblem p = MakeGemvProblem(s.n, s.k);
+    DeviceBuffer w(s.n * s.k * 2), bias(s.n * 2);
+    w.Upload(p.w);
+    bias.Upload(p.bias);
+    for (int64_t m = 1; m <= kMaxGemvRows; ++m) {
+      const bool with_bias = m % 2 == 1;
+      const int64_t ldx = s.k + (m % 4 >= 2 ? 8 : 0), ldy = s.n + (m >= 5 ? 3 : 0);
+      DeviceBuffer x(kMaxGemvRows * ldx * 2);
+      x.Upload(PaddedGemvInput(p, m, ldx));
+      for (GemmOut out : {GemmOut::kBf16, GemmOut::kF32}) {
+        if (out == GemmOut::kBf16 && !s.bf16_out) continue;
+        DeviceBuffer y(m * ldy * (out == GemmOut::kBf16 ? 2 : 4));
+        y.Poison();
+        ASSERT_EQ(GemvBf16(Bf16(x), ldx, Bf16(w), with_bias ? Bf16(bias) : nullptr, m, s.n, s.k,
+                           y.as<void>(), ldy, out, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(FirstGemvMismatch(p, y, m, ldy, out, with_bias), "")
+            << "n " << s.n << " k " << s.k << " m " << m << " ldx " << ldx << " ldy " << ldy
+            << (out == GemmOut::kBf16 ? " bf16" : " f32") << (with_bias ? " +bias" : "");
+      }
+    }
+  }
+}
+
+TEST(GemvTest, RejectsInvalidArgumentsWithoutStickyErrors) {
+  const int64_t n = 64, k = 64, m = 2;
+  std::mt19937_64 rng(9);
+  DeviceBuffer x(m * k * 2), w(n * k * 2), y(m * n * 2);
+  x.Upload(check::RandomBf16(m * k, -1.0f, 1.0f, rng));
+  w.Upload(check::RandomBf16(n * k, -1.0f, 1.0f, rng));
+  auto run = [&](const __nv_bfloat16* xp, int64_t ldx, const __nv_bfloat16* wp, int64_t rows,
+                 int64_t cols, int64_t depth, void* yp, int64_t ldy) {
+    return GemvBf16(xp, ldx, wp, nullptr, rows, cols, depth, yp, ldy, GemmOut::kBf16, nullptr);
+  };
+  void* yp = y.as<void>();
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), 0, n, k, yp, n), cudaErrorInvalidValue);  // m < 1
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), kMaxGemvRows + 1, n, k, yp, n), cudaErrorInvalidValue);
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, 0, k, yp, n), cudaErrorInvalidValue);       // n < 1
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, n, 0, yp, n), cudaErrorInvalidValue);       // k < 8
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, n, k - 4, yp, n), cudaErrorInvalidValue);   // k % 8
+  EXPECT_EQ(run(Bf16(x), k - 8, Bf16(w), m, n, k, yp, n), cudaErrorInvalidValue);   // ldx < k
+  EXPECT_EQ(run(Bf16(x), k + 4, Bf16(w), m, n, k, yp, n), cudaErrorInvalidValue);   // ldx % 8
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, n, k, yp, n - 1), cudaErrorInvalidValue);   // ldy < n
+  EXPECT_EQ(run(Bf16(x, 4), k, Bf16(w), 1, n, k, yp, n), cudaErrorInvalidValue);    // x 8-byte
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w, 1), m, n, k, yp, n), cudaErrorInvalidValue);    // w 2-byte
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, n, k, nullptr, n), cudaErrorInvalidValue);  // no y
+  EXPECT_EQ(run(nullptr, k, Bf16(w), m, n, k, yp, n), cudaErrorInvalidValue);
+  // Valid: the same call with every argument in range.
+  EXPECT_EQ(run(Bf16(x), k, Bf16(w), m, n, k, yp, n), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
