@@ -372,6 +372,67 @@ TEST_F(DraftModelTest, GreedyCandidatesStartWithTheDraftAndFollowTheLogits) {
   for (int32_t i = 0; i + 1 < kF; ++i) EXPECT_GE(logits[row0[i]], logits[row0[i + 1]]);
 }
 
+// A runner that draws at most two rows per Step (as a GPU runner sized for fewer sequences than
+// SSD has branches), and counts its passes.
+class TwoRowRunner : public ModelRunner {
+ public:
+  explicit TwoRowRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int32_t block_size() const override { return inner_->block_size(); }
+  int32_t max_model_len() const override { return inner_->max_model_len(); }
+  int32_t max_sample_rows() const override { return 2; }
+  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                    std::vector<SampleResult>* out) override {
+    ++passes;
+    if (batch.size() > 2) return absl::InvalidArgumentError("more sequences than rows");
+    return inner_->Step(batch, rows, out);
+  }
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
+    ++passes;
+    return inner_->Forward(batch, logits);
+  }
+  int passes = 0;
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+};
+
+// More sequences than one Step draws: each pass takes at most max_sample_rows of them, the rest
+// run in the next pass, and every sequence drafts exactly what it drafts alone.
+TEST_F(DraftModelTest, PassesHoldAtMostMaxSampleRowsSequences) {
+  constexpr int32_t kK = 3;
+  RunnerOptions o;
+  o.model_dir = kCodepair + "/draft";
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 1024;
+  auto inner = CreateModelRunner(o);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto two = std::make_unique<TwoRowRunner>(*std::move(inner));
+  TwoRowRunner* runner = two.get();
+  auto draft = DraftModelSpeculator::Create(std::move(two), kVocab, 2048);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(10 + i);
+    prompts.push_back(LoadDraftGolden(i % 2).prompt_ids);
+    prompts.back().push_back(100 + i);  // five different contexts
+  }
+  DraftInput options;
+  options.num_candidates = 4;  // the runner's greedy path, with candidates
+  const std::vector<Draft> together = ProposeMany(**draft, ids, prompts, kK, options);
+  EXPECT_EQ(runner->passes, 3 * kK) << "5 sequences, 2 per pass: 3 passes per drafted position";
+  auto alone = MakeDraft();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Draft one = ProposeOne(*alone, 100 + i, prompts[i], kK, options);
+    EXPECT_EQ(together[i].tokens, one.tokens) << i;
+    EXPECT_EQ(together[i].candidates, one.candidates) << i;
+  }
+}
+
 TEST_F(DraftModelTest, SampledCandidatesFollowTheRowTheDraftWasDrawnFrom) {
   constexpr int32_t kF = 5, kK = 3;
   auto draft = MakeDraft();
