@@ -186,8 +186,8 @@ absl::Status FillFromCheckpoint(const Plan& plan, uint8_t* base, const std::stri
 // projections that write into the residual stream (o_proj, down_proj), which are zero: the
 // stream is then exactly the token's embedding, the logits a fixed random function of the last
 // token, and greedy decoding of a dummy model the same whatever kernels compute it (decode
-// steps, verification chunks, any batch). With small random values there instead, a random 8B
-// target flipped its greedy choice between those paths on about 3 tokens in 1,000, which breaks
+// steps, verification chunks, any batch). With random values there instead, a random 8B
+// target's greedy output depended on those paths (docs/benchmarks.md, 2026-11-24), which breaks
 // benchmarks that replay a recorded greedy continuation (spec_bench --replay-alpha). Every GEMM
 // and attention kernel still reads and computes as much as with any other values.
 absl::Status FillDummy(const Plan& plan, uint8_t* base, uint64_t seed) {

@@ -141,6 +141,20 @@ bool DraftModelSpeculator::Prepare(const DraftInput& in, State& state, int32_t n
   return true;
 }
 
+void DraftModelSpeculator::AppendGreedyDraft(const DraftInput& in, int32_t token,
+                                             std::vector<int32_t> top, Draft& draft) const {
+  if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
+  if (in.num_candidates > 0) {
+    const size_t at = draft.candidates.size();
+    AppendCandidates(std::move(top), token, draft);
+    if (replay_ != nullptr) {
+      replay_->Candidates(in.tokens, draft.tokens,
+                          std::span<int32_t>(draft.candidates).subspan(at));
+    }
+  }
+  draft.tokens.push_back(token);
+}
+
 void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
                                      std::span<const float> logits, Draft& draft) {
   const int32_t j = static_cast<int32_t>(draft.tokens.size());
@@ -149,18 +163,11 @@ void DraftModelSpeculator::DrawDraft(const DraftInput& in, State& state,
   probs_.resize(logits.size());
   ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
   if (in.params->greedy()) {  // a one-hot row at the argmax (lowest id on ties, as Argmax)
-    auto token =
+    const auto token =
         static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
-    if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
-    if (in.num_candidates > 0) {
-      const size_t at = draft.candidates.size();
-      AppendCandidates(TopF(logits, in.num_candidates), token, draft);
-      if (replay_ != nullptr) {
-        replay_->Candidates(in.tokens, draft.tokens,
-                            std::span<int32_t>(draft.candidates).subspan(at));
-      }
-    }
-    draft.tokens.push_back(token);
+    AppendGreedyDraft(
+        in, token, in.num_candidates > 0 ? TopF(logits, in.num_candidates) : std::vector<int32_t>(),
+        draft);
     return;
   }
   if (in.num_candidates > 0) AppendCandidates(TopF(probs_, in.num_candidates), -1, draft);
@@ -278,18 +285,8 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
       if (a.offset == a.pending.size()) {  // the row gives the next draft
         Draft& draft = (*drafts)[a.input];
         if (drawn) {
-          const DraftInput& in = inputs[a.input];
-          int32_t id = drawn_[row].id;
-          if (replay_ != nullptr) id = replay_->Draft(in.tokens, draft.tokens, id);
-          if (in.num_candidates > 0) {
-            const size_t at = draft.candidates.size();
-            AppendCandidates(std::move(drawn_[row].candidates), id, draft);
-            if (replay_ != nullptr) {
-              replay_->Candidates(in.tokens, draft.tokens,
-                                  std::span<int32_t>(draft.candidates).subspan(at));
-            }
-          }
-          draft.tokens.push_back(id);
+          AppendGreedyDraft(inputs[a.input], drawn_[row].id, std::move(drawn_[row].candidates),
+                            draft);
         } else {
           DrawDraft(inputs[a.input], *a.state,
                     std::span<const float>(logits_).subspan(row * vocab, vocab), draft);

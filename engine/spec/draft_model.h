@@ -119,6 +119,10 @@ class DraftModelSpeculator : public Speculator {
   // The position Prepare may rewrite from, given the common prefix `start`: `start`, or the
   // first position of its block when another sequence (a fork) also holds that block.
   int32_t WritableStart(const State& state, int32_t start) const;
+  // Appends a greedy draft (the argmax `token`, unless the replay says otherwise) and, when the
+  // input asks for them, its candidates `top` (ranked best first) led by the draft.
+  void AppendGreedyDraft(const DraftInput& in, int32_t token, std::vector<int32_t> top,
+                         Draft& draft) const;
   // Draws draft j of one sequence from its logits row (and its candidates, with Saguaro
   // sampling when asked).
   void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);

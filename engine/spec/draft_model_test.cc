@@ -37,14 +37,18 @@ Golden LoadDraftGolden(int index) {
   return {g["prompt_ids"].get<std::vector<int32_t>>(), g["greedy_ids"].get<std::vector<int32_t>>()};
 }
 
-std::unique_ptr<DraftModelSpeculator> MakeDraft(int64_t kv_cache_bytes = 0) {
+RunnerOptions DraftRunnerOptions(int64_t kv_cache_bytes = 0) {
   RunnerOptions o;
   o.model_dir = kCodepair + "/draft";
   o.device = "cpu";
   o.num_threads = 2;
   o.kv_cache_bytes = kv_cache_bytes;
   o.max_model_len = 1024;
-  auto runner = CreateModelRunner(o);
+  return o;
+}
+
+std::unique_ptr<DraftModelSpeculator> MakeDraft(int64_t kv_cache_bytes = 0) {
+  auto runner = CreateModelRunner(DraftRunnerOptions(kv_cache_bytes));
   EXPECT_TRUE(runner.ok()) << runner.status();
   auto draft = DraftModelSpeculator::Create(*std::move(runner), 8192, 64);
   EXPECT_TRUE(draft.ok()) << draft.status();
@@ -352,12 +356,7 @@ TEST_F(DraftModelTest, GreedyCandidatesStartWithTheDraftAndFollowTheLogits) {
     EXPECT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "distinct, row " << j;
   }
   // Position 1's row against the logits a plain runner computes for the same context.
-  RunnerOptions o;
-  o.model_dir = kCodepair + "/draft";
-  o.device = "cpu";
-  o.num_threads = 2;
-  o.max_model_len = 1024;
-  auto runner = CreateModelRunner(o);
+  auto runner = CreateModelRunner(DraftRunnerOptions());
   ASSERT_TRUE(runner.ok()) << runner.status();
   std::vector<int32_t> blocks(BlockTable::BlocksFor(64, kBlockSize));
   std::iota(blocks.begin(), blocks.end(), 0);
@@ -403,12 +402,7 @@ class TwoRowRunner : public ModelRunner {
 // run in the next pass, and every sequence drafts exactly what it drafts alone.
 TEST_F(DraftModelTest, PassesHoldAtMostMaxSampleRowsSequences) {
   constexpr int32_t kK = 3;
-  RunnerOptions o;
-  o.model_dir = kCodepair + "/draft";
-  o.device = "cpu";
-  o.num_threads = 2;
-  o.max_model_len = 1024;
-  auto inner = CreateModelRunner(o);
+  auto inner = CreateModelRunner(DraftRunnerOptions());
   ASSERT_TRUE(inner.ok()) << inner.status();
   auto two = std::make_unique<TwoRowRunner>(*std::move(inner));
   TwoRowRunner* runner = two.get();

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ref/sampling.h"
 
 namespace specd {
 namespace {
@@ -210,21 +211,9 @@ double OutcomeStats::PowerLawR() const {
 std::vector<int32_t> TopF(std::span<const float> scores, int32_t fan_out) {
   const size_t n = std::min<size_t>(std::max(fan_out, 0), scores.size());
   if (n == 0) return {};
-  auto key = [&](int32_t id) {
-    const float s = scores[id];
-    return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
-  };
-  // Ids are visited in increasing order, so "strictly better than" keeps ties at the lower id.
-  auto better = [&](int32_t a, int32_t b) {
-    return key(a) > key(b) || (key(a) == key(b) && a < b);
-  };
-  std::vector<int32_t> top;  // sorted best first, at most n ids
-  top.reserve(n + 1);
-  for (int32_t id = 0; id < static_cast<int32_t>(scores.size()); ++id) {
-    if (top.size() == n && !better(id, top.back())) continue;
-    top.insert(std::upper_bound(top.begin(), top.end(), id, better), id);
-    if (top.size() > n) top.pop_back();
-  }
+  std::vector<int32_t> top(n);  // the ranking the GPU's TopKRows reproduces bit for bit
+  const auto vocab = static_cast<int32_t>(scores.size());
+  kernels::ref::TopKRows(scores.data(), vocab, 1, vocab, static_cast<int32_t>(n), top.data());
   return top;
 }
 

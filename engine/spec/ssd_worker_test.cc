@@ -92,6 +92,18 @@ std::vector<int32_t> TokensOf(const SpeculateResponse& r, size_t i) {
   return {t.begin(), t.end()};
 }
 
+// Round 1 of sequence 7 (new, `prompt`): nothing is cached, the primary drafts. Its drafts.
+std::vector<int32_t> FirstRound(SsdWorker& w, const std::vector<int32_t>& prompt,
+                                SpeculateRequest* req, SpeculateResponse* resp) {
+  req->Clear();
+  req->round_id = 1;
+  req->AddSeq(Seq(7, kSeqNew, 0), prompt);
+  EXPECT_TRUE(w.Handle(*req, resp).ok());
+  EXPECT_EQ(resp->drafts.size(), 1u);
+  EXPECT_EQ(resp->drafts.at(0).status, DraftStatus::kMissPrimary);  // nothing cached yet
+  return TokensOf(*resp, 0);
+}
+
 // A build cut short (the verifier's next request came) keeps its unfinished branches: a hit on
 // one resumes it from the drafts it has, and the drafts equal a fresh sequence's.
 TEST(SsdWorkerTest, AnUnfinishedBranchResumesOnAHit) {
@@ -100,10 +112,7 @@ TEST(SsdWorkerTest, AnUnfinishedBranchResumesOnAHit) {
   const std::vector<int32_t> prompt = Prompt();
   SpeculateRequest req;
   SpeculateResponse resp;
-  req.round_id = 1;
-  req.AddSeq(Seq(7, kSeqNew, 0), prompt);
-  ASSERT_TRUE(w->Handle(req, &resp).ok());
-  const std::vector<int32_t> d = TokensOf(resp, 0);
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
   // One check before the wave, then one before each pass: the catch-up pass and one decode
   // pass run (two drafts per branch of the K + 1 = 5 wanted), then the build stops.
   int checks = 0;
@@ -132,12 +141,7 @@ TEST(SsdWorkerTest, CacheHitsServeExactlyTheDraftsOfAFreshSequence) {
   const std::vector<int32_t> prompt = Prompt();
   SpeculateRequest req;
   SpeculateResponse resp;
-  req.round_id = 1;
-  req.AddSeq(Seq(7, kSeqNew, 0), prompt);
-  ASSERT_TRUE(w->Handle(req, &resp).ok());
-  ASSERT_EQ(resp.drafts.size(), 1u);
-  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissPrimary);  // nothing cached yet
-  const std::vector<int32_t> d = TokensOf(resp, 0);
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
   ASSERT_EQ(d, Fresh(prompt).tokens);
   ASSERT_TRUE(w->BuildCache().ok());
   EXPECT_GT(w->stats().branches, 0);
