@@ -536,7 +536,9 @@ std::vector<OpShape> DecodeCheckShapes() {
       Decode(3, 32, 8, 128, 16, 40, 1, 0, 16),      // more splits than tiles: empty splits
       Decode(8, 32, 8, 128, 16, 2100, 1500, 0, 0),  // batch 8, longer contexts
       Decode(2, 16, 4, 64, 64, 900, 500, 0, 9),     // head_dim 64, block 64, 9 splits
-      Decode(1, 32, 8, 128, 16, 4000, 0, 0, 33),    // 8B heads, 33 splits (batch 1's choice)
+      Decode(1, 32, 8, 128, 16, 4000, 0, 0, 33),    // 8B heads, 33 splits (a short last split)
+      Decode(1, 32, 8, 128, 16, 9000, 0, 0, 100),   // over the combine's 64 preloaded splits
+      Decode(1, 8, 8, 256, 16, 3000, 100, 0, 40),   // head_dim 256: over its 32 preloaded
       Decode(4, 4, 2, 16, 16, 70, 9, 0, 3),         // head_dim 16 (tiny test models), group 2
       Decode(3, 4, 2, 16, 16, 50, 17, 0, 1),        // head_dim 16, one split (direct output)
       Decode(5, 4, 2, 32, 16, 130, 1, 0, 2),        // head_dim 32, a 1-token sequence

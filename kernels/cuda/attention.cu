@@ -319,7 +319,19 @@ int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sm
   const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
   // Llama-3.1-8B shapes at batch 1 on an H100: 33 splits (2 CTAs per SM) read ~1 point of the
   // copy bandwidth faster than the 49 that fill 3 per SM.
-  return EvenWaveSplits(ctas_per_split, DecodeMinCtasPerSm(shape), num_sms, max_splits);
+  int32_t splits = EvenWaveSplits(ctas_per_split, DecodeMinCtasPerSm(shape), num_sms, max_splits);
+  // Then the fewest splits that keep the longest warp's tile count: each of a CTA's warps takes
+  // every kWarps-th tile of its split, so the call lasts as long as the warp with the most
+  // tiles; splits that do not lower it only add CTAs and partial rows to merge (the same shapes:
+  // 32 splits of 64 tiles, 16 per warp, 54.9 us against 55.6 us for 33 splits of 63, also 16
+  // per warp, and a short last split; docs/benchmarks.md, "third pass").
+  const int64_t step =
+      shape.head_dim <= 128 ? DecodeConfig<128, 8>::kStep : DecodeConfig<256, 8>::kStep;
+  const int64_t warps = DecodeConfig<128, 8>::kWarps;
+  const int64_t tiles = CeilDiv(context, step);
+  auto warp_tiles = [&](int64_t n) { return CeilDiv(CeilDiv(tiles, n), warps); };
+  while (splits > 1 && warp_tiles(splits - 1) == warp_tiles(splits)) --splits;
+  return splits;
 }
 
 cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,

@@ -59,7 +59,9 @@ size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
 // splits = the CTAs one wave of the chip holds at the kernel's occupancy / CTAs per split, or,
 // where it is at least half of that, the largest count whose CTAs are a whole number per SM;
 // capped so a split spans at least max(64 tokens, a block) of max_seq_len (or of the sliding
-// window), at most 256, at least 1. Pure host arithmetic; no CUDA call.
+// window), at most 256, at least 1; then lowered to the fewest splits whose longest warp streams
+// as many tiles (a CTA's warps share its split's tiles round-robin). Pure host arithmetic; no
+// CUDA call.
 int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sms,
                            const AttentionShape& shape);
 

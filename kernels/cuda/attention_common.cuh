@@ -19,6 +19,8 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // shared memory); the combine kernel's block size.
 constexpr int kMaxDecodeSplits = 256;
 constexpr int kCombineThreads = 128;
+// Splits whose partial rows the combine kernel loads before it has their weights.
+constexpr int kCombinePreloadSplits = 64;
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers

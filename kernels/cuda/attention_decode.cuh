@@ -451,11 +451,13 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads,
 }
 
 // Merges the splits of one (sequence, q head) row per CTA: out = sum_s w_s o_s / sum_s w_s with
-// w_s = exp2(lse_s - max lse). A row is a few KiB, so the kernel is latency-bound: each phase
-// issues all its loads at once -- the log-sum-exps one per thread (reduced through shared
-// memory into the max and the weights), then the weighted partial rows, threads owning 4
-// columns each and striding over the splits -- about three memory round trips per launch
-// whatever the split count, where a serial scan of the log-sum-exps costs one per split.
+// w_s = exp2(lse_s - max lse). A row is a few KiB, so the kernel is latency-bound: it issues the
+// log-sum-exps (one per thread) and the partial rows of the first kCombinePreloadSplits splits
+// (32 at head_dim 256; threads owning 4 columns each, striding over the splits) in one go, reduces
+// the log-sum-exps through shared memory into the max and the weights while those loads are in
+// flight, and reads any further splits afterwards: one memory round trip up to 64 splits. (H100, 8B
+// shapes, 32K context, batch 1: the combine's share of the call fell from ~2.5 to ~2 us when the
+// partial rows stopped waiting for the weights; docs/benchmarks.md, "third pass").
 //   partial_out  [rows, num_splits, kHeadDim] fp32; rows of splits with lse -inf may hold any
 //                bits (they are read with the others, then dropped)
 //   partial_lse  [rows, num_splits] fp32, log2 domain; -inf: the split saw no key
@@ -470,6 +472,10 @@ __global__ void __launch_bounds__(kCombineThreads)
   constexpr int kLsePerThread = kMaxDecodeSplits / kCombineThreads;
   constexpr int kWarps = kCombineThreads / kWarpSize;
   static_assert(kLsePerThread * kCombineThreads == kMaxDecodeSplits);
+  // Partial rows each thread loads up front (at most 16 float4 registers; head_dim 256 preloads
+  // 32 splits).
+  constexpr int kPreload =
+      kCombinePreloadSplits / kSplitLanes < 16 ? kCombinePreloadSplits / kSplitLanes : 16;
   __shared__ float weights[kMaxDecodeSplits];
   __shared__ float warp_max[kWarps], warp_sum[kWarps];
   __shared__ float4 partial_sums[kCombineThreads];
@@ -478,13 +484,24 @@ __global__ void __launch_bounds__(kCombineThreads)
   const float* lse = partial_lse + row * num_splits;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   float lse_own[kLsePerThread];
-  float max_lse = kNegInf;
 #pragma unroll
   for (int j = 0; j < kLsePerThread; ++j) {
     const int s = threadIdx.x + j * kCombineThreads;
     lse_own[j] = s < num_splits ? lse[s] : kNegInf;
-    max_lse = fmaxf(max_lse, lse_own[j]);
   }
+  const int col = threadIdx.x % kCols, lane_split = threadIdx.x / kCols;
+  const float* src = partial_out + row * num_splits * kHeadDim + 4 * col;
+  float4 preload[kPreload];
+#pragma unroll
+  for (int j = 0; j < kPreload; ++j) {
+    const int s = lane_split + j * kSplitLanes;
+    preload[j] = s < num_splits
+                     ? *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kHeadDim)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float max_lse = kNegInf;
+#pragma unroll
+  for (int j = 0; j < kLsePerThread; ++j) max_lse = fmaxf(max_lse, lse_own[j]);
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
@@ -509,16 +526,20 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) weight_sum += warp_sum[w];
 
-  const int col = threadIdx.x % kCols, lane_split = threadIdx.x / kCols;
-  const float* src = partial_out + row * num_splits * kHeadDim + 4 * col;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  // Loads are unconditional so the unrolled ones issue together; rows of empty splits (never
-  // written: any bits, NaN too) are dropped by the select rather than multiplied by 0.
-#pragma unroll 8
-  for (int s = lane_split; s < num_splits; s += kSplitLanes) {
-    const float w = weights[s];
-    const float4 o = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kHeadDim);
+  // Rows of empty splits (never written: any bits, NaN too) are dropped by the select rather
+  // than multiplied by 0.
+  auto add = [&](float w, const float4& o) {
     if (w > 0.0f) acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+  };
+#pragma unroll
+  for (int j = 0; j < kPreload; ++j) {
+    const int s = lane_split + j * kSplitLanes;
+    if (s < num_splits) add(weights[s], preload[j]);
+  }
+#pragma unroll 4
+  for (int s = lane_split + kPreload * kSplitLanes; s < num_splits; s += kSplitLanes) {
+    add(weights[s], *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kHeadDim));
   }
   partial_sums[threadIdx.x] = acc;
   __syncthreads();

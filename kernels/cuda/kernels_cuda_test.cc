@@ -14,6 +14,7 @@
 #include "kernels/check/cuda_check.h"
 #include "kernels/check/op_table.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -145,6 +146,43 @@ TEST(LauncherTest, LaunchCapturedInACudaGraphMatchesADirectLaunch) {
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(ChooseDecodeSplitsTest, FewestSplitsForTheLongestWarp) {
+  AttentionShape s;
+  s.num_q_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = 128;
+  s.block_size = 16;
+  s.scale = 0.088f;
+  // Llama-3.1-8B at 32K on 132 SMs: a wave of 2 CTAs per SM is 33 splits of 63 or 62 tiles
+  // (16 per warp at most); 32 splits of 64 tiles keep 16 per warp with 8 CTAs fewer.
+  EXPECT_EQ(ChooseDecodeSplits(1, 32768, 132, s), 32);
+  EXPECT_EQ(ChooseDecodeSplits(8, 32768, 132, s), 6);
+  EXPECT_EQ(ChooseDecodeSplits(64, 32768, 132, s), 1);
+  // Whatever the inputs, one split fewer would give some warp more tiles.
+  for (const int32_t head_dim : {128, 256}) {
+    s.head_dim = head_dim;
+    const int64_t step = head_dim <= 128 ? 16 : 8;
+    auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    auto warp_tiles = [&](int64_t context, int64_t splits) {
+      return ceil_div(ceil_div(ceil_div(context, step), splits), 4);  // 4 warps per CTA
+    };
+    for (const int32_t sms : {78, 132}) {
+      for (const int32_t batch : {1, 2, 3, 8, 64}) {
+        for (const int32_t context : {1, 100, 4096, 32768, 131072}) {
+          const int32_t n = ChooseDecodeSplits(batch, context, sms, s);
+          ASSERT_GE(n, 1);
+          ASSERT_LE(n, 256);
+          if (n > 1) {
+            EXPECT_GT(warp_tiles(context, n - 1), warp_tiles(context, n))
+                << "head_dim " << head_dim << " sms " << sms << " batch " << batch << " context "
+                << context << " splits " << n;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(LauncherTest, RejectsSizesTheKernelsCannotRunWithoutStickyErrors) {
