@@ -1,5 +1,6 @@
 // CpuRunner against the Model it wraps, and CreateModelRunner's choice of device and its errors.
-// CPU only (the CUDA runner is tested in tests/cuda_runner_test.cc, label gpu).
+// CPU only (the CUDA runner is tested in tests/cuda_runner_test.cc and codepair_cuda_test.cc,
+// label gpu).
 #include "engine/runner/cpu_runner.h"
 
 #include <gtest/gtest.h>
