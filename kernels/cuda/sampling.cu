@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/topk.cuh"
 
 namespace specd::kernels {
 namespace {
