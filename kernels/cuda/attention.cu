@@ -18,17 +18,19 @@ using attention::VerifyParams;
 
 using attention::kMaxDecodeSplits;
 // PagedDecodePipeKernel's ring depth and the CTAs per SM its registers and shared memory allow
-// (3 x (64 KiB ring + ~9 KiB merge scratch) of the 227 KiB).
+// (3 x 64 KiB of ring, which is also the warps' merge scratch, of the 227 KiB).
 constexpr int kDecodePipeStages = 2;
 constexpr int kDecodePipeCtasPerSm = 3;
 // A split covers at least this many tokens: one 16-token tile per warp of the CTA.
 constexpr int64_t kMinSplitTokens = 64;
-// PagedVerifyKernel's ring depth (4 x 16 KiB of K and V tiles from head_dim 32 up), the CTAs per
-// SM that leaves room for (3 x 64 KiB of the 227 KiB), and the fewest tokens per split: a split
+// PagedVerifyKernel's ring depth (3 x 16 KiB of K and V tiles from head_dim 32 up), the CTAs per
+// SM its grid is sized for (3 x 48 KiB of the 227 KiB), and the fewest tokens per split: a split
 // writes an fp32 row per (query, q head) -- 16 KiB for 32 rows at head_dim 128 -- so splits
 // stay long enough that those stay small next to the 128 KiB of K and V a split of 256 tokens
-// reads.
-constexpr int kVerifyStages = 4;
+// reads. H100, Llama-3.1-8B shapes, 8 queries over 32K, batch 1 (scratch probe, 2026-11-24; with
+// the split kernel's combine): 3 stages at 49 / 33 / 66 splits 59.7-60.0 / 61.6-62.7 /
+// 60.8-61.1 us; 4 stages (the previous depth) 61.1-61.2 / 62.5-63.6 / 77.2-78.1 us.
+constexpr int kVerifyStages = 3;
 constexpr int kVerifyCtasPerSm = 3;
 constexpr int64_t kMinVerifySplitTokens = 256;
 // Row alignment of the workspace's log-sum-exp array.
@@ -290,14 +292,14 @@ size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,
 
 // Split count of a split-KV launch whose splits have ctas_per_split CTAs each, on num_sms SMs
 // holding ctas_per_sm CTAs each: fill one wave (every CTA streams from start to end, none waits
-// for a slot), but prefer the most CTAs that are a whole number per SM (every SM streams the
-// same share) while that keeps at least half the wave's splits; at most max_splits and
-// kMaxDecodeSplits, at least 1.
+// for a slot), but, if prefer_even, prefer the most CTAs that are a whole number per SM (every
+// SM streams the same share) while that keeps at least half the wave's splits; at most
+// max_splits and kMaxDecodeSplits, at least 1.
 namespace {
-int32_t EvenWaveSplits(int64_t ctas_per_split, int64_t ctas_per_sm, int64_t num_sms,
-                       int64_t max_splits) {
+int32_t WaveSplits(int64_t ctas_per_split, int64_t ctas_per_sm, int64_t num_sms, int64_t max_splits,
+                   bool prefer_even) {
   int64_t fill = num_sms * ctas_per_sm / ctas_per_split;
-  for (int64_t per_sm = ctas_per_sm; per_sm >= 1; --per_sm) {
+  for (int64_t per_sm = prefer_even ? ctas_per_sm : 0; per_sm >= 1; --per_sm) {
     const int64_t ctas = per_sm * num_sms;
     if (ctas % ctas_per_split == 0) {
       if (2 * (ctas / ctas_per_split) >= fill) fill = ctas / ctas_per_split;
@@ -319,7 +321,7 @@ int32_t ChooseDecodeSplits(int32_t num_seqs, int32_t max_seq_len, int32_t num_sm
   const int64_t max_splits = CeilDiv(context, std::max<int64_t>(shape.block_size, kMinSplitTokens));
   // Llama-3.1-8B shapes at batch 1 on an H100: 33 splits (2 CTAs per SM) read ~1 point of the
   // copy bandwidth faster than the 49 that fill 3 per SM.
-  int32_t splits = EvenWaveSplits(ctas_per_split, DecodeMinCtasPerSm(shape), num_sms, max_splits);
+  int32_t splits = WaveSplits(ctas_per_split, DecodeMinCtasPerSm(shape), num_sms, max_splits, true);
   // Then the fewest splits that keep the longest warp's tile count: each of a CTA's warps takes
   // every kWarps-th tile of its split, so the call lasts as long as the warp with the most
   // tiles; splits that do not lower it only add CTAs and partial rows to merge (the same shapes:
@@ -418,10 +420,10 @@ int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_
     context = std::min<int64_t>(context, int64_t{shape.sliding_window} + max_q_len + 64);
   }
   const int64_t max_splits = CeilDiv(context, kMinVerifySplitTokens);
-  // Llama-3.1-8B shapes, K+1 = 8, 32K context, batch 1 on an H100
-  // (attention_bench, 2026-11-23): 32 splits (~2 CTAs per SM) 62.1 us, 49 (3 per SM, uneven)
-  // 66.0 us, 24: 75.0 us, 73: 79.3 us.
-  return EvenWaveSplits(ctas_per_split, kVerifyCtasPerSm, num_sms, max_splits);
+  // The whole wave, even if SMs then hold different numbers of CTAs: Llama-3.1-8B shapes, K+1 = 8,
+  // 32K context, batch 1 on an H100 (3 stages, 2026-11-24; kVerifyStages): 49 splits (3 CTAs on
+  // most SMs) 59.7-60.0 us against 61.6-62.7 us for the 33 that put 2 on every SM.
+  return WaveSplits(ctas_per_split, kVerifyCtasPerSm, num_sms, max_splits, false);
 }
 
 cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,

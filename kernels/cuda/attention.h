@@ -140,10 +140,9 @@ size_t PagedVerifyWorkspaceBytes(int64_t num_tokens, int32_t num_splits,
 
 // Split count for a PagedVerifyAttention launch over num_seqs sequences of up to max_q_len
 // queries and max_seq_len tokens on a GPU with num_sms multiprocessors: one wave of CTAs (3 per
-// SM, what the kernel's shared memory allows) over (sequence, kv head, row tile) CTAs per split,
-// or, where it is at least half of that, the largest count whose CTAs are a whole number per SM;
-// capped so a split spans at least 256 tokens of max_seq_len (or of the sliding window plus the
-// run), at most 256, at least 1. Pure host arithmetic; no CUDA call.
+// SM) over (sequence, kv head, row tile) CTAs per split, even where SMs then hold different
+// numbers of CTAs; capped so a split spans at least 256 tokens of max_seq_len (or of the sliding
+// window plus the run), at most 256, at least 1. Pure host arithmetic; no CUDA call.
 int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_len,
                            int32_t num_sms, const AttentionShape& shape);
 

@@ -63,6 +63,34 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// L2 eviction priorities (sm_80+; createpolicy makes the operand of the .L2::cache_hint forms):
+// KV streamed once per call goes first, so the block tables and sequence lengths every CTA reads
+// before its first KV load stay in L2 from one call (and one layer) to the next.
+__device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t L2EvictLastPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// CpAsync16 with an L2 eviction policy.
+__device__ __forceinline__ void CpAsync16Hinted(uint32_t dst, const void* src, bool valid,
+                                                uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+}
+// Read-only 32-bit load with an L2 eviction policy.
+__device__ __forceinline__ int32_t LoadHinted(const int32_t* p, uint64_t policy) {
+  int32_t value;
+  asm volatile("ld.global.nc.L2::cache_hint.b32 %0, [%1], %2;\n"
+               : "=r"(value)
+               : "l"(p), "l"(policy));
+  return value;
+}
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -143,6 +143,22 @@ struct DecodeWarpState {
     for (int h = 0; h < Cfg::kHalves; ++h) sm.m[slot][h][lane] = m[h], sm.l[slot][h][lane] = l[h];
   }
 
+  // Writes half h of the accumulator into `tile` as rows [q head][kHeadDim], this lane's heads
+  // 2t and 2t + 1 (of the half) scaled by scale.x and scale.y.
+  __device__ __forceinline__ void StoreRows(float* tile, int h, float2 scale, int lane) const {
+    const int g = lane / 4, t = lane % 4;
+    const int head = 8 * h + 2 * t;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      const int d = 8 * (g + 8 * (mt / 4)) + 2 * (mt % 4);
+      if (Cfg::kRowVecs < 8 && d >= kHeadDim) continue;  // padding rows of O^T
+      *reinterpret_cast<float2*>(tile + head * kHeadDim + d) =
+          make_float2(o[mt][h][0] * scale.x, o[mt][h][2] * scale.x);
+      *reinterpret_cast<float2*>(tile + (head + 1) * kHeadDim + d) =
+          make_float2(o[mt][h][1] * scale.y, o[mt][h][3] * scale.y);
+    }
+  }
+
   // Folds another warp's state (same lane, so the same heads and columns) into this one.
   __device__ __forceinline__ void Merge(const DecodeSmem<kHeadDim, kRows>& sm, int slot, int lane) {
     const int t = lane % 4;
@@ -278,9 +294,11 @@ struct DecodeRange {
   int kv_begin, kv_end, first_tile, last_tile;
 };
 
+// seq_lens_value: p.seq_lens[seq] (loaded by the caller, which may choose how).
 template <int kStep>
-__device__ __forceinline__ DecodeRange SplitRange(const DecodeParams& p, int seq, int split) {
-  const int seq_len = max(0, min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size));
+__device__ __forceinline__ DecodeRange SplitRangeOf(const DecodeParams& p, int seq_lens_value,
+                                                    int split) {
+  const int seq_len = max(0, min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size));
   DecodeRange r;
   r.kv_end = seq_len;
   r.kv_begin = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
@@ -289,6 +307,11 @@ __device__ __forceinline__ DecodeRange SplitRange(const DecodeParams& p, int seq
   r.first_tile = first + split * per_split;
   r.last_tile = min(r.first_tile + per_split, last);
   return r;
+}
+
+template <int kStep>
+__device__ __forceinline__ DecodeRange SplitRange(const DecodeParams& p, int seq, int split) {
+  return SplitRangeOf<kStep>(p, p.seq_lens[seq], split);
 }
 
 // Writes the CTA's rows from the final [kRows][kHeadDim] tile in shared memory, or zeros / an
@@ -384,18 +407,7 @@ __device__ __forceinline__ const float* MergeDecodeWarps(DecodeSmem<kHeadDim, kR
     for (int h = 0; h < Cfg::kHalves; ++h) {
       const float l = QuadSum(st.l[h]);
       if (t == 0) sm.lse[g + 8 * h] = l > 0.0f ? st.m[h] + __log2f(l) : kNegInf;
-      const float2 inv = HeadPairFromRows(l > 0.0f ? 1.0f / l : 0.0f, t);
-      const int head = 8 * h + 2 * t;
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        const int d = 8 * (g + 8 * (mt / 4)) + 2 * (mt % 4);
-        if (Cfg::kRowVecs < 8 && d >= kHeadDim) continue;  // padding rows of O^T
-        const float* o = st.o[mt][h];
-        *reinterpret_cast<float2*>(tile + head * kHeadDim + d) =
-            make_float2(o[0] * inv.x, o[2] * inv.x);
-        *reinterpret_cast<float2*>(tile + (head + 1) * kHeadDim + d) =
-            make_float2(o[1] * inv.y, o[3] * inv.y);
-      }
+      st.StoreRows(tile, h, HeadPairFromRows(l > 0.0f ? 1.0f / l : 0.0f, t), lane);
     }
   }
   __syncthreads();

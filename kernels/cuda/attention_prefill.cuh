@@ -71,11 +71,16 @@ __device__ __forceinline__ int SwizzledOffset(int row, int chunk) {
 }
 
 // Queues the copies of keys [tile * kBlockN, +kBlockN) into one stage (kThreads threads share
-// them); keys outside [kv_lo, kv_hi) become zeros.
-template <int kHeadDim, int kThreads = PrefillConfig<kHeadDim>::kThreads>
+// them); keys outside [kv_lo, kv_hi) become zeros. kStreamOnce (verification: each key is read
+// once per call): KV copies evict first from L2 and block-table reads last (attention_common.cuh;
+// the policies are made here, per tile, so they hold no registers across the caller's loop);
+// prefill keeps the default policy, its query tiles share keys.
+template <int kHeadDim, int kThreads = PrefillConfig<kHeadDim>::kThreads, bool kStreamOnce = false>
 __device__ __forceinline__ void LoadPrefillKvTile(const PrefillParams& p, const int32_t* table,
                                                   int kv_head, int tile, int kv_lo, int kv_hi,
                                                   __nv_bfloat16* k_stage, __nv_bfloat16* v_stage) {
+  const uint64_t kv_policy = kStreamOnce ? L2EvictFirstPolicy() : 0;
+  const uint64_t meta_policy = kStreamOnce ? L2EvictLastPolicy() : 0;
   using Cfg = PrefillConfig<kHeadDim>;
   constexpr int kCopies = Cfg::kBlockN * Cfg::kChunks / kThreads;
   static_assert(kCopies >= 1 && kCopies * kThreads == Cfg::kBlockN * Cfg::kChunks);
@@ -88,14 +93,20 @@ __device__ __forceinline__ void LoadPrefillKvTile(const PrefillParams& p, const 
     const bool valid = tok >= kv_lo && tok < kv_hi;
     int64_t offset = 0;
     if (valid) {
-      const int64_t block = __ldg(table + (tok >> p.log2_block_size));
+      const int32_t* entry = table + (tok >> p.log2_block_size);
+      const int64_t block = kStreamOnce ? LoadHinted(entry, meta_policy) : __ldg(entry);
       offset = (((block * p.num_kv_heads + kv_head) << p.log2_block_size) | (tok & block_mask)) *
                    kHeadDim +
                chunk * 8;
     }
     const int dst = SwizzledOffset<kHeadDim>(row, chunk);
-    CpAsync16(SmemAddr(k_stage + dst), p.k_cache + offset, valid);
-    CpAsync16(SmemAddr(v_stage + dst), p.v_cache + offset, valid);
+    if constexpr (kStreamOnce) {
+      CpAsync16Hinted(SmemAddr(k_stage + dst), p.k_cache + offset, valid, kv_policy);
+      CpAsync16Hinted(SmemAddr(v_stage + dst), p.v_cache + offset, valid, kv_policy);
+    } else {
+      CpAsync16(SmemAddr(k_stage + dst), p.k_cache + offset, valid);
+      CpAsync16(SmemAddr(v_stage + dst), p.v_cache + offset, valid);
+    }
   }
 }
 

@@ -53,6 +53,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
   __nv_bfloat16* v_smem = k_smem + kStages * Cfg::kTileElems;
   const PrefillParams& p = vp.pre;
   AllowDependentLaunch();
+  // The metadata read before the first KV copy stays in L2 (KV copies: LoadPrefillKvTile).
+  const uint64_t meta_policy = L2EvictLastPolicy();
   int index = blockIdx.x;
   const int split = index % vp.num_splits;
   index /= vp.num_splits;
@@ -61,12 +63,14 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
   const int kv_head = index % p.num_kv_heads;
   const int seq = index / p.num_kv_heads;
   const int group = p.group;
-  const int q_begin = p.cu_q_lens[seq];
-  const int q_len = min(p.cu_q_lens[seq + 1] - q_begin, vp.max_q_len);
+  const int q_begin = LoadHinted(p.cu_q_lens + seq, meta_policy);
+  const int q_end = LoadHinted(p.cu_q_lens + seq + 1, meta_policy);
+  const int seq_lens_value = LoadHinted(p.seq_lens + seq, meta_policy);
+  const int q_len = min(q_end - q_begin, vp.max_q_len);
   const int num_rows = q_len * group;
   const int r0 = row_tile * kCtaRows;
   if (r0 >= num_rows) return;  // CTA-uniform; no token owns these rows
-  const int seq_len = min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size);
+  const int seq_len = min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size);
   const int ctx = seq_len - q_len;  // position of query 0
   // Keys any row of this CTA may see: [kv_lo, kv_hi), then this split's share of its tiles.
   const int q_first = r0 / group, q_last = (min(num_rows, r0 + kCtaRows) - 1) / group;
@@ -124,9 +128,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_tiles) {
-      LoadPrefillKvTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + s, kv_lo, kv_hi,
-                                            k_smem + s * Cfg::kTileElems,
-                                            v_smem + s * Cfg::kTileElems);
+      LoadPrefillKvTile<kHeadDim, kThreads, true>(p, table, kv_head, tile_begin + s, kv_lo, kv_hi,
+                                                  k_smem + s * Cfg::kTileElems,
+                                                  v_smem + s * Cfg::kTileElems);
     }
     CpAsyncCommit();
   }
@@ -139,9 +143,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
       const int ahead = it + kStages - 1;
       const int fill = stage == 0 ? kStages - 1 : stage - 1;  // the stage read last iteration
       if (ahead < num_tiles) {
-        LoadPrefillKvTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + ahead, kv_lo, kv_hi,
-                                              k_smem + fill * Cfg::kTileElems,
-                                              v_smem + fill * Cfg::kTileElems);
+        LoadPrefillKvTile<kHeadDim, kThreads, true>(p, table, kv_head, tile_begin + ahead, kv_lo,
+                                                    kv_hi, k_smem + fill * Cfg::kTileElems,
+                                                    v_smem + fill * Cfg::kTileElems);
       }
       CpAsyncCommit();
     }
