@@ -523,26 +523,28 @@ OpShape WriteKv(int64_t num_tokens, int64_t heads, int64_t kv_heads, int64_t hea
 std::vector<OpShape> DecodeCheckShapes() {
   //      batch hq hkv  d   bs  ctx  shortest window splits
   return {
-      Decode(3, 4, 4, 64, 16, 37, 1, 0, 0),         // MHA, a 1-token sequence
-      Decode(5, 32, 8, 128, 16, 300, 17, 0, 0),     // Llama-3 8B heads
-      Decode(2, 16, 2, 128, 32, 1000, 999, 0, 7),   // group 8, forced splits
-      Decode(3, 8, 2, 64, 32, 333, 64, 100, 3),     // sliding window
-      Decode(2, 32, 2, 128, 16, 200, 31, 0, 1),     // group 16, one split (direct output)
-      Decode(2, 40, 2, 64, 16, 150, 5, 0, 0),       // group 20: two CTAs per kv head
-      Decode(4, 8, 1, 256, 16, 200, 1, 0, 0),       // head_dim 256, MQA
-      Decode(1, 8, 8, 256, 64, 129, 0, 0, 2),       // block 64
-      Decode(6, 24, 2, 256, 16, 90, 40, 50, 0),     // group 12, window, head_dim 256
-      Decode(7, 28, 4, 128, 64, 700, 300, 0, 1),    // Qwen-7B heads (group 7)
-      Decode(3, 32, 8, 128, 16, 40, 1, 0, 16),      // more splits than tiles: empty splits
-      Decode(8, 32, 8, 128, 16, 2100, 1500, 0, 0),  // batch 8, longer contexts
-      Decode(2, 16, 4, 64, 64, 900, 500, 0, 9),     // head_dim 64, block 64, 9 splits
-      Decode(1, 32, 8, 128, 16, 4000, 0, 0, 33),    // 8B heads, 33 splits (a short last split)
-      Decode(1, 32, 8, 128, 16, 9000, 0, 0, 100),   // over the combine's 64 preloaded splits
-      Decode(1, 8, 8, 256, 16, 3000, 100, 0, 40),   // head_dim 256: over its 32 preloaded
-      Decode(4, 4, 2, 16, 16, 70, 9, 0, 3),         // head_dim 16 (tiny test models), group 2
-      Decode(3, 4, 2, 16, 16, 50, 17, 0, 1),        // head_dim 16, one split (direct output)
-      Decode(5, 4, 2, 32, 16, 130, 1, 0, 2),        // head_dim 32, a 1-token sequence
-      Decode(1, 4, 2, 32, 16, 100, 0, 40, 0),       // head_dim 32, window, chosen splits
+      Decode(3, 4, 4, 64, 16, 37, 1, 0, 0),          // MHA, a 1-token sequence
+      Decode(5, 32, 8, 128, 16, 300, 17, 0, 0),      // Llama-3 8B heads
+      Decode(2, 16, 2, 128, 32, 1000, 999, 0, 7),    // group 8, forced splits
+      Decode(3, 8, 2, 64, 32, 333, 64, 100, 3),      // sliding window
+      Decode(2, 32, 2, 128, 16, 200, 31, 0, 1),      // group 16, one split (direct output)
+      Decode(2, 40, 2, 64, 16, 150, 5, 0, 0),        // group 20: two CTAs per kv head
+      Decode(4, 8, 1, 256, 16, 200, 1, 0, 0),        // head_dim 256, MQA
+      Decode(1, 8, 8, 256, 64, 129, 0, 0, 2),        // block 64
+      Decode(6, 24, 2, 256, 16, 90, 40, 50, 0),      // group 12, window, head_dim 256
+      Decode(7, 28, 4, 128, 64, 700, 300, 0, 1),     // Qwen-7B heads (group 7)
+      Decode(3, 32, 8, 128, 16, 40, 1, 0, 16),       // more splits than tiles: empty splits
+      Decode(8, 32, 8, 128, 16, 2100, 1500, 0, 0),   // batch 8, longer contexts
+      Decode(2, 16, 4, 64, 64, 900, 500, 0, 9),      // head_dim 64, block 64, 9 splits
+      Decode(1, 32, 8, 128, 16, 4000, 0, 0, 33),     // 8B heads, 33 splits (a short last split)
+      Decode(1, 32, 8, 128, 16, 9000, 0, 0, 100),    // over the combine's 64 preloaded splits
+      Decode(1, 8, 8, 256, 16, 3000, 100, 0, 40),    // head_dim 256: over its 32 preloaded
+      Decode(4, 4, 2, 16, 16, 70, 9, 0, 3),          // head_dim 16 (tiny test models), group 2
+      Decode(3, 4, 2, 16, 16, 50, 17, 0, 1),         // head_dim 16, one split (direct output)
+      Decode(5, 4, 2, 32, 16, 130, 1, 0, 2),         // head_dim 32, a 1-token sequence
+      Decode(1, 4, 2, 32, 16, 100, 0, 40, 0),        // head_dim 32, window, chosen splits
+      Decode(2, 32, 8, 128, 16, 1500, 700, 300, 0),  // 8B heads, window (pipelined kernel)
+      Decode(3, 24, 4, 128, 32, 800, 90, 77, 1),     // group 6, window, one split (direct output)
   };
 }
 

@@ -54,8 +54,10 @@ TEST_P(OpTableTest, MatchesFp64ReferenceWithinTwiceTheBf16Baseline) {
 INSTANTIATE_TEST_SUITE_P(AllOps, OpTableTest, ::testing::ValuesIn(AllCheckCases()),
                          [](const ::testing::TestParamInfo<CheckCase>& info) {
                            const check::OpShape& s = info.param.shape;
+                           // The index keeps names unique where shapes differ only in
+                           // fields the name leaves out.
                            return info.param.op->name + "_" + std::to_string(s.num_tokens) + "x" +
-                                  std::to_string(s.width);
+                                  std::to_string(s.width) + "_" + std::to_string(info.index);
                          });
 
 std::vector<uint16_t> RandomRows(int64_t n, uint64_t seed) {
@@ -179,6 +181,36 @@ TEST(ChooseDecodeSplitsTest, FewestSplitsForTheLongestWarp) {
                 << "head_dim " << head_dim << " sms " << sms << " batch " << batch << " context "
                 << context << " splits " << n;
           }
+        }
+      }
+    }
+  }
+}
+
+TEST(ChooseVerifySplitsTest, OneWaveOfThreeCtasPerSmEvenIfUneven) {
+  AttentionShape s;
+  s.num_q_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = 128;
+  s.block_size = 16;
+  s.scale = 0.088f;
+  // Llama-3.1-8B, 8 queries (32 rows, one row tile) at 32K on 132 SMs: 396 CTA slots over 8
+  // CTAs per split; the 33 that put exactly 2 CTAs on every SM measured slower.
+  EXPECT_EQ(ChooseVerifySplits(1, 8, 32768, 132, s), 49);
+  EXPECT_EQ(ChooseVerifySplits(8, 8, 32768, 132, s), 6);
+  EXPECT_EQ(ChooseVerifySplits(1, 8, 1000, 132, s), 4);  // a split spans at least 256 tokens
+  for (const int32_t sms : {78, 132}) {
+    for (const int32_t batch : {1, 2, 3, 8}) {
+      for (const int32_t q_len : {1, 4, 8, 16}) {
+        for (const int32_t context : {300, 4096, 32768}) {
+          const int64_t rows = int64_t{q_len} * 4;                      // q heads per kv head
+          const int64_t row_tiles = rows <= 16 ? 1 : (rows + 31) / 32;  // 16 rows a warp, 2 warps
+          const int64_t per_split = int64_t{batch} * 8 * row_tiles;
+          const int64_t cap = std::min<int64_t>((context + 255) / 256, 256);
+          const int64_t expected = std::max<int64_t>(1, std::min(3 * sms / per_split, cap));
+          EXPECT_EQ(ChooseVerifySplits(batch, q_len, context, sms, s), expected)
+              << "sms " << sms << " batch " << batch << " q_len " << q_len << " context "
+              << context;
         }
       }
     }
