@@ -150,13 +150,19 @@ TEST(LauncherTest, LaunchCapturedInACudaGraphMatchesADirectLaunch) {
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
-TEST(ChooseDecodeSplitsTest, FewestSplitsForTheLongestWarp) {
+// Llama-3.1-8B's attention: 32 q heads, 8 kv heads, head_dim 128, block 16.
+AttentionShape Llama8BShape() {
   AttentionShape s;
   s.num_q_heads = 32;
   s.num_kv_heads = 8;
   s.head_dim = 128;
   s.block_size = 16;
   s.scale = 0.088f;
+  return s;
+}
+
+TEST(ChooseDecodeSplitsTest, FewestSplitsForTheLongestWarp) {
+  AttentionShape s = Llama8BShape();
   // Llama-3.1-8B at 32K on 132 SMs: a wave of 2 CTAs per SM is 33 splits of 63 or 62 tiles
   // (16 per warp at most); 32 splits of 64 tiles keep 16 per warp with 8 CTAs fewer.
   EXPECT_EQ(ChooseDecodeSplits(1, 32768, 132, s), 32);
@@ -188,12 +194,7 @@ TEST(ChooseDecodeSplitsTest, FewestSplitsForTheLongestWarp) {
 }
 
 TEST(ChooseVerifySplitsTest, OneWaveOfThreeCtasPerSmEvenIfUneven) {
-  AttentionShape s;
-  s.num_q_heads = 32;
-  s.num_kv_heads = 8;
-  s.head_dim = 128;
-  s.block_size = 16;
-  s.scale = 0.088f;
+  AttentionShape s = Llama8BShape();
   // Llama-3.1-8B, 8 queries (32 rows, one row tile) at 32K on 132 SMs: 396 CTA slots over 8
   // CTAs per split; the 33 that put exactly 2 CTAs on every SM measured slower.
   EXPECT_EQ(ChooseVerifySplits(1, 8, 32768, 132, s), 49);
