@@ -23,15 +23,20 @@ constexpr int kDecodePipeStages = 2;
 constexpr int kDecodePipeCtasPerSm = 3;
 // A split covers at least this many tokens: one 16-token tile per warp of the CTA.
 constexpr int64_t kMinSplitTokens = 64;
-// PagedVerifyKernel's ring depth (3 x 16 KiB of K and V tiles from head_dim 32 up), the CTAs per
-// SM its grid is sized for (3 x 48 KiB of the 227 KiB), and the fewest tokens per split: a split
-// writes an fp32 row per (query, q head) -- 16 KiB for 32 rows at head_dim 128 -- so splits
+// PagedVerifyKernel's ring depth (2 x 16 KiB of K and V tiles at head_dim 128), the CTAs per SM
+// its grid is sized for (4 x 32 KiB of the 227 KiB; 4 x 48 KiB at 3 stages), the most splits (the
+// quarter-row combine's limit; past it the combine is slower), and the fewest tokens per split: a
+// split writes an fp32 row per (query, q head) -- 16 KiB for 32 rows at head_dim 128 -- so splits
 // stay long enough that those stay small next to the 128 KiB of K and V a split of 256 tokens
-// reads. H100, Llama-3.1-8B shapes, 8 queries over 32K, batch 1 (scratch probe, 2026-11-24; with
-// the split kernel's combine): 3 stages at 49 / 33 / 66 splits 59.7-60.0 / 61.6-62.7 /
-// 60.8-61.1 us; 4 stages (the previous depth) 61.1-61.2 / 62.5-63.6 / 77.2-78.1 us.
-constexpr int kVerifyStages = 3;
-constexpr int kVerifyCtasPerSm = 3;
+// reads. H100, Llama-3.1-8B shapes, 8 queries over 32K, batch 1, with the combine (scratch probes,
+// 2026-11-24): 2 stages at 64 / 56 / 49 splits 58.2-58.3 / 58.5-59.1 / 59.3-59.8 us; 3 stages
+// 59.2-59.4 / 60.5-60.8 / 59.7-59.9 us; 4 stages (the depth before this session) at 49 / 33
+// splits 61.1-61.2 / 62.5-63.6 us.
+// (3 stages below head_dim 128: with 2, ptxas spills in the head_dim 64 variants.)
+template <int kHeadDim>
+constexpr int kVerifyStages = kHeadDim == 128 ? 2 : 3;
+constexpr int kVerifyCtasPerSm = 4;
+constexpr int32_t kMaxVerifySplits = 64;
 constexpr int64_t kMinVerifySplitTokens = 256;
 // Row alignment of the workspace's log-sum-exp array.
 constexpr size_t kWorkspaceAlign = 256;
@@ -96,9 +101,16 @@ template <int kHeadDim>
 cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, int num_splits,
                           int num_q_heads, int64_t num_rows, __nv_bfloat16* out, int64_t out_stride,
                           cudaStream_t stream) {
-  const auto kernel = attention::DecodeCombineKernel<kHeadDim>;
+  auto kernel = attention::DecodeCombineKernel<kHeadDim>;
+  int64_t num_ctas = num_rows;
+  if (kHeadDim == 128 && num_splits <= 64) {  // a quarter row per CTA
+    kernel = num_splits <= 32 ? attention::DecodeCombineFewKernel<32>
+                              : attention::DecodeCombineFewKernel<64>;
+    num_ctas = num_rows * 4;
+    if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
+  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_rows));
+  config.gridDim = dim3(static_cast<unsigned>(num_ctas));
   config.blockDim = dim3(attention::kCombineThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute;
@@ -188,8 +200,8 @@ int CurrentDeviceSms() {
 template <int kHeadDim, int kWarps>
 cudaError_t LaunchVerifyAndCombine(const VerifyParams& params, int64_t num_ctas, int64_t num_tokens,
                                    cudaStream_t stream) {
-  constexpr int kSmem = attention::VerifySmemBytes<kHeadDim, kVerifyStages>();
-  const auto kernel = attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages>;
+  constexpr int kSmem = attention::VerifySmemBytes<kHeadDim, kVerifyStages<kHeadDim>>();
+  const auto kernel = attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages<kHeadDim>>;
   if constexpr (kSmem > 48 * 1024) {
     // Over the 48 KiB default; set on every launch (cheap, host only: the attribute belongs to
     // the current device).
@@ -420,10 +432,11 @@ int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_
     context = std::min<int64_t>(context, int64_t{shape.sliding_window} + max_q_len + 64);
   }
   const int64_t max_splits = CeilDiv(context, kMinVerifySplitTokens);
-  // The whole wave, even if SMs then hold different numbers of CTAs: Llama-3.1-8B shapes, K+1 = 8,
-  // 32K context, batch 1 on an H100 (3 stages, 2026-11-24; kVerifyStages): 49 splits (3 CTAs on
-  // most SMs) 59.7-60.0 us against 61.6-62.7 us for the 33 that put 2 on every SM.
-  return WaveSplits(ctas_per_split, kVerifyCtasPerSm, num_sms, max_splits, false);
+  // The whole wave, even if SMs then hold different numbers of CTAs (with 3 stages at 3 CTAs per
+  // SM, 49 splits took 59.7-60.0 us against 61.6-62.7 us for the 33 that put 2 on every SM);
+  // kVerifyStages has the measurements behind the wave and the cap.
+  return WaveSplits(ctas_per_split, kVerifyCtasPerSm, num_sms,
+                    std::min<int64_t>(max_splits, kMaxVerifySplits), false);
 }
 
 cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,

@@ -139,10 +139,10 @@ size_t PagedVerifyWorkspaceBytes(int64_t num_tokens, int32_t num_splits,
                                  const AttentionShape& shape);
 
 // Split count for a PagedVerifyAttention launch over num_seqs sequences of up to max_q_len
-// queries and max_seq_len tokens on a GPU with num_sms multiprocessors: one wave of CTAs (3 per
+// queries and max_seq_len tokens on a GPU with num_sms multiprocessors: one wave of CTAs (4 per
 // SM) over (sequence, kv head, row tile) CTAs per split, even where SMs then hold different
 // numbers of CTAs; capped so a split spans at least 256 tokens of max_seq_len (or of the sliding
-// window plus the run), at most 256, at least 1. Pure host arithmetic; no CUDA call.
+// window plus the run), at most 64, at least 1. Pure host arithmetic; no CUDA call.
 int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_len,
                            int32_t num_sms, const AttentionShape& shape);
 

@@ -21,11 +21,11 @@ namespace specd::kernels::attention {
 // K/V tiles in shared memory (the prefill kernel's swizzled tiles, ldmatrix and mma math; each
 // warp computes its 16 rows against every tile), each row masked by its own causal limit (query
 // i of q_len sees keys <= seq_len - q_len + i) and window. One split writes bf16 rows of `out`;
-// more write fp32 partial rows and their log2-sum-exps for DecodeCombineKernel, whose rows are
-// (token, q head) here. A row that sees no key of its split (an empty split, or keys all past
-// its causal limit) gets lse -inf (weight 0) and no partial row.
-// Dynamic shared memory: VerifySmemBytes. References: Tri Dao et al., "Flash-Decoding for
-// long-context inference" (2023); FlashInfer's batch decode with GQA group folding.
+// more write fp32 partial rows and their log2-sum-exps for the combine (attention_combine.cuh),
+// whose rows are (token, q head) here. A row that sees no key of its split (an empty split, or keys
+// all past its causal limit) gets lse -inf (weight 0) and no partial row. Dynamic shared memory:
+// VerifySmemBytes. References: Tri Dao et al., "Flash-Decoding for long-context inference" (2023);
+// FlashInfer's batch decode with GQA group folding.
 
 struct VerifyParams {
   PrefillParams pre;  // q, caches, tables, cu_q_lens, seq_lens, out: as for the prefill kernel
