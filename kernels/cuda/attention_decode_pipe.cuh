@@ -25,8 +25,9 @@ namespace specd::kernels::attention {
 // read at 81-82% of the copy bandwidth (33 splits) against 80-81% for the register kernel at
 // its best split count, and 69% with 8 splits (64 CTAs) where the register kernel gets 47%.
 // With the one-barrier merge and the L2 policies (2026-11-24, 32 splits): 85.1-85.3% in a scratch
-// probe against 82.1-82.6% before; attention_bench 84.6-85.3% over fourteen runs, median 84.9%
-// (docs/benchmarks.md, "fourth pass").
+// probe against 82.1-82.6% before (attention_bench median 84.9%); with the quarter-row combine
+// (attention_combine.cuh) 85.4-85.8% in twelve attention_bench runs (docs/benchmarks.md, "fourth
+// pass" and "fifth pass").
 //
 // Swizzles (16-byte chunk c of row r of a tile): K at c ^ 4 (r & 1), V at c ^ 2 ((r >> 1) & 3).
 // DecodeTile's fragment reads take, per 8 lanes, 2 K rows x 4 chunks and 4 V rows x 2 chunks
