@@ -36,7 +36,7 @@ constexpr int64_t kMinSplitTokens = 64;
 template <int kHeadDim>
 constexpr int kVerifyStages = kHeadDim == 128 ? 2 : 3;
 constexpr int kVerifyCtasPerSm = 4;
-constexpr int32_t kMaxVerifySplits = 64;
+constexpr int32_t kMaxVerifySplits = attention::kCombineFewMaxSplits;
 constexpr int64_t kMinVerifySplitTokens = 256;
 // Row alignment of the workspace's log-sum-exp array.
 constexpr size_t kWorkspaceAlign = 256;
@@ -103,10 +103,10 @@ cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, in
                           cudaStream_t stream) {
   auto kernel = attention::DecodeCombineKernel<kHeadDim>;
   int64_t num_ctas = num_rows;
-  if (kHeadDim == 128 && num_splits <= 64) {  // a quarter row per CTA
+  if (kHeadDim == 128 && num_splits <= attention::kCombineFewMaxSplits) {  // a quarter row per CTA
     kernel = num_splits <= 32 ? attention::DecodeCombineFewKernel<32>
-                              : attention::DecodeCombineFewKernel<64>;
-    num_ctas = num_rows * 4;
+                              : attention::DecodeCombineFewKernel<attention::kCombineFewMaxSplits>;
+    num_ctas = num_rows * attention::kCombineFewCtasPerRow;
     if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
   }
   cudaLaunchConfig_t config = {};

@@ -130,12 +130,15 @@ __global__ void __launch_bounds__(kCombineThreads)
 // shapes, 32K, batch 1 (32 rows, 32 splits; scratch probe 2026-11-24): 0.5-0.7 us less per call
 // than DecodeCombineKernel (docs/benchmarks.md, "fourth pass").
 // Arguments as DecodeCombineKernel; grid: rows * 4 CTAs (row-major), kCombineThreads threads.
+constexpr int kCombineFewMaxSplits = 64;  // DecodeCombineFewKernel's largest kMaxSplits
+constexpr int kCombineFewCtasPerRow = 4;  // its CTAs per row (quarters of head_dim 128)
 template <int kMaxSplits>
 __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineFewKernel(const float* __restrict__ partial_out,
                            const float* __restrict__ partial_lse, int num_splits, int num_q_heads,
                            __nv_bfloat16* __restrict__ out, int64_t out_stride) {
   constexpr int kHeadDim = 128, kGroupCols = 8, kGroups = kHeadDim / 4 / kGroupCols;
+  static_assert(kGroups == kCombineFewCtasPerRow && kMaxSplits <= kCombineFewMaxSplits);
   constexpr int kWarps = kCombineThreads / kWarpSize;
   constexpr int kSplitLanes = kCombineThreads / kGroupCols;  // 16
   constexpr int kLsePerLane = kMaxSplits / kWarpSize, kPerThread = kMaxSplits / kSplitLanes;
