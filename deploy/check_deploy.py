@@ -21,7 +21,10 @@ import sys
 import tempfile
 import unittest
 
-import yaml
+try:
+    import yaml
+except ImportError:  # reported by main() through tests/requires.py
+    yaml = None
 
 sys.dont_write_bytecode = True  # importing sibling scripts leaves no __pycache__
 
@@ -112,6 +115,21 @@ class Dockerfile:
     def all(self, word):
         return [a for _, w, a in self.instructions if w == word]
 
+    def global_args(self):
+        """{name: default} of the ARGs before the first FROM (the ones FROM may use)."""
+        out = {}
+        for s, w, a in self.instructions:
+            if s < 0 and w == "ARG":
+                name, _, default = a.partition("=")
+                out[name] = default
+        return out
+
+    def base_images(self):
+        """Each stage's FROM image with the global ARG defaults substituted."""
+        args = self.global_args()
+        return [re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)],
+                       a.split()[0]) for a in self.all("FROM")]
+
 
 class DockerfileTest(unittest.TestCase):
     @classmethod
@@ -122,26 +140,39 @@ class DockerfileTest(unittest.TestCase):
     def final_args(self, word):
         return [a for w, a in self.final if w == word]
 
-    def test_multi_stage_cuda_devel_to_runtime(self):
+    def test_multi_stage_cuda_devel_to_runtime_by_default(self):
         froms = self.df.all("FROM")
         self.assertGreaterEqual(len(froms), 2)
-        self.assertRegex(froms[0], r"^nvidia/cuda:\S*devel\S* AS builder$")
-        self.assertRegex(froms[-1], r"^nvidia/cuda:\S*runtime\S*")
+        self.assertRegex(froms[0], r" AS builder$")
+        images = self.df.base_images()
+        self.assertRegex(images[0], r"^nvidia/cuda:\S*devel\S*$")
+        self.assertRegex(images[-1], r"^nvidia/cuda:\S*runtime\S*$")
         self.assertTrue(any("--from=builder" in a for a in self.final_args("COPY")))
+        # The CUDA backend unless the build says otherwise.
+        self.assertIn("SPECD_ENABLE_CUDA=ON", [a for w, a in self.df.stage(0) if w == "ARG"])
+
+    def test_base_images_are_build_arguments(self):
+        # A CPU image builds from any Debian 12 base (tests/container_test.py does, with
+        # podman): both stages' images and the CUDA switch are build arguments.
+        froms = [a.split()[0] for a in self.df.all("FROM")]
+        self.assertEqual(froms[0], "${BUILDER_IMAGE}")
+        self.assertEqual(froms[-1], "${RUNTIME_IMAGE}")
+        self.assertIn("-DSPECD_ENABLE_CUDA=\"${SPECD_ENABLE_CUDA}\"",
+                      " ".join(a for w, a in self.df.stage(0) if w == "RUN"))
 
     def test_base_images_are_pinned(self):
         # hadolint DL3006/DL3007: a tag, never latest. ARGs used in FROM are declared first.
-        declared = {a.split("=")[0] for s, w, a in self.df.instructions if w == "ARG" and s < 0}
+        declared = self.df.global_args()
         for image in self.df.all("FROM"):
-            ref = image.split()[0]
+            for var in re.findall(r"\$\{(\w+)\}", image.split()[0]):
+                self.assertIn(var, declared)
+        for ref in self.df.base_images():
             self.assertIn(":", ref)
             self.assertFalse(ref.endswith(":latest"))
-            for var in re.findall(r"\$\{(\w+)\}", ref):
-                self.assertIn(var, declared)
 
     def test_builder_installs_the_deps_script_packages_and_builds_specd(self):
         builder = " ".join(a for w, a in self.df.stage(0) if w == "RUN")
-        self.assertIn("tools/install_deps.sh", builder)
+        self.assertIn("tools/install_deps.sh --build", builder)
         self.assertTrue(os.path.exists(os.path.join(SOURCE, "tools", "install_deps.sh")))
         self.assertIn("--target specd", builder)
         with open(os.path.join(SOURCE, "CMakeLists.txt"), encoding="utf-8") as f:
@@ -497,6 +528,10 @@ def main():
     global SOURCE, DEPLOY
     SOURCE = os.path.abspath(sys.argv[1])
     DEPLOY = os.path.join(SOURCE, "deploy")
+    sys.path.insert(0, os.path.join(SOURCE, "tests"))
+    import requires  # a missing tool skips (exit 77), under CI=true fails
+    requires.programs("deploy_lint_test", "yamllint", "promtool")
+    requires.modules("deploy_lint_test", "yaml", "google.protobuf")
     unittest.main(argv=[sys.argv[0]] + sys.argv[2:], verbosity=2)
 
 

@@ -68,9 +68,7 @@ std::vector<GenerateRequest> GoldenRequests() {
 class CodepairCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(ModelDir("codepair/target"))) {
-      GTEST_SKIP() << ModelDir("codepair/target") << " is absent (set SPECD_SHARED_DIR)";
-    }
+    ASSERT_TRUE(DataPresent(ModelDir("codepair/target")));
     cpu_ = std::make_unique<Harness>(MakeRunner(Options(ModelDir("codepair/target"), "cpu")));
     gpu_ = std::make_unique<Harness>(MakeRunner(Options(ModelDir("codepair/target"), "cuda")));
     ASSERT_TRUE(cpu_->ok() && gpu_->ok());

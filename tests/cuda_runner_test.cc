@@ -8,8 +8,8 @@
 // plus the fill kernels (kernels/cuda/init.h).
 //
 // Data: models under $SPECD_SHARED_DIR/models (default: the build's SPECD_SHARED_DIR), shapes
-// under $SPECD_SHAPES_DIR (default: $SPECD_SHARED_DIR/models/shapes); a test whose data is
-// absent is skipped with the path it looked for.
+// under $SPECD_SHAPES_DIR (default: $SPECD_SHARED_DIR/models/shapes); with a GPU visible, a
+// test whose data is absent fails, naming the path it looked for (only "no GPU" skips).
 //
 // Tolerance (a): max |gpu - golden| over a row <= 2^-5 * max |golden| of the row. bf16 keeps 8
 // significant bits, so one rounding of the row's largest logit is up to 2^-9 of it; activations
@@ -50,11 +50,6 @@ using namespace cuda_test;  // NOLINT: the shared helpers of tests/cuda_test_uti
 constexpr double kBf16RelTolerance = 1.0 / 32;
 
 std::string ShapesDir() { return Env("SPECD_SHAPES_DIR", SharedDir() + "/models/shapes"); }
-
-#define SKIP_UNLESS_EXISTS(path)                                                      \
-  if (!std::filesystem::exists(path)) {                                               \
-    GTEST_SKIP() << (path) << " is absent (set SPECD_SHARED_DIR / SPECD_SHAPES_DIR)"; \
-  }
 
 std::span<const float> Row(const std::vector<float>& logits, int64_t row, int32_t vocab) {
   return std::span<const float>(logits).subspan(row * vocab, vocab);
@@ -166,7 +161,7 @@ bool WriteBf16RoundedCopy(const std::string& dir, const std::string& out) {
 // sensitive to bf16 weights (llama-linear row 0: its bf16-weight baseline alone is ~3e-2 at
 // position 39, against ~7e-3 for the other families).
 TEST_P(CudaTinyRandomTest, PrefillLogitsMatchHfGoldenAtBf16Tolerance) {
-  SKIP_UNLESS_EXISTS(dir());
+  ASSERT_TRUE(DataPresent(dir()));
   Harness h(MakeRunner(Options(dir(), "cuda")));
   ASSERT_TRUE(h.ok());
   const std::string rounded =
@@ -205,7 +200,7 @@ TEST_P(CudaTinyRandomTest, PrefillLogitsMatchHfGoldenAtBf16Tolerance) {
 }
 
 TEST_P(CudaTinyRandomTest, GreedyContinuationMatchesGoldenUpToBf16Flips) {
-  SKIP_UNLESS_EXISTS(dir());
+  ASSERT_TRUE(DataPresent(dir()));
   Harness gpu(MakeRunner(Options(dir(), "cuda")));
   Harness cpu(MakeRunner(Options(dir(), "cpu")));
   ASSERT_TRUE(gpu.ok() && cpu.ok());
@@ -215,7 +210,7 @@ TEST_P(CudaTinyRandomTest, GreedyContinuationMatchesGoldenUpToBf16Flips) {
 }
 
 TEST_P(CudaTinyRandomTest, DecodeStepsThroughGraphsMatchOnePrefill) {
-  SKIP_UNLESS_EXISTS(dir());
+  ASSERT_TRUE(DataPresent(dir()));
   Harness h(MakeRunner(Options(dir(), "cuda")));
   ASSERT_TRUE(h.ok());
   const std::vector<int32_t> ids = Ids(ReadJson(dir() + "/golden.json")["input_ids"][0]);
@@ -240,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaTinyRandomTest,
 
 TEST(DummyShapesTest, Llama8BShapedModelServesRequestsEndToEnd) {
   const std::string dir = ShapesDir() + "/llama-3.1-8b";
-  SKIP_UNLESS_EXISTS(dir + "/config.json");
+  ASSERT_TRUE(DataPresent(dir + "/config.json"));
   EngineOptions o;
   o.model_dir = dir;
   o.device = "cuda";
@@ -293,7 +288,7 @@ TEST(DummyShapesTest, Llama8BShapedModelServesRequestsEndToEnd) {
 
 TEST(CudaOomTest, WeightsThatDoNotFitAreResourceExhausted) {
   const std::string dir = ShapesDir() + "/llama-3.1-8b";
-  SKIP_UNLESS_EXISTS(dir + "/config.json");
+  ASSERT_TRUE(DataPresent(dir + "/config.json"));
   RunnerOptions o = Options(dir, "cuda");
   o.load_format = "dummy";
   o.kv_cache_bytes = 0;
@@ -306,7 +301,7 @@ TEST(CudaOomTest, WeightsThatDoNotFitAreResourceExhausted) {
 
 TEST(CudaOomTest, KvCacheThatDoesNotFitIsResourceExhaustedAndTheGpuStaysUsable) {
   const std::string dir = ModelDir("codepair/target");
-  SKIP_UNLESS_EXISTS(dir);
+  ASSERT_TRUE(DataPresent(dir));
   RunnerOptions o = Options(dir, "cuda");
   o.kv_cache_bytes = int64_t{1} << 50;
   auto explicit_kv = CreateModelRunner(o);

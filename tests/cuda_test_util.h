@@ -1,6 +1,7 @@
 // Helpers shared by the CUDA runner's GPU tests (cuda_runner_test.cc, codepair_cuda_test.cc):
 // model paths under $SPECD_SHARED_DIR, runner options, a runner with block tables from a real
-// allocator, the greedy-agreement rule, and the main that skips (exit 77) without a visible GPU.
+// allocator, the greedy-agreement rule, the data check (missing data fails), and the main that
+// skips (exit 77) without a visible GPU, the only reason a GPU test may skip.
 // Test code only (needs SPECD_SHARED_DIR and GoogleTest).
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -39,6 +41,17 @@ inline nlohmann::json ReadJson(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+}
+
+// Whenever a test body runs a GPU is visible (RunUnlessNoGpu exits 77 otherwise), so the data
+// the test needs must be there too: use as ASSERT_TRUE(DataPresent(path)). A missing path is a
+// failure naming it, never a skip.
+inline ::testing::AssertionResult DataPresent(const std::string& path) {
+  if (std::filesystem::exists(path)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << path
+         << " is absent (set SPECD_SHARED_DIR / SPECD_SHAPES_DIR): a GPU is visible, so missing "
+            "test data fails the test";
 }
 
 inline std::vector<int32_t> Ids(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }

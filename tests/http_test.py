@@ -614,4 +614,7 @@ class LifecycleTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    import requires  # tests/requires.py: a missing tool skips (exit 77), under CI=true fails
+
+    requires.programs("http_test", "curl", "promtool", "openssl")
     unittest.main(argv=[sys.argv[0], "-v"])

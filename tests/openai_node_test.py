@@ -25,6 +25,7 @@ sys.dont_write_bytecode = True  # importing sibling scripts leaves no __pycache_
 SPECD, SOURCE, NODE_DIR = sys.argv[1:4]
 sys.path.insert(0, os.path.join(SOURCE, "tests"))
 import daemon  # noqa: E402
+import requires  # noqa: E402
 
 OPENAI_VERSION = "4.104.0"  # the official SDK, v4 line
 MODEL = daemon.default_model(SOURCE)
@@ -40,9 +41,8 @@ def install_sdk():
         pkg = os.path.join(NODE_DIR, "node_modules", "openai", "package.json")
         if os.path.exists(pkg) and json.load(open(pkg))["version"] == OPENAI_VERSION:
             return
+        requires.programs("openai_node_test", "npm")
         npm = shutil.which("npm")
-        if npm is None:
-            sys.exit("openai_node_test: npm is not installed (tools/install_deps.sh: nodejs npm)")
         p = subprocess.run([npm, "install", "--prefix", NODE_DIR, "--no-audit", "--no-fund",
                             "--no-save", "--loglevel=error", f"openai@{OPENAI_VERSION}"],
                            capture_output=True, text=True, timeout=600)
@@ -103,9 +103,8 @@ def expectations():
 
 
 def main():
+    requires.programs("openai_node_test", "node")
     node = shutil.which("node")
-    if node is None:
-        sys.exit("openai_node_test: node is not installed (tools/install_deps.sh: nodejs)")
     install_sdk()
     expect = expectations()
     with tempfile.TemporaryDirectory() as tmp, \

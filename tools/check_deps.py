@@ -2,9 +2,9 @@
 """Checks that modules include only what docs/architecture.md's arrows allow.
 
 Every project header a source file includes (`#include "dir/file.h"`) must belong to a module
-its own module may depend on. Modules are folders; the rules below are DESIGN.md's layer
-arrows written out, plus the order inside engine/ (a module only depends on ones listed
-before it), so the graph has no cycles by construction. Exits 1 listing each violation.
+its own module may depend on (or be a file it is allowed by name). Modules are folders; the
+table below is DESIGN.md's layer arrows and docs/architecture.md's rules written out, so the
+graph has no cycles by construction. Exits 1 listing each violation.
 
 Usage: check_deps.py [REPO_ROOT]
 """
@@ -12,37 +12,49 @@ import os
 import re
 import sys
 
-# module -> modules it may include from. A module is the longest matching folder prefix.
-# Order inside engine/ (lower may not include higher): base, kv, tokenizer, sample, model,
-# runner, sched, dist, spec, then engine/ itself (engine.h, the facade). dist/ (the SSD channel)
-# knows only base/; spec/ builds the SSD speculator on it.
-ENGINE_ORDER = ["engine/base", "engine/kv", "engine/tokenizer", "engine/sample",
-                "engine/model", "engine/runner", "engine/sched", "engine/dist", "engine/spec"]
-KERNELS = ["kernels/ref", "kernels/cuda"]
+# Inside engine/ a module includes only modules before it in this order. The scheduler plans
+# steps without knowing how they run, so it comes before model/ and runner/ and may include
+# base/ and kv/ alone; tokenizer/ and dist/ (the SSD channel) know only base/.
+ENGINE_ORDER = ["engine/base", "engine/kv", "engine/sched", "engine/tokenizer", "engine/sample",
+                "engine/model", "engine/runner", "engine/dist", "engine/spec"]
+BASE_ONLY = {"engine/tokenizer", "engine/dist"}
+# kernels/ may be included only by the engine modules listed here, and only the parts named:
+# bf16 conversion (base), the CPU references (model's RoPE, spec's Philox sampling), and the
+# CUDA kernels themselves by the runner that launches them.
+ENGINE_KERNELS = {
+    "engine/base": ["kernels/ref"],
+    "engine/model": ["kernels/ref"],
+    "engine/runner": ["kernels/ref", "kernels/cuda"],
+    "engine/spec": ["kernels/ref"],
+}
+# "engine/ -> proto config" (DESIGN.md): the config schema, never the gRPC API.
+ENGINE_PROTO_FILES = ["proto/config.pb.h"]
 
 RULES = {
     "proto": [],
     "kernels/ref": [],
     "kernels/cuda": ["kernels/ref"],
     "kernels/check": ["kernels/ref", "kernels/cuda"],
-    "engine": ENGINE_ORDER + KERNELS + ["proto"],
-    "tools": ["kernels", "engine", "proto"],
-    "tests": ["kernels", "engine", "proto", "server"],
+    # engine.h and the engine_*.cc behind it: the facade over every engine module.
+    "engine": list(ENGINE_ORDER),
+    "tools": ["kernels/ref", "kernels/cuda", "kernels/check", "engine", *ENGINE_ORDER,
+              "proto"],
+    "tests": ["kernels/ref", "kernels/cuda", "kernels/check", "engine", *ENGINE_ORDER, "proto",
+              "server"],
 }
 for i, mod in enumerate(ENGINE_ORDER):
-    RULES[mod] = ENGINE_ORDER[:i] + KERNELS + ["proto"]
-RULES["engine/tokenizer"] = ["engine/base"]  # tokenizers know nothing of models or kernels
-RULES["engine/kv"] = ["engine/base"] + KERNELS
-RULES["engine/dist"] = ["engine/base"]
-RULES["engine/base"] = ["kernels/ref"]  # bf16 conversion is defined once, in kernels/ref
+    RULES[mod] = ["engine/base"] if mod in BASE_ONLY else ENGINE_ORDER[:i]
+    RULES[mod] = RULES[mod] + ENGINE_KERNELS.get(mod, [])
 
+# Files (not whole modules) a module may include.
+ALLOWED_FILES = {mod: ENGINE_PROTO_FILES for mod in ["engine", *ENGINE_ORDER]}
 # server/ sees the engine only through engine.h and the types its API hands out (Status
 # macros and logging from base/, the Tokenizer and its ChatTemplate), plus the generated proto.
-SERVER_ALLOWED_FILES = {"engine/engine.h", "engine/tokenizer/tokenizer.h",
-                        "engine/tokenizer/jinja/chat_template.h"}
-SERVER_ALLOWED_MODULES = ["engine/base", "proto", "server"]
+ALLOWED_FILES["server"] = ["engine/engine.h", "engine/tokenizer/tokenizer.h",
+                           "engine/tokenizer/jinja/chat_template.h"]
+RULES["server"] = ["engine/base", "proto"]
 
-# Tests and test harnesses may use the op-table harness of kernels/check.
+# Tests and test harnesses anywhere may use the op-table harness of kernels/check.
 TEST_EXTRA = ["kernels/check"]
 
 SOURCE_EXT = (".h", ".cc", ".cu", ".cuh")
@@ -61,32 +73,31 @@ def module_of(path, known):
     return None
 
 
-def allowed(src_mod, src_path, inc):
-    inc_parts = inc.split("/")
-    if inc_parts[0] not in TOP:
+def is_test(src_mod, src_path):
+    return (src_path.endswith(("_test.cc", "_test_util.h")) or "/check/" in src_path
+            or src_mod in ("tools", "tests"))
+
+
+def allowed(src_mod, src_path, inc, known):
+    if inc.split("/")[0] not in TOP:
         return True  # a third-party header (absl/, gtest/, ...) or a generated one
-    if inc.startswith(src_mod + "/") and "/" not in inc[len(src_mod) + 1:]:
-        return True  # same module
-    if src_mod == "server":
-        return inc in SERVER_ALLOWED_FILES or any(
-            inc.startswith(m + "/") for m in SERVER_ALLOWED_MODULES)
+    inc_mod = module_of(inc, known)
+    if inc_mod == src_mod or inc in ALLOWED_FILES.get(src_mod, []):
+        return True  # same module (subfolders that are no module of their own included)
     targets = list(RULES.get(src_mod, []))
-    if src_path.endswith("_test.cc") or "/check/" in src_path or src_mod in ("tools", "tests"):
+    if is_test(src_mod, src_path):
         targets += TEST_EXTRA
-    # A module also owns its subfolders (engine/tokenizer/jinja belongs to engine/tokenizer).
-    targets.append(src_mod)
-    return any(inc == t or inc.startswith(t + "/") for t in targets)
+    return inc_mod in targets
 
 
-def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
-                           os.path.join(os.path.dirname(__file__), ".."))
-    known = set(RULES) | {"server"}
+def violations(root):
+    """(number of includes checked, list of violation lines) for the tree at root."""
+    known = set(RULES)
     bad = []
     checked = 0
     for top in TOP:
         for dirpath, _, files in os.walk(os.path.join(root, top)):
-            for name in files:
+            for name in sorted(files):
                 if not name.endswith(SOURCE_EXT):
                     continue
                 path = os.path.relpath(os.path.join(dirpath, name), root)
@@ -98,8 +109,15 @@ def main():
                     text = f.read()
                 for inc in INCLUDE_RE.findall(text):
                     checked += 1
-                    if not allowed(mod, path, inc):
+                    if not allowed(mod, path, inc, known):
                         bad.append(f'{path}: includes "{inc}", but {mod}/ may not depend on it')
+    return checked, bad
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                           os.path.join(os.path.dirname(__file__), ".."))
+    checked, bad = violations(root)
     for line in bad:
         print(line)
     print(f"check_deps: {checked} includes checked, {len(bad)} violations")

@@ -1,7 +1,7 @@
-// NcclChannel on a real 2-GPU machine (ctest label gpu; exits 77 without a GPU and skips with
-// one). Each test forks a verifier (GPU 0) and a speculator (GPU 1) from a parent that never
-// touches CUDA (a CUDA context does not survive fork). They meet over TcpChannel, bootstrap NCCL
-// through it, and move q rows GPU to GPU: content checked row by row, throughput printed. A
+// NcclChannel on a real 2-GPU machine (ctest label gpu; exits 77, "skipped", with fewer than two
+// GPUs visible). Each test forks a verifier (GPU 0) and a speculator (GPU 1) from a parent that
+// never touches CUDA (a CUDA context does not survive fork). They meet over TcpChannel, bootstrap
+// NCCL through it, and move q rows GPU to GPU: content checked row by row, throughput printed. A
 // second test kills the speculator while the verifier waits on a receive: Synchronize must time
 // out, the control channel report Unavailable, and Abort end the transfer (no hang).
 #include "engine/dist/nccl_channel.h"
@@ -175,7 +175,6 @@ int RunAbortingVerifier(TcpListener& listener, pid_t speculator) {
 }
 
 TEST(NcclChannelTest, MovesQRowsGpuToGpuBesideTheTcpControlChannel) {
-  if (g_num_gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << g_num_gpus;
   auto listener = TcpListener::Listen("127.0.0.1", 0, MakeHello(Role::kVerifier));
   ASSERT_TRUE(listener.ok()) << listener.status();
   const uint16_t port = (*listener)->port();
@@ -186,7 +185,6 @@ TEST(NcclChannelTest, MovesQRowsGpuToGpuBesideTheTcpControlChannel) {
 }
 
 TEST(NcclChannelTest, AbortEndsATransferWhosePeerWasKilled) {
-  if (g_num_gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << g_num_gpus;
   auto listener = TcpListener::Listen("127.0.0.1", 0, MakeHello(Role::kVerifier));
   ASSERT_TRUE(listener.ok()) << listener.status();
   const uint16_t port = (*listener)->port();
@@ -207,8 +205,9 @@ int main(int argc, char** argv) {
     return cudaGetDeviceCount(&n) == cudaSuccess ? std::min(n, 100) : 0;
   });
   specd::g_num_gpus = specd::ExitCode(probe);
-  if (specd::g_num_gpus == 0) {
-    std::fprintf(stderr, "nccl_channel_test: no CUDA device visible; skipping\n");
+  if (specd::g_num_gpus < 2) {  // ctest reports "Skipped", not a pass of skipped tests
+    std::fprintf(stderr, "nccl_channel_test: needs 2 CUDA devices, %d visible; skipping\n",
+                 specd::g_num_gpus);
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -212,33 +212,111 @@ TEST(SafetensorsTest, RejectsBadIndexJson) {
             absl::StatusCode::kNotFound);
 }
 
-TEST(SafetensorsTest, RandomCorruptionsNeverCrash) {
-  nlohmann::json h = {{"__metadata__", {{"format", "pt"}}},
-                      {"a", Entry("F32", {2, 2}, 0, 16)},
-                      {"b", Entry("BF16", {4}, 16, 24)},
-                      {"c", Entry("F16", {2}, 24, 28)}};
-  const std::string good = Safetensors(h.dump(), FloatBytes({1, 2, 3, 4, 5, 6, 7}));
+// The floats a tensor's raw bytes stand for, widened the way the reader documents.
+std::vector<float> Widen(const std::string& bytes, size_t begin, size_t end, const char* dtype) {
+  std::vector<float> out;
+  for (size_t i = begin; i < end;) {
+    if (std::strcmp(dtype, "F32") == 0) {
+      float f;
+      std::memcpy(&f, bytes.data() + i, 4);
+      out.push_back(f);
+      i += 4;
+      continue;
+    }
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + i, 2);
+    out.push_back(std::strcmp(dtype, "BF16") == 0 ? Bf16ToFloat(h) : Fp16ToFloat(h));
+    i += 2;
+  }
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Random truncations and byte flips of a valid file. Every truncation loses the last tensor's
+// bytes, so it is an error naming the file; a flip inside the data section leaves the header
+// valid, so the file opens and each tensor reads back exactly the flipped bytes; a flip in the
+// length prefix or header gives either an error naming the file or a checkpoint whose every
+// readable tensor has the size its shape says. None may crash (ASan builds check the reads).
+TEST(SafetensorsTest, RandomCorruptionsAreErrorsOrExactReads) {
+  struct Spec {
+    const char* name;
+    const char* dtype;
+    std::vector<int64_t> shape;
+    size_t begin, end;
+  };
+  const std::vector<Spec> specs = {
+      {"a", "F32", {2, 2}, 0, 16}, {"b", "BF16", {4}, 16, 24}, {"c", "F16", {2}, 24, 28}};
+  nlohmann::json h = {{"__metadata__", {{"format", "pt"}}}};
+  for (const Spec& t : specs) h[t.name] = Entry(t.dtype, t.shape, t.begin, t.end);
+  const std::string header = h.dump();
+  const size_t data_start = 8 + header.size();
+  const std::string good = Safetensors(header, FloatBytes({1, 2, 3, 4, 5, 6, 7}));
+  ASSERT_EQ(good.size(), data_start + 28);
   uint64_t state = 12345;
   auto next = [&state] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return static_cast<size_t>(state >> 33);
   };
+  const std::string path = TempPath("fuzz.safetensors");
+  int truncated = 0, data_flips = 0, header_errors = 0, header_opens = 0;
   for (int i = 0; i < 300; ++i) {
     std::string bytes = good;
+    bool header_touched = false;
     if (i % 3 == 0) {
-      bytes.resize(next() % bytes.size());  // truncation
+      bytes.resize(next() % bytes.size());
     } else {
-      for (int k = 0; k < 1 + i % 4; ++k) bytes[next() % bytes.size()] = static_cast<char>(next());
+      for (int k = 0; k < 1 + i % 4; ++k) {
+        const size_t at = next() % bytes.size();
+        bytes[at] = static_cast<char>(next());
+        header_touched |= at < data_start;
+      }
     }
-    const std::string path = TempPath("fuzz.safetensors");
     WriteBytes(path, bytes);
     absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::OpenFile(path);
-    if (!ckpt.ok()) continue;
-    for (const char* name : {"a", "b", "c"}) {
-      const TensorInfo* t = ckpt->Find(name);
-      if (t != nullptr) (void)ckpt->ReadF32(name, t->shape);
+    SCOPED_TRACE(::testing::Message() << "case " << i << ", " << bytes.size() << " bytes");
+    if (!ckpt.ok()) {
+      EXPECT_NE(ckpt.status().message().find("fuzz.safetensors"), std::string::npos)
+          << ckpt.status();
+    }
+    if (i % 3 == 0) {
+      EXPECT_FALSE(ckpt.ok()) << "a truncated file opened";
+      ++truncated;
+      continue;
+    }
+    if (!header_touched) {
+      ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+      ++data_flips;
+      for (const Spec& t : specs) {
+        absl::StatusOr<std::vector<float>> got = ckpt->ReadF32(t.name, t.shape);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(SameBits(*got, Widen(bytes, data_start + t.begin, data_start + t.end, t.dtype)))
+            << t.name;
+      }
+      continue;
+    }
+    if (!ckpt.ok()) {
+      ++header_errors;
+      continue;
+    }
+    ++header_opens;
+    for (const Spec& t : specs) {
+      const TensorInfo* info = ckpt->Find(t.name);
+      if (info == nullptr) continue;
+      absl::StatusOr<std::vector<float>> got = ckpt->ReadF32(t.name, info->shape);
+      if (!got.ok()) continue;
+      int64_t n = 1;
+      for (int64_t d : info->shape) n *= d;
+      EXPECT_EQ(static_cast<int64_t>(got->size()), n) << t.name;
     }
   }
+  // Each kind of case happened, so each branch above was exercised.
+  EXPECT_EQ(truncated, 100);
+  EXPECT_GT(data_flips, 0);
+  EXPECT_GT(header_errors, 0);
+  EXPECT_EQ(truncated + data_flips + header_errors + header_opens, 300);
 }
 
 TEST(SafetensorsTest, ModelLoadNamesTheFirstMissingTensor) {
