@@ -6,7 +6,8 @@
 // Two ways to drive it:
 // - Serving (thread-safe): Start() launches the engine thread, which owns the continuous-
 //   batching scheduler, the KV block manager and every sequence. Front-end threads call
-//   Submit / Abort / BeginDrain / WaitIdle / Stop / Stats; they never touch engine state.
+//   Submit / Abort / SetPaused / BeginDrain / WaitIdle / Stop / Stats; they never touch
+//   engine state.
 //   Submit hands the request over through one MPSC queue; the request's OutputCallback is
 //   called on the engine thread with each update, and exactly once with finished = true.
 // - Offline (single caller, engine thread not started): Generate / GenerateBatch run the
@@ -145,6 +146,7 @@ using OutputCallback = std::function<void(RequestOutput&&)>;
 struct EngineStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;
+  int32_t num_paused = 0;  // of the running and waiting ones: paused by SetPaused
   int32_t kv_blocks_used = 0;
   int32_t kv_blocks_total = 0;
   bool draining = false;
@@ -235,6 +237,13 @@ class Engine {
   // Cancels the request wherever it is (queued, prefilling, decoding); its KV is freed by
   // the next step and it finishes with kAbort / Cancelled. Unknown or finished ids: no-op.
   void Abort(RequestId id);
+  // Stops scheduling the request (it keeps its KV and place) until SetPaused(id, false);
+  // for front ends whose client stopped reading. Any thread. Unknown/finished ids: no-op.
+  // A paused request still counts as running or waiting (WaitIdle and a drain wait for it;
+  // its deadline, Abort and Stop still end it). It is the first to be preempted (KV freed,
+  // recomputed after it resumes) when KV runs out or a waiting request needs its slot, so it
+  // never holds the batch. Resumed, it continues exactly where it was.
+  void SetPaused(RequestId id, bool paused);
   // Admits nothing more (Submit -> Unavailable); queued and running requests go on.
   void BeginDrain();
   // Blocks until no request is queued or running, or the timeout passes; true if idle.
@@ -248,6 +257,7 @@ class Engine {
   struct Request;  // one request's sampling / streaming state and its Sequence
   struct Core;     // engine-thread state: block manager, scheduler, live requests
   struct Shared;   // the inbox and the stats snapshot: all front-end threads touch
+  struct Inbox;    // what the engine thread takes from Shared's inbox at once
 
   Engine();
   absl::Status CreateSpeculators(const RunnerOptions& target);
@@ -273,6 +283,8 @@ class Engine {
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
   void FinishAll(const absl::Status& status);
   void ServeLoop();
+  void ApplyInbox(Inbox& inbox, absl::Time now);
+  void WaitWhileStalled();
   void ExpireDeadlines(absl::Time now);
   void PublishStats(bool step_ran);
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -96,8 +97,8 @@ struct Engine::Core {
   int32_t num_spec_rows = 0;                          // rows with drafts this step
 };
 
-// The only state shared with front-end threads: the inbox (new requests, aborts, control
-// flags) and the stats snapshot the engine thread publishes after every step.
+// The only state shared with front-end threads: the inbox (new requests, aborts, pauses,
+// control flags) and the stats snapshot the engine thread publishes after every step.
 struct Engine::Shared {
   struct Pending {
     RequestId id;
@@ -113,6 +114,7 @@ struct Engine::Shared {
   std::condition_variable idle_cv;  // WaitIdle: stats published with nothing left
   std::vector<Pending> inbox ABSL_GUARDED_BY(mu);
   std::vector<RequestId> aborts ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<RequestId, bool>> pauses ABSL_GUARDED_BY(mu);  // in call order
   RequestId next_id ABSL_GUARDED_BY(mu) = 1;
   bool started ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
@@ -122,7 +124,7 @@ struct Engine::Shared {
   EngineStats stats ABSL_GUARDED_BY(mu);
 
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return !inbox.empty() || !aborts.empty() || stopping;
+    return !inbox.empty() || !aborts.empty() || !pauses.empty() || stopping;
   }
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return inbox.empty() && stats.num_running == 0 && stats.num_waiting == 0;
@@ -130,6 +132,14 @@ struct Engine::Shared {
 
   std::mutex join_mu;                           // serializes Start / Stop
   std::thread thread ABSL_GUARDED_BY(join_mu);  // started by Start, joined by Stop
+};
+
+// What the engine thread takes from Shared in one go, then applies without the lock.
+struct Engine::Inbox {
+  std::vector<Shared::Pending> incoming;
+  std::vector<std::pair<RequestId, bool>> pauses;  // in call order
+  std::vector<RequestId> aborts;
+  bool stopping = false;
 };
 
 }  // namespace specd

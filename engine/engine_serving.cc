@@ -1,8 +1,11 @@
 // The serving half of Engine: the engine thread's loop and the thread-safe API front-end
-// threads call (Start, Submit, Abort, BeginDrain, WaitIdle, Stop, Stats). The inbox and
+// threads call (Start, Submit, Abort, SetPaused, BeginDrain, WaitIdle, Stop, Stats). The inbox and
 // the stats snapshot in Engine::Shared are the only state both sides touch.
+#include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
@@ -55,6 +58,15 @@ void Engine::Abort(RequestId id) {
   shared_->work_cv.notify_one();
 }
 
+void Engine::SetPaused(RequestId id, bool paused) {
+  {
+    std::lock_guard lock(shared_->mu);
+    if (!shared_->started || shared_->stopping) return;
+    shared_->pauses.emplace_back(id, paused);
+  }
+  shared_->work_cv.notify_one();
+}
+
 void Engine::BeginDrain() {
   std::lock_guard lock(shared_->mu);
   shared_->draining = true;
@@ -97,6 +109,7 @@ void Engine::PublishStats(bool step_ran) {
   EngineStats s;
   s.num_running = core_->scheduler.num_running();
   s.num_waiting = core_->scheduler.num_waiting();
+  s.num_paused = core_->scheduler.num_paused();
   s.kv_blocks_used = core_->blocks.num_used_blocks();
   s.kv_blocks_total = core_->blocks.num_blocks();
   s.running = core_->serving;
@@ -128,34 +141,61 @@ void Engine::ExpireDeadlines(absl::Time now) {
   }
 }
 
-// The engine thread: take new requests and aborts from the inbox, drop expired requests,
-// run one step, publish stats; sleep while there is nothing to do.
+// Applies what front ends asked since the last step: new requests, pauses, aborts.
+void Engine::ApplyInbox(Inbox& inbox, absl::Time now) {
+  for (Shared::Pending& p : inbox.incoming) {
+    AddRequest(p.id, std::move(p.request), std::move(p.on_output), p.arrival);
+  }
+  for (const auto& [id, paused] : inbox.pauses) {
+    auto it = core_->live.find(id);
+    if (it != core_->live.end()) core_->scheduler.SetPaused(&it->second->seq, paused);
+  }
+  for (RequestId id : inbox.aborts) {
+    auto it = core_->live.find(id);
+    if (it != core_->live.end()) {
+      FinishRequest(*it->second, FinishReason::kAbort, absl::CancelledError("aborted"), now);
+    }
+  }
+}
+
+// After a step that ran nothing while requests are live. When all of them are paused, sleep
+// until a front end calls or the first deadline passes; otherwise (nothing could be
+// scheduled, which a valid KV pool never causes) back off 1 ms instead of spinning.
+void Engine::WaitWhileStalled() {
+  absl::Time wake = absl::Now() + absl::Milliseconds(1);
+  if (core_->scheduler.num_paused() == static_cast<int32_t>(core_->live.size())) {
+    wake = absl::InfiniteFuture();
+    for (const auto& [id, r] : core_->live) wake = std::min(wake, r->request.deadline);
+  }
+  Shared& sh = *shared_;
+  std::unique_lock lock(sh.mu);
+  auto has_work = [&sh] { return sh.HasWork(); };
+  if (wake == absl::InfiniteFuture()) {
+    sh.work_cv.wait(lock, has_work);
+  } else {
+    sh.work_cv.wait_until(lock, absl::ToChronoTime(wake), has_work);
+  }
+}
+
+// The engine thread: take new requests, pauses and aborts from the inbox, drop expired
+// requests, run one step, publish stats; sleep while there is nothing to do.
 void Engine::ServeLoop() {
   Shared& sh = *shared_;
   core_->serving = true;
   for (;;) {
-    std::vector<Shared::Pending> incoming;
-    std::vector<RequestId> aborts;
-    bool stopping = false;
+    Inbox inbox;
     {
       std::unique_lock lock(sh.mu);
       if (core_->live.empty()) sh.work_cv.wait(lock, [&sh] { return sh.HasWork(); });
-      incoming.swap(sh.inbox);
-      aborts.swap(sh.aborts);
-      stopping = sh.stopping;
-      sh.stats.num_waiting += static_cast<int32_t>(incoming.size());
-    }
-    for (Shared::Pending& p : incoming) {
-      AddRequest(p.id, std::move(p.request), std::move(p.on_output), p.arrival);
+      inbox.incoming.swap(sh.inbox);
+      inbox.pauses.swap(sh.pauses);
+      inbox.aborts.swap(sh.aborts);
+      inbox.stopping = sh.stopping;
+      sh.stats.num_waiting += static_cast<int32_t>(inbox.incoming.size());
     }
     const absl::Time now = absl::Now();
-    for (RequestId id : aborts) {
-      auto it = core_->live.find(id);
-      if (it != core_->live.end()) {
-        FinishRequest(*it->second, FinishReason::kAbort, absl::CancelledError("aborted"), now);
-      }
-    }
-    if (stopping) break;
+    ApplyInbox(inbox, now);
+    if (inbox.stopping) break;
     ExpireDeadlines(now);
     bool ran = false;
     if (!core_->live.empty()) {
@@ -164,11 +204,7 @@ void Engine::ServeLoop() {
       ran = step.ok() && *step;
     }
     PublishStats(ran);
-    if (!ran && !core_->live.empty()) {
-      // Nothing could be scheduled (cannot happen with a valid KV pool): do not spin.
-      std::unique_lock lock(sh.mu);
-      sh.work_cv.wait_for(lock, std::chrono::milliseconds(1), [&sh] { return sh.HasWork(); });
-    }
+    if (!ran && !core_->live.empty()) WaitWhileStalled();
   }
   FinishAll(absl::UnavailableError("the engine stopped"));
   core_->serving = false;

@@ -51,10 +51,16 @@ class AdmissionPolicy {
 
 // Preemption by recompute picks the most recently admitted running sequence (vLLM and
 // nano-vllm): it has the least work to redo and the oldest requests keep their latency.
+// Paused sequences go first (newest of them first): their clients are not reading.
 class PreemptNewest {
  public:
   // running: oldest first, non-empty. Index of the victim.
-  size_t SelectVictim(std::span<Sequence* const> running) const { return running.size() - 1; }
+  size_t SelectVictim(std::span<Sequence* const> running) const {
+    for (size_t i = running.size(); i-- > 0;) {
+      if (running[i]->paused()) return i;
+    }
+    return running.size() - 1;
+  }
 };
 
 }  // namespace specd

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/sched/scheduler.h"
+
 namespace specd {
 namespace {
 
@@ -31,6 +33,16 @@ TEST(PreemptNewestTest, PicksTheLastAdmitted) {
   Sequence a(SeqId{1}, {1}, 4), b(SeqId{2}, {1}, 4), c(SeqId{3}, {1}, 4);
   std::vector<Sequence*> running = {&a, &b, &c};
   EXPECT_EQ(PreemptNewest().SelectVictim(running), 2u);
+}
+
+TEST(PreemptNewestTest, PicksTheNewestPausedFirst) {
+  BlockManager blocks(4, 4, true);
+  Scheduler sched({4, 64}, &blocks);
+  Sequence a(SeqId{1}, {1}, 4), b(SeqId{2}, {1}, 4), c(SeqId{3}, {1}, 4), d(SeqId{4}, {1}, 4);
+  std::vector<Sequence*> running = {&a, &b, &c, &d};
+  sched.SetPaused(&a, true);
+  sched.SetPaused(&b, true);
+  EXPECT_EQ(PreemptNewest().SelectVictim(running), 1u);
 }
 
 }  // namespace

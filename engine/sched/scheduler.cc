@@ -29,8 +29,8 @@ StepPlan Scheduler::Schedule() {
 void Scheduler::ScheduleDecodes(TokenBudget& budget, StepPlan& plan) {
   for (size_t i = 0; i < running_.size() && budget.remaining() > 0; ++i) {
     Sequence* seq = running_[i];
-    if (seq->num_uncomputed() != 1) continue;
-    // Victims are newer than seq (not yet scheduled this step), or seq itself.
+    if (seq->paused_ || seq->num_uncomputed() != 1) continue;
+    // Victims are paused, newer than seq (not yet scheduled this step), or seq itself.
     bool self_preempted = false;
     while (!blocks_->CanAppend(seq->blocks(), seq->num_tokens())) {
       Sequence* victim = running_[preemption_.SelectVictim(running_)];
@@ -65,34 +65,60 @@ int32_t Scheduler::LookaheadSlots(const Sequence& seq, int32_t budget,
 void Scheduler::SchedulePartialPrefills(TokenBudget& budget, StepPlan& plan) {
   for (Sequence* seq : running_) {
     if (budget.remaining() == 0) break;
-    if (seq->num_uncomputed() <= 1) continue;
+    if (seq->paused_ || seq->num_uncomputed() <= 1) continue;
     plan.chunks.push_back({seq, budget.Take(seq->num_uncomputed())});
   }
 }
 
+// First come first served among the sequences that are not paused: when the first of them
+// does not fit, nothing behind it is admitted (unless preempting a paused sequence makes room).
 void Scheduler::Admit(TokenBudget& budget, StepPlan& plan) {
-  while (!waiting_.empty()) {
-    Sequence* seq = waiting_.front();
-    if (!admission_.CanAdmit(*seq, num_running(), budget, *blocks_)) break;
-    const int64_t queried = blocks_->num_queried_blocks();
-    const int64_t hit = blocks_->num_hit_blocks();
-    absl::StatusOr<int32_t> cached = blocks_->Allocate(seq->tokens(), seq->blocks_);
-    if (!cached.ok()) {  // unreachable after CanAllocate; leave it queued
-      SPECD_LOG_ERROR("scheduler: admission failed: {}", cached.status().ToString());
-      break;
+  size_t i = 0;
+  while (i < waiting_.size() && budget.remaining() > 0) {
+    Sequence* seq = waiting_[i];
+    if (seq->paused_) {
+      ++i;
+      continue;
     }
-    plan.num_queried_blocks += blocks_->num_queried_blocks() - queried;
-    plan.num_hit_blocks += blocks_->num_hit_blocks() - hit;
-    waiting_.pop_front();
-    seq->num_computed_ = *cached;
-    if (seq->num_cached_prompt_tokens_ < 0) {
-      seq->num_cached_prompt_tokens_ = std::min(*cached, seq->num_prompt_tokens_);
+    if (TryAdmit(seq, budget, plan)) {
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
     }
-    seq->status_ = SequenceStatus::kRunning;
-    running_.push_back(seq);
-    plan.admitted.push_back(seq);
-    plan.chunks.push_back({seq, budget.Take(seq->num_uncomputed())});
+    if (!PreemptPaused(plan)) break;
+    ++i;  // the victim went to the front of the queue
   }
+}
+
+bool Scheduler::TryAdmit(Sequence* seq, TokenBudget& budget, StepPlan& plan) {
+  if (!admission_.CanAdmit(*seq, num_running(), budget, *blocks_)) return false;
+  const int64_t queried = blocks_->num_queried_blocks();
+  const int64_t hit = blocks_->num_hit_blocks();
+  absl::StatusOr<int32_t> cached = blocks_->Allocate(seq->tokens(), seq->blocks_);
+  if (!cached.ok()) {  // unreachable after CanAllocate; leave it queued
+    SPECD_LOG_ERROR("scheduler: admission failed: {}", cached.status().ToString());
+    return false;
+  }
+  plan.num_queried_blocks += blocks_->num_queried_blocks() - queried;
+  plan.num_hit_blocks += blocks_->num_hit_blocks() - hit;
+  seq->num_computed_ = *cached;
+  if (seq->num_cached_prompt_tokens_ < 0) {
+    seq->num_cached_prompt_tokens_ = std::min(*cached, seq->num_prompt_tokens_);
+  }
+  seq->status_ = SequenceStatus::kRunning;
+  running_.push_back(seq);
+  plan.admitted.push_back(seq);
+  plan.chunks.push_back({seq, budget.Take(seq->num_uncomputed())});
+  return true;
+}
+
+bool Scheduler::PreemptPaused(StepPlan& plan) {
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i]->paused_) {
+      Preempt(running_[i], plan);
+      return true;
+    }
+  }
+  return false;
 }
 
 void Scheduler::Preempt(Sequence* seq, StepPlan& plan) {
@@ -105,6 +131,12 @@ void Scheduler::Preempt(Sequence* seq, StepPlan& plan) {
   // older sequence ahead.
   waiting_.push_front(seq);
   plan.preempted.push_back(seq);
+}
+
+int32_t Scheduler::num_paused() const {
+  auto paused = [](const Sequence* seq) { return seq->paused_; };
+  return static_cast<int32_t>(std::count_if(running_.begin(), running_.end(), paused) +
+                              std::count_if(waiting_.begin(), waiting_.end(), paused));
 }
 
 void Scheduler::Postprocess(const StepPlan& plan) {

@@ -7,6 +7,10 @@
 // front of the waiting queue (its prefix may come back from the prefix cache). A decode of
 // a speculating sequence also gets lookahead slots for its drafts when KV and budget allow
 // (never at the price of a preemption).
+// A paused sequence (its client stopped reading) is skipped: it keeps its KV and its place
+// but runs no tokens and is not admitted. Paused sequences are the first victims of
+// preemption, and one is preempted to admit a waiting sequence that has no running slot or KV,
+// so that paused requests never hold the batch.
 // The scheduler does not own sequences; the caller keeps them alive until Finish.
 // Engine thread only.
 #pragma once
@@ -53,11 +57,16 @@ class Scheduler {
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   bool empty() const { return waiting_.empty() && running_.empty(); }
+  // Paused sequences, running (with KV) or waiting.
+  int32_t num_paused() const;
 
   // Queues a new sequence at the back of the waiting queue.
   void Add(Sequence* seq);
-  // Plans the next step and reserves its KV. Empty only when nothing is queued or running.
+  // Plans the next step and reserves its KV. Empty only when nothing is queued or running,
+  // or everything is paused.
   StepPlan Schedule();
+  // Pauses or resumes a sequence wherever it is (see above); idempotent.
+  void SetPaused(Sequence* seq, bool paused) { seq->paused_ = paused; }
   // After the forward pass ran the plan: the chunks' tokens now have KV. A sequence with
   // num_uncomputed() == 0 afterwards needs its next token sampled (then AppendToken).
   void Postprocess(const StepPlan& plan);
@@ -75,6 +84,10 @@ class Scheduler {
   int32_t LookaheadSlots(const Sequence& seq, int32_t budget, int32_t num_decodes_behind) const;
   void SchedulePartialPrefills(TokenBudget& budget, StepPlan& plan);
   void Admit(TokenBudget& budget, StepPlan& plan);
+  // Admits seq if it can run now; false otherwise.
+  bool TryAdmit(Sequence* seq, TokenBudget& budget, StepPlan& plan);
+  // Preempts the newest paused running sequence; false when none is.
+  bool PreemptPaused(StepPlan& plan);
   void Preempt(Sequence* seq, StepPlan& plan);
 
   SchedulerConfig config_;

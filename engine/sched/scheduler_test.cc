@@ -301,5 +301,83 @@ TEST(SchedulerLookaheadTest, NoLookaheadWhereItWouldForceAPreemption) {
   EXPECT_EQ(ChunkOf(solo, c)->num_lookahead_tokens, 4);
 }
 
+TEST(SchedulerPauseTest, PausedSequenceRunsNothingAndKeepsItsKv) {
+  Harness h(64, {4, 64});
+  Sequence* a = h.Add(Prompt(6));
+  Sequence* b = h.Add(Prompt(5, 300));
+  h.Step();
+  h.Step();
+  h.sched.SetPaused(a, true);
+  const int32_t num_blocks = a->blocks().num_blocks();
+  const int32_t num_tokens = a->num_tokens();
+  for (int i = 0; i < 8; ++i) {
+    StepPlan plan = h.Step();
+    EXPECT_EQ(h.NewTokens(plan, a), 0);
+    EXPECT_EQ(h.NewTokens(plan, b), 1);
+  }
+  EXPECT_EQ(a->num_tokens(), num_tokens);
+  EXPECT_EQ(a->blocks().num_blocks(), num_blocks);
+  EXPECT_EQ(a->status(), SequenceStatus::kRunning);
+  EXPECT_EQ(h.sched.num_paused(), 1);
+  h.sched.SetPaused(a, false);
+  EXPECT_EQ(h.NewTokens(h.Step(), a), 1);
+  EXPECT_EQ(h.sched.num_paused(), 0);
+}
+
+TEST(SchedulerPauseTest, PausedWaitingSequenceIsPassedOverNotAdmitted) {
+  Harness h(64, {4, 64});
+  Sequence* a = h.Add(Prompt(6));
+  h.sched.SetPaused(a, true);
+  Sequence* b = h.Add(Prompt(5, 300));
+  StepPlan plan = h.Step();
+  EXPECT_EQ(h.NewTokens(plan, a), 0);
+  EXPECT_EQ(h.NewTokens(plan, b), 5);
+  EXPECT_EQ(a->status(), SequenceStatus::kWaiting);
+  h.sched.SetPaused(a, false);
+  EXPECT_EQ(h.NewTokens(h.Step(), a), 6);
+}
+
+TEST(SchedulerPauseTest, AllPausedGivesAnEmptyPlan) {
+  Harness h(64, {4, 64});
+  Sequence* a = h.Add(Prompt(6));
+  h.Step();
+  h.sched.SetPaused(a, true);
+  EXPECT_TRUE(h.Step().empty());
+  EXPECT_FALSE(h.sched.empty());
+}
+
+TEST(SchedulerPauseTest, PausedSequenceGivesItsSlotToAWaitingOne) {
+  Harness h(64, {1, 64}, /*prefix_caching=*/false);
+  Sequence* a = h.Add(Prompt(6));
+  h.Step();
+  h.sched.SetPaused(a, true);
+  Sequence* b = h.Add(Prompt(5, 300));
+  StepPlan plan = h.Step();
+  EXPECT_EQ(h.NewTokens(plan, b), 5);
+  ASSERT_EQ(plan.preempted.size(), 1u);
+  EXPECT_EQ(plan.preempted[0], a);
+  EXPECT_EQ(a->status(), SequenceStatus::kWaiting);
+  EXPECT_EQ(a->blocks().num_blocks(), 0);
+  EXPECT_EQ(h.sched.num_paused(), 1);
+  h.sched.Finish(b);
+  h.sched.SetPaused(a, false);
+  EXPECT_EQ(h.NewTokens(h.Step(), a), 7);  // recomputed: prompt and its generated token
+}
+
+TEST(SchedulerPauseTest, PausedSequenceIsPreemptedFirstWhenBlocksRunOut) {
+  // 4 blocks of 4 tokens: a (older, paused) and b each hold 2 blocks after their prompts.
+  Harness h(4, {4, 64}, /*prefix_caching=*/false);
+  Sequence* a = h.Add(Prompt(7));
+  Sequence* b = h.Add(Prompt(7, 300));
+  h.Step();  // both prefilled
+  h.Step();  // both decoded position 7: 9 tokens each, 2 full blocks each, none free
+  h.sched.SetPaused(a, true);
+  StepPlan plan = h.Step();  // b needs a third block: a (older, paused), not b, loses its KV
+  ASSERT_EQ(plan.preempted.size(), 1u);
+  EXPECT_EQ(plan.preempted[0], a);
+  EXPECT_EQ(h.NewTokens(plan, b), 1);
+  EXPECT_EQ(b->status(), SequenceStatus::kRunning);
+}
+
 }  // namespace
 }  // namespace specd

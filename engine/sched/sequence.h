@@ -46,6 +46,9 @@ class Sequence {
   // The scheduler reserves KV slots and token budget for them when it can spare them.
   int32_t num_lookahead_tokens() const { return num_lookahead_tokens_; }
   void set_num_lookahead_tokens(int32_t n) { num_lookahead_tokens_ = n; }
+  // Paused by its front end (its client stopped reading): the scheduler neither runs nor
+  // admits it, but it keeps its KV and place until resumed (Scheduler::SetPaused).
+  bool paused() const { return paused_; }
 
   // A sampled token; its KV is computed by the next step.
   void AppendToken(int32_t id) { tokens_.push_back(id); }
@@ -60,6 +63,7 @@ class Sequence {
   int32_t num_cached_prompt_tokens_ = -1;
   int32_t num_preemptions_ = 0;
   int32_t num_lookahead_tokens_ = 0;
+  bool paused_ = false;
   SequenceStatus status_ = SequenceStatus::kWaiting;
   BlockTable blocks_;
 };
