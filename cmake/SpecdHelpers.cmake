@@ -1,6 +1,7 @@
 # specd_cc_library / specd_cc_test: one library target per folder with explicit
 # dependencies (the DESIGN.md arrows), in the spirit of abseil's absl_cc_library.
 include_guard(GLOBAL)
+include(${CMAKE_CURRENT_LIST_DIR}/SpecdSanitizers.cmake)
 
 # specd_cc_library(NAME name SRCS ... HDRS ... DEPS ...)
 function(specd_cc_library)

@@ -19,6 +19,9 @@ DEV_PKGS=(
   # container test (tests/container_test.py): rootful podman on runc, a Debian base image
   # made with debootstrap
   podman runc debootstrap
+  # sanitizer and fuzzing builds (tools/ci/sanitizers.sh): clang 14 with its ASan, UBSan,
+  # TSan and libFuzzer runtimes
+  clang libclang-rt-14-dev
 )
 [ "${1:-}" = "--build" ] || PKGS+=("${DEV_PKGS[@]}")
 missing=()

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# CI's sanitizer stage (issue 15), in build folders of its own, configured with clang, CUDA off:
+#   asan  build-asan: every target with ASan + UBSan (no recovery: any finding fails) plus the
+#         libFuzzer targets; runs the CPU suite (ctest without the gpu and slow labels and
+#         $ASAN_EXCLUDE; the daemon the integration tests start is the ASan build too) and
+#         replays every seed corpus (label fuzz).
+#   fuzz  tools/ci/fuzz.sh on build-asan: each fuzz target for FUZZ_SECONDS (default 30).
+#   tsan  build-tsan: every target with TSan; runs the engine / server / dist concurrency
+#         tests ($TSAN_TESTS) with tools/ci/tsan.supp.
+# Usage: tools/ci/sanitizers.sh [asan] [fuzz] [tsan]   (default: all three, in that order)
+# Sanitizer reports go to <build>/sanitizer-logs/ as well (child processes such as the daemon
+# write only there); any file there fails the stage. Prints each stage's wall time.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+JOBS=${JOBS:-$(nproc)}
+STAGES=("$@")
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(asan fuzz tsan)
+# The engine, serving, SSD and dist tests: everything with threads or processes that talk.
+TSAN_TESTS=${TSAN_TESTS:-'^(base_test|engine_test|engine_spec_test|engine_pause_test|dist_test|dist_auth_test|ssd_worker_test|ssd_test|grpc_front_end_test|fault_test)$'}
+# Tests with no C++ of ours in them (Python / Node / container checks) gain nothing from the
+# sanitizer build; the main suite runs them.
+ASAN_EXCLUDE=${ASAN_EXCLUDE:-'^(deploy_lint_test|config_examples_test|check_deps_test|check_asserts_test|requires_test|soak_checks_test|openai_node_test|container_test)$'}
+SUPP="$PWD/tools/ci"
+
+configure() {  # configure <dir> <cmake args...>: clang, -O1 with line tables, CUDA off
+  local dir=$1
+  shift
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+    -DSPECD_ENABLE_CUDA=OFF -DSPECD_WERROR=OFF "$@" >/dev/null
+}
+
+# check_logs <dir>: fails when a sanitizer wrote a report file under <dir>.
+check_logs() {
+  if compgen -G "$1/*" >/dev/null; then
+    echo "sanitizers: reports in $1:" >&2
+    for f in "$1"/*; do
+      echo "=== $f" >&2
+      head -n 80 "$f" >&2
+    done
+    return 1
+  fi
+}
+
+stage_asan() {
+  configure build-asan -DSPECD_SANITIZE=address -DSPECD_FUZZ=ON
+  nice -n 10 cmake --build build-asan -j "$JOBS"
+  local logs="$PWD/build-asan/sanitizer-logs" rc=0
+  rm -rf "$logs" && mkdir -p "$logs"
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan:log_exe_name=1" \
+  LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan:log_exe_name=1" \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" -LE 'gpu|slow' -E "$ASAN_EXCLUDE" \
+    --timeout 1800 ||
+    rc=$?
+  check_logs "$logs" || rc=1
+  return $rc
+}
+
+stage_fuzz() {
+  bash tools/ci/fuzz.sh build-asan
+}
+
+stage_tsan() {
+  configure build-tsan -DSPECD_SANITIZE=thread
+  # Only what the selected tests need (ctest lists their executables; the daemon for the
+  # tests that start it).
+  local targets
+  targets=$(ctest --test-dir build-tsan -N -R "$TSAN_TESTS" | awk '/Test +#/ {print $3}' |
+            grep -v '_test\.py' | sed 's/^fault_test$/specd/' | sort -u)
+  nice -n 10 cmake --build build-tsan -j "$JOBS" --target specd $targets
+  local logs="$PWD/build-tsan/sanitizer-logs" rc=0
+  rm -rf "$logs" && mkdir -p "$logs"
+  TSAN_OPTIONS="suppressions=$SUPP/tsan.supp:halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:log_path=$logs/tsan:log_exe_name=1" \
+    ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R "$TSAN_TESTS" --timeout 1800 ||
+    rc=$?
+  check_logs "$logs" || rc=1
+  return $rc
+}
+
+for stage in "${STAGES[@]}"; do
+  start=$SECONDS
+  echo "sanitizers: stage $stage"
+  "stage_$stage"
+  echo "sanitizers: stage $stage passed in $((SECONDS - start)) s"
+done
