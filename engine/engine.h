@@ -319,6 +319,9 @@ struct SpeculatorProcessOptions {
   double gpu_memory_utilization = 0.9;
   absl::Duration connect_timeout = absl::Seconds(60);
   bool reconnect = false;
+  // The link secret's file (mode 0600) when not launched by the verifier (which hands its
+  // secret over in $SPECD_SPECULATOR_SECRET); "": speculative.ssd.secret_file.
+  std::string secret_file;
 };
 absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options);
 

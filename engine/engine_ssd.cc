@@ -2,13 +2,15 @@
 // engine when --speculative-config says method ssd, and the body of the `specd speculator`
 // process it launches (RunSpeculatorProcess). The speculator process gets everything that must
 // match the verifier on its command line: the speculative config as JSON, the batch and context
-// limits (the wire limits both ends build from them must agree) and the device.
+// limits (the wire limits both ends build from them must agree) and the device; the link's
+// secret travels in its environment, never on the command line.
 #include <csignal>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/dist/link_auth.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 #include "engine/spec/ssd_speculator.h"
@@ -61,8 +63,27 @@ int32_t Engine::ssd_speculator_pid() const {
   return ssd_ ? static_cast<const SsdSpeculator*>(ssd_.get())->speculator_pid() : -1;
 }
 
+namespace {
+
+// The link secret of this speculator process: the one its verifier launched it with (taken out
+// of the environment at once), else the secret file (--speculator-secret-file, else the
+// config's speculator_secret_file), else a $SPECD_SPECULATOR_SECRET set by hand.
+absl::StatusOr<LinkSecret> SpeculatorSecret(const SpeculatorProcessOptions& options) {
+  absl::StatusOr<LinkSecret> from_env = TakeLinkSecretFromEnv();
+  if (from_env.ok() || !absl::IsNotFound(from_env.status())) return from_env;
+  const std::string& file =
+      !options.secret_file.empty() ? options.secret_file : options.speculative.ssd.secret_file;
+  if (!file.empty()) return ReadLinkSecretFile(file);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the speculator needs the link secret: --speculator-secret-file FILE (mode 0600) or $",
+      kLinkSecretEnv, " (a verifier that launches its speculator sets it)"));
+}
+
+}  // namespace
+
 absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options) {
   SsdWorkerOptions w;
+  SPECD_ASSIGN_OR_RETURN(w.link_secret, SpeculatorSecret(options));
   w.config = options.speculative;
   w.draft.device = options.device;
   w.draft.load_format = options.load_format;

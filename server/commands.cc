@@ -260,6 +260,8 @@ absl::Status RunSpeculator(const std::vector<std::string>& args) {
         "fraction of the GPU's memory the draft may hold (default 0.9)");
   p.Add("connect-timeout", &connect_timeout_s, "seconds to keep trying to connect (default 60)");
   p.Add("reconnect", &o.reconnect, "connect again after the verifier goes away");
+  p.Add("speculator-secret-file", &o.secret_file,
+        "file with the link secret (64 hex digits, mode 0600; or $SPECD_SPECULATOR_SECRET)");
   p.Add("log-level", &log_level, "trace|debug|info|warn|error (default info)");
   if (WantsHelp(args)) {
     std::printf("usage: specd speculator --connect HOST:PORT --speculative-config JSON [flags]\n%s",

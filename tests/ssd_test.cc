@@ -6,19 +6,36 @@
 //     target's distribution (the chi-square test of engine_spec_test);
 //   - faults: the speculator killed (SIGKILL) or stopped (SIGSTOP) mid-stream: every request
 //     completes with plain decoding's output, the link failure is counted, and a relaunched
-//     speculator rejoins and serves cache hits again.
+//     speculator rejoins and serves cache hits again;
+//   - security (issue 15): the launched speculator's secret is in neither its command line nor,
+//     once read, its environment; rogue local processes that try to join while it runs and
+//     while it is relaunched are refused, never join, and never cost the real one its place;
+//     a speculator started by hand (`specd speculator`, as on another host) joins over mutual
+//     TLS with the secret file, and one whose certificate comes from another CA does not.
 // The specd binary path comes from CMake (SPECD_BINARY).
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
+#include "engine/base/subprocess.h"
+#include "engine/dist/link_auth.h"
+#include "engine/dist/tcp_channel.h"
+#include "engine/dist/tls_test_util.h"
 #include "engine/engine.h"
 #include "engine/engine_spec_test_util.h"
+#include "engine/model/model_config.h"
+#include "engine/spec/ssd_protocol.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -238,6 +255,168 @@ void RunWithFault(int signal) {
 
 TEST(SsdFaultTest, SpeculatorKilledMidStream) { RunWithFault(SIGKILL); }
 TEST(SsdFaultTest, SpeculatorStoppedMidStream) { RunWithFault(SIGSTOP); }
+
+// A loopback port nobody listens on now (the verifier binds it next).
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string ReadProcFile(pid_t pid, const char* name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs greedy requests until the observer says a speculator is connected (or 100 tries).
+void RunUntilConnected(Engine& engine, SsdObserver& observer) {
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(*engine.tokenizer());
+  for (int i = 0; i < 100 && !observer.Last().connected; ++i) {
+    auto r = engine.GenerateBatch(
+        std::vector<GenerateRequest>{Greedy(prompts[i % 48], 8, {SpeculationMethod::kSsd, 4})});
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Issue 15, defect 3: before, any local process that connected while the speculator was down
+// took its place (and received every request's tokens), and each drop of that rogue link made
+// the verifier kill the real speculator waiting to rejoin.
+TEST(SsdSecurityTest, RoguesNeitherJoinNorDisturbTheLaunchedSpeculator) {
+  auto observer = std::make_shared<SsdObserver>();
+  const uint16_t port = FreePort();
+  auto engine = MakeEngine(kTarget,
+                           SsdConfig(4, R"(, "speculator_timeout_ms": 500, "speculator_address": )"
+                                        R"("127.0.0.1:)" +
+                                            std::to_string(port) + "\""),
+                           observer);
+  ASSERT_NE(engine, nullptr);
+  const pid_t first = engine->ssd_speculator_pid();
+  ASSERT_GT(first, 0);
+  const std::string cmdline = ReadProcFile(first, "cmdline");
+  const std::string environ = ReadProcFile(first, "environ");
+  EXPECT_EQ(cmdline.find("SECRET"), std::string::npos) << "the secret must not be in argv";
+  const size_t at = environ.find(std::string(kLinkSecretEnv) + "=");
+  ASSERT_NE(at, std::string::npos) << "the launched speculator gets its secret in its environment";
+  EXPECT_EQ(environ[at + std::strlen(kLinkSecretEnv) + 1], '\0')
+      << "the speculator must scrub the secret from its environment once read";
+
+  // Rogues with the right Hello and a guessed secret keep trying to join.
+  const EngineOptions defaults;
+  Hello hello{.role = Role::kSpeculator,
+              .model_fingerprint = SsdFingerprint(engine->model_config().vocab_size),
+              .limits = SsdWireLimits(engine->model_config().vocab_size, defaults.max_num_seqs,
+                                      engine->max_model_len()),
+              .nonce = {}};
+  std::atomic<bool> stop{false};
+  std::atomic<int> tries{0}, joined{0};
+  std::thread rogue([&] {
+    while (!stop) {
+      const absl::StatusOr<LinkSecret> guess = NewLinkSecret();
+      auto c = TcpChannel::Connect(
+          "127.0.0.1", port, hello, *guess,
+          {.timeout = absl::Seconds(2), .retry_interval = absl::Milliseconds(20), .tls = nullptr});
+      joined += c.ok();
+      ++tries;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  RunUntilConnected(*engine, *observer);
+  EXPECT_EQ(engine->ssd_speculator_pid(), first) << "a rogue cost the speculator its place";
+  kill(first, SIGKILL);  // the window a rogue used to take: the speculator is relaunched
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(*engine->tokenizer());
+  EXPECT_TRUE(engine
+                  ->GenerateBatch(std::vector<GenerateRequest>{
+                      Greedy(prompts[0], 16, {SpeculationMethod::kSsd, 4})})
+                  .ok());
+  RunUntilConnected(*engine, *observer);
+  const pid_t second = engine->ssd_speculator_pid();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(engine
+                    ->GenerateBatch(std::vector<GenerateRequest>{
+                        Greedy(prompts[i], 16, {SpeculationMethod::kSsd, 4})})
+                    .ok());
+  }
+  stop = true;
+  rogue.join();
+  const SsdStats s = observer->Last();
+  std::printf("[ SSD rogues ] %d tries, %d joined; refused %lld, connects %lld, launches %lld\n",
+              tries.load(), joined.load(), (long long)s.refused_joins, (long long)s.connects,
+              (long long)s.launches);
+  EXPECT_EQ(joined, 0);
+  EXPECT_GT(s.refused_joins, 0);
+  EXPECT_TRUE(s.connected);
+  EXPECT_EQ(s.launches, 2) << "only the SIGKILL may cost a launch";
+  EXPECT_EQ(s.connects, 2);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(engine->ssd_speculator_pid(), second) << "a rogue cost the relaunched one its place";
+}
+
+// `specd speculator` started by hand, as on another host: --connect, its own certificate.
+Subprocess StartRemoteSpeculator(uint16_t port, const std::string& config_json,
+                                 const std::string& secret_file) {
+  auto p = Subprocess::Spawn({SPECD_BINARY, "speculator", "--connect",
+                              "127.0.0.1:" + std::to_string(port), "--speculative-config",
+                              config_json, "--device", "cpu", "--threads", "1", "--max-model-len",
+                              "1024", "--speculator-secret-file", secret_file});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *std::move(p) : Subprocess();
+}
+
+// The JSON of one end: launch off, the secret file, TLS with `who`'s certificate.
+std::string RemoteConfig(uint16_t port, const std::string& secret_file, const std::string& who,
+                         const std::string& ca) {
+  const dist_test::Certificates& certs = dist_test::Certificates::Get();
+  const TlsFiles tls = certs.Files(who, ca);
+  return SsdConfig(4, R"(, "launch_speculator": false, "speculator_address": "127.0.0.1:)" +
+                          std::to_string(port) + R"(", "speculator_secret_file": ")" + secret_file +
+                          R"(", "speculator_tls_cert": ")" + tls.cert_file +
+                          R"(", "speculator_tls_key": ")" + tls.key_file +
+                          R"(", "speculator_tls_ca": ")" + tls.ca_file + "\"");
+}
+
+TEST(SsdSecurityTest, AHandStartedSpeculatorJoinsOverMutualTlsAndARogueCaDoesNot) {
+  ASSERT_TRUE(dist_test::Certificates::Get().ok()) << "openssl could not make certificates";
+  const std::string secret_file = dist_test::Certificates::Get().Path("ssd.secret");
+  std::ofstream(secret_file) << LinkSecretToHex(*NewLinkSecret()) << "\n";
+  ::chmod(secret_file.c_str(), 0600);
+  const uint16_t port = FreePort();
+  // The rogue holds the secret but its certificate is signed by another CA; it retries while
+  // the verifier starts, and never joins.
+  Subprocess rogue =
+      StartRemoteSpeculator(port, RemoteConfig(port, secret_file, "rogue", "ca"), secret_file);
+  Subprocess good =
+      StartRemoteSpeculator(port, RemoteConfig(port, secret_file, "speculator", "ca"), secret_file);
+  auto observer = std::make_shared<SsdObserver>();
+  auto engine = MakeEngine(kTarget, RemoteConfig(port, secret_file, "verifier", "ca"), observer);
+  ASSERT_NE(engine, nullptr);
+  std::vector<GenerateRequest> requests;
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(*engine->tokenizer());
+  for (int i = 0; i < 8; ++i) requests.push_back(Greedy(prompts[i], 24));
+  auto plain = engine->GenerateBatch(requests);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (GenerateRequest& r : requests) r.speculation = {SpeculationMethod::kSsd, 4};
+  auto ssd = engine->GenerateBatch(requests);
+  ASSERT_TRUE(ssd.ok()) << ssd.status();
+  EXPECT_EQ(Ids(*ssd), Ids(*plain));
+  const SsdStats s = observer->Last();
+  std::printf("[ SSD over TLS ] rounds %lld, hits %lld, connects %lld, refused %lld\n",
+              (long long)s.rounds, (long long)s.drafts_hit, (long long)s.connects,
+              (long long)s.refused_joins);
+  EXPECT_TRUE(s.connected);
+  EXPECT_EQ(s.connects, 1);
+  EXPECT_GT(s.rounds, 0);
+  EXPECT_EQ(s.local_rounds, 0);
+  EXPECT_GE(s.refused_joins, 1) << "the rogue CA's speculator must have been refused";
+  good.Kill();
+  rogue.Kill();
+}
 
 }  // namespace
 }  // namespace specd

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,11 +16,36 @@ extern char** environ;
 
 namespace specd {
 
-absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv) {
+namespace {
+
+// environ with the variables named in `env` replaced by its entries; points into both.
+std::vector<char*> ChildEnvironment(const std::vector<std::string>& env) {
+  std::vector<char*> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    bool replaced = false;
+    for (const std::string& o : env) {
+      const size_t eq = o.find('=');
+      if (eq == std::string::npos) continue;
+      replaced |=
+          entry.size() > eq && entry.substr(0, eq + 1) == std::string_view(o).substr(0, eq + 1);
+    }
+    if (!replaced) out.push_back(*e);
+  }
+  for (const std::string& o : env) out.push_back(const_cast<char*>(o.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                             const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("Subprocess::Spawn: empty argv");
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> child_env = ChildEnvironment(env);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
@@ -28,7 +54,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], nullptr, &attr, args.data(), environ);
+  const int rc = posix_spawn(&pid, args[0], nullptr, &attr, args.data(), child_env.data());
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));

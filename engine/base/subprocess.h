@@ -17,8 +17,11 @@ namespace specd {
 class Subprocess {
  public:
   // Starts argv[0] (a path; not searched in PATH) with argv. Internal naming the program and
-  // errno text when posix_spawn fails (a missing or non-executable file).
-  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv);
+  // errno text when posix_spawn fails (a missing or non-executable file). The child gets this
+  // process's environment with `env` ("NAME=value" entries) replacing variables of those names:
+  // a way to hand it a secret that must not show in argv.
+  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
+                                          const std::vector<std::string>& env = {});
 
   Subprocess() = default;
   Subprocess(Subprocess&& other) noexcept;

@@ -1,4 +1,5 @@
-// The Hello handshake, written once over the Channel interface so every transport shares it.
+// The authenticated Hello handshake, written once over the Channel interface so every transport
+// shares it.
 #include "engine/dist/channel.h"
 
 #include <string>
@@ -10,12 +11,14 @@
 namespace specd {
 namespace {
 
+absl::Duration Left(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
 // Receives one message of type T; any other type is a protocol error.
 template <typename T>
 absl::StatusOr<T> RecvExpected(Channel& channel, absl::Time deadline, Message* scratch) {
-  SPECD_ASSIGN_OR_RETURN(
-      const MessageType type,
-      channel.Recv(std::max(deadline - absl::Now(), absl::ZeroDuration()), scratch));
+  SPECD_ASSIGN_OR_RETURN(const MessageType type, channel.Recv(Left(deadline), scratch));
   constexpr MessageType want = MessageTypeOf<T>();
   if (type != want) {
     channel.Close();
@@ -26,45 +29,90 @@ absl::StatusOr<T> RecvExpected(Channel& channel, absl::Time deadline, Message* s
   return std::move(std::get<T>(*scratch));
 }
 
-absl::Duration Left(absl::Time deadline) {
-  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+// `local` with a fresh nonce.
+absl::StatusOr<Hello> WithNonce(const Hello& local) {
+  Hello hello = local;
+  SPECD_ASSIGN_OR_RETURN(hello.nonce, RandomBytes(kHelloNonceBytes));
+  return hello;
+}
+
+// Why the two Hellos cannot talk (HelloMismatch), or a peer Hello without a proper nonce.
+std::string Incompatible(const Hello& local, const Hello& peer) {
+  std::string why = HelloMismatch(local, peer);
+  if (why.empty() && peer.nonce.size() != kHelloNonceBytes) {
+    why = absl::StrCat("the ", DistView(RoleName(peer.role)), "'s Hello has a ", peer.nonce.size(),
+                       "-byte nonce, not ", kHelloNonceBytes);
+  }
+  return why;
+}
+
+absl::Status Fail(Channel& channel, absl::Status status) {
+  channel.Close();
+  return status;
 }
 
 }  // namespace
 
 absl::StatusOr<Hello> ConnectHandshake(Channel& channel, const Hello& local,
-                                       absl::Duration timeout) {
+                                       const LinkSecret& secret, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Message scratch;
-  SPECD_RETURN_IF_ERROR(channel.Send(local, Left(deadline)));
+  SPECD_ASSIGN_OR_RETURN(const Hello own, WithNonce(local));
+  SPECD_RETURN_IF_ERROR(channel.Send(own, Left(deadline)));
   SPECD_ASSIGN_OR_RETURN(Hello peer, RecvExpected<Hello>(channel, deadline, &scratch));
+  if (const std::string why = Incompatible(own, peer); !why.empty()) {
+    // The verifier refuses too (the verdict is symmetric) and says why in its HelloAck.
+    absl::StatusOr<HelloAck> ack = RecvExpected<HelloAck>(channel, deadline, &scratch);
+    channel.Close();
+    const std::string reason = ack.ok() && !ack->accepted ? ack->reason : why;
+    return absl::FailedPreconditionError(
+        absl::StrCat("handshake refused by the ", DistView(RoleName(peer.role)), ": ", reason));
+  }
+  HelloAuth auth;
+  const auto proof = LinkProof(secret, own.role, own.nonce, peer.nonce);
+  auth.proof.assign(proof.begin(), proof.end());
+  SPECD_RETURN_IF_ERROR(channel.Send(auth, Left(deadline)));
   SPECD_ASSIGN_OR_RETURN(const HelloAck ack, RecvExpected<HelloAck>(channel, deadline, &scratch));
   if (!ack.accepted) {
-    channel.Close();
-    return absl::FailedPreconditionError(
-        absl::StrCat("handshake refused by the ", DistView(RoleName(peer.role)), ": ", ack.reason));
+    return Fail(channel,
+                absl::PermissionDeniedError(absl::StrCat(
+                    "handshake refused by the ", DistView(RoleName(peer.role)), ": ", ack.reason)));
   }
-  // The verdict is symmetric; checking it here too guards against a buggy peer.
-  if (const std::string why = HelloMismatch(local, peer); !why.empty()) {
-    channel.Close();
-    return absl::FailedPreconditionError(absl::StrCat("handshake: peer accepted, but ", why));
+  if (!LinkProofEquals(ack.proof, LinkProof(secret, peer.role, peer.nonce, own.nonce))) {
+    return Fail(channel, absl::PermissionDeniedError(absl::StrCat(
+                             "handshake: the ", DistView(RoleName(peer.role)),
+                             " accepted but could not prove it holds the link secret")));
   }
   return peer;
 }
 
 absl::StatusOr<Hello> AcceptHandshake(Channel& channel, const Hello& local,
-                                      absl::Duration timeout) {
+                                      const LinkSecret& secret, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Message scratch;
   SPECD_ASSIGN_OR_RETURN(Hello peer, RecvExpected<Hello>(channel, deadline, &scratch));
-  const std::string why = HelloMismatch(local, peer);
-  HelloAck ack{.accepted = why.empty(), .reason = why};
-  SPECD_RETURN_IF_ERROR(channel.Send(local, Left(deadline)));
-  SPECD_RETURN_IF_ERROR(channel.Send(ack, Left(deadline)));
-  if (!why.empty()) {
-    channel.Close();
-    return absl::FailedPreconditionError(absl::StrCat("handshake refused: ", why));
+  SPECD_ASSIGN_OR_RETURN(const Hello own, WithNonce(local));
+  SPECD_RETURN_IF_ERROR(channel.Send(own, Left(deadline)));
+  if (const std::string why = Incompatible(own, peer); !why.empty()) {
+    channel.Send(HelloAck{.accepted = false, .reason = why, .proof = {}}, Left(deadline))
+        .IgnoreError();
+    return Fail(channel, absl::FailedPreconditionError(absl::StrCat("handshake refused: ", why)));
   }
+  SPECD_ASSIGN_OR_RETURN(const HelloAuth auth,
+                         RecvExpected<HelloAuth>(channel, deadline, &scratch));
+  if (!LinkProofEquals(auth.proof, LinkProof(secret, peer.role, peer.nonce, own.nonce))) {
+    channel
+        .Send(HelloAck{.accepted = false, .reason = "authentication failed", .proof = {}},
+              Left(deadline))
+        .IgnoreError();
+    return Fail(channel, absl::PermissionDeniedError(
+                             absl::StrCat("handshake: the ", DistView(RoleName(peer.role)),
+                                          " could not prove it holds the link secret")));
+  }
+  HelloAck ack{.accepted = true, .reason = "", .proof = {}};
+  const auto proof = LinkProof(secret, own.role, own.nonce, peer.nonce);
+  ack.proof.assign(proof.begin(), proof.end());
+  SPECD_RETURN_IF_ERROR(channel.Send(ack, Left(deadline)));
   return peer;
 }
 

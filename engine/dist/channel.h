@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/dist/link_auth.h"
 #include "engine/dist/messages.h"
 
 namespace specd {
@@ -45,14 +46,21 @@ class Channel {
   virtual void Close() = 0;
 };
 
-// The Hello handshake over a freshly connected channel. Both ends send their Hello; the
-// accepting end (the verifier) judges compatibility (HelloMismatch) and answers with a HelloAck.
-// The connecting end sends Hello, receives the peer's Hello and the HelloAck, and returns the
-// peer's Hello; a refusal is FailedPrecondition with the verifier's reason.
+// The Hello handshake over a freshly connected channel, authenticated from protocol version 2
+// (link_auth.h). Both ends send a Hello with a fresh nonce; the accepting end (the verifier)
+// judges compatibility (HelloMismatch) and refuses with a HelloAck; otherwise the connecting end
+// proves it holds `secret` (HelloAuth), the verifier checks the proof in constant time and
+// answers with a HelloAck carrying its own proof, which the connecting end checks in turn.
+// The connecting end returns the peer's Hello; a refusal for a mismatch is FailedPrecondition
+// with the verifier's reason, a failed proof (either way) PermissionDenied. The channel is
+// closed after any failure.
 absl::StatusOr<Hello> ConnectHandshake(Channel& channel, const Hello& local,
-                                       absl::Duration timeout);
-// The accepting end: receives the peer's Hello, answers Hello + HelloAck, and returns the peer's
-// Hello, or FailedPrecondition with the reason it refused (the peer was told the same reason).
-absl::StatusOr<Hello> AcceptHandshake(Channel& channel, const Hello& local, absl::Duration timeout);
+                                       const LinkSecret& secret, absl::Duration timeout);
+// The accepting end: receives the peer's Hello, answers with its own, checks the peer's proof
+// and acknowledges with its own proof; returns the peer's Hello, or FailedPrecondition with the
+// reason it refused (the peer was told the same reason), or PermissionDenied when the peer
+// could not prove it holds `secret` (it is told only that authentication failed).
+absl::StatusOr<Hello> AcceptHandshake(Channel& channel, const Hello& local,
+                                      const LinkSecret& secret, absl::Duration timeout);
 
 }  // namespace specd

@@ -30,6 +30,8 @@ using dist_test::MakeHello;
 using dist_test::MakeRequest;
 using dist_test::MakeResponse;
 using dist_test::TestLimits;
+using dist_test::TestPolicy;
+using dist_test::TestSecret;
 
 constexpr absl::Duration kWait = absl::Seconds(5);
 
@@ -70,7 +72,7 @@ class Child {
 // checking it equals MakeRequest(round), echoes Heartbeats, exits 0 on Shutdown.
 int RunSpeculator(uint16_t port) {
   absl::StatusOr<std::unique_ptr<TcpChannel>> channel =
-      TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator));
+      TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator), TestSecret());
   if (!channel.ok()) return 10;
   const WireLimits limits = TestLimits();
   Message in;
@@ -112,9 +114,12 @@ TEST(TcpChannelTest, HandshakeThenThousandRoundTripsAcrossProcesses) {
   ASSERT_NE(listener, nullptr);
   ASSERT_NE(listener->port(), 0);
   Child child([port = listener->port()] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
-  EXPECT_EQ((*channel)->peer_hello(), MakeHello(Role::kSpeculator));
+  Hello peer = (*channel)->peer_hello();
+  EXPECT_EQ(peer.nonce.size(), kHelloNonceBytes);
+  peer.nonce.clear();
+  EXPECT_EQ(peer, MakeHello(Role::kSpeculator));
   Message in;
   const absl::Time start = absl::Now();
   for (uint64_t round = 0; round < 1000; ++round) {
@@ -125,10 +130,10 @@ TEST(TcpChannelTest, HandshakeThenThousandRoundTripsAcrossProcesses) {
   std::printf("1000 round trips in %s (%.1f us each)\n", absl::FormatDuration(elapsed).c_str(),
               absl::ToDoubleMicroseconds(elapsed) / 1000);
   EXPECT_EQ((*channel)->frames_sent(), 1002u);      // Hello + HelloAck + 1000 requests
-  EXPECT_EQ((*channel)->frames_received(), 1001u);  // Hello + 1000 responses
+  EXPECT_EQ((*channel)->frames_received(), 1002u);  // Hello + HelloAuth + 1000 responses
   // Every frame is at least its 24-byte header; the requests carry tokens on top.
   EXPECT_GT((*channel)->bytes_sent(), 1002u * kFrameHeaderBytes);
-  EXPECT_GT((*channel)->bytes_received(), 1001u * kFrameHeaderBytes);
+  EXPECT_GT((*channel)->bytes_received(), 1002u * kFrameHeaderBytes);
   ASSERT_TRUE((*channel)->Send(Shutdown{.reason = "done"}, kWait).ok());
   EXPECT_EQ(child.Wait(), 0);
 }
@@ -136,7 +141,7 @@ TEST(TcpChannelTest, HandshakeThenThousandRoundTripsAcrossProcesses) {
 TEST(TcpChannelTest, RecvTimesOutWithDeadlineExceededAndStaysUsable) {
   std::unique_ptr<TcpListener> listener = ListenOnLoopback();
   Child child([port = listener->port()] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   Message in;
   const absl::Time start = absl::Now();
@@ -153,7 +158,7 @@ TEST(TcpChannelTest, RecvTimesOutWithDeadlineExceededAndStaysUsable) {
 TEST(TcpChannelTest, KilledPeerGivesUnavailablePromptly) {
   std::unique_ptr<TcpListener> listener = ListenOnLoopback();
   Child child([port = listener->port()] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   Message in;
   RoundTrip(**channel, 1, &in);
@@ -169,7 +174,7 @@ TEST(TcpChannelTest, KilledPeerGivesUnavailablePromptly) {
 TEST(TcpChannelTest, SendingToAKilledPeerIsUnavailableNotSigpipe) {
   std::unique_ptr<TcpListener> listener = ListenOnLoopback();
   Child child([port = listener->port()] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   Message in;
   RoundTrip(**channel, 1, &in);  // the child has read everything: it dies with a clean FIN
@@ -190,7 +195,7 @@ TEST(TcpChannelTest, SendingToAKilledPeerIsUnavailableNotSigpipe) {
 TEST(TcpChannelTest, StoppedPeerGivesDeadlineExceededThenResumes) {
   std::unique_ptr<TcpListener> listener = ListenOnLoopback();
   Child child([port = listener->port()] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   Message in;
   RoundTrip(**channel, 1, &in);
@@ -217,14 +222,14 @@ TEST(TcpChannelTest, RestartedSpeculatorRejoinsTheSameListener) {
   uint64_t round = 0;
   {
     Child first([port] { return RunSpeculator(port); });
-    absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+    absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
     ASSERT_TRUE(channel.ok()) << channel.status();
     for (; round < 10; ++round) RoundTrip(**channel, round, &in);
     first.Signal(SIGKILL);
     EXPECT_TRUE(absl::IsUnavailable((*channel)->Recv(kWait, &in).status()));
   }
   Child second([port] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   for (; round < 20; ++round) RoundTrip(**channel, round, &in);
   ASSERT_TRUE((*channel)->Send(Shutdown{}, kWait).ok());
@@ -238,21 +243,21 @@ TEST(TcpChannelTest, VersionMismatchIsRefusedWithAReasonAndTheListenerGoesOn) {
     Hello hello = MakeHello(Role::kSpeculator);
     hello.protocol_version = kProtocolVersion + 1;
     absl::StatusOr<std::unique_ptr<TcpChannel>> channel =
-        TcpChannel::Connect("127.0.0.1", port, hello);
+        TcpChannel::Connect("127.0.0.1", port, hello, TestSecret());
     const bool refused = absl::IsFailedPrecondition(channel.status()) &&
                          absl::StrContains(channel.status().message(), "protocol version");
     return refused ? 0 : 1;
   });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> refused = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> refused = listener->Accept(kWait, TestPolicy());
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_TRUE(
       absl::StrContains(refused.status().message(),
-                        "protocol version mismatch: verifier speaks 1, speculator speaks 2"))
+                        "protocol version mismatch: verifier speaks 2, speculator speaks 3"))
       << refused.status();
   EXPECT_EQ(old_peer.Wait(), 0);
 
   Child good([port] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   Message in;
   RoundTrip(**channel, 4, &in);
@@ -265,11 +270,12 @@ TEST(TcpChannelTest, MismatchedLimitsAreRefusedOnBothEnds) {
   std::thread speculator([port = listener->port()] {
     Hello hello = MakeHello(Role::kSpeculator);
     hello.limits.vocab_size = 51;
-    const absl::Status status = TcpChannel::Connect("127.0.0.1", port, hello).status();
+    const absl::Status status =
+        TcpChannel::Connect("127.0.0.1", port, hello, TestSecret()).status();
     EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
     EXPECT_TRUE(absl::StrContains(status.message(), "limits.vocab_size differs")) << status;
   });
-  EXPECT_TRUE(absl::IsFailedPrecondition(listener->Accept(kWait).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(listener->Accept(kWait, TestPolicy()).status()));
   speculator.join();
 }
 
@@ -290,12 +296,12 @@ TEST(TcpChannelTest, GarbageClientDoesNotBreakTheListener) {
     }
     ::close(fd);
   });
-  const absl::Status status = listener->Accept(kWait).status();
+  const absl::Status status = listener->Accept(kWait, TestPolicy()).status();
   EXPECT_TRUE(absl::IsDataLoss(status) && absl::StrContains(status.message(), "bad magic"))
       << status;
   http.join();
   Child good([port] { return RunSpeculator(port); });
-  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait);
+  absl::StatusOr<std::unique_ptr<TcpChannel>> channel = listener->Accept(kWait, TestPolicy());
   ASSERT_TRUE(channel.ok()) << channel.status();
   ASSERT_TRUE((*channel)->Send(Shutdown{}, kWait).ok());
   EXPECT_EQ(good.Wait(), 0);
@@ -304,15 +310,18 @@ TEST(TcpChannelTest, GarbageClientDoesNotBreakTheListener) {
 TEST(TcpChannelTest, AcceptAndConnectTimeOutWithoutAPeer) {
   std::unique_ptr<TcpListener> listener = ListenOnLoopback();
   absl::Time start = absl::Now();
-  EXPECT_TRUE(absl::IsDeadlineExceeded(listener->Accept(absl::Milliseconds(100)).status()));
+  EXPECT_TRUE(
+      absl::IsDeadlineExceeded(listener->Accept(absl::Milliseconds(100), TestPolicy()).status()));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(400));
   const uint16_t port = listener->port();
   listener.reset();  // nobody listens on `port` any more
   start = absl::Now();
-  const absl::Status status = TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator),
-                                                  {.timeout = absl::Milliseconds(300),
-                                                   .retry_interval = absl::Milliseconds(20)})
-                                  .status();
+  const absl::Status status =
+      TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator), TestSecret(),
+                          {.timeout = absl::Milliseconds(300),
+                           .retry_interval = absl::Milliseconds(20),
+                           .tls = nullptr})
+          .status();
   EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "refused")) << status;
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));

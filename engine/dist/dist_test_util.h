@@ -9,7 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "engine/dist/link_auth.h"
 #include "engine/dist/messages.h"
+#include "engine/dist/tcp_channel.h"
 #include "engine/dist/wire.h"
 
 namespace specd::dist_test {
@@ -31,11 +33,22 @@ inline WireLimits TestLimits() {
   return l;
 }
 
+// The link secret both ends of a test hold (any fixed bytes).
+inline LinkSecret TestSecret() {
+  LinkSecret s;
+  for (size_t i = 0; i < s.bytes.size(); ++i) s.bytes[i] = static_cast<uint8_t>(0xA5 ^ (i * 7));
+  return s;
+}
+
+// Accept anyone who proves it holds TestSecret().
+inline AcceptPolicy TestPolicy() { return AcceptPolicy{.secret = TestSecret()}; }
+
 inline Hello MakeHello(Role role) {
   return Hello{.role = role,
                .protocol_version = kProtocolVersion,
                .model_fingerprint = "test-model;vocab=50;draft=0x5eed",
-               .limits = TestLimits()};
+               .limits = TestLimits(),
+               .nonce = {}};
 }
 
 // The verifier's request of round `round`: ragged, some new sequences (prompts), some sampled.
@@ -103,13 +116,16 @@ inline std::vector<Message> AllSampleMessages() {
   std::vector<uint8_t> token(128);
   for (size_t i = 0; i < token.size(); ++i) token[i] = static_cast<uint8_t>(i * 37);
   return {MakeHello(Role::kSpeculator),
-          HelloAck{.accepted = false, .reason = "limits.max_batch differs"},
+          HelloAck{.accepted = false,
+                   .reason = "limits.max_batch differs",
+                   .proof = std::vector<uint8_t>(32, 0x5a)},
           request,
           MakeResponse(request, limits),
           Release{.seq_ids = {1, 0xFFFFFFFFFFFFFFFFull, 42}},
           Heartbeat{.sent_unix_ns = 1718000000123456789},
           Shutdown{.reason = "draining"},
-          BulkLinkInit{.kind = 1, .token = token}};
+          BulkLinkInit{.kind = 1, .token = token},
+          HelloAuth{.proof = std::vector<uint8_t>(32, 0xc3)}};
 }
 
 // Encodes `message` into a plain byte vector (test convenience; fails the process on error).

@@ -104,17 +104,43 @@ void GetLimits(ByteReader& r, WireLimits* l) {
   }
 }
 
+// A u16 length and that many bytes, at most `max_bytes`.
+void CheckBytes(const std::vector<uint8_t>& bytes, size_t max_bytes, const char* field,
+                FieldErrors* e) {
+  if (bytes.size() > max_bytes)
+    e->Fail(field, absl::StrCat("length ", bytes.size(), " > limit ", max_bytes));
+}
+
+void PutBytes(const std::vector<uint8_t>& bytes, ByteWriter& w) {
+  w.U16(static_cast<uint16_t>(bytes.size()));
+  w.Bytes(bytes);
+}
+
+void GetBytes(ByteReader& r, size_t max_bytes, const char* field, std::vector<uint8_t>* out) {
+  const uint16_t n = r.U16(field);
+  if (!r.ok()) return;
+  if (n > max_bytes) return r.Fail(field, absl::StrCat("length ", n, " > limit ", max_bytes));
+  if (r.remaining() < n) {
+    r.Bytes(field, n, nullptr);  // records the truncation without writing
+    return;
+  }
+  out->resize(n);
+  r.Bytes(field, n, out->data());
+}
+
 }  // namespace
 
 void Check(const Hello& m, const WireLimits&, FieldErrors* e) {
   if (m.role != Role::kVerifier && m.role != Role::kSpeculator) e->Fail("role", "unknown role");
   CheckText(m.model_fingerprint, "model_fingerprint", e);
+  CheckBytes(m.nonce, kHelloNonceBytes, "nonce", e);
 }
 void Put(const Hello& m, const WireLimits&, ByteWriter& w) {
   w.U8(static_cast<uint8_t>(m.role));
   w.U16(m.protocol_version);
   w.Text(m.model_fingerprint);
   PutLimits(m.limits, w);
+  if (m.protocol_version >= 2) PutBytes(m.nonce, w);  // appended in version 2
 }
 void Get(ByteReader& r, const WireLimits&, Hello* m) {
   const uint8_t role = r.U8("role");
@@ -123,20 +149,34 @@ void Get(ByteReader& r, const WireLimits&, Hello* m) {
   m->protocol_version = r.U16("protocol_version");
   r.Text("model_fingerprint", kMaxTextBytes, &m->model_fingerprint);
   GetLimits(r, &m->limits);
+  m->nonce.clear();  // appended in version 2: a version-1 Hello ends here
+  if (r.ok() && m->protocol_version >= 2) GetBytes(r, kHelloNonceBytes, "nonce", &m->nonce);
 }
 
 void Check(const HelloAck& m, const WireLimits&, FieldErrors* e) {
   CheckText(m.reason, "reason", e);
+  CheckBytes(m.proof, kMaxProofBytes, "proof", e);
 }
 void Put(const HelloAck& m, const WireLimits&, ByteWriter& w) {
   w.U8(m.accepted ? 1 : 0);
   w.Text(m.reason);
+  PutBytes(m.proof, w);  // appended in version 2
 }
 void Get(ByteReader& r, const WireLimits&, HelloAck* m) {
   const uint8_t accepted = r.U8("accepted");
   if (r.ok() && accepted > 1) r.Fail("accepted", absl::StrCat("not a bool: ", accepted));
   m->accepted = accepted == 1;
   r.Text("reason", kMaxTextBytes, &m->reason);
+  m->proof.clear();  // a version-1 verifier's HelloAck ends here
+  if (r.ok() && r.remaining() > 0) GetBytes(r, kMaxProofBytes, "proof", &m->proof);
+}
+
+void Check(const HelloAuth& m, const WireLimits&, FieldErrors* e) {
+  CheckBytes(m.proof, kMaxProofBytes, "proof", e);
+}
+void Put(const HelloAuth& m, const WireLimits&, ByteWriter& w) { PutBytes(m.proof, w); }
+void Get(ByteReader& r, const WireLimits&, HelloAuth* m) {
+  GetBytes(r, kMaxProofBytes, "proof", &m->proof);
 }
 
 void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) {
@@ -382,6 +422,8 @@ uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& l) {
       return 2 + kMaxTextBytes;
     case MessageType::kBulkLinkInit:
       return 4 + 2 + kMaxBulkTokenBytes;
+    case MessageType::kHelloAuth:
+      return 2 + kMaxProofBytes;
   }
   return 0;
 }

@@ -22,6 +22,10 @@ void Check(const HelloAck& m, const WireLimits& limits, FieldErrors* e);
 void Put(const HelloAck& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, HelloAck* m);
 
+void Check(const HelloAuth& m, const WireLimits& limits, FieldErrors* e);
+void Put(const HelloAuth& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, HelloAuth* m);
+
 void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e);
 void Put(const SpeculateRequest& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m);

@@ -16,15 +16,34 @@ namespace {
 
 using dist_internal::MaxPayloadBytesOf;
 
-bool KnownType(uint16_t type) { return type >= 1 && type <= 8; }
+constexpr uint16_t kNumMessageTypes = 9;
+bool KnownType(uint16_t type) { return type >= 1 && type <= kNumMessageTypes; }
 bool IsHandshake(MessageType t) { return t == MessageType::kHello || t == MessageType::kHelloAck; }
+
+// The version-dependent parts of a decoded Hello/HelloAck: a Hello's version is the frame's,
+// and a HelloAck of version 2 or later carries its proof field (an empty one is 2 bytes).
+absl::Status CheckHandshakeVersion(const FrameHeader& header, size_t payload_bytes,
+                                   const Message& message) {
+  if (const Hello* hello = std::get_if<Hello>(&message);
+      header.type == MessageType::kHello && hello->protocol_version != header.version) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Hello.protocol_version ", hello->protocol_version,
+                     " differs from the frame header's ", header.version));
+  }
+  if (const HelloAck* ack = std::get_if<HelloAck>(&message);
+      header.type == MessageType::kHelloAck && header.version >= 2 &&
+      payload_bytes < 1 + 2 + ack->reason.size() + 2) {
+    return absl::InvalidArgumentError("HelloAck.proof: truncated (absent in a version-2 frame)");
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
 std::string_view MessageTypeName(MessageType type) {
   static constexpr std::string_view kNames[] = {
-      "Hello",   "HelloAck",  "SpeculateRequest", "SpeculateResponse",
-      "Release", "Heartbeat", "Shutdown",         "BulkLinkInit"};
+      "Hello",     "HelloAck", "SpeculateRequest", "SpeculateResponse", "Release",
+      "Heartbeat", "Shutdown", "BulkLinkInit",     "HelloAuth"};
   const auto i = static_cast<uint16_t>(type);
   return KnownType(i) ? kNames[i - 1] : "Unknown";
 }
@@ -77,7 +96,8 @@ absl::Status WireLimits::Validate() const {
 
 uint64_t WireLimits::MaxPayloadBytes() const {
   uint64_t max = 0;
-  for (uint16_t t = 1; t <= 8; ++t) max = std::max(max, MaxPayloadBytesOf(MessageType{t}, *this));
+  for (uint16_t t = 1; t <= kNumMessageTypes; ++t)
+    max = std::max(max, MaxPayloadBytesOf(MessageType{t}, *this));
   return max;
 }
 
@@ -249,14 +269,12 @@ absl::Status DecodePayload(const FrameHeader& header, std::span<const uint8_t> p
     case MessageType::kBulkLinkInit:
       decode(static_cast<BulkLinkInit*>(nullptr));
       break;
+    case MessageType::kHelloAuth:
+      decode(static_cast<HelloAuth*>(nullptr));
+      break;
   }
   if (!r.ok()) return r.status();
-  if (header.type == MessageType::kHello &&
-      std::get<Hello>(*message).protocol_version != header.version) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Hello.protocol_version ", std::get<Hello>(*message).protocol_version,
-                     " differs from the frame header's ", header.version));
-  }
+  SPECD_RETURN_IF_ERROR(CheckHandshakeVersion(header, payload.size(), *message));
   // A handshake message of a later version may carry fields appended after ours.
   const bool may_extend = IsHandshake(header.type) && header.version > kProtocolVersion;
   if (r.remaining() != 0 && !may_extend) {

@@ -36,10 +36,13 @@
 namespace specd {
 
 inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
-inline constexpr uint16_t kProtocolVersion = 1;
+// Version 2: the handshake authenticates (Hello.nonce, HelloAuth, HelloAck.proof; link_auth.h).
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
+inline constexpr size_t kHelloNonceBytes = 32;     // Hello::nonce (version >= 2)
+inline constexpr size_t kMaxProofBytes = 64;       // HelloAuth::proof, HelloAck::proof
 
 // The message type on the wire (u16). Values are stable; new types get new values.
 enum class MessageType : uint16_t {
@@ -51,6 +54,7 @@ enum class MessageType : uint16_t {
   kHeartbeat = 6,
   kShutdown = 7,
   kBulkLinkInit = 8,
+  kHelloAuth = 9,
 };
 // "SpeculateRequest", ...; "Unknown" for values outside the enum (static storage).
 std::string_view MessageTypeName(MessageType type);
@@ -93,14 +97,21 @@ struct Hello {
   // What both ends must share, e.g. "vocab=32000;draft=<hash of the draft config>" (<= 1 KiB).
   std::string model_fingerprint;
   WireLimits limits;
+  // Version >= 2: kHelloNonceBytes fresh random bytes, the challenge the peer's proof answers
+  // (appended to the frozen layout; empty in a version-1 Hello).
+  std::vector<uint8_t> nonce;
 
   bool operator==(const Hello&) const = default;
 };
 
-// The verifier's verdict on a Hello. A refused peer is disconnected after this message.
+// The verifier's verdict on a Hello (and, from version 2, on the speculator's HelloAuth). A
+// refused peer is disconnected after this message.
 struct HelloAck {
   bool accepted = false;
   std::string reason;  // why not, for logs (<= 1 KiB); empty when accepted
+  // Version >= 2, when accepted: the verifier's proof that it holds the link secret
+  // (link_auth.h LinkProof); appended to the frozen layout.
+  std::vector<uint8_t> proof;
 
   bool operator==(const HelloAck&) const = default;
 };
@@ -233,9 +244,17 @@ struct BulkLinkInit {
   bool operator==(const BulkLinkInit&) const = default;
 };
 
+// Speculator -> verifier, version >= 2, after the two Hellos: its proof that it holds the link
+// secret (link_auth.h LinkProof over both nonces). The verifier answers with its HelloAck.
+struct HelloAuth {
+  std::vector<uint8_t> proof;  // <= kMaxProofBytes
+
+  bool operator==(const HelloAuth&) const = default;
+};
+
 // One message; the alternative's index + 1 is its MessageType.
 using Message = std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release,
-                             Heartbeat, Shutdown, BulkLinkInit>;
+                             Heartbeat, Shutdown, BulkLinkInit, HelloAuth>;
 // The MessageType of the alternative `message` holds.
 MessageType TypeOf(const Message& message);
 

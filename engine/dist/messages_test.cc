@@ -176,11 +176,40 @@ TEST(MessagesTest, TruncatedFieldIsNamed) {
 TEST(MessagesTest, RejectsWrongVersionNamingBoth) {
   const WireLimits limits = TestLimits();
   std::vector<uint8_t> frame = Encode(MakeRequest(1, limits), 0, limits);
-  frame[4] = 2;
+  frame[4] = 3;
   const absl::Status status = DecodeStatus(frame, limits);
   EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "protocol version 2")) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "speaks version 1")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "protocol version 3")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "speaks version 2")) << status;
+}
+
+// Version 1 peers send no nonce and no proof: their Hello and HelloAck still decode (so the
+// refusal can name the versions); a nonce or proof longer than its limit is refused.
+TEST(MessagesTest, HandshakeFieldsOfVersionOneAndOverlongOnes) {
+  const WireLimits limits = TestLimits();
+  Hello v1 = dist_test::MakeHello(Role::kSpeculator);
+  v1.protocol_version = 1;
+  Message out;
+  ASSERT_TRUE(DecodeFrame(Encode(v1, 0, limits), limits, &out).ok());
+  EXPECT_EQ(std::get<Hello>(out), v1);
+  std::vector<uint8_t> ack =
+      Encode(HelloAck{.accepted = false, .reason = "old", .proof = {}}, 0, limits);
+  ack.resize(ack.size() - 2);  // a version-1 HelloAck ends after its reason
+  Reseal(&ack);
+  EXPECT_FALSE(DecodeFrame(ack, limits, &out).ok()) << "version 2 needs the proof field";
+  ack[4] = 1;
+  ASSERT_TRUE(DecodeFrame(ack, limits, &out).ok());
+  EXPECT_EQ(std::get<HelloAck>(out).reason, "old");
+  Hello long_nonce = dist_test::MakeHello(Role::kSpeculator);
+  long_nonce.nonce.assign(kHelloNonceBytes + 1, 1);
+  FrameBuffer buffer;
+  EXPECT_TRUE(absl::IsInvalidArgument(EncodeFrame(long_nonce, 0, limits, &buffer)));
+  std::vector<uint8_t> frame = Encode(HelloAuth{.proof = std::vector<uint8_t>(32, 1)}, 0, limits);
+  frame[kFrameHeaderBytes] = 200;  // the proof's length
+  Reseal(&frame);
+  const absl::Status status = DecodeStatus(frame, limits);
+  EXPECT_TRUE(absl::StrContains(status.message(), "HelloAuth.proof: length 200 > limit 64"))
+      << status;
 }
 
 TEST(MessagesTest, HelloOfALaterVersionStillDecodes) {

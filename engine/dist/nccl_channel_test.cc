@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "engine/dist/dist_test_util.h"
 #include "engine/dist/tcp_channel.h"
 #include "gtest/gtest.h"
 
@@ -46,7 +47,7 @@ WireLimits Limits() {
 }
 
 Hello MakeHello(Role role) {
-  return Hello{.role = role, .model_fingerprint = "nccl-test", .limits = Limits()};
+  return Hello{.role = role, .model_fingerprint = "nccl-test", .limits = Limits(), .nonce = {}};
 }
 
 float Expected(int round, size_t i) { return static_cast<float>((i * 7 + round) % 1009); }
@@ -69,7 +70,8 @@ int ExitCode(pid_t pid) {
 
 // Speculator: sends kRounds responses whose q rows go over NCCL; `stall`: one, then hang.
 int RunSpeculator(uint16_t port, bool stall) {
-  auto channel = TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator));
+  auto channel =
+      TcpChannel::Connect("127.0.0.1", port, MakeHello(Role::kSpeculator), dist_test::TestSecret());
   EXPECT_OR_EXIT(channel.ok(), 20);
   auto nccl = NcclChannel::Create(**channel, Role::kSpeculator, 1, absl::Seconds(60));
   EXPECT_OR_EXIT(nccl.ok(), 21);
@@ -106,7 +108,7 @@ int RunSpeculator(uint16_t port, bool stall) {
 
 // Verifier: receives the responses and their rows, checks every value, reports throughput.
 int RunVerifier(TcpListener& listener) {
-  auto channel = listener.Accept(absl::Seconds(60));
+  auto channel = listener.Accept(absl::Seconds(60), dist_test::TestPolicy());
   EXPECT_OR_EXIT(channel.ok(), 30);
   auto nccl = NcclChannel::Create(**channel, Role::kVerifier, 0, absl::Seconds(60));
   EXPECT_OR_EXIT(nccl.ok(), 31);
@@ -145,7 +147,7 @@ int RunVerifier(TcpListener& listener) {
 // Verifier facing a speculator that joins and then never sends: times out, notices the kill on
 // the control channel, aborts.
 int RunAbortingVerifier(TcpListener& listener, pid_t speculator) {
-  auto channel = listener.Accept(absl::Seconds(60));
+  auto channel = listener.Accept(absl::Seconds(60), dist_test::TestPolicy());
   EXPECT_OR_EXIT(channel.ok(), 50);
   auto nccl = NcclChannel::Create(**channel, Role::kVerifier, 0, absl::Seconds(60));
   EXPECT_OR_EXIT(nccl.ok(), 51);

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/dist/peer_cred.h"
 
 namespace specd {
 namespace {
@@ -178,14 +179,15 @@ absl::Status TcpChannel::Send(MessageRef message, absl::Duration timeout) {
   SPECD_RETURN_IF_ERROR(EncodeFrame(message, frames_sent(), limits_, &tx_));
   size_t sent = 0;
   while (sent < tx_.size()) {
-    const ssize_t n = ::send(fd_, tx_.data() + sent, tx_.size() - sent, MSG_NOSIGNAL);
+    short want = POLLOUT;
+    const ssize_t n = SendSome(tx_.data() + sent, tx_.size() - sent, &want);
     if (n > 0) {
       sent += static_cast<size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const absl::Status waited = WaitFd(fd_, POLLOUT, deadline, "send");
+      const absl::Status waited = WaitFd(fd_, want, deadline, "send");
       if (waited.ok()) continue;
       if (!absl::IsDeadlineExceeded(waited)) return Break(waited);
       if (sent == 0) return waited;  // nothing went out: the channel stays usable
@@ -198,16 +200,37 @@ absl::Status TcpChannel::Send(MessageRef message, absl::Duration timeout) {
     }
     if (dead_.load(std::memory_order_acquire)) return DeadStatus();
     return Break(absl::UnavailableError(
-        absl::StrCat("send to ", peer_address_, ": ", ErrnoText(n < 0 ? errno : EPIPE))));
+        absl::StrCat("send to ", peer_address_, ": ", IoErrorText(n < 0 ? errno : EPIPE))));
   }
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   bytes_sent_.fetch_add(tx_.size(), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
+ssize_t TcpChannel::RecvSome(uint8_t* data, size_t size, short* want) {
+  if (tls_) return tls_->Read(data, size, want);
+  *want = POLLIN;
+  return ::recv(fd_, data, size, 0);
+}
+
+ssize_t TcpChannel::SendSome(const uint8_t* data, size_t size, short* want) {
+  if (tls_) return tls_->Write(data, size, want);
+  *want = POLLOUT;
+  return ::send(fd_, data, size, MSG_NOSIGNAL);
+}
+
+std::string TcpChannel::IoErrorText(int err) const {
+  if (tls_) {
+    const std::string tls_error = tls_->error();
+    if (!tls_error.empty()) return absl::StrCat("TLS: ", tls_error);
+  }
+  return ErrnoText(err);
+}
+
 absl::Status TcpChannel::ReadFramePart(size_t need, absl::Time deadline) {
   while (rx_have_ < need) {
-    const ssize_t n = ::recv(fd_, rx_.data() + rx_have_, need - rx_have_, 0);
+    short want = POLLIN;
+    const ssize_t n = RecvSome(rx_.data() + rx_have_, need - rx_have_, &want);
     if (n > 0) {
       rx_have_ += static_cast<size_t>(n);
       continue;
@@ -220,12 +243,12 @@ absl::Status TcpChannel::ReadFramePart(size_t need, absl::Time deadline) {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      const absl::Status waited = WaitFd(fd_, POLLIN, deadline, "recv");
+      const absl::Status waited = WaitFd(fd_, want, deadline, "recv");
       if (waited.ok()) continue;
       return absl::IsDeadlineExceeded(waited) ? waited : Break(waited);
     }
-    return Break(
-        absl::UnavailableError(absl::StrCat("recv from ", peer_address_, ": ", ErrnoText(errno))));
+    return Break(absl::UnavailableError(
+        absl::StrCat("recv from ", peer_address_, ": ", IoErrorText(errno))));
   }
   return absl::OkStatus();
 }
@@ -270,6 +293,7 @@ absl::StatusOr<MessageType> TcpChannel::Recv(absl::Duration timeout, Message* me
 
 absl::StatusOr<std::unique_ptr<TcpChannel>> TcpChannel::Connect(std::string_view host,
                                                                 uint16_t port, const Hello& local,
+                                                                const LinkSecret& secret,
                                                                 const ConnectOptions& options) {
   SPECD_RETURN_IF_ERROR(local.limits.Validate());
   const absl::Time deadline = DeadlineAfter(options.timeout);
@@ -281,10 +305,13 @@ absl::StatusOr<std::unique_ptr<TcpChannel>> TcpChannel::Connect(std::string_view
       absl::StatusOr<int> fd = ConnectOnce(*ai, deadline, &last_err);
       if (!fd.ok()) continue;
       std::unique_ptr<TcpChannel> channel(new TcpChannel(*fd, local.limits, target));
+      if (options.tls) {
+        SPECD_ASSIGN_OR_RETURN(channel->tls_, options.tls->Handshake(*fd, host, deadline));
+      }
       SPECD_ASSIGN_OR_RETURN(channel->peer_hello_,
-                             ConnectHandshake(*channel, local, deadline - absl::Now()));
-      SPECD_LOG_INFO("dist: {} connected to {} {}", RoleName(local.role),
-                     RoleName(channel->peer_hello_.role), target);
+                             ConnectHandshake(*channel, local, secret, deadline - absl::Now()));
+      SPECD_LOG_INFO("dist: {} connected to {} {}{}", RoleName(local.role),
+                     RoleName(channel->peer_hello_.role), target, options.tls ? " (TLS)" : "");
       return channel;
     }
     if (absl::Now() + options.retry_interval >= deadline) {
@@ -298,8 +325,9 @@ absl::StatusOr<std::unique_ptr<TcpChannel>> TcpChannel::Connect(std::string_view
 
 // --- TcpListener --------------------------------------------------------------------------------
 
-TcpListener::TcpListener(int fd, uint16_t port, const Hello& local)
-    : fd_(fd), port_(port), local_(local) {}
+TcpListener::TcpListener(int fd, uint16_t port, const Hello& local,
+                         std::shared_ptr<const TlsContext> tls)
+    : fd_(fd), port_(port), local_(local), tls_(std::move(tls)) {}
 
 TcpListener::~TcpListener() {
   Close();
@@ -310,9 +338,9 @@ void TcpListener::Close() {
   if (!closed_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
 }
 
-absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(std::string_view host,
-                                                                 uint16_t port,
-                                                                 const Hello& local) {
+absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(
+    std::string_view host, uint16_t port, const Hello& local,
+    std::shared_ptr<const TlsContext> tls) {
   SPECD_RETURN_IF_ERROR(local.limits.Validate());
   SPECD_ASSIGN_OR_RETURN(AddrInfoPtr addrs, Resolve(host, port, /*passive=*/true));
   std::string last_error = "no address";
@@ -336,15 +364,34 @@ absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(std::string_vie
     const uint16_t bound_port =
         ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    SPECD_LOG_INFO("dist: {} listening on {}", RoleName(local.role),
-                   AddressText(reinterpret_cast<sockaddr*>(&bound)));
-    return std::unique_ptr<TcpListener>(new TcpListener(fd, bound_port, local));
+    SPECD_LOG_INFO("dist: {} listening on {}{}", RoleName(local.role),
+                   AddressText(reinterpret_cast<sockaddr*>(&bound)), tls ? " (TLS)" : "");
+    return std::unique_ptr<TcpListener>(new TcpListener(fd, bound_port, local, std::move(tls)));
   }
   return absl::UnavailableError(
       absl::StrCat("listen on ", DistView(host), ":", port, ": ", last_error));
 }
 
-absl::StatusOr<std::unique_ptr<TcpChannel>> TcpListener::Accept(absl::Duration timeout) {
+absl::Status TcpListener::Admit(TcpChannel& channel, const AcceptPolicy& policy,
+                                absl::Time deadline) {
+  if (policy.expected_pid > 0) {
+    SPECD_RETURN_IF_ERROR(CheckPeerProcess(channel.fd_, policy.expected_pid));
+  }
+  if (tls_) {
+    SPECD_ASSIGN_OR_RETURN(channel.tls_, tls_->Handshake(channel.fd_, "", deadline));
+  }
+  SPECD_ASSIGN_OR_RETURN(channel.peer_hello_,
+                         AcceptHandshake(channel, local_, policy.secret, deadline - absl::Now()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TcpChannel>> TcpListener::Accept(absl::Duration timeout,
+                                                                const AcceptPolicy& policy) {
+  return Accept(timeout, [&policy] { return policy; });
+}
+
+absl::StatusOr<std::unique_ptr<TcpChannel>> TcpListener::Accept(
+    absl::Duration timeout, const std::function<AcceptPolicy()>& policy) {
   const absl::Time deadline = DeadlineAfter(timeout);
   while (true) {
     if (closed_.load()) return absl::UnavailableError("listener closed");
@@ -363,17 +410,18 @@ absl::StatusOr<std::unique_ptr<TcpChannel>> TcpListener::Accept(absl::Duration t
     }
     std::unique_ptr<TcpChannel> channel(
         new TcpChannel(fd, local_.limits, AddressText(reinterpret_cast<sockaddr*>(&peer))));
-    const absl::Time handshake_deadline = std::min(deadline, absl::Now() + kMaxHandshakeTime);
-    absl::StatusOr<Hello> hello =
-        AcceptHandshake(*channel, local_, handshake_deadline - absl::Now());
-    if (!hello.ok()) {
-      SPECD_LOG_WARN("dist: handshake with {} failed: {}", channel->peer_address(),
-                     hello.status().ToString());
-      return hello.status();
+    // A connected peer gets the handshake time even when Accept was asked not to wait.
+    const absl::Time handshake_deadline = absl::Now() + kMaxHandshakeTime;
+    if (const absl::Status admitted = Admit(*channel, policy(), handshake_deadline);
+        !admitted.ok()) {
+      SPECD_LOG_WARN("dist: refused a peer from {}: {}", channel->peer_address(),
+                     admitted.ToString());
+      channel->Close();
+      return admitted;
     }
-    channel->peer_hello_ = *std::move(hello);
-    SPECD_LOG_INFO("dist: {} accepted {} from {}", RoleName(local_.role),
-                   RoleName(channel->peer_hello_.role), channel->peer_address());
+    SPECD_LOG_INFO("dist: {} accepted {} from {}{}", RoleName(local_.role),
+                   RoleName(channel->peer_hello_.role), channel->peer_address(),
+                   tls_ ? " (TLS)" : "");
     return channel;
   }
 }

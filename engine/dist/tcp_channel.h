@@ -5,13 +5,16 @@
 //
 // Rendezvous: the verifier calls TcpListener::Listen (port 0 picks a free port, port() reports
 // it) and Accept(); the speculator calls TcpChannel::Connect, which retries until the listener is
-// up. Both run the Hello handshake (channel.h) before returning. When a speculator dies, the
-// verifier's channel reports Unavailable, and Accept() may be called again for its replacement.
+// up. Both run the authenticated Hello handshake (channel.h) before returning, over TLS when
+// given a TlsContext (tls.h); Accept first checks, when told which process it expects, that a
+// local peer is that process (peer_cred.h). When a speculator dies, the verifier's channel
+// reports Unavailable, and Accept() may be called again for its replacement.
 // Sends use MSG_NOSIGNAL: a dead peer is a status, never SIGPIPE.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,7 +25,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/dist/channel.h"
+#include "engine/dist/link_auth.h"
 #include "engine/dist/messages.h"
+#include "engine/dist/tls.h"
 #include "engine/dist/wire.h"
 
 namespace specd {
@@ -31,6 +36,14 @@ namespace specd {
 struct ConnectOptions {
   absl::Duration timeout = absl::Seconds(30);              // connecting + handshake, in all
   absl::Duration retry_interval = absl::Milliseconds(50);  // between refused attempts
+  std::shared_ptr<const TlsContext> tls;                   // a client context: TLS; null: plain
+};
+
+// Who may join through TcpListener::Accept.
+struct AcceptPolicy {
+  LinkSecret secret;         // the peer must prove it holds it (channel.h)
+  int32_t expected_pid = 0;  // > 0: the peer must be this process of our uid, on loopback
+                             // (peer_cred.h), checked before any handshake
 };
 
 // One connected TCP socket speaking frames. Thread-safe (see Channel): one mutex serializes
@@ -45,10 +58,13 @@ class TcpChannel final : public Channel {
                                                          std::string peer_address);
 
   // Speculator side of the rendezvous: connects to host:port (retrying refused connections
-  // until options.timeout), then runs ConnectHandshake with `local`. DeadlineExceeded when no
-  // listener answered in time; FailedPrecondition with the verifier's reason when refused.
+  // until options.timeout), runs the TLS handshake when options.tls, then ConnectHandshake with
+  // `local` and `secret`. DeadlineExceeded when no listener answered in time;
+  // FailedPrecondition with the verifier's reason when refused; PermissionDenied when either
+  // end failed to authenticate (certificate or secret).
   static absl::StatusOr<std::unique_ptr<TcpChannel>> Connect(std::string_view host, uint16_t port,
                                                              const Hello& local,
+                                                             const LinkSecret& secret,
                                                              const ConnectOptions& options = {});
 
   ~TcpChannel() override;  // closes the socket
@@ -80,6 +96,12 @@ class TcpChannel final : public Channel {
   absl::Status Break(absl::Status reason) ABSL_LOCKS_EXCLUDED(state_mu_);
   // Unavailable naming why the channel died.
   absl::Status DeadStatus() const ABSL_LOCKS_EXCLUDED(state_mu_);
+  // recv()/send() on the socket, or through tls_ when set: bytes moved, 0 (Recv: closed), or -1
+  // with errno (EAGAIN: wait for *want).
+  ssize_t RecvSome(uint8_t* data, size_t size, short* want);
+  ssize_t SendSome(const uint8_t* data, size_t size, short* want);
+  // Text for a failed RecvSome/SendSome's errno.
+  std::string IoErrorText(int err) const;
   // Reads until the current frame part (header or payload) is complete.
   absl::Status ReadFramePart(size_t need, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
@@ -89,6 +111,7 @@ class TcpChannel final : public Channel {
   const int fd_;
   const WireLimits limits_;
   const std::string peer_address_;
+  std::unique_ptr<TlsSession> tls_;  // set once, before the Hello handshake; null: plain TCP
   Hello peer_hello_;
   std::atomic<bool> dead_{false};
   std::atomic<uint64_t> frames_sent_{0};
@@ -116,8 +139,10 @@ class TcpListener {
  public:
   // Binds host:port ("" or "0.0.0.0" = all IPv4 interfaces, "::" = all, "127.0.0.1" = loopback;
   // port 0 = a free port) and listens. `local` is this side's Hello; its limits must Validate().
-  static absl::StatusOr<std::unique_ptr<TcpListener>> Listen(std::string_view host, uint16_t port,
-                                                             const Hello& local);
+  // With `tls` (a server context) every connection runs TLS first.
+  static absl::StatusOr<std::unique_ptr<TcpListener>> Listen(
+      std::string_view host, uint16_t port, const Hello& local,
+      std::shared_ptr<const TlsContext> tls = nullptr);
   ~TcpListener();
   TcpListener(const TcpListener&) = delete;
   TcpListener& operator=(const TcpListener&) = delete;
@@ -125,21 +150,31 @@ class TcpListener {
   // The bound port (the chosen one when Listen was given 0).
   uint16_t port() const { return port_; }
 
-  // Waits up to `timeout` for a peer to connect and finish the handshake (a connected peer gets
-  // at most 10 s for its Hello). DeadlineExceeded when
-  // none did; FailedPrecondition when one was refused (it was told why); DataLoss etc. when it
-  // sent garbage; Unavailable after Close(). Each of these leaves the listener usable.
-  absl::StatusOr<std::unique_ptr<TcpChannel>> Accept(absl::Duration timeout);
+  // Waits up to `timeout` for a peer to connect, pass `policy` and finish the handshake (a
+  // connected peer gets at most 10 s for TLS and its Hello). DeadlineExceeded when none did;
+  // PermissionDenied when one failed the peer check, TLS or the proof of the secret;
+  // FailedPrecondition when one was refused (it was told why); DataLoss etc. when it sent
+  // garbage; Unavailable after Close(). Each of these leaves the listener usable, and a refused
+  // peer is only disconnected.
+  absl::StatusOr<std::unique_ptr<TcpChannel>> Accept(absl::Duration timeout,
+                                                     const AcceptPolicy& policy);
+  // The same, asking `policy` for the policy only once a connection arrived (so a policy that
+  // changes while Accept waits, such as a relaunched speculator's secret and pid, is current).
+  absl::StatusOr<std::unique_ptr<TcpChannel>> Accept(absl::Duration timeout,
+                                                     const std::function<AcceptPolicy()>& policy);
 
   // Stops listening; a later Accept returns Unavailable. Idempotent.
   void Close();
 
  private:
-  TcpListener(int fd, uint16_t port, const Hello& local);
+  TcpListener(int fd, uint16_t port, const Hello& local, std::shared_ptr<const TlsContext> tls);
+  // Checks the freshly accepted `channel` against `policy` and runs TLS and the handshake.
+  absl::Status Admit(TcpChannel& channel, const AcceptPolicy& policy, absl::Time deadline);
 
   const int fd_;
   const uint16_t port_;
   const Hello local_;
+  const std::shared_ptr<const TlsContext> tls_;
   std::atomic<bool> closed_{false};
 };
 

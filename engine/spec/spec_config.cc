@@ -47,6 +47,27 @@ absl::Status ReadString(const json& j, const char* field, bool allow_empty, std:
   return absl::OkStatus();
 }
 
+// The SSD link's secret file and TLS files (after "launch_speculator" was read).
+absl::Status ReadSsdSecurity(const json& j, SsdOptions* o) {
+  const std::pair<const char*, std::string*> files[] = {{"speculator_secret_file", &o->secret_file},
+                                                        {"speculator_tls_cert", &o->tls_cert},
+                                                        {"speculator_tls_key", &o->tls_key},
+                                                        {"speculator_tls_ca", &o->tls_ca}};
+  for (const auto& [field, out] : files) {
+    if (absl::Status s = ReadString(j, field, false, out); !s.ok()) return s;
+  }
+  const int num_tls = !o->tls_cert.empty() + !o->tls_key.empty() + !o->tls_ca.empty();
+  if (num_tls != 0 && num_tls != 3) {
+    return FieldError("speculator_tls_cert",
+                      "speculator_tls_cert, speculator_tls_key and speculator_tls_ca go together");
+  }
+  if (num_tls == 3 && o->launch) {
+    return FieldError("speculator_tls_cert",
+                      "TLS is for a speculator on another host: set \"launch_speculator\": false");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
   if (absl::Status s = ReadInt32(j, "fan_out", 1, 64, &o->fan_out); !s.ok()) return s;
   std::string mode = o->geometric_fan_out ? "geometric" : "constant";
@@ -90,7 +111,10 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     }
     o->gpu_memory_utilization = it->get<double>();
   }
-  return ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms);
+  if (absl::Status s = ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms); !s.ok()) {
+    return s;
+  }
+  return ReadSsdSecurity(j, o);
 }
 
 // A number field in [lo, hi], left unchanged when absent.
@@ -201,6 +225,10 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "speculator_timeout_ms",
                                            "cache_build",
                                            "speculator_gpu_memory_utilization",
+                                           "speculator_secret_file",
+                                           "speculator_tls_cert",
+                                           "speculator_tls_key",
+                                           "speculator_tls_ca",
                                            "replay"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
@@ -288,6 +316,14 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
   if (c.ssd.gpu_memory_utilization > 0) {
     j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"speculator_secret_file", &c.ssd.secret_file},
+      {"speculator_tls_cert", &c.ssd.tls_cert},
+      {"speculator_tls_key", &c.ssd.tls_key},
+      {"speculator_tls_ca", &c.ssd.tls_ca}};
+  for (const auto& [field, value] : files) {
+    if (!value->empty()) j[field] = *value;
   }
   if (c.replay.enabled()) {
     j["replay"] = {{"file", c.replay.file},

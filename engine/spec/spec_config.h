@@ -57,6 +57,14 @@ struct SsdOptions {
   // memory others hold); 0: the verifier's. On the verifier's own GPU it must exceed the share
   // the verifier holds (e.g. verifier 0.45, speculator 0.9).
   double gpu_memory_utilization = 0;
+  // The link's security (engine/dist/link_auth.h, tls.h). A launched speculator gets a fresh
+  // secret per launch; without launch both ends read it from secret_file (mode 0600; or
+  // $SPECD_SPECULATOR_SECRET). TLS 1.3 with mutual certificates signed by tls_ca, all three
+  // files or none, for speculators on other hosts (not with launch).
+  std::string secret_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
 };
 
 // Benchmark-only controlled acceptance (JSON "replay": {"file": PATH, "alpha": A,

@@ -126,6 +126,36 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kSsd, 0, 1.5f}, *c, true, true).ok());
 }
 
+// The SSD link's security files (issue 15): read, handed on to the speculator, and TLS only as
+// all three files for a speculator the verifier does not launch.
+TEST(SpeculativeConfigTest, ParsesSsdLinkSecurityFiles) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(
+      R"({"method": "ssd", "model": "/m/draft", "launch_speculator": false,
+          "speculator_secret_file": "/etc/specd/secret", "speculator_tls_cert": "/c.pem",
+          "speculator_tls_key": "/k.pem", "speculator_tls_ca": "/ca.pem"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ssd.secret_file, "/etc/specd/secret");
+  EXPECT_EQ(c->ssd.tls_cert, "/c.pem");
+  EXPECT_EQ(c->ssd.tls_key, "/k.pem");
+  EXPECT_EQ(c->ssd.tls_ca, "/ca.pem");
+  absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ssd.tls_ca, "/ca.pem");
+  EXPECT_EQ(back->ssd.secret_file, "/etc/specd/secret");
+  const absl::Status partial = ParseSpeculativeConfig(
+                                   R"({"method": "ssd", "model": "/m", "launch_speculator": false,
+          "speculator_tls_cert": "/c.pem"})")
+                                   .status();
+  EXPECT_TRUE(absl::IsInvalidArgument(partial)) << partial;
+  EXPECT_NE(partial.message().find("go together"), std::string::npos) << partial;
+  const absl::Status launched =
+      ParseSpeculativeConfig(
+          R"({"method": "ssd", "model": "/m", "speculator_tls_cert": "/c.pem",
+          "speculator_tls_key": "/k.pem", "speculator_tls_ca": "/ca.pem"})")
+          .status();
+  EXPECT_NE(launched.message().find("launch_speculator"), std::string::npos) << launched;
+}
+
 TEST(ResolveSpeculationTest, RequestOverridesServerDefault) {
   SpeculativeConfig server;
   server.method = SpeculationMethod::kDraftModel;

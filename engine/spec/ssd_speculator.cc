@@ -3,12 +3,15 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/dist/link_auth.h"
+#include "engine/dist/tls.h"
 #include "engine/spec/saguaro.h"
 #include "engine/spec/ssd_protocol.h"
 
@@ -41,6 +44,22 @@ Hello VerifierHello(const WireLimits& limits, int32_t vocab) {
   return h;
 }
 
+// The link secret of a speculator started by hand: the secret file, else the environment.
+absl::StatusOr<LinkSecret> RemoteSecret(const SsdOptions& ssd) {
+  if (!ssd.secret_file.empty()) return ReadLinkSecretFile(ssd.secret_file);
+  if (const char* hex = std::getenv(kLinkSecretEnv); hex != nullptr) {
+    return LinkSecretFromHex(hex);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "\"launch_speculator\": false needs the link secret: \"speculator_secret_file\" (64 hex "
+      "digits, mode 0600; e.g. openssl rand -hex 32) or $",
+      kLinkSecretEnv));
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
@@ -56,14 +75,37 @@ SsdSpeculator::~SsdSpeculator() {
   process_.Kill();
 }
 
+absl::Status SsdSpeculator::StartListening() {
+  const SsdOptions& ssd = options_.config.ssd;
+  SPECD_ASSIGN_OR_RETURN(auto address, SplitAddress(ssd.address));
+  std::shared_ptr<const TlsContext> tls;
+  const TlsFiles files{ssd.tls_cert, ssd.tls_key, ssd.tls_ca};
+  if (files.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(tls, TlsContext::Create(files, TlsContext::Side::kServer));
+  } else if (!ssd.launch && !IsLoopbackHost(address.first)) {
+    SPECD_LOG_WARN(
+        "ssd: the speculator link on {} is authenticated but not encrypted: set "
+        "speculator_tls_cert/_key/_ca for a speculator on another host",
+        ssd.address);
+  }
+  AcceptPolicy policy;
+  if (!ssd.launch) {
+    SPECD_ASSIGN_OR_RETURN(policy.secret, RemoteSecret(ssd));
+  }
+  SPECD_ASSIGN_OR_RETURN(
+      std::unique_ptr<TcpListener> listener,
+      TcpListener::Listen(address.first, address.second,
+                          VerifierHello(limits_, options_.vocab_size), std::move(tls)));
+  if (ssd.launch) policy.expected_pid = INT32_MAX;  // nobody until the first launch
+  acceptor_ = std::make_unique<SsdAcceptor>(std::move(listener), policy);
+  SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, port());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
     const SsdSpeculatorOptions& o) {
   std::unique_ptr<SsdSpeculator> s(new SsdSpeculator(o));
-  SPECD_ASSIGN_OR_RETURN(auto address, SplitAddress(o.config.ssd.address));
-  SPECD_ASSIGN_OR_RETURN(
-      s->listener_,
-      TcpListener::Listen(address.first, address.second, VerifierHello(s->limits_, o.vocab_size)));
-  SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, s->port());
+  SPECD_RETURN_IF_ERROR(s->StartListening());
   s->MaybeLaunch();
   if (o.config.ssd.launch && !s->process_.Running()) {
     return absl::InternalError("ssd: the speculator process did not start");
@@ -71,7 +113,11 @@ absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
   // Wait for the first speculator; a launched one that exits first (a bad draft model, a
   // missing GPU) is a startup error, reported with the reason it printed.
   const absl::Time deadline = absl::Now() + o.startup_timeout;
-  while (!s->TryAccept(absl::Milliseconds(100))) {
+  while (!s->channel_) {
+    if (std::unique_ptr<TcpChannel> c = s->acceptor_->WaitFor(absl::Milliseconds(100))) {
+      s->Adopt(std::move(c));
+      break;
+    }
     if (o.config.ssd.launch && !s->process_.Running()) {
       const int status = s->process_.exit_status();
       return absl::FailedPreconditionError(
@@ -89,7 +135,7 @@ absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
   return s;
 }
 
-int32_t SsdSpeculator::port() const { return listener_->port(); }
+int32_t SsdSpeculator::port() const { return acceptor_->port(); }
 
 void SsdSpeculator::MaybeLaunch() {
   if (!options_.config.ssd.launch || process_.Running()) return;
@@ -106,11 +152,20 @@ void SsdSpeculator::MaybeLaunch() {
     }
     binary = *self;
   }
+  // A fresh secret per launch, in the child's environment (argv is public in `ps`).
+  absl::StatusOr<LinkSecret> secret = NewLinkSecret();
+  if (!secret.ok()) {
+    SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", secret.status().ToString());
+    return;
+  }
   std::vector<std::string> argv = {binary, "speculator", "--connect",
                                    absl::StrCat("127.0.0.1:", port())};
   argv.insert(argv.end(), options_.launch_args.begin(), options_.launch_args.end());
   launch_command_ = absl::StrCat(binary, " speculator");
-  absl::StatusOr<Subprocess> p = Subprocess::Spawn(argv);
+  acceptor_->BeginLaunch(*secret);
+  absl::StatusOr<Subprocess> p =
+      Subprocess::Spawn(argv, {absl::StrCat(kLinkSecretEnv, "=", LinkSecretToHex(*secret))});
+  acceptor_->EndLaunch(p.ok() ? p->pid() : 0);
   if (!p.ok()) {
     SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", p.status().ToString());
     return;
@@ -121,23 +176,19 @@ void SsdSpeculator::MaybeLaunch() {
   SPECD_LOG_INFO("ssd: launched the speculator (pid {})", process_.pid());
 }
 
-bool SsdSpeculator::TryAccept(absl::Duration timeout) {
-  absl::StatusOr<std::unique_ptr<TcpChannel>> c = listener_->Accept(timeout);
-  if (!c.ok()) {
-    if (!absl::IsDeadlineExceeded(c.status())) {
-      SPECD_LOG_WARN("ssd: a speculator failed to join: {}", c.status().ToString());
-    }
-    return false;
+void SsdSpeculator::Adopt(std::unique_ptr<TcpChannel> channel) {
+  if (channel_) {
+    SPECD_LOG_INFO("ssd: an authenticated speculator replaces the current link");
+    channel_->Close();
   }
-  SPECD_LOG_INFO("ssd: speculator joined from {}", (*c)->peer_address());
+  SPECD_LOG_INFO("ssd: speculator joined from {}", channel->peer_address());
   bytes_before_.sent = stats_.bytes_sent;
   bytes_before_.received = stats_.bytes_received;
-  channel_ = *std::move(c);
+  channel_ = std::move(channel);
   for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
   released_.clear();
   ++stats_.connects;
   stats_.connected = true;
-  return true;
 }
 
 void SsdSpeculator::LinkDown(const absl::Status& why) {
@@ -164,10 +215,9 @@ void SsdSpeculator::Release(uint64_t seq_id) {
 absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
                                     std::vector<Draft>* drafts) {
   drafts->assign(inputs.size(), Draft{});
-  if (!channel_) {
-    MaybeLaunch();
-    TryAccept(absl::ZeroDuration());
-  }
+  if (std::unique_ptr<TcpChannel> joined = acceptor_->Take()) Adopt(std::move(joined));
+  stats_.refused_joins = acceptor_->refused();
+  if (!channel_) MaybeLaunch();
   if (channel_) {
     const absl::Status s = RemoteRound(inputs, drafts);
     if (s.ok()) return s;

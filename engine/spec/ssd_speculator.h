@@ -8,7 +8,11 @@
 // Faults never cost a request: when the speculator does not answer within the timeout, its link
 // breaks or it dies, the round goes on with local n-gram drafts (lossless like any draft), the
 // link is dropped (a launched speculator is killed), and a new speculator that connects later
-// rejoins: every sequence is sent to it whole again. Engine thread only.
+// rejoins: every sequence is sent to it whole again.
+// Only an authenticated speculator joins (SsdAcceptor, engine/dist/link_auth.h): a launched one
+// gets a fresh secret per launch in its environment and must be that process; one started by
+// hand proves it holds the secret file's secret, over TLS when configured. A refused connection
+// never touches the current link or the launched process. Engine thread only.
 #pragma once
 
 #include <atomic>
@@ -28,6 +32,7 @@
 #include "engine/spec/ngram.h"
 #include "engine/spec/spec_config.h"
 #include "engine/spec/speculator.h"
+#include "engine/spec/ssd_acceptor.h"
 #include "engine/spec/ssd_stats.h"
 
 namespace specd {
@@ -47,6 +52,8 @@ class SsdSpeculator : public Speculator {
  public:
   // Listens on config.ssd.address, launches the speculator when config.ssd.launch and waits up
   // to startup_timeout for it to join (without one it starts anyway, drafting locally).
+  // Without launch the link secret comes from config.ssd.secret_file or $SPECD_SPECULATOR_SECRET
+  // (FailedPrecondition when neither is set).
   static absl::StatusOr<std::unique_ptr<SsdSpeculator>> Create(const SsdSpeculatorOptions& o);
   ~SsdSpeculator() override;
 
@@ -68,8 +75,11 @@ class SsdSpeculator : public Speculator {
   };
 
   explicit SsdSpeculator(const SsdSpeculatorOptions& o);
-  // Accepts a speculator that connects (waiting up to `timeout`) and shakes hands.
-  bool TryAccept(absl::Duration timeout);
+  // Listens (with TLS when configured) and starts accepting under the first policy.
+  absl::Status StartListening();
+  // Makes an admitted speculator's channel the link (replacing an older one): it knows nothing,
+  // so every sequence goes to it whole.
+  void Adopt(std::unique_ptr<TcpChannel> channel);
   // Starts the speculator process when we launch it and none runs (at most every few seconds).
   void MaybeLaunch();
   void LinkDown(const absl::Status& why);
@@ -77,7 +87,7 @@ class SsdSpeculator : public Speculator {
 
   SsdSpeculatorOptions options_;
   WireLimits limits_;
-  std::unique_ptr<TcpListener> listener_;
+  std::unique_ptr<SsdAcceptor> acceptor_;
   std::unique_ptr<TcpChannel> channel_;
   Subprocess process_;
   std::atomic<int32_t> pid_{-1};  // process_'s pid for other threads

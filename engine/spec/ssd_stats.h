@@ -18,6 +18,7 @@ struct SsdStats {
   int64_t link_failures = 0;            // timeouts, broken links, dead speculator
   int64_t connects = 0;                 // speculators that joined (the first one too)
   int64_t launches = 0;                 // processes started
+  int64_t refused_joins = 0;            // connections refused: wrong process, TLS, secret, ...
   double wait_seconds = 0;              // verifier time spent waiting for drafts
   double speculator_busy_seconds = 0;   // speculator compute time reported by its responses
   double speculator_cache_seconds = 0;  // ... of which building the cache

@@ -447,9 +447,13 @@ absl::Status SsdWorker::Serve(const std::string& address, absl::Duration connect
   hello.limits = limits();
   ConnectOptions connect;
   connect.timeout = connect_timeout;
-  SPECD_ASSIGN_OR_RETURN(
-      std::unique_ptr<TcpChannel> channel,
-      TcpChannel::Connect(address.substr(0, colon), static_cast<uint16_t>(port), hello, connect));
+  const SsdOptions& ssd = options_.config.ssd;
+  if (const TlsFiles tls{ssd.tls_cert, ssd.tls_key, ssd.tls_ca}; tls.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(connect.tls, TlsContext::Create(tls, TlsContext::Side::kClient));
+  }
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<TcpChannel> channel,
+                         TcpChannel::Connect(address.substr(0, colon), static_cast<uint16_t>(port),
+                                             hello, options_.link_secret, connect));
   SPECD_LOG_INFO("ssd speculator: joined the verifier at {}", address);
   // A new verifier connection knows none of our sequences: start clean.
   std::vector<uint64_t> ids;

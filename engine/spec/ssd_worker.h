@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/dist/channel.h"
+#include "engine/dist/link_auth.h"
 #include "engine/dist/messages.h"
 #include "engine/runner/model_runner.h"
 #include "engine/spec/draft_model.h"
@@ -47,6 +48,9 @@ struct SsdWorkerOptions {
   int32_t max_num_seqs = 256;  // the verifier's: sizes the wire limits
   int32_t max_model_len = 0;   // the verifier's context limit (0: the draft's)
   uint64_t seed = 0x5eed;      // backup random drafts
+  // The link secret this end proves it holds (engine/dist/link_auth.h); TLS files, when set,
+  // come from config.ssd (tls_cert, tls_key, tls_ca).
+  LinkSecret link_secret;
 };
 
 // What the worker did, cumulative (the verifier also gets per-draft status in each response).
