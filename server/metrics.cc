@@ -74,6 +74,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                         "Time from arrival to first being scheduled.", kRequestBuckets);
   running_ = NewGauge(r, "specd_num_requests_running", "Requests being prefilled or decoded.");
   waiting_ = NewGauge(r, "specd_num_requests_waiting", "Requests waiting to be scheduled.");
+  paused_ = NewGauge(r, "specd_num_requests_paused",
+                     "Running or waiting requests paused because their client is not reading.");
   kv_used_ = NewGauge(r, "specd_kv_cache_blocks_used", "KV cache blocks in use.");
   kv_total_ = NewGauge(r, "specd_kv_cache_blocks_capacity",
                        "KV cache blocks in the pool (a gauge: promtool rejects _total on one).");
@@ -240,6 +242,7 @@ void Metrics::OnHttpResponse(int status) {
 void Metrics::UpdateGauges(const EngineStats& stats) {
   running_->Set(stats.num_running);
   waiting_->Set(stats.num_waiting);
+  paused_->Set(stats.num_paused);
   kv_used_->Set(stats.kv_blocks_used);
   kv_total_->Set(stats.kv_blocks_total);
 }

@@ -57,6 +57,7 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* queue_ = nullptr;
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* paused_ = nullptr;
   prometheus::Gauge* kv_used_ = nullptr;
   prometheus::Gauge* kv_total_ = nullptr;
   prometheus::Counter* prefix_queries_ = nullptr;

@@ -18,6 +18,7 @@ TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
                            "specd_request_queue_time_seconds",
                            "specd_num_requests_running",
                            "specd_num_requests_waiting",
+                           "specd_num_requests_paused",
                            "specd_kv_cache_blocks_used",
                            "specd_kv_cache_blocks_capacity",
                            "specd_prefix_cache_queries_total",

@@ -159,6 +159,7 @@ absl::Status ServeProcess::StartHttp() {
   h.tls_cert_file = o_.ssl_certfile;
   h.tls_key_file = o_.ssl_keyfile;
   h.max_body_bytes = o_.max_request_body_bytes;
+  h.write_timeout = absl::Seconds(o_.write_timeout_s);
   h.num_io_threads = NumIoThreads();
   SPECD_ASSIGN_OR_RETURN(http_, http::HttpServer::Start(h, &router_, metrics_.get()));
   SPECD_LOG_INFO("HTTP bound on {}; loading {}", Address(o_.host, http_->port()), o_.model);

@@ -39,6 +39,9 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("ssl-certfile", &o.ssl_certfile, "PEM certificate chain: TLS with --ssl-keyfile");
   p.Add("ssl-keyfile", &o.ssl_keyfile, "PEM private key");
   p.Add("max-request-body-bytes", &o.max_request_body_bytes, "HTTP body limit (413 past it)");
+  p.Add("write-timeout", &o.write_timeout_s,
+        "seconds an HTTP client may read nothing before it is closed and its requests "
+        "aborted (default 60)");
   p.Add("max-num-seqs", &o.max_num_seqs, "running sequences per step (default 256)");
   p.Add("max-num-batched-tokens", &o.max_num_batched_tokens, "token budget per step");
   p.Add("max-waiting-requests", &o.max_waiting_requests, "queued requests before 429");
@@ -121,6 +124,7 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   str(c.tls().cert_file(), &o->ssl_certfile);
   str(c.tls().key_file(), &o->ssl_keyfile);
   num(c.max_request_body_bytes(), &o->max_request_body_bytes);
+  num(c.write_timeout_s(), &o->write_timeout_s);
   num(c.max_num_seqs(), &o->max_num_seqs);
   num(c.max_num_batched_tokens(), &o->max_num_batched_tokens);
   num(c.max_waiting_requests(), &o->max_waiting_requests);
@@ -192,6 +196,8 @@ absl::Status Validate(const ServeOptions& o) {
       CheckRange("max-request-body-bytes", o.max_request_body_bytes, 1024, int64_t{1} << 30));
   SPECD_RETURN_IF_ERROR(CheckSeconds("drain-timeout", o.drain_timeout_s));
   SPECD_RETURN_IF_ERROR(CheckSeconds("request-timeout", o.request_timeout_s));
+  SPECD_RETURN_IF_ERROR(CheckSeconds("write-timeout", o.write_timeout_s));
+  if (o.write_timeout_s <= 0) return Bad("--write-timeout: must be more than 0 seconds");
   if (o.host.empty()) return Bad("--host: must not be empty");
   if (o.ssl_certfile.empty() != o.ssl_keyfile.empty()) {
     return Bad("--ssl-certfile and --ssl-keyfile must be given together");

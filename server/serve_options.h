@@ -36,6 +36,9 @@ struct ServeOptions {
   std::string ssl_certfile;   // both set: TLS on both front ends
   std::string ssl_keyfile;
   int64_t max_request_body_bytes = int64_t{8} << 20;
+  // HTTP: seconds a client may read nothing of a pending reply before it is closed (its
+  // requests aborted); a stream is paused (not buffered) once 4 MiB wait for its client.
+  double write_timeout_s = 60;
   // Scheduler and KV cache
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;

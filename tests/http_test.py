@@ -6,7 +6,8 @@ model and checks: greedy /v1/completions output equals `specd generate --json`, 
 in OpenAI's shapes, n / stop / logprobs / include_usage, chat through the chat template,
 /tokenize and /detokenize, more than 40 bad requests (status and error JSON each, and the
 server keeps serving), /metrics through `promtool check metrics`, client disconnects,
-TLS, 512 concurrent SSE streams, and SIGTERM draining an in-flight stream to exit 0.
+TLS, 512 concurrent SSE streams, SIGTERM draining an in-flight stream to exit 0, and
+backpressure (a client that stops reading is paused with bounded memory, then aborted).
 
 Usage: http_test.py SPECD_BINARY SOURCE_DIR
 """
@@ -612,6 +613,119 @@ class LifecycleTest(unittest.TestCase):
         finally:
             d.kill()
 
+
+def vm_rss(pid):
+    """Resident set size of a process in bytes (/proc/PID/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def small_window_socket(port):
+    """A connected socket with a 4 KiB receive buffer: what the client does not read backs up
+    into the server at once instead of into megabytes of kernel buffers."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+class BackpressureTest(unittest.TestCase):
+    """A client that stops reading its stream gets its requests paused (not its output
+    buffered); one that reads nothing for --write-timeout is closed and its requests aborted;
+    one that reads again gets the rest of the stream, complete and unchanged."""
+
+    # 64 choices with 20 top logprobs a token: about 0.8 KB of SSE per token.
+    BIG = {"prompt": "def f(", "n": 64, "max_tokens": 1500, "ignore_eos": True, "logprobs": 20,
+           "temperature": 0, "stream": True}
+
+    def test_a_never_reading_client_is_paused_then_aborted_and_rss_stays_bounded(self):
+        # The write timeout leaves the engine time to fill the 4 MiB cap on a slow machine.
+        with Daemon(SPECD, "--grpc-port", "-1", "--write-timeout", "20", source_dir=SOURCE,
+                    name="http_test_backpressure") as d:
+            # Warm-up in the same shape, read to the end (allocator pools, threads).
+            status, _, _ = curl("/v1/completions", dict(self.BIG, max_tokens=16), auth=False,
+                                daemon=d)
+            self.assertEqual(status, 200)
+            base = vm_rss(d.proc.pid)
+            aborted = d.metric("specd_requests_total", outcome="abort")
+            peak = [base]
+            done = threading.Event()
+
+            def sample():
+                while not done.is_set():
+                    peak[0] = max(peak[0], vm_rss(d.proc.pid))
+                    time.sleep(0.01)
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            sock = small_window_socket(d.http_port)
+            try:
+                body = json.dumps(self.BIG).encode()
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                d.wait_metric("specd_num_requests_paused", 64, timeout=120)
+                self.assertGreater(d.metric("specd_kv_cache_blocks_used"), 0)  # KV kept
+                d.wait_until(lambda m: m.get('specd_requests_total{outcome="abort"}', 0) >=
+                             aborted + 64, 60, "the 64 choices aborted after the write timeout")
+                d.wait_metric("specd_num_requests_running", 0)
+                d.wait_metric("specd_num_requests_paused", 0)
+                d.wait_metric("specd_kv_cache_blocks_used", 0)
+            finally:
+                done.set()
+                sampler.join()
+            # The server closed the connection: what is left to read ends.
+            sock.settimeout(30)
+            try:
+                while sock.recv(1 << 16):
+                    pass
+            except ConnectionResetError:
+                pass
+            sock.close()
+            growth = peak[0] - base
+            print(f"\nnever-reading n=64 stream: RSS {base / 1e6:.1f} MB, peak +"
+                  f"{growth / 1e6:.1f} MB", file=sys.stderr)
+            self.assertLess(growth, 100e6)
+            self.assertEqual(curl("/health", auth=False, daemon=d)[0], 200)
+
+    def test_a_stream_paused_by_its_reader_resumes_complete_and_unchanged(self):
+        # KV for all 64 choices at once (no preemption: a quicker test).
+        with Daemon(SPECD, "--grpc-port", "-1", "--write-timeout", "60",
+                    "--kv-cache-memory-bytes", str(256 << 20), source_dir=SOURCE,
+                    name="http_test_backpressure_resume") as d:
+            req = dict(self.BIG, prompt="def g(", max_tokens=300)
+            alone = {k: v for k, v in req.items() if k not in ("n", "logprobs", "stream")}
+            status, _, payload = curl("/v1/completions", alone, auth=False, daemon=d)
+            self.assertEqual(status, 200, payload)
+            expected = json.loads(payload)["choices"][0]["text"]
+            conn = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=120)
+            conn.sock = small_window_socket(d.http_port)
+            conn.request("POST", "/v1/completions", json.dumps(req),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 200)
+            d.wait_metric("specd_num_requests_paused", 64, timeout=120)
+            evs = list(sse_events(resp))
+            conn.close()
+            self.assertEqual(evs[-1], "[DONE]")
+            texts, tokens, reasons = {}, {}, {}
+            for e in evs[:-1]:
+                for c in e["choices"]:
+                    i = c["index"]
+                    texts[i] = texts.get(i, "") + c["text"]
+                    tokens[i] = tokens.get(i, 0) + len((c.get("logprobs") or {}).get(
+                        "tokens", []))
+                    if c.get("finish_reason"):
+                        reasons[i] = c["finish_reason"]
+            self.assertEqual(sorted(texts), list(range(64)))
+            self.assertEqual(set(tokens.values()), {300})
+            self.assertEqual(set(reasons.values()), {"length"})
+            self.assertEqual(set(texts.values()), {expected})  # greedy: as never paused
+            d.wait_metric("specd_num_requests_paused", 0)
+            d.wait_metric("specd_kv_cache_blocks_used", 0)
 
 if __name__ == "__main__":
     import requires  # tests/requires.py: a missing tool skips (exit 77), under CI=true fails

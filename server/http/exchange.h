@@ -34,6 +34,11 @@ class Exchange {
   virtual void Post(std::function<void()> fn) = 0;
   // fn runs on the strand if the client disconnects before the exchange ended.
   virtual void OnDisconnect(std::function<void()> fn) = 0;
+  // Event streams' flow control: fn(true) runs on the strand when more bytes wait for the
+  // client than the connection's cap (it stopped reading), fn(false) once they drained below
+  // a quarter of it; the handler pauses its producers in between. A client that reads nothing
+  // for the write timeout is treated as gone (OnDisconnect). Default: no flow control.
+  virtual void OnBackpressure(std::function<void(bool paused)> /*fn*/) {}
 };
 
 // A JSON reply.

@@ -58,6 +58,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   void Fail(const absl::Status& status);
   void FinishAll();
   void AbortUnfinished();
+  void SetPaused(bool paused);
   Usage TotalUsage() const;
 
   Engine* engine_;
@@ -85,6 +86,11 @@ void GenerationCall::Start(absl::Duration timeout) {
     return;
   }
   if (!spec_.stream) return;
+  // A client that stops reading stalls its engine requests (they keep their KV) instead of
+  // having the session buffer their whole output.
+  exchange_->OnBackpressure([weak](bool paused) {
+    if (auto call = weak.lock(); call && !call->done_) call->SetPaused(paused);
+  });
   exchange_->BeginEvents();
   if (meta_.endpoint == Endpoint::kChat) {
     std::string events;
@@ -187,6 +193,13 @@ void GenerationCall::FinishAll() {
 void GenerationCall::AbortUnfinished() {
   for (const Choice& c : choices_) {
     if (c.submitted && !c.finished) engine_->Abort(c.id);
+  }
+}
+
+void GenerationCall::SetPaused(bool paused) {
+  SPECD_LOG_DEBUG("{}: {}", meta_.id, paused ? "client not reading; pausing" : "resuming");
+  for (const Choice& c : choices_) {
+    if (c.submitted && !c.finished) engine_->SetPaused(c.id, paused);
   }
 }
 

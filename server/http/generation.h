@@ -1,6 +1,8 @@
 // One /v1/completions or /v1/chat/completions request in flight: submits its n x prompts
 // engine requests, turns the engine's per-request outputs into one OpenAI response or an
-// SSE stream of chunks, and aborts every engine request at once when the client leaves.
+// SSE stream of chunks (pausing its engine requests while the client does not read), and
+// aborts every engine request at once when the client leaves or reads nothing for the
+// connection's write timeout.
 // Threads: Start and all handling run on the exchange's strand; engine callbacks (engine
 // thread) only Post onto it.
 #pragma once

@@ -73,6 +73,8 @@ class HttpServerImpl final : public HttpServer {
 
 absl::Status HttpServerImpl::Init(const HttpServerOptions& options) {
   context_.max_body_bytes = options.max_body_bytes;
+  context_.max_queued_bytes = options.max_queued_bytes;
+  context_.write_timeout = absl::ToChronoMilliseconds(options.write_timeout);
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     SPECD_ASSIGN_OR_RETURN(tls_, MakeTls(options));
   }

@@ -26,6 +26,11 @@ struct HttpServerOptions {
   std::string tls_key_file;
   int64_t max_body_bytes = int64_t{8} << 20;
   int32_t num_io_threads = 2;
+  // Per connection: bytes queued for a client past which its stream is paused, and how long
+  // a pending write may make no progress before the connection is closed (its requests
+  // aborted). See http_session.h.
+  int64_t max_queued_bytes = int64_t{4} << 20;
+  absl::Duration write_timeout = absl::Seconds(60);
 };
 
 class HttpServer {

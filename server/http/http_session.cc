@@ -1,6 +1,7 @@
 #include "server/http/http_session.h"
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
@@ -59,13 +60,16 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   void SetOnDisconnect(uint64_t seq, std::function<void()> fn) {
     if (Current(seq)) on_disconnect_ = std::move(fn);
   }
+  void SetOnBackpressure(uint64_t seq, std::function<void(bool)> fn) {
+    if (Current(seq)) on_backpressure_ = std::move(fn);
+  }
 
  protected:
   // Transport hooks; each completes by calling the matching On* method.
   virtual void ReadHeader() = 0;  // OnHeader
   virtual void ReadBody() = 0;    // OnBody
   virtual void ReadSome() = 0;    // OnReadSome, into buffer_
-  virtual void Write() = 0;       // OnWritten, writes writing_
+  virtual void Write() = 0;       // OnWritten, writes some of writing_ from write_offset_
   virtual void SetTimeout(std::optional<Clock::duration> timeout) = 0;
   virtual void ShutdownSend() = 0;
   virtual void CloseSocket() = 0;
@@ -74,11 +78,12 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   void OnHeader(beast::error_code ec);
   void OnBody(beast::error_code ec);
   void OnReadSome(beast::error_code ec, size_t n);
-  void OnWritten(beast::error_code ec);
+  void OnWritten(beast::error_code ec, size_t n);
 
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
-  std::string writing_;  // bytes of the write in flight
+  std::string writing_;      // bytes of the write in flight
+  size_t write_offset_ = 0;  // of them, already written
 
  private:
   bool Current(uint64_t seq) const { return seq == seq_ && exchange_open_ && !closed_; }
@@ -86,6 +91,14 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   void FailRequest(beast::error_code ec);
   void Watch();
   void Enqueue(std::string bytes);
+  int64_t PendingBytes() const {
+    return static_cast<int64_t>(queued_.size() + writing_.size() - write_offset_);
+  }
+  void CheckBackpressure();
+  void RelieveBackpressure();
+  void ArmWriteTimer();
+  void OnWriteTimer(beast::error_code ec);
+  void EndExchangeCallbacks();
   void ExchangeDone();
   void ClientGone();
   void CloseGracefully();
@@ -104,6 +117,11 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   bool write_pending_ = false;
   std::string queued_;
   std::function<void()> on_disconnect_;
+  std::function<void(bool)> on_backpressure_;
+  bool backpressured_ = false;  // on_backpressure_(true) was the last call
+  std::optional<asio::steady_timer> write_timer_;
+  bool write_timer_armed_ = false;
+  Clock::time_point last_write_progress_;
 };
 
 class SessionExchange : public Exchange {
@@ -119,6 +137,9 @@ class SessionExchange : public Exchange {
   }
   void OnDisconnect(std::function<void()> fn) override {
     session_->SetOnDisconnect(seq_, std::move(fn));
+  }
+  void OnBackpressure(std::function<void(bool)> fn) override {
+    session_->SetOnBackpressure(seq_, std::move(fn));
   }
 
  private:
@@ -221,7 +242,7 @@ void SessionBase::OnReadSome(beast::error_code ec, size_t n) {
 void SessionBase::Reply(uint64_t seq, HttpReply reply) {
   if (!Current(seq)) return;
   exchange_open_ = false;
-  on_disconnect_ = nullptr;
+  EndExchangeCallbacks();
   if (context_->metrics) context_->metrics->OnHttpResponse(reply.status);
   if (reply.status == 413 || reply.status == 431) keep_alive_ = false;
   Enqueue(ReplyBytes(reply, keep_alive_));
@@ -239,17 +260,27 @@ void SessionBase::BeginEvents(uint64_t seq) {
 
 void SessionBase::SendEvent(uint64_t seq, std::string event) {
   if (!Current(seq) || event.empty()) return;
-  if (!chunked_) return Enqueue(std::move(event));
-  char size[20];
-  std::snprintf(size, sizeof(size), "%zx\r\n", event.size());
-  Enqueue(absl::StrCat(size, event, "\r\n"));
+  if (chunked_) {
+    char size[20];
+    std::snprintf(size, sizeof(size), "%zx\r\n", event.size());
+    Enqueue(absl::StrCat(size, event, "\r\n"));
+  } else {
+    Enqueue(std::move(event));
+  }
+  CheckBackpressure();
 }
 
 void SessionBase::EndEvents(uint64_t seq) {
   if (!Current(seq)) return;
   exchange_open_ = false;
-  on_disconnect_ = nullptr;
+  EndExchangeCallbacks();
   Enqueue(chunked_ ? "0\r\n\r\n" : "");
+}
+
+void SessionBase::EndExchangeCallbacks() {
+  on_disconnect_ = nullptr;
+  on_backpressure_ = nullptr;
+  backpressured_ = false;
 }
 
 void SessionBase::Enqueue(std::string bytes) {
@@ -258,15 +289,72 @@ void SessionBase::Enqueue(std::string bytes) {
   if (queued_.empty()) return ExchangeDone();
   writing_.swap(queued_);
   queued_.clear();
+  write_offset_ = 0;
   write_pending_ = true;
+  ArmWriteTimer();
   Write();
 }
 
-void SessionBase::OnWritten(beast::error_code ec) {
-  write_pending_ = false;
-  writing_.clear();
-  if (ec) return ClientGone();
-  Enqueue("");
+void SessionBase::OnWritten(beast::error_code ec, size_t n) {
+  if (ec) {
+    write_pending_ = false;
+    writing_.clear();
+    write_offset_ = 0;
+    return ClientGone();
+  }
+  last_write_progress_ = Clock::now();
+  write_offset_ += n;
+  if (write_offset_ < writing_.size()) {
+    Write();
+  } else {
+    write_pending_ = false;
+    writing_.clear();
+    write_offset_ = 0;
+  }
+  RelieveBackpressure();
+  if (!write_pending_) Enqueue("");
+}
+
+// The client reads slower than the stream is made: past the cap, pause the producer.
+void SessionBase::CheckBackpressure() {
+  if (backpressured_ || !on_backpressure_ || PendingBytes() <= context_->max_queued_bytes) return;
+  backpressured_ = true;
+  SPECD_LOG_DEBUG("HTTP client is not reading ({} bytes queued): pausing its stream",
+                  PendingBytes());
+  on_backpressure_(true);
+}
+
+void SessionBase::RelieveBackpressure() {
+  if (!backpressured_ || PendingBytes() >= context_->max_queued_bytes / 4) return;
+  backpressured_ = false;
+  if (on_backpressure_) on_backpressure_(false);
+}
+
+// While a write is pending, the timer checks that some of it was written within the write
+// timeout (one timer per connection, re-armed only when it fires).
+void SessionBase::ArmWriteTimer() {
+  last_write_progress_ = Clock::now();
+  if (write_timer_armed_) return;
+  if (!write_timer_) write_timer_.emplace(executor());
+  write_timer_armed_ = true;
+  write_timer_->expires_at(last_write_progress_ + context_->write_timeout);
+  write_timer_->async_wait([s = shared_from_this()](beast::error_code ec) { s->OnWriteTimer(ec); });
+}
+
+void SessionBase::OnWriteTimer(beast::error_code ec) {
+  write_timer_armed_ = false;
+  if (ec || closed_ || !write_pending_) return;
+  const Clock::time_point due = last_write_progress_ + context_->write_timeout;
+  if (Clock::now() < due) {
+    write_timer_armed_ = true;
+    write_timer_->expires_at(due);
+    write_timer_->async_wait(
+        [s = shared_from_this()](beast::error_code ec) { s->OnWriteTimer(ec); });
+    return;
+  }
+  SPECD_LOG_INFO("HTTP client read nothing for {} ms ({} bytes queued): closing",
+                 context_->write_timeout.count(), PendingBytes());
+  ClientGone();
 }
 
 // Called when nothing is left to write: the answer is complete once the handler is done.
@@ -285,7 +373,7 @@ void SessionBase::ExchangeDone() {
 
 void SessionBase::ClientGone() {
   if (std::function<void()> fn = std::move(on_disconnect_); fn && exchange_open_) fn();
-  on_disconnect_ = nullptr;
+  EndExchangeCallbacks();
   Close();
 }
 
@@ -302,6 +390,7 @@ void SessionBase::Close() {
   if (closed_) return;
   closed_ = true;
   exchange_open_ = false;
+  if (write_timer_) write_timer_->cancel();
   if (in_exchange_) {
     in_exchange_ = false;
     context_->num_open_exchanges.fetch_sub(1);
@@ -336,8 +425,9 @@ class Session final : public SessionBase {
                             [s = self()](beast::error_code ec, size_t n) { s->OnReadSome(ec, n); });
   }
   void Write() override {
-    asio::async_write(stream_, asio::buffer(writing_),
-                      [s = self()](beast::error_code ec, size_t) { s->OnWritten(ec); });
+    stream_.async_write_some(
+        asio::buffer(writing_.data() + write_offset_, writing_.size() - write_offset_),
+        [s = self()](beast::error_code ec, size_t n) { s->OnWritten(ec, n); });
   }
   void SetTimeout(std::optional<Clock::duration> timeout) override {
     if (timeout) {
