@@ -10,8 +10,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+import daemon  # tests/daemon.py (stdlib only): its /metrics parser
 
 
 def build_stubs(source, protoc, plugin):
@@ -85,6 +88,7 @@ class Daemon:
         self.terminated = False
         ready = threading.Event()
         self.grpc_address = None
+        self.http_address = None
 
         def drain():
             for line in self.proc.stderr:
@@ -92,6 +96,7 @@ class Daemon:
                 if line.startswith("specd: listening"):
                     fields = dict(kv.split("=", 1) for kv in line.split()[2:] if "=" in kv)
                     self.grpc_address = fields.get("grpc")
+                    self.http_address = fields.get("http")
                     ready.set()
             ready.set()
 
@@ -100,6 +105,19 @@ class Daemon:
         if not ready.wait(120) or self.grpc_address in (None, "off"):
             self.proc.kill()
             raise RuntimeError("specd serve did not come up:\n" + "".join(self.lines[-30:]))
+
+    def rss_bytes(self):
+        """The daemon's resident set size now."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def metrics(self):
+        """GET /metrics: {'name' or 'name{label="v",...}': value}."""
+        with urllib.request.urlopen(f"http://{self.http_address}/metrics", timeout=30) as r:
+            return daemon.parse_metrics(r.read().decode())
 
     def log(self):
         return "".join(self.lines[-40:])

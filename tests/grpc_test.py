@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 from concurrent import futures
 
 import grpc
@@ -42,6 +44,12 @@ def cli_generate(*args):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
+
+
+def own_channel(address, *options):
+    """A channel on a connection of its own: another caller (channels share connections)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1),
+                                                   *options])
 
 
 def collect(responses):
@@ -206,6 +214,9 @@ class GenerateTest(GrpcTestCase):
             (pb.GenerateRequest(text="x", min_tokens=50, max_tokens=10), "min_tokens"),
             (pb.GenerateRequest(text="x", logprobs=21), "logprobs"),
             (pb.GenerateRequest(text="x", logprobs=-3), "logprobs"),
+            # Caps shared with HTTP (engine/sample/sampling_params.h): 64 strings, 1024 bytes.
+            (pb.GenerateRequest(text="x", stop=["s"] * 65), "stop"),
+            (pb.GenerateRequest(text="x", stop=["s" * 1025]), "stop"),
             (pb.GenerateRequest(text="x", n=0), "n must be"),
             (pb.GenerateRequest(text="x", n=1000), "n must be"),
             (pb.GenerateRequest(text="x", stop=[""]), "stop"),
@@ -351,6 +362,75 @@ class StopTheWorkTest(GrpcTestCase):
         self.wait_idle()
         self.assertFalse(self.stub.Abort(pb.AbortRequest(request_id="job-42"), timeout=10).found)
 
+    def assert_aborted(self, call, request_id):
+        with self.assertRaises(grpc.RpcError) as ctx:
+            for _ in call:
+                pass
+        self.assertEqual(ctx.exception.code(), grpc.StatusCode.CANCELLED)
+        self.assertIn(request_id, ctx.exception.details())
+
+    def test_callers_abort_and_name_only_their_own_requests(self):
+        with own_channel(self.daemon.grpc_address) as other:
+            bob = pb_grpc.SpecdStub(other)
+            call = self.stub.Generate(self.long_request(request_id="job-7"), timeout=120)
+            next(call)
+            # Bob neither sees nor aborts this caller's job-7, and may name his own job-7.
+            self.assertFalse(bob.Abort(pb.AbortRequest(request_id="job-7"), timeout=10).found)
+            bob_call = bob.Generate(self.long_request(request_id="job-7"), timeout=120)
+            self.assertEqual(next(bob_call).request_id, "job-7")
+            self.assertTrue(bob.Abort(pb.AbortRequest(request_id="job-7"), timeout=10).found)
+            self.assert_aborted(bob_call, "job-7")
+            self.assertTrue(self.stub.Abort(pb.AbortRequest(request_id="job-7"), timeout=10).found)
+            self.assert_aborted(call, "job-7")
+            # Server-assigned ids: 128 random bits, and just as private.
+            calls = [self.stub.Generate(self.long_request(), timeout=120) for _ in range(2)]
+            ids = [next(c).request_id for c in calls]
+            for request_id in ids:
+                self.assertRegex(request_id, r"^grpc-[0-9a-f]{32}$")
+                self.assertFalse(bob.Abort(pb.AbortRequest(request_id=request_id),
+                                           timeout=10).found)
+            self.assertNotEqual(ids[0], ids[1])
+            for c, request_id in zip(calls, ids):
+                self.assertTrue(self.stub.Abort(pb.AbortRequest(request_id=request_id),
+                                                timeout=10).found)
+                self.assert_aborted(c, request_id)
+        self.wait_idle()
+
+
+class BackpressureTest(GrpcTestCase):
+    """A client that stops reading (issue 15): its stream is paused in the engine instead of
+    buffered, then aborted (KV freed) after --write-timeout without a completed write."""
+    daemon_args = ("--write-timeout", "3")
+
+    def test_a_stream_nobody_reads_is_paused_then_aborted(self):
+        warm = pb.GenerateRequest(text="def main(", max_tokens=300, ignore_eos=True, n=16,
+                                  logprobs=20)
+        self.assertEqual(len(collect(self.stub.Generate(warm, timeout=300))[2]), 16)
+        self.wait_idle()
+        before, rss_before = self.daemon.metrics(), self.daemon.rss_bytes()
+        aborts = 'specd_requests_total{outcome="abort"}'
+        request = pb.GenerateRequest(text="def main(", max_tokens=LONG, ignore_eos=True,
+                                     temperature=0, n=16, logprobs=20)
+        with own_channel(self.daemon.grpc_address, ("grpc.http2.bdp_probe", 0)) as channel:
+            call = pb_grpc.SpecdStub(channel).Generate(request, timeout=600)  # never read
+            peak, paused, m = rss_before, False, before
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and m[aborts] - before[aborts] < 16:
+                time.sleep(0.1)
+                peak = max(peak, self.daemon.rss_bytes())
+                m = self.daemon.metrics()
+                paused = paused or m["specd_num_requests_paused"] > 0
+            generated = m["specd_generation_tokens_total"] - before["specd_generation_tokens_total"]
+            growth = (peak - rss_before) / 2**20
+            print(f"\nnever-read n=16 logprobs=20 stream: RSS +{growth:.1f} MiB, "
+                  f"{generated:.0f} tokens generated before the abort", file=sys.stderr)
+            self.assertTrue(paused)
+            self.assertEqual(m[aborts] - before[aborts], 16)
+            self.assertLess(generated, 16 * LONG / 4)
+            self.assertLess(growth, 64)
+            call.cancel()
+        self.wait_idle()
+
 
 class InfoTest(GrpcTestCase):
     daemon_args = ("--served-model-name", "codepair-test")
@@ -428,6 +508,30 @@ class AuthTest(GrpcTestCase):
                                   contains="API key")
             self.assert_rpc_error(grpc.StatusCode.UNAUTHENTICATED, self.stub.Tokenize,
                                   pb.TokenizeRequest(text="x"), timeout=10, metadata=metadata)
+
+    def test_http_and_grpc_parse_authorization_alike(self):
+        accepted = {"Bearer s3cret-key", "bearer   s3cret-key", "BEARER s3cret-key  ",
+                    "  Bearer s3cret-key"}
+        refused = {"Bearer s3cret-key-and-more", "Bearer nope", "Basic s3cret-key",
+                   "Bearers3cret-key", "s3cret-key", "Bearer", "Bearer   ", ""}
+        for value in sorted(accepted | refused):
+            request = urllib.request.Request(f"http://{self.daemon.http_address}/v1/models",
+                                             headers={"Authorization": value})
+            try:
+                with urllib.request.urlopen(request, timeout=30):
+                    http_error = None
+            except urllib.error.HTTPError as e:
+                self.assertEqual(e.code, 401, value)
+                http_error = json.load(e)["error"]["message"]
+            try:
+                self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10,
+                                        metadata=(("authorization", value),))
+                grpc_error = None
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED, value)
+                grpc_error = e.details()
+            self.assertEqual(http_error, grpc_error, repr(value))
+            self.assertEqual(http_error is None, value in accepted, repr(value))
 
     def test_right_key_is_served_and_health_and_reflection_need_none(self):
         ids, _, finals = collect(self.stub.Generate(

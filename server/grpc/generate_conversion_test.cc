@@ -124,6 +124,14 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
        "n must be"},
       {"stop id", [](v1::GenerateRequest* r) { r->add_stop_token_ids(8192); },
        absl::StatusCode::kInvalidArgument, "stop_token_ids"},
+      {"too many stop strings",
+       [](v1::GenerateRequest* r) {
+         for (size_t i = 0; i <= kMaxStopStrings; ++i) r->add_stop("s");
+       },
+       absl::StatusCode::kInvalidArgument, "stop"},
+      {"long stop string",
+       [](v1::GenerateRequest* r) { r->add_stop(std::string(kMaxStopStringBytes + 1, 's')); },
+       absl::StatusCode::kInvalidArgument, "stop"},
       {"model", [](v1::GenerateRequest* r) { r->set_model("gpt-4"); }, absl::StatusCode::kNotFound,
        "gpt-4"},
       {"method", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("magic"); },

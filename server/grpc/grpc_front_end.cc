@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/service_type.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -120,6 +121,9 @@ absl::StatusOr<std::unique_ptr<GrpcFrontEnd>> GrpcFrontEnd::Start(
   SPECD_ASSIGN_OR_RETURN(config.model, DescribeModel(*engine, options));
   config.api_key = options.api_key;
   config.version = options.version;
+  config.stream_limits.max_queued_bytes =
+      static_cast<size_t>(std::max<int64_t>(options.max_queued_bytes_per_stream, 1));
+  config.stream_limits.write_timeout = options.write_timeout;
   auto calls = std::make_unique<CallTracker>();
   config.calls = calls.get();
   std::unique_ptr<grpc::Service> service = NewSpecdService(std::move(config));

@@ -28,6 +28,11 @@ struct GrpcFrontEndOptions {
   // The model directory, for GetModelInfo's architecture and vocab_size (its config.json);
   // empty: architecture unknown, vocab_size the tokenizer's.
   std::string model_dir;
+  // Backpressure: a Generate stream with more than this many bytes waiting for its client
+  // pauses its engine requests (they keep their KV cache) until a quarter is left;
+  // paused this long without completing a write, it is aborted and cancelled.
+  int64_t max_queued_bytes_per_stream = int64_t{4} << 20;
+  absl::Duration write_timeout = absl::Seconds(60);
 };
 
 class GrpcFrontEnd {

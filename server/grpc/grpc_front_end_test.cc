@@ -63,6 +63,62 @@ class GrpcFrontEndTest : public ::testing::Test {
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
 
+  // A stub on a connection of its own (channels otherwise share one), that is, another
+  // caller; with a small HTTP/2 window and no BDP probing that would grow it, so a client
+  // that stops reading stalls the stream after a few KiB.
+  static std::unique_ptr<v1::Specd::Stub> ConnectAlone(int32_t port) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
+    return v1::Specd::NewStub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                                        grpc::InsecureChannelCredentials(), args));
+  }
+
+  // Another front end over the engine, on a free port, with these per-stream limits.
+  static std::unique_ptr<GrpcFrontEnd> StartLimited(int64_t max_queued_bytes,
+                                                    absl::Duration write_timeout) {
+    GrpcFrontEndOptions fe;
+    fe.host = "127.0.0.1";
+    fe.port = 0;
+    fe.max_queued_bytes_per_stream = max_queued_bytes;
+    fe.write_timeout = write_timeout;
+    absl::StatusOr<std::unique_ptr<GrpcFrontEnd>> front_end = GrpcFrontEnd::Start(engine_, fe);
+    EXPECT_TRUE(front_end.ok()) << front_end.status();
+    return front_end.ok() ? *std::move(front_end) : nullptr;
+  }
+
+  static v1::AbortResponse Abort(v1::Specd::Stub& stub, const std::string& request_id) {
+    v1::AbortRequest a;
+    a.set_request_id(request_id);
+    v1::AbortResponse response;
+    grpc::ClientContext ctx;
+    grpc::Status st = stub.Abort(&ctx, a, &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return response;
+  }
+
+  // Reads the rest of a stream: its tokens and final status.
+  static Stream Drain(grpc::ClientReader<v1::GenerateResponse>& reader) {
+    Stream out;
+    v1::GenerateResponse msg;
+    while (reader.Read(&msg)) {
+      out.ids.insert(out.ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+      out.messages.push_back(msg);
+    }
+    out.status = reader.Finish();
+    return out;
+  }
+
+  // Within ~10 s, the engine reports a paused request.
+  static bool EnginePaused() {
+    for (int i = 0; i < 1000; ++i) {
+      if (engine_->Stats().num_paused > 0) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
   static Stream Generate(v1::Specd::Stub& stub, const v1::GenerateRequest& request,
                          grpc::ClientContext* ctx) {
     Stream out;
@@ -263,6 +319,110 @@ TEST_F(GrpcFrontEndTest, AbortByRequestIdEndsTheStreamCancelled) {
   grpc::ClientContext actx2;
   ASSERT_TRUE(stub->Abort(&actx2, a, &ar).ok());
   EXPECT_FALSE(ar.found());
+}
+
+TEST_F(GrpcFrontEndTest, AbortAndRequestIdsAreScopedToTheCallersConnection) {
+  auto alice = ConnectAlone(front_end_->port());
+  auto bob = ConnectAlone(front_end_->port());
+  v1::GenerateRequest r = LongRequest();
+  r.set_request_id("job-1");
+  grpc::ClientContext alice_ctx;
+  auto alice_reader = alice->Generate(&alice_ctx, r);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(alice_reader->Read(&msg));
+
+  // Bob cannot abort Alice's job-1: to him it does not exist...
+  EXPECT_FALSE(Abort(*bob, "job-1").found());
+  // ...so his own job-1 is no conflict, and aborting it ends only his.
+  grpc::ClientContext bob_ctx;
+  auto bob_reader = bob->Generate(&bob_ctx, r);
+  ASSERT_TRUE(bob_reader->Read(&msg));
+  EXPECT_EQ(msg.request_id(), "job-1");
+  EXPECT_TRUE(Abort(*bob, "job-1").found());
+  EXPECT_EQ(Drain(*bob_reader).status.error_code(), grpc::StatusCode::CANCELLED);
+
+  // Alice's call still runs, and a second live job-1 of hers is refused.
+  grpc::ClientContext dup_ctx;
+  EXPECT_EQ(Generate(*alice, r, &dup_ctx).status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_TRUE(Abort(*alice, "job-1").found());
+  Stream rest = Drain(*alice_reader);
+  EXPECT_EQ(rest.status.error_code(), grpc::StatusCode::CANCELLED) << rest.status.error_message();
+  EXPECT_TRUE(EngineIdle());
+}
+
+TEST_F(GrpcFrontEndTest, ServerAssignedRequestIdsAreRandomAndPrivate) {
+  auto alice = ConnectAlone(front_end_->port());
+  auto bob = ConnectAlone(front_end_->port());
+  grpc::ClientContext ctx1, ctx2;
+  auto first = alice->Generate(&ctx1, LongRequest());
+  auto second = alice->Generate(&ctx2, LongRequest());
+  v1::GenerateResponse m1, m2;
+  ASSERT_TRUE(first->Read(&m1));
+  ASSERT_TRUE(second->Read(&m2));
+  for (const std::string& id : {m1.request_id(), m2.request_id()}) {
+    EXPECT_THAT(id, ::testing::MatchesRegex("grpc-[0-9a-f]{32}"));
+  }
+  EXPECT_NE(m1.request_id(), m2.request_id());
+  EXPECT_FALSE(Abort(*bob, m1.request_id()).found());
+  EXPECT_TRUE(Abort(*alice, m1.request_id()).found());
+  EXPECT_TRUE(Abort(*alice, m2.request_id()).found());
+  EXPECT_EQ(Drain(*first).status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(Drain(*second).status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(EngineIdle());
+}
+
+// Backpressure: past the queued-bytes cap the engine pauses the choices; with no write
+// completed for the write timeout, they are aborted (KV freed) and the stream cancelled.
+TEST_F(GrpcFrontEndTest, AStreamWhoseClientStopsReadingIsPausedThenAborted) {
+  std::unique_ptr<GrpcFrontEnd> limited = StartLimited(64 << 10, absl::Seconds(2));
+  ASSERT_NE(limited, nullptr);
+  auto stub = ConnectAlone(limited->port());
+  v1::GenerateRequest r = LongRequest();
+  r.set_n(8);
+  r.set_logprobs(20);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, r);  // and read nothing
+  EXPECT_TRUE(EnginePaused());
+  const absl::Time paused = absl::Now();
+  EXPECT_TRUE(EngineIdle());
+  EXPECT_GE(absl::Now() - paused, absl::Seconds(1));  // not before (most of) the timeout
+  Stream s = Drain(*reader);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED) << s.status.error_message();
+  EXPECT_LT(s.ids.size(), 8u * 4000u / 4);
+}
+
+// A client that pauses reading for less than the write timeout gets every token, exactly
+// those of an uninterrupted stream.
+TEST_F(GrpcFrontEndTest, AStreamPausedForASlowClientResumesLosslessly) {
+  std::unique_ptr<GrpcFrontEnd> limited = StartLimited(8 << 10, absl::Seconds(60));
+  ASSERT_NE(limited, nullptr);
+  auto stub = ConnectAlone(limited->port());
+  v1::GenerateRequest r = LongRequest();
+  r.set_max_tokens(100);
+  r.set_n(4);
+  r.set_temperature(0.8f);
+  r.set_seed(7);
+  r.set_logprobs(20);
+  auto per_choice = [](const Stream& s) {
+    std::vector<std::vector<int32_t>> ids(4);
+    for (const v1::GenerateResponse& m : s.messages) {
+      ids.at(m.index()).insert(ids[m.index()].end(), m.token_ids().begin(), m.token_ids().end());
+    }
+    return ids;
+  };
+  grpc::ClientContext want_ctx;
+  Stream want = Generate(*Connect(front_end_->port()), r, &want_ctx);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, r);
+  EXPECT_TRUE(EnginePaused());
+  absl::SleepFor(absl::Milliseconds(300));
+  Stream got = Drain(*reader);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(per_choice(got), per_choice(want));
+  EXPECT_EQ(got.ids.size(), 4u * 100u);
+  EXPECT_TRUE(EngineIdle());
 }
 
 TEST_F(GrpcFrontEndTest, ConcurrentStreamsWithCancelsLoseNoTokens) {

@@ -2,15 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <deque>
-#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/base/log.h"
@@ -18,56 +16,12 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "proto/specd.grpc.pb.h"
-#include "server/grpc/auth.h"
+#include "server/api_key.h"
+#include "server/grpc/call_registry.h"
+#include "server/grpc/generate_call.h"
 
 namespace specd {
 namespace {
-
-// absl and gRPC share the canonical codes; the table is spelled out so a mismatch would show.
-grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return grpc::StatusCode::OK;
-    case absl::StatusCode::kCancelled:
-      return grpc::StatusCode::CANCELLED;
-    case absl::StatusCode::kInvalidArgument:
-      return grpc::StatusCode::INVALID_ARGUMENT;
-    case absl::StatusCode::kDeadlineExceeded:
-      return grpc::StatusCode::DEADLINE_EXCEEDED;
-    case absl::StatusCode::kNotFound:
-      return grpc::StatusCode::NOT_FOUND;
-    case absl::StatusCode::kAlreadyExists:
-      return grpc::StatusCode::ALREADY_EXISTS;
-    case absl::StatusCode::kPermissionDenied:
-      return grpc::StatusCode::PERMISSION_DENIED;
-    case absl::StatusCode::kResourceExhausted:
-      return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    case absl::StatusCode::kFailedPrecondition:
-      return grpc::StatusCode::FAILED_PRECONDITION;
-    case absl::StatusCode::kAborted:
-      return grpc::StatusCode::ABORTED;
-    case absl::StatusCode::kOutOfRange:
-      return grpc::StatusCode::OUT_OF_RANGE;
-    case absl::StatusCode::kUnimplemented:
-      return grpc::StatusCode::UNIMPLEMENTED;
-    case absl::StatusCode::kUnavailable:
-      return grpc::StatusCode::UNAVAILABLE;
-    case absl::StatusCode::kDataLoss:
-      return grpc::StatusCode::DATA_LOSS;
-    case absl::StatusCode::kUnauthenticated:
-      return grpc::StatusCode::UNAUTHENTICATED;
-    case absl::StatusCode::kInternal:
-      return grpc::StatusCode::INTERNAL;
-    case absl::StatusCode::kUnknown:
-    default:
-      return grpc::StatusCode::UNKNOWN;
-  }
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(ToGrpcCode(s.code()), std::string(s.message()));
-}
 
 // Requests are parsed here rather than by gRPC, whose callback handlers answer an unparsable
 // message with an empty UNIMPLEMENTED; a client deserves INVALID_ARGUMENT and a reason.
@@ -83,11 +37,6 @@ absl::Status ParseMessage(const grpc::ByteBuffer& in, google::protobuf::Message*
   return absl::InvalidArgumentError(
       absl::StrCat("the request is not a valid ", message->GetTypeName(),
                    " (malformed protobuf, or a string field that is not UTF-8)"));
-}
-
-grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message) {
-  grpc::Slice slice(message.SerializeAsString());
-  return grpc::ByteBuffer(&slice, 1);
 }
 
 absl::Time DeadlineOf(const grpc::CallbackServerContext& ctx) {
@@ -129,263 +78,44 @@ class UnaryReply final : public grpc::ServerUnaryReactor {
   CallTracker* const calls_;  // null: the call was never counted
 };
 
-class GenerateCall;
+// Who a call comes from, for Abort's scope and request_id's namespace: the client's
+// connection, as its transport address ("ipv4:127.0.0.1:41234"). A Generate call lives no
+// longer than its HTTP/2 connection, and no two open connections share an address, so a
+// caller's calls are those made on the same connection (one channel). The API key cannot
+// tell clients apart: every client of a server shares its one key.
+std::string CallerOf(const grpc::CallbackServerContext& ctx) { return ctx.peer(); }
 
-// request_id -> running Generate call: for Abort, and to keep caller ids unique.
-class CallRegistry {
+// Gives each running Generate call's CheckStalled a chance about every `period`.
+class StallWatch {
  public:
-  bool Add(const std::string& id, const std::shared_ptr<GenerateCall>& call) {
-    absl::MutexLock lock(&mu_);
-    auto [it, inserted] = calls_.try_emplace(id, call);
-    if (inserted) return true;
-    if (!it->second.expired()) return false;
-    it->second = call;
-    return true;
-  }
-  // Forgets `id` unless a newer call took it over.
-  void Remove(const std::string& id, const GenerateCall* call) {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(id);
-    if (it == calls_.end()) return;
-    std::shared_ptr<GenerateCall> current = it->second.lock();
-    if (current == nullptr || current.get() == call) calls_.erase(it);
-  }
-  std::shared_ptr<GenerateCall> Find(const std::string& id) {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(id);
-    return it == calls_.end() ? nullptr : it->second.lock();
+  StallWatch(CallRegistry<GenerateCall>* registry, absl::Duration period)
+      : registry_(registry), period_(period), thread_([this] { Loop(); }) {}
+  ~StallWatch() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
   }
 
  private:
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::weak_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
-};
-
-// One Generate call. Owned by shared_ptrs: its own (dropped in OnDone) and one in each engine
-// OutputCallback, so an engine update arriving after the RPC ended finds it alive (and
-// ignores it). Reactions, engine updates and Abort may run concurrently: all state is under
-// mu_, and StartWrite / Finish / Engine::Abort are called after mu_ is released (gRPC may run
-// a reaction inline, and Abort may take engine locks).
-class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  GenerateCall(Engine* engine, const Tokenizer* tokenizer, CallRegistry* registry,
-               CallTracker* calls, std::string request_id, size_t num_choices, bool with_logprobs)
-      : engine_(engine),
-        tokenizer_(tokenizer),
-        registry_(registry),
-        calls_(calls),
-        request_id_(std::move(request_id)),
-        with_logprobs_(with_logprobs),
-        choices_(num_choices),
-        num_open_(num_choices) {}
-
-  // Submits one engine request per choice; `self` keeps the call alive until OnDone.
-  static GenerateCall* Launch(std::shared_ptr<GenerateCall> self,
-                              std::vector<GenerateRequest> requests);
-  // The Abort RPC: the engine ends the choices, and the call ends CANCELLED.
-  void AbortByRequest();
-
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
-  void OnDone() override;
-
- private:
-  struct Choice {
-    std::optional<RequestId> engine_id;  // once submitted
-    bool done = false;
-  };
-  // What to do once mu_ is released.
-  struct Action {
-    enum { kNothing, kWrite, kFinish } kind = kNothing;
-    v1::GenerateResponse message;  // kWrite
-    grpc::Status status;           // kFinish
-    std::vector<RequestId> to_abort;
-  };
-
-  void OnOutput(size_t index, RequestOutput&& output);  // engine thread
-  void Queue(size_t index, const RequestOutput& output) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stops the call with `status` (the first stop wins) and collects the engine work to end.
-  void StopLocked(grpc::Status status, Action* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PlanLocked(Action* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Run(Action action);
-
-  Engine* const engine_;
-  const Tokenizer* const tokenizer_;
-  CallRegistry* const registry_;
-  CallTracker* const calls_;
-  const std::string request_id_;
-  const bool with_logprobs_;
-  std::shared_ptr<GenerateCall> self_;  // set by Launch, dropped by OnDone
-
-  absl::Mutex mu_;
-  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
-  size_t num_open_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
-  grpc::ByteBuffer in_flight_;  // touched only by the write in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool aborted_by_request_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // client gone: drop what is pending
-  std::optional<grpc::Status> stop_status_ ABSL_GUARDED_BY(mu_);
-  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-GenerateCall* GenerateCall::Launch(std::shared_ptr<GenerateCall> self,
-                                   std::vector<GenerateRequest> requests) {
-  GenerateCall* call = self.get();
-  call->self_ = self;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    {
-      absl::MutexLock lock(&call->mu_);
-      if (call->stop_status_) break;
-    }
-    absl::StatusOr<RequestId> id = call->engine_->Submit(
-        std::move(requests[i]),
-        [self, i](RequestOutput&& output) { self->OnOutput(i, std::move(output)); });
-    Action action;
-    {
-      absl::MutexLock lock(&call->mu_);
-      if (id.ok()) {
-        call->choices_[i].engine_id = *id;
-        // Cancelled while submitting: end this one too.
-        if (call->stop_status_) call->StopLocked(*call->stop_status_, &action);
-      } else {
-        call->StopLocked(ToGrpc(id.status()), &action);
+  void Loop() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period_)) return;
       }
-      call->PlanLocked(&action);
-    }
-    call->Run(std::move(action));
-  }
-  return call;
-}
-
-void GenerateCall::AbortByRequest() {
-  std::vector<RequestId> ids;
-  {
-    absl::MutexLock lock(&mu_);
-    aborted_by_request_ = true;
-    for (const Choice& c : choices_) {
-      if (c.engine_id && !c.done) ids.push_back(*c.engine_id);
+      const absl::Time now = absl::Now();
+      for (const std::shared_ptr<GenerateCall>& call : registry_->All()) call->CheckStalled(now);
     }
   }
-  for (RequestId id : ids) engine_->Abort(id);
-}
 
-void GenerateCall::OnOutput(size_t index, RequestOutput&& output) {
-  Action action;
-  {
-    absl::MutexLock lock(&mu_);
-    if (finish_called_ || cancelled_ || choices_[index].done) return;
-    Queue(index, output);
-    if (output.finished) {
-      choices_[index].done = true;
-      --num_open_;
-      if (!output.status.ok()) {
-        grpc::Status status = ToGrpc(output.status);
-        if (aborted_by_request_ && output.status.code() == absl::StatusCode::kCancelled) {
-          status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                absl::StrCat("request ", request_id_, " was aborted"));
-        }
-        StopLocked(std::move(status), &action);
-      }
-    }
-    PlanLocked(&action);
-  }
-  Run(std::move(action));
-}
-
-void GenerateCall::Queue(size_t index, const RequestOutput& output) {
-  const bool merge = !pending_.empty() && pending_.back().index() == index &&
-                     pending_.back().finish_reason() == v1::FINISH_REASON_UNSPECIFIED;
-  if (!merge) {
-    if (output.tokens.empty() && output.text.empty() && !(output.finished && output.status.ok())) {
-      return;  // nothing to tell
-    }
-    pending_.emplace_back();
-    pending_.back().set_request_id(request_id_);
-    pending_.back().set_index(static_cast<uint32_t>(index));
-  }
-  AppendOutput(output, tokenizer_, with_logprobs_, &pending_.back());
-}
-
-void GenerateCall::StopLocked(grpc::Status status, Action* action) {
-  if (!stop_status_) stop_status_ = std::move(status);
-  for (Choice& c : choices_) {
-    if (c.engine_id && !c.done) action->to_abort.push_back(*c.engine_id);
-  }
-}
-
-void GenerateCall::PlanLocked(Action* action) {
-  if (finish_called_ || writing_) return;
-  if (!cancelled_ && !pending_.empty()) {
-    action->message = std::move(pending_.front());
-    pending_.pop_front();
-    writing_ = true;
-    action->kind = Action::kWrite;
-    return;
-  }
-  if (!cancelled_ && !stop_status_ && num_open_ > 0) return;
-  finish_called_ = true;
-  action->kind = Action::kFinish;
-  if (cancelled_) {
-    action->status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-  } else if (stop_status_) {
-    action->status = *stop_status_;
-  }
-}
-
-void GenerateCall::Run(Action action) {
-  for (RequestId id : action.to_abort) engine_->Abort(id);
-  if (action.kind == Action::kWrite) {
-    in_flight_ = SerializeMessage(action.message);
-    StartWrite(&in_flight_);
-  } else if (action.kind == Action::kFinish) {
-    if (!action.status.ok()) {
-      SPECD_LOG_DEBUG("grpc {}: ends with {}: {}", request_id_,
-                      static_cast<int>(action.status.error_code()), action.status.error_message());
-    }
-    // The id is free (and Abort says not found) before the client sees the status.
-    registry_->Remove(request_id_, this);
-    Finish(std::move(action.status));
-  }
-}
-
-void GenerateCall::OnWriteDone(bool ok) {
-  Action action;
-  {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {  // the stream broke: the client is gone
-      cancelled_ = true;
-      StopLocked(grpc::Status::CANCELLED, &action);
-    }
-    PlanLocked(&action);
-  }
-  Run(std::move(action));
-}
-
-void GenerateCall::OnCancel() {
-  Action action;
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    pending_.clear();
-    StopLocked(grpc::Status::CANCELLED, &action);
-    PlanLocked(&action);
-  }
-  Run(std::move(action));
-}
-
-void GenerateCall::OnDone() {
-  registry_->Remove(request_id_, this);  // normally done at Finish already
-  Action action;
-  {
-    absl::MutexLock lock(&mu_);
-    StopLocked(grpc::Status::CANCELLED, &action);  // normally nothing is left to end
-  }
-  for (RequestId id : action.to_abort) engine_->Abort(id);
-  calls_->End();
-  std::shared_ptr<GenerateCall> self = std::move(self_);  // may be the last owner
-}
+  CallRegistry<GenerateCall>* const registry_;
+  const absl::Duration period_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the rest is set
+};
 
 // Every method raw (ByteBuffer in and out) so that parsing is ours; see ParseMessage.
 using RawSpecdService = v1::Specd::WithRawCallbackMethod_Generate<
@@ -395,7 +125,10 @@ using RawSpecdService = v1::Specd::WithRawCallbackMethod_Generate<
 
 class SpecdService final : public RawSpecdService {
  public:
-  explicit SpecdService(SpecdServiceConfig config) : config_(std::move(config)) {}
+  explicit SpecdService(SpecdServiceConfig config)
+      : config_(std::move(config)),
+        stall_watch_(&registry_, std::clamp(config_.stream_limits.write_timeout / 4,
+                                            absl::Milliseconds(10), absl::Seconds(1))) {}
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* in) override;
@@ -427,10 +160,9 @@ class SpecdService final : public RawSpecdService {
 
   // Authorizes, parses, handles and serializes; answers inline.
   template <typename Request, typename Response>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                  grpc::ByteBuffer* out,
-                                  absl::Status (SpecdService::*handler)(const Request&,
-                                                                        Response*)) {
+  grpc::ServerUnaryReactor* Unary(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+      absl::Status (SpecdService::*handler)(const std::string& caller, const Request&, Response*)) {
     if (!config_.calls->Begin()) {
       return new UnaryReply(nullptr, grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
     }
@@ -438,36 +170,40 @@ class SpecdService final : public RawSpecdService {
     Response response;
     absl::Status status = Authorize(*ctx);
     if (status.ok()) status = ParseMessage(*in, &request);
-    if (status.ok()) status = (this->*handler)(request, &response);
+    if (status.ok()) status = (this->*handler)(CallerOf(*ctx), request, &response);
     if (status.ok()) *out = SerializeMessage(response);
-    return new UnaryReply(config_.calls, ToGrpc(status));
+    return new UnaryReply(config_.calls, ToGrpcStatus(status));
   }
 
-  absl::Status DoAbort(const v1::AbortRequest& request, v1::AbortResponse* response);
-  absl::Status DoTokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* response);
-  absl::Status DoDetokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* response);
-  absl::Status DoGetModelInfo(const v1::GetModelInfoRequest& request,
+  // Unary handlers; `caller` is CallerOf the call.
+  absl::Status DoAbort(const std::string& caller, const v1::AbortRequest& request,
+                       v1::AbortResponse* response);
+  absl::Status DoTokenize(const std::string& caller, const v1::TokenizeRequest& request,
+                          v1::TokenizeResponse* response);
+  absl::Status DoDetokenize(const std::string& caller, const v1::DetokenizeRequest& request,
+                            v1::DetokenizeResponse* response);
+  absl::Status DoGetModelInfo(const std::string& caller, const v1::GetModelInfoRequest& request,
                               v1::GetModelInfoResponse* response);
-  absl::Status DoGetServerInfo(const v1::GetServerInfoRequest& request,
+  absl::Status DoGetServerInfo(const std::string& caller, const v1::GetServerInfoRequest& request,
                                v1::GetServerInfoResponse* response);
 
   const SpecdServiceConfig config_;
-  CallRegistry registry_;
-  std::atomic<uint64_t> next_request_id_{1};
+  CallRegistry<GenerateCall> registry_;  // outlives stall_watch_
+  StallWatch stall_watch_;
 };
 
 absl::Status SpecdService::Authorize(const grpc::CallbackServerContext& ctx) const {
   if (config_.api_key.empty()) return absl::OkStatus();
-  const auto& metadata = ctx.client_metadata();
-  auto [begin, end] = metadata.equal_range("authorization");
+  // As HTTP's one Authorization header; of several values the first error is told.
+  absl::Status first = absl::UnauthenticatedError(kMissingApiKeyMessage);
+  auto [begin, end] = ctx.client_metadata().equal_range("authorization");
   for (auto it = begin; it != end; ++it) {
-    if (BearerTokenMatches(std::string_view(it->second.data(), it->second.size()),
-                           config_.api_key)) {
-      return absl::OkStatus();
-    }
+    absl::Status s = CheckBearerCredential(absl::string_view(it->second.data(), it->second.size()),
+                                           config_.api_key);
+    if (s.ok()) return s;
+    if (it == begin) first = std::move(s);
   }
-  return absl::UnauthenticatedError(
-      "missing or invalid API key: send metadata 'authorization: Bearer <key>'");
+  return first;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* SpecdService::Generate(grpc::CallbackServerContext* ctx,
@@ -479,16 +215,30 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* SpecdService::Generate(grpc::Callbac
   v1::GenerateRequest request;
   absl::Status status = Authorize(*ctx);
   if (status.ok()) status = ParseMessage(*in, &request);
-  if (!status.ok()) return new FailedGenerate(calls, ToGrpc(status));
+  if (!status.ok()) return new FailedGenerate(calls, ToGrpcStatus(status));
   std::string request_id = request.request_id();
-  if (request_id.empty()) request_id = absl::StrCat("grpc-", next_request_id_++);
+  if (request_id.empty()) {
+    absl::StatusOr<std::string> id = NewRequestId();
+    if (!id.ok()) return new FailedGenerate(calls, ToGrpcStatus(id.status()));
+    request_id = *std::move(id);
+  }
   absl::StatusOr<std::vector<GenerateRequest>> requests =
       ToEngineRequests(request, config_.model, request_id, DeadlineOf(*ctx));
-  if (!requests.ok()) return new FailedGenerate(calls, ToGrpc(requests.status()));
-  auto call =
-      std::make_shared<GenerateCall>(config_.engine, config_.model.tokenizer, &registry_, calls,
-                                     request_id, requests->size(), request.has_logprobs());
-  if (!registry_.Add(request_id, call)) {
+  if (!requests.ok()) return new FailedGenerate(calls, ToGrpcStatus(requests.status()));
+  GenerateCall::Params params;
+  params.engine = config_.engine;
+  params.tokenizer = config_.model.tokenizer;
+  params.registry = &registry_;
+  params.calls = calls;
+  params.context = ctx;
+  params.caller = CallerOf(*ctx);
+  params.request_id = request_id;
+  params.num_choices = requests->size();
+  params.with_logprobs = request.has_logprobs();
+  params.limits = config_.stream_limits;
+  auto call = std::make_shared<GenerateCall>(std::move(params));
+  // A client's ids are its own: another caller's running "job-1" neither blocks nor shows.
+  if (!registry_.Add(CallerOf(*ctx), request_id, call)) {
     return new FailedGenerate(
         calls, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                             absl::StrCat("request_id '", request_id, "' is already running")));
@@ -498,15 +248,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* SpecdService::Generate(grpc::Callbac
   return GenerateCall::Launch(std::move(call), *std::move(requests));
 }
 
-absl::Status SpecdService::DoAbort(const v1::AbortRequest& request, v1::AbortResponse* response) {
+// Another caller's id is answered as an unknown one (found = false), so ids cannot be probed.
+absl::Status SpecdService::DoAbort(const std::string& caller, const v1::AbortRequest& request,
+                                   v1::AbortResponse* response) {
   if (request.request_id().empty()) return absl::InvalidArgumentError("request_id is required");
-  std::shared_ptr<GenerateCall> call = registry_.Find(request.request_id());
+  std::shared_ptr<GenerateCall> call = registry_.Find(caller, request.request_id());
   if (call != nullptr) call->AbortByRequest();
   response->set_found(call != nullptr);
   return absl::OkStatus();
 }
 
-absl::Status SpecdService::DoTokenize(const v1::TokenizeRequest& request,
+absl::Status SpecdService::DoTokenize(const std::string& /*caller*/,
+                                      const v1::TokenizeRequest& request,
                                       v1::TokenizeResponse* response) {
   const Tokenizer* tok = config_.model.tokenizer;
   if (tok == nullptr) return absl::FailedPreconditionError("model has no tokenizer");
@@ -518,7 +271,8 @@ absl::Status SpecdService::DoTokenize(const v1::TokenizeRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status SpecdService::DoDetokenize(const v1::DetokenizeRequest& request,
+absl::Status SpecdService::DoDetokenize(const std::string& /*caller*/,
+                                        const v1::DetokenizeRequest& request,
                                         v1::DetokenizeResponse* response) {
   const Tokenizer* tok = config_.model.tokenizer;
   if (tok == nullptr) return absl::FailedPreconditionError("model has no tokenizer");
@@ -528,7 +282,8 @@ absl::Status SpecdService::DoDetokenize(const v1::DetokenizeRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status SpecdService::DoGetModelInfo(const v1::GetModelInfoRequest& /*request*/,
+absl::Status SpecdService::DoGetModelInfo(const std::string& /*caller*/,
+                                          const v1::GetModelInfoRequest& /*request*/,
                                           v1::GetModelInfoResponse* response) {
   const ServedModel& m = config_.model;
   response->set_served_model_name(m.served_model_name);
@@ -541,7 +296,8 @@ absl::Status SpecdService::DoGetModelInfo(const v1::GetModelInfoRequest& /*reque
   return absl::OkStatus();
 }
 
-absl::Status SpecdService::DoGetServerInfo(const v1::GetServerInfoRequest& /*request*/,
+absl::Status SpecdService::DoGetServerInfo(const std::string& /*caller*/,
+                                           const v1::GetServerInfoRequest& /*request*/,
                                            v1::GetServerInfoResponse* response) {
   const EngineStats stats = config_.engine->Stats();
   response->set_version(config_.version);

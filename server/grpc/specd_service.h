@@ -1,11 +1,11 @@
 // The specd.v1.Specd service on gRPC's callback API: unary Abort / Tokenize / Detokenize /
-// GetModelInfo / GetServerInfo answer inline; Generate is a write reactor fed by the
-// engine's OutputCallback (which only queues and never blocks the engine thread) with one
-// write in flight at a time, updates merged while a write is outstanding. Client cancel,
-// gRPC deadlines and Abort stop the engine work. grpcpp stays out of this header.
+// GetModelInfo / GetServerInfo answer inline; Generate is a GenerateCall (generate_call.h:
+// a write reactor with capped output, pausing for slow clients). Abort reaches only the
+// caller's own calls (call_registry.h). grpcpp stays out of this header.
 // Any thread (gRPC's callback threads call the handlers).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,6 +42,12 @@ class CallTracker {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Per-stream output limits of Generate (see generate_call.h).
+struct StreamLimits {
+  size_t max_queued_bytes = size_t{4} << 20;         // over this a call pauses its engine requests
+  absl::Duration write_timeout = absl::Seconds(60);  // paused this long without a write: abort
+};
+
 struct SpecdServiceConfig {
   Engine* engine = nullptr;      // outlives the service
   CallTracker* calls = nullptr;  // outlives the service
@@ -49,6 +55,7 @@ struct SpecdServiceConfig {
   std::string api_key;  // non-empty: calls need "authorization: Bearer KEY"
   std::string version;
   absl::Time start_time = absl::Now();
+  StreamLimits stream_limits;
 };
 
 // The service to register on a grpc::ServerBuilder; it must outlive the server.
