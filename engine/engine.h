@@ -151,6 +151,9 @@ struct EngineStats {
   int32_t kv_blocks_total = 0;
   bool draining = false;
   bool running = false;  // engine thread started and not stopped
+  // SSD's counters as the engine thread last published them (at start and after every
+  // step), for metrics scraped while idle; none without SSD.
+  std::optional<SsdStats> ssd;
 };
 
 // Outcome of a finished request, for metrics.

@@ -113,6 +113,7 @@ void Engine::PublishStats(bool step_ran) {
   s.kv_blocks_used = core_->blocks.num_used_blocks();
   s.kv_blocks_total = core_->blocks.num_blocks();
   s.running = core_->serving;
+  if (ssd_stats_ != nullptr) s.ssd = *ssd_stats_;
   if (step_ran && options_.observer) {
     {
       std::lock_guard lock(shared_->mu);
@@ -182,6 +183,7 @@ void Engine::WaitWhileStalled() {
 void Engine::ServeLoop() {
   Shared& sh = *shared_;
   core_->serving = true;
+  PublishStats(false);  // KV capacity and SSD's link are reported before any request
   for (;;) {
     Inbox inbox;
     {

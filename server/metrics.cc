@@ -204,9 +204,14 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
 }
 
 void Metrics::OnSsd(const SsdStats& s) {
+  absl::MutexLock lock(&ssd_mu_);
   SsdStats& last = ssd_last_;
-  auto add = [](prometheus::Counter* c, double now, double before) {
-    if (now > before) c->Increment(now - before);
+  // Moves a counter up to `now` (a snapshot older than what it shows changes nothing).
+  auto add = [](prometheus::Counter* c, auto now, auto& shown) {
+    if (now > shown) {
+      c->Increment(static_cast<double>(now - shown));
+      shown = now;
+    }
   };
   add(&ssd_drafts_->Add({{"status", "hit"}}), s.drafts_hit, last.drafts_hit);
   add(&ssd_drafts_->Add({{"status", "miss_primary"}}), s.drafts_miss_primary,
@@ -215,24 +220,33 @@ void Metrics::OnSsd(const SsdStats& s) {
       last.drafts_miss_backup);
   add(&ssd_drafts_->Add({{"status", "none"}}), s.drafts_none, last.drafts_none);
   add(&ssd_drafts_->Add({{"status", "local"}}), s.local_rounds, last.local_rounds);
-  for (size_t k = 0; k < s.outcomes_by_accepted_len.size(); ++k) {
+  const size_t num_lens = s.outcomes_by_accepted_len.size();
+  if (last.outcomes_by_accepted_len.size() < num_lens) {
+    last.outcomes_by_accepted_len.resize(num_lens);
+    last.hits_by_accepted_len.resize(num_lens);
+  }
+  for (size_t k = 0; k < num_lens && k < s.hits_by_accepted_len.size(); ++k) {
     const std::string label = std::to_string(k);
-    const bool had = k < last.outcomes_by_accepted_len.size();
     add(&ssd_outcomes_->Add({{"accepted_len", label}}), s.outcomes_by_accepted_len[k],
-        had ? last.outcomes_by_accepted_len[k] : 0);
+        last.outcomes_by_accepted_len[k]);
     add(&ssd_hits_->Add({{"accepted_len", label}}), s.hits_by_accepted_len[k],
-        had ? last.hits_by_accepted_len[k] : 0);
+        last.hits_by_accepted_len[k]);
   }
   add(&ssd_bytes_->Add({{"direction", "sent"}}), s.bytes_sent, last.bytes_sent);
   add(&ssd_bytes_->Add({{"direction", "received"}}), s.bytes_received, last.bytes_received);
-  add(ssd_link_failures_, s.link_failures, last.link_failures);
-  add(ssd_connects_, s.connects, last.connects);
-  add(ssd_launches_, s.launches, last.launches);
   add(ssd_wait_seconds_, s.wait_seconds, last.wait_seconds);
   add(ssd_busy_seconds_, s.speculator_busy_seconds, last.speculator_busy_seconds);
   add(ssd_cache_seconds_, s.speculator_cache_seconds, last.speculator_cache_seconds);
-  ssd_connected_->Set(s.connected ? 1 : 0);
-  last = s;
+  // The link changes state only with a connect or a failure: the snapshot with the most of
+  // them knows its current state.
+  const int64_t link_events = s.connects + s.link_failures;
+  if (link_events >= ssd_link_events_) {
+    ssd_link_events_ = link_events;
+    ssd_connected_->Set(s.connected ? 1 : 0);
+  }
+  add(ssd_link_failures_, s.link_failures, last.link_failures);
+  add(ssd_connects_, s.connects, last.connects);
+  add(ssd_launches_, s.launches, last.launches);
 }
 
 void Metrics::OnHttpResponse(int status) {
@@ -245,6 +259,7 @@ void Metrics::UpdateGauges(const EngineStats& stats) {
   paused_->Set(stats.num_paused);
   kv_used_->Set(stats.kv_blocks_used);
   kv_total_->Set(stats.kv_blocks_total);
+  if (stats.ssd) OnSsd(*stats.ssd);
 }
 
 std::string Metrics::Render() const {

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 
 namespace prometheus {
@@ -38,8 +41,10 @@ class Metrics : public EngineObserver {
 
   // One HTTP response sent with this status (I/O threads).
   void OnHttpResponse(int status);
-  // Refreshes the gauges from a snapshot (the /metrics handler calls it before rendering,
-  // so gauges are current even while the engine is idle).
+  // Refreshes the gauges (and SSD's counters) from a snapshot: the /metrics handler calls it
+  // before rendering, so they are current at start and while the engine is idle. Snapshots
+  // may arrive out of order (a scrape's may be older than the last step's): counters never
+  // go back or count twice, and the SSD link gauge follows the newest link event.
   void UpdateGauges(const EngineStats& stats);
   // The registry in Prometheus text exposition format 0.0.4.
   std::string Render() const;
@@ -75,10 +80,13 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_accepted_length_ = nullptr;
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
-  // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold).
+  // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold), from
+  // OnSpeculation's and from every EngineStats snapshot (engine and scraping threads).
   void OnSsd(const SsdStats& s);
-  SsdStats ssd_last_;
-  prometheus::Family<prometheus::Counter>* ssd_drafts_ = nullptr;    // {status}
+  absl::Mutex ssd_mu_;
+  SsdStats ssd_last_ ABSL_GUARDED_BY(ssd_mu_);
+  int64_t ssd_link_events_ ABSL_GUARDED_BY(ssd_mu_) = -1;          // connects + link_failures shown
+  prometheus::Family<prometheus::Counter>* ssd_drafts_ = nullptr;  // {status}
   prometheus::Family<prometheus::Counter>* ssd_outcomes_ = nullptr;  // {accepted_len}
   prometheus::Family<prometheus::Counter>* ssd_hits_ = nullptr;      // {accepted_len}
   prometheus::Family<prometheus::Counter>* ssd_bytes_ = nullptr;     // {direction}

@@ -100,6 +100,71 @@ TEST(MetricsTest, SpeculationCountsRoundsTokensAndPositions) {
   EXPECT_NE(text.find("specd_spec_decode_verify_seconds_count 2"), std::string::npos);
 }
 
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+// At start (and while idle) no step speculates: a scrape's snapshot alone must show the link.
+TEST(MetricsTest, SsdLinkAndCountersComeFromAnySnapshot) {
+  Metrics m;
+  EngineStats start;
+  start.ssd.emplace();
+  start.ssd->connects = 1;
+  start.ssd->launches = 1;
+  start.ssd->connected = true;
+  m.UpdateGauges(start);
+  const std::string text = m.Render();
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_connected 1")) << text;
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_connects_total 1"));
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_launches_total 1"));
+  // The speculator dropped while no request ran: the next scrape tells.
+  start.ssd->link_failures = 1;
+  start.ssd->connected = false;
+  m.UpdateGauges(start);
+  EXPECT_TRUE(Has(m.Render(), "specd_ssd_speculator_connected 0"));
+  EXPECT_TRUE(Has(m.Render(), "specd_ssd_link_failures_total 1"));
+}
+
+// A scrape may render a snapshot older than what the last step reported.
+TEST(MetricsTest, OlderSsdSnapshotsNeitherRecountNorRevertTheLink) {
+  Metrics m;
+  SsdStats newer;
+  newer.connects = 2;
+  newer.link_failures = 1;
+  newer.connected = true;
+  newer.drafts_hit = 10;
+  newer.outcomes_by_accepted_len = {3, 4};
+  newer.hits_by_accepted_len = {1, 2};
+  SpeculationStepMetrics step;
+  step.ssd = &newer;
+  m.OnSpeculation(step);
+  EngineStats older;
+  older.ssd.emplace();
+  older.ssd->connects = 1;
+  older.ssd->link_failures = 1;
+  older.ssd->drafts_hit = 5;
+  m.UpdateGauges(older);
+  std::string text = m.Render();
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_connected 1")) << text;
+  EXPECT_TRUE(Has(text, "specd_ssd_drafts_total{status=\"hit\"} 10"));
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_connects_total 2"));
+
+  newer.drafts_hit = 12;
+  newer.link_failures = 2;
+  newer.connected = false;
+  newer.outcomes_by_accepted_len = {3, 6};
+  EngineStats latest;
+  latest.ssd = newer;
+  m.UpdateGauges(latest);
+  m.UpdateGauges(latest);  // twice: counted once
+  text = m.Render();
+  EXPECT_TRUE(Has(text, "specd_ssd_drafts_total{status=\"hit\"} 12")) << text;
+  EXPECT_TRUE(Has(text, "specd_ssd_speculator_connected 0"));
+  EXPECT_TRUE(Has(text, "specd_ssd_link_failures_total 2"));
+  EXPECT_TRUE(Has(text, "specd_ssd_outcomes_total{accepted_len=\"1\"} 6"));
+  EXPECT_TRUE(Has(text, "specd_ssd_cache_hits_total{accepted_len=\"1\"} 2"));
+}
+
 TEST(MetricsTest, RequestsWithoutTokensSkipTheTtftHistogram) {
   Metrics m;
   FinishedRequestMetrics f;
