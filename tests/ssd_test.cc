@@ -198,7 +198,13 @@ void RunWithFault(int signal) {
     ASSERT_TRUE(id.ok()) << id.status();
   }
   while (tokens < 200) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const pid_t pid = engine->ssd_speculator_pid();
+  // On a loaded machine the verifier may have replaced a slow speculator just now: wait for the
+  // relaunched one rather than leave with requests in flight.
+  pid_t pid = engine->ssd_speculator_pid();
+  for (int i = 0; i < 100 && pid <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pid = engine->ssd_speculator_pid();
+  }
   ASSERT_GT(pid, 0);
   kill(pid, signal);
   {
