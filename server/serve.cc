@@ -191,6 +191,7 @@ absl::Status ServeProcess::StartGrpc() {
   g.served_model_name = o_.served_model_name;
   g.version = SPECD_VERSION;
   g.model_dir = o_.model;
+  g.write_timeout = absl::Seconds(o_.write_timeout_s);
   SPECD_ASSIGN_OR_RETURN(grpc_, GrpcFrontEnd::Start(engine_.get(), g));
   grpc_address_ = Address(o_.host, grpc_->port());
 #else

@@ -1,8 +1,5 @@
 #include "server/http/router.h"
 
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
-
 #include <random>
 
 #include "absl/strings/ascii.h"
@@ -11,6 +8,7 @@
 #include "engine/base/status.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "server/api_key.h"
 #include "server/http/errors.h"
 #include "server/http/generation.h"
 #include "server/http/openai_format.h"
@@ -51,14 +49,6 @@ const Route* FindRoute(absl::string_view path) {
     if (path == r.path) return &r;
   }
   return nullptr;
-}
-
-// SHA-256 both sides first so the comparison takes the same time for any length.
-bool KeysEqual(absl::string_view given, absl::string_view expected) {
-  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
-  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
-  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
 }
 
 Json ModelCard(const ServedModel& model) {
@@ -149,18 +139,8 @@ void Router::Handle(const HttpRequest& request, std::shared_ptr<Exchange> exchan
 
 absl::Status Router::Authenticate(const HttpRequest& request) const {
   if (options_.api_key.empty()) return absl::OkStatus();
-  absl::string_view auth = request.authorization;
-  constexpr absl::string_view kBearer = "bearer ";
-  if (auth.size() < kBearer.size() ||
-      !absl::EqualsIgnoreCase(auth.substr(0, kBearer.size()), kBearer)) {
-    return WithCode(
-        absl::UnauthenticatedError("missing API key: send 'Authorization: Bearer <key>'"),
-        "invalid_api_key");
-  }
-  if (!KeysEqual(absl::StripAsciiWhitespace(auth.substr(kBearer.size())), options_.api_key)) {
-    return WithCode(absl::UnauthenticatedError("incorrect API key"), "invalid_api_key");
-  }
-  return absl::OkStatus();
+  absl::Status s = CheckBearerCredential(request.authorization, options_.api_key);
+  return s.ok() ? s : WithCode(std::move(s), "invalid_api_key");
 }
 
 void Router::HandleApi(const std::string& path, const HttpRequest& request,
