@@ -57,6 +57,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Submits one engine request per choice; `self` keeps the call alive until OnDone.
   static GenerateCall* Launch(std::shared_ptr<GenerateCall> self,
                               std::vector<GenerateRequest> requests);
+  const std::string& caller() const { return caller_; }
   // The Abort RPC: the engine ends the choices, and the call ends CANCELLED.
   void AbortByRequest();
   // Aborts and cancels the call when it has been paused for its client with no completed

@@ -238,7 +238,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* SpecdService::Generate(grpc::Callbac
   params.limits = config_.stream_limits;
   auto call = std::make_shared<GenerateCall>(std::move(params));
   // A client's ids are its own: another caller's running "job-1" neither blocks nor shows.
-  if (!registry_.Add(CallerOf(*ctx), request_id, call)) {
+  if (!registry_.Add(call->caller(), request_id, call)) {
     return new FailedGenerate(
         calls, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                             absl::StrCat("request_id '", request_id, "' is already running")));
