@@ -13,7 +13,9 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/engine.h"
@@ -87,6 +89,7 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.speculative = engine.speculative_config();
   c.has_draft_model = engine.has_draft_model();
   c.has_ssd = engine.has_ssd();
+  c.allow_special_tokens_in_content = o.allow_special_tokens_in_content;
   return c;
 }
 
@@ -120,6 +123,7 @@ class ServeProcess {
         metrics_(std::make_shared<Metrics>()),
         router_(MakeRouterOptions(o_), metrics_.get()) {}
   ~ServeProcess() {
+    router_.StopWorkers();  // they use the engine's tokenizer and the served model
     if (http_) http_->Shutdown(absl::ZeroDuration());
   }
 
@@ -135,6 +139,10 @@ class ServeProcess {
     http::RouterOptions r;
     r.api_key = o.api_key;
     if (o.request_timeout_s > 0) r.request_timeout = absl::Seconds(o.request_timeout_s);
+    for (absl::string_view host : absl::StrSplit(o.allowed_hosts, ',', absl::SkipWhitespace())) {
+      r.allowed_hosts.push_back(absl::AsciiStrToLower(absl::StripAsciiWhitespace(host)));
+    }
+    r.num_workers = o.api_worker_threads;
     return r;
   }
 

@@ -39,6 +39,12 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("ssl-certfile", &o.ssl_certfile, "PEM certificate chain: TLS with --ssl-keyfile");
   p.Add("ssl-keyfile", &o.ssl_keyfile, "PEM private key");
   p.Add("max-request-body-bytes", &o.max_request_body_bytes, "HTTP body limit (413 past it)");
+  p.Add("allowed-hosts", &o.allowed_hosts,
+        "comma-separated Host names API requests may name (default: any)");
+  p.Add("api-worker-threads", &o.api_worker_threads,
+        "threads parsing and tokenizing HTTP request bodies (default 2)");
+  p.Add("allow-special-tokens-in-content", &o.allow_special_tokens_in_content,
+        "special-token text in chat message content becomes control tokens (default: text)");
   p.Add("write-timeout", &o.write_timeout_s,
         "seconds an HTTP client may read nothing before it is closed and its requests "
         "aborted (default 60)");
@@ -192,6 +198,7 @@ absl::Status Validate(const ServeOptions& o) {
   SPECD_RETURN_IF_ERROR(
       CheckRange("kv-cache-memory-bytes", o.kv_cache_memory_bytes, 0, int64_t{1} << 50));
   SPECD_RETURN_IF_ERROR(CheckRange("block-size", o.block_size, 1, 1024));
+  SPECD_RETURN_IF_ERROR(CheckRange("api-worker-threads", o.api_worker_threads, 1, 256));
   SPECD_RETURN_IF_ERROR(
       CheckRange("max-request-body-bytes", o.max_request_body_bytes, 1024, int64_t{1} << 30));
   SPECD_RETURN_IF_ERROR(CheckSeconds("drain-timeout", o.drain_timeout_s));

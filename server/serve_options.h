@@ -36,6 +36,12 @@ struct ServeOptions {
   std::string ssl_certfile;   // both set: TLS on both front ends
   std::string ssl_keyfile;
   int64_t max_request_body_bytes = int64_t{8} << 20;
+  // Host header names accepted on API routes, comma-separated ("name" any port, "name:port"
+  // that one); empty: any. /health, /ready and /metrics accept any.
+  std::string allowed_hosts;
+  int32_t api_worker_threads = 2;  // threads parsing, templating and tokenizing HTTP bodies
+  // Special-token text in chat message content becomes control tokens (off: plain text).
+  bool allow_special_tokens_in_content = false;
   // HTTP: seconds a client may read nothing of a pending reply before it is closed (its
   // requests aborted); a stream is paused (not buffered) once 4 MiB wait for its client.
   double write_timeout_s = 60;

@@ -201,6 +201,22 @@ TEST(ServeOptionsTest, BadSpeculativeConfigNamesTheFlag) {
   }
 }
 
+TEST(ServeOptionsTest, HttpHardeningFlagsAreParsed) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->allowed_hosts.empty());
+  EXPECT_EQ(d->api_worker_threads, 2);
+  EXPECT_FALSE(d->allow_special_tokens_in_content);
+  auto o = Parse({"--allowed-hosts", "a.example,localhost", "--api-worker-threads", "4",
+                  "--allow-special-tokens-in-content"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->allowed_hosts, "a.example,localhost");
+  EXPECT_EQ(o->api_worker_threads, 4);
+  EXPECT_TRUE(o->allow_special_tokens_in_content);
+  EXPECT_EQ(Parse({"--api-worker-threads", "0"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ServeOptionsTest, HelpIsReported) {
   auto o = ParseServeOptions({"--help"}, nullptr);
   ASSERT_TRUE(o.ok());

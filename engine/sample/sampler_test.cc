@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -179,6 +180,18 @@ TEST(SamplingParamsTest, RejectsOutOfRangeValues) {
   EXPECT_TRUE(bad([](SamplingParams& p) { p.logprobs = 21; }));
   EXPECT_TRUE(bad([](SamplingParams& p) { p.stop = {""}; }));
   EXPECT_TRUE(bad([](SamplingParams& p) { p.stop_token_ids = {vocab}; }));
+}
+
+TEST(SamplingParamsTest, CapsStopStringCountAndLength) {
+  SamplingParams p;
+  p.stop.assign(kMaxStopStrings, std::string(kMaxStopStringBytes, 'x'));
+  EXPECT_TRUE(p.Validate(100).ok());
+  p.stop.push_back("y");  // 65 strings
+  absl::Status s = p.Validate(100);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "stop ")) << s;
+  p.stop.assign(1, std::string(kMaxStopStringBytes + 1, 'x'));
+  EXPECT_EQ(p.Validate(100).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

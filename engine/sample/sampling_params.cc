@@ -39,8 +39,16 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return Bad("logprobs", absl::StrCat("must be between 0 and ", kMaxLogprobs));
   }
+  if (stop.size() > kMaxStopStrings) {
+    return Bad("stop", absl::StrCat("has ", stop.size(), " strings; at most ", kMaxStopStrings,
+                                    " are allowed"));
+  }
   for (const std::string& s : stop) {
     if (s.empty()) return Bad("stop", "strings must not be empty");
+    if (s.size() > kMaxStopStringBytes) {
+      return Bad("stop", absl::StrCat("strings must be at most ", kMaxStopStringBytes,
+                                      " bytes; one has ", s.size()));
+    }
   }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size)

@@ -2,6 +2,7 @@
 // request is accepted and immutable afterwards. Any thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -10,6 +11,11 @@
 #include "absl/status/status.h"
 
 namespace specd {
+
+// Limits on stop strings (OpenAI allows 4; vLLM has no limit): what a request may ask the
+// stop checker to watch for on every token.
+inline constexpr size_t kMaxStopStrings = 64;
+inline constexpr size_t kMaxStopStringBytes = 1024;
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0 = greedy
@@ -23,6 +29,7 @@ struct SamplingParams {
   int32_t max_tokens = 16;          // >= 1 generated tokens
   int32_t min_tokens = 0;           // EOS / stop ids suppressed before this many
   std::vector<std::string> stop;    // stop strings; not included in the returned text
+                                    // (at most kMaxStopStrings of 1..kMaxStopStringBytes)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; n >= 0: sampled token's logprob plus top-n

@@ -1,5 +1,7 @@
 #include "engine/tokenizer/tokenizer.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,15 +32,64 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const std::string
 Tokenizer::Tokenizer(std::unique_ptr<TokenizerParts> parts) : parts_(std::move(parts)) {}
 Tokenizer::~Tokenizer() = default;
 
+namespace {
+
+using Ranges = std::span<const std::pair<size_t, size_t>>;
+
+// Whether pos lies inside one of the sorted, disjoint ranges.
+bool Inside(Ranges ranges, size_t pos) {
+  auto after =
+      std::upper_bound(ranges.begin(), ranges.end(), pos,
+                       [](size_t p, const std::pair<size_t, size_t>& r) { return p < r.first; });
+  return after != ranges.begin() && pos < std::prev(after)->second;
+}
+
+bool Overlaps(Ranges ranges, size_t begin, size_t end) {
+  for (const auto& [b, e] : ranges) {
+    if (b < end && begin < e) return true;
+  }
+  return false;
+}
+
+// Where a matched token's own text starts (lstrip may have added whitespace before it).
+size_t TokenStart(const AddedVocabulary::Segment& seg) {
+  const size_t skip = seg.text.find_first_not_of(" \t\n\r\f\v");
+  return seg.offset + (skip == std::string_view::npos ? 0 : skip);
+}
+
+// Turns the matched tokens `as_text` picks back into text, joined with the text around
+// them (segments tile `text`, so neighbours are adjacent).
+template <typename Pred>
+void TokensToText(std::string_view text, std::vector<AddedVocabulary::Segment>* segments,
+                  Pred as_text) {
+  std::vector<AddedVocabulary::Segment> out;
+  for (const AddedVocabulary::Segment& seg : *segments) {
+    const bool is_text = seg.id < 0 || as_text(seg);
+    if (is_text && !out.empty() && out.back().id < 0) {
+      AddedVocabulary::Segment& last = out.back();
+      last.text = text.substr(last.offset, seg.offset + seg.text.size() - last.offset);
+    } else {
+      out.push_back({seg.text, is_text ? -1 : seg.id, seg.offset});
+    }
+  }
+  segments->swap(out);
+}
+
+}  // namespace
+
 // One stretch of text between raw added tokens: normalize, cut out normalized added
 // tokens, pre-tokenize, run the model on every word.
-absl::Status Tokenizer::EncodeSegment(std::string_view text, bool at_start,
+absl::Status Tokenizer::EncodeSegment(std::string_view text, bool at_start, bool split_special,
                                       std::vector<int32_t>* ids) const {
   std::string normalized(text);
   if (parts_->normalizer != nullptr)
     SPECD_RETURN_IF_ERROR(parts_->normalizer->Normalize(&normalized));
   std::vector<AddedVocabulary::Segment> segments;
   parts_->added.SplitNormalized(normalized, &segments);
+  if (split_special) {
+    TokensToText(normalized, &segments,
+                 [&](const AddedVocabulary::Segment& seg) { return IsSpecial(seg.id); });
+  }
   std::vector<PreToken> words;
   for (const AddedVocabulary::Segment& seg : segments) {
     if (seg.id >= 0) {
@@ -58,20 +109,54 @@ absl::Status Tokenizer::EncodeSegment(std::string_view text, bool at_start,
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
                                                        bool add_special) const {
+  return EncodeWithLiteralRanges(text, add_special, {});
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeWithLiteralRanges(std::string_view text,
+                                                                        bool add_special,
+                                                                        Ranges literal) const {
   if (!tok::IsValidUtf8(text)) return absl::InvalidArgumentError("input text is not valid UTF-8");
   std::vector<int32_t> ids;
   if (add_special) ids = parts_->prefix_ids;
   std::vector<AddedVocabulary::Segment> segments;
   parts_->added.SplitRaw(text, &segments);
+  if (!literal.empty()) {
+    TokensToText(text, &segments, [&](const AddedVocabulary::Segment& seg) {
+      return IsSpecial(seg.id) && Inside(literal, TokenStart(seg));
+    });
+  }
   for (const AddedVocabulary::Segment& seg : segments) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
     } else {
-      SPECD_RETURN_IF_ERROR(EncodeSegment(seg.text, seg.offset == 0, &ids));
+      const bool split_special = Overlaps(literal, seg.offset, seg.offset + seg.text.size());
+      SPECD_RETURN_IF_ERROR(EncodeSegment(seg.text, seg.offset == 0, split_special, &ids));
     }
   }
   if (add_special) ids.insert(ids.end(), parts_->suffix_ids.begin(), parts_->suffix_ids.end());
   return ids;
+}
+
+bool Tokenizer::ContainsSpecialToken(std::string_view text) const {
+  std::vector<AddedVocabulary::Segment> segments;
+  parts_->added.SplitRaw(text, &segments);
+  std::vector<AddedVocabulary::Segment> inner;
+  for (const AddedVocabulary::Segment& seg : segments) {
+    if (seg.id >= 0) {
+      if (IsSpecial(seg.id)) return true;
+      continue;
+    }
+    std::string normalized(seg.text);
+    if (parts_->normalizer != nullptr && !parts_->normalizer->Normalize(&normalized).ok()) {
+      continue;
+    }
+    inner.clear();
+    parts_->added.SplitNormalized(normalized, &inner);
+    for (const AddedVocabulary::Segment& s : inner) {
+      if (s.id >= 0 && IsSpecial(s.id)) return true;
+    }
+  }
+  return false;
 }
 
 absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +39,15 @@ class Tokenizer {
   // BOS (and EOS if configured) as the model's post-processor says.
   // Invalid UTF-8 input -> InvalidArgument.
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special) const;
+  // As Encode, except that a special token (IsSpecial) whose text starts inside one of
+  // `literal` (sorted, disjoint [begin, end) byte ranges of `text`) is plain text there, as
+  // HF's split_special_tokens makes it for a whole text. Chat prompts pass the ranges of
+  // message content, so that content cannot forge control tokens.
+  absl::StatusOr<std::vector<int32_t>> EncodeWithLiteralRanges(
+      std::string_view text, bool add_special,
+      std::span<const std::pair<size_t, size_t>> literal) const;
+  // Whether Encode would find a special token in `text`.
+  bool ContainsSpecialToken(std::string_view text) const;
   // Id out of [0, vocab_size()) -> InvalidArgument. The result is always valid UTF-8.
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special) const;
 
@@ -59,7 +69,9 @@ class Tokenizer {
   std::string_view IdToToken(int32_t id) const;
 
  private:
-  absl::Status EncodeSegment(std::string_view text, bool at_start, std::vector<int32_t>* ids) const;
+  // split_special: special tokens in the normalized text are plain text.
+  absl::Status EncodeSegment(std::string_view text, bool at_start, bool split_special,
+                             std::vector<int32_t>* ids) const;
 
   std::unique_ptr<const tok::TokenizerParts> parts_;
 };

@@ -14,7 +14,10 @@ namespace specd::http {
 
 // Reads body.messages, body.add_generation_prompt (default true), body.tools and
 // body.chat_template_kwargs. add_special: add BOS/EOS around the rendered text (off for
-// chat: templates write their own BOS). Template errors are 400s on `messages`.
+// chat: templates write their own BOS). Template errors, unknown roles and text that cannot
+// fit the context (openai_api.h) are 400s on `messages`. Special-token text in message
+// content (e.g. "<|end_of_turn|>") is tokenized as plain text unless the model context
+// allows it; the template's own special tokens stay control tokens.
 absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const Json& body, const ModelContext& model,
                                                    bool add_special);
 

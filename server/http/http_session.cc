@@ -198,6 +198,9 @@ void SessionBase::Dispatch() {
   request.method = std::string(msg.method_string());
   request.target = std::string(msg.target());
   request.authorization = std::string(msg[bhttp::field::authorization]);
+  request.host = std::string(msg[bhttp::field::host]);
+  request.content_type = std::string(msg[bhttp::field::content_type]);
+  request.content_encoding = std::string(msg[bhttp::field::content_encoding]);
   request.body = std::move(msg.body());
   keep_alive_ = msg.keep_alive();
   chunked_ = msg.version() >= 11;

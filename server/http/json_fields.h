@@ -17,8 +17,17 @@ namespace specd::http {
 
 using Json = nlohmann::ordered_json;
 
-// Parses a request body that must be one JSON object. Invalid JSON (including invalid
-// UTF-8 in strings) -> 400.
+// Request bodies nested deeper than this (objects and arrays), or holding an object with
+// more keys than this, are refused while parsing (400), before any deep value exists: every
+// later recursion over request JSON (copies, dumps, the chat template's conversion) is then
+// at most this deep, and no object insertion scans more than this many keys.
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr int kMaxJsonObjectKeys = 1024;
+
+// Parses a request body that must be one JSON object, in time linear in its size
+// (nlohmann's own ordered_json parser scans every object's keys on each insertion).
+// Invalid JSON (including invalid UTF-8 in strings) or a limit above exceeded -> 400.
+// Duplicate keys keep the first key's place and the last value, as nlohmann does.
 absl::StatusOr<Json> ParseJsonObject(std::string_view body);
 
 // The field or nullptr when absent or null.

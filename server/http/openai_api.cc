@@ -103,6 +103,7 @@ absl::StatusOr<std::vector<int32_t>> EncodeText(const std::string& text, bool ad
   if (model.tokenizer == nullptr) {
     return InvalidParam(param, "this model has no tokenizer: give token ids");
   }
+  SPECD_RETURN_IF_ERROR(CheckTextLength(text.size(), model, param));
   absl::StatusOr<std::vector<int32_t>> ids = model.tokenizer->Encode(text, add_special);
   if (!ids.ok()) return InvalidParam(param, ids.status().message());
   return ids;
@@ -150,7 +151,7 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
 }
 
 // The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd,
-// "num_speculative_tokens": 0..64, "saguaro_c": 0..1 (SSD's down-weighting C)}. Wrong JSON types
+// "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C)}. Wrong JSON types
 // are 422, unknown fields and bad values 400, each naming "speculation.<field>"; a method the
 // server cannot run (draft_model without a draft model) is 400 too.
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
@@ -179,7 +180,8 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   absl::StatusOr<SpeculationMethod> parsed = ParseSpeculationMethod(method);
   if (!parsed.ok()) return InvalidParam(kMethod, parsed.status().message());
   spec->speculation.method = *parsed;
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 0, kMaxSpeculativeTokens,
+  // Absent or null: the server's K.
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 1, kMaxSpeculativeTokens,
                                   &spec->speculation.num_speculative_tokens));
   SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0f, 1.0f, &spec->speculation.saguaro_c));
   absl::StatusOr<ResolvedSpeculation> resolved = ResolveSpeculation(
@@ -276,10 +278,21 @@ absl::StatusOr<std::optional<int32_t>> ReadMaxTokens(const Json& body,
 
 }  // namespace
 
+absl::Status CheckTextLength(size_t bytes, const ModelContext& model, absl::string_view param) {
+  const int64_t limit = kMaxTextBytesPerToken * model.max_model_len;
+  if (static_cast<int64_t>(bytes) <= limit) return absl::OkStatus();
+  return ContextError(param,
+                      absl::StrCat("This model's maximum context length is ", model.max_model_len,
+                                   " tokens; text of ", bytes, " bytes cannot fit (the limit is ",
+                                   kMaxTextBytesPerToken, " bytes per token, ", limit, " bytes)"));
+}
+
 absl::Status CheckModel(const Json& body, const ModelContext& model) {
+  // Absent or null: the served model. "" names no model (404, as any other unknown name).
+  if (FindField(body, "model") == nullptr) return absl::OkStatus();
   std::string name;
   SPECD_RETURN_IF_ERROR(ReadString(body, "model", &name));
-  if (name.empty() || name == model.served_model_name) return absl::OkStatus();
+  if (name == model.served_model_name) return absl::OkStatus();
   return WithCode(WithParam(absl::NotFoundError(absl::StrCat(
                                 "The model '", name, "' does not exist; this server serves '",
                                 model.served_model_name, "'")),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/engine.h"
 #include "server/http/json_fields.h"
 
@@ -32,7 +33,17 @@ struct ModelContext {
   SpeculativeConfig speculative;
   bool has_draft_model = false;
   bool has_ssd = false;  // an SSD speculator (method "ssd") is configured
+  // Special-token text in chat message content becomes control tokens (as the template's
+  // own do). Off: it is tokenized as plain text (chat_prompt.h).
+  bool allow_special_tokens_in_content = false;
 };
+
+// Text to tokenize (a prompt string, a rendered chat prompt, /tokenize input) longer than
+// this many bytes per token of the context is refused before tokenization: it cannot fit
+// unless its tokens average more than 64 bytes (long runs of whitespace at best).
+inline constexpr int64_t kMaxTextBytesPerToken = 64;
+// 400 context_length_exceeded naming `param` when `bytes` of text cannot fit the context.
+absl::Status CheckTextLength(size_t bytes, const ModelContext& model, absl::string_view param);
 
 // Most choices (n) per prompt, and engine requests per HTTP request (prompts x n).
 inline constexpr int32_t kMaxN = 128;
