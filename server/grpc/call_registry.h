@@ -16,8 +16,8 @@
 
 namespace specd {
 
-// "grpc-" then 32 lowercase hex digits (16 bytes of RAND_bytes); Internal when OpenSSL's
-// generator cannot be seeded.
+// "grpc-" then 32 lowercase hex digits (server/random_id.h); Internal when OpenSSL's
+// generator fails.
 absl::StatusOr<std::string> NewRequestId();
 
 // Call: the registered type (GenerateCall; tests use another). The registry holds weak

@@ -4,7 +4,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <exception>
-#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -18,6 +17,7 @@
 #include "server/http/generation.h"
 #include "server/http/openai_format.h"
 #include "server/metrics.h"
+#include "server/random_id.h"
 
 namespace specd::http {
 namespace {
@@ -38,14 +38,6 @@ constexpr char kModelsPrefix[] = "/v1/models/";
 
 std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-std::string NewId(absl::string_view prefix) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  char hex[33];
-  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(rng()),
-                static_cast<unsigned long long>(rng()));
-  return absl::StrCat(prefix, hex);
 }
 
 const Route* FindRoute(absl::string_view path) {
@@ -270,7 +262,11 @@ std::function<void()> Router::PrepareGeneration(Endpoint endpoint, const Json& b
   }
   ResponseMeta meta;
   meta.endpoint = endpoint;
-  meta.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+  absl::StatusOr<std::string> id = NewRandomId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+  if (!id.ok()) {
+    return [exchange, reply = ErrorReply(id.status())] { exchange->Reply(reply); };
+  }
+  meta.id = *std::move(id);
   meta.created = absl::ToUnixSeconds(absl::Now());
   meta.model = spec->model;
   meta.logprobs = spec->logprobs;
