@@ -128,6 +128,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                   "SSD: speculator timeouts, broken links and deaths.");
   ssd_connects_ = NewCounter(r, "specd_ssd_speculator_connects_total",
                              "SSD: speculator processes that joined.");
+  ssd_refused_joins_ =
+      NewCounter(r, "specd_ssd_refused_joins_total",
+                 "SSD: connections to the speculator port refused (wrong process, secret or TLS).");
   ssd_launches_ = NewCounter(r, "specd_ssd_speculator_launches_total",
                              "SSD: speculator processes the verifier started.");
   ssd_wait_seconds_ = NewCounter(r, "specd_ssd_verifier_wait_seconds_total",
@@ -247,6 +250,7 @@ void Metrics::OnSsd(const SsdStats& s) {
   add(ssd_link_failures_, s.link_failures, last.link_failures);
   add(ssd_connects_, s.connects, last.connects);
   add(ssd_launches_, s.launches, last.launches);
+  add(ssd_refused_joins_, s.refused_joins, last.refused_joins);
 }
 
 void Metrics::OnHttpResponse(int status) {

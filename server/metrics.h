@@ -92,6 +92,7 @@ class Metrics : public EngineObserver {
   prometheus::Family<prometheus::Counter>* ssd_bytes_ = nullptr;     // {direction}
   prometheus::Counter* ssd_link_failures_ = nullptr;
   prometheus::Counter* ssd_connects_ = nullptr;
+  prometheus::Counter* ssd_refused_joins_ = nullptr;
   prometheus::Counter* ssd_launches_ = nullptr;
   prometheus::Counter* ssd_wait_seconds_ = nullptr;
   prometheus::Counter* ssd_busy_seconds_ = nullptr;

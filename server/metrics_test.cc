@@ -117,6 +117,11 @@ TEST(MetricsTest, SsdLinkAndCountersComeFromAnySnapshot) {
   EXPECT_TRUE(Has(text, "specd_ssd_speculator_connected 1")) << text;
   EXPECT_TRUE(Has(text, "specd_ssd_speculator_connects_total 1"));
   EXPECT_TRUE(Has(text, "specd_ssd_speculator_launches_total 1"));
+  EXPECT_TRUE(Has(text, "specd_ssd_refused_joins_total 0"));
+  // A rogue process knocked on the speculator port while idle.
+  start.ssd->refused_joins = 3;
+  m.UpdateGauges(start);
+  EXPECT_TRUE(Has(m.Render(), "specd_ssd_refused_joins_total 3"));
   // The speculator dropped while no request ran: the next scrape tells.
   start.ssd->link_failures = 1;
   start.ssd->connected = false;
