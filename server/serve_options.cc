@@ -46,8 +46,8 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("allow-special-tokens-in-content", &o.allow_special_tokens_in_content,
         "special-token text in chat message content becomes control tokens (default: text)");
   p.Add("write-timeout", &o.write_timeout_s,
-        "seconds an HTTP client may read nothing before it is closed and its requests "
-        "aborted (default 60)");
+        "seconds an HTTP or gRPC client may read nothing of a paused stream before it is "
+        "closed and its requests aborted (default 60)");
   p.Add("max-num-seqs", &o.max_num_seqs, "running sequences per step (default 256)");
   p.Add("max-num-batched-tokens", &o.max_num_batched_tokens, "token budget per step");
   p.Add("max-waiting-requests", &o.max_waiting_requests, "queued requests before 429");
