@@ -39,7 +39,10 @@ RUNNING = "specd_num_requests_running"
 WAITING = "specd_num_requests_waiting"
 TTFT_COUNT = "specd_time_to_first_token_seconds_count"  # observed at finish
 ITL_COUNT = "specd_inter_token_latency_seconds_count"  # observed per token, live
-STAGE_TIMEOUT = 60  # seconds to reach a stage / to clean up after one
+# Sanitizer builds run the daemon several times slower: tools/ci/sanitizers.sh sets
+# SPECD_TEST_TIME_SCALE, which stretches the waits and the drain budget (never the checks).
+TIME_SCALE = float(os.environ.get("SPECD_TEST_TIME_SCALE", "1"))
+STAGE_TIMEOUT = 60 * TIME_SCALE  # seconds to reach a stage / to clean up after one
 
 
 _STUBS = []
@@ -373,7 +376,7 @@ class DrainTest(unittest.TestCase):
         return daemon.Daemon(SPECD, *flags, source_dir=SOURCE, name="fault_drain").start()
 
     def test_sigterm_drains_in_flight_streams_and_rejects_new_ones(self):
-        d = self.start("--max-num-seqs", "2", "--drain-timeout", "120")
+        d = self.start("--max-num-seqs", "2", "--drain-timeout", str(int(120 * TIME_SCALE)))
         try:
             # Two prompts, each streamed twice over HTTP and once more over gRPC: five
             # streams, two slots (--max-num-seqs 2), three rounds of 800 decode steps, so

@@ -62,6 +62,7 @@ stage_asan() {
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan:log_exe_name=1" \
   LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan:log_exe_name=1" \
+  SPECD_TEST_TIME_SCALE=4 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" -LE 'gpu|slow' -E "$ASAN_EXCLUDE" \
     --timeout 1800 ||
     rc=$?
