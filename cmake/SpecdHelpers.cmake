@@ -43,3 +43,18 @@ function(specd_cc_test)
     set_tests_properties(${ARG_NAME} PROPERTIES SKIP_RETURN_CODE 77)
   endif()
 endfunction()
+
+# specd_find_grpc_python(<var>): sets <var> to the first Python (the one CMake found, then
+# Debian's /usr/bin/python3) that imports grpc and google.protobuf, or to "" when none does.
+function(specd_find_grpc_python out)
+  find_package(Python3 COMPONENTS Interpreter)
+  foreach(_py ${Python3_EXECUTABLE} /usr/bin/python3)
+    execute_process(COMMAND ${_py} -c "import grpc, google.protobuf" RESULT_VARIABLE _rc
+                    OUTPUT_QUIET ERROR_QUIET)
+    if(_rc EQUAL 0)
+      set(${out} ${_py} PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  set(${out} "" PARENT_SCOPE)
+endfunction()
