@@ -73,7 +73,9 @@ TEST(StopCheckerTest, MatchesTheNaiveSearchOnRandomText) {
           if (text.compare(text.size() - len, len, s, 0, len) == 0) hold = len;
         }
       }
-      if (!c.stopped()) ASSERT_EQ(streamed.size(), text.size() - hold);
+      if (!c.stopped()) {
+        ASSERT_EQ(streamed.size(), text.size() - hold);
+      }
     }
     streamed += c.TakeStreamable(true);
     ASSERT_EQ(streamed, text);
