@@ -8,9 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
-# One compiler cache for every clone and build folder: paths below the checkout are hashed
-# relative to it, and the build folder is not hashed, so a fresh clone (CI) hits the cache.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 BUILD=${SPECD_BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECD_BUILD_TESTS=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target specd

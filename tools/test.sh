@@ -15,9 +15,6 @@ if [ "${1:-}" = "--all" ]; then
 fi
 [ "${CI:-}" = "true" ] && ALL=1
 bash tools/install_deps.sh
-# One compiler cache for every clone and build folder: paths below the checkout are hashed
-# relative to it, and the build folder is not hashed, so a fresh clone (CI) hits the cache.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 BUILD=${SPECD_BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 bash tools/check_format.sh
