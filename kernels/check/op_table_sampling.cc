@@ -1,10 +1,14 @@
-// Sampling ops of the table: "argmax", "top_k_rows", "penalties" and "sample", against
-// kernels/ref/sampling.h. Ids are compared exactly. "sample" draws with the same Philox uniforms as
-// the reference (checked bit for bit as the "uniforms" output), so its ids must equal the
-// reference's except where the fp32 kernel and the fp64 reference may legitimately round
-// differently: a draw within kCdfEps of a CDF boundary (the kernel's token must then be a kept
-// neighbour whose interval lies that close), or a filter decision within kFilterMargin of its
-// threshold. Such rows are counted as "baseline" (tolerated) mismatches; any other mismatch fails.
+// Sampling ops of the table: "argmax", "top_k_rows", "penalties", "sample", "processed_probs" and
+// "scatter_rows", against kernels/ref/sampling.h. Ids and copies are compared exactly. "sample"
+// draws with the same Philox uniforms as the reference (checked bit for bit as the "uniforms"
+// output), so its ids must equal the reference's except where the fp32 kernel and the fp64
+// reference may legitimately round differently: a draw within kCdfEps of a CDF boundary (the
+// kernel's token must then be a kept neighbour whose interval lies that close), or a filter
+// decision within kFilterMargin of its threshold. Such rows are counted as "baseline" (tolerated)
+// mismatches; any other mismatch fails. "processed_probs" is judged the same way: a row with a
+// filter decision within kFilterMargin of its threshold is tolerated; elsewhere greedy rows must
+// match exactly, the reference's zeros must be exact zeros and every probability must lie within
+// kProbTolerance of the fp64 one.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -24,9 +29,10 @@
 namespace specd::kernels::check {
 namespace {
 
-constexpr double kCdfEps = 2e-5;        // relative to the kept mass
-constexpr double kFilterMargin = 2e-5;  // ref::FilteredRow::filter_margin below this: ambiguous
-constexpr float kPadValue = 1e30f;      // row padding: would win every argmax if read
+constexpr double kCdfEps = 2e-5;         // relative to the kept mass
+constexpr double kFilterMargin = 2e-5;   // ref::FilteredRow::filter_margin below this: ambiguous
+constexpr double kProbTolerance = 1e-6;  // processed_probs, absolute
+constexpr float kPadValue = 1e30f;       // row padding: would win every argmax if read
 
 // What a sampling case needs beyond OpShape; looked up by the shape's label.
 struct SamplingParams {
@@ -36,9 +42,12 @@ struct SamplingParams {
   int32_t max_prompt_len = 0;  // penalties
   int32_t max_output_len = 0;  // penalties
   int32_t k = 0;               // top_k_rows
+  int64_t out_pad = 0;         // processed_probs (out of place), scatter_rows: out stride - vocab
+  bool in_place = false;       // processed_probs: out = logits
 };
 
 int64_t Stride(const SamplingParams& p) { return p.vocab + p.pad; }
+int64_t OutStride(const SamplingParams& p) { return p.in_place ? Stride(p) : p.vocab + p.out_pad; }
 
 std::mt19937_64 RngFor(const SamplingParams& p, uint64_t salt) {
   return std::mt19937_64(0x5a3bULL ^ (salt * 1000003ULL) ^
@@ -387,6 +396,164 @@ class SampleCase : public OpCase {
   DeviceBuffer workspace_;  // SampleWorkspaceBytes
 };
 
+// Whether ref::SampleRow takes the argmax (kernels/ref/sampling.h).
+bool GreedyRow(const double* row, int32_t vocab, const SamplingRow& params) {
+  double max = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i) max = std::isnan(row[i]) ? max : std::max(max, row[i]);
+  return !(params.temperature > 0.0f) || !std::isfinite(max);
+}
+
+class ProcessedProbsCase : public OpCase {
+ public:
+  explicit ProcessedProbsCase(const SamplingParams& p)
+      : p_(p),
+        logits_(p.num_rows * Stride(p) * sizeof(float)),
+        rows_(p.num_rows * sizeof(SamplingRow)),
+        out_(p.in_place ? 0 : p.num_rows * OutStride(p) * sizeof(float)) {
+    std::mt19937_64 rng = RngFor(p, 5);
+    host_logits_ = MakeLogits(p, rng);
+    for (int64_t r = 0; r < p.num_rows; ++r) host_rows_.push_back(RowParams(r, rng));
+    // Edge rows: no token at all (sampled row 4, greedy row 12) -> zeros; +inf (row 10) -> greedy.
+    for (int64_t r : {4, 12}) {
+      if (r >= p.num_rows) continue;
+      float* row = host_logits_.data() + r * Stride(p);
+      for (int32_t i = 0; i < p.vocab; ++i) {
+        row[i] = i % 3 == 0 ? std::numeric_limits<float>::quiet_NaN() : -INFINITY;
+      }
+    }
+    if (p.num_rows > 10) host_logits_[10 * Stride(p) + p.vocab / 2] = INFINITY;
+    logits_.Upload(host_logits_);
+    rows_.Upload(host_rows_);
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    float* out = p_.in_place ? logits_.as<float>() : out_.as<float>();
+    return ProcessedProbs(logits_.as<float>(), Stride(p_), static_cast<int32_t>(p_.num_rows),
+                          p_.vocab, rows_.as<SamplingRow>(), out, OutStride(p_), stream);
+  }
+
+  // The row read once and written once (the kernel reads it up to 9 times).
+  int64_t BytesMoved() const override {
+    return p_.num_rows * (2 * p_.vocab * static_cast<int64_t>(sizeof(float)) + 32);
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    logits_.Upload(host_logits_);  // in place, the last launch overwrote them
+    out_.Poison();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> logits = logits_.Download<float>();
+    const std::vector<float> out = p_.in_place ? logits : out_.Download<float>();
+    const auto n = static_cast<int32_t>(p_.num_rows);
+    const int64_t out_stride = OutStride(p_);
+    std::vector<ref::SampleParams> params;
+    for (const SamplingRow& row : host_rows_) params.push_back(RefParams(row));
+    const std::vector<double> logits64 = Widen(host_logits_);
+    std::vector<double> ref64(p_.num_rows * p_.vocab);
+    std::vector<float> ref32(p_.num_rows * p_.vocab);
+    ref::ProcessedProbs(logits64.data(), Stride(p_), n, p_.vocab, params.data(), ref64.data(),
+                        p_.vocab);
+    ref::ProcessedProbs(host_logits_.data(), Stride(p_), n, p_.vocab, params.data(), ref32.data(),
+                        p_.vocab);
+    ErrorCheck probs{"probs", 0, 0, kProbTolerance, false};
+    int64_t failures = 0, tolerated = 0;
+    for (int64_t r = 0; r < p_.num_rows; ++r) {
+      const double* row = logits64.data() + r * Stride(p_);
+      const bool greedy = GreedyRow(row, p_.vocab, host_rows_[r]);
+      if (!greedy && ref::FilterRow(row, p_.vocab, params[r]).filter_margin < kFilterMargin) {
+        ++tolerated;
+        continue;
+      }
+      bool wrong = false;
+      for (int32_t i = 0; i < p_.vocab; ++i) {
+        const double kernel = out[r * out_stride + i], expected = ref64[r * p_.vocab + i];
+        const double error = std::isfinite(kernel) ? std::abs(kernel - expected) : INFINITY;
+        probs.kernel_error = std::max(probs.kernel_error, error);
+        probs.baseline_error =
+            std::max(probs.baseline_error, std::abs(ref32[r * p_.vocab + i] - expected));
+        wrong |= (greedy || expected == 0) ? kernel != expected : error > kProbTolerance;
+      }
+      failures += wrong ? 1 : 0;
+    }
+    probs.passed = probs.kernel_error <= probs.tolerance;
+    return {probs, CountCheck("rows", failures, tolerated), Untouched(logits, out)};
+  }
+
+ private:
+  // Elements the launch must leave alone: the logits out of place, their padding in place, and
+  // the output's padding (still poisoned) out of place.
+  ErrorCheck Untouched(const std::vector<float>& logits, const std::vector<float>& out) const {
+    int64_t changed = 0;
+    for (int64_t r = 0; r < p_.num_rows; ++r) {
+      for (int64_t i = p_.in_place ? p_.vocab : 0; i < Stride(p_); ++i) {
+        const int64_t j = r * Stride(p_) + i;
+        changed += std::memcmp(&logits[j], &host_logits_[j], sizeof(float)) != 0 ? 1 : 0;
+      }
+      for (int64_t i = p_.vocab; !p_.in_place && i < OutStride(p_); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &out[r * OutStride(p_) + i], sizeof(bits));
+        changed += bits != 0xffffffffu ? 1 : 0;
+      }
+    }
+    return CountCheck("untouched", changed, 0);
+  }
+
+  SamplingParams p_;
+  std::vector<float> host_logits_;
+  std::vector<SamplingRow> host_rows_;
+  DeviceBuffer logits_;  // [num_rows, stride] f32; the output too when in place
+  DeviceBuffer rows_;    // [num_rows] SamplingRow
+  DeviceBuffer out_;     // [num_rows, vocab + out_pad] f32 out of place, else empty
+};
+
+// Rows of MakeLogits scattered to a random distinct subset of 2 * num_rows + 1 destination rows;
+// the whole destination (poisoned first) is compared, so untouched rows and padding count too.
+class ScatterRowsCase : public OpCase {
+ public:
+  explicit ScatterRowsCase(const SamplingParams& p)
+      : p_(p),
+        src_(p.num_rows * Stride(p) * sizeof(float)),
+        dst_rows_(p.num_rows * sizeof(int32_t)),
+        dst_((2 * p.num_rows + 1) * OutStride(p) * sizeof(float)) {
+    std::mt19937_64 rng = RngFor(p, 6);
+    host_src_ = MakeLogits(p, rng);
+    std::vector<int32_t> slots(2 * p.num_rows + 1);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    host_dst_rows_.assign(slots.begin(), slots.begin() + p.num_rows);
+    src_.Upload(host_src_);
+    dst_rows_.Upload(host_dst_rows_);
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return ScatterRows(src_.as<float>(), Stride(p_), static_cast<int32_t>(p_.num_rows), p_.vocab,
+                       dst_rows_.as<int32_t>(), dst_.as<float>(), OutStride(p_), stream);
+  }
+
+  int64_t BytesMoved() const override {
+    return p_.num_rows * (2 * p_.vocab * static_cast<int64_t>(sizeof(float)) + 4);
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    dst_.Poison();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> expected(dst_.bytes() / sizeof(float));
+    std::memset(expected.data(), 0xff, dst_.bytes());
+    ref::ScatterRows(host_src_.data(), Stride(p_), static_cast<int32_t>(p_.num_rows), p_.vocab,
+                     host_dst_rows_.data(), expected.data(), OutStride(p_));
+    return {ExactBits("dst", dst_.Download<float>(), expected)};
+  }
+
+ private:
+  SamplingParams p_;
+  std::vector<float> host_src_;
+  std::vector<int32_t> host_dst_rows_;
+  DeviceBuffer src_;       // [num_rows, stride] f32
+  DeviceBuffer dst_rows_;  // [num_rows] int32
+  DeviceBuffer dst_;       // [2 * num_rows + 1, vocab + out_pad] f32
+};
+
 // The test name is op_numtokens x width: keep (num_rows, vocab) unique per op.
 OpShape ShapeOf(const SamplingParams& p) {
   OpShape s;
@@ -397,7 +564,9 @@ OpShape ShapeOf(const SamplingParams& p) {
             (p.pad > 0 ? " pad=" + std::to_string(p.pad) : "") +
             (p.max_prompt_len > 0 ? " prompt<=" + std::to_string(p.max_prompt_len) : "") +
             (p.max_output_len > 0 ? " out<=" + std::to_string(p.max_output_len) : "") +
-            (p.k > 0 ? " k=" + std::to_string(p.k) : "");
+            (p.k > 0 ? " k=" + std::to_string(p.k) : "") +
+            (p.out_pad > 0 ? " out_pad=" + std::to_string(p.out_pad) : "") +
+            (p.in_place ? " in-place" : "");
   return s;
 }
 
@@ -470,6 +639,34 @@ void AddSamplingOps(std::vector<OpSpec>* table) {
                 {36, 32000, 2, 0, 0}},
                {{1, 128256, 0, 0, 0}, {64, 128256, 0, 0, 0}, {256, 151936, 0, 0, 0}},
                [](const SamplingParams& p) { return std::make_unique<SampleCase>(p); }));
+  // {rows, vocab, pad, -, -, -, out_pad, in_place}: in place and out of place, vec4 and scalar
+  // loads, odd output strides; 24 rows reach every RowParams entry and edge row twice. Perf runs
+  // out of place only: repeated in-place launches would time rows of probabilities (nearly all
+  // tied), not logits.
+  table->push_back(
+      MakeSpec("processed_probs",
+               {{24, 151936, 0, 0, 0, 0, 0, false},
+                {24, 151936, 0, 0, 0, 0, 0, true},
+                {24, 128256, 4, 0, 0, 0, 3, false},
+                {12, 1000, 1, 0, 0, 0, 0, true},
+                {12, 1001, 0, 0, 0, 0, 1, false},
+                {12, 50, 0, 0, 0, 0, 0, true},
+                {3, 7, 2, 0, 0, 0, 1, false},
+                {36, 32000, 2, 0, 0, 0, 0, true}},
+               {{8, 151936, 0, 0, 0, 0, 0, false},
+                {64, 128256, 0, 0, 0, 0, 0, false},
+                {256, 151936, 0, 0, 0, 0, 0, false}},
+               [](const SamplingParams& p) { return std::make_unique<ProcessedProbsCase>(p); }));
+  table->push_back(
+      MakeSpec("scatter_rows",
+               {{1, 151936, 0, 0, 0, 0, 0},
+                {9, 151936, 0, 0, 0, 0, 4},
+                {5, 1001, 3, 0, 0, 0, 1},
+                {7, 128256, 4, 0, 0, 0, 0},
+                {64, 50, 0, 0, 0, 0, 2},
+                {3, 7, 0, 0, 0, 0, 0}},
+               {{8, 151936, 0, 0, 0, 0, 0}, {64, 151936, 0, 0, 0, 0, 0}},
+               [](const SamplingParams& p) { return std::make_unique<ScatterRowsCase>(p); }));
 }
 
 }  // namespace specd::kernels::check

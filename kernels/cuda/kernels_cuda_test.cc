@@ -1,10 +1,12 @@
 // Every CUDA kernel against its fp64 reference (the op table in kernels/check), plus the
 // launchers' contracts: aliasing, the scalar fallback, graph capture, rejected sizes, TopKRows
-// over every k, vocabulary size and row layout, and GemvBf16 over every m. Exits 77
+// over every k, vocabulary size and row layout, ProcessedProbs in place in a graph, and GemvBf16
+// over every m. Exits 77
 // (ctest: skipped) where no GPU is visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -372,6 +374,67 @@ TEST(TopKRowsTest, RejectsInvalidArgumentsWithoutStickyErrors) {
   EXPECT_EQ(run(vocab, rows, 4096, kMaxTopK, nullptr, 0), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(ProcessedProbsTest, RejectsInvalidArgumentsWithoutStickyErrors) {
+  const int32_t rows = 2, vocab = 1000;
+  DeviceBuffer logits(rows * vocab * sizeof(float)), params(rows * sizeof(SamplingRow)),
+      out(rows * vocab * sizeof(float)), dst_rows(rows * sizeof(int32_t));
+  const float* l = logits.as<float>();
+  const SamplingRow* p = params.as<SamplingRow>();
+  float* o = out.as<float>();
+  EXPECT_EQ(ProcessedProbs(l, vocab, rows, 0, p, o, vocab, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ProcessedProbs(l, vocab - 1, rows, vocab, p, o, vocab, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ProcessedProbs(l, vocab, rows, vocab, p, o, vocab - 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ProcessedProbs(l, vocab, -1, vocab, p, o, vocab, nullptr), cudaErrorInvalidValue);
+  const int32_t huge = (1 << 23) + 1;
+  EXPECT_EQ(ProcessedProbs(l, huge, 1, huge, p, o, huge, nullptr), cudaErrorInvalidValue);
+  const int32_t* d = dst_rows.as<int32_t>();
+  EXPECT_EQ(ScatterRows(l, vocab, rows, 0, d, o, vocab, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ScatterRows(l, vocab - 1, rows, vocab, d, o, vocab, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ScatterRows(l, vocab, rows, vocab, d, o, vocab - 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ScatterRows(l, vocab, -1, vocab, d, o, vocab, nullptr), cudaErrorInvalidValue);
+  // An empty batch is valid and launches nothing (null pointers are never touched).
+  EXPECT_EQ(ProcessedProbs(nullptr, vocab, 0, vocab, nullptr, nullptr, vocab, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(ScatterRows(nullptr, vocab, 0, vocab, nullptr, nullptr, vocab, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// In place inside a CUDA graph equals out of place outside one, bit for bit (fixed-point sums).
+TEST(ProcessedProbsTest, InPlaceCapturedInACudaGraphMatchesOutOfPlace) {
+  const int32_t rows = 8, vocab = 32000;
+  const std::vector<float> host = TopKLogits(rows, vocab, vocab, 0, 9);
+  std::vector<SamplingRow> host_params;
+  for (int32_t r = 0; r < rows; ++r) {
+    host_params.push_back(SamplingRow{r % 3 == 0 ? 0.0f : 0.8f, r % 2 == 0 ? 0 : 40,
+                                      r % 4 == 1 ? 0.9f : 1.0f, r % 5 == 2 ? 0.05f : 0.0f, 0, 0});
+  }
+  DeviceBuffer logits(host.size() * sizeof(float)), out(host.size() * sizeof(float)),
+      params(rows * sizeof(SamplingRow));
+  logits.Upload(host);
+  params.Upload(host_params);
+  out.Poison();
+  ASSERT_EQ(ProcessedProbs(logits.as<float>(), vocab, rows, vocab, params.as<SamplingRow>(),
+                           out.as<float>(), vocab, nullptr),
+            cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(ProcessedProbs(logits.as<float>(), vocab, rows, vocab, params.as<SamplingRow>(),
+                           logits.as<float>(), vocab, stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<float> in_place = logits.Download<float>(), expected = out.Download<float>();
+  EXPECT_EQ(0, std::memcmp(in_place.data(), expected.data(), host.size() * sizeof(float)));
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // GemvBf16's inputs for kMaxGemvRows rows of x, and the fp64 reference without bias. Rows of

@@ -116,4 +116,37 @@ cudaError_t SampleUniforms(const SamplingRow* rows, int32_t num_rows, double* ou
   return cudaGetLastError();
 }
 
+cudaError_t ProcessedProbs(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const SamplingRow* rows, float* out, int64_t out_stride,
+                           cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) || out_stride < vocab || vocab > kMaxSampleVocab) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_rows == 0) return cudaSuccess;
+  ProcessedProbsKernel<<<static_cast<unsigned>(num_rows), kSampleThreads, 0, stream>>>(
+      logits, stride, vocab, RowsVec4(logits, stride), rows, out, out_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRows(const float* src, int64_t src_stride, int32_t num_rows, int32_t cols,
+                        const int32_t* dst_rows, float* dst, int64_t dst_stride,
+                        cudaStream_t stream) {
+  if (!ValidRows(src_stride, num_rows, cols) || dst_stride < cols) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  const bool vec4 = RowsVec4(src, src_stride) && RowsVec4(dst, dst_stride);
+  // About kRowUnroll accesses per thread, within gridDim.y's limit (the kernel strides over it).
+  const int64_t units = vec4 ? CeilDiv(cols, 4) : cols;
+  const auto blocks_per_row =
+      static_cast<unsigned>(std::min<int64_t>(CeilDiv(units, kScatterThreads * kRowUnroll), 65535));
+  const dim3 grid(static_cast<unsigned>(num_rows), blocks_per_row);
+  if (vec4) {
+    ScatterRowsKernel<true>
+        <<<grid, kScatterThreads, 0, stream>>>(src, src_stride, cols, dst_rows, dst, dst_stride);
+  } else {
+    ScatterRowsKernel<false>
+        <<<grid, kScatterThreads, 0, stream>>>(src, src_stride, cols, dst_rows, dst, dst_stride);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace specd::kernels

@@ -1,7 +1,7 @@
 // Sampling kernel templates (layer 1; launchers in sampling.cu): row iteration, block reductions,
-// radix selection of the top-k / top-p thresholds, the hierarchical draw, argmax and penalties
-// (TopKRows' two stages: topk.cuh). The sampling definition is kernels/ref/sampling.h's. Include
-// from .cu files only.
+// radix selection of the top-k / top-p thresholds, the hierarchical draw, the processed
+// probabilities, argmax, penalties and the row scatter (TopKRows' two stages: topk.cuh). The
+// sampling definition is kernels/ref/sampling.h's. Include from .cu files only.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@ namespace specd::kernels {
 constexpr int kSampleThreads = 1024;  // the radix scans give each thread two of the 2048 bins
 constexpr int kArgmaxThreads = 512;
 constexpr int kPenaltyThreads = 256;
+constexpr int kScatterThreads = 256;
 constexpr int kRadixBins = 2048;  // 11-bit digits: bits [31:21], [20:10], [9:0] of p
 constexpr int kRadixLevels = 3;
 constexpr int kRowUnroll = 4;  // independent loads in flight per thread
@@ -168,6 +169,19 @@ __device__ __forceinline__ uint64_t WarpSumU64(uint64_t x) {
     x += __shfl_xor_sync(0xffffffffu, x, offset);
   }
   return x;
+}
+
+// Block-wide sum, returned to every thread. Every thread must call it; `scratch` holds one value
+// per warp; ends with a barrier so scratch may be reused.
+__device__ __forceinline__ uint64_t BlockSumU64(uint64_t v, uint64_t* scratch) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  v = WarpSumU64(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const uint64_t total = WarpSumU64(lane < num_warps ? scratch[lane] : 0);
+  __syncthreads();
+  return total;
 }
 
 // Exclusive prefix sum over the block in thread order, and the block total. Every thread must
@@ -325,6 +339,17 @@ __device__ uint32_t TopPThreshold(const RowView& r, uint32_t lo, float top_p, Sa
   return prefix;
 }
 
+// The p bits SampleRows keeps at (a token is kept when its p bits are >= the result): min-p, then
+// the top-k and top-p radix selections. Every thread must call it; the result is uniform.
+__device__ uint32_t KeepCut(const RowView& r, const SamplingRow& params, SampleShared& s) {
+  uint32_t cut = params.min_p > 0.0f ? __float_as_uint(fminf(params.min_p, 1.0f)) : 0u;
+  if (params.top_k > 0 && params.top_k < r.vocab) {
+    cut = max(cut, TopKThreshold(r, static_cast<uint64_t>(params.top_k), s));
+  }
+  if (params.top_p < 1.0f) cut = TopPThreshold(r, cut, params.top_p, s);
+  return cut;
+}
+
 // Fixed-point mass of token `logit` when kept (p bits >= cut), else 0.
 __device__ __forceinline__ uint64_t KeptMass(const RowView& r, float logit, uint32_t cut) {
   const float p = Prob(logit, r.max, r.temperature);
@@ -415,11 +440,7 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
   int id = best.index;
   if (params.temperature > 0.0f && isfinite(best.value)) {
     const RowView view{row, vocab, vec4, best.value, params.temperature};
-    uint32_t cut = params.min_p > 0.0f ? __float_as_uint(fminf(params.min_p, 1.0f)) : 0u;
-    if (params.top_k > 0 && params.top_k < vocab) {
-      cut = max(cut, TopKThreshold(view, static_cast<uint64_t>(params.top_k), shared));
-    }
-    if (params.top_p < 1.0f) cut = TopPThreshold(view, cut, params.top_p, shared);
+    const uint32_t cut = KeepCut(view, params, shared);
     id = DrawToken(view, cut, ref::PhiloxUniform(params.seed, params.offset), shared);
   }
   if (threadIdx.x == 0) {
@@ -428,6 +449,81 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
       out_logprobs[blockIdx.x] = NanAsNegInf(row[id]) - softmax.max - logf(softmax.sum);
     }
   }
+}
+
+// out[i] = f(i, row[i]) for every element of the row, spread over the block, kRowUnroll loads in
+// flight per thread (scalar: out's alignment may differ from row's). Each element is read and
+// written by the same thread, and neither pointer is __restrict__, so out may be row itself.
+template <typename F>
+__device__ __forceinline__ void MapRow(const float* row, float* out, int vocab, F&& f) {
+  const int step = kRowUnroll * static_cast<int>(blockDim.x);
+  for (int base = threadIdx.x; base < vocab; base += step) {
+    float v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int j = base + u * static_cast<int>(blockDim.x);
+      v[u] = j < vocab ? row[j] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int j = base + u * static_cast<int>(blockDim.x);
+      if (j < vocab) out[j] = f(j, v[u]);
+    }
+  }
+}
+
+// One block of kSampleThreads per row: SampleRowsKernel's max pass and thresholds, one pass
+// summing the kept fixed mass, one write pass. logits and out carry no __restrict__: they may be
+// the same rows (in place). Every read of the row by another thread precedes the barrier that
+// ends BlockArgmax (greedy rows) or BlockSumU64 (sampled rows), and the write pass reads each
+// element in the thread that then writes it. Every branch below is uniform across the block.
+__global__ void __launch_bounds__(kSampleThreads, 1)
+    ProcessedProbsKernel(const float* logits, int64_t stride, int vocab, bool vec4,
+                         const SamplingRow* __restrict__ rows, float* out, int64_t out_stride) {
+  __shared__ SampleShared shared;
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * stride;
+  float* out_row = out + static_cast<int64_t>(blockIdx.x) * out_stride;
+  const SamplingRow params = rows[blockIdx.x];
+
+  ArgmaxPair best{-INFINITY, INT32_MAX};
+  ForEachLogit(row, vocab, vec4, [&](int i, float logit) { best.Merge(NanAsNegInf(logit), i); });
+  best = BlockArgmax(best);
+  if (!(params.temperature > 0.0f) || !isfinite(best.value)) {
+    const int hot = best.value == -INFINITY ? -1 : best.index;  // no token at all: zeros
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) out_row[i] = i == hot ? 1.0f : 0.0f;
+    return;
+  }
+  const RowView view{row, vocab, vec4, best.value, params.temperature};
+  const uint32_t cut = KeepCut(view, params, shared);
+  uint64_t mass = 0;
+  ForEachLogit(row, vocab, vec4, [&](int, float logit) { mass += KeptMass(view, logit, cut); });
+  // >= 2^40 (the top token has p = 1); exact in fp64 up to 2^53, rounded once above.
+  const double total = static_cast<double>(BlockSumU64(mass, shared.scratch));
+  MapRow(row, out_row, vocab, [&](int, float logit) {
+    return static_cast<float>(static_cast<double>(KeptMass(view, logit, cut)) / total);
+  });
+}
+
+// Row blockIdx.x of src to row dst_rows[blockIdx.x] of dst; the row's elements (float4 when
+// Vec4) are spread over the gridDim.y blocks of the row.
+template <bool Vec4>
+__global__ void __launch_bounds__(kScatterThreads)
+    ScatterRowsKernel(const float* __restrict__ src, int64_t src_stride, int cols,
+                      const int32_t* __restrict__ dst_rows, float* __restrict__ dst,
+                      int64_t dst_stride) {
+  const float* from = src + static_cast<int64_t>(blockIdx.x) * src_stride;
+  float* to = dst + static_cast<int64_t>(dst_rows[blockIdx.x]) * dst_stride;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  int64_t scalar_begin = 0;
+  if constexpr (Vec4) {
+    const int64_t num_vec = cols / 4;
+    const float4* from4 = reinterpret_cast<const float4*>(from);
+    float4* to4 = reinterpret_cast<float4*>(to);
+    for (int64_t j = first; j < num_vec; j += step) to4[j] = from4[j];
+    scalar_begin = 4 * num_vec;
+  }
+  for (int64_t j = scalar_begin + first; j < cols; j += step) to[j] = from[j];
 }
 
 // One block per row: ForEachLogit + block argmax.

@@ -115,4 +115,37 @@ cudaError_t SampleRows(const float* logits, int64_t stride, int32_t num_rows, in
 cudaError_t SampleUniforms(const SamplingRow* rows, int32_t num_rows, double* out,
                            cudaStream_t stream);
 
+// The processed distribution SampleRows draws from, written out as probabilities (speculative
+// sampling needs the target's p and the draft's q rows on the device; kernels/ref/sampling.h
+// ProcessedProbs). Per row: temperature <= 0 / NaN, or no finite logit maximum with temperature
+// > 0, is greedy: a one-hot row at the argmax (lowest id on ties), except that a row whose logits
+// are all -inf / NaN is all zeros. Otherwise the tokens SampleRows keeps (min-p, top-k, top-p:
+// the same thresholds and the same 2^-40 fixed-point masses) get
+// out[i] = FixedMass(p_i) / (total kept fixed mass), divided in fp64 from the exact integer sums
+// and rounded to fp32; every other token gets 0. A kept row sums to 1 within fp32 rounding.
+// Algorithm: SampleRows' passes (max, top-k and top-p radix selections), then one pass summing
+// the kept fixed mass (block reduction) and one write pass: up to 9 passes over the row.
+//   logits [num_rows, vocab] f32, device, in; row stride `stride`
+//   rows   [num_rows] SamplingRow, device, in (seed and offset unused)
+//   out    [num_rows, vocab] f32, device, out; row stride `out_stride`. May be logits itself
+//          (in place, out_stride == stride): a block reads all of its row before the barrier
+//          that precedes the write pass, which reads and writes each element from one thread.
+//          Any other overlap is not allowed.
+// cudaErrorInvalidValue unless 1 <= vocab <= min(stride, out_stride, 2^23) and num_rows >= 0.
+cudaError_t ProcessedProbs(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const SamplingRow* rows, float* out, int64_t out_stride,
+                           cudaStream_t stream);
+
+// dst[dst_rows[i], :cols] = src[i, :cols] for every i < num_rows: scatters per-sequence rows
+// (e.g. ProcessedProbs output) into their slots of a larger table. 16-byte accesses when both
+// pointers are 16-byte aligned and both strides % 4 == 0.
+//   src      [num_rows, cols] f32, device, in; row stride `src_stride`
+//   dst_rows [num_rows] int32, device, in: distinct rows of dst (caller's promise, unchecked)
+//   dst      [*, cols] f32, device, out; row stride `dst_stride`; must not overlap src
+// cudaErrorInvalidValue unless cols >= 1, src_stride >= cols, dst_stride >= cols and
+// num_rows >= 0.
+cudaError_t ScatterRows(const float* src, int64_t src_stride, int32_t num_rows, int32_t cols,
+                        const int32_t* dst_rows, float* dst, int64_t dst_stride,
+                        cudaStream_t stream);
+
 }  // namespace specd::kernels

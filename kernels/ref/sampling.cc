@@ -172,19 +172,53 @@ FilteredRow<T> FilterRow(const T* logits, int32_t vocab, const SampleParams& par
 }
 
 template <typename T>
-int32_t SampleRow(const T* logits, int32_t vocab, const SampleParams& params, double u) {
-  if (Greedy(params) || !std::isfinite(RowMax(logits, vocab))) return ArgmaxRow(logits, vocab);
-  const FilteredRow<T> row = FilterRow(logits, vocab, params);
-  const T target = static_cast<T>(u) * row.kept_mass;
+int32_t InverseCdf(const T* weights, int32_t vocab, double u) {
+  T total = 0;
+  for (int32_t i = 0; i < vocab; ++i) total += weights[i];
+  const T target = static_cast<T>(u) * total;
   T cumulative = 0;
-  int32_t last = ArgmaxRow(logits, vocab);  // kept whatever the filters; overwritten below
+  int32_t last = -1;
   for (int32_t i = 0; i < vocab; ++i) {
-    if (!(row.kept[i] > 0)) continue;
-    cumulative += row.kept[i];
+    if (!(weights[i] > 0)) continue;
+    cumulative += weights[i];
     last = i;
     if (target < cumulative) return i;
   }
-  return last;  // u * mass rounded up to the total: the last kept token
+  return last;  // u * total rounded up to the total: the last positive weight
+}
+
+template <typename T>
+int32_t SampleRow(const T* logits, int32_t vocab, const SampleParams& params, double u) {
+  if (Greedy(params) || !std::isfinite(RowMax(logits, vocab))) return ArgmaxRow(logits, vocab);
+  // The most probable token (p = 1) survives every filter, so the draw finds a kept token.
+  return InverseCdf(FilterRow(logits, vocab, params).kept.data(), vocab, u);
+}
+
+template <typename T>
+void ProcessedProbs(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                    const SampleParams* params, T* out, int64_t out_stride) {
+  for (int32_t r = 0; r < num_rows; ++r) {
+    const T* row = logits + r * stride;
+    std::vector<T> probs(vocab, T{0});
+    const T m = RowMax(row, vocab);
+    if (m == -std::numeric_limits<T>::infinity()) {
+      // No token at all: zeros.
+    } else if (Greedy(params[r]) || !std::isfinite(m)) {
+      probs[ArgmaxRow(row, vocab)] = 1;
+    } else {
+      const FilteredRow<T> f = FilterRow(row, vocab, params[r]);
+      for (int32_t i = 0; i < vocab; ++i) probs[i] = f.kept[i] / f.kept_mass;
+    }
+    std::copy(probs.begin(), probs.end(), out + r * out_stride);  // after every read: in place
+  }
+}
+
+template <typename T>
+void ScatterRows(const T* src, int64_t src_stride, int32_t num_rows, int32_t cols,
+                 const int32_t* dst_rows, T* dst, int64_t dst_stride) {
+  for (int32_t r = 0; r < num_rows; ++r) {
+    std::copy(src + r * src_stride, src + r * src_stride + cols, dst + dst_rows[r] * dst_stride);
+  }
 }
 
 template <typename T>
@@ -195,13 +229,17 @@ T RawLogprob(const T* logits, int32_t vocab, int32_t id) {
   return NanAsNegInf(logits[id]) - m - std::log(sum);
 }
 
-#define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                        \
-  template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);                    \
-  template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);             \
-  template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*, const int32_t*, \
-                                  const int32_t*, const int32_t*, const float*);                 \
-  template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);                  \
-  template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);                 \
+#define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                         \
+  template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);                     \
+  template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);              \
+  template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*, const int32_t*,  \
+                                  const int32_t*, const int32_t*, const float*);                  \
+  template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);                   \
+  template int32_t InverseCdf<T>(const T*, int32_t, double);                                      \
+  template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);                  \
+  template void ProcessedProbs<T>(const T*, int64_t, int32_t, int32_t, const SampleParams*, T*,   \
+                                  int64_t);                                                       \
+  template void ScatterRows<T>(const T*, int64_t, int32_t, int32_t, const int32_t*, T*, int64_t); \
   template T RawLogprob<T>(const T*, int32_t, int32_t);
 SPECD_SAMPLING_REF_INSTANTIATE(float)
 SPECD_SAMPLING_REF_INSTANTIATE(double)

@@ -16,6 +16,9 @@
 //      sorting.
 // NaN logits count as -inf. temperature <= 0 (or NaN), or a row without a finite maximum, is
 // greedy: the argmax, lowest id on ties.
+// The processed distribution (ProcessedProbs) is what step 4 draws from, normalized: kept p_i / M
+// (M the total kept mass) for a sampled row; one-hot at the argmax for a greedy row; all zeros
+// for a row whose logits are all -inf / NaN.
 // Pure functions, any thread; the Philox functions also compile for the device under nvcc.
 #pragma once
 
@@ -119,22 +122,48 @@ struct FilteredRow {
 template <typename T>
 FilteredRow<T> FilterRow(const T* logits, int32_t vocab, const SampleParams& params);
 
+// Step 4 on any non-negative weights (a FilteredRow's kept, a ProcessedProbs row): the first i in
+// token-id order whose cumulative weight C_i exceeds u * (sum of the weights); the last positive
+// weight when rounding puts u * sum at or above the final C_i; -1 when every weight is 0.
+template <typename T>
+int32_t InverseCdf(const T* weights, int32_t vocab, double u);
+
 // The drawn token for uniform u (step 4), or the argmax for a greedy row.
 template <typename T>
 int32_t SampleRow(const T* logits, int32_t vocab, const SampleParams& params, double u);
+
+// The processed distribution of each row (see the definition above; kernels/cuda/sampling.h
+// ProcessedProbs): drawing from it with InverseCdf and the same u gives SampleRow's token except
+// within rounding of a CDF boundary. out may be logits itself (out_stride == stride).
+//   logits [num_rows, vocab] T, host, in; row stride `stride`
+//   params [num_rows] SampleParams, host, in
+//   out    [num_rows, vocab] T, host, out; row stride `out_stride`
+template <typename T>
+void ProcessedProbs(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                    const SampleParams* params, T* out, int64_t out_stride);
+
+// dst[dst_rows[i], :cols] = src[i, :cols] (kernels/cuda/sampling.h ScatterRows).
+template <typename T>
+void ScatterRows(const T* src, int64_t src_stride, int32_t num_rows, int32_t cols,
+                 const int32_t* dst_rows, T* dst, int64_t dst_stride);
 
 // log softmax(logits)[id] of the raw (untempered, unfiltered) row.
 template <typename T>
 T RawLogprob(const T* logits, int32_t vocab, int32_t id);
 
-#define SPECD_SAMPLING_REF_EXTERN(T)                                                        \
-  extern template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);        \
-  extern template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*); \
-  extern template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*,     \
-                                         const int32_t*, const int32_t*, const int32_t*,    \
-                                         const float*);                                     \
-  extern template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);      \
-  extern template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);     \
+#define SPECD_SAMPLING_REF_EXTERN(T)                                                               \
+  extern template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);               \
+  extern template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);        \
+  extern template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*,            \
+                                         const int32_t*, const int32_t*, const int32_t*,           \
+                                         const float*);                                            \
+  extern template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);             \
+  extern template int32_t InverseCdf<T>(const T*, int32_t, double);                                \
+  extern template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);            \
+  extern template void ProcessedProbs<T>(const T*, int64_t, int32_t, int32_t, const SampleParams*, \
+                                         T*, int64_t);                                             \
+  extern template void ScatterRows<T>(const T*, int64_t, int32_t, int32_t, const int32_t*, T*,     \
+                                      int64_t);                                                    \
   extern template T RawLogprob<T>(const T*, int32_t, int32_t);
 SPECD_SAMPLING_REF_EXTERN(float)
 SPECD_SAMPLING_REF_EXTERN(double)

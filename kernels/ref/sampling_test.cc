@@ -307,6 +307,239 @@ TEST(SampleRowTest, FloatAndDoubleAgreeAwayFromBoundaries) {
   }
 }
 
+// A random row of 1-300 logits, in one of three styles (uniform; a 0.5 grid full of ties; a few
+// peaks over a low floor), with NaN and -inf sprinkled in but at least one finite logit.
+std::vector<double> RandomRow(std::mt19937_64& rng) {
+  const int32_t vocab = 1 + static_cast<int32_t>(rng() % 300);
+  std::uniform_real_distribution<double> uniform(-6.0, 6.0);
+  const int style = static_cast<int>(rng() % 3);
+  std::vector<double> row(vocab);
+  for (double& v : row) {
+    const double x = uniform(rng);
+    v = style == 0 ? x : (style == 1 ? std::round(2 * x) / 2 : x * 0.5);
+    if (rng() % 23 == 0) v = rng() % 2 == 0 ? -kInf : std::numeric_limits<double>::quiet_NaN();
+  }
+  if (style == 2) {
+    for (int j = 0; j < 4; ++j) row[rng() % vocab] = 4 + uniform(rng) / 3;
+  }
+  row[rng() % vocab] = uniform(rng);
+  return row;
+}
+
+// Greedy (temperature 0 or NaN) about one row in seven; every filter alone and combined.
+SampleParams RandomParams(int32_t vocab, std::mt19937_64& rng) {
+  const float temperatures[] = {
+      0.0f, 0.5f, 0.8f, 1.0f, 1.3f, 2.0f, std::numeric_limits<float>::quiet_NaN()};
+  const int32_t top_ks[] = {0, 0, 1, 5, 40, vocab, vocab + 10};
+  const float top_ps[] = {1.0f, 1.0f, 0.9f, 0.5f, 0.01f, 0.999f};
+  const float min_ps[] = {0.0f, 0.0f, 0.01f, 0.05f, 0.3f, 1.5f};
+  return Params(temperatures[rng() % 7], top_ks[rng() % 7], top_ps[rng() % 6], min_ps[rng() % 6]);
+}
+
+template <typename T>
+std::vector<T> Probs(const std::vector<T>& logits, const SampleParams& params) {
+  std::vector<T> out(logits.size(), T{-1});
+  ProcessedProbs(logits.data(), static_cast<int64_t>(logits.size()), 1,
+                 static_cast<int32_t>(logits.size()), &params, out.data(),
+                 static_cast<int64_t>(out.size()));
+  return out;
+}
+
+// The processed distribution straight from the definition in sampling.h, in fp64 and O(vocab^2):
+// each filter as worded there, top-p by summing G(p_i) for every token separately.
+std::vector<double> DefinitionProbs(const std::vector<double>& logits, const SampleParams& q) {
+  const size_t n = logits.size();
+  std::vector<double> l(n), probs(n, 0.0);
+  for (size_t i = 0; i < n; ++i) l[i] = std::isnan(logits[i]) ? -kInf : logits[i];
+  const double m = *std::max_element(l.begin(), l.end());
+  if (m == -kInf) return probs;
+  if (!(q.temperature > 0) || !std::isfinite(m)) {
+    probs[std::find(l.begin(), l.end(), m) - l.begin()] = 1;
+    return probs;
+  }
+  std::vector<double> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = l[i] == -kInf ? 0 : std::exp((l[i] - m) / q.temperature);
+  std::vector<bool> kept(n, true);
+  std::vector<double> sorted = p;
+  std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+  for (size_t i = 0; i < n; ++i) {
+    if (q.min_p > 0 && p[i] < std::min(static_cast<double>(q.min_p), 1.0)) kept[i] = false;
+    if (q.top_k > 0 && static_cast<size_t>(q.top_k) < n && p[i] < sorted[q.top_k - 1]) {
+      kept[i] = false;
+    }
+  }
+  if (q.top_p < 1) {
+    const std::vector<bool> survivors = kept;
+    double mass = 0;
+    for (size_t j = 0; j < n; ++j) mass += survivors[j] ? p[j] : 0;
+    for (size_t i = 0; i < n; ++i) {
+      double g = 0;
+      for (size_t j = 0; j < n; ++j) g += survivors[j] && p[j] > p[i] ? p[j] : 0;
+      kept[i] = survivors[i] && (g < q.top_p * mass || g == 0);
+    }
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += kept[i] ? p[i] : 0;
+  for (size_t i = 0; i < n; ++i) probs[i] = kept[i] ? p[i] / total : 0;
+  return probs;
+}
+
+bool Greedy(const std::vector<double>& logits, const SampleParams& params) {
+  double m = -kInf;
+  for (double v : logits) m = std::isnan(v) ? m : std::max(m, v);
+  return !(params.temperature > 0) || !std::isfinite(m);
+}
+
+TEST(ProcessedProbsTest, SampledRowsSumToOneOverTheFilteredTokens) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const std::vector<double> logits = RandomRow(rng);
+    const auto vocab = static_cast<int32_t>(logits.size());
+    SampleParams params = RandomParams(vocab, rng);
+    params.temperature = 0.7f;
+    const std::vector<double> probs = Probs(logits, params);
+    const std::vector<float> logits32(logits.begin(), logits.end());
+    const std::vector<float> probs32 = Probs(logits32, params);
+    const FilteredRow<double> row = FilterRow(logits.data(), vocab, params);
+    double sum = 0, sum32 = 0;
+    for (int32_t i = 0; i < vocab; ++i) {
+      ASSERT_EQ(probs[i] > 0, row.kept[i] > 0) << trial << " " << i;
+      EXPECT_DOUBLE_EQ(probs[i], row.kept[i] / row.kept_mass);
+      sum += probs[i];
+      sum32 += probs32[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-12) << trial;
+    EXPECT_NEAR(sum32, 1.0, 1e-6) << trial;
+  }
+}
+
+TEST(ProcessedProbsTest, GreedyRowsAreOneHotAndRowsWithoutTokensAreZero) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> logits = {0.5, 2.0, nan, 2.0, -1.0};
+  for (float temperature : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_EQ(Probs(logits, Params(temperature, 2, 0.5f, 0.1f)),
+              (std::vector<double>{0, 1, 0, 0, 0}));
+  }
+  // No finite maximum with temperature > 0: greedy on the first +inf.
+  const std::vector<double> inf = {0.5, kInf, nan, kInf};
+  EXPECT_EQ(Probs(inf, Params(1, 0, 1, 0)), (std::vector<double>{0, 1, 0, 0}));
+  // All -inf / NaN, greedy or not: zeros (SampleRow would return id 0).
+  const std::vector<double> empty = {-kInf, nan, -kInf};
+  EXPECT_EQ(Probs(empty, Params(0, 0, 1, 0)), (std::vector<double>(3, 0.0)));
+  EXPECT_EQ(Probs(empty, Params(1, 2, 0.9f, 0)), (std::vector<double>(3, 0.0)));
+  const std::vector<float> empty32 = {-INFINITY, NAN};
+  EXPECT_EQ(Probs(empty32, Params(1, 0, 1, 0)), (std::vector<float>(2, 0.0f)));
+}
+
+TEST(ProcessedProbsTest, MatchesTheDefinitionComputedDirectlyInFp64) {
+  std::mt19937_64 rng(11);
+  int compared = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    const std::vector<double> logits = RandomRow(rng);
+    const auto vocab = static_cast<int32_t>(logits.size());
+    const SampleParams params = RandomParams(vocab, rng);
+    // A filter decision at its threshold may go either way under different summation orders.
+    if (!Greedy(logits, params) && FilterRow(logits.data(), vocab, params).filter_margin < 1e-4) {
+      continue;
+    }
+    ++compared;
+    const std::vector<double> expected = DefinitionProbs(logits, params);
+    const std::vector<double> probs = Probs(logits, params);
+    const std::vector<float> probs32 =
+        Probs(std::vector<float>(logits.begin(), logits.end()), params);
+    for (int32_t i = 0; i < vocab; ++i) {
+      ASSERT_NEAR(probs[i], expected[i], 1e-12) << trial << " " << i;
+      ASSERT_NEAR(probs32[i], expected[i], 1e-6) << trial << " " << i;
+      ASSERT_EQ(probs32[i] == 0, expected[i] == 0) << trial << " " << i;
+    }
+  }
+  EXPECT_GT(compared, 800);
+}
+
+// The tie to the sampling definition: drawing from the processed row by the same inverse CDF and
+// the same u gives SampleRow's token, except where the two cumulative sums (of p_i and of p_i / M)
+// round to opposite sides of u * total; the tokens then neighbour each other in the kept order.
+template <typename T>
+void ExpectDrawsFromProcessedProbsMatchSampleRow() {
+  std::mt19937_64 rng(sizeof(T));
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const int trials = 10000;
+  int mismatches = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const std::vector<double> row64 = RandomRow(rng);
+    const std::vector<T> logits(row64.begin(), row64.end());
+    const auto vocab = static_cast<int32_t>(logits.size());
+    const SampleParams params = RandomParams(vocab, rng);
+    const double u = uniform(rng);
+    const std::vector<T> probs = Probs(logits, params);
+    const int32_t expected = SampleRow(logits.data(), vocab, params, u);
+    const int32_t drawn = InverseCdf(probs.data(), vocab, u);
+    if (drawn == expected) continue;
+    ++mismatches;
+    ASSERT_GE(drawn, 0) << trial;
+    ASSERT_GT(probs[expected], 0) << trial;
+    ASSERT_GT(probs[drawn], 0) << trial;
+    for (int32_t i = std::min(drawn, expected) + 1; i < std::max(drawn, expected); ++i) {
+      ASSERT_EQ(probs[i], 0) << trial << ": kept token " << i << " between " << drawn << " and "
+                             << expected;
+    }
+  }
+  EXPECT_LE(mismatches, trials / 1000) << mismatches;
+}
+
+TEST(ProcessedProbsTest, InverseCdfDrawsSampleRowsTokenInFp64) {
+  ExpectDrawsFromProcessedProbsMatchSampleRow<double>();
+}
+
+TEST(ProcessedProbsTest, InverseCdfDrawsSampleRowsTokenInFp32) {
+  ExpectDrawsFromProcessedProbsMatchSampleRow<float>();
+}
+
+TEST(ProcessedProbsTest, InPlaceEqualsOutOfPlace) {
+  std::mt19937_64 rng(5);
+  const int32_t num_rows = 8, vocab = 100, stride = 103;
+  std::vector<float> logits(num_rows * stride, 1e30f);
+  std::vector<SampleParams> params;
+  for (int32_t r = 0; r < num_rows; ++r) {
+    std::vector<double> row;
+    while (static_cast<int32_t>(row.size()) < vocab) row = RandomRow(rng);
+    std::copy(row.begin(), row.begin() + vocab, logits.begin() + r * stride);
+    params.push_back(RandomParams(vocab, rng));
+  }
+  std::vector<float> out(num_rows * vocab);
+  ProcessedProbs(logits.data(), stride, num_rows, vocab, params.data(), out.data(), vocab);
+  ProcessedProbs(logits.data(), stride, num_rows, vocab, params.data(), logits.data(), stride);
+  for (int32_t r = 0; r < num_rows; ++r) {
+    for (int32_t i = 0; i < vocab; ++i) ASSERT_EQ(logits[r * stride + i], out[r * vocab + i]);
+    for (int32_t i = vocab; i < stride; ++i) ASSERT_EQ(logits[r * stride + i], 1e30f);  // padding
+  }
+}
+
+TEST(InverseCdfTest, LastPositiveWeightOrMinusOne) {
+  const std::vector<double> weights = {0, 0.5, 0, 0.5, 0};
+  EXPECT_EQ(InverseCdf(weights.data(), 5, 0.0), 1);
+  EXPECT_EQ(InverseCdf(weights.data(), 5, 0.4999), 1);
+  EXPECT_EQ(InverseCdf(weights.data(), 5, 0.5), 3);
+  EXPECT_EQ(InverseCdf(weights.data(), 5, 1.0), 3);  // u * sum at the total
+  const std::vector<double> zeros(3, 0.0);
+  EXPECT_EQ(InverseCdf(zeros.data(), 3, 0.5), -1);
+}
+
+TEST(ScatterRowsTest, CopiesEachRowToItsSlotAndNothingElse) {
+  // src: 3 rows of 4 in a stride of 5; dst: 5 rows of stride 6.
+  std::vector<double> src(15), dst(30, -1);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<double>(i);
+  const std::vector<int32_t> dst_rows = {4, 0, 2};
+  ScatterRows(src.data(), 5, 3, 4, dst_rows.data(), dst.data(), 6);
+  for (int32_t r = 0; r < 5; ++r) {
+    for (int32_t c = 0; c < 6; ++c) {
+      const auto from = std::find(dst_rows.begin(), dst_rows.end(), r) - dst_rows.begin();
+      const double expected = c < 4 && from < 3 ? src[from * 5 + c] : -1;
+      EXPECT_EQ(dst[r * 6 + c], expected) << r << " " << c;
+    }
+  }
+}
+
 TEST(RawLogprobTest, IsLogSoftmaxOfTheUntemperedRow) {
   const std::vector<double> logits = {1.0, 2.0, 3.0};
   const double log_z = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
