@@ -108,6 +108,24 @@ int32_t BonusRank(std::span<const int32_t> candidates, int32_t token) {
   return it == candidates.end() ? kNotInTopF : static_cast<int32_t>(it - candidates.begin());
 }
 
+std::vector<int32_t> CachedCandidates(std::span<const int32_t> row, int32_t draft_token,
+                                      int32_t fan_out) {
+  std::vector<int32_t> ids;
+  for (int32_t t : row) {
+    if (static_cast<int32_t>(ids.size()) >= fan_out) break;
+    if (t != draft_token) ids.push_back(t);
+  }
+  return ids;
+}
+
+int32_t CachedBonusRank(std::span<const int32_t> row, int32_t draft_token, int32_t token) {
+  if (token == draft_token) return kNotInTopF;
+  const int32_t rank = BonusRank(row, token);
+  if (rank == kNotInTopF) return kNotInTopF;
+  const auto before = row.first(static_cast<size_t>(rank));
+  return std::find(before.begin(), before.end(), draft_token) == before.end() ? rank : rank - 1;
+}
+
 absl::Status ValidateOutcomeStatsOptions(const OutcomeStatsOptions& o) {
   auto bad = [](const char* field, double value) {
     return absl::InvalidArgumentError(absl::StrCat("outcome stats: bad ", field, ": ", value));
@@ -156,9 +174,11 @@ void OutcomeStats::Record(const RoundOutcome& outcome) {
   rejections_ *= decay_;
   for (double& w : rank_weight_) w *= decay_;
 
-  const int32_t k = std::clamp(outcome.accepted_len, 0, K);
+  // The round's own K: the options' K is only the largest any round may have.
+  const int32_t round_k = outcome.num_draft_tokens < 0 ? K : std::min(outcome.num_draft_tokens, K);
+  const int32_t k = std::clamp(outcome.accepted_len, 0, round_k);
   accepted_ += k;
-  if (k < K) rejections_ += 1;  // all K accepted: no rejection was observed (truncation)
+  if (k < round_k) rejections_ += 1;  // all accepted: no rejection was observed (truncation)
   const bool ranked = outcome.bonus_rank >= 0 && outcome.bonus_rank < options_.max_fan_out;
   rank_weight_[ranked ? outcome.bonus_rank : options_.max_fan_out] += 1;
 
@@ -333,6 +353,17 @@ std::optional<CachedDraft> SpeculationCache::Take(uint64_t seq_id, uint64_t roun
   auto& entries = seqs_.at(seq_id).entries;
   auto node = entries.extract(std::make_pair(accepted_len, bonus_token));
   return std::move(node.mapped());
+}
+
+std::vector<int32_t> SpeculationCache::BonusTokens(uint64_t seq_id, int32_t accepted_len) const {
+  std::vector<int32_t> tokens;
+  const auto seq = seqs_.find(seq_id);
+  if (seq == seqs_.end()) return tokens;
+  for (const auto& [outcome, draft] : seq->second.entries) {
+    if (outcome.first == accepted_len) tokens.push_back(outcome.second);
+  }
+  std::sort(tokens.begin(), tokens.end());
+  return tokens;
 }
 
 void SpeculationCache::Clear(uint64_t seq_id) { seqs_.erase(seq_id); }

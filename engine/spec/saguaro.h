@@ -57,6 +57,22 @@ inline constexpr int32_t kNotInTopF = -1;
 // 0-based position of `token` in `candidates` (best first, as TopF returns them), or kNotInTopF.
 int32_t BonusRank(std::span<const int32_t> candidates, int32_t token);
 
+// No draft token at a position (k = K: every draft was accepted, nothing was drafted past them).
+inline constexpr int32_t kNoDraftToken = -1;
+
+// The bonus tokens the speculation cache holds for acceptance length k at fan-out F: the first
+// fan_out ids of the draft's candidate row at position k + 1 (best first) other than the draft
+// token d_{k+1} there. d_{k+1} is never the bonus token of outcome k: it was rejected, and the
+// residual max(p - q, 0) is 0 wherever a draft can be rejected. min(fan_out, ids left) ids.
+//   row [Fmax] candidate ids, best first; draft_token d_{k+1} or kNoDraftToken
+std::vector<int32_t> CachedCandidates(std::span<const int32_t> row, int32_t draft_token,
+                                      int32_t fan_out);
+
+// The rank the power law of cache misses is fit over: the 0-based position of `token` among
+// the row's ids other than the draft token (so the cache holds it at fan-out F exactly when the
+// rank is below F, as CachedCandidates), or kNotInTopF.
+int32_t CachedBonusRank(std::span<const int32_t> row, int32_t draft_token, int32_t token);
+
 // One verification round of one sequence, as OutcomeStats records it.
 struct RoundOutcome {
   int32_t accepted_len = 0;  // k in [0, K]: drafts the verifier kept
@@ -64,6 +80,9 @@ struct RoundOutcome {
   // draft's row there, up to max_fan_out of them); kNotInTopF when t* is not among them.
   int32_t bonus_rank = kNotInTopF;
   bool cache_hit = false;  // whether the speculation cache held (k, t*) this round
+  // The drafts verified this round (the round's own K, at most the options' K): a round that
+  // accepted all of them saw no rejection. Negative: the options' K.
+  int32_t num_draft_tokens = -1;
 };
 
 struct OutcomeStatsOptions {
@@ -89,7 +108,8 @@ absl::Status ValidateOutcomeStatsOptions(const OutcomeStatsOptions& options);
 // Online estimates of the two parameters the geometric fan-out needs, from observed rounds:
 //  - alpha_p, the per-token acceptance rate: the MLE of a geometric distribution truncated at K,
 //    accepted / (accepted + rejections), where a round with k < K counts k acceptances and one
-//    rejection, and a round with k = K counts K acceptances and no rejection;
+//    rejection, and a round with k = K counts K acceptances and no rejection, K being the
+//    round's own (RoundOutcome::num_draft_tokens; rounds of one stats object may differ);
 //  - r, the exponent of the paper's power law for cache misses, 1 - p_hit(F) = F^(-r), where
 //    p_hit(F) is the share of rounds whose bonus token ranked below F among the draft's
 //    candidates. Least squares of log miss(F) against log F over F = 1..Fmax, with an intercept
@@ -102,8 +122,8 @@ class OutcomeStats {
   // InvalidArgument as ValidateOutcomeStatsOptions.
   static absl::StatusOr<OutcomeStats> Create(const OutcomeStatsOptions& options);
 
-  // Records one round. accepted_len is clamped into [0, K]; a bonus_rank >= max_fan_out (or
-  // negative) counts as kNotInTopF.
+  // Records one round. accepted_len is clamped into [0, the round's K]; a bonus_rank >=
+  // max_fan_out (or negative) counts as kNotInTopF.
   void Record(const RoundOutcome& outcome);
 
   // alpha_p in [0, 1]; prior_alpha until min_rounds (decayed) rounds have been recorded.
@@ -269,6 +289,10 @@ class SpeculationCache {
   // As Lookup, but moves the speculation out (on a hit it is used once) and removes the entry.
   std::optional<CachedDraft> Take(uint64_t seq_id, uint64_t round, int32_t accepted_len,
                                   int32_t bonus_token);
+
+  // The bonus tokens cached for acceptance length accepted_len of the sequence's current round,
+  // ascending (tests and debugging: the cache holds what the fan-out and Saguaro agree on).
+  std::vector<int32_t> BonusTokens(uint64_t seq_id, int32_t accepted_len) const;
 
   // Drops everything of a sequence, its round counter included (it finished or was preempted).
   void Clear(uint64_t seq_id);

@@ -202,6 +202,35 @@ TEST(OutcomeStatsTest, CountsRoundsAndHitsPerAcceptanceLength) {
   EXPECT_EQ(stats.num_rounds(), 4);
 }
 
+// The worker keeps one OutcomeStats for every K a request may ask for (options' K = 64), while
+// a round verifies its own K drafts: a round that accepted all 7 of its 7 drafts saw no
+// rejection, and counting one there biases alpha_p down (0.8 would read as about 0.76).
+TEST(OutcomeStatsTest, ARoundThatAcceptedAllOfItsOwnDraftsHasNoRejection) {
+  OutcomeStatsOptions o = Options(0);
+  o.num_draft_tokens = 64;
+  OutcomeStats stats = OutcomeStats::Create(o).value();
+  SyntheticRounds rounds(7, 8, 11);  // true alpha 0.8, geometric truncated at K = 7
+  int64_t all_accepted = 0;
+  for (int i = 0; i < 100000; ++i) {
+    RoundOutcome outcome = rounds.Next(0.8, 1.0);
+    outcome.num_draft_tokens = 7;
+    all_accepted += outcome.accepted_len == 7;
+    stats.Record(outcome);
+  }
+  ASSERT_NEAR(double(all_accepted) / 100000, std::pow(0.8, 7), 0.01);
+  EXPECT_NEAR(stats.Alpha(), 0.8, 0.005);
+  EXPECT_EQ(stats.rounds_by_accepted_len()[7], all_accepted);
+  // Without a round K the options' K applies: 7 accepted of up to 64 is a rejection at 8.
+  OutcomeStats unknown_k = OutcomeStats::Create(o).value();
+  for (int i = 0; i < 40; ++i) unknown_k.Record({.accepted_len = 7});
+  EXPECT_NEAR(unknown_k.Alpha(), 7.0 / 8.0, 1e-12);
+  // A round with no drafts tells nothing about alpha_p.
+  OutcomeStats no_drafts = OutcomeStats::Create(o).value();
+  for (int i = 0; i < 40; ++i) no_drafts.Record({.accepted_len = 1});
+  for (int i = 0; i < 40; ++i) no_drafts.Record({.accepted_len = 0, .num_draft_tokens = 0});
+  EXPECT_NEAR(no_drafts.Alpha(), 0.5, 1e-12);
+}
+
 TEST(OutcomeStatsTest, RejectsBadOptions) {
   auto bad = [](auto edit) {
     OutcomeStatsOptions o = Options(100);
@@ -223,6 +252,39 @@ TEST(BonusRankTest, PositionAmongCandidatesOrNotInTopF) {
   EXPECT_EQ(BonusRank(candidates, 9), 0);
   EXPECT_EQ(BonusRank(candidates, 7), 2);
   EXPECT_EQ(BonusRank(candidates, 5), kNotInTopF);
+}
+
+// The cache skips the draft token d_{k+1} (a rejected draft is never the bonus token), so its
+// F candidates can reach past rank F - 1 of the row, and the rank r is fit over must count
+// only the ids the cache can hold.
+TEST(CachedCandidatesTest, SkipTheDraftTokenAndRankAmongWhatIsLeft) {
+  const std::vector<int32_t> row = {9, 4, 7, 2, 5};
+  EXPECT_THAT(CachedCandidates(row, 9, 2), ElementsAre(4, 7));  // d_{k+1} leads (greedy)
+  EXPECT_THAT(CachedCandidates(row, 7, 3), ElementsAre(9, 4, 2));
+  EXPECT_THAT(CachedCandidates(row, 8, 2), ElementsAre(9, 4));  // d_{k+1} not among them
+  EXPECT_THAT(CachedCandidates(row, kNoDraftToken, 3), ElementsAre(9, 4, 7));  // k = K
+  EXPECT_THAT(CachedCandidates(row, 9, 9), ElementsAre(4, 7, 2, 5));
+  EXPECT_TRUE(CachedCandidates(row, 9, 0).empty());
+  EXPECT_EQ(CachedBonusRank(row, 9, 4), 0);
+  EXPECT_EQ(CachedBonusRank(row, 9, 5), 3);
+  EXPECT_EQ(CachedBonusRank(row, 7, 4), 1);  // before the draft token: its row rank
+  EXPECT_EQ(CachedBonusRank(row, 7, 2), 2);  // after it: one less
+  EXPECT_EQ(CachedBonusRank(row, kNoDraftToken, 7), 2);
+  EXPECT_EQ(CachedBonusRank(row, 9, 9), kNotInTopF);
+  EXPECT_EQ(CachedBonusRank(row, 9, 3), kNotInTopF);
+  // The rank agrees with the cache: held at fan-out F exactly when the rank is below F.
+  for (int32_t d : {9, 4, 7, 2, 5, 8, kNoDraftToken}) {
+    for (int32_t t : {9, 4, 7, 2, 5, 8}) {
+      if (t == d) continue;
+      for (int32_t f = 1; f <= 5; ++f) {
+        const std::vector<int32_t> cached = CachedCandidates(row, d, f);
+        const int32_t rank = CachedBonusRank(row, d, t);
+        EXPECT_EQ(std::find(cached.begin(), cached.end(), t) != cached.end(),
+                  rank != kNotInTopF && rank < f)
+            << d << " " << t << " " << f;
+      }
+    }
+  }
 }
 
 // ---- Saguaro sampling ---------------------------------------------------------------------

@@ -78,25 +78,49 @@ WireLimits SsdWorker::limits() const {
   return SsdWireLimits(vocab_size(), options_.max_num_seqs, len);
 }
 
-int32_t SsdWorker::critical_batch_size() const {
-  if (options_.config.ssd.critical_batch_size > 0) return options_.config.ssd.critical_batch_size;
-  if (verify_seconds_ <= 0 || primary_seconds_ <= 0 || outcomes_.num_rounds() < 16) {
-    return kNeverSwitch;  // nothing measured yet: the primary serves misses
-  }
+int32_t MeasuredCriticalBatchSize(const SsdWorkerStats& stats, double alpha, int32_t K,
+                                  const TierSeconds& seconds, int32_t max_batch_size) {
+  if (seconds.verify <= 0 || seconds.primary <= 0) return kNeverSwitch;
   BatchRoundModel m;
-  m.p_hit = stats_.rounds > 0 ? double(stats_.hits) / double(stats_.rounds) : 0.0;
-  const double alpha = outcomes_.Alpha();
-  m.e_hit = m.e_miss = ExpectedTokensPerRound(alpha, options_.config.num_speculative_tokens);
+  // Per sequence-round: stats.rounds counts requests, each of up to a batch of sequences.
+  const int64_t served = stats.hits + stats.misses_primary + stats.misses_backup;
+  m.p_hit = served > 0 ? double(stats.hits) / double(served) : 0.0;
+  m.e_hit = m.e_miss = ExpectedTokensPerRound(alpha, K);
   m.e_backup = 1.0;
-  m.t_p = primary_seconds_ / verify_seconds_;
-  m.t_b = backup_seconds_ / verify_seconds_;
-  return CriticalBatchSize(m, options_.max_num_seqs);
+  m.t_p = seconds.primary / seconds.verify;
+  m.t_b = seconds.backup / seconds.verify;
+  return CriticalBatchSize(m, max_batch_size);
 }
 
-std::vector<int32_t> SsdWorker::FanOut(int32_t K) const {
-  const int32_t f = options_.config.ssd.fan_out;
+int32_t SsdWorker::critical_batch_size() const {
+  if (options_.config.ssd.critical_batch_size > 0) return options_.config.ssd.critical_batch_size;
+  if (outcomes_.num_rounds() < 16) return kNeverSwitch;  // the primary serves misses meanwhile
+  return MeasuredCriticalBatchSize(stats_, outcomes_.Alpha(),
+                                   options_.config.num_speculative_tokens, seconds_,
+                                   options_.max_num_seqs);
+}
+
+int32_t SsdWorker::FanOutOf(const Seq& s) const { return std::clamp(s.fan_out, 1, f_max_); }
+
+bool SsdWorker::SaguaroSampled(const Seq& s) {
+  return !s.params.greedy() && s.saguaro_c >= 0.0f && s.saguaro_c < 1.0f;
+}
+
+std::span<const int32_t> SsdWorker::CandidateRow(const Seq& s, int32_t k) const {
+  return std::span<const int32_t>(s.candidates).subspan(size_t(k) * f_max_, f_max_);
+}
+
+int32_t SsdWorker::DraftAt(const Seq& s, int32_t k) {
+  return k < static_cast<int32_t>(s.drafts.size()) ? s.drafts[k] : kNoDraftToken;
+}
+
+std::vector<int32_t> SsdWorker::FanOut(const Seq& s) const {
+  const int32_t K = s.num_draft_tokens;
+  const int32_t f = FanOutOf(s);
+  // Saguaro sampling down-weights one top-F set per row (DraftInput::saguaro_fan_out), and the
+  // cache must hold that set at every position, so a Saguaro-sampled sequence gets F at every k.
   absl::StatusOr<std::vector<int32_t>> fan =
-      options_.config.ssd.geometric_fan_out
+      options_.config.ssd.geometric_fan_out && !SaguaroSampled(s)
           ? GeometricFanOut(K, (K + 1) * f, outcomes_.Alpha(), outcomes_.PowerLawR())
           : ConstantFanOut(K, f);
   if (!fan.ok()) return std::vector<int32_t>(K + 1, f);
@@ -114,7 +138,7 @@ DraftInput SsdWorker::InputFor(uint64_t seq_id, const Seq& s, std::span<const in
   in.history = &s.history;
   in.seed = s.seed;  // the request's own seed: its drafts repeat like the target's draws
   in.num_candidates = f_max_;
-  in.saguaro_fan_out = s.params.greedy() ? 0 : s.fan_out;
+  in.saguaro_fan_out = SaguaroSampled(s) ? FanOutOf(s) : 0;  // the cache's F (FanOut)
   in.saguaro_c = s.saguaro_c;
   return in;
 }
@@ -147,7 +171,7 @@ void SsdWorker::Drop(uint64_t seq_id) {
 absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateResponse* response) {
   const absl::Time start = absl::Now();
   if (last_response_ != absl::InfinitePast()) {
-    Ema(&verify_seconds_, absl::ToDoubleSeconds(start - last_response_));
+    Ema(&seconds_.verify, absl::ToDoubleSeconds(start - last_response_));
   }
   response->Clear();
   response->round_id = request.round_id;
@@ -198,11 +222,10 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
       cached = cache_.Take(m.seq_id, s.round, k, fresh[k]);
       RoundOutcome outcome;
       outcome.accepted_len = k;
+      outcome.num_draft_tokens = static_cast<int32_t>(s.drafts.size());
       outcome.cache_hit = cached.has_value();
-      if (k < s.num_rows) {
-        outcome.bonus_rank = BonusRank(
-            std::span<const int32_t>(s.candidates).subspan(size_t(k) * f_max_, f_max_), fresh[k]);
-      }
+      if (k < s.num_rows)
+        outcome.bonus_rank = CachedBonusRank(CandidateRow(s, k), DraftAt(s, k), fresh[k]);
       outcomes_.Record(outcome);
     }
     if (cached) {
@@ -272,7 +295,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
                           proposed[j].candidates.end());
     }
     // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
-    if (any_miss) Ema(&primary_seconds_, absl::ToDoubleSeconds(absl::Now() - t));
+    if (any_miss) Ema(&seconds_.primary, absl::ToDoubleSeconds(absl::Now() - t));
   }
   const absl::Time backup_start = absl::Now();
   bool any_backup = false;
@@ -282,7 +305,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
         BackupDraft(seqs_[request.seqs[i].seq_id], request.seqs[i].num_draft_tokens);
     any_backup = true;
   }
-  if (any_backup) Ema(&backup_seconds_, absl::ToDoubleSeconds(absl::Now() - backup_start));
+  if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - backup_start));
   // The response, in request order; each sequence remembers what it was sent.
   uint32_t prob_rows = 0;
   const size_t vocab = static_cast<size_t>(vocab_size());
@@ -365,17 +388,14 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     if (s.served == Served::kNone || s.num_rows == 0) continue;
     cache_.BeginRound(id, s.round);
     const int32_t K = s.num_draft_tokens;
-    const std::vector<int32_t> fan = FanOut(K);
+    const std::vector<int32_t> fan = FanOut(s);
     const int32_t max_k = std::min<int32_t>(s.num_rows - 1, static_cast<int32_t>(s.drafts.size()));
     for (int32_t k = 0; k <= max_k; ++k) {
-      const std::span<const int32_t> row =
-          std::span<const int32_t>(s.candidates).subspan(size_t(k) * f_max_, f_max_);
+      const int32_t f = fan[std::min(k, K)];
       size_t rank = 0;
-      for (int32_t t : row) {
-        if (static_cast<int32_t>(rank) >= fan[std::min(k, K)]) break;
-        if (k < static_cast<int32_t>(s.drafts.size()) && t == s.drafts[k]) continue;
+      for (int32_t t : CachedCandidates(CandidateRow(s, k), DraftAt(s, k), f)) {
         if (waves.size() <= rank) waves.resize(rank + 1);
-        Branch br{id, 0, k, t, fan[std::min(k, K)], {}};
+        Branch br{id, 0, k, t, f, {}};
         br.tokens.reserve(s.tokens.size() + k + 1);
         br.tokens.assign(s.tokens.begin(), s.tokens.end());
         br.tokens.insert(br.tokens.end(), s.drafts.begin(), s.drafts.begin() + k);

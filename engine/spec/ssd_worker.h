@@ -15,7 +15,8 @@
 // the geometric fan-out with alpha_p and r estimated online (or constant F); every branch
 // forks the sequence's KV (no copy) and all branches of all sequences draft together, one
 // forward pass per depth. Sampled requests draw from Saguaro's down-weighted distribution
-// (cached top-F ids times C) and send those rows as q, so verification stays lossless.
+// (cached top-F ids times C) and send those rows as q, so verification stays lossless; the
+// down-weighted ids are the ones the cache holds there (one F at every k, d_{k+1} aside).
 // Single-threaded: Serve owns everything.
 #pragma once
 
@@ -63,6 +64,20 @@ struct SsdWorkerStats {
   int64_t branches = 0;  // cached speculations built
 };
 
+// The drafting times behind b*, in seconds (moving averages).
+struct TierSeconds {
+  double verify = 0;   // the verifier's round: from our response to its next request
+  double primary = 0;  // a primary re-draft of the misses
+  double backup = 0;   // a backup draft
+};
+
+// b* from what the worker measured (saguaro.h CriticalBatchSize over 1..max_batch_size): p_hit
+// is the share of sequence-rounds served from the cache (stats: hits over hits and misses),
+// E_hit = E_miss the expected tokens of a round of K drafts at alpha_p, E_backup 1, and the
+// tiers' times in verifier rounds. kNeverSwitch while a time is unmeasured (0).
+int32_t MeasuredCriticalBatchSize(const SsdWorkerStats& stats, double alpha, int32_t K,
+                                  const TierSeconds& seconds, int32_t max_batch_size);
+
 class SsdWorker {
  public:
   // Loads the draft model (its own runner and KV).
@@ -92,6 +107,9 @@ class SsdWorker {
   // b* in force: the configured critical batch size, or the one the measured hit rate and
   // latencies give (saguaro.h CriticalBatchSize).
   int32_t critical_batch_size() const;
+  // Tests: the online estimates and the cache.
+  const OutcomeStats& outcomes() const { return outcomes_; }
+  const SpeculationCache& cache() const { return cache_; }
 
  private:
   // Who served a sequence's drafts this round.
@@ -117,7 +135,17 @@ class SsdWorker {
             OutcomeStats stats);
   DraftInput InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
                       int32_t num_drafts) const;
-  std::vector<int32_t> FanOut(int32_t K) const;
+  // F: the request's fan-out, at most the candidates kept per position.
+  int32_t FanOutOf(const Seq& s) const;
+  // Whether the sequence's drafts are drawn with Saguaro sampling (sampled, C in [0, 1)).
+  static bool SaguaroSampled(const Seq& s);
+  // F_0..F_K for the sequence's cache: geometric (when configured) or F at every k; always F
+  // at every k under Saguaro sampling, whose one top-F set per row the cache must hold.
+  std::vector<int32_t> FanOut(const Seq& s) const;
+  // The draft's candidates at position k + 1 ([f_max_], k < num_rows), and d_{k+1} there
+  // (kNoDraftToken past the drafts sent).
+  std::span<const int32_t> CandidateRow(const Seq& s, int32_t k) const;
+  static int32_t DraftAt(const Seq& s, int32_t k);
   std::vector<int32_t> BackupDraft(const Seq& s, int32_t num_drafts);
   void ReleaseBranches(uint64_t seq_id);
 
@@ -132,7 +160,7 @@ class SsdWorker {
   SsdWorkerStats stats_;
   // Measured latencies (EMA, seconds) behind b*: the verifier's round (from our response to
   // its next request), a primary re-draft, a backup draft.
-  double verify_seconds_ = 0, primary_seconds_ = 0, backup_seconds_ = 0;
+  TierSeconds seconds_;
   absl::Time last_response_ = absl::InfinitePast();
   double build_seconds_ = 0;      // the last BuildCache
   std::vector<uint64_t> served_;  // sequences of the last response, in order

@@ -6,7 +6,9 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -33,11 +35,12 @@ RunnerOptions DraftRunner() {
   return r;
 }
 
-std::unique_ptr<SsdWorker> MakeWorker(const std::string& extra = "") {
+std::unique_ptr<SsdWorker> MakeWorker(const std::string& extra = "",
+                                      const std::string& fan_out_mode = "constant") {
   SsdWorkerOptions o;
-  auto config =
-      ParseSpeculativeConfig(R"({"method": "ssd", "model": ")" + kDraft +
-                             R"(", "fan_out": 3, "fan_out_mode": "constant")" + extra + "}");
+  auto config = ParseSpeculativeConfig(R"({"method": "ssd", "model": ")" + kDraft +
+                                       R"(", "fan_out": 3, "fan_out_mode": ")" + fan_out_mode +
+                                       "\"" + extra + "}");
   EXPECT_TRUE(config.ok()) << config.status();
   o.config = *config;
   o.draft = DraftRunner();
@@ -192,6 +195,141 @@ TEST(SsdWorkerTest, CacheHitsServeExactlyTheDraftsOfAFreshSequence) {
 
   w->Drop(7);
   EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// The rank behind the power-law exponent r counts the candidates the cache holds: a greedy
+// draft leads its own candidate row and the cache skips it (a rejected draft is never the bonus
+// token), so the draft's second choice is the cache's first, held at fan-out 1.
+TEST(SsdWorkerTest, BonusRankCountsOnlyTheCandidatesTheCacheHolds) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
+  ASSERT_TRUE(w->BuildCache().ok());
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 2);
+  const Draft at3 = Fresh(context, 3);
+  ASSERT_EQ(at3.candidates.at(0), d[2]) << "the draft token leads the row";
+  const int32_t bonus = at3.candidates.at(1);
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(7, 0, 2), std::vector<int32_t>{d[0], d[1], bonus});
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  ASSERT_EQ(w->outcomes().num_rounds(), 1);
+  EXPECT_EQ(w->outcomes().HitRate(1), 1.0) << "rank 0 among the cached candidates, not 1";
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// Saguaro sampling moves the bonus token onto the ids it down-weights, so those must be the ids
+// the cache holds at that position: the same F (the geometric fan-out gives some positions other
+// fan-outs than the draft's one F), the same top-F of the same row, the draft token aside (a
+// rejected draft is never the bonus token; the cache takes the next candidate in its place).
+TEST(SsdWorkerTest, SaguaroDownweightsTheIdsTheCacheHolds) {
+  constexpr int32_t kF = 3;
+  auto w = MakeWorker("", "geometric");
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  SpeculateSeq m = Seq(7, kSeqNew | kSeqWantProbs, 0);
+  m.fan_out = kF;
+  m.sampling.temperature = 1.0f;
+  m.sampling.seed = 99;
+  m.saguaro_c = 0.5f;
+  req.round_id = 1;
+  req.AddSeq(m, prompt);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  const std::vector<int32_t> d = TokensOf(resp, 0);
+  ASSERT_EQ(d.size(), size_t{kK});
+  const auto vocab = static_cast<size_t>(w->vocab_size());
+  const std::span<const float> q = resp.ProbsOf(resp.drafts.at(0), static_cast<uint32_t>(vocab));
+  ASSERT_EQ(q.size(), d.size() * vocab);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // p: the draft's row at each position before down-weighting, from a fresh draft model.
+  auto runner = CreateModelRunner(DraftRunner());
+  ASSERT_TRUE(runner.ok());
+  auto fresh = DraftModelSpeculator::Create(*std::move(runner), static_cast<int32_t>(vocab), 2048);
+  ASSERT_TRUE(fresh.ok());
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  TokenHistory history;
+  for (int32_t k = 0; k < kK; ++k) {
+    SCOPED_TRACE(k);
+    std::vector<int32_t> context = prompt;
+    context.insert(context.end(), d.begin(), d.begin() + k);
+    DraftInput in;
+    in.seq_id = 100 + static_cast<uint64_t>(k);
+    in.tokens = context;
+    in.num_draft_tokens = 1;
+    in.params = &sampled;
+    in.history = &history;
+    in.num_candidates = 2 * kF;
+    std::vector<Draft> out;
+    ASSERT_TRUE((*fresh)->Propose({&in, 1}, &out).ok());
+    const std::vector<float>& p = out.at(0).probs;
+    ASSERT_EQ(p.size(), vocab);
+    // Down-weighted: q'/p is C / Z there and 1 / Z elsewhere (C = 0.5).
+    const std::span<const float> qk = q.subspan(size_t(k) * vocab, vocab);
+    double max_ratio = 0;
+    for (size_t t = 0; t < vocab; ++t) {
+      if (p[t] > 1e-6f) max_ratio = std::max(max_ratio, double(qk[t]) / p[t]);
+    }
+    std::set<int32_t> down;
+    for (size_t t = 0; t < vocab; ++t) {
+      if (p[t] > 1e-6f && double(qk[t]) / p[t] < 0.75 * max_ratio) down.insert(int32_t(t));
+    }
+    const std::vector<int32_t> top = TopF(p, kF);
+    EXPECT_EQ(down, std::set<int32_t>(top.begin(), top.end()));
+    const std::vector<int32_t> cached = w->cache().BonusTokens(7, k);
+    for (int32_t t : down) {
+      if (t == d[k]) continue;
+      EXPECT_TRUE(std::binary_search(cached.begin(), cached.end(), t)) << t;
+    }
+    if (down.count(d[k]) == 0) {
+      EXPECT_EQ(std::set<int32_t>(cached.begin(), cached.end()), down);
+    }
+    std::vector<int32_t> expected = CachedCandidates(out.at(0).candidates, d[k], kF);
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(cached, expected);
+    (*fresh)->Release(in.seq_id);
+  }
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// b* from the measured hit rate, at batch 8: 90% of the sequence-rounds hit, so 720 hits in 100
+// requests of 8 sequences. Hits per request (7.2) is no probability: read as one, p_hit = 1 and
+// the backup tier never takes over, however slow the primary.
+TEST(MeasuredCriticalBatchSizeTest, ABatchOfEightAtNinetyPercentHitsSwitchesToTheBackup) {
+  SsdWorkerStats stats;
+  stats.rounds = 100;
+  stats.hits = 720;
+  stats.misses_primary = 80;
+  const TierSeconds seconds{.verify = 0.02, .primary = 0.01, .backup = 0.0002};
+  BatchRoundModel model;
+  model.p_hit = 0.9;
+  model.e_hit = model.e_miss = ExpectedTokensPerRound(0.8, 7);
+  model.e_backup = 1;
+  model.t_p = 0.5;
+  model.t_b = 0.01;
+  const int32_t expected = CriticalBatchSize(model, 16);
+  ASSERT_GT(expected, 1);
+  ASSERT_LE(expected, 8);
+  const int32_t b_star = MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16);
+  EXPECT_EQ(b_star, expected);
+  EXPECT_GE(8, b_star) << "a batch of 8 sends its misses to the backup";
+  stats.misses_primary = 40;  // misses the backup drafted count as misses too
+  stats.misses_backup = 40;
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16), expected);
+  stats.hits = 800;  // every sequence hit: no miss to hand to the backup
+  stats.misses_primary = stats.misses_backup = 0;
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16), kNeverSwitch);
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, TierSeconds{}, 16), kNeverSwitch);
 }
 
 TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing) {
