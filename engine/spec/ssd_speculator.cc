@@ -233,17 +233,40 @@ absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
 absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
                                         std::vector<Draft>* drafts) {
   const absl::Duration timeout = absl::Milliseconds(options_.config.ssd.timeout_ms);
-  if (!released_.empty()) {
-    specd::Release release;
-    const size_t n = std::min<size_t>(released_.size(), limits_.max_release_ids);
-    release.seq_ids.assign(released_.begin(), released_.begin() + n);
-    released_.erase(released_.begin(), released_.begin() + n);
-    SPECD_RETURN_IF_ERROR(channel_->Send(release, timeout));
+  SPECD_RETURN_IF_ERROR(SendReleases(timeout));
+  std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
+  const int64_t new_tokens = SyncOutcomes(inputs, sent);
+  // New sequences make the speculator prefill their prompts first: allow for that.
+  SPECD_RETURN_IF_ERROR(AwaitResponse(timeout, timeout + kPrefillAllowancePerToken * new_tokens));
+  const auto& request = std::get<SpeculateRequest>(request_);
+  const auto& response = std::get<SpeculateResponse>(reply_);
+  if (response.drafts.size() != request.seqs.size()) {
+    return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",
+                                            request.seqs.size(), " sequences"));
   }
+  stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
+  stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (sent[i] >= 0)
+      TakeDraft(inputs[i], request.seqs[sent[i]], response.drafts[sent[i]], (*drafts)[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SsdSpeculator::SendReleases(absl::Duration timeout) {
+  if (released_.empty()) return absl::OkStatus();
+  specd::Release release;
+  const size_t n = std::min<size_t>(released_.size(), limits_.max_release_ids);
+  release.seq_ids.assign(released_.begin(), released_.begin() + n);
+  released_.erase(released_.begin(), released_.begin() + n);
+  return channel_->Send(release, timeout);
+}
+
+int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
+                                    std::vector<int32_t>& sent) {
   auto& request = std::get<SpeculateRequest>(request_);
   request.Clear();
   request.round_id = ++round_;
-  std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
   uint64_t budget = limits_.max_request_tokens;
   int64_t new_tokens = 0;
   for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
@@ -281,8 +304,11 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
     s.num_sent = in.tokens.size();
     s.drafts.clear();
   }
-  // New sequences make the speculator prefill their prompts first: allow for that.
-  const absl::Duration wait = timeout + kPrefillAllowancePerToken * new_tokens;
+  return new_tokens;
+}
+
+absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration wait) {
+  const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
   const absl::Time start = absl::Now();
   SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
   for (;;) {
@@ -291,7 +317,7 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
         channel_->Recv(std::max(left, absl::ZeroDuration()), &reply_);
     if (!type.ok()) return type.status();
     if (*type == MessageType::kSpeculateResponse &&
-        std::get<SpeculateResponse>(reply_).round_id == request.round_id) {
+        std::get<SpeculateResponse>(reply_).round_id == round_id) {
       break;
     }
     if (*type == MessageType::kShutdown) return absl::UnavailableError("the speculator shut down");
@@ -300,56 +326,48 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   ++stats_.rounds;
   stats_.bytes_sent = bytes_before_.sent + static_cast<int64_t>(channel_->bytes_sent());
   stats_.bytes_received = bytes_before_.received + static_cast<int64_t>(channel_->bytes_received());
-  const auto& response = std::get<SpeculateResponse>(reply_);
-  if (response.drafts.size() != request.seqs.size()) {
-    return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",
-                                            request.seqs.size(), " sequences"));
-  }
-  stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
-  stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
-  const size_t vocab = static_cast<size_t>(options_.vocab_size);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (sent[i] < 0) continue;
-    const SpeculateDraft& d = response.drafts[sent[i]];
-    const SpeculateSeq& m = request.seqs[sent[i]];
-    SeqState& s = seqs_[inputs[i].seq_id];
-    if (!(m.flags & kSeqNew)) {  // the speculator was told an outcome: count it by k
-      const size_t k = m.accepted_len;
-      if (stats_.outcomes_by_accepted_len.size() <= k) {
-        stats_.outcomes_by_accepted_len.resize(k + 1);
-        stats_.hits_by_accepted_len.resize(k + 1);
-      }
-      ++stats_.outcomes_by_accepted_len[k];
-      stats_.hits_by_accepted_len[k] += d.status == DraftStatus::kHit ? 1 : 0;
-    }
-    switch (d.status) {
-      case DraftStatus::kHit:
-        ++stats_.drafts_hit;
-        break;
-      case DraftStatus::kMissPrimary:
-        ++stats_.drafts_miss_primary;
-        break;
-      case DraftStatus::kMissBackup:
-        ++stats_.drafts_miss_backup;
-        break;
-      case DraftStatus::kNone:
-        ++stats_.drafts_none;
-        if (!(m.flags & kSeqNew)) s = SeqState{};  // it lost the sequence: resend it whole
-        break;
-    }
-    const std::span<const int32_t> tokens = response.TokensOf(d);
-    Draft& out = (*drafts)[i];
-    out.origin = d.status == DraftStatus::kHit          ? DraftOrigin::kCacheHit
-                 : d.status == DraftStatus::kMissBackup ? DraftOrigin::kBackup
-                                                        : DraftOrigin::kPrimary;
-    out.tokens.assign(tokens.begin(), tokens.end());
-    s.drafts = out.tokens;
-    if (!inputs[i].params->greedy() && !out.tokens.empty()) {
-      const std::span<const float> rows = response.ProbsOf(d, static_cast<uint32_t>(vocab));
-      out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
-    }
-  }
   return absl::OkStatus();
+}
+
+void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d,
+                              Draft& out) {
+  const auto& response = std::get<SpeculateResponse>(reply_);
+  SeqState& s = seqs_[in.seq_id];
+  if (!(m.flags & kSeqNew)) {  // the speculator was told an outcome: count it by k
+    const size_t k = m.accepted_len;
+    if (stats_.outcomes_by_accepted_len.size() <= k) {
+      stats_.outcomes_by_accepted_len.resize(k + 1);
+      stats_.hits_by_accepted_len.resize(k + 1);
+    }
+    ++stats_.outcomes_by_accepted_len[k];
+    stats_.hits_by_accepted_len[k] += d.status == DraftStatus::kHit ? 1 : 0;
+  }
+  switch (d.status) {
+    case DraftStatus::kHit:
+      ++stats_.drafts_hit;
+      break;
+    case DraftStatus::kMissPrimary:
+      ++stats_.drafts_miss_primary;
+      break;
+    case DraftStatus::kMissBackup:
+      ++stats_.drafts_miss_backup;
+      break;
+    case DraftStatus::kNone:
+      ++stats_.drafts_none;
+      if (!(m.flags & kSeqNew)) s = SeqState{};  // it lost the sequence: resend it whole
+      break;
+  }
+  const std::span<const int32_t> tokens = response.TokensOf(d);
+  out.origin = d.status == DraftStatus::kHit          ? DraftOrigin::kCacheHit
+               : d.status == DraftStatus::kMissBackup ? DraftOrigin::kBackup
+                                                      : DraftOrigin::kPrimary;
+  out.tokens.assign(tokens.begin(), tokens.end());
+  s.drafts = out.tokens;
+  if (!in.params->greedy() && !out.tokens.empty()) {
+    const std::span<const float> rows =
+        response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));
+    out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
+  }
 }
 
 }  // namespace specd

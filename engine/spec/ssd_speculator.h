@@ -84,6 +84,14 @@ class SsdSpeculator : public Speculator {
   void MaybeLaunch();
   void LinkDown(const absl::Status& why);
   absl::Status RemoteRound(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // RemoteRound's phases: the Release of finished sequences (what fits one message); the
+  // request (each input's outcome since its last drafts, or its prompt; sent[i] its request
+  // index or -1 when it does not fit), returning the new sequences' prompt tokens; the send and
+  // the wait for the matching response; one input's drafts from the response, and the counts.
+  absl::Status SendReleases(absl::Duration timeout);
+  int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent);
+  absl::Status AwaitResponse(absl::Duration timeout, absl::Duration wait);
+  void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
 
   SsdSpeculatorOptions options_;
   WireLimits limits_;

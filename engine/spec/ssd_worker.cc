@@ -178,135 +178,153 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   ++stats_.rounds;
   const int32_t batch = static_cast<int32_t>(request.seqs.size());
   const bool backup_tier = batch >= critical_batch_size();
-  // What each request sequence gets: its drafts (K + 1 when the draft model made them: the last
-  // one only gives the cache a row for k = K), their q rows, candidates, and how.
-  struct Result {
-    Served served = Served::kNone;
-    Draft draft;
-  };
-  std::vector<Result> results(request.seqs.size());
-  std::vector<DraftInput> primary;
-  std::vector<size_t> primary_of;
-  // Partial hits: a branch the build was still drafting when this request came; it resumes from
-  // the drafts it has (its context is the outcome's, its KV holds them), in the primary's pass.
-  std::vector<std::vector<int32_t>> resume_tokens;
-  resume_tokens.reserve(request.seqs.size());  // spans into it must stay valid
-  std::vector<Draft> partial(request.seqs.size());
-  bool any_miss = false;
+  Round round(request.seqs.size());
   served_.clear();
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
-    const std::span<const int32_t> fresh = request.TokensOf(m);
-    const bool is_new = (m.flags & kSeqNew) != 0;
-    if (is_new) Drop(m.seq_id);
-    auto it = seqs_.find(m.seq_id);
-    if (!is_new && it == seqs_.end()) continue;  // unknown (we restarted): the verifier resends
-    if (is_new) it = seqs_.try_emplace(m.seq_id).first;
-    Seq& s = it->second;
-    served_.push_back(m.seq_id);
-    s.params.temperature = m.sampling.temperature;
-    s.params.top_p = m.sampling.top_p;
-    s.params.top_k = m.sampling.top_k;
-    s.params.min_p = m.sampling.min_p;
-    s.seed = m.sampling.seed;
-    s.saguaro_c = m.saguaro_c;
-    s.num_draft_tokens = m.num_draft_tokens;
-    s.fan_out = std::max<int32_t>(1, m.fan_out);
-    // The outcome of the last round: fresh = d_1..d_k, t* when the verifier verified our drafts.
-    const int32_t k = m.accepted_len;
-    const bool verified = !is_new && fresh.size() == size_t(k) + 1 &&
-                          size_t(k) <= s.drafts.size() &&
-                          std::equal(fresh.begin(), fresh.begin() + k, s.drafts.begin());
     std::optional<CachedDraft> cached;
-    if (verified) {
-      cached = cache_.Take(m.seq_id, s.round, k, fresh[k]);
-      RoundOutcome outcome;
-      outcome.accepted_len = k;
-      outcome.num_draft_tokens = static_cast<int32_t>(s.drafts.size());
-      outcome.cache_hit = cached.has_value();
-      if (k < s.num_rows)
-        outcome.bonus_rank = CachedBonusRank(CandidateRow(s, k), DraftAt(s, k), fresh[k]);
-      outcomes_.Record(outcome);
-    }
-    if (cached) {
-      std::vector<uint64_t>& live = branches_[m.seq_id];
-      live.erase(std::remove(live.begin(), live.end(), cached->branch_id), live.end());
-    }
-    ReleaseBranches(m.seq_id);  // stale branches go before the sequence drafts again
-    if (is_new) {
-      s.tokens.assign(fresh.begin(), fresh.end());
-      s.history = TokenHistory();
-      s.history.AddPrompt(s.tokens);
-    } else {
-      s.tokens.insert(s.tokens.end(), fresh.begin(), fresh.end());
-    }
-    Result& r = results[i];
-    if (m.num_draft_tokens == 0) continue;
-    const size_t wanted = static_cast<size_t>(m.num_draft_tokens) + 1;  // + the cache's row for K
-    if (cached && cached->tokens.size() < wanted) {
-      SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
-      r.served = Served::kHit;
-      Draft& d = partial[i];
-      d.tokens = std::move(cached->tokens);
-      d.probs = std::move(cached->probs);
-      d.candidates = std::move(cached->candidates);
-      resume_tokens.emplace_back(s.tokens);
-      resume_tokens.back().insert(resume_tokens.back().end(), d.tokens.begin(), d.tokens.end());
-      primary.push_back(InputFor(m.seq_id, s, resume_tokens.back(),
-                                 static_cast<int32_t>(wanted - d.tokens.size())));
-      primary_of.push_back(i);
-      ++stats_.hits;
-      ++stats_.hits_partial;
-    } else if (cached) {
-      SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
-      r.served = Served::kHit;
-      r.draft.tokens = std::move(cached->tokens);
-      r.draft.probs = std::move(cached->probs);
-      r.draft.candidates = std::move(cached->candidates);
-      ++stats_.hits;
-    } else if (backup_tier) {
-      r.served = Served::kBackup;
-      ++stats_.misses_backup;
-    } else {
-      r.served = Served::kPrimary;
-      primary.push_back(InputFor(m.seq_id, s, s.tokens, m.num_draft_tokens + 1));
-      primary_of.push_back(i);
-      any_miss = true;
-      ++stats_.misses_primary;
-    }
+    Seq* s = SyncOutcome(m, request.TokensOf(m), &cached);
+    if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
+    SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
   }
-  if (!primary.empty()) {
-    const absl::Time t = absl::Now();
-    std::vector<Draft> proposed;
-    SPECD_RETURN_IF_ERROR(draft_->Propose(primary, &proposed));
-    for (size_t j = 0; j < primary.size(); ++j) {
-      Draft& d = results[primary_of[j]].draft;
-      Draft& resumed = partial[primary_of[j]];
-      if (resumed.tokens.empty()) {
-        d = std::move(proposed[j]);
-        continue;
-      }
-      // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
-      // drafts it had still stand).
-      d = std::move(resumed);
-      d.tokens.insert(d.tokens.end(), proposed[j].tokens.begin(), proposed[j].tokens.end());
-      d.probs.insert(d.probs.end(), proposed[j].probs.begin(), proposed[j].probs.end());
-      d.candidates.insert(d.candidates.end(), proposed[j].candidates.begin(),
-                          proposed[j].candidates.end());
-    }
-    // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
-    if (any_miss) Ema(&seconds_.primary, absl::ToDoubleSeconds(absl::Now() - t));
+  SPECD_RETURN_IF_ERROR(DraftMisses(round));
+  DraftBackups(request, round);
+  Reply(request, round, response);
+  last_response_ = absl::Now();
+  // Busy since the last response: the cache built after it, then this answer.
+  response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
+                                            build_seconds_ * 1e9);
+  return absl::OkStatus();
+}
+
+SsdWorker::Round::Round(size_t num_seqs) : results(num_seqs), partial(num_seqs) {
+  resume_tokens.reserve(num_seqs);  // spans into it must stay valid
+}
+
+SsdWorker::Seq* SsdWorker::SyncOutcome(const SpeculateSeq& m, std::span<const int32_t> fresh,
+                                       std::optional<CachedDraft>* cached) {
+  const bool is_new = (m.flags & kSeqNew) != 0;
+  if (is_new) Drop(m.seq_id);
+  auto it = seqs_.find(m.seq_id);
+  if (!is_new && it == seqs_.end()) return nullptr;
+  if (is_new) it = seqs_.try_emplace(m.seq_id).first;
+  Seq& s = it->second;
+  served_.push_back(m.seq_id);
+  s.params.temperature = m.sampling.temperature;
+  s.params.top_p = m.sampling.top_p;
+  s.params.top_k = m.sampling.top_k;
+  s.params.min_p = m.sampling.min_p;
+  s.seed = m.sampling.seed;
+  s.saguaro_c = m.saguaro_c;
+  s.num_draft_tokens = m.num_draft_tokens;
+  s.fan_out = std::max<int32_t>(1, m.fan_out);
+  // The outcome of the last round: fresh = d_1..d_k, t* when the verifier verified our drafts.
+  const int32_t k = m.accepted_len;
+  const bool verified = !is_new && fresh.size() == size_t(k) + 1 && size_t(k) <= s.drafts.size() &&
+                        std::equal(fresh.begin(), fresh.begin() + k, s.drafts.begin());
+  if (verified) {
+    *cached = cache_.Take(m.seq_id, s.round, k, fresh[k]);
+    RoundOutcome outcome;
+    outcome.accepted_len = k;
+    outcome.num_draft_tokens = static_cast<int32_t>(s.drafts.size());
+    outcome.cache_hit = cached->has_value();
+    if (k < s.num_rows)
+      outcome.bonus_rank = CachedBonusRank(CandidateRow(s, k), DraftAt(s, k), fresh[k]);
+    outcomes_.Record(outcome);
   }
-  const absl::Time backup_start = absl::Now();
+  if (cached->has_value()) {
+    std::vector<uint64_t>& live = branches_[m.seq_id];
+    live.erase(std::remove(live.begin(), live.end(), (*cached)->branch_id), live.end());
+  }
+  ReleaseBranches(m.seq_id);  // stale branches go before the sequence drafts again
+  if (is_new) {
+    s.tokens.assign(fresh.begin(), fresh.end());
+    s.history = TokenHistory();
+    s.history.AddPrompt(s.tokens);
+  } else {
+    s.tokens.insert(s.tokens.end(), fresh.begin(), fresh.end());
+  }
+  return &s;
+}
+
+absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
+                               std::optional<CachedDraft> cached, bool backup_tier, Round& round) {
+  if (m.num_draft_tokens == 0) return absl::OkStatus();
+  Result& r = round.results[i];
+  const size_t wanted = static_cast<size_t>(m.num_draft_tokens) + 1;  // + the cache's row for K
+  if (cached && cached->tokens.size() < wanted) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    Draft& d = round.partial[i];
+    d.tokens = std::move(cached->tokens);
+    d.probs = std::move(cached->probs);
+    d.candidates = std::move(cached->candidates);
+    round.resume_tokens.emplace_back(s.tokens);
+    round.resume_tokens.back().insert(round.resume_tokens.back().end(), d.tokens.begin(),
+                                      d.tokens.end());
+    round.primary.push_back(InputFor(m.seq_id, s, round.resume_tokens.back(),
+                                     static_cast<int32_t>(wanted - d.tokens.size())));
+    round.primary_of.push_back(i);
+    ++stats_.hits;
+    ++stats_.hits_partial;
+  } else if (cached) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    r.draft.tokens = std::move(cached->tokens);
+    r.draft.probs = std::move(cached->probs);
+    r.draft.candidates = std::move(cached->candidates);
+    ++stats_.hits;
+  } else if (backup_tier) {
+    r.served = Served::kBackup;
+    ++stats_.misses_backup;
+  } else {
+    r.served = Served::kPrimary;
+    round.primary.push_back(InputFor(m.seq_id, s, s.tokens, m.num_draft_tokens + 1));
+    round.primary_of.push_back(i);
+    round.any_miss = true;
+    ++stats_.misses_primary;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::DraftMisses(Round& round) {
+  if (round.primary.empty()) return absl::OkStatus();
+  const absl::Time t = absl::Now();
+  std::vector<Draft> proposed;
+  SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, &proposed));
+  for (size_t j = 0; j < round.primary.size(); ++j) {
+    Draft& d = round.results[round.primary_of[j]].draft;
+    Draft& resumed = round.partial[round.primary_of[j]];
+    if (resumed.tokens.empty()) {
+      d = std::move(proposed[j]);
+      continue;
+    }
+    // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
+    // drafts it had still stand).
+    d = std::move(resumed);
+    d.tokens.insert(d.tokens.end(), proposed[j].tokens.begin(), proposed[j].tokens.end());
+    d.probs.insert(d.probs.end(), proposed[j].probs.begin(), proposed[j].probs.end());
+    d.candidates.insert(d.candidates.end(), proposed[j].candidates.begin(),
+                        proposed[j].candidates.end());
+  }
+  // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
+  if (round.any_miss) Ema(&seconds_.primary, absl::ToDoubleSeconds(absl::Now() - t));
+  return absl::OkStatus();
+}
+
+void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
+  const absl::Time start = absl::Now();
   bool any_backup = false;
   for (size_t i = 0; i < request.seqs.size(); ++i) {
-    if (results[i].served != Served::kBackup) continue;
-    results[i].draft.tokens =
+    if (round.results[i].served != Served::kBackup) continue;
+    round.results[i].draft.tokens =
         BackupDraft(seqs_[request.seqs[i].seq_id], request.seqs[i].num_draft_tokens);
     any_backup = true;
   }
-  if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - backup_start));
-  // The response, in request order; each sequence remembers what it was sent.
+  if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+void SsdWorker::Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response) {
   uint32_t prob_rows = 0;
   const size_t vocab = static_cast<size_t>(vocab_size());
   for (size_t i = 0; i < request.seqs.size(); ++i) {
@@ -317,7 +335,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
       continue;
     }
     Seq& s = it->second;
-    Result& r = results[i];
+    Result& r = round.results[i];
     const bool want_probs = (m.flags & kSeqWantProbs) != 0;
     size_t n = std::min<size_t>(r.draft.tokens.size(), m.num_draft_tokens);
     // Sampled drafts need their q rows (a backup's deterministic drafts have none: one-hot).
@@ -344,11 +362,6 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     }
     response->AddDraft(m.seq_id, status, s.drafts, rows);
   }
-  last_response_ = absl::Now();
-  // Busy since the last response: the cache built after it, then this answer.
-  response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
-                                            build_seconds_ * 1e9);
-  return absl::OkStatus();
 }
 
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -131,8 +132,41 @@ class SsdWorker {
     uint64_t round = 0;
   };
 
+  // What a request sequence gets this round: its drafts (K + 1 when the draft model made them:
+  // the last one only gives the cache a row for k = K), their q rows, candidates, and how.
+  struct Result {
+    Served served = Served::kNone;
+    Draft draft;
+  };
+  // Handle's state for one request, by request index.
+  struct Round {
+    explicit Round(size_t num_seqs);
+    std::vector<Result> results;
+    std::vector<DraftInput> primary;  // the draft model's pass: misses and partial hits
+    std::vector<size_t> primary_of;   // [primary] request index
+    // Partial hits: a branch the build was still drafting when this request came; it resumes
+    // from the drafts it has (its context is the outcome's, its KV holds them), in the
+    // primary's pass. resume_tokens holds their contexts (DraftInputs point into it).
+    std::vector<std::vector<int32_t>> resume_tokens;
+    std::vector<Draft> partial;
+    bool any_miss = false;  // a full re-draft is in the primary's pass (b* times it)
+  };
+
   SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
             OutcomeStats stats);
+  // Handle's phases. SyncOutcome: applies the outcome the verifier sent (records it, takes the
+  // cached speculation for it, extends the context); nullptr for an unknown sequence.
+  Seq* SyncOutcome(const SpeculateSeq& m, std::span<const int32_t> fresh,
+                   std::optional<CachedDraft>* cached);
+  // Who serves request sequence i: a hit (adopting its branch; a partial one resumes in the
+  // primary's pass), the backup tier or the primary.
+  absl::Status Triage(const SpeculateSeq& m, size_t i, const Seq& s,
+                      std::optional<CachedDraft> cached, bool backup_tier, Round& round);
+  // The primary's pass over the misses and partial hits.
+  absl::Status DraftMisses(Round& round);
+  void DraftBackups(const SpeculateRequest& request, Round& round);
+  // The response, in request order; each sequence remembers what it was sent.
+  void Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
   DraftInput InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
                       int32_t num_drafts) const;
   // F: the request's fan-out, at most the candidates kept per position.
