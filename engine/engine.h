@@ -280,7 +280,10 @@ class Engine {
   absl::Status VerifyAndApply(const StepPlan& plan);
   bool GreedyVerifyFits() const;
   absl::Status VerifyGreedyOnRunner();
+  void CommitVerified();
   absl::Status VerifyOnHost();
+  bool SampledVerifyFits() const;
+  absl::Status VerifySampledOnRunner();
   Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});

@@ -90,6 +90,7 @@ struct Engine::Core {
   std::vector<Draft> proposed;                        // [num_inputs]
   std::vector<float> logits;                          // [num_logit_rows, vocab] verification pass
   std::vector<std::span<const int32_t>> draft_spans;  // [num_rows] views of drafts
+  std::vector<DraftProbs> draft_probs;                 // [num_rows] their q rows
   std::vector<GreedyVerifyResult> verified;           // [num_rows] greedy verification
   std::vector<std::vector<SampleResult>> commits;     // [num_rows] tokens each row commits
   std::vector<int32_t> accepted;                      // [num_rows] drafts accepted

@@ -8,11 +8,15 @@
 // accepted drafts and the correction or bonus token through the same path as plain tokens
 // (stop strings, max_tokens, logprobs from the target's logits), and marks the accepted
 // drafts' KV computed. Rejected drafts' KV slots stay reserved and are overwritten next step;
-// the draft model rolls its own KV back at its next Propose. Two ways to verify: when every
-// drafted request is plain greedy (no penalties, bans or logprobs) the runner's Step draws the
-// target's choice at every drafted position (on a GPU only token ids leave the device); else
+// the draft model rolls its own KV back at its next Propose. Three ways to verify, the first
+// that fits: when every drafted request is plain greedy (no penalties, bans or logprobs) the
+// runner's Step draws the target's choice at every drafted position (on a GPU only token ids
+// leave the device); when the runner keeps probabilities on its device (CUDA) and no row asks
+// for logprobs, StepSampledVerify builds p there, takes q from the draft's device slots (or
+// the host, or one-hot for deterministic drafts) and runs speculative sampling there; else
 // Forward returns the logits of every drafted position and acceptance runs on the host
-// (Acceptor: processed distributions, rejection sampling, logprobs). Engine thread only.
+// (Acceptor: processed distributions, rejection sampling, logprobs: the CPU backend's oracle).
+// Engine thread only.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +62,7 @@ void Engine::Speculate(const StepPlan& plan) {
   for (Draft& d : c.drafts) {
     d.tokens.clear();
     d.probs.clear();
+    d.device_probs = nullptr;
   }
   if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
   const absl::Time start = absl::Now();
@@ -89,6 +94,7 @@ void Engine::Speculate(const StepPlan& plan) {
       in.banned = c.rows[k].banned;
       in.num_banned_positions = std::max(0, p.min_tokens - r.seq.num_generated());
       in.seed = r.seed;
+      in.num_generated = r.seq.num_generated();
       in.saguaro_c = r.spec.saguaro_c;
       c.draft_inputs.push_back(in);
       c.draft_rows.push_back(static_cast<int32_t>(k));
@@ -133,11 +139,10 @@ bool Engine::GreedyVerifyFits() const {
   return num_rows <= runner_->max_sample_rows();
 }
 
-absl::Status Engine::VerifyGreedyOnRunner() {
+// What the runner's verification gave (c.verified) as each row's tokens to commit: the
+// accepted drafts, then the correction or bonus token.
+void Engine::CommitVerified() {
   Core& c = *core_;
-  c.draft_spans.clear();
-  for (const Draft& d : c.drafts) c.draft_spans.emplace_back(d.tokens);
-  SPECD_RETURN_IF_ERROR(runner_->StepGreedyVerify(c.batch, c.rows, c.draft_spans, &c.verified));
   for (size_t k = 0; k < c.rows.size(); ++k) {
     std::vector<SampleResult>& commit = c.commits[k];
     commit.clear();
@@ -147,6 +152,44 @@ absl::Status Engine::VerifyGreedyOnRunner() {
     commit.push_back(std::move(v.next));
     c.accepted[k] = v.num_accepted;
   }
+}
+
+absl::Status Engine::VerifyGreedyOnRunner() {
+  Core& c = *core_;
+  c.draft_spans.clear();
+  for (const Draft& d : c.drafts) c.draft_spans.emplace_back(d.tokens);
+  SPECD_RETURN_IF_ERROR(runner_->StepGreedyVerify(c.batch, c.rows, c.draft_spans, &c.verified));
+  CommitVerified();
+  return absl::OkStatus();
+}
+
+// Whether the runner can verify every row with p and q on its device (StepSampledVerify):
+// it keeps probabilities on a device, no row asks for logprobs (they need the raw logits on the
+// host) and the rows' positions fit one Step.
+bool Engine::SampledVerifyFits() const {
+  const Core& c = *core_;
+  if (!runner_->SamplesSpeculationOnDevice()) return false;
+  int64_t num_rows = 0;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    num_rows += static_cast<int64_t>(c.drafts[k].tokens.size()) + 1;
+    if (c.row_requests[k]->request.params.logprobs >= 0 || c.rows[k].num_candidates > 0) {
+      return false;
+    }
+  }
+  return num_rows <= runner_->max_sample_rows();
+}
+
+absl::Status Engine::VerifySampledOnRunner() {
+  Core& c = *core_;
+  c.draft_spans.clear();
+  c.draft_probs.clear();
+  for (const Draft& d : c.drafts) {
+    c.draft_spans.emplace_back(d.tokens);
+    c.draft_probs.push_back(DraftProbs{d.device_probs, d.probs});
+  }
+  SPECD_RETURN_IF_ERROR(
+      runner_->StepSampledVerify(c.batch, c.rows, c.draft_spans, c.draft_probs, &c.verified));
+  CommitVerified();
   return absl::OkStatus();
 }
 
@@ -200,7 +243,13 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
   const absl::Time start = absl::Now();
   c.commits.resize(c.rows.size());
   c.accepted.assign(c.rows.size(), 0);
-  SPECD_RETURN_IF_ERROR(GreedyVerifyFits() ? VerifyGreedyOnRunner() : VerifyOnHost());
+  if (GreedyVerifyFits()) {
+    SPECD_RETURN_IF_ERROR(VerifyGreedyOnRunner());
+  } else if (SampledVerifyFits()) {
+    SPECD_RETURN_IF_ERROR(VerifySampledOnRunner());
+  } else {
+    SPECD_RETURN_IF_ERROR(VerifyOnHost());
+  }
   SpeculationStepMetrics metrics;
   metrics.draft_seconds = c.draft_seconds;
   metrics.ssd = ssd_stats_;

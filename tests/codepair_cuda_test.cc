@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/engine_spec_test_util.h"
 #include "engine/kv/block_allocator.h"
 #include "engine/runner/cuda_runner.h"
 #include "engine/runner/model_runner.h"
@@ -368,6 +369,169 @@ TEST_F(CodepairCudaTest, StepCandidatesAreTheTopRawLogitsOfTheSameStep) {
   rows.resize(1);
   EXPECT_EQ(r.Step(one, rows, &out).code(), absl::StatusCode::kInvalidArgument);
   for (BlockTable& t : tables) ASSERT_TRUE(t.Release(allocator).ok());
+}
+
+// ---- Sampled speculation verified on the device (StepSampledVerify, StepDraft) ----
+
+// One fixed deterministic draft (K = 1, the target's second most probable token), verified on
+// the device 3008 times with different seeds in batches of 8 copies of one context (16 verified
+// positions, the harness runner's max_sample_rows): the
+// committed first token follows the target's temperature-1 distribution p (the draft when
+// accepted, the residual draw norm(max(0, p - one-hot)) otherwise), and a seed repeats its
+// outcome. (Ignoring q changes nothing for a deterministic draft, so the negative control is
+// the engine-level test below, whose drafts are sampled.)
+TEST_F(CodepairCudaTest, DeviceSampledVerificationOfAFixedDraftDrawsFromP) {
+  ModelRunner& r = gpu_->runner();
+  ASSERT_TRUE(r.SamplesSpeculationOnDevice());
+  const int32_t vocab = r.config().vocab_size;
+  const std::vector<int32_t> context = {1, 57, 300, 12, 9, 44, 640, 17};
+  const std::vector<float> logits = gpu_->LastLogits(context);
+  std::vector<double> p(vocab);
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += p[i] = std::exp(double{logits[i]} - max);
+  for (double& x : p) x /= sum;
+  std::vector<int32_t> order(vocab);
+  for (int32_t i = 0; i < vocab; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  const std::vector<int32_t> draft = {order[1]};
+  constexpr int kRows = 8, kSteps = 376;
+  BlockAllocator allocator(r.num_kv_blocks());
+  std::vector<BlockTable> tables;
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.max_tokens = 2;
+  std::vector<Sampler> samplers;
+  std::vector<TokenHistory> histories(kRows);
+  for (int i = 0; i < kRows; ++i) {
+    tables.emplace_back(r.block_size());
+    ASSERT_TRUE(tables.back().EnsureCapacity(static_cast<int32_t>(context.size()) + 1, allocator)
+                    .ok());
+    samplers.emplace_back(params, 1);
+    histories[i].AddPrompt(context);
+  }
+  // Prefill every copy once; each verification step rewrites the same two positions.
+  const std::vector<int32_t> prefix(context.begin(), context.end() - 1);
+  std::vector<int32_t> chunk = {context.back(), draft[0]};
+  std::vector<SequenceInput> prefill, verify;
+  for (int i = 0; i < kRows; ++i) {
+    prefill.push_back({prefix, 0, tables[i].ids(), false});
+    verify.push_back({chunk, static_cast<int32_t>(prefix.size()), tables[i].ids(), false});
+  }
+  std::vector<float> ignored;
+  ASSERT_TRUE(r.Forward(prefill, &ignored).ok());
+  std::vector<std::span<const int32_t>> drafts(kRows, std::span<const int32_t>(draft));
+  std::vector<DraftProbs> probs(kRows);
+  std::map<int32_t, int> counts;
+  int accepted = 0;
+  std::vector<int32_t> first_outcome;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<SampleRow> rows(kRows);
+    for (int i = 0; i < kRows; ++i) {
+      rows[i].chunk = i;
+      rows[i].sampler = &samplers[i];
+      rows[i].params = &params;
+      rows[i].history = &histories[i];
+      rows[i].seed = 7000 + static_cast<uint64_t>(step) * kRows + i;
+    }
+    std::vector<GreedyVerifyResult> out;
+    const absl::Status status = r.StepSampledVerify(verify, rows, drafts, probs, &out);
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_EQ(out.size(), static_cast<size_t>(kRows));
+    for (const GreedyVerifyResult& v : out) {
+      ASSERT_GE(v.num_accepted, 0);
+      ASSERT_LE(v.num_accepted, 1);
+      accepted += v.num_accepted;
+      ++counts[v.num_accepted == 1 ? draft[0] : v.next.id];
+      if (step == 0) first_outcome.push_back(v.num_accepted == 1 ? -1 : v.next.id);
+    }
+    if (step == 0) {  // the same seeds again: the same outcomes
+      std::vector<GreedyVerifyResult> again;
+      ASSERT_TRUE(r.StepSampledVerify(verify, rows, drafts, probs, &again).ok());
+      for (int i = 0; i < kRows; ++i) {
+        EXPECT_EQ(again[i].num_accepted == 1 ? -1 : again[i].next.id, first_outcome[i]);
+      }
+    }
+  }
+  const int total = kRows * kSteps;
+  double stat = 0, rest_expected = total;
+  int rest = total, bins = 0;
+  for (int32_t id : order) {
+    const double expected = total * p[id];
+    if (expected < 5) break;
+    const int observed = counts.count(id) ? counts[id] : 0;
+    stat += (observed - expected) * (observed - expected) / expected;
+    rest_expected -= expected;
+    rest -= observed;
+    ++bins;
+  }
+  if (rest_expected >= 5) {
+    stat += (rest - rest_expected) * (rest - rest_expected) / rest_expected;
+    ++bins;
+  }
+  const double critical = spec_test::ChiSquareCritical999(std::max(bins - 1, 1));
+  std::printf("[ device sampled verification ] draft p=%.3f accepted %d of %d; chi-square %.2f, "
+              "%d bins, critical %.2f\n",
+              p[draft[0]], accepted, total, stat, bins, critical);
+  EXPECT_GE(bins, 4);
+  EXPECT_LT(stat, critical);
+  EXPECT_NEAR(double(accepted) / total, p[draft[0]], 4 * std::sqrt(p[draft[0]] / total) + 0.01);
+  for (BlockTable& t : tables) ASSERT_TRUE(t.Release(allocator).ok());
+}
+
+// Seeded temperature-1 requests with the draft model on the same GPU (sampled drafts drawn on
+// the device, q rows kept in its slots, verified by StepSampledVerify) and with n-gram drafts:
+// the second token follows the target's distribution (tests/engine_spec_test's chi-square on the
+// GPU); a verifier that accepts every draft fails the same test.
+class CodepairCudaSamplingTest : public CodepairCudaTest {
+ protected:
+  void TearDown() override { runner_internal::verify_accepts_every_draft_for_test = false; }
+  std::unique_ptr<Engine> DraftEngine() {
+    EngineOptions o = EngineOn("cuda");
+    o.speculative.draft_model = ModelDir("codepair/draft");
+    o.speculative.draft_kv_cache_bytes = int64_t{64} << 20;
+    return MakeEngine(o);
+  }
+  static std::vector<int32_t> Prompt(const Engine& engine) {
+    return *engine.tokenizer()->Encode("class Foo:\n    def __init__(self", true);
+  }
+};
+
+TEST_F(CodepairCudaSamplingTest, DraftModelSecondTokenFollowsTheTarget) {
+  auto engine = DraftEngine();
+  ASSERT_TRUE(engine);
+  const auto [stat, critical] = spec_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
+  EXPECT_LT(stat, critical);
+}
+
+TEST_F(CodepairCudaSamplingTest, AVerifierAcceptingEveryDraftIsCaught) {
+  auto engine = DraftEngine();
+  ASSERT_TRUE(engine);
+  runner_internal::verify_accepts_every_draft_for_test = true;
+  const auto [stat, critical] = spec_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
+  EXPECT_GT(stat, critical);
+}
+
+// A seeded sampled request with draft-model speculation gives the same tokens alone and in a
+// batch with other requests (Philox keyed by seed and position, on both sides of the round).
+TEST_F(CodepairCudaSamplingTest, SeededSampledSpeculationRepeatsAloneAndInBatch) {
+  auto engine = DraftEngine();
+  ASSERT_TRUE(engine);
+  GenerateRequest r = Greedy(*engine->tokenizer()->Encode("def parse(", true), 32);
+  r.params.temperature = 0.8f;
+  r.params.top_p = 0.95f;
+  r.params.seed = 1234;
+  r.speculation = {SpeculationMethod::kDraftModel, 4};
+  GenerateRequest other = r;
+  other.params.seed = 99;
+  other.speculation = {SpeculationMethod::kNgram, 3};
+  auto a = engine->Generate(r);
+  std::vector<GenerateRequest> batch = {other, r, other, other};
+  auto b = engine->GenerateBatch(batch);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT(a->usage.num_drafts, 0);
+  EXPECT_EQ(a->ids(), (*b)[1].ids());
+  EXPECT_EQ((*b)[0].ids(), (*b)[2].ids());
 }
 
 }  // namespace

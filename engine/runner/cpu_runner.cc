@@ -57,6 +57,10 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
       return absl::InvalidArgumentError(absl::StrCat(
           "Step: ", row.num_candidates, " candidates; at most ", kMaxSampleCandidates));
     }
+    if (!row.pending.empty()) {  // the CPU Sampler sees the history only
+      return absl::InvalidArgumentError(
+          "Step: pending tokens need a runner with device speculation");
+    }
     per_token = per_token || row.token >= 0;
   }
   // Rows naming a token inside their chunk need every logits row of that chunk.

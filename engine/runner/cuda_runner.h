@@ -48,14 +48,34 @@ class CudaRunner : public ModelRunner {
                                 std::vector<GreedyVerifyResult>* out) override;
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
 
+  // Speculation with p and q on this GPU: GpuSampler::EnqueueProbs builds the processed rows in
+  // the logits buffer, kernels::VerifyStochastic accepts and draws (a draft step is the
+  // zero-draft case), kernels::ScatterRows keeps the draft's rows in the probability slots.
+  bool SamplesSpeculationOnDevice() const override { return true; }
+  absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
+                                 std::span<const SampleRow> rows,
+                                 std::span<const std::span<const int32_t>> drafts,
+                                 std::span<const DraftProbs> probs,
+                                 std::vector<GreedyVerifyResult>* out) override;
+  absl::Status ReserveProbSlots(int32_t n) override;
+  const float* prob_slot(int32_t slot) const override;
+  absl::Status StepDraft(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                         std::span<const int32_t> slots, std::vector<SampleResult>* out) override;
+
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
   std::vector<int32_t> graph_batch_sizes() const;
 
  private:
   struct State;  // device, model, buffers, graphs: cuda_runner.cc
-  // Step up to the queued sampling (ids copied back when copy_ids); the caller synchronises.
+  // What EnqueueStep queues after the forward pass.
+  enum class SampleMode {
+    kIds,          // draws, ids copied back
+    kIdsOnDevice,  // draws, ids stay on the device (greedy verification)
+    kProbs,        // processed distributions in the logits buffer, nothing drawn
+  };
+  // Step up to the queued sampling; the caller synchronises.
   absl::Status EnqueueStep(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                           bool copy_ids);
+                           SampleMode mode);
   explicit CudaRunner(std::unique_ptr<State> state);
   std::unique_ptr<State> s_;
 };

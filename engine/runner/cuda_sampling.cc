@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Create(int32_t max_rows,
   return s;
 }
 
-GpuSampler::Work GpuSampler::Pack(std::span<const SampleRow> rows) {
+GpuSampler::Work GpuSampler::Pack(std::span<const SampleRow> rows, bool probs) {
   Work w;
   std::vector<int32_t> banned_rows, banned_cols, prompt_ids, output_ids;
   std::vector<int32_t> prompt_offsets = {0}, output_offsets = {0};
@@ -74,6 +74,7 @@ GpuSampler::Work GpuSampler::Pack(std::span<const SampleRow> rows) {
         for (const auto& [id, count] : row.history->output_counts()) {
           output_ids.insert(output_ids.end(), count, id);
         }
+        output_ids.insert(output_ids.end(), row.pending.begin(), row.pending.end());
       }
       if (!p.greedy()) {
         w.sample = true;
@@ -98,6 +99,7 @@ GpuSampler::Work GpuSampler::Pack(std::span<const SampleRow> rows) {
     w.output_ids = arena_.Push(output_ids);
     w.output_offsets = arena_.Push(output_offsets);
   }
+  w.sample = w.sample || probs;  // probabilities: greedy rows become one-hot rows
   if (w.sample) w.sampling_rows = arena_.Push(sampling);
   return w;
 }
@@ -153,7 +155,51 @@ absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
                                     cudaMemcpyDeviceToHost, stream),
                     "copy of candidate ids"));
   }
-  Work w = Pack(rows);
+  Work w = Pack(rows, /*probs=*/false);
+  SPECD_RETURN_IF_ERROR(Process(logits, n, w, stream));
+  if (w.sample) {
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::SampleRows(logits, vocab_, n, vocab_,
+                            arena_.At<kernels::SamplingRow>(w.sampling_rows), ids_.as<int32_t>(),
+                            nullptr, workspace_.as(), workspace_.bytes(), stream),
+        "SampleRows"));
+  } else {
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::ArgmaxRows(logits, vocab_, n, vocab_, ids_.as<int32_t>(), stream), "ArgmaxRows"));
+  }
+  cpu_slot_ = std::move(w.cpu_slot);
+  if (!copy_ids) return absl::OkStatus();
+  return cuda::Check(cudaMemcpyAsync(host_ids_.as(), ids_.as(), n * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream),
+                     "copy of sampled ids");
+}
+
+absl::Status GpuSampler::EnqueueProbs(float* logits, std::span<const SampleRow> rows,
+                                      cudaStream_t stream) {
+  const int32_t n = static_cast<int32_t>(rows.size());
+  cpu_slot_.assign(rows.size(), -1);
+  topk_ = 0;
+  if (n == 0) return absl::OkStatus();
+  if (n > max_rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Step: ", n, " sample rows; the runner holds at most ", max_rows_));
+  }
+  for (const SampleRow& row : rows) {
+    if (row.params->logprobs >= 0 || row.num_candidates > 0) {
+      return absl::InvalidArgumentError(
+          "speculation on the device: a row asks for logprobs or candidates");
+    }
+  }
+  const Work w = Pack(rows, /*probs=*/true);
+  SPECD_RETURN_IF_ERROR(Process(logits, n, w, stream));
+  return cuda::Check(
+      kernels::ProcessedProbs(logits, vocab_, n, vocab_,
+                              arena_.At<kernels::SamplingRow>(w.sampling_rows), logits, vocab_,
+                              stream),
+      "ProcessedProbs");
+}
+
+absl::Status GpuSampler::Process(float* logits, int32_t n, const Work& w, cudaStream_t stream) {
   SPECD_RETURN_IF_ERROR(arena_.Upload(stream));
   if (w.num_banned > 0) {
     SPECD_RETURN_IF_ERROR(
@@ -171,21 +217,7 @@ absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
                         workspace_.as(), workspace_.bytes(), stream),
                     "ApplyPenalties"));
   }
-  if (w.sample) {
-    SPECD_RETURN_IF_ERROR(cuda::Check(
-        kernels::SampleRows(logits, vocab_, n, vocab_,
-                            arena_.At<kernels::SamplingRow>(w.sampling_rows), ids_.as<int32_t>(),
-                            nullptr, workspace_.as(), workspace_.bytes(), stream),
-        "SampleRows"));
-  } else {
-    SPECD_RETURN_IF_ERROR(cuda::Check(
-        kernels::ArgmaxRows(logits, vocab_, n, vocab_, ids_.as<int32_t>(), stream), "ArgmaxRows"));
-  }
-  cpu_slot_ = std::move(w.cpu_slot);
-  if (!copy_ids) return absl::OkStatus();
-  return cuda::Check(cudaMemcpyAsync(host_ids_.as(), ids_.as(), n * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, stream),
-                     "copy of sampled ids");
+  return absl::OkStatus();
 }
 
 void GpuSampler::Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out) {

@@ -33,6 +33,11 @@ class GpuSampler {
   // device (device_ids(), for greedy verification), only logprobs rows come back.
   absl::Status Enqueue(float* logits, std::span<const SampleRow> rows, cudaStream_t stream,
                        bool copy_ids = true);
+  // Queues, on `stream`, the processed distribution of rows[i] over logits row i, in place
+  // (kernels::ProcessedProbs after bans and penalties; a row's pending tokens count as output):
+  // speculation on the device reads p and q rows from there. No row may ask for logprobs or
+  // candidates. Nothing comes back.
+  absl::Status EnqueueProbs(float* logits, std::span<const SampleRow> rows, cudaStream_t stream);
   // After the stream is synchronised: the drawn tokens, rows[i] -> (*out)[i]. Without copy_ids
   // only the rows that ask for logprobs (drawn on the host) are meaningful.
   void Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out);
@@ -44,7 +49,10 @@ class GpuSampler {
   GpuSampler(int32_t max_rows, int32_t vocab) : max_rows_(max_rows), vocab_(vocab) {}
   // What one step launches; Pack fills the upload arena.
   struct Work;
-  Work Pack(std::span<const SampleRow> rows);
+  // probs: every row gets its SamplingRow (greedy rows temperature 0), for ProcessedProbs.
+  Work Pack(std::span<const SampleRow> rows, bool probs);
+  // Uploads the packed inputs and queues the bans and penalties over logits rows [0, n).
+  absl::Status Process(float* logits, int32_t n, const Work& w, cudaStream_t stream);
   absl::Status CopyLogprobRows(const float* logits, std::span<const SampleRow> rows,
                                cudaStream_t stream);
 

@@ -1,5 +1,6 @@
 #include "engine/runner/model_runner.h"
 
+#include <algorithm>
 #include <charconv>
 #include <string>
 #include <string_view>
@@ -8,6 +9,7 @@
 #include "engine/base/status.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/sample/acceptance.h"
+#include "kernels/ref/sampling.h"
 #ifdef SPECD_HAS_CUDA
 #include "engine/runner/cuda_runner.h"
 #endif
@@ -98,7 +100,59 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
 #endif
 }
 
+float SpeculationUniform(uint64_t seed, int64_t num_generated, SpeculationDraw kind) {
+  // The top bit keeps these counters apart from the plain draws' (SampleRows: num_generated).
+  const uint64_t counter = (uint64_t{1} << 63) | (static_cast<uint64_t>(num_generated) << 2) |
+                           static_cast<uint64_t>(kind);
+  const auto u = static_cast<float>(kernels::ref::PhiloxUniform(seed, counter));
+  return std::min(u, 0x1.fffffep-1f);  // rounding to f32 may reach 1
+}
+
 namespace runner_internal {
+
+absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
+                                     std::span<const SampleRow> rows,
+                                     std::span<const std::span<const int32_t>> drafts,
+                                     std::span<const DraftProbs> probs, int64_t vocab,
+                                     std::vector<SampleRow>* expanded) {
+  if (drafts.size() != rows.size() || probs.size() != rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepSampledVerify: ", drafts.size(),
+                                                   " drafts and ", probs.size(),
+                                                   " probability sets for ", rows.size(), " rows"));
+  }
+  expanded->clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    const size_t k = drafts[i].size();
+    if (r.params == nullptr || r.params->logprobs >= 0 || !r.pending.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepSampledVerify: row ", i, " asks for logprobs, has pending tokens or no params"));
+    }
+    if (k == 0) {
+      expanded->push_back(r);
+      continue;
+    }
+    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
+        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("StepSampledVerify: row ", i, " has ", k,
+                                                     " drafts but its chunk is not them plus one"));
+    }
+    if (!probs[i].host.empty() && probs[i].host.size() != k * static_cast<size_t>(vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepSampledVerify: row ", i, " has ", probs[i].host.size(),
+                       " draft probabilities for ", k, " drafts of vocabulary ", vocab));
+    }
+    for (size_t j = 0; j <= k; ++j) {
+      SampleRow row = r;
+      row.token = static_cast<int32_t>(j);
+      row.pending = drafts[i].first(j);
+      row.num_generated = r.num_generated + static_cast<int64_t>(j);
+      if (row.num_generated >= r.params->min_tokens) row.banned = {};
+      expanded->push_back(row);
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                               std::span<const std::span<const int32_t>> drafts,
@@ -136,6 +190,28 @@ absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<co
 }
 
 }  // namespace runner_internal
+
+absl::Status ModelRunner::StepSampledVerify(std::span<const SequenceInput>,
+                                            std::span<const SampleRow>,
+                                            std::span<const std::span<const int32_t>>,
+                                            std::span<const DraftProbs>,
+                                            std::vector<GreedyVerifyResult>*) {
+  return absl::UnimplementedError(
+      absl::StrCat("StepSampledVerify: ", device_name(), " keeps no probabilities on a device"));
+}
+
+absl::Status ModelRunner::ReserveProbSlots(int32_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("ReserveProbSlots: ", device_name(), " keeps no probabilities on a device"));
+}
+
+const float* ModelRunner::prob_slot(int32_t) const { return nullptr; }
+
+absl::Status ModelRunner::StepDraft(std::span<const SequenceInput>, std::span<const SampleRow>,
+                                    std::span<const int32_t>, std::vector<SampleResult>*) {
+  return absl::UnimplementedError(
+      absl::StrCat("StepDraft: ", device_name(), " keeps no probabilities on a device"));
+}
 
 absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
                                            std::span<const SampleRow> rows,

@@ -57,6 +57,10 @@ struct SampleRow {
   uint64_t seed = 0;                       // the request's seed (given or drawn at arrival)
   int64_t num_generated = 0;               // tokens drawn so far (GPU Philox offset)
   int32_t token = -1;                      // index into the chunk's tokens; -1: the last
+  // Tokens after `history` that penalties count as output: the earlier drafts of a speculative
+  // position (StepSampledVerify sets them itself; StepDraft's caller sets them). Runners that
+  // keep no probabilities on a device (SamplesSpeculationOnDevice() false) refuse rows with any.
+  std::span<const int32_t> pending = {};
   // The ids of the row's num_candidates largest raw logits (before penalties and bans), best
   // first, ties to the lower id, in SampleResult::candidates (SSD's cache candidates; on a GPU
   // only the ids come back). At most kMaxSampleCandidates.
@@ -71,6 +75,27 @@ struct GreedyVerifyResult {
   int32_t num_accepted = 0;  // 0..K
   SampleResult next;         // logprobs only for draftless rows that ask for them
 };
+
+// The distribution a row's drafts were drawn from, for StepSampledVerify: [k, vocab] f32 rows
+// on a GPU (StepDraft's probability slots, on this runner's device or another one), or on the
+// host (a speculator that drafts on the CPU or over the network), or neither: deterministic
+// drafts (n-gram, greedy drafting), whose q is one-hot at each draft.
+struct DraftProbs {
+  const float* device = nullptr;
+  std::span<const float> host;
+};
+
+// Philox counters of device speculation: a draw is keyed by (request seed, number of tokens the
+// request had generated before the drawn position, kind), so a seeded request draws the same
+// uniforms whatever batch it shares. (A round's next-token draw is keyed by the round's first
+// position: where the correction lands is known only on the device.)
+enum class SpeculationDraw : uint32_t {
+  kAcceptTest = 0,  // the test of the draft at that position
+  kNextToken = 1,   // the correction, bonus or plain token drawn at that position
+  kDraft = 2,       // the draft model's draw at that position
+};
+// The uniform in [0, 1) (as f32, below 1) of one such draw (kernels::ref::PhiloxUniform).
+float SpeculationUniform(uint64_t seed, int64_t num_generated, SpeculationDraw kind);
 
 class ModelRunner {
  public:
@@ -105,6 +130,41 @@ class ModelRunner {
                                         std::span<const std::span<const int32_t>> drafts,
                                         std::vector<GreedyVerifyResult>* out);
 
+  // --- Speculation whose probabilities stay on the device (the CUDA runner). ---
+  // Whether StepSampledVerify, StepDraft and the probability slots work; false (the CPU runner):
+  // the engine verifies sampled drafts on the host (Forward and the Acceptor, the oracle).
+  virtual bool SamplesSpeculationOnDevice() const { return false; }
+
+  // Verification of any drafts, sampled or greedy, in one pass: rows[i]'s chunk holds its last
+  // committed token and drafts[i] (as StepGreedyVerify); probs[i] says what drafts[i] were drawn
+  // from. The target's processed distribution p at every position (bans while min_tokens is not
+  // reached, penalties over the history plus the earlier drafts, temperature, min-p, top-k,
+  // top-p; greedy rows one-hot at the argmax) is built on the device; speculative sampling
+  // accepts draft j when u * q_j(d_j) < p_j(d_j), draws the correction from norm(max(0, p - q))
+  // or the bonus token from p_K (kernels::VerifyStochastic), with uniforms from Philox keyed as
+  // SpeculationDraw says. A draftless row draws its next token from p. No row may ask for
+  // logprobs; the rows' positions fit max_sample_rows(). Only accepted lengths and next tokens
+  // come back. Unimplemented unless SamplesSpeculationOnDevice().
+  virtual absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
+                                         std::span<const SampleRow> rows,
+                                         std::span<const std::span<const int32_t>> drafts,
+                                         std::span<const DraftProbs> probs,
+                                         std::vector<GreedyVerifyResult>* out);
+
+  // Makes probability slots [0, n) exist: [n, vocab] f32 rows on the device, where StepDraft
+  // leaves the distributions it drew from. Growing drops what earlier slots held; slot pointers
+  // stay valid until the next ReserveProbSlots.
+  virtual absl::Status ReserveProbSlots(int32_t n);
+  // Device pointer of slot `slot` (rows slot, slot + 1, ... follow it); nullptr when none.
+  virtual const float* prob_slot(int32_t slot) const;
+  // A Step for a draft model: rows[i] is drawn from its processed distribution (as
+  // StepSampledVerify builds p; the row's own banned ids and pending tokens apply), which stays
+  // on the device in slot slots[i] (distinct slots). The draw's uniform is
+  // SpeculationUniform(seed, num_generated, kDraft). Only ids come back.
+  virtual absl::Status StepDraft(std::span<const SequenceInput> batch,
+                                 std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                                 std::vector<SampleResult>* out);
+
   // Runs `batch` like Step (same kernels and graphs) and returns logits instead of drawing:
   // *logits gets [num_rows, vocab] f32 rows, in chunk order, for the last token of each chunk
   // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
@@ -126,6 +186,20 @@ namespace runner_internal {
 // StepGreedyVerify's argument checks (InvalidArgument naming the row), and its expansion of
 // `rows` into one Step row per verified position: rows[i] becomes drafts[i].size() + 1 rows
 // (token 0..K of its chunk), or stays one row when it has no drafts.
+// Tests only: when true, StepSampledVerify accepts every draft the target gives any mass to (its
+// tests draw u = 0), so the output follows the draft's distribution: a broken verifier whose
+// output the GPU chi-square test must reject (its negative control).
+inline bool verify_accepts_every_draft_for_test = false;
+
+// StepSampledVerify's argument checks and expansion: rows[i] becomes drafts[i].size() + 1 rows
+// (token j of its chunk, pending = drafts[i][0, j), num_generated + j, banned only while the
+// request is below min_tokens at that position), or stays one row.
+absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
+                                     std::span<const SampleRow> rows,
+                                     std::span<const std::span<const int32_t>> drafts,
+                                     std::span<const DraftProbs> probs, int64_t vocab,
+                                     std::vector<SampleRow>* expanded);
+
 absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                               std::span<const std::span<const int32_t>> drafts,
                               std::vector<SampleRow>* expanded);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
 #include "engine/spec/saguaro.h"
@@ -192,6 +193,7 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
   for (Draft& d : *drafts) {
     d.tokens.clear();
     d.probs.clear();
+    d.device_probs = nullptr;
     d.candidates.clear();
     d.origin = DraftOrigin::kDefault;
   }
@@ -205,6 +207,7 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     a.input = i;
     if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
   }
+  device_round_ = PlanDeviceRound(inputs);
   while (!active_.empty()) {
     if (stop && stop()) {
       active_.clear();
@@ -212,10 +215,72 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     }
     SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
   }
+  if (device_round_) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Draft& d = (*drafts)[i];
+      if (slot_base_[i] >= 0 && !d.tokens.empty() && !inputs[i].params->greedy()) {
+        d.device_probs = runner_->prob_slot(slot_base_[i]);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs, bool* drawn) {
+bool DraftModelSpeculator::PlanDeviceRound(std::span<const DraftInput> inputs) {
+  if (!runner_->SamplesSpeculationOnDevice()) return false;
+  bool sampled = false;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    if (in.num_candidates > 0 || (in.saguaro_fan_out > 0 && in.saguaro_c >= 0.0f)) return false;
+    sampled = sampled || !in.params->greedy();
+  }
+  if (!sampled) return false;
+  slot_base_.assign(inputs.size(), -1);
+  int32_t num_slots = 0;
+  for (const Active& a : active_) {
+    slot_base_[a.input] = num_slots;
+    num_slots += a.num_wanted;
+  }
+  if (absl::Status s = runner_->ReserveProbSlots(num_slots); !s.ok()) {
+    SPECD_LOG_WARN("draft model: {}; drafting this round on the host", s.ToString());
+    return false;
+  }
+  return true;
+}
+
+absl::Status DraftModelSpeculator::DevicePass(std::span<const DraftInput> inputs,
+                                              const std::vector<Draft>& drafts) {
+  rows_.clear();
+  slots_.clear();
+  int32_t chunk = 0;
+  for (Active& a : active_) {
+    a.row = -1;
+    if (a.num_running == 0) continue;
+    const int32_t c = chunk++;
+    if (a.offset + a.num_running != a.pending.size()) continue;  // catch-up still running
+    const DraftInput& in = inputs[a.input];
+    const Draft& draft = drafts[a.input];
+    const auto j = static_cast<int32_t>(draft.tokens.size());
+    if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
+    SampleRow row;
+    row.chunk = c;
+    row.sampler = a.state->sampler.get();
+    row.params = in.params;
+    row.history = in.history;
+    row.pending = draft.tokens;
+    if (j < in.num_banned_positions) row.banned = in.banned;
+    row.seed = in.seed;
+    row.num_generated = in.num_generated + j;
+    a.row = static_cast<int32_t>(rows_.size());
+    rows_.push_back(row);
+    slots_.push_back(slot_base_[a.input] + j);
+  }
+  if (rows_.empty()) return runner_->Forward(batch_, &logits_);  // catch-up only: KV, no draw
+  return runner_->StepDraft(batch_, rows_, slots_, &drawn_);
+}
+
+absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs,
+                                               const std::vector<Draft>& drafts, bool* drawn) {
   // Greedy passes sample on the runner: every row ends its sequence's pending tokens and no
   // draft position is banned (min_tokens), so the runner's argmax is the processed one; the
   // runner also ranks SSD's candidates (on a GPU: only ids come back). Sampled rows need their
@@ -228,12 +293,19 @@ absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> input
     greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0 &&
                            in.num_candidates <= kMaxSampleCandidates);
   }
-  *drawn = greedy;
-  if (!greedy) return runner_->Forward(batch_, &logits_);
+  *drawn = greedy || device_round_;
+  if (!greedy && device_round_) return DevicePass(inputs, drafts);
+  if (!greedy) {
+    int32_t row = 0;
+    for (Active& a : active_) a.row = a.num_running > 0 ? row++ : -1;
+    return runner_->Forward(batch_, &logits_);
+  }
   rows_.clear();
   int32_t chunk = 0;
   for (Active& a : active_) {
+    a.row = -1;
     if (a.num_running == 0) continue;
+    a.row = chunk;
     const DraftInput& in = inputs[a.input];
     if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
     SampleRow row;
@@ -267,13 +339,13 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
     batch_.push_back(s);
   }
   bool drawn = false;
-  if (absl::Status s = ForwardPass(inputs, &drawn); !s.ok()) {
+  if (absl::Status s = ForwardPass(inputs, *drafts, &drawn); !s.ok()) {
     for (const Active& a : active_) Release(inputs[a.input].seq_id);
     active_.clear();
     return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
   }
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
-  size_t row = 0, kept = 0;
+  size_t kept = 0;
   for (size_t i = 0; i < active_.size(); ++i) {
     Active& a = active_[i];
     bool done = false;
@@ -284,7 +356,10 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
       a.offset += a.num_running;
       if (a.offset == a.pending.size()) {  // the row gives the next draft
         Draft& draft = (*drafts)[a.input];
-        if (drawn) {
+        const auto row = static_cast<size_t>(a.row);
+        if (drawn && !inputs[a.input].params->greedy()) {  // a device round's sampled draw
+          draft.tokens.push_back(drawn_[row].id);
+        } else if (drawn) {
           AppendGreedyDraft(inputs[a.input], drawn_[row].id, std::move(drawn_[row].candidates),
                             draft);
         } else {
@@ -295,7 +370,6 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
         a.offset = 0;
         done = --a.num_wanted == 0;
       }
-      ++row;
     }
     if (done) continue;
     if (kept != i) active_[kept] = std::move(a);

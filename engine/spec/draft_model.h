@@ -103,6 +103,7 @@ class DraftModelSpeculator : public Speculator {
     std::vector<int32_t> pending;  // tokens still to run: the catch-up, then the last draft
     size_t offset = 0;             // pending[0, offset) already ran
     size_t num_running = 0;        // tokens of pending the current pass runs (0: not in it)
+    int32_t row = -1;              // its row of the pass's results (drawn_ or logits_)
     int32_t num_wanted = 0;        // drafts it still wants
   };
 
@@ -110,9 +111,18 @@ class DraftModelSpeculator : public Speculator {
   // One forward pass over every active sequence's next piece of pending tokens (within the
   // token budget); draws a draft for each sequence whose pending tokens all ran.
   absl::Status RunPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
-  // The pass's forward: next-draft tokens drawn by the runner (drawn_, one per finishing row)
-  // when every sequence is greedy and wants no candidates, else logits rows in logits_.
-  absl::Status ForwardPass(std::span<const DraftInput> inputs, bool* drawn);
+  // The pass's forward: next-draft tokens drawn by the runner (drawn_, one per row, Active::row)
+  // when every sequence is greedy and wants no candidates, or in a device round; else logits
+  // rows in logits_ (one per sequence in the pass).
+  absl::Status ForwardPass(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts,
+                           bool* drawn);
+  // A device round's pass: rows for the sequences whose pending tokens all run, drawn by the
+  // runner's StepDraft, which keeps each row's q in slot slot_base_[input] + j.
+  absl::Status DevicePass(std::span<const DraftInput> inputs,
+                          const std::vector<Draft>& drafts);
+  // Whether this round drafts on the device: the runner keeps probabilities on a GPU, some input
+  // samples, and none wants candidates or Saguaro sampling; then reserves the slots.
+  bool PlanDeviceRound(std::span<const DraftInput> inputs);
   // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
   // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
   bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
@@ -138,6 +148,10 @@ class DraftModelSpeculator : public Speculator {
   std::vector<float> probs_;          // [vocab] scratch
   std::vector<SampleRow> rows_;       // scratch: greedy passes
   std::vector<SampleResult> drawn_;   // scratch: greedy passes
+  // Device rounds (PlanDeviceRound): the first probability slot of each input (-1: none).
+  bool device_round_ = false;
+  std::vector<int32_t> slot_base_;
+  std::vector<int32_t> slots_;  // scratch: the pass's slots
 };
 
 }  // namespace specd

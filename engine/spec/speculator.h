@@ -28,6 +28,7 @@ struct DraftInput {
   std::span<const int32_t> banned;         // ids the target may not emit (min_tokens) ...
   int32_t num_banned_positions = 0;        // ... at the first this many draft positions
   uint64_t seed = 0;                       // the request's seed (sampled drafts' RNG)
+  int64_t num_generated = 0;               // tokens generated so far (device draws' Philox key)
   // SSD (a draft model building a speculation cache; others ignore these):
   int32_t num_candidates = 0;   // > 0: Draft::candidates gets the top ids at each position
   int32_t saguaro_fan_out = 0;  // sampled drafts: down-weight the top-F ids of each row ...
@@ -44,6 +45,10 @@ struct Draft {
   // request's params, as acceptance needs for sampled requests). Empty for deterministic
   // proposals (n-gram) and for greedy requests: acceptance then treats q as one-hot.
   std::vector<float> probs;
+  // The same rows when they stay on a GPU instead ([k, vocab] f32 on the draft runner's device,
+  // ModelRunner::StepDraft's slots; valid until the speculator's next Propose). probs is then
+  // empty. Verification copies them device to device.
+  const float* device_probs = nullptr;
   // [k, num_candidates] with DraftInput::num_candidates: the draft's best ids at each drafted
   // position, distinct, best first: by the probability of the row draft j was drawn from
   // (before Saguaro down-weighting), ties to the lower id; greedy requests: by raw logit, and

@@ -16,7 +16,7 @@
 // default when the model has no tokenizer) any shapes run without weights on disk.
 //
 //   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16] [--k 4]
-//              [--max-tokens 128] [--temperature 0] [--prompts FILE] [--repeats 2]
+//              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
 //              [--max-num-seqs N]
@@ -57,6 +57,7 @@ struct Flags {
   int k = 4;
   int max_tokens = 128;
   float temperature = 0;
+  float top_p = 1;
   int repeats = 2;
   int threads = 0;
   bool ssd = false;
@@ -153,6 +154,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
     else if (a == "--temperature")
       ok = absl::SimpleAtof(value(), &f->temperature);
+    else if (a == "--top-p")
+      ok = absl::SimpleAtof(value(), &f->top_p) && f->top_p > 0 && f->top_p <= 1;
     else if (a == "--repeats")
       ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
     else if (a == "--threads")
@@ -233,6 +236,7 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     GenerateRequest r;
     r.prompt_ids = prompts[i % prompts.size()];
     r.params.temperature = f.temperature;
+    r.params.top_p = f.top_p;
     r.params.seed = 7 + i;
     r.params.max_tokens = f.max_tokens;
     r.params.ignore_eos = true;
@@ -543,9 +547,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
     return 1;
   }
-  std::printf("spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f\n",
+  std::printf("spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f, "
+              "top_p %.2f\n",
               f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
-              f.temperature);
+              f.temperature, f.top_p);
   // Warm-up (CUDA graphs, caches).
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
   PrintHeader();

@@ -7,7 +7,8 @@
 #   kernel_check --mode check; a `specd serve --load-format dummy` smoke (Llama-3.1-8B shapes,
 #     three completions, one streamed, then SIGTERM and exit 0); attention_bench;
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
-#     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16);
+#     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16;
+#     greedy, temperature 1, temperature 0.7 with top_p 0.95);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
@@ -187,6 +188,21 @@ run_step "verify_torch_bench.py" 90 env PYTHONUNBUFFERED=1 python3 tools/gpu/ver
   --compare "$WORK/steps/verify_bench.out"
 run_step "spec_bench" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
   --k 4 --max-tokens 128
+# Sampled requests (issue 16): speculation verified on the device (StepSampledVerify).
+run_step "spec_bench t=1" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
+  --k 4 --max-tokens 128 --temperature 1
+run_step "spec_bench t=0.7 p=0.95" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+  --batches 1,16 --k 4 --max-tokens 128 --temperature 0.7 --top-p 0.95
+# The sampled verification step against the greedy one (issue 16): Llama-3.1-8B / 3.2-1B shapes,
+# random weights, draft model on the same GPU; spec_bench's "per step: verify" column.
+for k in 4 8; do
+  for t in 0 1; do
+    run_step "verify_step 8b k=$k t=$t" 120 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+      --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+      --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 16 \
+      --batches 1,16 --k "$k" --max-tokens 32 --repeats 1 --temperature "$t"
+  done
+done
 # SSD on two GPUs (verifier cuda:0, speculator cuda:1) beside plain decoding and draft-model
 # speculation on cuda:0, codepair pair (real acceptance), greedy, batch 1, 4 and 16.
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
@@ -225,6 +241,8 @@ run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode per
 echo
 echo "== key results (full output in $LOG)"
 for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench" \
+  "spec_bench t=1" "spec_bench t=0.7 p=0.95" "verify_step 8b k=4 t=0" "verify_step 8b k=4 t=1" \
+  "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
   "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
