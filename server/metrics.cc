@@ -6,6 +6,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <mutex>
 #include <string>
 
 namespace specd {
@@ -207,7 +208,7 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
 }
 
 void Metrics::OnSsd(const SsdStats& s) {
-  absl::MutexLock lock(&ssd_mu_);
+  std::lock_guard<std::mutex> lock(ssd_mu_);
   SsdStats& last = ssd_last_;
   // Moves a counter up to `now` (a snapshot older than what it shows changes nothing).
   auto add = [](prometheus::Counter* c, auto now, auto& shown) {

@@ -9,10 +9,10 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 
 namespace prometheus {
@@ -82,8 +82,10 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
   // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold), from
   // OnSpeculation's and from every EngineStats snapshot (engine and scraping threads).
+  // std::mutex rather than absl::Mutex: the distribution's abseil is not built with TSan, so
+  // absl::Mutex's ordering is invisible to it (the TSan stage runs the daemon's HTTP path).
   void OnSsd(const SsdStats& s);
-  absl::Mutex ssd_mu_;
+  std::mutex ssd_mu_;
   SsdStats ssd_last_ ABSL_GUARDED_BY(ssd_mu_);
   int64_t ssd_link_events_ ABSL_GUARDED_BY(ssd_mu_) = -1;          // connects + link_failures shown
   prometheus::Family<prometheus::Counter>* ssd_drafts_ = nullptr;  // {status}
