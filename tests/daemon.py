@@ -14,12 +14,19 @@ the line `specd: listening http=HOST:PORT grpc=HOST:PORT|off ...` that server/se
 prints on stderr once every front end serves, and reads the bound ports from it. Its output
 is drained by a thread (kept in .output(), and mirrored to $SPECD_TEST_LOG_DIR/<name>.log
 when that variable is set). Every process is killed at exit even if a test forgets.
+
+$SPECD_TEST_DAEMON_ARGS (shell-split) adds flags to every daemon a test starts, after the
+defaults above and before the test's own flags, so a test that sets a flag itself still gets
+its value. tools/ci/sanitizers.sh's TSan stage sets `--grpc-port -1`: gRPC off, so Debian's
+uninstrumented gRPC never runs in the TSan daemon (a test that relies on the default
+`--grpc-port 0` then has no gRPC port: Daemon.grpc_port is None).
 """
 import atexit
 import http.client
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -79,6 +86,7 @@ class Daemon:
         cmd = [self.specd, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0"]
         if self.model:
             cmd += ["--model", self.model]
+        cmd += shlex.split(os.environ.get("SPECD_TEST_DAEMON_ARGS", ""))
         return cmd + self.args  # later flags win
 
     def start(self):
