@@ -5,8 +5,8 @@
 #         $ASAN_EXCLUDE; the daemon the integration tests start is the ASan build too) and
 #         replays every seed corpus (label fuzz).
 #   fuzz  tools/ci/fuzz.sh on build-asan: each fuzz target for FUZZ_SECONDS (default 30).
-#   tsan  build-tsan: every target with TSan; runs the engine and dist concurrency tests
-#         ($TSAN_TESTS) with tools/ci/tsan.supp.
+#   tsan  build-tsan: every target with TSan; runs the engine and dist concurrency tests and the
+#         HTTP front end end to end against the TSan daemon ($TSAN_TESTS) with tools/ci/tsan.supp.
 # Usage: tools/ci/sanitizers.sh [asan] [fuzz] [tsan]   (default: all three, in that order)
 # Sanitizer reports go to <build>/sanitizer-logs/ as well (child processes such as the daemon
 # write only there); any file there fails the stage. Prints each stage's wall time.
@@ -16,17 +16,25 @@ JOBS=${JOBS:-$(nproc)}
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(asan fuzz tsan)
 # The engine and dist concurrency tests: thread pool, engine hand-off, pause/abort/drain from
-# other threads, the TCP/TLS channel and handshake, the speculator's worker.
+# other threads, the TCP/TLS channel and handshake, the speculator's worker. And the HTTP front
+# end end to end (http_test, http_hardening_test: the TSan daemon with its I/O threads, the
+# router's worker pool tokenizing, the engine thread and /metrics at once; 512 concurrent
+# streams, client disconnects, backpressure pause / resume / abort, SIGTERM drain, TLS) with
+# gRPC off ($SPECD_TEST_DAEMON_ARGS, tests/daemon.py), so that no uninstrumented gRPC code
+# runs; the HTTP path takes only std::mutex and Boost.Asio's (header-only, so instrumented)
+# locks. SPECD_TEST_TIME_SCALE stretches those tests' latency bounds and waits.
 # Not here, and why (docs: issue 15 report):
-# - grpc_front_end_test, and the daemon behind fault_test / http_test: Debian's gRPC and abseil
-#   are not TSan-built, so gRPC's completion-queue hand-offs and absl::Mutex are invisible to
-#   TSan; one grpc_front_end_test run gave 876 reports, nearly all on state gRPC orders, and no
-#   suppression could tell them from races in our callbacks. fault_test's drain case also has a
-#   fixed 120 s budget that a TSan daemon does not meet.
+# - the gRPC front end (grpc_front_end_test, grpc_test, the daemon's gRPC port): Debian's gRPC
+#   and abseil are not TSan-built, so gRPC's completion-queue hand-offs and absl::Mutex are
+#   invisible to TSan; one grpc_front_end_test run gave 876 reports, nearly all on state gRPC
+#   orders, and no suppression could tell them from races in our callbacks.
+# - fault_test: its gRPC cases need the daemon's gRPC port (with gRPC off they skip, which
+#   CI=true counts as a failure); http_test runs the same kinds of HTTP disconnect, overflow
+#   and SIGTERM drain cases.
 # - engine_spec_test and ssd_test: compute-bound (the CPU forward pass runs 5-15x slower under
 #   TSan); their threading is the engine's and dist's, covered above. TSAN_GTEST_FILTER keeps
 #   ssd_test's compute-heavy cases out when TSAN_TESTS adds it.
-TSAN_TESTS=${TSAN_TESTS:-'^(base_test|engine_test|engine_pause_test|dist_test|dist_auth_test|ssd_worker_test)$'}
+TSAN_TESTS=${TSAN_TESTS:-'^(base_test|engine_test|engine_pause_test|dist_test|dist_auth_test|ssd_worker_test|http_test|http_hardening_test)$'}
 TSAN_GTEST_FILTER=${TSAN_GTEST_FILTER:-'-SsdLosslessTest*:SsdSamplingTest*'}
 # Tests with no C++ of ours in them (Python / Node / container checks) gain nothing from the
 # sanitizer build; the main suite runs them.
@@ -85,11 +93,11 @@ stage_tsan() {
   # tests that start it).
   local targets
   targets=$(ctest --test-dir build-tsan -N -R "$TSAN_TESTS" | awk '/Test +#/ {print $3}' |
-            sed 's/^\(fault_test\|http_test\)$/specd/' | sort -u)
+            sed 's/^\(fault_test\|http_test\|http_hardening_test\)$/specd/' | sort -u)
   nice -n 10 cmake --build build-tsan -j "$JOBS" --target $targets
   local logs="$PWD/build-tsan/sanitizer-logs" rc=0
   rm -rf "$logs" && mkdir -p "$logs"
-  GTEST_FILTER="$TSAN_GTEST_FILTER" \
+  GTEST_FILTER="$TSAN_GTEST_FILTER" SPECD_TEST_TIME_SCALE=4 SPECD_TEST_DAEMON_ARGS="--grpc-port -1" \
   TSAN_OPTIONS="suppressions=$SUPP/tsan.supp:halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:log_path=$logs/tsan:log_exe_name=1" \
     ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R "$TSAN_TESTS" --timeout 1800 ||
     rc=$?
