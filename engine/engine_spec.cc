@@ -11,8 +11,8 @@
 // the draft model rolls its own KV back at its next Propose. Three ways to verify, the first
 // that fits: when every drafted request is plain greedy (no penalties, bans or logprobs) the
 // runner's Step draws the target's choice at every drafted position (on a GPU only token ids
-// leave the device); when the runner keeps probabilities on its device (CUDA) and no row asks
-// for logprobs, StepSampledVerify builds p there, takes q from the draft's device slots (or
+// leave the device); when the runner keeps probabilities on its device (CUDA),
+// StepSampledVerify builds p there, takes q from the draft's device slots (or
 // the host, or one-hot for deterministic drafts) and runs speculative sampling there; else
 // Forward returns the logits of every drafted position and acceptance runs on the host
 // (Acceptor: processed distributions, rejection sampling, logprobs: the CPU backend's oracle).
@@ -26,20 +26,6 @@
 #include "engine/engine_internal.h"
 
 namespace specd {
-namespace {
-
-// The target's raw logprobs for a committed token, as the Sampler reports them.
-SampleResult TargetToken(std::span<const float> logits, int32_t id, int32_t num_logprobs) {
-  SampleResult out;
-  out.id = id;
-  if (num_logprobs < 0) return out;
-  const std::vector<float> logprobs = LogSoftmax(logits);
-  out.logprob = logprobs[id];
-  out.top = TopN(logprobs, num_logprobs);
-  return out;
-}
-
-}  // namespace
 
 Speculator* Engine::SpeculatorFor(const Request& r) const {
   switch (r.spec.method) {
@@ -148,7 +134,11 @@ void Engine::CommitVerified() {
     commit.clear();
     const std::vector<int32_t>& drafts = c.drafts[k].tokens;
     GreedyVerifyResult& v = c.verified[k];
-    for (int32_t j = 0; j < v.num_accepted; ++j) commit.push_back({drafts[j], 0.0f, {}, {}});
+    if (!v.accepted.empty()) {  // with their logprobs
+      for (SampleResult& a : v.accepted) commit.push_back(std::move(a));
+    } else {
+      for (int32_t j = 0; j < v.num_accepted; ++j) commit.push_back({drafts[j], 0.0f, {}, {}});
+    }
     commit.push_back(std::move(v.next));
     c.accepted[k] = v.num_accepted;
   }
@@ -164,17 +154,15 @@ absl::Status Engine::VerifyGreedyOnRunner() {
 }
 
 // Whether the runner can verify every row with p and q on its device (StepSampledVerify):
-// it keeps probabilities on a device, no row asks for logprobs (they need the raw logits on the
-// host) and the rows' positions fit one Step.
+// it keeps probabilities on a device, no row wants SSD's candidates and the rows' positions fit
+// one Step.
 bool Engine::SampledVerifyFits() const {
   const Core& c = *core_;
   if (!runner_->SamplesSpeculationOnDevice()) return false;
   int64_t num_rows = 0;
   for (size_t k = 0; k < c.rows.size(); ++k) {
     num_rows += static_cast<int64_t>(c.drafts[k].tokens.size()) + 1;
-    if (c.row_requests[k]->request.params.logprobs >= 0 || c.rows[k].num_candidates > 0) {
-      return false;
-    }
+    if (c.rows[k].num_candidates > 0) return false;
   }
   return num_rows <= runner_->max_sample_rows();
 }
@@ -231,7 +219,7 @@ absl::Status Engine::VerifyOnHost() {
     const int32_t num_logprobs = r.request.params.logprobs;
     for (int32_t j = 0; j <= a.num_accepted; ++j) {
       const int32_t id = j < a.num_accepted ? d.tokens[j] : a.next_token;
-      commit.push_back(TargetToken(row_logits(row + j, 1), id, num_logprobs));
+      commit.push_back(RawTokenLogprobs(row_logits(row + j, 1), id, num_logprobs));
     }
     c.accepted[k] = a.num_accepted;
   }

@@ -512,6 +512,35 @@ TEST_F(CodepairCudaSamplingTest, AVerifierAcceptingEveryDraftIsCaught) {
   EXPECT_GT(stat, critical);
 }
 
+// Logprobs of sampled speculative requests (verified on the device, the raw rows of the
+// committed positions read back): every committed token, accepted draft or not, has its raw
+// logprob and the top 3, and each top list holds the most probable tokens in order.
+TEST_F(CodepairCudaSamplingTest, SampledSpeculationReturnsLogprobsOfEveryToken) {
+  auto engine = DraftEngine();
+  ASSERT_TRUE(engine);
+  GenerateRequest r = Greedy(*engine->tokenizer()->Encode("def parse(", true), 24);
+  r.params.temperature = 1.0f;
+  r.params.seed = 5;
+  r.params.logprobs = 3;
+  r.speculation = {SpeculationMethod::kDraftModel, 4};
+  auto out = engine->Generate(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_GT(out->usage.num_accepted_tokens, 0);
+  ASSERT_EQ(out->tokens.size(), 24u);
+  for (const GeneratedToken& t : out->tokens) {
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_LE(t.logprob, 0.0f);
+    EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
+    EXPECT_GE(t.top[1].logprob, t.top[2].logprob);
+    EXPECT_LE(t.logprob, t.top[0].logprob + 1e-6f);
+    for (const TokenLogprob& top : t.top) {
+      if (top.id == t.id) {
+        EXPECT_FLOAT_EQ(top.logprob, t.logprob);
+      }
+    }
+  }
+}
+
 // A seeded sampled request with draft-model speculation gives the same tokens alone and in a
 // batch with other requests (Philox keyed by seed and position, on both sides of the round).
 TEST_F(CodepairCudaSamplingTest, SeededSampledSpeculationRepeatsAloneAndInBatch) {

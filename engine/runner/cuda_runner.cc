@@ -614,17 +614,35 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
                              cuda::DeviceMemory::Allocate(q_bytes, "draft probabilities"));
     }
     q = s_->verify_q.as<float>();
+    // One copy per run of rows whose sources are adjacent too (a draft model's slots follow its
+    // inputs, which follow the batch).
+    const char* run_src = nullptr;
+    char* run_dst = nullptr;
+    size_t run_bytes = 0;
+    auto flush = [&]() {
+      if (run_bytes == 0) return absl::OkStatus();
+      const size_t bytes = std::exchange(run_bytes, 0);
+      return cuda::Check(cudaMemcpyAsync(run_dst, run_src, bytes, cudaMemcpyDefault, s_->stream),
+                         "copy of q rows");
+    };
     for (int32_t i = 0; i < n; ++i) {
       const size_t k = drafts[i].size();
       if (k == 0) continue;
       float* dst = q + static_cast<size_t>(cu[i]) * vocab;
       const size_t bytes = k * vocab * sizeof(float);
       if (probs[i].device != nullptr || !probs[i].host.empty()) {
-        const void* src = probs[i].device != nullptr
-                              ? static_cast<const void*>(probs[i].device)
-                              : static_cast<const void*>(probs[i].host.data());
-        SPECD_RETURN_IF_ERROR(cuda::Check(
-            cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_->stream), "copy of q rows"));
+        const auto* src = probs[i].device != nullptr
+                              ? reinterpret_cast<const char*>(probs[i].device)
+                              : reinterpret_cast<const char*>(probs[i].host.data());
+        if (run_bytes > 0 && run_src + run_bytes == src &&
+            run_dst + run_bytes == reinterpret_cast<char*>(dst)) {
+          run_bytes += bytes;
+          continue;
+        }
+        SPECD_RETURN_IF_ERROR(flush());
+        run_src = src;
+        run_dst = reinterpret_cast<char*>(dst);
+        run_bytes = bytes;
         continue;
       }
       SPECD_RETURN_IF_ERROR(
@@ -634,6 +652,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
         onehot_cols.push_back(drafts[i][j]);
       }
     }
+    SPECD_RETURN_IF_ERROR(flush());
   }
   cuda::UploadArena& arena = s_->verify_arena;
   arena.Reset();
@@ -673,6 +692,15 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
                                               r.num_accepted, " drafts and drew token ",
                                               r.next.id, " (a distribution without mass?)"));
     }
+    const int32_t num_logprobs = rows[i].params->logprobs;
+    if (num_logprobs < 0) continue;
+    const size_t first = static_cast<size_t>(cu[i]) + i;  // row i's first expanded row
+    for (int32_t j = 0; j < r.num_accepted; ++j) {
+      r.accepted.push_back(
+          RawTokenLogprobs(s_->sampler->RawRow(first + j), drafts[i][j], num_logprobs));
+    }
+    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + r.num_accepted), r.next.id,
+                              num_logprobs);
   }
   return absl::OkStatus();
 }

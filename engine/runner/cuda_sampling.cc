@@ -54,7 +54,7 @@ GpuSampler::Work GpuSampler::Pack(std::span<const SampleRow> rows, bool probs) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const SampleRow& row = rows[i];
     const SamplingParams& p = *row.params;
-    const bool on_cpu = p.logprobs >= 0;
+    const bool on_cpu = !probs && p.logprobs >= 0;  // probabilities: every row on the device
     w.cpu_slot.push_back(on_cpu ? num_cpu++ : -1);
     sampling[i] = kernels::SamplingRow{0.0f, 0, 1.0f, 0.0f, row.seed, 0};
     if (on_cpu) {
@@ -185,11 +185,13 @@ absl::Status GpuSampler::EnqueueProbs(float* logits, std::span<const SampleRow> 
         absl::StrCat("Step: ", n, " sample rows; the runner holds at most ", max_rows_));
   }
   for (const SampleRow& row : rows) {
-    if (row.params->logprobs >= 0 || row.num_candidates > 0) {
-      return absl::InvalidArgumentError(
-          "speculation on the device: a row asks for logprobs or candidates");
+    if (row.num_candidates > 0) {
+      return absl::InvalidArgumentError("speculation on the device: a row asks for candidates");
     }
   }
+  // Raw rows of the logprobs rows first (RawRow), as Enqueue: the kernels below rewrite them.
+  SPECD_RETURN_IF_ERROR(CopyLogprobRows(logits, rows, stream));
+  for (int32_t i = 0, k = 0; i < n; ++i) cpu_slot_[i] = rows[i].params->logprobs >= 0 ? k++ : -1;
   const Work w = Pack(rows, /*probs=*/true);
   SPECD_RETURN_IF_ERROR(Process(logits, n, w, stream));
   return cuda::Check(
@@ -218,6 +220,12 @@ absl::Status GpuSampler::Process(float* logits, int32_t n, const Work& w, cudaSt
                     "ApplyPenalties"));
   }
   return absl::OkStatus();
+}
+
+std::span<const float> GpuSampler::RawRow(size_t i) const {
+  if (i >= cpu_slot_.size() || cpu_slot_[i] < 0) return {};
+  return {host_logits_.as<float>() + static_cast<size_t>(cpu_slot_[i]) * vocab_,
+          static_cast<size_t>(vocab_)};
 }
 
 void GpuSampler::Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out) {

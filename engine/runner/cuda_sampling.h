@@ -35,9 +35,12 @@ class GpuSampler {
                        bool copy_ids = true);
   // Queues, on `stream`, the processed distribution of rows[i] over logits row i, in place
   // (kernels::ProcessedProbs after bans and penalties; a row's pending tokens count as output):
-  // speculation on the device reads p and q rows from there. No row may ask for logprobs or
-  // candidates. Nothing comes back.
+  // speculation on the device reads p and q rows from there. No row may ask for candidates.
+  // Only the raw logits of rows that ask for logprobs come back (RawRow).
   absl::Status EnqueueProbs(float* logits, std::span<const SampleRow> rows, cudaStream_t stream);
+  // After EnqueueProbs and a synchronisation: row i's raw logits on the host when it asks for
+  // logprobs, else empty.
+  std::span<const float> RawRow(size_t i) const;
   // After the stream is synchronised: the drawn tokens, rows[i] -> (*out)[i]. Without copy_ids
   // only the rows that ask for logprobs (drawn on the host) are meaningful.
   void Finish(std::span<const SampleRow> rows, std::vector<SampleResult>* out);

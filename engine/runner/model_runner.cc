@@ -124,9 +124,9 @@ absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
   for (size_t i = 0; i < rows.size(); ++i) {
     const SampleRow& r = rows[i];
     const size_t k = drafts[i].size();
-    if (r.params == nullptr || r.params->logprobs >= 0 || !r.pending.empty()) {
+    if (r.params == nullptr || !r.pending.empty() || r.num_candidates > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "StepSampledVerify: row ", i, " asks for logprobs, has pending tokens or no params"));
+          "StepSampledVerify: row ", i, " has pending tokens, candidates or no params"));
     }
     if (k == 0) {
       expanded->push_back(r);

@@ -74,6 +74,9 @@ inline constexpr int32_t kMaxSampleCandidates = 16;
 struct GreedyVerifyResult {
   int32_t num_accepted = 0;  // 0..K
   SampleResult next;         // logprobs only for draftless rows that ask for them
+                             // (StepSampledVerify: for every row that asks)
+  // StepSampledVerify, rows that ask for logprobs: the accepted drafts with theirs; else empty.
+  std::vector<SampleResult> accepted;
 };
 
 // The distribution a row's drafts were drawn from, for StepSampledVerify: [k, vocab] f32 rows
@@ -142,9 +145,10 @@ class ModelRunner {
   // top-p; greedy rows one-hot at the argmax) is built on the device; speculative sampling
   // accepts draft j when u * q_j(d_j) < p_j(d_j), draws the correction from norm(max(0, p - q))
   // or the bonus token from p_K (kernels::VerifyStochastic), with uniforms from Philox keyed as
-  // SpeculationDraw says. A draftless row draws its next token from p. No row may ask for
-  // logprobs; the rows' positions fit max_sample_rows(). Only accepted lengths and next tokens
-  // come back. Unimplemented unless SamplesSpeculationOnDevice().
+  // SpeculationDraw says. A draftless row draws its next token from p. The rows' positions fit
+  // max_sample_rows(). Only accepted lengths and next tokens come back, and the raw logits rows
+  // of rows that ask for logprobs (their committed tokens' logprobs are the host's, as Step's).
+  // Unimplemented unless SamplesSpeculationOnDevice().
   virtual absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
                                          std::span<const SampleRow> rows,
                                          std::span<const std::span<const int32_t>> drafts,

@@ -35,6 +35,16 @@ std::vector<float> LogSoftmax(std::span<const float> logits) {
   return out;
 }
 
+SampleResult RawTokenLogprobs(std::span<const float> logits, int32_t id, int32_t num_logprobs) {
+  SampleResult out;
+  out.id = id;
+  if (num_logprobs < 0) return out;
+  const std::vector<float> logprobs = LogSoftmax(logits);
+  out.logprob = logprobs[id];
+  out.top = TopN(logprobs, num_logprobs);
+  return out;
+}
+
 std::vector<TokenLogprob> TopN(std::span<const float> logprobs, int32_t n) {
   n = std::min<int32_t>(n, static_cast<int32_t>(logprobs.size()));
   std::vector<int32_t> ids(logprobs.size());

@@ -67,6 +67,9 @@ class Sampler {
 std::vector<float> LogSoftmax(std::span<const float> logits);
 // The n largest entries of a row (ties: lower id first). Pure.
 std::vector<TokenLogprob> TopN(std::span<const float> logprobs, int32_t n);
+// Token `id` with its raw log-probability under `logits` and the num_logprobs best ones, as a
+// Sampler reports a drawn token; just the id when num_logprobs < 0. Pure.
+SampleResult RawTokenLogprobs(std::span<const float> logits, int32_t id, int32_t num_logprobs);
 // Index of the largest logit, lowest id on ties. Pure.
 int32_t Argmax(std::span<const float> logits);
 
