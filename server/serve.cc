@@ -1,6 +1,7 @@
 #include "server/serve.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -70,6 +71,10 @@ absl::Status InstallShutdownSignals() {
 // Blocks until SIGINT or SIGTERM arrived (possibly already, while loading); its number.
 int WaitForShutdownSignal() {
   for (;;) {
+    // poll() first: ThreadSanitizer runs a signal's handler only at an interceptor it treats
+    // as blocking (poll is one, read is not), so a TSan build blocked in read() never wakes.
+    pollfd readable = {g_signal_pipe[0], POLLIN, 0};
+    if (poll(&readable, 1, -1) < 0 && errno != EINTR) return SIGTERM;
     char byte = 0;
     const ssize_t n = read(g_signal_pipe[0], &byte, 1);
     if (n == 1) return byte;

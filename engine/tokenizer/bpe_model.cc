@@ -1,6 +1,7 @@
 #include "engine/tokenizer/bpe_model.h"
 
 #include <cstdio>
+#include <mutex>
 #include <queue>
 #include <utility>
 
@@ -191,7 +192,7 @@ void BpeModel::TokenizeWord(std::string_view word, std::vector<int32_t>* ids) co
 
 bool BpeModel::CacheLookup(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.size() > kMaxCachedWordBytes) return false;
-  absl::ReaderMutexLock lock(&cache_mu_);
+  std::shared_lock<std::shared_mutex> lock(cache_mu_);
   auto it = cache_.find(AsAbsl(word));
   if (it == cache_.end()) return false;
   *ids = it->second;
@@ -200,7 +201,7 @@ bool BpeModel::CacheLookup(std::string_view word, std::vector<int32_t>* ids) con
 
 void BpeModel::CacheStore(std::string_view word, const std::vector<int32_t>& ids) const {
   if (word.size() > kMaxCachedWordBytes) return;
-  absl::MutexLock lock(&cache_mu_);
+  std::unique_lock<std::shared_mutex> lock(cache_mu_);
   if (cache_.size() >= kMaxCacheEntries) cache_.clear();
   cache_.try_emplace(std::string(word), ids);
 }
