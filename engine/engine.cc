@@ -290,6 +290,7 @@ RequestUsage Engine::Request::Usage() const {
 // there was nothing to run.
 absl::StatusOr<bool> Engine::RunStep() {
   Core& c = *core_;
+  c.step_start = absl::Now();
   const StepPlan plan = c.scheduler.Schedule();
   NoteScheduled(plan, absl::Now());
   if (plan.empty()) return false;

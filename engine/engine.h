@@ -177,6 +177,14 @@ struct SpeculationStepMetrics {
   double verify_seconds = 0;              // the target's verification pass and acceptance
   std::vector<uint8_t> from_cache;        // [num_rounds] 1: SSD drafts from the cache
   const SsdStats* ssd = nullptr;          // SSD's cumulative counters (null without SSD)
+  // Per method whose speculator drafted this step: its Propose time, and its share of the
+  // verification pass and of the rest of the step (scheduling, batch building, commit), split
+  // by the positions its rows verified (drafts + 1 per drafted row).
+  struct MethodSeconds {
+    const char* method = "";  // SpeculationMethodName
+    double draft = 0, verify = 0, other = 0;
+  };
+  std::vector<MethodSeconds> by_method;
 };
 
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
@@ -281,6 +289,8 @@ class Engine {
   bool GreedyVerifyFits() const;
   absl::Status VerifyGreedyOnRunner();
   void CommitVerified();
+  // Fills metrics.by_method (see SpeculationStepMetrics) at the end of a speculative step.
+  void AttributeStepTime(SpeculationStepMetrics& metrics);
   absl::Status VerifyOnHost();
   bool SampledVerifyFits() const;
   absl::Status VerifySampledOnRunner();

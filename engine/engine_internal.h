@@ -95,6 +95,8 @@ struct Engine::Core {
   std::vector<std::vector<SampleResult>> commits;     // [num_rows] tokens each row commits
   std::vector<int32_t> accepted;                      // [num_rows] drafts accepted
   double draft_seconds = 0;                           // this step's Propose time
+  SpeculationStepMetrics::MethodSeconds method_seconds[3];  // draft model, n-gram, SSD
+  absl::Time step_start;                              // when RunStep began
   int32_t num_spec_rows = 0;                          // rows with drafts this step
 };
 

@@ -26,6 +26,13 @@
 #include "engine/engine_internal.h"
 
 namespace specd {
+namespace {
+
+// The method of each of the engine's speculators, in Speculate's order (Core::method_seconds).
+constexpr SpeculationMethod kSpeculatorMethods[3] = {
+    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kSsd};
+
+}  // namespace
 
 Speculator* Engine::SpeculatorFor(const Request& r) const {
   switch (r.spec.method) {
@@ -52,7 +59,10 @@ void Engine::Speculate(const StepPlan& plan) {
   }
   if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
   const absl::Time start = absl::Now();
-  for (Speculator* speculator : {draft_.get(), ngram_.get(), ssd_.get()}) {
+  Speculator* const speculators[3] = {draft_.get(), ngram_.get(), ssd_.get()};
+  for (int m = 0; m < 3; ++m) {
+    c.method_seconds[m] = {SpeculationMethodName(kSpeculatorMethods[m]), 0, 0, 0};
+    Speculator* speculator = speculators[m];
     if (speculator == nullptr) continue;
     c.draft_inputs.clear();
     c.draft_rows.clear();
@@ -86,7 +96,10 @@ void Engine::Speculate(const StepPlan& plan) {
       c.draft_rows.push_back(static_cast<int32_t>(k));
     }
     if (c.draft_inputs.empty()) continue;
-    if (absl::Status s = speculator->Propose(c.draft_inputs, &c.proposed); !s.ok()) {
+    const absl::Time propose_start = absl::Now();
+    const absl::Status s = speculator->Propose(c.draft_inputs, &c.proposed);
+    c.method_seconds[m].draft = absl::ToDoubleSeconds(absl::Now() - propose_start);
+    if (!s.ok()) {
       SPECD_LOG_WARN("engine: speculation failed, decoding without drafts this step: {}",
                      s.ToString());
       continue;
@@ -270,8 +283,37 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
     }
     if (!finished && num_draft > 0) c.scheduler.AcceptSpeculated(seq, c.accepted[k]);
   }
-  if (options_.observer) options_.observer->OnSpeculation(metrics);
+  if (options_.observer) {
+    AttributeStepTime(metrics);
+    options_.observer->OnSpeculation(metrics);
+  }
   return absl::OkStatus();
+}
+
+void Engine::AttributeStepTime(SpeculationStepMetrics& metrics) {
+  Core& c = *core_;
+  double positions[3] = {0, 0, 0}, total_positions = 0;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const size_t num_draft = c.drafts[k].tokens.size();
+    if (num_draft == 0) continue;
+    for (int m = 0; m < 3; ++m) {
+      if (c.row_requests[k]->spec.method == kSpeculatorMethods[m]) {
+        positions[m] += static_cast<double>(num_draft + 1);
+        total_positions += static_cast<double>(num_draft + 1);
+      }
+    }
+  }
+  if (total_positions == 0) return;
+  const double step = absl::ToDoubleSeconds(absl::Now() - c.step_start);
+  const double other = std::max(0.0, step - metrics.draft_seconds - metrics.verify_seconds);
+  for (int m = 0; m < 3; ++m) {
+    SpeculationStepMetrics::MethodSeconds t = c.method_seconds[m];
+    if (t.draft == 0 && positions[m] == 0) continue;
+    const double share = positions[m] / total_positions;
+    t.verify = metrics.verify_seconds * share;
+    t.other = other * share;
+    metrics.by_method.push_back(t);
+  }
 }
 
 }  // namespace specd

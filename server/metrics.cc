@@ -116,6 +116,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto family = [&r](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
   };
+  spec_seconds_ = family(
+      "specd_spec_decode_seconds_total",
+      "Speculative decoding: engine time by method and phase: draft (the method's speculator), "
+      "verify and other (the verification pass and the rest of the step, shared by the step's "
+      "methods in proportion to the positions their rows verified).");
   ssd_drafts_ = family("specd_ssd_drafts_total",
                        "SSD: sequences drafted per round, by how: hit (speculation cache), "
                        "miss_primary / miss_backup (fallback tier), none, local (no speculator).");
@@ -193,6 +198,12 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
   spec_draft_seconds_->Observe(m.draft_seconds);
   spec_verify_seconds_->Observe(m.verify_seconds);
+  for (const SpeculationStepMetrics::MethodSeconds& t : m.by_method) {
+    const std::string method = t.method;
+    spec_seconds_->Add({{"method", method}, {"phase", "draft"}}).Increment(t.draft);
+    spec_seconds_->Add({{"method", method}, {"phase", "verify"}}).Increment(t.verify);
+    spec_seconds_->Add({{"method", method}, {"phase", "other"}}).Increment(t.other);
+  }
   if (m.ssd == nullptr) return;
   double drafted[2] = {0, 0}, accepted[2] = {0, 0};  // [miss, hit]
   for (size_t i = 0; i < m.num_draft_tokens.size() && i < m.from_cache.size(); ++i) {

@@ -80,6 +80,7 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_accepted_length_ = nullptr;
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* spec_seconds_ = nullptr;  // {method, phase}
   // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold), from
   // OnSpeculation's and from every EngineStats snapshot (engine and scraping threads).
   // std::mutex rather than absl::Mutex: the distribution's abseil is not built with TSan, so

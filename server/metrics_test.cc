@@ -100,6 +100,25 @@ TEST(MetricsTest, SpeculationCountsRoundsTokensAndPositions) {
   EXPECT_NE(text.find("specd_spec_decode_verify_seconds_count 2"), std::string::npos);
 }
 
+TEST(MetricsTest, SpeculationTimeByMethodAndPhase) {
+  Metrics m;
+  SpeculationStepMetrics step;
+  step.num_draft_tokens = {4};
+  step.num_accepted = {2};
+  step.by_method = {{"draft_model", 0.25, 0.5, 0.125}, {"ngram", 0.0, 0.5, 0.125}};
+  m.OnSpeculation(step);
+  m.OnSpeculation(step);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"draft_model\",phase=\"draft\"} 0.5"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"draft_model\",phase=\"verify\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"ngram\",phase=\"other\"} 0.25"),
+            std::string::npos);
+  EXPECT_EQ(text.find("method=\"ssd\""), std::string::npos);
+}
+
 bool Has(const std::string& text, const std::string& line) {
   return text.find(line + "\n") != std::string::npos;
 }

@@ -33,7 +33,7 @@ SPECD, SOURCE = sys.argv[1:3]
 del sys.argv[1:3]
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon import Daemon  # noqa: E402
+from daemon import Daemon, metric_key  # noqa: E402
 
 DRAFT = os.path.join(SOURCE, "models", "codepair", "draft")
 PROMPTS_FILE = os.path.join(SOURCE, "models", "codepair", "prompts.jsonl")
@@ -325,6 +325,10 @@ class MetricsTest(SpecTestCase):
         self.assertEqual(delta("specd_spec_decode_accepted_length_count"), s["num_drafts"])
         self.assertGreater(after["specd_spec_decode_verify_seconds_count"], 0)
         self.assertGreater(after["specd_spec_decode_draft_seconds_count"], 0)
+        # Time by method and phase: this request's method drafted, verified and committed.
+        for phase in ("draft", "verify", "other"):
+            self.assertGreater(delta(metric_key("specd_spec_decode_seconds_total",
+                                                method="draft_model", phase=phase)), 0, phase)
         for p in range(4, 64):  # K = 4: positions 0..3 only
             self.assertEqual(delta('specd_spec_decode_num_accepted_tokens_per_pos_total'
                                    f'{{position="{p}"}}'), 0)
