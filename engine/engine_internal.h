@@ -90,14 +90,14 @@ struct Engine::Core {
   std::vector<Draft> proposed;                        // [num_inputs]
   std::vector<float> logits;                          // [num_logit_rows, vocab] verification pass
   std::vector<std::span<const int32_t>> draft_spans;  // [num_rows] views of drafts
-  std::vector<DraftProbs> draft_probs;                 // [num_rows] their q rows
+  std::vector<DraftProbs> draft_probs;                // [num_rows] their q rows
   std::vector<GreedyVerifyResult> verified;           // [num_rows] greedy verification
   std::vector<std::vector<SampleResult>> commits;     // [num_rows] tokens each row commits
   std::vector<int32_t> accepted;                      // [num_rows] drafts accepted
   double draft_seconds = 0;                           // this step's Propose time
   SpeculationStepMetrics::MethodSeconds method_seconds[3];  // draft model, n-gram, SSD
-  absl::Time step_start;                              // when RunStep began
-  int32_t num_spec_rows = 0;                          // rows with drafts this step
+  absl::Time step_start;                                    // when RunStep began
+  int32_t num_spec_rows = 0;                                // rows with drafts this step
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, pauses,

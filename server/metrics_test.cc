@@ -109,8 +109,9 @@ TEST(MetricsTest, SpeculationTimeByMethodAndPhase) {
   m.OnSpeculation(step);
   m.OnSpeculation(step);
   const std::string text = m.Render();
-  EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"draft_model\",phase=\"draft\"} 0.5"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("specd_spec_decode_seconds_total{method=\"draft_model\",phase=\"draft\"} 0.5"),
+      std::string::npos)
       << text;
   EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"draft_model\",phase=\"verify\"} 1"),
             std::string::npos);

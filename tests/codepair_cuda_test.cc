@@ -405,8 +405,8 @@ TEST_F(CodepairCudaTest, DeviceSampledVerificationOfAFixedDraftDrawsFromP) {
   std::vector<TokenHistory> histories(kRows);
   for (int i = 0; i < kRows; ++i) {
     tables.emplace_back(r.block_size());
-    ASSERT_TRUE(tables.back().EnsureCapacity(static_cast<int32_t>(context.size()) + 1, allocator)
-                    .ok());
+    ASSERT_TRUE(
+        tables.back().EnsureCapacity(static_cast<int32_t>(context.size()) + 1, allocator).ok());
     samplers.emplace_back(params, 1);
     histories[i].AddPrompt(context);
   }
@@ -470,9 +470,10 @@ TEST_F(CodepairCudaTest, DeviceSampledVerificationOfAFixedDraftDrawsFromP) {
     ++bins;
   }
   const double critical = spec_test::ChiSquareCritical999(std::max(bins - 1, 1));
-  std::printf("[ device sampled verification ] draft p=%.3f accepted %d of %d; chi-square %.2f, "
-              "%d bins, critical %.2f\n",
-              p[draft[0]], accepted, total, stat, bins, critical);
+  std::printf(
+      "[ device sampled verification ] draft p=%.3f accepted %d of %d; chi-square %.2f, "
+      "%d bins, critical %.2f\n",
+      p[draft[0]], accepted, total, stat, bins, critical);
   EXPECT_GE(bins, 4);
   EXPECT_LT(stat, critical);
   EXPECT_NEAR(double(accepted) / total, p[draft[0]], 4 * std::sqrt(p[draft[0]] / total) + 0.01);

@@ -663,11 +663,11 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
   const size_t onehot_cols_at = onehot_rows.empty() ? 0 : arena.Push(onehot_cols);
   SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
   if (!onehot_rows.empty()) {
-    SPECD_RETURN_IF_ERROR(cuda::Check(
-        kernels::ScatterF32(q, vocab, arena.At<int32_t>(onehot_at),
-                            arena.At<int32_t>(onehot_cols_at),
-                            static_cast<int64_t>(onehot_rows.size()), 1.0f, s_->stream),
-        "ScatterF32 (one-hot q rows)"));
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::ScatterF32(q, vocab, arena.At<int32_t>(onehot_at),
+                                        arena.At<int32_t>(onehot_cols_at),
+                                        static_cast<int64_t>(onehot_rows.size()), 1.0f, s_->stream),
+                    "ScatterF32 (one-hot q rows)"));
   }
   int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next
   int32_t* next = accepted + s_->limits.max_rows;
@@ -689,8 +689,8 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
     r.next.id = host[s_->limits.max_rows + i];
     if (r.next.id < 0 || r.num_accepted < 0 || r.num_accepted > cu[i + 1] - cu[i]) {
       return absl::InternalError(absl::StrCat("sampled verification: row ", i, " accepted ",
-                                              r.num_accepted, " drafts and drew token ",
-                                              r.next.id, " (a distribution without mass?)"));
+                                              r.num_accepted, " drafts and drew token ", r.next.id,
+                                              " (a distribution without mass?)"));
     }
     const int32_t num_logprobs = rows[i].params->logprobs;
     if (num_logprobs < 0) continue;
@@ -699,8 +699,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
       r.accepted.push_back(
           RawTokenLogprobs(s_->sampler->RawRow(first + j), drafts[i][j], num_logprobs));
     }
-    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + r.num_accepted), r.next.id,
-                              num_logprobs);
+    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + r.num_accepted), r.next.id, num_logprobs);
   }
   return absl::OkStatus();
 }
@@ -736,8 +735,8 @@ absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
   }
   for (int32_t slot : slots) {
     if (slot < 0 || slot >= s_->num_prob_slots) {
-      return absl::InvalidArgumentError(absl::StrCat("StepDraft: slot ", slot, " of ",
-                                                     s_->num_prob_slots, " reserved"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepDraft: slot ", slot, " of ", s_->num_prob_slots, " reserved"));
     }
   }
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kProbs));

@@ -194,11 +194,10 @@ absl::Status GpuSampler::EnqueueProbs(float* logits, std::span<const SampleRow> 
   for (int32_t i = 0, k = 0; i < n; ++i) cpu_slot_[i] = rows[i].params->logprobs >= 0 ? k++ : -1;
   const Work w = Pack(rows, /*probs=*/true);
   SPECD_RETURN_IF_ERROR(Process(logits, n, w, stream));
-  return cuda::Check(
-      kernels::ProcessedProbs(logits, vocab_, n, vocab_,
-                              arena_.At<kernels::SamplingRow>(w.sampling_rows), logits, vocab_,
-                              stream),
-      "ProcessedProbs");
+  return cuda::Check(kernels::ProcessedProbs(logits, vocab_, n, vocab_,
+                                             arena_.At<kernels::SamplingRow>(w.sampling_rows),
+                                             logits, vocab_, stream),
+                     "ProcessedProbs");
 }
 
 absl::Status GpuSampler::Process(float* logits, int32_t n, const Work& w, cudaStream_t stream) {

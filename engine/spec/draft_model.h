@@ -118,8 +118,7 @@ class DraftModelSpeculator : public Speculator {
                            bool* drawn);
   // A device round's pass: rows for the sequences whose pending tokens all run, drawn by the
   // runner's StepDraft, which keeps each row's q in slot slot_base_[input] + j.
-  absl::Status DevicePass(std::span<const DraftInput> inputs,
-                          const std::vector<Draft>& drafts);
+  absl::Status DevicePass(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
   // Whether this round drafts on the device: the runner keeps probabilities on a GPU, some input
   // samples, and none wants candidates or Saguaro sampling; then reserves the slots.
   bool PlanDeviceRound(std::span<const DraftInput> inputs);

@@ -547,10 +547,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
     return 1;
   }
-  std::printf("spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f, "
-              "top_p %.2f\n",
-              f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
-              f.temperature, f.top_p);
+  std::printf(
+      "spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f, "
+      "top_p %.2f\n",
+      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
+      f.temperature, f.top_p);
   // Warm-up (CUDA graphs, caches).
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
   PrintHeader();
