@@ -14,9 +14,8 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/engine_spec_logits_test_util.h"
 #include "engine/engine_spec_test_util.h"
-#include "engine/kv/block_allocator.h"
-#include "engine/runner/model_runner.h"
 #include "engine/sample/acceptance.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
@@ -233,33 +232,6 @@ TEST(SpecStoriesTest, Stories260KTextIsUnchangedBySpeculation) {
 }
 
 // ---- sampling: the distribution is the target's ----------------------------------------------
-
-// Softmax of a logits row, in double.
-std::vector<double> Softmax(std::span<const float> logits) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(double{logits[i]} - max);
-  for (double& v : p) v /= sum;
-  return p;
-}
-
-// Last-position logits of `ids` on a fresh runner of `model` (CPU).
-std::vector<float> LastLogits(const std::string& model, const std::vector<int32_t>& ids) {
-  RunnerOptions o;
-  o.model_dir = model;
-  o.device = "cpu";
-  o.max_model_len = 1024;
-  auto runner = CreateModelRunner(o);
-  EXPECT_TRUE(runner.ok());
-  BlockAllocator allocator((*runner)->num_kv_blocks());
-  BlockTable table((*runner)->block_size());
-  EXPECT_TRUE(table.EnsureCapacity(static_cast<int32_t>(ids.size()), allocator).ok());
-  std::vector<SequenceInput> batch = {{ids, 0, table.ids(), false}};
-  std::vector<float> logits;
-  EXPECT_TRUE((*runner)->Forward(batch, &logits).ok());
-  return logits;
-}
 
 // Speculative sampling accepts draft 1 with probability sum_x min(p(x), q(x)) (Leviathan et al.):
 // one round per request (max_tokens 3, K = 1: the round after the first token), the engine's
