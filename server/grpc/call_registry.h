@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace specd {
 
@@ -27,7 +27,7 @@ class CallRegistry {
  public:
   // False when `caller` already runs a call with this id.
   bool Add(const std::string& caller, const std::string& id, const std::shared_ptr<Call>& call) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     auto [it, inserted] = calls_.try_emplace(Key(caller, id), call);
     if (inserted) return true;
     if (!it->second.expired()) return false;
@@ -36,7 +36,7 @@ class CallRegistry {
   }
   // Forgets the id unless a newer call of the same caller took it over.
   void Remove(const std::string& caller, const std::string& id, const Call* call) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     auto it = calls_.find(Key(caller, id));
     if (it == calls_.end()) return;
     std::shared_ptr<Call> current = it->second.lock();
@@ -44,14 +44,14 @@ class CallRegistry {
   }
   // The caller's running call with this id, or null (also for another caller's id).
   std::shared_ptr<Call> Find(const std::string& caller, const std::string& id) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     auto it = calls_.find(Key(caller, id));
     return it == calls_.end() ? nullptr : it->second.lock();
   }
   // Every running call.
   std::vector<std::shared_ptr<Call>> All() {
     std::vector<std::shared_ptr<Call>> out;
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     out.reserve(calls_.size());
     for (const auto& [key, call] : calls_) {
       if (std::shared_ptr<Call> c = call.lock()) out.push_back(std::move(c));
@@ -62,7 +62,9 @@ class CallRegistry {
  private:
   using Key = std::pair<std::string, std::string>;  // (caller, request_id)
 
-  absl::Mutex mu_;
+  // std::mutex rather than absl::Mutex: the distribution's abseil is not built with TSan, and
+  // the TSan stage checks this registry from many threads (call_registry_test).
+  std::mutex mu_;
   absl::flat_hash_map<Key, std::weak_ptr<Call>> calls_ ABSL_GUARDED_BY(mu_);
 };
 
