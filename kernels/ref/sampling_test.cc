@@ -459,8 +459,9 @@ TEST(ProcessedProbsTest, MatchesTheDefinitionComputedDirectlyInFp64) {
 // The tie to the sampling definition: drawing from the processed row by the same inverse CDF and
 // the same u gives SampleRow's token, except where the two cumulative sums (of p_i and of p_i / M)
 // round to opposite sides of u * total; the tokens then neighbour each other in the kept order.
+// Returns how many of its 10000 trials drew a different (neighbouring) token.
 template <typename T>
-void ExpectDrawsFromProcessedProbsMatchSampleRow() {
+int DrawsFromProcessedProbsThatDifferFromSampleRow() {
   std::mt19937_64 rng(sizeof(T));
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const int trials = 10000;
@@ -476,23 +477,23 @@ void ExpectDrawsFromProcessedProbsMatchSampleRow() {
     const int32_t drawn = InverseCdf(probs.data(), vocab, u);
     if (drawn == expected) continue;
     ++mismatches;
-    ASSERT_GE(drawn, 0) << trial;
-    ASSERT_GT(probs[expected], 0) << trial;
-    ASSERT_GT(probs[drawn], 0) << trial;
+    EXPECT_GE(drawn, 0) << trial;
+    EXPECT_GT(probs[expected], 0) << trial;
+    EXPECT_GT(probs[drawn], 0) << trial;
     for (int32_t i = std::min(drawn, expected) + 1; i < std::max(drawn, expected); ++i) {
-      ASSERT_EQ(probs[i], 0) << trial << ": kept token " << i << " between " << drawn << " and "
+      EXPECT_EQ(probs[i], 0) << trial << ": kept token " << i << " between " << drawn << " and "
                              << expected;
     }
   }
-  EXPECT_LE(mismatches, trials / 1000) << mismatches;
+  return mismatches;
 }
 
 TEST(ProcessedProbsTest, InverseCdfDrawsSampleRowsTokenInFp64) {
-  ExpectDrawsFromProcessedProbsMatchSampleRow<double>();
+  EXPECT_LE(DrawsFromProcessedProbsThatDifferFromSampleRow<double>(), 10);  // 0.1% of trials
 }
 
 TEST(ProcessedProbsTest, InverseCdfDrawsSampleRowsTokenInFp32) {
-  ExpectDrawsFromProcessedProbsMatchSampleRow<float>();
+  EXPECT_LE(DrawsFromProcessedProbsThatDifferFromSampleRow<float>(), 10);  // 0.1% of trials
 }
 
 TEST(ProcessedProbsTest, InPlaceEqualsOutOfPlace) {
