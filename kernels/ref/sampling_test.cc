@@ -409,7 +409,10 @@ TEST(ProcessedProbsTest, SampledRowsSumToOneOverTheFilteredTokens) {
       sum32 += probs32[i];
     }
     EXPECT_NEAR(sum, 1.0, 1e-12) << trial;
-    EXPECT_NEAR(sum32, 1.0, 1e-6) << trial;
+    // The fp32 reference normalises by a mass it summed in fp32 (up to a few thousand terms):
+    // its rounding, which differs between compilers (g++ and clang contract differently), is
+    // worth some 1e-6 (clang 14's ASan build: 1.24e-6).
+    EXPECT_NEAR(sum32, 1.0, 1e-5) << trial;
   }
 }
 
