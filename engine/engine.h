@@ -289,8 +289,9 @@ class Engine {
   bool GreedyVerifyFits() const;
   absl::Status VerifyGreedyOnRunner();
   void CommitVerified();
-  // Fills metrics.by_method (see SpeculationStepMetrics) at the end of a speculative step.
-  void AttributeStepTime(SpeculationStepMetrics& metrics);
+  // Fills metrics.by_method (see SpeculationStepMetrics) at the end of a speculative step, from
+  // the positions each of kSpeculatorMethods' rows verified (counted before Apply).
+  void AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics);
   absl::Status VerifyOnHost();
   bool SampledVerifyFits() const;
   absl::Status VerifySampledOnRunner();

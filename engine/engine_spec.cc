@@ -257,6 +257,17 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
   metrics.verify_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   // Apply: commit each row's tokens (a plain row's one token; a drafted row's accepted drafts
   // and the token after them) until one finishes the request, which destroys it.
+  // Positions each method verified, taken before Apply: a commit may finish (and destroy) the
+  // request.
+  double positions[3] = {0, 0, 0};
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const size_t num_draft = c.drafts[k].tokens.size();
+    for (int m = 0; m < 3 && num_draft > 0; ++m) {
+      if (c.row_requests[k]->spec.method == kSpeculatorMethods[m]) {
+        positions[m] += static_cast<double>(num_draft + 1);
+      }
+    }
+  }
   c.scheduler.Postprocess(plan);
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < c.rows.size(); ++k) {
@@ -284,25 +295,15 @@ absl::Status Engine::VerifyAndApply(const StepPlan& plan) {
     if (!finished && num_draft > 0) c.scheduler.AcceptSpeculated(seq, c.accepted[k]);
   }
   if (options_.observer) {
-    AttributeStepTime(metrics);
+    AttributeStepTime(positions, metrics);
     options_.observer->OnSpeculation(metrics);
   }
   return absl::OkStatus();
 }
 
-void Engine::AttributeStepTime(SpeculationStepMetrics& metrics) {
+void Engine::AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics) {
   Core& c = *core_;
-  double positions[3] = {0, 0, 0}, total_positions = 0;
-  for (size_t k = 0; k < c.rows.size(); ++k) {
-    const size_t num_draft = c.drafts[k].tokens.size();
-    if (num_draft == 0) continue;
-    for (int m = 0; m < 3; ++m) {
-      if (c.row_requests[k]->spec.method == kSpeculatorMethods[m]) {
-        positions[m] += static_cast<double>(num_draft + 1);
-        total_positions += static_cast<double>(num_draft + 1);
-      }
-    }
-  }
+  const double total_positions = positions[0] + positions[1] + positions[2];
   if (total_positions == 0) return;
   const double step = absl::ToDoubleSeconds(absl::Now() - c.step_start);
   const double other = std::max(0.0, step - metrics.draft_seconds - metrics.verify_seconds);
