@@ -9,9 +9,10 @@
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
 #include "engine/runner/model_runner.h"
-#include "engine/spec/draft_model.h"
-#include "engine/spec/ngram.h"
+#include "engine/speculation/draft_model.h"
+#include "engine/speculation/ngram.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/verification/verifier.h"
 
 namespace specd {
 
@@ -141,6 +142,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     }
   }
   SPECD_RETURN_IF_ERROR(engine->CreateSpeculators(runner));
+  ModelRunner* target = engine->runner_.get();
+  engine->verifiers_.push_back(std::make_unique<GreedyVerifier>(target));
+  engine->verifiers_.push_back(std::make_unique<SampledVerifier>(target));
+  engine->verifiers_.push_back(std::make_unique<HostVerifier>(target));
   engine->block_size_ = engine->runner_->block_size();
   const int32_t num_blocks = engine->runner_->num_kv_blocks();
   engine->core_ = std::make_unique<Core>(num_blocks, engine->block_size_, options);
@@ -282,80 +287,6 @@ RequestUsage Engine::Request::Usage() const {
   u.num_cache_hit_draft_tokens = num_cache_hit_draft_tokens;
   u.num_cache_hit_accepted_tokens = num_cache_hit_accepted_tokens;
   return u;
-}
-
-// One engine step: schedule, run the ragged batch and draw the next token of every sequence
-// whose tokens all have KV after it (one runner call), commit the tokens. Steps where some
-// decodes carry drafts run Speculate -> Verify -> Apply instead (engine_spec.cc). False when
-// there was nothing to run.
-absl::StatusOr<bool> Engine::RunStep() {
-  Core& c = *core_;
-  c.step_start = absl::Now();
-  const StepPlan plan = c.scheduler.Schedule();
-  NoteScheduled(plan, absl::Now());
-  if (plan.empty()) return false;
-  // Admissions changed the queue: publish before any token is streamed, so that a client
-  // reacting to its first token sees the waiting count without it.
-  PublishStats(false);
-  c.batch.clear();
-  for (const ScheduledChunk& chunk : plan.chunks) {
-    const Sequence& seq = *chunk.seq;
-    SequenceInput in;
-    in.tokens = seq.tokens().subspan(seq.num_computed(), chunk.num_new_tokens);
-    in.start_pos = seq.num_computed();
-    in.block_table = seq.blocks().ids();
-    c.batch.push_back(in);
-  }
-  PlanSampling(plan);
-  Speculate(plan);
-  absl::Status s =
-      c.num_spec_rows > 0 ? VerifyAndApply(plan) : runner_->Step(c.batch, c.rows, &c.sampled);
-  if (!s.ok()) {
-    const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
-    for (const ScheduledChunk& chunk : plan.chunks) {
-      auto it = c.live.find(chunk.seq->id().value);
-      if (it != c.live.end()) FinishRequest(*it->second, FinishReason::kAbort, failed, absl::Now());
-    }
-    return failed;
-  }
-  if (c.num_spec_rows > 0) return true;  // VerifyAndApply committed the tokens
-  c.scheduler.Postprocess(plan);
-  const absl::Time now = absl::Now();
-  for (size_t k = 0; k < c.rows.size(); ++k) {
-    CommitToken(*c.row_requests[k], std::move(c.sampled[k]), now);
-  }
-  return true;
-}
-
-void Engine::PlanSampling(const StepPlan& plan) {
-  Core& c = *core_;
-  c.rows.clear();
-  c.row_requests.clear();
-  if (c.banned.size() < plan.chunks.size()) c.banned.resize(plan.chunks.size());  // no moves
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    const Sequence& seq = *plan.chunks[i].seq;
-    if (seq.num_computed() + plan.chunks[i].num_new_tokens != seq.num_tokens()) {
-      continue;  // a prefill chunk short of the end
-    }
-    Request& r = *c.live.find(seq.id().value)->second;
-    const SamplingParams& p = r.request.params;
-    std::vector<int32_t>& banned = c.banned[c.rows.size()];
-    banned.clear();
-    if (r.seq.num_generated() < p.min_tokens) {
-      banned = p.stop_token_ids;
-      if (!p.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
-    }
-    SampleRow row;
-    row.chunk = static_cast<int32_t>(i);
-    row.sampler = &r.sampler;
-    row.params = &p;
-    row.history = &r.history;
-    row.banned = banned;
-    row.seed = r.seed;
-    row.num_generated = r.seq.num_generated();
-    c.rows.push_back(row);
-    c.row_requests.push_back(&r);
-  }
 }
 
 void Engine::NoteScheduled(const StepPlan& plan, absl::Time now) {

@@ -27,8 +27,8 @@
 #include "absl/time/time.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
-#include "engine/spec/spec_config.h"
-#include "engine/spec/ssd_stats.h"
+#include "engine/speculation/spec_config.h"
+#include "engine/speculation/ssd_stats.h"
 
 namespace specd {
 
@@ -38,6 +38,7 @@ struct RunnerOptions;
 struct ModelConfig;
 class EngineObserver;
 class Speculator;
+class Verifier;
 struct StepPlan;
 
 struct EngineOptions {
@@ -275,26 +276,30 @@ class Engine {
   absl::Status CreateSsd(const RunnerOptions& target);  // engine_ssd.cc
   Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                       absl::Time arrival);
+  // One step (engine_step.cc): Prepare (schedule, PlanSampling) -> Speculate -> Verify
+  // (ChooseVerifier, BuildBatch) -> Apply. False when there was nothing to run.
   absl::StatusOr<bool> RunStep();
   void NoteScheduled(const StepPlan& plan, absl::Time now);
   // Builds the step's sample rows: the chunks whose sequence has all its tokens computed
   // after this step draw their next token.
   void PlanSampling(const StepPlan& plan);
+  // Drafts for the step's speculating decodes, one Draft per sample row (empty: plain).
+  void Speculate(const StepPlan& plan);
+  // The first of verifiers_ whose Fits holds for this step's rows and drafts.
+  Verifier& ChooseVerifier();
+  // The step's batch, once: each chunk's new tokens; a drafted decode's chunk is its last
+  // committed token and its drafts (every position's logits when `all_logits`).
+  void BuildBatch(const StepPlan& plan, bool all_logits);
+  // Tells each speculator its rows' outcomes, then commits every row's tokens.
+  void Apply(const StepPlan& plan);
+  // Speculator::OnVerified for each speculator's verified rows; adds the positions each of
+  // kSpeculatorMethods' rows verified (drafts + 1 per drafted row).
+  void TellSpeculators(double (&positions)[3]);
   // Commits one drawn token; true when it finished (and destroyed) the request.
   bool CommitToken(Request& r, SampleResult sampled, absl::Time now);
-  // Speculation (engine_spec.cc): drafts for the step's speculating decodes, appended to
-  // their batch chunks; then the verification pass, acceptance and commit. See there.
-  void Speculate(const StepPlan& plan);
-  absl::Status VerifyAndApply(const StepPlan& plan);
-  bool GreedyVerifyFits() const;
-  absl::Status VerifyGreedyOnRunner();
-  void CommitVerified();
   // Fills metrics.by_method (see SpeculationStepMetrics) at the end of a speculative step, from
-  // the positions each of kSpeculatorMethods' rows verified (counted before Apply).
+  // the positions each of kSpeculatorMethods' rows verified (counted before Apply's commits).
   void AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics);
-  absl::Status VerifyOnHost();
-  bool SampledVerifyFits() const;
-  absl::Status VerifySampledOnRunner();
   Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
@@ -311,6 +316,9 @@ class Engine {
   std::unique_ptr<Speculator> ngram_;  // always there (free to run)
   std::unique_ptr<Speculator> draft_;  // when options.speculative names a draft model
   std::unique_ptr<Speculator> ssd_;    // method ssd: the speculator process's client
+  // The Verify stage's implementations in the order they are tried: greedy on the runner,
+  // sampled on the device, exact on the host (takes anything).
+  std::vector<std::unique_ptr<Verifier>> verifiers_;
   const SsdStats* ssd_stats_ = nullptr;
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;

@@ -21,9 +21,10 @@
 #include "engine/sample/acceptance.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
-#include "engine/spec/speculator.h"
+#include "engine/speculation/speculator.h"
 #include "engine/stop_checker.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/verification/verifier.h"
 
 namespace specd {
 
@@ -81,20 +82,20 @@ struct Engine::Core {
   std::vector<Request*> row_requests;        // [num_rows] scratch
   std::vector<std::vector<int32_t>> banned;  // [num_rows] scratch (min_tokens)
   std::vector<SampleResult> sampled;         // [num_rows] scratch
-  // Speculation scratch, per sample row: the draft (empty: plain decode) and the chunk's
-  // tokens (the sequence's last token, then the drafts) the verification pass runs.
-  std::vector<Draft> drafts;                          // [num_rows]
-  std::vector<std::vector<int32_t>> spec_tokens;      // [num_rows]
-  std::vector<DraftInput> draft_inputs;               // [num_inputs] one speculator's batch
-  std::vector<int32_t> draft_rows;                    // [num_inputs] their sample rows
-  std::vector<Draft> proposed;                        // [num_inputs]
-  std::vector<float> logits;                          // [num_logit_rows, vocab] verification pass
-  std::vector<std::span<const int32_t>> draft_spans;  // [num_rows] views of drafts
-  std::vector<DraftProbs> draft_probs;                // [num_rows] their q rows
-  std::vector<GreedyVerifyResult> verified;           // [num_rows] greedy verification
-  std::vector<std::vector<SampleResult>> commits;     // [num_rows] tokens each row commits
-  std::vector<int32_t> accepted;                      // [num_rows] drafts accepted
-  double draft_seconds = 0;                           // this step's Propose time
+  // The step's stages, per sample row: the draft (empty: plain decode), the chunk's tokens of a
+  // drafted decode (the sequence's last token, then the drafts), the request's acceptor (host
+  // verification), and what verification gave.
+  std::vector<Draft> drafts;                                // [num_rows]
+  std::vector<std::vector<int32_t>> spec_tokens;            // [num_rows]
+  std::vector<Acceptor*> acceptors;                         // [num_rows]
+  std::vector<RowOutcome> outcomes;                         // [num_rows]
+  std::vector<int32_t> chunk_row;                           // [num_chunks] its drafted row, or -1
+  std::vector<DraftInput> draft_inputs;                     // [num_inputs] one speculator's batch
+  std::vector<int32_t> draft_rows;                          // [num_inputs] their sample rows
+  std::vector<Draft> proposed;                              // [num_inputs]
+  std::vector<VerifiedRound> rounds;                        // one speculator's outcomes
+  double verify_seconds = 0;                                // this step's verification pass
+  double draft_seconds = 0;                                 // this step's Propose time
   SpeculationStepMetrics::MethodSeconds method_seconds[3];  // draft model, n-gram, SSD
   absl::Time step_start;                                    // when RunStep began
   int32_t num_spec_rows = 0;                                // rows with drafts this step

@@ -13,7 +13,7 @@
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 
-namespace specd::spec_test {
+namespace specd::speculation_test {
 
 // Softmax of a logits row, in double.
 inline std::vector<double> Softmax(std::span<const float> logits) {
@@ -42,4 +42,4 @@ inline std::vector<float> LastLogits(const std::string& model, const std::vector
   return logits;
 }
 
-}  // namespace specd::spec_test
+}  // namespace specd::speculation_test

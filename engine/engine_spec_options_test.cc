@@ -24,7 +24,7 @@
 namespace specd {
 namespace {
 
-using namespace spec_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
+using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
 const SpeculationParams kDraftK4{SpeculationMethod::kDraftModel, 4};
 const SpeculationParams kNgramK3{SpeculationMethod::kNgram, 3};

@@ -23,7 +23,7 @@
 namespace specd {
 namespace {
 
-using namespace spec_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
+using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);

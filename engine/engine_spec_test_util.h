@@ -23,7 +23,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
-namespace specd::spec_test {
+namespace specd::speculation_test {
 
 inline const std::string kModels = std::string(SPECD_SHARED_DIR) + "/models";
 inline const std::string kTarget = kModels + "/codepair/target";
@@ -354,4 +354,4 @@ inline void ExpectGreedyCasesLossless(Engine& engine,
   }
 }
 
-}  // namespace specd::spec_test
+}  // namespace specd::speculation_test

@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
-#include "engine/dist/link_auth.h"
+#include "engine/distributed/link_auth.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/spec/ssd_speculator.h"
-#include "engine/spec/ssd_worker.h"
+#include "engine/speculation/ssd_speculator.h"
+#include "engine/speculation/ssd_worker.h"
 
 namespace specd {
 

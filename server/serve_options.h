@@ -57,7 +57,7 @@ struct ServeOptions {
   double drain_timeout_s = 30;
   double request_timeout_s = 0;  // 0: no deadline
   std::string log_level = "info";
-  // Speculative decoding: vLLM-style JSON (engine/spec/spec_config.h), e.g.
+  // Speculative decoding: vLLM-style JSON (engine/speculation/spec_config.h), e.g.
   // {"method": "draft_model", "model": "DIR", "num_speculative_tokens": 4}; empty: none.
   std::string speculative_config;
   SpeculativeConfig speculative;  // speculative_config parsed (by ParseServeOptions)

@@ -469,7 +469,7 @@ TEST_F(CodepairCudaTest, DeviceSampledVerificationOfAFixedDraftDrawsFromP) {
     stat += (rest - rest_expected) * (rest - rest_expected) / rest_expected;
     ++bins;
   }
-  const double critical = spec_test::ChiSquareCritical999(std::max(bins - 1, 1));
+  const double critical = speculation_test::ChiSquareCritical999(std::max(bins - 1, 1));
   std::printf(
       "[ device sampled verification ] draft p=%.3f accepted %d of %d; chi-square %.2f, "
       "%d bins, critical %.2f\n",
@@ -501,7 +501,8 @@ class CodepairCudaSamplingTest : public CodepairCudaTest {
 TEST_F(CodepairCudaSamplingTest, DraftModelSecondTokenFollowsTheTarget) {
   auto engine = DraftEngine();
   ASSERT_TRUE(engine);
-  const auto [stat, critical] = spec_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
+  const auto [stat, critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
   EXPECT_LT(stat, critical);
 }
 
@@ -509,7 +510,8 @@ TEST_F(CodepairCudaSamplingTest, AVerifierAcceptingEveryDraftIsCaught) {
   auto engine = DraftEngine();
   ASSERT_TRUE(engine);
   runner_internal::verify_accepts_every_draft_for_test = true;
-  const auto [stat, critical] = spec_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
+  const auto [stat, critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
   EXPECT_GT(stat, critical);
 }
 

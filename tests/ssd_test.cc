@@ -29,19 +29,19 @@
 #include <thread>
 
 #include "engine/base/subprocess.h"
-#include "engine/dist/link_auth.h"
-#include "engine/dist/tcp_channel.h"
-#include "engine/dist/tls_test_util.h"
+#include "engine/distributed/link_auth.h"
+#include "engine/distributed/tcp_channel.h"
+#include "engine/distributed/tls_test_util.h"
 #include "engine/engine.h"
 #include "engine/engine_spec_test_util.h"
 #include "engine/model/model_config.h"
-#include "engine/spec/ssd_protocol.h"
+#include "engine/speculation/ssd_protocol.h"
 #include "gtest/gtest.h"
 
 namespace specd {
 namespace {
 
-using namespace spec_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
+using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
 // Keeps the last SSD counters the engine reported (a copy: the pointer is only valid in the
 // call).
@@ -310,11 +310,14 @@ void RunUntilConnected(Engine& engine, SsdObserver& observer) {
 TEST(SsdSecurityTest, RoguesNeitherJoinNorDisturbTheLaunchedSpeculator) {
   auto observer = std::make_shared<SsdObserver>();
   const uint16_t port = FreePort();
-  auto engine = MakeEngine(kTarget,
-                           SsdConfig(4, R"(, "speculator_timeout_ms": 500, "speculator_address": )"
-                                        R"("127.0.0.1:)" +
-                                            std::to_string(port) + "\""),
-                           observer);
+  // A generous reply deadline: a slow round on a loaded machine must not cost a launch (the
+  // SIGKILL below breaks the link at once, without waiting for it).
+  auto engine =
+      MakeEngine(kTarget,
+                 SsdConfig(4, R"(, "speculator_timeout_ms": 20000, "speculator_address": )"
+                              R"("127.0.0.1:)" +
+                                  std::to_string(port) + "\""),
+                 observer);
   ASSERT_NE(engine, nullptr);
   const pid_t first = engine->ssd_speculator_pid();
   ASSERT_GT(first, 0);
@@ -391,7 +394,7 @@ Subprocess StartRemoteSpeculator(uint16_t port, const std::string& config_json,
 // The JSON of one end: launch off, the secret file, TLS with `who`'s certificate.
 std::string RemoteConfig(uint16_t port, const std::string& secret_file, const std::string& who,
                          const std::string& ca) {
-  const dist_test::Certificates& certs = dist_test::Certificates::Get();
+  const distributed_test::Certificates& certs = distributed_test::Certificates::Get();
   const TlsFiles tls = certs.Files(who, ca);
   return SsdConfig(4, R"(, "launch_speculator": false, "speculator_address": "127.0.0.1:)" +
                           std::to_string(port) + R"(", "speculator_secret_file": ")" + secret_file +
@@ -401,8 +404,8 @@ std::string RemoteConfig(uint16_t port, const std::string& secret_file, const st
 }
 
 TEST(SsdSecurityTest, AHandStartedSpeculatorJoinsOverMutualTlsAndARogueCaDoesNot) {
-  ASSERT_TRUE(dist_test::Certificates::Get().ok()) << "openssl could not make certificates";
-  const std::string secret_file = dist_test::Certificates::Get().Path("ssd.secret");
+  ASSERT_TRUE(distributed_test::Certificates::Get().ok()) << "openssl could not make certificates";
+  const std::string secret_file = distributed_test::Certificates::Get().Path("ssd.secret");
   std::ofstream(secret_file) << LinkSecretToHex(*NewLinkSecret()) << "\n";
   ::chmod(secret_file.c_str(), 0600);
   const uint16_t port = FreePort();

@@ -14,10 +14,11 @@ import sys
 
 # Inside engine/ a module includes only modules before it in this order. The scheduler plans
 # steps without knowing how they run, so it comes before model/ and runner/ and may include
-# base/ and kv/ alone; tokenizer/ and dist/ (the SSD channel) know only base/.
+# base/ and kv/ alone; tokenizer/ and distributed/ (the SSD channel) know only base/.
 ENGINE_ORDER = ["engine/base", "engine/kv", "engine/sched", "engine/tokenizer", "engine/sample",
-                "engine/model", "engine/runner", "engine/dist", "engine/spec"]
-BASE_ONLY = {"engine/tokenizer", "engine/dist"}
+                "engine/model", "engine/runner", "engine/distributed", "engine/speculation",
+                "engine/verification"]
+BASE_ONLY = {"engine/tokenizer", "engine/distributed"}
 # kernels/ may be included only by the engine modules listed here, and only the parts named:
 # bf16 conversion (base), the CPU references (model's RoPE, spec's Philox sampling), and the
 # CUDA kernels themselves by the runner that launches them.
@@ -25,7 +26,7 @@ ENGINE_KERNELS = {
     "engine/base": ["kernels/ref"],
     "engine/model": ["kernels/ref"],
     "engine/runner": ["kernels/ref", "kernels/cuda"],
-    "engine/spec": ["kernels/ref"],
+    "engine/speculation": ["kernels/ref"],
 }
 # "engine/ -> proto config" (DESIGN.md): the config schema, never the gRPC API.
 ENGINE_PROTO_FILES = ["proto/config.pb.h"]

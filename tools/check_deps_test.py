@@ -46,7 +46,7 @@ class CheckDepsTest(unittest.TestCase):
             ("engine/base/a.cc", "engine/model/model.h"),         # upward in engine/
             ("engine/kv/a.cc", "engine/model/model.h"),           # cycle model <-> kv
             ("engine/tokenizer/a.cc", "engine/kv/kv.h"),          # tokenizer -> kv
-            ("engine/dist/a.cc", "engine/kv/kv.h"),               # dist knows base alone
+            ("engine/distributed/a.cc", "engine/kv/kv.h"),               # dist knows base alone
             ("engine/sched/a.cc", "engine/runner/model_runner.h"),  # scheduler -> runner
             ("engine/sched/a.cc", "engine/model/model.h"),        # scheduler -> model
             ("engine/sched/a.cc", "engine/sample/sampler.h"),     # scheduler -> sample
@@ -72,7 +72,7 @@ class CheckDepsTest(unittest.TestCase):
     def test_allowed_by_name_and_by_module(self):
         root = self.make_tree({
             "engine/runner/a.cc": '#include "kernels/cuda/gemm.h"\n#include "engine/model/m.h"\n',
-            "engine/spec/a.cc": '#include "kernels/ref/sampling.h"\n#include "engine/dist/w.h"\n',
+            "engine/speculation/a.cc": '#include "kernels/ref/sampling.h"\n#include "engine/distributed/w.h"\n',
             "engine/sched/a.cc": '#include "engine/kv/block_manager.h"\n',
             "engine/engine.cc": '#include "engine/sched/scheduler.h"\n#include "proto/config.pb.h"\n',
             "engine/tokenizer/jinja/a.cc": '#include "engine/tokenizer/utf8.h"\n',

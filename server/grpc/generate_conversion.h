@@ -31,7 +31,8 @@ struct ServedModel {
 
 // Most choices one Generate call may ask for.
 inline constexpr int32_t kMaxChoices = 16;
-// Longest draft SpeculationOptions may ask for: kMaxSpeculativeTokens (engine/spec, via engine.h).
+// Longest draft SpeculationOptions may ask for: kMaxSpeculativeTokens (engine/speculation, via
+// engine.h).
 
 // Checks and tokenizes `request`: one engine request per choice (n of them), each with
 // `request_id` and `deadline`. InvalidArgument naming the field for bad values (speculation

@@ -8,7 +8,7 @@ codepair model (tokenizer, config, chat template), the chat templates of
 engine/tokenizer/jinja/testdata, and $SHARED_DIR/models (stories260K, babyllama, tiny-random,
 shapes, llama.cpp's vocab GGUFs). Large real files are trimmed to a few KB by rewriting them
 with fewer entries (vocabularies, tensors); the trimmed files stay well-formed. The wire corpus
-is written by the wire fuzzer itself from dist_test::AllSampleMessages (engine/dist owns the
+is written by the wire fuzzer itself from distributed_test::AllSampleMessages (engine/distributed owns the
 frame layout):
   rm tests/fuzz/corpus/wire/*; SPECD_FUZZ_WRITE_SEEDS=$PWD/tests/fuzz/corpus/wire \
       build-asan/tests/fuzz/wire_fuzzer -runs=0 tests/fuzz/corpus/wire Crash reproducers are added by hand as crash-<what> files

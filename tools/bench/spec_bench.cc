@@ -7,9 +7,9 @@
 // SSD too (a second engine, after the first is gone: the verifier on --device, the `specd
 // speculator` process it launches on --speculator-device) and reports its speculation-cache
 // hit rate.
-// Controlled acceptance (--replay-alpha A; benchmarks only, engine/spec/draft_replay.h): plain
-// decoding first records the target's greedy continuation of every prompt; then the draft model
-// (and SSD's) runs every forward pass but drafts the recorded next token with probability A
+// Controlled acceptance (--replay-alpha A; benchmarks only, engine/speculation/draft_replay.h):
+// plain decoding first records the target's greedy continuation of every prompt; then the draft
+// model (and SSD's) runs every forward pass but drafts the recorded next token with probability A
 // (and puts it among its cache candidates with probability --replay-hit), so draft speculation
 // and SSD are compared at a set acceptance with real costs. With --load-format dummy (random
 // weights from config.json, CUDA) and --random-prompts N (prompts of N random ids; also the

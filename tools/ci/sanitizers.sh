@@ -36,14 +36,14 @@ STAGES=("$@")
 # - engine_spec_test and ssd_test: compute-bound (the CPU forward pass runs 5-15x slower under
 #   TSan); their threading is the engine's and dist's, covered above. TSAN_GTEST_FILTER keeps
 #   ssd_test's compute-heavy cases out when TSAN_TESTS adds it.
-TSAN_TESTS=${TSAN_TESTS:-'^(base_test|engine_test|engine_pause_test|dist_test|dist_auth_test|ssd_worker_test|http_test|http_hardening_test|grpc_conversion_test)$'}
+TSAN_TESTS=${TSAN_TESTS:-'^(base_test|engine_test|engine_pause_test|distributed_test|distributed_auth_test|ssd_worker_test|http_test|http_hardening_test|grpc_conversion_test)$'}
 TSAN_GTEST_FILTER=${TSAN_GTEST_FILTER:-'-SsdLosslessTest*:SsdSamplingTest*'}
 # Tests with no C++ of ours in them (Python / Node / container checks) gain nothing from the
 # sanitizer build; the main suite runs them.
 # To keep CI within its budget, the long end-to-end runs stay out too: grpc_test (770 s under
 # ASan; the gRPC front end runs under ASan in grpc_front_end_test, in process), cli_test (241 s),
 # and the compute-bound speculation equality runs engine_spec_test and ssd_test (228 s and
-# 214 s without ASan; spec_test, ssd_worker_test and dist_auth_test cover their code), and
+# 214 s without ASan; speculation_test, ssd_worker_test and distributed_auth_test cover their code), and
 # spec_http_test (an SSD daemon whose 2 s speculator timeout an ASan speculator misses).
 ASAN_EXCLUDE=${ASAN_EXCLUDE:-'^(deploy_lint_test|config_examples_test|check_deps_test|check_asserts_test|requires_test|soak_checks_test|openai_node_test|container_test|grpc_test|cli_test|engine_spec_test|ssd_test|spec_http_test)$'}
 SUPP="$PWD/tools/ci"

@@ -1,0 +1,56 @@
+// Internal to dist/ (messages.cc): the per-type field layouts behind EncodeFrame and
+// DecodePayload. For each message struct T: Check(T) records what the encoder refuses to send,
+// Put(T) writes the fields in wire order, Get(T) reads them back applying the same checks (so
+// anything the decoder accepts, the encoder accepts too). Pure functions; any thread.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/distributed/messages.h"
+#include "engine/distributed/wire.h"
+
+namespace specd::dist_internal {
+
+// Hello/HelloAck layouts are frozen but may grow in later versions; this bounds what we read.
+inline constexpr uint64_t kMaxHandshakePayloadBytes = 4096;
+
+void Check(const Hello& m, const WireLimits& limits, FieldErrors* e);
+void Put(const Hello& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, Hello* m);
+
+void Check(const HelloAck& m, const WireLimits& limits, FieldErrors* e);
+void Put(const HelloAck& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, HelloAck* m);
+
+void Check(const HelloAuth& m, const WireLimits& limits, FieldErrors* e);
+void Put(const HelloAuth& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, HelloAuth* m);
+
+void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e);
+void Put(const SpeculateRequest& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m);
+
+void Check(const SpeculateResponse& m, const WireLimits& limits, FieldErrors* e);
+void Put(const SpeculateResponse& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, SpeculateResponse* m);
+
+void Check(const Release& m, const WireLimits& limits, FieldErrors* e);
+void Put(const Release& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, Release* m);
+
+void Check(const Heartbeat& m, const WireLimits& limits, FieldErrors* e);
+void Put(const Heartbeat& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, Heartbeat* m);
+
+void Check(const Shutdown& m, const WireLimits& limits, FieldErrors* e);
+void Put(const Shutdown& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, Shutdown* m);
+
+void Check(const BulkLinkInit& m, const WireLimits& limits, FieldErrors* e);
+void Put(const BulkLinkInit& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, BulkLinkInit* m);
+
+// Largest payload of `type` under `limits`, in bytes.
+uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& limits);
+
+}  // namespace specd::dist_internal

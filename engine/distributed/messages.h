@@ -1,0 +1,359 @@
+// Typed, versioned messages of the SSD channel between the verifier (rank 0) and the speculator
+// process (docs/architecture.md, "Processes and threads"), and their wire format. Each round the
+// verifier sends the verification outcome of every sequence (SpeculateRequest: k accepted + bonus
+// token t*, or a new sequence's prompt); the speculator answers with the next drafts and how it
+// got them (SpeculateResponse: cache hit, miss served by the primary or backup speculator).
+//
+// Frame = 24-byte header + payload, every field little-endian and written one by one (no struct
+// memcpy, no padding):
+//   u32 magic "SPCD" | u16 protocol version | u16 message type | u64 sequence number |
+//   u32 payload bytes | u32 CRC-32C of the payload
+// The Hello and HelloAck payloads are frozen across protocol versions (later versions may only
+// append fields), so peers of different versions can still tell each other why they refuse.
+//
+// Allocation: EncodeFrame takes a MessageRef (no copy into a Message) and writes into a
+// caller-owned FrameBuffer reserved once with limits.MaxFrameBytes(), so steady-state encoding
+// never allocates; DecodeFrame reuses the vectors of the Message it decodes into (same
+// alternative as last time), so decoding into a kept Message allocates only until its vectors
+// reached their high-water marks. Both are checked by distributed_test with a counting operator
+// new. Decoding validates every length and value against the receiver's WireLimits; bad bytes give
+// an absl::Status naming the field, never a crash. Plain values and functions: any thread, one
+// thread per object.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/distributed/wire.h"
+
+namespace specd {
+
+inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
+// Version 2: the handshake authenticates (Hello.nonce, HelloAuth, HelloAck.proof; link_auth.h).
+inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr size_t kFrameHeaderBytes = 24;
+inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
+inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
+inline constexpr size_t kHelloNonceBytes = 32;     // Hello::nonce (version >= 2)
+inline constexpr size_t kMaxProofBytes = 64;       // HelloAuth::proof, HelloAck::proof
+
+// The message type on the wire (u16). Values are stable; new types get new values.
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kHelloAck = 2,
+  kSpeculateRequest = 3,
+  kSpeculateResponse = 4,
+  kRelease = 5,
+  kHeartbeat = 6,
+  kShutdown = 7,
+  kBulkLinkInit = 8,
+  kHelloAuth = 9,
+};
+// "SpeculateRequest", ...; "Unknown" for values outside the enum (static storage).
+std::string_view MessageTypeName(MessageType type);
+
+// Which end of the SSD channel a process is.
+enum class Role : uint8_t { kVerifier = 1, kSpeculator = 2 };
+// "verifier" / "speculator" (static storage).
+std::string_view RoleName(Role role);
+
+// The maxima both ends are configured with. They bound every decoded length (so a corrupt length
+// cannot make the receiver allocate gigabytes) and size the preallocated frame buffers. Both ends
+// must agree exactly; the Hello handshake checks it.
+struct WireLimits {
+  uint32_t max_batch = 256;                // sequences in one SpeculateRequest / Response
+  uint32_t max_draft_tokens = 16;          // K: draft tokens per sequence
+  uint32_t max_fan_out = 64;               // Saguaro fan-out budget per sequence
+  uint32_t vocab_size = 0;                 // token ids are < vocab_size; q rows are vocab_size wide
+  uint32_t max_seq_tokens = 131072;        // new committed tokens of one sequence in one request
+  uint32_t max_request_tokens = 1u << 20;  // new committed tokens of all sequences, one request
+  // q rows ([k, vocab] f32 per sampled draft) carried inline in one SpeculateResponse. Large
+  // vocabularies at large batch should send rows over the bulk link (probs_out_of_band) instead.
+  uint32_t max_prob_rows = 256;
+  uint32_t max_release_ids = 4096;  // seq ids in one Release
+
+  // InvalidArgument when a field is out of range or the largest frame would exceed 4 GiB.
+  absl::Status Validate() const;
+  // Largest payload of any message type under these limits, in bytes.
+  uint64_t MaxPayloadBytes() const;
+  // kFrameHeaderBytes + MaxPayloadBytes(): what to reserve in a FrameBuffer.
+  uint64_t MaxFrameBytes() const { return kFrameHeaderBytes + MaxPayloadBytes(); }
+
+  bool operator==(const WireLimits&) const = default;
+};
+
+// First message of each side after connecting: the connecting side (the speculator) sends first,
+// the accepting side (the verifier) answers with its own Hello and a HelloAck.
+struct Hello {
+  Role role = Role::kVerifier;
+  uint16_t protocol_version = kProtocolVersion;  // also written as the frame header's version
+  // What both ends must share, e.g. "vocab=32000;draft=<hash of the draft config>" (<= 1 KiB).
+  std::string model_fingerprint;
+  WireLimits limits;
+  // Version >= 2: kHelloNonceBytes fresh random bytes, the challenge the peer's proof answers
+  // (appended to the frozen layout; empty in a version-1 Hello).
+  std::vector<uint8_t> nonce;
+
+  bool operator==(const Hello&) const = default;
+};
+
+// The verifier's verdict on a Hello (and, from version 2, on the speculator's HelloAuth). A
+// refused peer is disconnected after this message.
+struct HelloAck {
+  bool accepted = false;
+  std::string reason;  // why not, for logs (<= 1 KiB); empty when accepted
+  // Version >= 2, when accepted: the verifier's proof that it holds the link secret
+  // (link_auth.h LinkProof); appended to the frozen layout.
+  std::vector<uint8_t> proof;
+
+  bool operator==(const HelloAck&) const = default;
+};
+
+// SpeculateSeq::flags bits; other bits are rejected.
+inline constexpr uint8_t kSeqNew = 1;        // first request for this seq_id: tokens = its prompt
+inline constexpr uint8_t kSeqRelease = 2;    // last one: drop the sequence after this round
+inline constexpr uint8_t kSeqWantProbs = 4;  // sampled request: return q rows with the drafts
+inline constexpr uint8_t kSeqKnownFlags = kSeqNew | kSeqRelease | kSeqWantProbs;
+
+// The request's sampling parameters, which sampled drafts follow (see engine/sample).
+struct DraftSampling {
+  float temperature = 0.0f;  // 0 = greedy drafts
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = 0;         // 0 or -1 = off
+  float min_p = 0.0f;        // [0, 1]
+  uint64_t seed = 0;         // the request's resolved seed
+
+  bool operator==(const DraftSampling&) const = default;
+};
+
+// One sequence of a SpeculateRequest: the outcome of its last verification and what to draft.
+struct SpeculateSeq {
+  uint64_t seq_id = 0;
+  uint8_t flags = 0;              // kSeq* bits
+  uint16_t accepted_len = 0;      // k: leading new tokens that were accepted drafts (0 if new)
+  uint16_t num_draft_tokens = 0;  // K wanted for the next round (<= max_draft_tokens)
+  uint16_t fan_out = 0;           // speculation-cache budget (<= max_fan_out)
+  DraftSampling sampling;
+  float saguaro_c = 1.0f;  // Saguaro down-weighting constant C in [0, 1]
+  // New committed tokens: the k accepted drafts then the bonus token t*, or the prompt when
+  // kSeqNew. They live in SpeculateRequest::tokens[token_offset, token_offset + num_tokens).
+  uint32_t token_offset = 0;
+  uint32_t num_tokens = 0;
+
+  bool operator==(const SpeculateSeq&) const = default;
+};
+
+// Verifier -> speculator, once per round for the batch. Ragged: all sequences' tokens are
+// concatenated in `tokens` so reuse across rounds keeps every vector's capacity.
+struct SpeculateRequest {
+  uint64_t round_id = 0;
+  std::vector<SpeculateSeq> seqs;  // [num_seqs] (<= max_batch)
+  std::vector<int32_t> tokens;     // [sum of num_tokens] new committed token ids
+
+  // Empties seqs and tokens, keeping their capacity.
+  void Clear();
+  // Appends `seq` with `new_tokens` (sets its token_offset and num_tokens); returns it.
+  SpeculateSeq& AddSeq(const SpeculateSeq& seq, std::span<const int32_t> new_tokens);
+  // The new committed tokens of `seq` (which must be one of seqs).
+  std::span<const int32_t> TokensOf(const SpeculateSeq& seq) const;
+
+  bool operator==(const SpeculateRequest&) const = default;
+};
+
+// How the speculator produced a draft (Saguaro: cache hit, or which fallback served the miss).
+enum class DraftStatus : uint8_t { kNone = 0, kHit = 1, kMissPrimary = 2, kMissBackup = 3 };
+// "none", "hit", "miss-primary", "miss-backup" (static storage; for logs and metrics labels).
+std::string_view DraftStatusName(DraftStatus status);
+
+// One sequence's draft in a SpeculateResponse.
+struct SpeculateDraft {
+  uint64_t seq_id = 0;
+  DraftStatus status = DraftStatus::kNone;
+  bool has_probs = false;  // q rows exist for these tokens (inline or on the bulk link)
+  // Draft tokens: SpeculateResponse::tokens[token_offset, token_offset + num_tokens), k <= K.
+  uint32_t token_offset = 0;
+  uint32_t num_tokens = 0;
+  // With has_probs and inline rows: probs[probs_offset, probs_offset + num_tokens * vocab).
+  uint64_t probs_offset = 0;
+
+  bool operator==(const SpeculateDraft&) const = default;
+};
+
+// Speculator -> verifier, one per SpeculateRequest (same round_id).
+struct SpeculateResponse {
+  uint64_t round_id = 0;
+  uint64_t busy_ns = 0;         // speculator busy time since its last response
+  uint64_t cache_build_ns = 0;  // of which building the speculation cache
+  // q rows travel on the bulk link (NcclChannel) in draft order, not in this frame; `probs`
+  // is then empty and the receiver posts a bulk receive of NumProbRows() rows.
+  bool probs_out_of_band = false;
+  std::vector<SpeculateDraft> drafts;  // [num_seqs]
+  std::vector<int32_t> tokens;         // [sum of num_tokens] draft token ids
+  std::vector<float> probs;            // [sum of num_tokens with has_probs, vocab] f32 (inline)
+
+  // Empties everything, keeping capacity.
+  void Clear();
+  // Appends a draft; `probs` ([tokens.size(), vocab] f32) is empty for greedy/deterministic
+  // drafts. With probs_out_of_band, pass has_probs = true and empty probs.
+  SpeculateDraft& AddDraft(uint64_t seq_id, DraftStatus status, std::span<const int32_t> draft,
+                           std::span<const float> draft_probs, bool has_probs = false);
+  // The draft tokens of `draft` (which must be one of drafts).
+  std::span<const int32_t> TokensOf(const SpeculateDraft& draft) const;
+  // Inline q rows of `draft` ([num_tokens, vocab_size] f32); empty without inline rows.
+  std::span<const float> ProbsOf(const SpeculateDraft& draft, uint32_t vocab_size) const;
+  // Number of q rows the response carries (inline or out of band).
+  uint64_t NumProbRows() const;
+
+  bool operator==(const SpeculateResponse&) const = default;
+};
+
+// Verifier -> speculator: drop these sequences (finished, aborted, preempted).
+struct Release {
+  std::vector<uint64_t> seq_ids;  // <= max_release_ids
+
+  bool operator==(const Release&) const = default;
+};
+
+// Either direction, when idle: proves liveness of a stopped-but-connected peer.
+struct Heartbeat {
+  int64_t sent_unix_ns = 0;  // sender's wall clock
+
+  bool operator==(const Heartbeat&) const = default;
+};
+
+// Either direction: the sender is going away on purpose (not a crash).
+struct Shutdown {
+  std::string reason;  // <= 1 KiB
+
+  bool operator==(const Shutdown&) const = default;
+};
+
+// Verifier -> speculator, right after the handshake when a bulk link (NCCL) is used: the opaque
+// token the peer needs to join it (an ncclUniqueId).
+struct BulkLinkInit {
+  uint32_t kind = 1;           // 1 = NCCL 2-rank communicator
+  std::vector<uint8_t> token;  // <= kMaxBulkTokenBytes
+
+  bool operator==(const BulkLinkInit&) const = default;
+};
+
+// Speculator -> verifier, version >= 2, after the two Hellos: its proof that it holds the link
+// secret (link_auth.h LinkProof over both nonces). The verifier answers with its HelloAck.
+struct HelloAuth {
+  std::vector<uint8_t> proof;  // <= kMaxProofBytes
+
+  bool operator==(const HelloAuth&) const = default;
+};
+
+// One message; the alternative's index + 1 is its MessageType.
+using Message = std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release,
+                             Heartbeat, Shutdown, BulkLinkInit, HelloAuth>;
+// The MessageType of the alternative `message` holds.
+MessageType TypeOf(const Message& message);
+
+namespace dist_internal {  // helpers for MessageStruct / MessageRef
+template <typename T, typename V>
+struct IsAlternative;
+template <typename T, typename... Ts>
+struct IsAlternative<T, std::variant<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> || ...)> {
+};
+template <typename T, typename... Ts>
+constexpr size_t IndexOf(const std::variant<Ts...>*) {
+  size_t i = 0;
+  ((std::is_same_v<T, Ts> ? true : (++i, false)) || ...);
+  return i;
+}
+template <typename V>
+struct ConstPointers;
+template <typename... Ts>
+struct ConstPointers<std::variant<Ts...>> {
+  using type = std::variant<const Ts*...>;
+};
+}  // namespace dist_internal
+
+// True for the message structs (Hello, SpeculateRequest, ...).
+template <typename T>
+concept MessageStruct = dist_internal::IsAlternative<T, Message>::value;
+
+// The MessageType of struct T, at compile time.
+template <MessageStruct T>
+constexpr MessageType MessageTypeOf() {
+  return static_cast<MessageType>(dist_internal::IndexOf<T>(static_cast<const Message*>(nullptr)) +
+                                  1);
+}
+
+// A non-owning reference to one message of any type: what EncodeFrame and Channel::Send take, so
+// a caller's SpeculateRequest is encoded where it is, never copied into a Message first (a copy
+// would allocate every round). Converts implicitly from each message struct and from a Message;
+// the referenced message must outlive the call. Trivially copyable.
+class MessageRef {
+ public:
+  template <MessageStruct T>
+  MessageRef(const T& message) : ptr_(&message) {}  // NOLINT(google-explicit-constructor)
+  MessageRef(const Message& message)                // NOLINT(google-explicit-constructor)
+      : ptr_(std::visit([](const auto& m) -> Pointers { return &m; }, message)) {}
+
+  // The referenced message's type.
+  MessageType type() const { return static_cast<MessageType>(ptr_.index() + 1); }
+  // Calls f(const T&) with the referenced message.
+  template <typename F>
+  decltype(auto) Visit(F&& f) const {
+    return std::visit([&](const auto* m) -> decltype(auto) { return f(*m); }, ptr_);
+  }
+  // The message when it is a T, else nullptr.
+  template <MessageStruct T>
+  const T* GetIf() const {
+    const T* const* p = std::get_if<const T*>(&ptr_);
+    return p != nullptr ? *p : nullptr;
+  }
+
+ private:
+  using Pointers = dist_internal::ConstPointers<Message>::type;
+  Pointers ptr_;
+};
+
+// A decoded frame header.
+struct FrameHeader {
+  uint32_t magic = kWireMagic;
+  uint16_t version = kProtocolVersion;
+  MessageType type = MessageType::kHeartbeat;
+  uint64_t sequence = 0;  // per direction and connection: 0, 1, 2, ...
+  uint32_t payload_bytes = 0;
+  uint32_t checksum = 0;  // CRC-32C of the payload
+};
+
+// Validates `message` against `limits` and encodes it with `sequence` into `frame` (replacing
+// its contents; allocates only when frame->Capacity() < limits.MaxFrameBytes()). Errors:
+// InvalidArgument naming the offending field. Any thread.
+absl::Status EncodeFrame(MessageRef message, uint64_t sequence, const WireLimits& limits,
+                         FrameBuffer* frame);
+
+// Decodes and checks the first kFrameHeaderBytes of `bytes`: magic (DataLoss), type
+// (InvalidArgument), version (FailedPrecondition unless it is a Hello/HelloAck, whose layout is
+// frozen), payload size against limits (InvalidArgument).
+absl::StatusOr<FrameHeader> DecodeFrameHeader(std::span<const uint8_t> bytes,
+                                              const WireLimits& limits);
+
+// Checks the payload's checksum (DataLoss) and decodes it into *message, validating every field
+// against `limits` (InvalidArgument naming the field). *message keeps its storage when it
+// already holds header.type's alternative.
+absl::Status DecodePayload(const FrameHeader& header, std::span<const uint8_t> payload,
+                           const WireLimits& limits, Message* message);
+
+// DecodeFrameHeader + DecodePayload over one whole frame (exactly its bytes: extra bytes are an
+// error).
+absl::StatusOr<FrameHeader> DecodeFrame(std::span<const uint8_t> frame, const WireLimits& limits,
+                                        Message* message);
+
+// Why two Hellos cannot talk (empty when they can): protocol versions, opposite roles, equal
+// fingerprints and limits. Symmetric, so both ends reach the same verdict.
+std::string HelloMismatch(const Hello& local, const Hello& peer);
+
+}  // namespace specd

@@ -1,0 +1,379 @@
+// Wire format tests: every message type round-trips; the header layout is explicit little-endian;
+// decoding rejects truncated, corrupted, oversized and wrong-version frames with errors naming
+// the field; a seeded random-corruption loop never crashes and never accepts what the encoder
+// would refuse; steady-state encoding does not allocate.
+#include "engine/distributed/messages.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "engine/distributed/distributed_test_util.h"
+#include "gtest/gtest.h"
+
+namespace specd {
+namespace {
+
+using distributed_test::AllSampleMessages;
+using distributed_test::Encode;
+using distributed_test::MakeRequest;
+using distributed_test::MakeResponse;
+using distributed_test::Reseal;
+using distributed_test::TestLimits;
+
+absl::Status DecodeStatus(const std::vector<uint8_t>& frame, const WireLimits& limits) {
+  Message out;
+  return DecodeFrame(frame, limits, &out).status();
+}
+
+TEST(Crc32cTest, MatchesPublishedVectorsAndContinues) {
+  const std::string digits = "123456789";
+  const auto bytes = [](const std::string& s) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  EXPECT_EQ(Crc32c(bytes(digits)), 0xE3069283u);                   // the CRC-32C check value
+  EXPECT_EQ(Crc32c(bytes(std::string(32, '\0'))), 0x8A9136AAu);    // RFC 3720 B.4
+  EXPECT_EQ(Crc32c(bytes(std::string(32, '\xff'))), 0x62A8AB43u);  // RFC 3720 B.4
+  std::vector<uint8_t> data(1000);
+  std::mt19937 rng(7);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  const std::span<const uint8_t> all(data);
+  EXPECT_EQ(Crc32c(all), Crc32c(all.subspan(333), Crc32c(all.first(333))));
+}
+
+TEST(MessagesTest, RoundTripsEveryMessageType) {
+  const WireLimits limits = TestLimits();
+  const std::vector<Message> samples = AllSampleMessages();
+  ASSERT_EQ(samples.size(), std::variant_size_v<Message>);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    SCOPED_TRACE(MessageTypeName(TypeOf(samples[i])));
+    const std::vector<uint8_t> frame = Encode(samples[i], 40 + i, limits);
+    Message decoded;
+    absl::StatusOr<FrameHeader> header = DecodeFrame(frame, limits, &decoded);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->type, TypeOf(samples[i]));
+    EXPECT_EQ(header->sequence, 40 + i);
+    EXPECT_EQ(header->payload_bytes, frame.size() - kFrameHeaderBytes);
+    EXPECT_EQ(decoded, samples[i]);
+  }
+}
+
+TEST(MessagesTest, OutOfBandRowsAreCountedButNotCarried) {
+  const WireLimits limits = TestLimits();
+  SpeculateResponse r;
+  r.probs_out_of_band = true;
+  r.AddDraft(1, DraftStatus::kMissPrimary, {{3, 4, 5}}, {}, /*has_probs=*/true);
+  r.AddDraft(2, DraftStatus::kHit, {{6}}, {});
+  const std::vector<uint8_t> frame = Encode(r, 0, limits);
+  Message out;
+  ASSERT_TRUE(DecodeFrame(frame, limits, &out).ok());
+  const auto& decoded = std::get<SpeculateResponse>(out);
+  EXPECT_EQ(decoded, r);
+  EXPECT_EQ(decoded.NumProbRows(), 3u);
+  EXPECT_TRUE(decoded.ProbsOf(decoded.drafts[0], limits.vocab_size).empty());
+  EXPECT_EQ(frame.size(), kFrameHeaderBytes + 29 + 2 * 12 + 4 * 4);  // no rows inline
+}
+
+TEST(MessagesTest, HeaderIsExplicitLittleEndian) {
+  const std::vector<uint8_t> frame =
+      Encode(Heartbeat{.sent_unix_ns = 0x0102030405060708}, 0x1122, TestLimits());
+  ASSERT_EQ(frame.size(), kFrameHeaderBytes + 8);
+  EXPECT_EQ(std::string(frame.begin(), frame.begin() + 4), "SPCD");
+  EXPECT_EQ(frame[4], kProtocolVersion);
+  EXPECT_EQ(frame[5], 0);
+  EXPECT_EQ(frame[6], static_cast<uint8_t>(MessageType::kHeartbeat));
+  EXPECT_EQ(frame[8], 0x22);
+  EXPECT_EQ(frame[9], 0x11);
+  EXPECT_EQ(frame[16], 8);     // payload bytes
+  EXPECT_EQ(frame[24], 0x08);  // payload, least significant byte first
+  EXPECT_EQ(frame[31], 0x01);
+}
+
+TEST(MessagesTest, DecodingReusesTheMessageStorage) {
+  const WireLimits limits = TestLimits();
+  SpeculateResponse big = MakeResponse(MakeRequest(3, limits), limits);
+  const std::vector<uint8_t> frame = Encode(big, 0, limits);
+  Message out;
+  ASSERT_TRUE(DecodeFrame(frame, limits, &out).ok());
+  const SpeculateResponse& r = std::get<SpeculateResponse>(out);
+  const void* tokens = r.tokens.data();
+  const void* probs = r.probs.data();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(DecodeFrame(frame, limits, &out).ok());
+  EXPECT_EQ(std::get<SpeculateResponse>(out).tokens.data(), tokens);
+  EXPECT_EQ(std::get<SpeculateResponse>(out).probs.data(), probs);
+}
+
+TEST(MessagesTest, EncodingDoesNotAllocateOnceReserved) {
+  const WireLimits limits = TestLimits();
+  FrameBuffer buffer(limits.MaxFrameBytes());
+  const uint8_t* storage = buffer.data();
+  for (uint64_t round = 0; round < 200; ++round) {
+    const SpeculateRequest request = MakeRequest(round, limits);
+    ASSERT_TRUE(EncodeFrame(request, round, limits, &buffer).ok());
+    ASSERT_TRUE(EncodeFrame(MakeResponse(request, limits), round, limits, &buffer).ok());
+  }
+  EXPECT_EQ(buffer.data(), storage);
+  EXPECT_EQ(buffer.Capacity(), limits.MaxFrameBytes());
+}
+
+TEST(MessagesTest, SteadyStateEncodeAndDecodeDoNotAllocate) {
+  const WireLimits limits = TestLimits();
+  std::vector<SpeculateRequest> requests;
+  std::vector<SpeculateResponse> responses;
+  for (uint64_t round = 0; round < 40; ++round) {
+    requests.push_back(MakeRequest(round, limits));
+    responses.push_back(MakeResponse(requests.back(), limits));
+  }
+  FrameBuffer buffer(limits.MaxFrameBytes());
+  Message request_in;
+  Message response_in;
+  bool all_ok = true;
+  int64_t allocations = -1;
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass grows the decoded messages' vectors
+    const int64_t before = distributed_test::AllocationCount();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      all_ok &= EncodeFrame(requests[i], i, limits, &buffer).ok();
+      all_ok &= DecodeFrame(buffer.bytes(), limits, &request_in).ok();
+      all_ok &= EncodeFrame(responses[i], i, limits, &buffer).ok();
+      all_ok &= DecodeFrame(buffer.bytes(), limits, &response_in).ok();
+    }
+    allocations = distributed_test::AllocationCount() - before;
+  }
+  EXPECT_TRUE(all_ok);
+  EXPECT_EQ(allocations, 0);
+  EXPECT_EQ(std::get<SpeculateResponse>(response_in), responses.back());
+}
+
+TEST(MessagesTest, RejectsEveryTruncation) {
+  const WireLimits limits = TestLimits();
+  for (const Message& sample : AllSampleMessages()) {
+    const std::vector<uint8_t> frame = Encode(sample, 0, limits);
+    for (size_t len = 0; len < frame.size(); ++len) {
+      std::vector<uint8_t> cut(frame.begin(), frame.begin() + len);
+      EXPECT_FALSE(DecodeStatus(cut, limits).ok()) << len;
+      if (len < kFrameHeaderBytes) continue;
+      // Re-sealed (header and checksum agree with the cut payload): the fields must catch it.
+      Reseal(&cut);
+      const absl::Status status = DecodeStatus(cut, limits);
+      EXPECT_FALSE(status.ok()) << MessageTypeName(TypeOf(sample)) << " cut at " << len;
+    }
+  }
+}
+
+TEST(MessagesTest, TruncatedFieldIsNamed) {
+  const WireLimits limits = TestLimits();
+  std::vector<uint8_t> frame = Encode(MakeRequest(5, limits), 0, limits);
+  frame.resize(kFrameHeaderBytes + 8 + 4 + 3);  // round_id, num_seqs, 3 bytes of seqs[0].seq_id
+  Reseal(&frame);
+  const absl::Status status = DecodeStatus(frame, limits);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_TRUE(absl::StrContains(status.message(), "SpeculateRequest.seqs[0].seq_id: truncated"))
+      << status;
+}
+
+TEST(MessagesTest, RejectsWrongVersionNamingBoth) {
+  const WireLimits limits = TestLimits();
+  std::vector<uint8_t> frame = Encode(MakeRequest(1, limits), 0, limits);
+  frame[4] = 3;
+  const absl::Status status = DecodeStatus(frame, limits);
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "protocol version 3")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "speaks version 2")) << status;
+}
+
+// Version 1 peers send no nonce and no proof: their Hello and HelloAck still decode (so the
+// refusal can name the versions); a nonce or proof longer than its limit is refused.
+TEST(MessagesTest, HandshakeFieldsOfVersionOneAndOverlongOnes) {
+  const WireLimits limits = TestLimits();
+  Hello v1 = distributed_test::MakeHello(Role::kSpeculator);
+  v1.protocol_version = 1;
+  Message out;
+  ASSERT_TRUE(DecodeFrame(Encode(v1, 0, limits), limits, &out).ok());
+  EXPECT_EQ(std::get<Hello>(out), v1);
+  std::vector<uint8_t> ack =
+      Encode(HelloAck{.accepted = false, .reason = "old", .proof = {}}, 0, limits);
+  ack.resize(ack.size() - 2);  // a version-1 HelloAck ends after its reason
+  Reseal(&ack);
+  EXPECT_FALSE(DecodeFrame(ack, limits, &out).ok()) << "version 2 needs the proof field";
+  ack[4] = 1;
+  ASSERT_TRUE(DecodeFrame(ack, limits, &out).ok());
+  EXPECT_EQ(std::get<HelloAck>(out).reason, "old");
+  Hello long_nonce = distributed_test::MakeHello(Role::kSpeculator);
+  long_nonce.nonce.assign(kHelloNonceBytes + 1, 1);
+  FrameBuffer buffer;
+  EXPECT_TRUE(absl::IsInvalidArgument(EncodeFrame(long_nonce, 0, limits, &buffer)));
+  std::vector<uint8_t> frame = Encode(HelloAuth{.proof = std::vector<uint8_t>(32, 1)}, 0, limits);
+  frame[kFrameHeaderBytes] = 200;  // the proof's length
+  Reseal(&frame);
+  const absl::Status status = DecodeStatus(frame, limits);
+  EXPECT_TRUE(absl::StrContains(status.message(), "HelloAuth.proof: length 200 > limit 64"))
+      << status;
+}
+
+TEST(MessagesTest, HelloOfALaterVersionStillDecodes) {
+  const WireLimits limits = TestLimits();
+  Hello hello = distributed_test::MakeHello(Role::kSpeculator);
+  hello.protocol_version = 7;
+  std::vector<uint8_t> frame = Encode(hello, 0, limits);
+  EXPECT_EQ(frame[4], 7);
+  // A later version may append fields to its Hello.
+  frame.insert(frame.end(), {1, 2, 3, 4});
+  Reseal(&frame);
+  Message out;
+  ASSERT_TRUE(DecodeFrame(frame, limits, &out).ok());
+  EXPECT_EQ(std::get<Hello>(out), hello);
+  EXPECT_TRUE(absl::StrContains(HelloMismatch(distributed_test::MakeHello(Role::kVerifier), hello),
+                                "protocol version mismatch"));
+}
+
+TEST(MessagesTest, RejectsLengthsOverTheReceiversLimits) {
+  WireLimits big = TestLimits();
+  big.max_batch = 64;
+  big.max_draft_tokens = 32;
+  big.max_seq_tokens = big.max_request_tokens = 4096;
+  const WireLimits small = TestLimits();
+  SpeculateRequest request = MakeRequest(0, big);
+  while (request.seqs.size() <= small.max_batch) request.AddSeq(request.seqs[0], {{1, 2}});
+  absl::Status status = DecodeStatus(Encode(request, 0, big), small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "SpeculateRequest.num_seqs: 9 > max_batch 8"))
+      << status;
+
+  SpeculateRequest long_prompt;
+  SpeculateSeq prompt_seq;
+  prompt_seq.seq_id = 1;
+  prompt_seq.flags = kSeqNew;
+  long_prompt.AddSeq(prompt_seq, std::vector<int32_t>(small.max_seq_tokens + 1, 3));
+  status = DecodeStatus(Encode(long_prompt, 0, big), small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "seqs[0].num_tokens: 65 > max_seq_tokens 64"))
+      << status;
+
+  SpeculateResponse long_draft;
+  long_draft.AddDraft(9, DraftStatus::kHit, std::vector<int32_t>(small.max_draft_tokens + 1, 4),
+                      {});
+  status = DecodeStatus(Encode(long_draft, 0, big), small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "drafts[0].num_tokens: 7 > max_draft_tokens 6"))
+      << status;
+
+  std::vector<uint8_t> huge = Encode(Heartbeat{}, 0, small);
+  huge[16] = 9;  // payload_bytes 9 > 8 for a Heartbeat
+  status = DecodeStatus(huge, small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "payload_bytes 9 > limit 8")) << status;
+}
+
+TEST(MessagesTest, EncoderRefusesBadFieldsNamingThem) {
+  const WireLimits limits = TestLimits();
+  FrameBuffer buffer;
+  const auto error_of = [&](const SpeculateRequest& r) {
+    return std::string(EncodeFrame(r, 0, limits, &buffer).message());
+  };
+  SpeculateRequest r = MakeRequest(2, limits);
+  r.seqs[1].sampling.top_p = 0.0f;
+  EXPECT_TRUE(absl::StrContains(error_of(r), "SpeculateRequest.seqs[1].top_p")) << error_of(r);
+  r = MakeRequest(2, limits);
+  r.seqs[0].sampling.temperature = std::nanf("");
+  EXPECT_TRUE(absl::StrContains(error_of(r), "seqs[0].temperature")) << error_of(r);
+  r = MakeRequest(2, limits);
+  r.seqs[1].flags |= 0x80;
+  EXPECT_TRUE(absl::StrContains(error_of(r), "seqs[1].flags: unknown bits 0x80")) << error_of(r);
+  r = MakeRequest(2, limits);
+  r.tokens[r.seqs[1].token_offset] = static_cast<int32_t>(limits.vocab_size);
+  EXPECT_TRUE(absl::StrContains(error_of(r), "seqs[1].tokens: token 0 is 50")) << error_of(r);
+  r = MakeRequest(2, limits);
+  r.seqs[0].saguaro_c = 1.5f;
+  EXPECT_TRUE(absl::StrContains(error_of(r), "seqs[0].saguaro_c")) << error_of(r);
+}
+
+TEST(MessagesTest, RejectsBadMagicAndChecksumAsDataLoss) {
+  const WireLimits limits = TestLimits();
+  std::vector<uint8_t> frame = Encode(MakeRequest(4, limits), 0, limits);
+  std::vector<uint8_t> flipped = frame;
+  flipped[kFrameHeaderBytes + 5] ^= 0x10;
+  absl::Status status = DecodeStatus(flipped, limits);
+  EXPECT_TRUE(absl::IsDataLoss(status) && absl::StrContains(status.message(), "checksum"))
+      << status;
+  frame[0] = 'X';
+  status = DecodeStatus(frame, limits);
+  EXPECT_TRUE(absl::IsDataLoss(status) && absl::StrContains(status.message(), "bad magic"))
+      << status;
+}
+
+// Random byte flips, overwrites, truncations and extensions, half of them re-sealed so the
+// field checks (not only the checksum) see them. Nothing may crash or hang, and whatever the
+// decoder accepts must be a message the encoder accepts too.
+TEST(MessagesTest, RandomCorruptionsNeverCrashOrSlipThrough) {
+  const WireLimits limits = TestLimits();
+  const std::vector<Message> samples = AllSampleMessages();
+  std::vector<std::vector<uint8_t>> frames;
+  for (const Message& m : samples) frames.push_back(Encode(m, 0, limits));
+  std::mt19937_64 rng(20240611);
+  FrameBuffer reencoded;
+  Message out;
+  int accepted = 0;
+  constexpr int kIterations = 200000;
+  for (int it = 0; it < kIterations; ++it) {
+    std::vector<uint8_t> frame = frames[rng() % frames.size()];
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % frame.size();
+      switch (rng() % 5) {
+        case 0:
+          frame[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+          break;
+        case 1:
+          frame[at] = static_cast<uint8_t>(rng());
+          break;
+        case 2:
+          frame[at] = (rng() % 2) ? 0xFF : 0x00;
+          break;
+        case 3:
+          frame.resize(std::max<size_t>(1, at));
+          break;
+        case 4:
+          frame.insert(frame.begin() + at, static_cast<uint8_t>(rng()));
+          break;
+      }
+    }
+    if (rng() % 2 && frame.size() >= kFrameHeaderBytes) Reseal(&frame);
+    absl::StatusOr<FrameHeader> header = DecodeFrame(frame, limits, &out);
+    if (!header.ok()) {
+      ASSERT_FALSE(header.status().message().empty());
+      continue;
+    }
+    ++accepted;
+    ASSERT_TRUE(EncodeFrame(out, header->sequence, limits, &reencoded).ok())
+        << "decoder accepted what the encoder refuses: " << EncodeFrame(out, 0, limits, &reencoded);
+  }
+  std::printf("%d of %d corrupted frames decoded (harmless edits)\n", accepted, kIterations);
+  // Some edits are harmless (a token id within range, a float): the loop exercises both paths.
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, kIterations / 2);
+}
+
+TEST(WireLimitsTest, RejectsLimitsAllowingFramesOver4GiB) {
+  WireLimits limits = TestLimits();
+  EXPECT_TRUE(limits.Validate().ok());
+  limits.vocab_size = 152064;
+  limits.max_prob_rows = 256 * 32;  // 8192 rows x 152064 x 4 bytes = 5 GB
+  const absl::Status status = limits.Validate();
+  EXPECT_TRUE(absl::IsInvalidArgument(status) && absl::StrContains(status.message(), "4 GiB"))
+      << status;
+}
+
+TEST(HelloMismatchTest, NamesTheFirstDifference) {
+  const Hello verifier = distributed_test::MakeHello(Role::kVerifier);
+  Hello speculator = distributed_test::MakeHello(Role::kSpeculator);
+  EXPECT_EQ(HelloMismatch(verifier, speculator), "");
+  EXPECT_EQ(HelloMismatch(speculator, verifier), "");
+  EXPECT_TRUE(absl::StrContains(HelloMismatch(verifier, verifier), "both ends are verifiers"));
+  speculator.limits.max_batch = 4;
+  EXPECT_EQ(HelloMismatch(verifier, speculator),
+            "limits.max_batch differs: verifier 8, speculator 4");
+  speculator = distributed_test::MakeHello(Role::kSpeculator);
+  speculator.model_fingerprint = "other";
+  EXPECT_TRUE(absl::StrContains(HelloMismatch(verifier, speculator), "fingerprint mismatch"));
+}
+
+}  // namespace
+}  // namespace specd

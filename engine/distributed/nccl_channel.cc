@@ -1,0 +1,263 @@
+// NcclChannel over a non-blocking 2-rank NCCL communicator (ncclCommInitRankConfig with
+// blocking = 0), so every wait has a deadline and Abort can end a hung transfer. Without NCCL at
+// configure time (SPECD_DISTRIBUTED_HAS_NCCL undefined) only the Unimplemented stubs are compiled.
+#include "engine/distributed/nccl_channel.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+
+#if defined(SPECD_DISTRIBUTED_HAS_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#endif
+
+namespace specd {
+
+#if defined(SPECD_DISTRIBUTED_HAS_NCCL)
+
+namespace {
+
+constexpr absl::Duration kPollInterval = absl::Microseconds(20);
+constexpr absl::Duration kEnqueueTimeout = absl::Seconds(30);  // an ncclSend still being queued
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
+
+absl::Status NcclError(ncclResult_t result, ncclComm_t comm, std::string_view what) {
+  const char* detail = comm != nullptr ? ncclGetLastError(comm) : "";
+  return absl::InternalError(
+      absl::StrCat(DistView(what), ": ", ncclGetErrorString(result),
+                   detail && *detail ? absl::StrCat(" (", detail, ")") : ""));
+}
+
+absl::Status CudaError(cudaError_t error, std::string_view what) {
+  return absl::InternalError(absl::StrCat(DistView(what), ": ", cudaGetErrorName(error), " (",
+                                          cudaGetErrorString(error), ")"));
+}
+
+// Polls a non-blocking communicator until its last call finished; ncclInProgress past the
+// deadline is DeadlineExceeded.
+absl::Status WaitReady(ncclComm_t comm, absl::Time deadline, std::string_view what) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return NcclError(r, comm, what);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return NcclError(state, comm, what);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(DistView(what), ": peer did not respond"));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+}
+
+// The unique id travels as BulkLinkInit from the verifier; the speculator receives it.
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Channel& control, Role role, absl::Time deadline) {
+  ncclUniqueId id;
+  if (role == Role::kVerifier) {
+    if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return NcclError(r, nullptr, "ncclGetUniqueId");
+    }
+    BulkLinkInit init;
+    init.token.assign(reinterpret_cast<const uint8_t*>(&id),
+                      reinterpret_cast<const uint8_t*>(&id) + sizeof(id));
+    SPECD_RETURN_IF_ERROR(control.Send(init, deadline - absl::Now()));
+    return id;
+  }
+  Message message;
+  SPECD_ASSIGN_OR_RETURN(const MessageType type, control.Recv(deadline - absl::Now(), &message));
+  if (type != MessageType::kBulkLinkInit) {
+    return absl::FailedPreconditionError(absl::StrCat("NCCL bootstrap: expected BulkLinkInit, got ",
+                                                      DistView(MessageTypeName(type))));
+  }
+  const BulkLinkInit& init = std::get<BulkLinkInit>(message);
+  if (init.token.size() != sizeof(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("BulkLinkInit.token: ", init.token.size(),
+                                                   " bytes, an ncclUniqueId has ", sizeof(id)));
+  }
+  std::memcpy(&id, init.token.data(), sizeof(id));
+  return id;
+}
+
+}  // namespace
+
+struct NcclChannel::Impl {
+  int rank = 0;
+  absl::Mutex mu;  // guards the communicator against Abort from another thread
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
+  bool failed ABSL_GUARDED_BY(mu) = false;  // abort instead of finalizing on destruction
+
+  // Polls until the communicator's last call finished and `stream` (when `wait_stream`) drained,
+  // releasing the mutex between polls so Abort can interrupt. DeadlineExceeded past `deadline`.
+  absl::Status Poll(absl::Time deadline, std::string_view what, bool wait_stream,
+                    cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu) {
+    while (true) {
+      const cudaError_t e = wait_stream ? cudaStreamQuery(stream) : cudaSuccess;
+      {
+        absl::MutexLock lock(&mu);
+        if (comm == nullptr) return absl::UnavailableError("NCCL channel aborted");
+        ncclResult_t state = ncclSuccess;
+        if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) state = r;
+        if (state != ncclSuccess && state != ncclInProgress) {
+          failed = true;
+          return NcclError(state, comm, what);
+        }
+        if (e != cudaSuccess && e != cudaErrorNotReady) {
+          failed = true;
+          return CudaError(e, what);
+        }
+        if (e == cudaSuccess && state == ncclSuccess) return absl::OkStatus();
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(DistView(what), ": not done in time; the peer stalled or died"));
+      }
+      absl::SleepFor(kPollInterval);
+    }
+  }
+
+  // Enqueues one point-to-point operation (send or receive) and waits until NCCL queued it (the
+  // first operation also connects the two ranks).
+  template <typename Op>
+  absl::Status Enqueue(Op op, std::string_view what) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      absl::MutexLock lock(&mu);
+      if (comm == nullptr) return absl::UnavailableError("NCCL channel aborted");
+      const ncclResult_t r = op(comm);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        failed = true;
+        return NcclError(r, comm, what);
+      }
+    }
+    absl::Status status = Poll(absl::Now() + kEnqueueTimeout, what, false, nullptr);
+    if (absl::IsDeadlineExceeded(status)) {
+      absl::MutexLock lock(&mu);
+      failed = true;
+    }
+    return status;
+  }
+};
+
+bool NcclChannel::Available() { return true; }
+
+absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& control, Role role,
+                                                                 int cuda_device,
+                                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (const cudaError_t e = cudaSetDevice(cuda_device); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("cudaSetDevice(", cuda_device, ")"));
+  }
+  SPECD_ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(control, role, deadline));
+  auto impl = std::make_unique<Impl>();
+  impl->rank = role == Role::kVerifier ? 0 : 1;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, impl->rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return NcclError(r, nullptr, "ncclCommInitRankConfig");
+  }
+  if (absl::Status ready = WaitReady(comm, deadline, "NCCL communicator init"); !ready.ok()) {
+    ncclCommAbort(comm);
+    return ready;
+  }
+  {
+    absl::MutexLock lock(&impl->mu);
+    impl->comm = comm;
+  }
+  SPECD_LOG_INFO("dist: NCCL bulk link up, rank {} on cuda:{}", impl->rank, cuda_device);
+  return std::unique_ptr<NcclChannel>(new NcclChannel(std::move(impl)));
+}
+
+NcclChannel::~NcclChannel() {
+  absl::MutexLock lock(&impl_->mu);
+  ncclComm_t comm = std::exchange(impl_->comm, nullptr);
+  if (comm == nullptr) return;
+  if (!impl_->failed && ncclCommFinalize(comm) != ncclSuccess) impl_->failed = true;
+  if (!impl_->failed && !WaitReady(comm, absl::Now() + kFinalizeTimeout, "ncclCommFinalize").ok()) {
+    impl_->failed = true;
+  }
+  if (impl_->failed) {
+    ncclCommAbort(comm);
+  } else {
+    ncclCommDestroy(comm);
+  }
+}
+
+absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda_stream) {
+  const int peer = 1 - impl_->rank;
+  return impl_->Enqueue(
+      [&](ncclComm_t comm) {
+        return ncclSend(device_data, bytes, ncclUint8, peer, comm,
+                        static_cast<cudaStream_t>(cuda_stream));
+      },
+      "ncclSend");
+}
+
+absl::Status NcclChannel::Recv(void* device_data, size_t bytes, void* cuda_stream) {
+  const int peer = 1 - impl_->rank;
+  return impl_->Enqueue(
+      [&](ncclComm_t comm) {
+        return ncclRecv(device_data, bytes, ncclUint8, peer, comm,
+                        static_cast<cudaStream_t>(cuda_stream));
+      },
+      "ncclRecv");
+}
+
+absl::Status NcclChannel::Synchronize(void* cuda_stream, absl::Duration timeout) {
+  return impl_->Poll(absl::Now() + timeout, "NCCL transfer", true,
+                     static_cast<cudaStream_t>(cuda_stream));
+}
+
+void NcclChannel::Abort() {
+  absl::MutexLock lock(&impl_->mu);
+  ncclComm_t comm = std::exchange(impl_->comm, nullptr);
+  if (comm == nullptr) return;
+  SPECD_LOG_WARN("dist: aborting the NCCL bulk link (rank {})", impl_->rank);
+  ncclCommAbort(comm);
+}
+
+#else  // !SPECD_DISTRIBUTED_HAS_NCCL
+
+struct NcclChannel::Impl {
+  int rank = 0;
+};
+
+bool NcclChannel::Available() { return false; }
+
+absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel&, Role, int,
+                                                                 absl::Duration) {
+  return absl::UnimplementedError("specd was built without NCCL: no device bulk link");
+}
+
+NcclChannel::~NcclChannel() = default;
+
+absl::Status NcclChannel::Send(const void*, size_t, void*) {
+  return absl::UnimplementedError("built without NCCL");
+}
+
+absl::Status NcclChannel::Recv(void*, size_t, void*) {
+  return absl::UnimplementedError("built without NCCL");
+}
+
+absl::Status NcclChannel::Synchronize(void*, absl::Duration) {
+  return absl::UnimplementedError("built without NCCL");
+}
+
+void NcclChannel::Abort() {}
+
+#endif  // SPECD_DISTRIBUTED_HAS_NCCL
+
+NcclChannel::NcclChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+int NcclChannel::rank() const { return impl_->rank; }
+
+}  // namespace specd

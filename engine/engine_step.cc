@@ -1,0 +1,295 @@
+// One engine step as four stages (docs/architecture.md, "The step pipeline"):
+// - Prepare: the scheduler's plan (admissions, chunked prefill, preemption) and the sample rows:
+//   the chunks whose sequence has all its tokens computed after this step draw a token.
+// - Speculate: each speculating decode's speculator proposes up to K drafts (K limited by the
+//   lookahead slots the scheduler reserved, the context and max_tokens).
+// - Verify: the first verifier that fits these rows and drafts (engine/verification: greedy on
+//   the runner, sampled on the device, exact on the host) runs ONE target pass over the whole
+//   ragged batch, built once for it: prefill chunks, plain decodes and drafted decodes (the
+//   sequence's last token, then its drafts). A plain step is the zero-draft case.
+// - Apply: the one commit path. Each speculator is told its rows' outcomes, then every row's
+//   tokens (a plain row's one token; a drafted row's accepted drafts and the correction or bonus
+//   token) are committed in order (stop strings, max_tokens, logprobs) and the accepted drafts'
+//   KV is marked computed. Rejected drafts' KV slots stay reserved and are overwritten next step.
+// Engine thread only.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+#include "engine/verification/verifier.h"
+
+namespace specd {
+namespace {
+
+// The method of each of the engine's speculators, in Speculate's order (Core::method_seconds).
+constexpr SpeculationMethod kSpeculatorMethods[3] = {
+    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kSsd};
+
+}  // namespace
+
+absl::StatusOr<bool> Engine::RunStep() {
+  Core& c = *core_;
+  c.step_start = absl::Now();
+  // Prepare.
+  const StepPlan plan = c.scheduler.Schedule();
+  NoteScheduled(plan, absl::Now());
+  if (plan.empty()) return false;
+  // Admissions changed the queue: publish before any token is streamed, so that a client
+  // reacting to its first token sees the waiting count without it.
+  PublishStats(false);
+  PlanSampling(plan);
+  // Speculate.
+  Speculate(plan);
+  // Verify.
+  Verifier& verifier = ChooseVerifier();
+  BuildBatch(plan, verifier.wants_all_logits());
+  const absl::Time verify_start = absl::Now();
+  const absl::Status s =
+      verifier.Verify(VerifyInput{c.batch, c.rows, c.drafts, c.acceptors}, &c.outcomes);
+  c.verify_seconds = absl::ToDoubleSeconds(absl::Now() - verify_start);
+  if (!s.ok()) {
+    const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      auto it = c.live.find(chunk.seq->id().value);
+      if (it != c.live.end()) FinishRequest(*it->second, FinishReason::kAbort, failed, absl::Now());
+    }
+    return failed;
+  }
+  // Apply.
+  Apply(plan);
+  return true;
+}
+
+void Engine::PlanSampling(const StepPlan& plan) {
+  Core& c = *core_;
+  c.rows.clear();
+  c.row_requests.clear();
+  if (c.banned.size() < plan.chunks.size()) c.banned.resize(plan.chunks.size());  // no moves
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const Sequence& seq = *plan.chunks[i].seq;
+    if (seq.num_computed() + plan.chunks[i].num_new_tokens != seq.num_tokens()) {
+      continue;  // a prefill chunk short of the end
+    }
+    Request& r = *c.live.find(seq.id().value)->second;
+    const SamplingParams& p = r.request.params;
+    std::vector<int32_t>& banned = c.banned[c.rows.size()];
+    banned.clear();
+    if (r.seq.num_generated() < p.min_tokens) {
+      banned = p.stop_token_ids;
+      if (!p.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
+    }
+    SampleRow row;
+    row.chunk = static_cast<int32_t>(i);
+    row.sampler = &r.sampler;
+    row.params = &p;
+    row.history = &r.history;
+    row.banned = banned;
+    row.seed = r.seed;
+    row.num_generated = r.seq.num_generated();
+    c.rows.push_back(row);
+    c.row_requests.push_back(&r);
+  }
+}
+
+Speculator* Engine::SpeculatorFor(const Request& r) const {
+  switch (r.spec.method) {
+    case SpeculationMethod::kDraftModel:
+      return draft_.get();
+    case SpeculationMethod::kNgram:
+      return ngram_.get();
+    case SpeculationMethod::kSsd:
+      return ssd_.get();
+    default:
+      return nullptr;
+  }
+}
+
+void Engine::Speculate(const StepPlan& plan) {
+  Core& c = *core_;
+  c.num_spec_rows = 0;
+  c.draft_seconds = 0;
+  c.drafts.resize(c.rows.size());
+  for (Draft& d : c.drafts) {
+    d.tokens.clear();
+    d.probs.clear();
+    d.device_probs = nullptr;
+    d.candidates.clear();
+    d.origin = DraftOrigin::kDefault;
+  }
+  const absl::Time start = absl::Now();
+  Speculator* const speculators[3] = {draft_.get(), ngram_.get(), ssd_.get()};
+  for (int m = 0; m < 3; ++m) {
+    c.method_seconds[m] = {SpeculationMethodName(kSpeculatorMethods[m]), 0, 0, 0};
+    Speculator* speculator = speculators[m];
+    if (speculator == nullptr) continue;
+    c.draft_inputs.clear();
+    c.draft_rows.clear();
+    for (size_t k = 0; k < c.rows.size(); ++k) {
+      const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
+      Request& r = *c.row_requests[k];
+      if (chunk.num_lookahead_tokens == 0 || chunk.num_new_tokens != 1 ||
+          SpeculatorFor(r) != speculator) {
+        continue;
+      }
+      const SamplingParams& p = r.request.params;
+      const int32_t num_tokens = r.seq.num_tokens();
+      // Drafts sit at positions num_tokens .. num_tokens + k - 1; a round commits at most
+      // k + 1 tokens, so no more than max_tokens - generated - 1 drafts are useful.
+      const int32_t k_max =
+          std::min({r.spec.num_speculative_tokens, chunk.num_lookahead_tokens,
+                    max_model_len_ - num_tokens, p.max_tokens - r.seq.num_generated() - 1});
+      if (k_max <= 0) continue;
+      DraftInput in;
+      in.seq_id = r.id;
+      in.tokens = r.seq.tokens();
+      in.num_draft_tokens = k_max;
+      in.params = &p;
+      in.history = &r.history;
+      in.banned = c.rows[k].banned;
+      in.num_banned_positions = std::max(0, p.min_tokens - r.seq.num_generated());
+      in.seed = r.seed;
+      in.num_generated = r.seq.num_generated();
+      in.speculation = &r.spec;
+      c.draft_inputs.push_back(in);
+      c.draft_rows.push_back(static_cast<int32_t>(k));
+    }
+    if (c.draft_inputs.empty()) continue;
+    const absl::Time propose_start = absl::Now();
+    const absl::Status s = speculator->Propose(c.draft_inputs, &c.proposed);
+    c.method_seconds[m].draft = absl::ToDoubleSeconds(absl::Now() - propose_start);
+    if (!s.ok()) {
+      SPECD_LOG_WARN("engine: speculation failed, decoding without drafts this step: {}",
+                     s.ToString());
+      continue;
+    }
+    for (size_t i = 0; i < c.draft_inputs.size(); ++i) {
+      Draft& d = c.proposed[i];
+      if (d.tokens.empty()) continue;
+      d.tokens.resize(std::min<size_t>(d.tokens.size(), c.draft_inputs[i].num_draft_tokens));
+      std::swap(c.drafts[c.draft_rows[i]], d);
+      ++c.num_spec_rows;
+    }
+  }
+  c.draft_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+Verifier& Engine::ChooseVerifier() {
+  const Core& c = *core_;
+  for (const std::unique_ptr<Verifier>& v : verifiers_) {
+    if (v->Fits(c.rows, c.drafts)) return *v;
+  }
+  return *verifiers_.back();  // the host verifier takes anything
+}
+
+void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
+  Core& c = *core_;
+  // Each chunk's drafted row, if any (a drafted decode is its sequence's only sample row).
+  c.chunk_row.assign(plan.chunks.size(), -1);
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    if (!c.drafts[k].tokens.empty()) c.chunk_row[c.rows[k].chunk] = static_cast<int32_t>(k);
+  }
+  if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
+  c.acceptors.assign(c.rows.size(), nullptr);
+  c.batch.clear();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    const Sequence& seq = *chunk.seq;
+    SequenceInput in;
+    in.start_pos = seq.num_computed();
+    in.block_table = seq.blocks().ids();
+    if (const int32_t k = c.chunk_row[i]; k >= 0) {
+      // The sequence's last committed token, then its drafts (KV in the lookahead slots).
+      std::vector<int32_t>& tokens = c.spec_tokens[k];
+      tokens.assign(1, seq.tokens().back());
+      tokens.insert(tokens.end(), c.drafts[k].tokens.begin(), c.drafts[k].tokens.end());
+      in.tokens = tokens;
+      in.all_logits = all_logits;
+      Request& r = *c.row_requests[k];
+      if (r.acceptor) c.acceptors[k] = &*r.acceptor;
+    } else {
+      in.tokens = seq.tokens().subspan(seq.num_computed(), chunk.num_new_tokens);
+    }
+    c.batch.push_back(in);
+  }
+}
+
+void Engine::Apply(const StepPlan& plan) {
+  Core& c = *core_;
+  const bool speculative = c.num_spec_rows > 0;
+  SpeculationStepMetrics metrics;
+  // Positions each method verified, taken before any commit: a commit may finish (and destroy)
+  // the request.
+  double positions[3] = {0, 0, 0};
+  if (speculative) TellSpeculators(positions);
+  c.scheduler.Postprocess(plan);
+  const absl::Time now = absl::Now();
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    Request& r = *c.row_requests[k];
+    RowOutcome& o = c.outcomes[k];
+    if (o.num_drafts > 0) {
+      metrics.num_draft_tokens.push_back(o.num_drafts);
+      metrics.num_accepted.push_back(o.num_accepted);
+      r.num_drafts += 1;
+      r.num_draft_tokens += o.num_drafts;
+      r.num_accepted_tokens += o.num_accepted;
+      const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
+      metrics.from_cache.push_back(hit ? 1 : 0);
+      if (hit) {
+        r.num_cache_hit_drafts += 1;
+        r.num_cache_hit_draft_tokens += o.num_drafts;
+        r.num_cache_hit_accepted_tokens += o.num_accepted;
+      }
+    }
+    Sequence* seq = &r.seq;
+    bool finished = false;
+    for (size_t j = 0; j < o.tokens.size() && !finished; ++j) {
+      finished = CommitToken(r, std::move(o.tokens[j]), now);
+    }
+    if (!finished && o.num_drafts > 0) c.scheduler.AcceptSpeculated(seq, o.num_accepted);
+  }
+  if (speculative && options_.observer) {
+    metrics.draft_seconds = c.draft_seconds;
+    metrics.verify_seconds = c.verify_seconds;
+    metrics.ssd = ssd_stats_;
+    AttributeStepTime(positions, metrics);
+    options_.observer->OnSpeculation(metrics);
+  }
+}
+
+void Engine::TellSpeculators(double (&positions)[3]) {
+  Core& c = *core_;
+  Speculator* const speculators[3] = {draft_.get(), ngram_.get(), ssd_.get()};
+  for (int m = 0; m < 3; ++m) {
+    if (speculators[m] == nullptr) continue;
+    c.rounds.clear();
+    for (size_t k = 0; k < c.rows.size(); ++k) {
+      const RowOutcome& o = c.outcomes[k];
+      const Request& r = *c.row_requests[k];
+      if (o.num_drafts == 0 || r.spec.method != kSpeculatorMethods[m]) continue;
+      positions[m] += static_cast<double>(o.num_drafts + 1);
+      c.rounds.push_back({r.id, o.num_drafts, o.num_accepted, o.tokens.back().id});
+    }
+    if (!c.rounds.empty()) speculators[m]->OnVerified(c.rounds);
+  }
+}
+
+void Engine::AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics) {
+  Core& c = *core_;
+  const double total_positions = positions[0] + positions[1] + positions[2];
+  if (total_positions == 0) return;
+  const double step = absl::ToDoubleSeconds(absl::Now() - c.step_start);
+  const double other = std::max(0.0, step - metrics.draft_seconds - metrics.verify_seconds);
+  for (int m = 0; m < 3; ++m) {
+    SpeculationStepMetrics::MethodSeconds t = c.method_seconds[m];
+    if (t.draft == 0 && positions[m] == 0) continue;
+    const double share = positions[m] / total_positions;
+    t.verify = metrics.verify_seconds * share;
+    t.other = other * share;
+    metrics.by_method.push_back(t);
+  }
+}
+
+}  // namespace specd

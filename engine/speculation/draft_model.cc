@@ -1,0 +1,424 @@
+#include "engine/speculation/draft_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/sample/acceptance.h"
+#include "engine/speculation/saguaro.h"
+
+namespace specd {
+namespace {
+
+// Mixed into the request's seed so the draft's draws are not the target sampler's stream.
+constexpr uint64_t kDraftSeedSalt = 0x6a09e667f3bcc909ULL;
+
+int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<int32_t>(ia - a.begin());
+}
+
+// Appends one position's candidates to draft.candidates: `top`, ids ranked best first (TopF of
+// the raw logits: ties to the lower id). A greedy draft `first` (>= 0) leads its row even where
+// penalties, min_tokens bans or a replay made it differ from the raw logits' argmax.
+void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft) {
+  if (first >= 0 && !top.empty() && top.front() != first) {
+    auto it = std::find(top.begin(), top.end(), first);
+    if (it == top.end()) {  // it displaces the last
+      top.back() = first;
+      it = top.end() - 1;
+    }
+    std::rotate(top.begin(), it, it + 1);  // `first` to the front, the rest keep their order
+  }
+  draft.candidates.insert(draft.candidates.end(), top.begin(), top.end());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> DraftModelSpeculator::Create(
+    std::unique_ptr<ModelRunner> runner, int32_t target_vocab, int32_t max_tokens_per_forward) {
+  if (runner == nullptr) return absl::InvalidArgumentError("draft model: no runner");
+  if (max_tokens_per_forward < 1) {
+    return absl::InvalidArgumentError("draft model: max_tokens_per_forward must be positive");
+  }
+  if (runner->config().vocab_size != target_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: vocab_size ", runner->config().vocab_size, " differs from the target's ",
+        target_vocab, "; a draft must share the target's tokenizer"));
+  }
+  return std::unique_ptr<DraftModelSpeculator>(
+      new DraftModelSpeculator(std::move(runner), max_tokens_per_forward));
+}
+
+DraftModelSpeculator::DraftModelSpeculator(std::unique_ptr<ModelRunner> runner,
+                                           int32_t max_tokens_per_forward)
+    : runner_(std::move(runner)),
+      max_tokens_per_forward_(max_tokens_per_forward),
+      allocator_(runner_->num_kv_blocks()) {}
+
+void DraftModelSpeculator::Release(uint64_t seq_id) {
+  auto it = states_.find(seq_id);
+  if (it == states_.end()) return;
+  it->second->blocks.Release(allocator_).IgnoreError();  // the table holds allocated blocks
+  states_.erase(it);
+}
+
+absl::Status DraftModelSpeculator::Fork(uint64_t parent, uint64_t child, int32_t num_tokens) {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("draft model: fork point ", num_tokens));
+  }
+  auto it = states_.find(parent);
+  if (it == states_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("draft model: no sequence ", parent, " to fork"));
+  }
+  if (states_.contains(child)) {
+    return absl::AlreadyExistsError(absl::StrCat("draft model: sequence ", child, " exists"));
+  }
+  const State& p = *it->second;
+  const int32_t block_size = p.blocks.block_size();
+  const int32_t num_shared =
+      std::min(num_tokens, static_cast<int32_t>(p.kv_tokens.size())) / block_size;
+  auto c = std::make_unique<State>(block_size);
+  for (int32_t b = 0; b < num_shared; ++b) {
+    if (absl::Status s = allocator_.AddRef(p.blocks.block(b)); !s.ok()) {  // a bug: p holds it
+      c->blocks.Release(allocator_).IgnoreError();
+      return absl::InternalError(absl::StrCat("draft model: fork: ", s.message()));
+    }
+    c->blocks.Append(p.blocks.block(b));
+  }
+  c->kv_tokens.assign(p.kv_tokens.begin(), p.kv_tokens.begin() + num_shared * block_size);
+  states_.emplace(child, std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelSpeculator::Adopt(uint64_t parent, uint64_t child) {
+  auto it = states_.find(child);
+  if (it == states_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("draft model: no sequence ", child, " to adopt"));
+  }
+  std::unique_ptr<State> adopted = std::move(it->second);
+  states_.erase(it);
+  Release(parent);  // drops the parent's references; blocks the child shares stay allocated
+  states_[parent] = std::move(adopted);
+  return absl::OkStatus();
+}
+
+int32_t DraftModelSpeculator::WritableStart(const State& state, int32_t start) const {
+  const int32_t block_size = state.blocks.block_size();
+  const int32_t b = start / block_size;
+  // An aligned start keeps no part of block b (Truncate drops it); a start inside a block
+  // keeps it and writes into it, which a block shared with a fork must never see.
+  if (start % block_size != 0 && b < state.blocks.num_blocks() &&
+      allocator_.ref_count(state.blocks.block(b)) > 1) {
+    return b * block_size;
+  }
+  return start;
+}
+
+int32_t DraftModelSpeculator::kv_length(uint64_t seq_id) const {
+  auto it = states_.find(seq_id);
+  return it == states_.end() ? 0 : static_cast<int32_t>(it->second->kv_tokens.size());
+}
+
+void DraftModelSpeculator::RollBack(State& state, int32_t num_valid) {
+  const int32_t start = WritableStart(state, num_valid);
+  state.kv_tokens.resize(start);
+  state.blocks.Truncate(start, allocator_).IgnoreError();  // only frees blocks it holds
+}
+
+void DraftModelSpeculator::OnVerified(std::span<const VerifiedRound> rounds) {
+  for (const VerifiedRound& r : rounds) {
+    auto it = states_.find(r.seq_id);
+    if (it == states_.end() || it->second->num_context < 0) continue;
+    State& state = *it->second;
+    // Valid: the context, then the accepted drafts whose KV was computed (kv_tokens ends at
+    // d_{k-1}, or earlier when the Propose stopped early).
+    const int32_t num_valid = std::min(static_cast<int32_t>(state.kv_tokens.size()),
+                                       state.num_context + std::max(r.num_accepted, 0));
+    RollBack(state, num_valid);
+    state.num_context = -1;
+  }
+}
+
+bool DraftModelSpeculator::Prepare(const DraftInput& in, State& state, int32_t num_drafts,
+                                   Active* active) {
+  const int32_t n = static_cast<int32_t>(in.tokens.size());
+  state.num_context = -1;
+  // Decode inputs d_1 .. d_{k-1} sit at positions n .. n + k - 2.
+  num_drafts = std::min(num_drafts, runner_->max_model_len() - n + 1);
+  if (n == 0 || num_drafts <= 0) return false;
+  // OnVerified already rolled back a told outcome; the common prefix guards the rest (forked
+  // branches, whose callers tell nothing, and sequences changed otherwise).
+  RollBack(state, std::min(CommonPrefix(state.kv_tokens, in.tokens), n - 1));
+  if (!state.blocks.EnsureCapacity(n + num_drafts - 1, allocator_).ok()) {
+    state.blocks.Release(allocator_).IgnoreError();
+    state.kv_tokens.clear();
+    return false;
+  }
+  state.num_context = n;
+  if (!state.seeded) {
+    state.rng.seed(in.seed ^ kDraftSeedSalt);  // the same request, the same drafts
+    state.seeded = true;
+  }
+  active->state = &state;
+  active->pending.assign(in.tokens.begin() + static_cast<std::ptrdiff_t>(state.kv_tokens.size()),
+                         in.tokens.end());
+  active->offset = 0;
+  active->num_wanted = num_drafts;
+  return true;
+}
+
+void DraftModelSpeculator::AppendGreedyDraft(const DraftInput& in, const CacheDraftOptions& cache,
+                                             int32_t token, std::vector<int32_t> top,
+                                             Draft& draft) const {
+  if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
+  if (cache.num_candidates > 0) {
+    const size_t at = draft.candidates.size();
+    AppendCandidates(std::move(top), token, draft);
+    if (replay_ != nullptr) {
+      replay_->Candidates(in.tokens, draft.tokens,
+                          std::span<int32_t>(draft.candidates).subspan(at));
+    }
+  }
+  draft.tokens.push_back(token);
+}
+
+void DraftModelSpeculator::DrawDraft(const DraftInput& in, const CacheDraftOptions& cache,
+                                     State& state, std::span<const float> logits, Draft& draft) {
+  const int32_t j = static_cast<int32_t>(draft.tokens.size());
+  std::span<const int32_t> banned =
+      j < in.num_banned_positions ? in.banned : std::span<const int32_t>();
+  probs_.resize(logits.size());
+  ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
+  if (in.params->greedy()) {  // a one-hot row at the argmax (lowest id on ties, as Argmax)
+    const auto token =
+        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+    AppendGreedyDraft(
+        in, cache, token,
+        cache.num_candidates > 0 ? TopF(logits, cache.num_candidates) : std::vector<int32_t>(),
+        draft);
+    return;
+  }
+  if (cache.num_candidates > 0) AppendCandidates(TopF(probs_, cache.num_candidates), -1, draft);
+  if (cache.saguaro_fan_out > 0 && cache.saguaro_c >= 0.0f && cache.saguaro_c < 1.0f) {
+    // Saguaro sampling: draw from the row with its top-F ids down-weighted by C, and hand that
+    // row on as q (verification with the drawn-from row keeps the output the target's).
+    SaguaroDownweight(probs_, TopF(probs_, cache.saguaro_fan_out), cache.saguaro_c);
+  }
+  draft.tokens.push_back(DrawFromProbs(probs_, state.rng));
+  draft.probs.insert(draft.probs.end(), probs_.begin(), probs_.end());
+}
+
+absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts) {
+  return Propose(inputs, {}, drafts, {});
+}
+
+absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts,
+                                           const std::function<bool()>& stop) {
+  return Propose(inputs, {}, drafts, stop);
+}
+
+absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
+                                           std::span<const CacheDraftOptions> cache,
+                                           std::vector<Draft>* drafts,
+                                           const std::function<bool()>& stop) {
+  if (!cache.empty() && cache.size() != inputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: ", cache.size(), " cache options for ", inputs.size(), " inputs"));
+  }
+  drafts->resize(inputs.size());
+  for (Draft& d : *drafts) {
+    d.tokens.clear();
+    d.probs.clear();
+    d.device_probs = nullptr;
+    d.candidates.clear();
+    d.origin = DraftOrigin::kDefault;
+  }
+  active_.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& in = inputs[i];
+    if (in.num_draft_tokens <= 0 || in.params == nullptr || in.history == nullptr) continue;
+    std::unique_ptr<State>& state = states_[in.seq_id];
+    if (state == nullptr) state = std::make_unique<State>(runner_->block_size());
+    Active a;
+    a.input = i;
+    if (!cache.empty()) a.cache = cache[i];
+    if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
+  }
+  device_round_ = PlanDeviceRound(inputs);
+  while (!active_.empty()) {
+    if (stop && stop()) {
+      active_.clear();
+      break;
+    }
+    SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
+  }
+  if (device_round_) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Draft& d = (*drafts)[i];
+      if (slot_base_[i] >= 0 && !d.tokens.empty() && !inputs[i].params->greedy()) {
+        d.device_probs = runner_->prob_slot(slot_base_[i]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool DraftModelSpeculator::PlanDeviceRound(std::span<const DraftInput> inputs) {
+  if (!runner_->SamplesSpeculationOnDevice()) return false;
+  bool sampled = false;
+  for (const Active& a : active_) {
+    if (a.cache.num_candidates > 0 || (a.cache.saguaro_fan_out > 0 && a.cache.saguaro_c >= 0.0f)) {
+      return false;
+    }
+    sampled = sampled || !inputs[a.input].params->greedy();
+  }
+  if (!sampled) return false;
+  slot_base_.assign(inputs.size(), -1);
+  int32_t num_slots = 0;
+  for (const Active& a : active_) {
+    slot_base_[a.input] = num_slots;
+    num_slots += a.num_wanted;
+  }
+  if (absl::Status s = runner_->ReserveProbSlots(num_slots); !s.ok()) {
+    SPECD_LOG_WARN("draft model: {}; drafting this round on the host", s.ToString());
+    return false;
+  }
+  return true;
+}
+
+absl::Status DraftModelSpeculator::DevicePass(std::span<const DraftInput> inputs,
+                                              const std::vector<Draft>& drafts) {
+  rows_.clear();
+  slots_.clear();
+  int32_t chunk = 0;
+  for (Active& a : active_) {
+    a.row = -1;
+    if (a.num_running == 0) continue;
+    const int32_t c = chunk++;
+    if (a.offset + a.num_running != a.pending.size()) continue;  // catch-up still running
+    const DraftInput& in = inputs[a.input];
+    const Draft& draft = drafts[a.input];
+    const auto j = static_cast<int32_t>(draft.tokens.size());
+    if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
+    SampleRow row;
+    row.chunk = c;
+    row.sampler = a.state->sampler.get();
+    row.params = in.params;
+    row.history = in.history;
+    row.pending = draft.tokens;
+    if (j < in.num_banned_positions) row.banned = in.banned;
+    row.seed = in.seed;
+    row.num_generated = in.num_generated + j;
+    a.row = static_cast<int32_t>(rows_.size());
+    rows_.push_back(row);
+    slots_.push_back(slot_base_[a.input] + j);
+  }
+  if (rows_.empty()) return runner_->Forward(batch_, &logits_);  // catch-up only: KV, no draw
+  return runner_->StepDraft(batch_, rows_, slots_, &drawn_);
+}
+
+absl::Status DraftModelSpeculator::ForwardPass(std::span<const DraftInput> inputs,
+                                               const std::vector<Draft>& drafts, bool* drawn) {
+  // Greedy passes sample on the runner: every row ends its sequence's pending tokens and no
+  // draft position is banned (min_tokens), so the runner's argmax is the processed one; the
+  // runner also ranks SSD's candidates (on a GPU: only ids come back). Sampled rows need their
+  // logits on the host: their passes run Forward.
+  bool greedy = true;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    const bool finishing = a.num_running > 0 && a.offset + a.num_running == a.pending.size();
+    const bool in_pass = a.num_running > 0;
+    greedy &= !in_pass || (finishing && in.params->greedy() && in.num_banned_positions == 0 &&
+                           a.cache.num_candidates <= kMaxSampleCandidates);
+  }
+  *drawn = greedy || device_round_;
+  if (!greedy && device_round_) return DevicePass(inputs, drafts);
+  if (!greedy) {
+    int32_t row = 0;
+    for (Active& a : active_) a.row = a.num_running > 0 ? row++ : -1;
+    return runner_->Forward(batch_, &logits_);
+  }
+  rows_.clear();
+  int32_t chunk = 0;
+  for (Active& a : active_) {
+    a.row = -1;
+    if (a.num_running == 0) continue;
+    a.row = chunk;
+    const DraftInput& in = inputs[a.input];
+    if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
+    SampleRow row;
+    row.chunk = chunk++;
+    row.sampler = a.state->sampler.get();
+    row.params = in.params;
+    row.history = in.history;
+    row.seed = in.seed;
+    row.num_candidates = a.cache.num_candidates;
+    rows_.push_back(row);
+  }
+  return runner_->Step(batch_, rows_, &drawn_);
+}
+
+absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
+                                           std::vector<Draft>* drafts) {
+  batch_.clear();
+  size_t budget = static_cast<size_t>(max_tokens_per_forward_);
+  // At most max_sample_rows sequences per pass (each gives at most one row): SSD's branches can
+  // outnumber what one Step draws; the rest run in the next pass.
+  auto rows_left = static_cast<size_t>(runner_->max_sample_rows());
+  for (Active& a : active_) {
+    a.num_running = rows_left == 0 ? 0 : std::min(a.pending.size() - a.offset, budget);
+    budget -= a.num_running;
+    if (a.num_running == 0) continue;
+    --rows_left;
+    SequenceInput s;
+    s.tokens = std::span<const int32_t>(a.pending).subspan(a.offset, a.num_running);
+    s.start_pos = static_cast<int32_t>(a.state->kv_tokens.size());
+    s.block_table = a.state->blocks.ids();
+    batch_.push_back(s);
+  }
+  bool drawn = false;
+  if (absl::Status s = ForwardPass(inputs, *drafts, &drawn); !s.ok()) {
+    for (const Active& a : active_) Release(inputs[a.input].seq_id);
+    active_.clear();
+    return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
+  }
+  const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
+  size_t kept = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = active_[i];
+    bool done = false;
+    if (a.num_running > 0) {
+      const auto ran = a.pending.begin() + static_cast<std::ptrdiff_t>(a.offset);
+      a.state->kv_tokens.insert(a.state->kv_tokens.end(), ran,
+                                ran + static_cast<std::ptrdiff_t>(a.num_running));
+      a.offset += a.num_running;
+      if (a.offset == a.pending.size()) {  // the row gives the next draft
+        Draft& draft = (*drafts)[a.input];
+        const auto row = static_cast<size_t>(a.row);
+        if (drawn && !inputs[a.input].params->greedy()) {  // a device round's sampled draw
+          draft.tokens.push_back(drawn_[row].id);
+        } else if (drawn) {
+          AppendGreedyDraft(inputs[a.input], a.cache, drawn_[row].id,
+                            std::move(drawn_[row].candidates), draft);
+        } else {
+          DrawDraft(inputs[a.input], a.cache, *a.state,
+                    std::span<const float>(logits_).subspan(row * vocab, vocab), draft);
+        }
+        a.pending.assign(1, draft.tokens.back());
+        a.offset = 0;
+        done = --a.num_wanted == 0;
+      }
+    }
+    if (done) continue;
+    if (kept != i) active_[kept] = std::move(a);
+    ++kept;
+  }
+  active_.resize(kept);
+  return absl::OkStatus();
+}
+
+}  // namespace specd

@@ -1,0 +1,374 @@
+#include "engine/speculation/spec_config.h"
+
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+namespace {
+
+using nlohmann::json;
+
+absl::Status FieldError(std::string_view field, std::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--speculative-config: \"", std::string(field), "\" ", std::string(what)));
+}
+
+// An integer field in [lo, hi], left unchanged when absent.
+absl::Status ReadInt(const json& j, const char* field, int64_t lo, int64_t hi, int64_t* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number_integer()) return FieldError(field, "must be an integer");
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt32(const json& j, const char* field, int64_t lo, int64_t hi, int32_t* out) {
+  int64_t v = *out;
+  if (absl::Status s = ReadInt(j, field, lo, hi, &v); !s.ok()) return s;
+  *out = static_cast<int32_t>(v);
+  return absl::OkStatus();
+}
+
+// A string field, left unchanged when absent; non-empty unless `allow_empty`.
+absl::Status ReadString(const json& j, const char* field, bool allow_empty, std::string* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string() || (!allow_empty && it->get<std::string>().empty())) {
+    return FieldError(field, "must be a non-empty string");
+  }
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+// The SSD link's secret file and TLS files (after "launch_speculator" was read).
+absl::Status ReadSsdSecurity(const json& j, SsdOptions* o) {
+  const std::pair<const char*, std::string*> files[] = {{"speculator_secret_file", &o->secret_file},
+                                                        {"speculator_tls_cert", &o->tls_cert},
+                                                        {"speculator_tls_key", &o->tls_key},
+                                                        {"speculator_tls_ca", &o->tls_ca}};
+  for (const auto& [field, out] : files) {
+    if (absl::Status s = ReadString(j, field, false, out); !s.ok()) return s;
+  }
+  const int num_tls = !o->tls_cert.empty() + !o->tls_key.empty() + !o->tls_ca.empty();
+  if (num_tls != 0 && num_tls != 3) {
+    return FieldError("speculator_tls_cert",
+                      "speculator_tls_cert, speculator_tls_key and speculator_tls_ca go together");
+  }
+  if (num_tls == 3 && o->launch) {
+    return FieldError("speculator_tls_cert",
+                      "TLS is for a speculator on another host: set \"launch_speculator\": false");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
+  if (absl::Status s = ReadInt32(j, "fan_out", 1, 64, &o->fan_out); !s.ok()) return s;
+  std::string mode = o->geometric_fan_out ? "geometric" : "constant";
+  if (absl::Status s = ReadString(j, "fan_out_mode", false, &mode); !s.ok()) return s;
+  if (mode != "geometric" && mode != "constant") {
+    return FieldError("fan_out_mode", "must be \"geometric\" or \"constant\"");
+  }
+  o->geometric_fan_out = mode == "geometric";
+  if (auto it = j.find("saguaro_c"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() < 0.0 || it->get<double>() > 1.0) {
+      return FieldError("saguaro_c", "must be a number in [0, 1]");
+    }
+    o->saguaro_c = it->get<float>();
+  }
+  if (absl::Status s = ReadInt32(j, "critical_batch_size", 0, 1 << 20, &o->critical_batch_size);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadString(j, "backup", false, &o->backup); !s.ok()) return s;
+  if (o->backup != "ngram" && o->backup != "random") {
+    return FieldError("backup", "must be \"ngram\" or \"random\"");
+  }
+  if (absl::Status s = ReadString(j, "speculator_address", false, &o->address); !s.ok()) return s;
+  if (o->address.rfind(':') == std::string::npos) {
+    return FieldError("speculator_address", "must be HOST:PORT");
+  }
+  if (auto it = j.find("launch_speculator"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return FieldError("launch_speculator", "must be true or false");
+    o->launch = it->get<bool>();
+  }
+  if (absl::Status s = ReadString(j, "speculator_binary", false, &o->binary); !s.ok()) return s;
+  std::string build = o->complete_cache ? "complete" : "interruptible";
+  if (absl::Status s = ReadString(j, "cache_build", false, &build); !s.ok()) return s;
+  if (build != "complete" && build != "interruptible") {
+    return FieldError("cache_build", "must be \"interruptible\" or \"complete\"");
+  }
+  o->complete_cache = build == "complete";
+  if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
+      return FieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
+    }
+    o->gpu_memory_utilization = it->get<double>();
+  }
+  if (absl::Status s = ReadInt32(j, "speculator_timeout_ms", 1, 600000, &o->timeout_ms); !s.ok()) {
+    return s;
+  }
+  return ReadSsdSecurity(j, o);
+}
+
+// A number field in [lo, hi], left unchanged when absent.
+absl::Status ReadUnit(const json& j, const char* field, double lo, double hi, double* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number() || it->get<double>() < lo || it->get<double>() > hi) {
+    return FieldError(field, absl::StrCat("must be a number in [", lo, ", ", hi, "]"));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+// A field of the "replay" object: its errors name it "replay.<field>".
+absl::Status InReplay(absl::Status s) {
+  if (s.ok()) return s;
+  std::string m(s.message());
+  const size_t quote = m.find('"');
+  if (quote != std::string::npos) m.insert(quote + 1, "replay.");
+  return absl::InvalidArgumentError(m);
+}
+
+absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
+  auto it = j.find("replay");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError("replay", "must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "file" && key != "alpha" && key != "candidate_hit" && key != "seed") {
+      return FieldError(absl::StrCat("replay.", key), "is not a known field");
+    }
+  }
+  if (absl::Status s = InReplay(ReadString(*it, "file", false, &o->file)); !s.ok()) return s;
+  if (o->file.empty()) return FieldError("replay.file", "is required");
+  if (absl::Status s = InReplay(ReadUnit(*it, "alpha", 0.0, 1.0, &o->alpha)); !s.ok()) return s;
+  if (absl::Status s = InReplay(ReadUnit(*it, "candidate_hit", 0.0, 1.0, &o->candidate_hit));
+      !s.ok()) {
+    return s;
+  }
+  int64_t seed = static_cast<int64_t>(o->seed);
+  if (absl::Status s =
+          InReplay(ReadInt(*it, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+      !s.ok()) {
+    return s;
+  }
+  o->seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) {
+  if (name.empty()) return SpeculationMethod::kDefault;
+  if (name == "none") return SpeculationMethod::kNone;
+  if (name == "auto") return SpeculationMethod::kAuto;
+  if (name == "draft_model" || name == "draft") return SpeculationMethod::kDraftModel;
+  if (name == "ngram") return SpeculationMethod::kNgram;
+  if (name == "ssd") return SpeculationMethod::kSsd;
+  if (name == "vegas" || name == "ssv") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation method '", std::string(name),
+                     "' is not available yet; use none, auto, draft_model, ngram or ssd"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("speculation method '", std::string(name),
+                   "' is unknown; use none, auto, draft_model, ngram or ssd"));
+}
+
+const char* SpeculationMethodName(SpeculationMethod m) {
+  switch (m) {
+    case SpeculationMethod::kDefault:
+      return "default";
+    case SpeculationMethod::kNone:
+      return "none";
+    case SpeculationMethod::kAuto:
+      return "auto";
+    case SpeculationMethod::kDraftModel:
+      return "draft_model";
+    case SpeculationMethod::kNgram:
+      return "ngram";
+    case SpeculationMethod::kSsd:
+      return "ssd";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) {
+  SpeculativeConfig config;
+  if (text.empty()) return config;
+  const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("--speculative-config must be a JSON object");
+  }
+  static constexpr const char* kKnown[] = {"method",
+                                           "model",
+                                           "num_speculative_tokens",
+                                           "prompt_lookup_min",
+                                           "prompt_lookup_max",
+                                           "draft_kv_cache_bytes",
+                                           "speculator_device",
+                                           "fan_out",
+                                           "fan_out_mode",
+                                           "saguaro_c",
+                                           "critical_batch_size",
+                                           "backup",
+                                           "speculator_address",
+                                           "launch_speculator",
+                                           "speculator_binary",
+                                           "speculator_timeout_ms",
+                                           "cache_build",
+                                           "speculator_gpu_memory_utilization",
+                                           "speculator_secret_file",
+                                           "speculator_tls_cert",
+                                           "speculator_tls_key",
+                                           "speculator_tls_ca",
+                                           "replay"};
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (const char* k : kKnown) known |= key == k;
+    if (!known) return FieldError(key, "is not a known field");
+  }
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty()) {
+      return FieldError("model", "must be a non-empty string (a draft model directory)");
+    }
+    config.draft_model = it->get<std::string>();
+  }
+  config.method =
+      config.draft_model.empty() ? SpeculationMethod::kNone : SpeculationMethod::kDraftModel;
+  if (auto it = j.find("method"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return FieldError("method", "must be a string");
+    absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(it->get<std::string>());
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculative-config: \"method\": ", std::string(m.status().message())));
+    }
+    config.method = *m == SpeculationMethod::kDefault ? config.method : *m;
+  }
+  if (absl::Status s = ReadInt32(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens,
+                                 &config.num_speculative_tokens);
+      !s.ok()) {
+    return s;
+  }
+  constexpr int64_t kMaxLookup = 64;
+  if (absl::Status s = ReadInt32(j, "prompt_lookup_min", 1, kMaxLookup, &config.prompt_lookup_min);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadInt32(j, "prompt_lookup_max", 1, kMaxLookup, &config.prompt_lookup_max);
+      !s.ok()) {
+    return s;
+  }
+  if (config.prompt_lookup_min > config.prompt_lookup_max) {
+    return FieldError("prompt_lookup_min", "must not exceed prompt_lookup_max");
+  }
+  if (absl::Status s = ReadInt(j, "draft_kv_cache_bytes", 0, std::numeric_limits<int64_t>::max(),
+                               &config.draft_kv_cache_bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (auto it = j.find("speculator_device"); it != j.end() && !it->is_null()) {
+    if (it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < 1024) {
+      config.speculator_device = absl::StrCat("cuda:", it->get<int64_t>());
+    } else if (it->is_string() && !it->get<std::string>().empty()) {
+      config.speculator_device = it->get<std::string>();
+    } else {
+      return FieldError("speculator_device",
+                        "must be a GPU index (0, 1, ...) or a device name (cpu, cuda:N)");
+    }
+  }
+  if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
+  if (absl::Status s = ReadReplayOptions(j, &config.replay); !s.ok()) return s;
+  if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
+    return FieldError("model", "is required for method draft_model");
+  }
+  if (config.method == SpeculationMethod::kSsd && config.draft_model.empty()) {
+    return FieldError("model", "is required for method ssd (the speculator's draft model)");
+  }
+  return config;
+}
+
+std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
+  json j;
+  j["method"] = SpeculationMethodName(c.method);
+  if (!c.draft_model.empty()) j["model"] = c.draft_model;
+  j["num_speculative_tokens"] = c.num_speculative_tokens;
+  j["prompt_lookup_min"] = c.prompt_lookup_min;
+  j["prompt_lookup_max"] = c.prompt_lookup_max;
+  j["draft_kv_cache_bytes"] = c.draft_kv_cache_bytes;
+  if (!c.speculator_device.empty()) j["speculator_device"] = c.speculator_device;
+  j["fan_out"] = c.ssd.fan_out;
+  j["fan_out_mode"] = c.ssd.geometric_fan_out ? "geometric" : "constant";
+  if (c.ssd.saguaro_c >= 0.0f) j["saguaro_c"] = c.ssd.saguaro_c;
+  j["critical_batch_size"] = c.ssd.critical_batch_size;
+  j["backup"] = c.ssd.backup;
+  j["speculator_address"] = c.ssd.address;
+  j["launch_speculator"] = c.ssd.launch;
+  if (!c.ssd.binary.empty()) j["speculator_binary"] = c.ssd.binary;
+  j["speculator_timeout_ms"] = c.ssd.timeout_ms;
+  j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
+  if (c.ssd.gpu_memory_utilization > 0) {
+    j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"speculator_secret_file", &c.ssd.secret_file},
+      {"speculator_tls_cert", &c.ssd.tls_cert},
+      {"speculator_tls_key", &c.ssd.tls_key},
+      {"speculator_tls_ca", &c.ssd.tls_ca}};
+  for (const auto& [field, value] : files) {
+    if (!value->empty()) j[field] = *value;
+  }
+  if (c.replay.enabled()) {
+    j["replay"] = {{"file", c.replay.file},
+                   {"alpha", c.replay.alpha},
+                   {"candidate_hit", c.replay.candidate_hit},
+                   {"seed", static_cast<int64_t>(c.replay.seed & 0x7fffffffffffffffULL)}};
+  }
+  return j.dump();
+}
+
+absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
+                                                       const SpeculativeConfig& server,
+                                                       bool has_draft_model, bool has_ssd) {
+  if (request.num_speculative_tokens < 0 ||
+      request.num_speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens,
+                     "], got ", request.num_speculative_tokens));
+  }
+  SpeculationMethod method =
+      request.method == SpeculationMethod::kDefault ? server.method : request.method;
+  if (method == SpeculationMethod::kAuto) {
+    method = has_draft_model ? SpeculationMethod::kDraftModel : SpeculationMethod::kNgram;
+  }
+  if (method == SpeculationMethod::kDraftModel && !has_draft_model) {
+    return absl::InvalidArgumentError(
+        "speculation.method draft_model needs a draft model; start the server with "
+        "--speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'");
+  }
+  if (method == SpeculationMethod::kSsd && !has_ssd) {
+    return absl::InvalidArgumentError(
+        "speculation.method ssd needs a speculator; start the server with "
+        "--speculative-config '{\"method\": \"ssd\", \"model\": DIR}'");
+  }
+  if (request.saguaro_c > 1.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
+  }
+  ResolvedSpeculation out;
+  if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
+  out.method = method;
+  out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;
+  out.num_speculative_tokens = request.num_speculative_tokens > 0 ? request.num_speculative_tokens
+                                                                  : server.num_speculative_tokens;
+  return out;
+}
+
+}  // namespace specd

@@ -1,0 +1,128 @@
+// What a request and the server say about speculative decoding, and how the two combine.
+// A request carries SpeculationParams (HTTP `speculation`, gRPC SpeculationOptions); the
+// server's defaults come from `--speculative-config` (vLLM's JSON: method, model,
+// num_speculative_tokens, prompt_lookup_min/max). ResolveSpeculation is the small policy that
+// turns both into what runs: which speculator and how many draft tokens per round.
+// Pure values and functions; any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specd {
+
+// kDefault: the request said nothing (the server's default applies). kAuto: let the server
+// pick (the draft model when one is loaded, else n-gram prompt lookup).
+// kSsd: speculative speculative decoding (Saguaro) with a speculator process on its own device.
+enum class SpeculationMethod { kDefault, kNone, kAuto, kDraftModel, kNgram, kSsd };
+
+// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd"; "" is kDefault. Methods that
+// later issues add ("vegas", "ssv") are InvalidArgument "not available yet"; anything else is
+// InvalidArgument naming the accepted values.
+absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name);
+const char* SpeculationMethodName(SpeculationMethod m);  // "none", "draft_model", "ngram", ...
+
+// Longest draft one round may carry (requests and config alike).
+inline constexpr int32_t kMaxSpeculativeTokens = 64;
+
+// Per-request options.
+struct SpeculationParams {
+  SpeculationMethod method = SpeculationMethod::kDefault;
+  int32_t num_speculative_tokens = 0;  // 0: the server's default
+  float saguaro_c = -1.0f;             // SSD: Saguaro down-weighting C in [0, 1]; < 0: default
+};
+
+// SSD's settings (method "ssd"; docs/architecture.md "SSD"): the speculator process, its
+// speculation cache and the fallback tiers.
+struct SsdOptions {
+  int32_t fan_out = 3;              // F: cache budget per acceptance length, B = (K + 1) * F
+  bool geometric_fan_out = true;    // F_k from the online alpha_p and r; false: F at every k
+  float saguaro_c = -1.0f;          // default C for sampled requests; < 0: by temperature
+  int32_t critical_batch_size = 0;  // b*: misses of batches this large go to the backup; 0: from
+                                    // the measured hit rate and latencies (saguaro.h)
+  std::string backup = "ngram";     // the fast backup speculator: "ngram" or "random"
+  std::string address = "127.0.0.1:0";  // where the verifier listens for its speculator
+  bool launch = true;         // the verifier starts (and restarts) the speculator process itself
+  std::string binary;         // the specd executable it launches; "": this process's own
+  int32_t timeout_ms = 2000;  // longest wait for drafts before a round goes without them
+  // The speculation cache is built until the verifier's next request arrives (the paper's
+  // verification window), or always completely before answering it ("cache_build":
+  // "complete": deterministic hit rates, for tests and measurements of the cache itself).
+  bool complete_cache = false;
+  // The speculator process's gpu_memory_utilization (a fraction of the whole GPU, counting
+  // memory others hold); 0: the verifier's. On the verifier's own GPU it must exceed the share
+  // the verifier holds (e.g. verifier 0.45, speculator 0.9).
+  double gpu_memory_utilization = 0;
+  // The link's security (engine/distributed/link_auth.h, tls.h). A launched speculator gets a fresh
+  // secret per launch; without launch both ends read it from secret_file (mode 0600; or
+  // $SPECD_SPECULATOR_SECRET). TLS 1.3 with mutual certificates signed by tls_ca, all three
+  // files or none, for speculators on other hosts (not with launch).
+  std::string secret_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+};
+
+// Benchmark-only controlled acceptance (JSON "replay": {"file": PATH, "alpha": A,
+// "candidate_hit": H, "seed": S}; engine/speculation/draft_replay.h): the draft model still runs
+// every forward pass, but for greedy rows whose context follows a recorded greedy continuation of
+// the target, its draft equals the recorded next token with probability alpha (else another token),
+// and the recorded token is its best alternative candidate with probability candidate_hit. Results
+// measured with it are controlled-acceptance results, never a model's.
+struct DraftReplayOptions {
+  std::string
+      file;  // JSONL, one {"tokens": [...]} per line (prompt + target continuation); "": off
+  double alpha = 0.8;
+  double candidate_hit = 0.9;
+  uint64_t seed = 0;
+  bool enabled() const { return !file.empty(); }
+};
+
+// The server's speculation settings (`--speculative-config`), immutable after parsing.
+struct SpeculativeConfig {
+  SpeculationMethod method = SpeculationMethod::kNone;  // default for requests that say nothing
+  std::string draft_model;             // HF model dir of the draft (method draft_model); may be
+                                       // set with another default method, so requests can ask
+  int32_t num_speculative_tokens = 4;  // default K
+  int32_t prompt_lookup_min = 1;       // n-gram: shortest suffix matched
+  int32_t prompt_lookup_max = 4;       // n-gram: longest suffix matched
+  int64_t draft_kv_cache_bytes = 0;    // draft model's KV pool; 0: the device default
+  std::string speculator_device;       // where the draft runs ("cpu", "cuda:N"; JSON also takes
+                                       // an integer N); "": the target's device
+  SsdOptions ssd;                      // method ssd (the draft is `draft_model`)
+  DraftReplayOptions replay;           // benchmarks only: controlled acceptance of the draft
+
+  bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
+};
+
+// Parses vLLM-style JSON, e.g. {"method": "draft_model", "model": "DIR",
+// "num_speculative_tokens": 4} or {"method": "ngram", "prompt_lookup_max": 4}. "" gives the
+// default (no speculation). InvalidArgument naming the field for unknown fields, wrong types
+// or out-of-range values, or a draft_model method without "model".
+absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view json);
+
+// The JSON ParseSpeculativeConfig reads back into `config` (how the verifier hands its SSD
+// settings to the speculator process it launches).
+std::string SpeculativeConfigToJson(const SpeculativeConfig& config);
+
+// What one request runs with.
+struct ResolvedSpeculation {
+  SpeculationMethod method = SpeculationMethod::kNone;  // kNone, kDraftModel, kNgram or kSsd
+  int32_t num_speculative_tokens = 0;                   // K; 0 when method is kNone
+  float saguaro_c = -1.0f;                              // SSD: the request's C, else the server's
+  bool enabled() const { return method != SpeculationMethod::kNone; }
+};
+
+// The request's method (or the server default when it gave none), `auto` resolved to the draft
+// model when `has_draft_model`, else n-gram; K from the request, else the server's.
+// InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded, K
+// outside [0, kMaxSpeculativeTokens] or C outside [0, 1].
+absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
+                                                       const SpeculativeConfig& server,
+                                                       bool has_draft_model, bool has_ssd = false);
+
+}  // namespace specd

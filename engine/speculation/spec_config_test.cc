@@ -1,0 +1,214 @@
+#include "engine/speculation/spec_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace specd {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(SpeculativeConfigTest, EmptyMeansNoSpeculation) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->method, SpeculationMethod::kNone);
+  EXPECT_FALSE(c->enabled());
+}
+
+TEST(SpeculativeConfigTest, ParsesVllmStyleDraftModelConfig) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(
+      R"({"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 7})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kDraftModel);
+  EXPECT_EQ(c->draft_model, "/m/draft");
+  EXPECT_EQ(c->num_speculative_tokens, 7);
+  EXPECT_EQ(c->speculator_device, "");
+  c = ParseSpeculativeConfig(R"({"model": "/m/draft", "speculator_device": 1})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->speculator_device, "cuda:1");
+  c = ParseSpeculativeConfig(R"({"model": "/m/draft", "speculator_device": "cpu"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->speculator_device, "cpu");
+}
+
+TEST(SpeculativeConfigTest, ModelAloneImpliesDraftModelAndNgramKeepsLookupBounds) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(R"({"model": "d"})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->method, SpeculationMethod::kDraftModel);
+  EXPECT_EQ(c->num_speculative_tokens, 4);
+  c = ParseSpeculativeConfig(R"({"method": "ngram", "prompt_lookup_min": 2,
+                                 "prompt_lookup_max": 5})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->method, SpeculationMethod::kNgram);
+  EXPECT_EQ(c->prompt_lookup_min, 2);
+  EXPECT_EQ(c->prompt_lookup_max, 5);
+}
+
+TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"not json", "JSON object"},
+      {"[1]", "JSON object"},
+      {R"({"method": "draft_model"})", "\"model\""},
+      {R"({"method": "magic"})", "unknown"},
+      {R"({"method": "vegas", "model": "d"})", "not available yet"},
+      {R"({"method": "ssd"})", "\"model\""},
+      {R"({"method": "ssd", "model": "d", "fan_out": 0})", "fan_out"},
+      {R"({"method": "ssd", "model": "d", "fan_out_mode": "fancy"})", "fan_out_mode"},
+      {R"({"method": "ssd", "model": "d", "saguaro_c": 1.5})", "saguaro_c"},
+      {R"({"method": "ssd", "model": "d", "backup": "eagle"})", "backup"},
+      {R"({"method": "ssd", "model": "d", "speculator_address": "nohost"})", "HOST:PORT"},
+      {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
+      {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
+      {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
+      {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 0})",
+       "speculator_gpu_memory_utilization"},
+      {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 1.5})",
+       "speculator_gpu_memory_utilization"},
+      {R"({"method": 3})", "\"method\""},
+      {R"({"num_speculative_tokens": 0, "method": "ngram"})", "num_speculative_tokens"},
+      {R"({"num_speculative_tokens": 65, "method": "ngram"})", "num_speculative_tokens"},
+      {R"({"num_speculative_tokens": 2.5, "method": "ngram"})", "integer"},
+      {R"({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2})",
+       "prompt_lookup_min"},
+      {R"({"model": ""})", "\"model\""},
+      {R"({"model": "d", "speculator_device": -1})", "speculator_device"},
+      {R"({"model": "d", "speculator_device": ""})", "speculator_device"},
+      {R"({"method": "ngram", "draft_tensor_parallel_size": 1})", "not a known field"},
+  };
+  for (const auto& [json, message] : cases) {
+    absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(json);
+    ASSERT_FALSE(c.ok()) << json;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_THAT(c.status().message(), HasSubstr(message)) << json;
+  }
+}
+
+TEST(SpeculativeConfigTest, ParsesSsdOptions) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(
+      R"({"method": "ssd", "model": "/m/draft", "num_speculative_tokens": 7,
+          "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
+          "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
+          "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete",
+          "speculator_gpu_memory_utilization": 0.8})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kSsd);
+  EXPECT_EQ(c->num_speculative_tokens, 7);
+  EXPECT_EQ(c->speculator_device, "cuda:1");
+  EXPECT_EQ(c->ssd.fan_out, 4);
+  EXPECT_FALSE(c->ssd.geometric_fan_out);
+  EXPECT_FLOAT_EQ(c->ssd.saguaro_c, 0.5f);
+  EXPECT_EQ(c->ssd.critical_batch_size, 8);
+  EXPECT_EQ(c->ssd.backup, "random");
+  EXPECT_EQ(c->ssd.address, "0.0.0.0:7000");
+  EXPECT_FALSE(c->ssd.launch);
+  EXPECT_EQ(c->ssd.timeout_ms, 500);
+  EXPECT_TRUE(c->ssd.complete_cache);
+  EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
+  // The JSON handed to a launched speculator reads back the same.
+  absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));
+  EXPECT_EQ(back->ssd.backup, "random");
+  EXPECT_DOUBLE_EQ(back->ssd.gpu_memory_utilization, 0.8);
+  EXPECT_EQ(back->speculator_device, "cuda:1");
+  // Requests may ask for SSD only when the server runs it; C per request overrides the server's.
+  auto r = ResolveSpeculation({SpeculationMethod::kSsd, 0, 0.25f}, *c, true, /*has_ssd=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->method, SpeculationMethod::kSsd);
+  EXPECT_EQ(r->num_speculative_tokens, 7);
+  EXPECT_FLOAT_EQ(r->saguaro_c, 0.25f);
+  r = ResolveSpeculation({SpeculationMethod::kSsd, 0}, *c, true, /*has_ssd=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FLOAT_EQ(r->saguaro_c, 0.5f);
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kSsd, 0}, *c, true, false).ok());
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kSsd, 0, 1.5f}, *c, true, true).ok());
+}
+
+// The SSD link's security files (issue 15): read, handed on to the speculator, and TLS only as
+// all three files for a speculator the verifier does not launch.
+TEST(SpeculativeConfigTest, ParsesSsdLinkSecurityFiles) {
+  absl::StatusOr<SpeculativeConfig> c = ParseSpeculativeConfig(
+      R"({"method": "ssd", "model": "/m/draft", "launch_speculator": false,
+          "speculator_secret_file": "/etc/specd/secret", "speculator_tls_cert": "/c.pem",
+          "speculator_tls_key": "/k.pem", "speculator_tls_ca": "/ca.pem"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ssd.secret_file, "/etc/specd/secret");
+  EXPECT_EQ(c->ssd.tls_cert, "/c.pem");
+  EXPECT_EQ(c->ssd.tls_key, "/k.pem");
+  EXPECT_EQ(c->ssd.tls_ca, "/ca.pem");
+  absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ssd.tls_ca, "/ca.pem");
+  EXPECT_EQ(back->ssd.secret_file, "/etc/specd/secret");
+  const absl::Status partial = ParseSpeculativeConfig(
+                                   R"({"method": "ssd", "model": "/m", "launch_speculator": false,
+          "speculator_tls_cert": "/c.pem"})")
+                                   .status();
+  EXPECT_TRUE(absl::IsInvalidArgument(partial)) << partial;
+  EXPECT_NE(partial.message().find("go together"), std::string::npos) << partial;
+  const absl::Status launched =
+      ParseSpeculativeConfig(
+          R"({"method": "ssd", "model": "/m", "speculator_tls_cert": "/c.pem",
+          "speculator_tls_key": "/k.pem", "speculator_tls_ca": "/ca.pem"})")
+          .status();
+  EXPECT_NE(launched.message().find("launch_speculator"), std::string::npos) << launched;
+}
+
+TEST(ResolveSpeculationTest, RequestOverridesServerDefault) {
+  SpeculativeConfig server;
+  server.method = SpeculationMethod::kDraftModel;
+  server.draft_model = "d";
+  server.num_speculative_tokens = 5;
+  auto r = ResolveSpeculation({}, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kDraftModel);
+  EXPECT_EQ(r->num_speculative_tokens, 5);
+  r = ResolveSpeculation({SpeculationMethod::kNgram, 3}, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kNgram);
+  EXPECT_EQ(r->num_speculative_tokens, 3);
+  r = ResolveSpeculation({SpeculationMethod::kNone, 0}, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->enabled());
+  EXPECT_EQ(r->num_speculative_tokens, 0);
+}
+
+TEST(ResolveSpeculationTest, AutoPicksTheDraftModelWhenLoadedElseNgram) {
+  const SpeculativeConfig server;  // no speculation by default
+  auto r = ResolveSpeculation({SpeculationMethod::kAuto, 0}, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kDraftModel);
+  r = ResolveSpeculation({SpeculationMethod::kAuto, 0}, server, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kNgram);
+  EXPECT_EQ(r->num_speculative_tokens, 4);
+  r = ResolveSpeculation({}, server, false);  // nothing asked, nothing configured
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->enabled());
+}
+
+TEST(ResolveSpeculationTest, DraftModelWithoutOneOrBadKIsAnInvalidArgument) {
+  const SpeculativeConfig server;
+  auto r = ResolveSpeculation({SpeculationMethod::kDraftModel, 4}, server, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("--speculative-config"));
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kNgram, -1}, server, false).ok());
+  EXPECT_FALSE(ResolveSpeculation({SpeculationMethod::kNgram, 65}, server, false).ok());
+  EXPECT_TRUE(ResolveSpeculation({SpeculationMethod::kNgram, 64}, server, false).ok());
+}
+
+TEST(ParseSpeculationMethodTest, AcceptsNamesAndAliases) {
+  EXPECT_EQ(*ParseSpeculationMethod(""), SpeculationMethod::kDefault);
+  EXPECT_EQ(*ParseSpeculationMethod("draft"), SpeculationMethod::kDraftModel);
+  EXPECT_EQ(*ParseSpeculationMethod("draft_model"), SpeculationMethod::kDraftModel);
+  EXPECT_EQ(*ParseSpeculationMethod("ngram"), SpeculationMethod::kNgram);
+  EXPECT_EQ(*ParseSpeculationMethod("auto"), SpeculationMethod::kAuto);
+  EXPECT_EQ(*ParseSpeculationMethod("none"), SpeculationMethod::kNone);
+  EXPECT_FALSE(ParseSpeculationMethod("Draft").ok());
+}
+
+}  // namespace
+}  // namespace specd
