@@ -208,7 +208,8 @@ void SsdSpeculator::LinkDown(const absl::Status& why) {
 void SsdSpeculator::OnVerified(std::span<const VerifiedRound> rounds) {
   for (const VerifiedRound& r : rounds) {
     auto it = seqs_.find(r.seq_id);
-    if (it != seqs_.end() && it->second.synced) it->second.accepted_len = r.num_accepted;
+    if (it == seqs_.end() || !it->second.synced || it->second.num_remote_drafts == 0) continue;
+    it->second.accepted_len = std::min(r.num_accepted, it->second.num_remote_drafts);
   }
 }
 
@@ -311,6 +312,7 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
     s.synced = true;
     s.num_sent = in.tokens.size();
     s.accepted_len = 0;
+    s.num_remote_drafts = 0;
   }
   return new_tokens;
 }
@@ -370,6 +372,7 @@ void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const
                : d.status == DraftStatus::kMissBackup ? DraftOrigin::kBackup
                                                       : DraftOrigin::kPrimary;
   out.tokens.assign(tokens.begin(), tokens.end());
+  s.num_remote_drafts = static_cast<int32_t>(out.tokens.size());
   if (!in.params->greedy() && !out.tokens.empty()) {
     const std::span<const float> rows =
         response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));

@@ -74,6 +74,9 @@ class SsdSpeculator : public Speculator {
     bool synced = false;       // the speculator holds its context up to num_sent tokens
     size_t num_sent = 0;       // committed tokens the speculator was told
     int32_t accepted_len = 0;  // of its last drafts, told by OnVerified (0: told nothing)
+    // Drafts of the speculator's last reply handed to the engine (0: none, or the round used
+    // local drafts): only an outcome of those is the speculator's to hear.
+    int32_t num_remote_drafts = 0;
   };
 
   explicit SsdSpeculator(const SsdSpeculatorOptions& o);
