@@ -63,6 +63,22 @@ class SpecObserver : public EngineObserver {
   std::vector<int64_t> accepted_at, drafted_at;  // [position]
 };
 
+// Keeps the last SSD counters the engine reported (a copy: the pointer is only valid in the
+// call).
+class SsdObserver : public SpecObserver {
+ public:
+  void OnSpeculation(const SpeculationStepMetrics& m) override {
+    SpecObserver::OnSpeculation(m);
+    std::lock_guard lock(mu_);
+    if (m.ssd != nullptr) last = *m.ssd;
+  }
+  SsdStats Last() {
+    std::lock_guard lock(mu_);
+    return last;
+  }
+  SsdStats last;
+};
+
 inline std::unique_ptr<Engine> MakeEngine(const std::string& model, const std::string& spec_json,
                                           std::shared_ptr<EngineObserver> observer = nullptr) {
   EngineOptions o;

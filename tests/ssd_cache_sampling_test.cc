@@ -34,21 +34,6 @@ namespace {
 
 using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
-// Keeps the last SSD counters the engine reported (as in ssd_test).
-class SsdObserver : public SpecObserver {
- public:
-  void OnSpeculation(const SpeculationStepMetrics& m) override {
-    SpecObserver::OnSpeculation(m);
-    std::lock_guard lock(mu_);
-    if (m.ssd != nullptr) last = *m.ssd;
-  }
-  SsdStats Last() {
-    std::lock_guard lock(mu_);
-    return last;
-  }
-  SsdStats last;
-};
-
 constexpr int32_t kK = 2;
 // Every round waits for the whole cache ("complete"), so hits do not depend on how fast this
 // machine is; the deadline leaves a loaded machine time for it. Fan-out 1: the outcome the test

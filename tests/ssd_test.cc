@@ -43,22 +43,6 @@ namespace {
 
 using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
-// Keeps the last SSD counters the engine reported (a copy: the pointer is only valid in the
-// call).
-class SsdObserver : public SpecObserver {
- public:
-  void OnSpeculation(const SpeculationStepMetrics& m) override {
-    SpecObserver::OnSpeculation(m);
-    std::lock_guard lock(mu_);
-    if (m.ssd != nullptr) last = *m.ssd;
-  }
-  SsdStats Last() {
-    std::lock_guard lock(mu_);
-    return last;
-  }
-  SsdStats last;
-};
-
 std::string SsdConfig(int32_t k, const std::string& extra = "") {
   return R"({"method": "ssd", "model": ")" + kDraft + R"(", "num_speculative_tokens": )" +
          std::to_string(k) + R"(, "speculator_binary": ")" + SPECD_BINARY + R"(", "fan_out": 3)" +
