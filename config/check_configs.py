@@ -94,8 +94,12 @@ def readme_flags():
 
 
 def serve_flags_from_source(source_dir):
-    with open(os.path.join(source_dir, "server", "serve_options.cc"), encoding="utf-8") as f:
-        return {"--" + n for n in re.findall(r'p\.Add\("([a-z0-9-]+)"', f.read())}
+    # serve_options.cc registers its flags; flags.cc the tensor-parallel ones it shares.
+    text = ""
+    for name in ("serve_options.cc", "flags.cc"):
+        with open(os.path.join(source_dir, "server", name), encoding="utf-8") as f:
+            text += f.read()
+    return {"--" + n for n in re.findall(r'p\.Add\("([a-z0-9-]+)"', text)}
 
 
 class SchemaTest(unittest.TestCase):
@@ -242,8 +246,10 @@ class ServeTest(unittest.TestCase):
                 self.assertNotIn("--config", p.stderr)
                 self.assertRegex(p.stderr, r"--(model|device)")
                 # With CPU-only overrides it must start (speculative_config: see the file's
-                # comments; the runnable alternative it shows is checked below).
-                d = self.daemon.Daemon(ARGS.specd, "--config", path, "--device", "cpu",
+                # comments; the runnable alternative it shows is checked below). A
+                # tensor-parallel example runs with 2 CPU ranks (codepair has 6 heads).
+                tp = ["--tensor-parallel-size", "2"] if "tp" in name else []
+                d = self.daemon.Daemon(ARGS.specd, "--config", path, "--device", "cpu", *tp,
                                        "--speculative-config=", "--max-model-len", "2048",
                                        "--kv-cache-memory-bytes", str(64 << 20),
                                        "--threads", "0", source_dir=ARGS.source,

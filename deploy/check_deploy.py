@@ -31,8 +31,7 @@ sys.dont_write_bytecode = True  # importing sibling scripts leaves no __pycache_
 SOURCE = None
 DEPLOY = None
 # Tensor-parallel flags the LeaderWorkerSet example uses before `specd serve` has them.
-LWS_PLACEHOLDER_FLAGS = {"tensor-parallel-size", "nnodes", "node-rank", "master-addr",
-                         "master-port"}
+LWS_PLACEHOLDER_FLAGS = set()  # every flag the LWS example uses is real (issue 17)
 
 
 def yaml_files(*roots):
@@ -68,8 +67,12 @@ def pod_templates(obj):
 
 
 def serve_flags():
-    with open(os.path.join(SOURCE, "server", "serve_options.cc"), encoding="utf-8") as f:
-        return set(re.findall(r'p\.Add\("([a-z0-9-]+)"', f.read())) | {"help"}
+    # serve_options.cc registers its flags; flags.cc the tensor-parallel ones it shares.
+    text = ""
+    for name in ("serve_options.cc", "flags.cc"):
+        with open(os.path.join(SOURCE, "server", name), encoding="utf-8") as f:
+            text += f.read()
+    return set(re.findall(r'p\.Add\("([a-z0-9-]+)"', text)) | {"help"}
 
 
 def drain_timeout(config_text):

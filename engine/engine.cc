@@ -8,6 +8,7 @@
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
+#include "engine/parallel/tp_group.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/ngram.h"
@@ -126,7 +127,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   runner.kv_cache_bytes = options.kv_cache_bytes;
   runner.gpu_memory_utilization = options.gpu_memory_utilization;
   runner.enforce_eager = options.enforce_eager;
-  SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateModelRunner(runner));
+  if (options.tensor_parallel.size > 1) {
+    SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateTpGroup(runner, ToTpGroupOptions(options)));
+  } else {
+    SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateModelRunner(runner));
+  }
   const ModelConfig& config = engine->runner_->config();
   if (std::filesystem::exists(std::filesystem::path(options.model_dir) / "tokenizer.json")) {
     SPECD_ASSIGN_OR_RETURN(engine->tokenizer_, Tokenizer::FromDir(options.model_dir));

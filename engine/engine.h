@@ -41,6 +41,22 @@ class Speculator;
 class Verifier;
 struct StepPlan;
 
+// Tensor parallelism (`--tensor-parallel-size` and friends, vLLM's names): the target is split
+// over `size` ranks, one process each; this process is rank 0 and launches the workers of its
+// host (`specd worker`), and with nnodes > 1 the other hosts' workers join it
+// (docs/architecture.md, "Tensor parallelism").
+struct TensorParallelOptions {
+  int32_t size = 1;    // ranks; 1: no tensor parallelism
+  int32_t nnodes = 1;  // hosts, size / nnodes ranks each
+  int32_t node_rank = 0;
+  std::string master_addr = "127.0.0.1";       // where the other hosts' workers connect
+  int32_t master_port = 0;                     // 0: a free port (one host only)
+  std::string secret_file;                     // several hosts: the group's secret (mode 0600)
+  absl::Duration timeout = absl::Seconds(60);  // a silent rank fails the group after this
+  std::string communicator = "auto";           // auto (GPUs: nccl; CPUs: shm), nccl, shm
+  std::string worker_binary;                   // the `specd` to launch workers from; "": this one
+};
+
 struct EngineOptions {
   std::string model_dir;
   // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (a GPU when one is visible). The library
@@ -65,6 +81,7 @@ struct EngineOptions {
   // Speculative decoding (`--speculative-config`): the default method and K for requests
   // that do not choose, and the draft model to load (it runs on `device`, with its own KV).
   SpeculativeConfig speculative;
+  TensorParallelOptions tensor_parallel;
   std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
 
@@ -152,6 +169,10 @@ struct EngineStats {
   int32_t kv_blocks_total = 0;
   bool draining = false;
   bool running = false;  // engine thread started and not stopped
+  // The tensor-parallel group lost a rank (for good): every request ended with `failure`, new
+  // ones are refused, and the server should report not ready and exit non-zero.
+  bool failed = false;
+  std::string failure;
   // SSD's counters as the engine thread last published them (at start and after every
   // step), for metrics scraped while idle; none without SSD.
   std::optional<SsdStats> ssd;
@@ -349,5 +370,24 @@ struct SpeculatorProcessOptions {
   std::string secret_file;
 };
 absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options);
+
+// `specd worker`: one rank (or, without --rank, one node's ranks) of a tensor-parallel group;
+// see TensorParallelOptions. Returns when rank 0 shuts the group down (OK) or the group fails.
+struct WorkerProcessOptions {
+  std::string master_addr = "127.0.0.1";
+  int32_t master_port = 0;
+  int32_t rank = -1;  // -1: all of this node's ranks (needs size, nnodes, node_rank)
+  int32_t size = 0;
+  int32_t nnodes = 1;
+  int32_t node_rank = 0;
+  std::string device = "auto";
+  int32_t num_threads = 0;
+  std::string secret_file;
+  absl::Duration connect_timeout = absl::Seconds(120);
+  // Called once this process's rank loaded its shard and joined (a node process: once its
+  // ranks started), e.g. to turn a readiness probe on. Any thread.
+  std::function<void()> on_ready;
+};
+absl::Status RunWorkerProcess(const WorkerProcessOptions& options);
 
 }  // namespace specd

@@ -28,6 +28,10 @@
 
 namespace specd {
 
+struct TpGroupOptions;
+// EngineOptions::tensor_parallel for CreateTpGroup (engine_tp.cc).
+TpGroupOptions ToTpGroupOptions(const EngineOptions& options);
+
 // One request while it is live: its scheduler Sequence plus what turns logits into
 // streamed text. Owned by Core::live; engine thread (or the offline caller) only.
 struct Engine::Request {

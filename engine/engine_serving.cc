@@ -37,6 +37,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request, OutputCallback
       return absl::UnavailableError("the engine is not running");
     }
     if (shared_->draining) return absl::UnavailableError("the engine is draining");
+    if (const absl::Status group = runner_->GroupStatus(); !group.ok()) return group;
     const int64_t queued = int64_t{shared_->stats.num_waiting} + shared_->inbox.size();
     if (queued >= options_.max_waiting) {
       return absl::ResourceExhaustedError(
@@ -100,6 +101,11 @@ EngineStats Engine::Stats() const {
   EngineStats s = shared_->stats;
   s.num_waiting += static_cast<int32_t>(shared_->inbox.size());
   s.draining = shared_->draining;
+  // Read live: a watchdog thread fails the group, possibly while the engine thread is idle.
+  if (const absl::Status group = runner_->GroupStatus(); !group.ok()) {
+    s.failed = true;
+    s.failure = std::string(group.message());
+  }
   return s;
 }
 
@@ -204,6 +210,12 @@ void Engine::ServeLoop() {
       absl::StatusOr<bool> step = RunStep();
       if (!step.ok()) SPECD_LOG_ERROR("engine: step failed: {}", step.status().ToString());
       ran = step.ok() && *step;
+    }
+    // A tensor-parallel group that lost a rank cannot run another step: end everything now,
+    // with the group's reason (the server then reports not ready and exits).
+    if (const absl::Status group = runner_->GroupStatus(); !group.ok() && !core_->live.empty()) {
+      FinishAll(group);
+      ran = false;
     }
     PublishStats(ran);
     if (!ran && !core_->live.empty()) WaitWhileStalled();

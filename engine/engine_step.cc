@@ -51,7 +51,11 @@ absl::StatusOr<bool> Engine::RunStep() {
       verifier.Verify(VerifyInput{c.batch, c.rows, c.drafts, c.acceptors}, &c.outcomes);
   c.verify_seconds = absl::ToDoubleSeconds(absl::Now() - verify_start);
   if (!s.ok()) {
-    const absl::Status failed = absl::InternalError(absl::StrCat("forward failed: ", s.message()));
+    // A tensor-parallel group that lost a rank says so (Unavailable, naming the rank): that is
+    // what every request of the step ends with; anything else is an internal failure.
+    const absl::Status group = runner_->GroupStatus();
+    const absl::Status failed =
+        !group.ok() ? group : absl::InternalError(absl::StrCat("forward failed: ", s.message()));
     for (const ScheduledChunk& chunk : plan.chunks) {
       auto it = c.live.find(chunk.seq->id().value);
       if (it != c.live.end()) FinishRequest(*it->second, FinishReason::kAbort, failed, absl::Now());

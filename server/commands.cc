@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/flags.h"
+#include "server/worker_health.h"
 
 namespace specd {
 namespace {
@@ -42,6 +43,9 @@ struct GenerateFlags {
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   std::optional<int64_t> seed;
   bool json = false, ignore_eos = false;
+  int32_t tensor_parallel_size = 1;
+  double tp_timeout_s = 60;
+  std::string tp_communicator = "auto";
 
   void Register(FlagParser& p) {
     p.Add("model", &model, "HF model directory (default models/codepair/target)");
@@ -65,6 +69,8 @@ struct GenerateFlags {
           "fraction of the GPU's memory specd may hold (default 0.9)");
     p.Add("enforce-eager", &enforce_eager, "no CUDA graphs (debugging)");
     p.Add("threads", &threads, "CPU threads (0 = all cores)");
+    AddTensorParallelFlags(p, &tensor_parallel_size, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           &tp_timeout_s, &tp_communicator);
     p.Add("max-model-len", &max_model_len, "context limit (0 = the model's)");
     p.Add("speculative-config", &speculative_config,
           "speculative decoding, JSON as for specd serve (e.g. {\"method\": \"draft_model\", "
@@ -172,6 +178,11 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   options.enforce_eager = f.enforce_eager;
   options.num_threads = f.threads;
   options.max_model_len = f.max_model_len;
+  SPECD_RETURN_IF_ERROR(
+      CheckTensorParallelFlags(f.tensor_parallel_size, 1, 0, 0, f.tp_timeout_s, f.tp_communicator));
+  options.tensor_parallel.size = f.tensor_parallel_size;
+  options.tensor_parallel.timeout = absl::Seconds(f.tp_timeout_s);
+  options.tensor_parallel.communicator = f.tp_communicator;
   SPECD_ASSIGN_OR_RETURN(options.speculative, ParseSpeculativeConfig(f.speculative_config));
   GenerateRequest request;
   SPECD_ASSIGN_OR_RETURN(request.speculation, ToSpeculationParams(f));
@@ -280,6 +291,47 @@ absl::Status RunSpeculator(const std::vector<std::string>& args) {
   }
   o.connect_timeout = absl::Seconds(connect_timeout_s);
   return RunSpeculatorProcess(o);
+}
+
+absl::Status RunWorker(const std::vector<std::string>& args) {
+  FlagParser p;
+  WorkerProcessOptions o;
+  std::optional<std::string> log_level;
+  int64_t connect_timeout_s = 120;
+  p.Add("rank", &o.rank, "this process's rank (1..N-1); omit to start all of this node's ranks");
+  p.Add("device", &o.device, "cpu | cuda:N | auto (default: cuda:<rank> with NCCL, else cpu)");
+  p.Add("threads", &o.num_threads, "CPU threads of this rank (0 = all cores)");
+  p.Add("secret-file", &o.secret_file,
+        "the group's secret file (rank 0's --tp-secret-file; or $SPECD_TP_SECRET)");
+  p.Add("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach rank 0 (120)");
+  int32_t health_port = -1;
+  p.Add("health-port", &health_port,
+        "serve GET /health and /ready (ready once joined) on this port for probes (-1 = off)");
+  AddTensorParallelFlags(p, &o.size, &o.nnodes, &o.node_rank, &o.master_addr, &o.master_port,
+                         nullptr, nullptr, nullptr);
+  p.Add("log-level", &log_level, "trace|debug|info|warn|error (default info)");
+  if (WantsHelp(args)) {
+    std::printf(
+        "usage: specd worker --master-addr HOST --master-port PORT (--rank R | "
+        "--tensor-parallel-size N --nnodes M --node-rank K) [flags]\n%s",
+        p.Usage().c_str());
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(p.Parse(args));
+  if (!SetLogLevel(log_level.value_or("info"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-level: unknown level '", *log_level, "'"));
+  }
+  if (o.master_port <= 0 || o.master_port > 65535) {
+    return absl::InvalidArgumentError("--master-port PORT (rank 0's) is required");
+  }
+  o.connect_timeout = absl::Seconds(connect_timeout_s);
+  std::unique_ptr<WorkerHealth> health;
+  if (health_port >= 0) {
+    SPECD_ASSIGN_OR_RETURN(health, WorkerHealth::Start(health_port));
+    o.on_ready = [h = health.get()] { h->SetReady(true); };
+  }
+  return RunWorkerProcess(o);
 }
 
 }  // namespace specd

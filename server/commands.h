@@ -15,5 +15,7 @@ absl::Status RunTokenize(const std::vector<std::string>& args);
 // --speculative-config '{"method": "ssd", ...}'; run it by hand on another host with
 // "launch_speculator": false).
 absl::Status RunSpeculator(const std::vector<std::string>& args);
+// `specd worker`: a worker rank of a tensor-parallel group (engine.h RunWorkerProcess).
+absl::Status RunWorker(const std::vector<std::string>& args);
 
 }  // namespace specd

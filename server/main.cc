@@ -1,5 +1,5 @@
-// specd: command-line entry point. Subcommands: serve, generate, tokenize, speculator. Main thread
-// only.
+// specd: command-line entry point. Subcommands: serve, generate, tokenize, speculator, worker. Main
+// thread only.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -19,7 +19,8 @@ constexpr char kUsage[] =
     "  serve      run the OpenAI-compatible HTTP (and gRPC) server (see specd serve --help)\n"
     "  generate   generate text from a prompt (see specd generate --help)\n"
     "  tokenize   JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout\n"
-    "  speculator the SSD speculator process (see specd speculator --help)\n";
+    "  speculator the SSD speculator process (see specd speculator --help)\n"
+    "  worker     a worker rank of a tensor-parallel group (see specd worker --help)\n";
 
 }  // namespace
 
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
     status = specd::RunTokenize(args);
   } else if (command == "speculator") {
     status = specd::RunSpeculator(args);
+  } else if (command == "worker") {
+    status = specd::RunWorker(args);
   } else if (command == "--help" || command == "help") {
     std::fputs(kUsage, stdout);
     return 0;

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -68,13 +70,19 @@ absl::Status InstallShutdownSignals() {
   return absl::OkStatus();
 }
 
-// Blocks until SIGINT or SIGTERM arrived (possibly already, while loading); its number.
-int WaitForShutdownSignal() {
+// Blocks until SIGINT or SIGTERM arrived (possibly already, while loading): its number; or until
+// `failed()` (checked every 200 ms) says the engine cannot go on: 0.
+int WaitForShutdownSignal(const std::function<bool()>& failed) {
   for (;;) {
     // poll() first: ThreadSanitizer runs a signal's handler only at an interceptor it treats
     // as blocking (poll is one, read is not), so a TSan build blocked in read() never wakes.
     pollfd readable = {g_signal_pipe[0], POLLIN, 0};
-    if (poll(&readable, 1, -1) < 0 && errno != EINTR) return SIGTERM;
+    const int ready = poll(&readable, 1, 200);
+    if (ready < 0 && errno != EINTR) return SIGTERM;
+    if (ready == 0) {
+      if (failed()) return 0;
+      continue;
+    }
     char byte = 0;
     const ssize_t n = read(g_signal_pipe[0], &byte, 1);
     if (n == 1) return byte;
@@ -138,6 +146,9 @@ class ServeProcess {
   // Opens the API and prints the line scripts wait for.
   void Announce();
   void Drain(int sig);
+  // Whether the engine failed for good (a tensor-parallel rank lost), and the shutdown then.
+  bool EngineFailed() const;
+  absl::Status Fail();
 
  private:
   static http::RouterOptions MakeRouterOptions(const ServeOptions& o) {
@@ -221,6 +232,48 @@ void ServeProcess::Announce() {
   std::fflush(stderr);
 }
 
+// How long a failed engine gets to end its requests before the process exits anyway.
+constexpr absl::Duration kFailStopGrace = absl::Seconds(15);
+
+bool ServeProcess::EngineFailed() const { return engine_->Stats().failed; }
+
+// The tensor-parallel group lost a rank: readiness fails, the engine has ended every request
+// with the group's error (it refuses new ones), the front ends flush and close, and specd exits
+// non-zero so that the orchestrator restarts the group.
+absl::Status ServeProcess::Fail() {
+  const std::string why = engine_->Stats().failure;
+  SPECD_LOG_ERROR("engine failed: {}; shutting down", why);
+  router_.SetDraining();
+#ifdef SPECD_HAVE_GRPC
+  if (grpc_) grpc_->SetServing(false);
+#endif
+  // The engine thread ends every request with the group's error. After a rank died it may also
+  // be stuck in a device wait that only the communicator's abort releases, so Stop gets a
+  // deadline.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    engine_->Stop();
+    stopped = true;
+  });
+  const absl::Time deadline = absl::Now() + kFailStopGrace;
+  while (!stopped && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  http_->Shutdown(kFlushGrace);
+#ifdef SPECD_HAVE_GRPC
+  if (grpc_) grpc_->Shutdown(absl::Now() + kFlushGrace);
+#endif
+  if (stopped) {
+    stopper.join();
+  } else {
+    SPECD_LOG_ERROR("the engine did not stop within {}s; exiting anyway",
+                    absl::ToInt64Seconds(kFailStopGrace));
+    stopper.detach();
+  }
+  // Exit without destructors: tearing the device down after a failed group can wait forever.
+  std::fprintf(stderr, "specd serve: error: %s\n", why.c_str());
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
 // Readiness fails and new requests get 503 at once; in-flight requests get up to the drain
 // timeout; then the engine stops (aborting what is left) and both front ends flush and close.
 void ServeProcess::Drain(int sig) {
@@ -262,7 +315,9 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   SPECD_RETURN_IF_ERROR(process.StartEngine());
   SPECD_RETURN_IF_ERROR(process.StartGrpc());
   process.Announce();
-  process.Drain(WaitForShutdownSignal());
+  const int sig = WaitForShutdownSignal([&process] { return process.EngineFailed(); });
+  if (sig == 0) return process.Fail();
+  process.Drain(sig);
   return absl::OkStatus();
 }
 

@@ -32,6 +32,8 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
         "fraction of the GPU's memory specd may hold (default 0.9)");
   p.Add("enforce-eager", &o.enforce_eager, "no CUDA graphs (debugging)");
   p.Add("threads", &o.threads, "CPU compute threads (0 = one per core)");
+  AddTensorParallelFlags(p, &o.tensor_parallel_size, &o.nnodes, &o.node_rank, &o.master_addr,
+                         &o.master_port, &o.tp_secret_file, &o.tp_timeout_s, &o.tp_communicator);
   p.Add("host", &o.host, "address to listen on (default 0.0.0.0)");
   p.Add("port", &o.port, "HTTP port (default 8000; 0 = pick a free port)");
   p.Add("grpc-port", &o.grpc_port, "gRPC port (default 50051; 0 = free port; -1 = off)");
@@ -123,6 +125,14 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   num(c.gpu_memory_utilization(), &o->gpu_memory_utilization);
   if (c.enforce_eager()) o->enforce_eager = true;
   num(c.threads(), &o->threads);
+  num(c.tensor_parallel_size(), &o->tensor_parallel_size);
+  num(c.nnodes(), &o->nnodes);
+  num(c.node_rank(), &o->node_rank);
+  str(c.master_addr(), &o->master_addr);
+  num(c.master_port(), &o->master_port);
+  str(c.tp_secret_file(), &o->tp_secret_file);
+  num(c.tp_timeout_s(), &o->tp_timeout_s);
+  str(c.tp_communicator(), &o->tp_communicator);
   str(c.host(), &o->host);
   num(c.port(), &o->port);
   num(c.grpc_port(), &o->grpc_port);
@@ -192,6 +202,8 @@ absl::Status Validate(const ServeOptions& o) {
   SPECD_RETURN_IF_ERROR(CheckRange("grpc-port", o.grpc_port, -1, 65535));
   SPECD_RETURN_IF_ERROR(CheckRange("max-model-len", o.max_model_len, 0, 1 << 24));
   SPECD_RETURN_IF_ERROR(CheckRange("threads", o.threads, 0, 4096));
+  SPECD_RETURN_IF_ERROR(CheckTensorParallelFlags(o.tensor_parallel_size, o.nnodes, o.node_rank,
+                                                 o.master_port, o.tp_timeout_s, o.tp_communicator));
   SPECD_RETURN_IF_ERROR(CheckRange("max-num-seqs", o.max_num_seqs, 1, 1 << 20));
   SPECD_RETURN_IF_ERROR(CheckRange("max-num-batched-tokens", o.max_num_batched_tokens, 1, 1 << 24));
   SPECD_RETURN_IF_ERROR(CheckRange("max-waiting-requests", o.max_waiting_requests, 1, 1 << 24));
@@ -292,6 +304,14 @@ EngineOptions ToEngineOptions(const ServeOptions& o) {
   e.max_waiting = o.max_waiting_requests;
   e.enable_prefix_caching = !o.disable_prefix_caching;
   e.speculative = o.speculative;
+  e.tensor_parallel.size = o.tensor_parallel_size;
+  e.tensor_parallel.nnodes = o.nnodes;
+  e.tensor_parallel.node_rank = o.node_rank;
+  e.tensor_parallel.master_addr = o.master_addr;
+  e.tensor_parallel.master_port = o.master_port;
+  e.tensor_parallel.secret_file = o.tp_secret_file;
+  e.tensor_parallel.timeout = absl::Seconds(o.tp_timeout_s);
+  e.tensor_parallel.communicator = o.tp_communicator;
   return e;
 }
 

@@ -28,6 +28,15 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
   bool enforce_eager = false;           // CUDA: no CUDA graphs
   int32_t threads = 0;                  // CPU compute threads; 0: one per core
+  // Tensor parallelism (EngineOptions::tensor_parallel): ranks, hosts, rendezvous, faults.
+  int32_t tensor_parallel_size = 1;
+  int32_t nnodes = 1;
+  int32_t node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int32_t master_port = 0;
+  std::string tp_secret_file;
+  double tp_timeout_s = 60;
+  std::string tp_communicator = "auto";
   // Front ends
   std::string host = "0.0.0.0";
   int32_t port = 8000;        // 0: pick a free port

@@ -171,6 +171,30 @@ TEST_F(CodepairCudaTest, DraftOnAnotherDeviceEqualsPlainDecoding) {
                                "draft on " + o.speculative.speculator_device + ", target cuda:0");
 }
 
+// Speculation rounds whose verification and draft catch-up steps replay round graphs give the
+// output of the same rounds run eagerly (enforce_eager: neither graphs nor padding), up to bf16
+// flips, at K 2 and 7.
+TEST_F(CodepairCudaTest, SpeculationThroughRoundGraphsEqualsEager) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.draft_model = ModelDir("codepair/draft");
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  o.speculative.num_speculative_tokens = 7;
+  EngineOptions e = o;
+  e.enforce_eager = true;
+  auto graphs = MakeEngine(o), eager = MakeEngine(e);
+  ASSERT_TRUE(graphs && eager);
+  for (int32_t k : {2, 7}) {
+    std::vector<GenerateRequest> requests = GoldenRequests();
+    for (GenerateRequest& r : requests) r.speculation = {SpeculationMethod::kDraftModel, k};
+    const auto g = Batch(*graphs, requests), x = Batch(*eager, requests);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(GreedyAgrees(
+          "K=" + std::to_string(k) + " prompt " + std::to_string(i) + " eager vs round graphs",
+          requests[i].prompt_ids, x[i], g[i], *cpu_, *gpu_));
+    }
+  }
+}
+
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
 // what the host scan over the same step's ids gives, for drafts that are all right, wrong at
 // the first or the last position, and a draftless row, in one ragged batch.
@@ -303,9 +327,9 @@ TEST_F(CodepairCudaTest, LogprobsBansAndPenaltiesReachTheGpuSampler) {
   EXPECT_LE(most, 3) << "penalties should stop a token from repeating";
 }
 
-// SSD's draft ranks candidates on the GPU (kernels::TopKRows inside Step): for a prefill chunk
-// (eager) and for decode steps of a batch (graph replay) they are exactly the top raw logits of
-// the same step run through Forward, whatever penalties the row's sampler applies.
+// SSD's draft ranks candidates on the GPU (kernels::TopKRows inside Step): for short prefill
+// chunks (a round graph) and for decode steps of a batch (a decode graph) they are exactly the top
+// raw logits of the same step run through Forward, whatever penalties the row's sampler applies.
 TEST_F(CodepairCudaTest, StepCandidatesAreTheTopRawLogitsOfTheSameStep) {
   ModelRunner& r = gpu_->runner();
   const int32_t vocab = r.config().vocab_size;
@@ -338,7 +362,7 @@ TEST_F(CodepairCudaTest, StepCandidatesAreTheTopRawLogitsOfTheSameStep) {
     }
     return rows;
   };
-  for (int step = 0; step < 2; ++step) {  // 0: prefill chunks (eager); 1: decode (graph)
+  for (int step = 0; step < 2; ++step) {  // 0: short prefill chunks (a round graph); 1: decode
     std::vector<SequenceInput> batch;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const std::vector<int32_t>& p = prompts[i];

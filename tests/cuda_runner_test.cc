@@ -5,6 +5,7 @@
 // (d) a random-weight model with Llama-3.1-8B's shapes (--load-format dummy) serving requests
 //     through the Engine's serving API;
 // (e) out-of-memory at weight load and KV allocation as clear errors;
+// (f) round graphs: verification steps replayed through CUDA graphs against eager runs;
 // plus the fill kernels (kernels/cuda/init.h).
 //
 // Data: models under $SPECD_SHARED_DIR/models (default: the build's SPECD_SHARED_DIR), shapes
@@ -282,6 +283,213 @@ TEST(DummyShapesTest, Llama8BShapedModelServesRequestsEndToEnd) {
     for (int32_t t : ids[id]) EXPECT_TRUE(t >= 0 && t < 128256) << t;
   }
   engine->Stop();
+}
+
+// ---- (f) round graphs: verification steps replay CUDA graphs (issue 16, point 4) ----
+
+// Codepair's target with rows for 16 sequences of up to 16 verified positions each.
+std::unique_ptr<ModelRunner> RoundRunner(bool eager) {
+  RunnerOptions o = Options(ModelDir("codepair/target"), "cuda");
+  o.enforce_eager = eager;
+  o.max_sample_rows = 256;
+  return MakeRunner(o);
+}
+
+CudaRunner::GraphStats StatsOf(ModelRunner& r) { return static_cast<CudaRunner&>(r).graph_stats(); }
+
+std::vector<std::vector<int32_t>> GoldenPrompts() {
+  std::vector<std::vector<int32_t>> out;
+  // Held in a local: a range-for over ReadJson(...)["target"] would outlive its temporary.
+  const nlohmann::json golden = ReadJson(ModelDir("codepair/golden.json"));
+  for (const auto& e : golden["target"]) {
+    out.push_back(Ids(e["prompt_ids"]));
+  }
+  return out;
+}
+
+// What one verification step of `r` gives, and the logits of every position of its chunks
+// (Forward with all_logits over the same chunks first: [sum of K_i + 1, vocab]).
+struct RoundOutcome {
+  std::vector<float> logits;
+  std::vector<GreedyVerifyResult> results;
+};
+
+// Row i verifies drafts[i] after prompts[i] (whose last token starts the chunk), in fresh
+// sequences of `r`: greedy rows, or temperature-1 rows seeded seed + i (deterministic drafts:
+// one-hot q).
+RoundOutcome RunRound(ModelRunner& r, const std::vector<std::vector<int32_t>>& prompts,
+                      const std::vector<std::vector<int32_t>>& drafts, bool sampled,
+                      uint64_t seed) {
+  const size_t n = prompts.size();
+  BlockAllocator allocator(r.num_kv_blocks());
+  std::vector<BlockTable> tables;
+  std::vector<std::vector<int32_t>> chunks(n);
+  std::vector<TokenHistory> histories(n);
+  std::vector<SequenceInput> prefill, batch;
+  SamplingParams params;
+  params.temperature = sampled ? 1.0f : 0.0f;
+  Sampler sampler(params, 1);
+  for (size_t i = 0; i < n; ++i) {
+    tables.emplace_back(r.block_size());
+    const auto len = static_cast<int32_t>(prompts[i].size() + drafts[i].size());
+    EXPECT_TRUE(tables.back().EnsureCapacity(len, allocator).ok());
+    histories[i].AddPrompt(prompts[i]);
+    chunks[i] = {prompts[i].back()};
+    chunks[i].insert(chunks[i].end(), drafts[i].begin(), drafts[i].end());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const auto start = static_cast<int32_t>(prompts[i].size()) - 1;
+    prefill.push_back(
+        {std::span<const int32_t>(prompts[i]).first(start), 0, tables[i].ids(), false});
+    batch.push_back({chunks[i], start, tables[i].ids(), /*all_logits=*/true});
+  }
+  RoundOutcome out;
+  std::vector<float> ignored;
+  absl::Status s;
+  for (const SequenceInput& p : prefill) {  // one prompt at a time: the batch may not fit
+    s = r.Forward({&p, 1}, &ignored);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  s = r.Forward(batch, &out.logits);
+  EXPECT_TRUE(s.ok()) << s;
+  std::vector<SampleRow> rows(n);
+  std::vector<std::span<const int32_t>> spans;
+  for (size_t i = 0; i < n; ++i) {
+    batch[i].all_logits = false;
+    rows[i].chunk = static_cast<int32_t>(i);
+    rows[i].sampler = &sampler;
+    rows[i].params = &params;
+    rows[i].history = &histories[i];
+    rows[i].seed = seed + i;
+    spans.emplace_back(drafts[i]);
+  }
+  const std::vector<DraftProbs> probs(n);
+  s = sampled ? r.StepSampledVerify(batch, rows, spans, probs, &out.results)
+              : r.StepGreedyVerify(batch, rows, spans, &out.results);
+  EXPECT_TRUE(s.ok()) << s;
+  out.results.resize(n);
+  for (BlockTable& t : tables) EXPECT_TRUE(t.Release(allocator).ok());
+  return out;
+}
+
+// Verification batches of 1 to 13 sequences (graph buckets 1, 4, 8 and 16) with K varying per
+// row and from step to step (1 to 7 drafts, wrong at varying positions, a draftless row), built
+// from codepair's greedy continuations.
+struct RoundCase {
+  std::vector<std::vector<int32_t>> prompts, drafts;
+};
+RoundCase MakeRoundCase(int n, int shift, bool plant_errors,
+                        const std::vector<std::vector<int32_t>>& golden,
+                        const std::vector<std::vector<int32_t>>& truth, int32_t vocab) {
+  constexpr int kK[] = {1, 2, 3, 4, 7};
+  RoundCase c;
+  for (int i = 0; i < n; ++i) {
+    const size_t p = static_cast<size_t>(i) % golden.size();
+    const int k = i == 2 ? 0 : kK[(i + shift) % 5];
+    c.prompts.push_back(golden[p]);
+    c.drafts.emplace_back(truth[p].begin(), truth[p].begin() + k);
+    const int wrong = (i + shift) % (k + 2);  // k or k + 1: every draft right
+    if (plant_errors && wrong < k) c.drafts.back()[wrong] = (c.drafts.back()[wrong] + 1) % vocab;
+  }
+  return c;
+}
+
+const int kRoundCases[][2] = {{1, 3}, {3, 0}, {8, 1}, {13, 2}, {3, 4}, {1, 3}};  // {n, shift}
+
+// Greedy verification through round graphs gives the eager runner's accepted lengths and tokens,
+// except where bf16 noise between the two runs explains a flip (GreedyAgrees' rule: at the first
+// position where they differ, the eager margin for its token is at most twice the largest
+// |graph - eager| logit difference of that row); the logits of the same chunks agree at bf16
+// tolerance; every verification step replays a round graph; a repeated shape reuses its graph.
+TEST(RoundGraphTest, GreedyVerificationThroughGraphsEqualsEager) {
+  ASSERT_TRUE(DataPresent(ModelDir("codepair/target")));
+  auto graph = RoundRunner(/*eager=*/false);
+  Harness eager(RoundRunner(/*eager=*/true));
+  ASSERT_TRUE(graph && eager.ok());
+  ASSERT_FALSE(static_cast<CudaRunner&>(*graph).graph_batch_sizes().empty());
+  const int32_t vocab = graph->config().vocab_size;
+  const std::vector<std::vector<int32_t>> golden = GoldenPrompts();
+  ASSERT_FALSE(golden.empty());
+  std::vector<std::vector<int32_t>> truth;
+  for (const auto& p : golden) truth.push_back(eager.Greedy(p, 8));
+  int rows = 0, flips = 0;
+  int32_t graphs_before_repeat = 0;
+  for (size_t c = 0; c < std::size(kRoundCases); ++c) {
+    const auto [n, shift] = kRoundCases[c];
+    const RoundCase rc = MakeRoundCase(n, shift, /*plant_errors=*/true, golden, truth, vocab);
+    if (c + 1 == std::size(kRoundCases)) graphs_before_repeat = StatsOf(*graph).round_graphs;
+    const CudaRunner::GraphStats before = StatsOf(*graph);
+    const RoundOutcome a = RunRound(*graph, rc.prompts, rc.drafts, false, 0);
+    const RoundOutcome b = RunRound(eager.runner(), rc.prompts, rc.drafts, false, 0);
+    const CudaRunner::GraphStats after = StatsOf(*graph);
+    // The chunks' Forward and the verification step, at least.
+    EXPECT_GE(after.round_launches - before.round_launches, 2) << "batch " << n;
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t row = 0; row < a.logits.size() / vocab; ++row) {
+      EXPECT_LE(RelError(Row(a.logits, row, vocab), Row(b.logits, row, vocab)), kBf16RelTolerance)
+          << "batch " << n << " logits row " << row;
+    }
+    for (int i = 0, first = 0; i < n; first += static_cast<int>(rc.drafts[i].size()) + 1, ++i) {
+      ++rows;
+      const GreedyVerifyResult &g = a.results[i], &e = b.results[i];
+      if (g.num_accepted == e.num_accepted && g.next.id == e.next.id) continue;
+      const int j = std::min(g.num_accepted, e.num_accepted);
+      const int32_t g_token = g.num_accepted > j ? rc.drafts[i][j] : g.next.id;
+      const int32_t e_token = e.num_accepted > j ? rc.drafts[i][j] : e.next.id;
+      const auto gr = Row(a.logits, first + j, vocab), er = Row(b.logits, first + j, vocab);
+      const double margin = double{er[e_token]} - er[g_token];
+      const double error = MaxAbsDiff(gr, er);
+      ++flips;
+      std::printf(
+          "[ round graphs ] batch %d row %d: graph %d/%d, eager %d/%d; margin %.5f, "
+          "error %.5f\n",
+          n, i, g.num_accepted, g.next.id, e.num_accepted, e.next.id, margin, error);
+      EXPECT_LE(margin, 2 * error) << "batch " << n << " row " << i;
+    }
+  }
+  EXPECT_EQ(StatsOf(*graph).round_graphs, graphs_before_repeat) << "a repeated shape recaptured";
+  EXPECT_EQ(StatsOf(eager.runner()).round_launches + StatsOf(eager.runner()).decode_launches, 0);
+  const CudaRunner::GraphStats s = StatsOf(*graph);
+  std::printf(
+      "[ round graphs ] %d rows, %d bf16 flips; %lld round replays, %d round graphs "
+      "holding %lld bytes\n",
+      rows, flips, static_cast<long long>(s.round_launches), s.round_graphs,
+      static_cast<long long>(s.round_graph_bytes));
+}
+
+// Seeded sampled verification through round graphs: the same seeds give the same outcomes when
+// replayed, and the eager runner's outcomes on all but a few rows (bf16 noise can move p across
+// an acceptance test's uniform).
+TEST(RoundGraphTest, SeededSampledVerificationThroughGraphsRepeatsAndFollowsEager) {
+  ASSERT_TRUE(DataPresent(ModelDir("codepair/target")));
+  auto graph = RoundRunner(/*eager=*/false);
+  Harness eager(RoundRunner(/*eager=*/true));
+  ASSERT_TRUE(graph && eager.ok());
+  const int32_t vocab = graph->config().vocab_size;
+  const std::vector<std::vector<int32_t>> golden = GoldenPrompts();
+  ASSERT_FALSE(golden.empty());
+  std::vector<std::vector<int32_t>> truth;
+  for (const auto& p : golden) truth.push_back(eager.Greedy(p, 8));
+  int rows = 0, agree = 0;
+  for (size_t c = 0; c < std::size(kRoundCases); ++c) {
+    const auto [n, shift] = kRoundCases[c];
+    const RoundCase rc = MakeRoundCase(n, shift, /*plant_errors=*/false, golden, truth, vocab);
+    const uint64_t seed = 1000 * (c + 1);
+    const int64_t launches = StatsOf(*graph).round_launches;
+    const RoundOutcome a = RunRound(*graph, rc.prompts, rc.drafts, true, seed);
+    const RoundOutcome again = RunRound(*graph, rc.prompts, rc.drafts, true, seed);
+    const RoundOutcome b = RunRound(eager.runner(), rc.prompts, rc.drafts, true, seed);
+    EXPECT_GE(StatsOf(*graph).round_launches - launches, 4) << "batch " << n;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(a.results[i].num_accepted, again.results[i].num_accepted) << "batch " << n;
+      EXPECT_EQ(a.results[i].next.id, again.results[i].next.id) << "batch " << n;
+      ++rows;
+      agree += a.results[i].num_accepted == b.results[i].num_accepted &&
+               a.results[i].next.id == b.results[i].next.id;
+    }
+  }
+  std::printf("[ round graphs, sampled ] %d of %d rows as eager\n", agree, rows);
+  EXPECT_GE(agree, rows * 9 / 10);
 }
 
 // ---- (e) out of memory ----

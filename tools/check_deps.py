@@ -14,10 +14,12 @@ import sys
 
 # Inside engine/ a module includes only modules before it in this order. The scheduler plans
 # steps without knowing how they run, so it comes before model/ and runner/ and may include
-# base/ and kv/ alone; tokenizer/ and distributed/ (the SSD channel) know only base/.
+# base/ and kv/ alone; tokenizer/ and distributed/ (the SSD channel, the tensor-parallel
+# communicators) know only base/; parallel/ (the tensor-parallel group) joins runner/ and
+# distributed/.
 ENGINE_ORDER = ["engine/base", "engine/kv", "engine/sched", "engine/tokenizer", "engine/sample",
-                "engine/model", "engine/runner", "engine/distributed", "engine/speculation",
-                "engine/verification"]
+                "engine/model", "engine/runner", "engine/distributed", "engine/parallel",
+                "engine/speculation", "engine/verification"]
 BASE_ONLY = {"engine/tokenizer", "engine/distributed"}
 # kernels/ may be included only by the engine modules listed here, and only the parts named:
 # bf16 conversion (base), the CPU references (model's RoPE, spec's Philox sampling), and the

@@ -125,7 +125,23 @@ inline std::vector<Message> AllSampleMessages() {
           Heartbeat{.sent_unix_ns = 1718000000123456789},
           Shutdown{.reason = "draining"},
           BulkLinkInit{.kind = 1, .token = token},
-          HelloAuth{.proof = std::vector<uint8_t>(32, 0xc3)}};
+          HelloAuth{.proof = std::vector<uint8_t>(32, 0xc3)},
+          TpInit{.rank = 1,
+                 .world_size = 2,
+                 .model_dir = "/models/target",
+                 .load_format = "auto",
+                 .comm_kind = "shm",
+                 .comm_token = {'a', 'b', '0', '1'},
+                 .max_num_seqs = 8,
+                 .kv_cache_bytes = 1 << 20},
+          TpReady{.ok = true, .num_kv_blocks = 77, .device = "cpu (2 threads)", .reason = ""},
+          TpStep{.step_id = 9,
+                 .method = TpMethod::kGreedyVerify,
+                 .seqs = {TpSeq{0, 3, 1, false}, TpSeq{40, 2, 3, false}},
+                 .tokens = {1, 2, 3, 4, 5},
+                 .block_ids = {0, 5, 6, 7},
+                 .rows = {TpRow{0, -1, 0}, TpRow{1, 0, 1}}},
+          TpJoin{.rank = 1, .host = "node-a"}};
 }
 
 // Encodes `message` into a plain byte vector (test convenience; fails the process on error).

@@ -131,7 +131,7 @@ void GetBytes(ByteReader& r, size_t max_bytes, const char* field, std::vector<ui
 }  // namespace
 
 void Check(const Hello& m, const WireLimits&, FieldErrors* e) {
-  if (m.role != Role::kVerifier && m.role != Role::kSpeculator) e->Fail("role", "unknown role");
+  if (m.role < Role::kVerifier || m.role > Role::kTpWorker) e->Fail("role", "unknown role");
   CheckText(m.model_fingerprint, "model_fingerprint", e);
   CheckBytes(m.nonce, kHelloNonceBytes, "nonce", e);
 }
@@ -144,7 +144,7 @@ void Put(const Hello& m, const WireLimits&, ByteWriter& w) {
 }
 void Get(ByteReader& r, const WireLimits&, Hello* m) {
   const uint8_t role = r.U8("role");
-  if (r.ok() && role != 1 && role != 2) r.Fail("role", absl::StrCat("unknown value ", role));
+  if (r.ok() && (role < 1 || role > 4)) r.Fail("role", absl::StrCat("unknown value ", role));
   m->role = static_cast<Role>(role);
   m->protocol_version = r.U16("protocol_version");
   r.Text("model_fingerprint", kMaxTextBytes, &m->model_fingerprint);
@@ -424,6 +424,11 @@ uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& l) {
       return 4 + 2 + kMaxBulkTokenBytes;
     case MessageType::kHelloAuth:
       return 2 + kMaxProofBytes;
+    case MessageType::kTpInit:
+    case MessageType::kTpReady:
+    case MessageType::kTpStep:
+    case MessageType::kTpJoin:
+      return MaxTpPayloadBytes(type, l);
   }
   return 0;
 }

@@ -50,6 +50,23 @@ void Check(const BulkLinkInit& m, const WireLimits& limits, FieldErrors* e);
 void Put(const BulkLinkInit& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, BulkLinkInit* m);
 
+// tp_message_fields.cc: the tensor-parallel control link.
+void Check(const TpInit& m, const WireLimits& limits, FieldErrors* e);
+void Put(const TpInit& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, TpInit* m);
+
+void Check(const TpReady& m, const WireLimits& limits, FieldErrors* e);
+void Put(const TpReady& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, TpReady* m);
+
+void Check(const TpStep& m, const WireLimits& limits, FieldErrors* e);
+void Put(const TpStep& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, TpStep* m);
+void Check(const TpJoin& m, const WireLimits& limits, FieldErrors* e);
+void Put(const TpJoin& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, TpJoin* m);
+uint64_t MaxTpPayloadBytes(MessageType type, const WireLimits& limits);
+
 // Largest payload of `type` under `limits`, in bytes.
 uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& limits);
 

@@ -16,7 +16,7 @@ namespace {
 
 using dist_internal::MaxPayloadBytesOf;
 
-constexpr uint16_t kNumMessageTypes = 9;
+constexpr uint16_t kNumMessageTypes = 13;
 bool KnownType(uint16_t type) { return type >= 1 && type <= kNumMessageTypes; }
 bool IsHandshake(MessageType t) { return t == MessageType::kHello || t == MessageType::kHelloAck; }
 
@@ -42,8 +42,10 @@ absl::Status CheckHandshakeVersion(const FrameHeader& header, size_t payload_byt
 
 std::string_view MessageTypeName(MessageType type) {
   static constexpr std::string_view kNames[] = {
-      "Hello",     "HelloAck", "SpeculateRequest", "SpeculateResponse", "Release",
-      "Heartbeat", "Shutdown", "BulkLinkInit",     "HelloAuth"};
+      "Hello",     "HelloAck",  "SpeculateRequest", "SpeculateResponse",
+      "Release",   "Heartbeat", "Shutdown",         "BulkLinkInit",
+      "HelloAuth", "TpInit",    "TpReady",          "TpStep",
+      "TpJoin"};
   const auto i = static_cast<uint16_t>(type);
   return KnownType(i) ? kNames[i - 1] : "Unknown";
 }
@@ -54,6 +56,10 @@ std::string_view RoleName(Role role) {
       return "verifier";
     case Role::kSpeculator:
       return "speculator";
+    case Role::kTpLeader:
+      return "tensor-parallel leader";
+    case Role::kTpWorker:
+      return "tensor-parallel worker";
   }
   return "unknown";
 }
@@ -272,6 +278,18 @@ absl::Status DecodePayload(const FrameHeader& header, std::span<const uint8_t> p
     case MessageType::kHelloAuth:
       decode(static_cast<HelloAuth*>(nullptr));
       break;
+    case MessageType::kTpInit:
+      decode(static_cast<TpInit*>(nullptr));
+      break;
+    case MessageType::kTpReady:
+      decode(static_cast<TpReady*>(nullptr));
+      break;
+    case MessageType::kTpStep:
+      decode(static_cast<TpStep*>(nullptr));
+      break;
+    case MessageType::kTpJoin:
+      decode(static_cast<TpJoin*>(nullptr));
+      break;
   }
   if (!r.ok()) return r.status();
   SPECD_RETURN_IF_ERROR(CheckHandshakeVersion(header, payload.size(), *message));
@@ -300,6 +318,13 @@ std::string HelloMismatch(const Hello& local, const Hello& peer) {
   if (local.role == peer.role) {
     return absl::StrCat("both ends are ", DistView(RoleName(local.role)), "s");
   }
+  // The SSD link pairs a verifier with a speculator, the tensor-parallel link a leader (rank 0)
+  // with a worker rank.
+  const auto is_ssd = [](Role r) { return r == Role::kVerifier || r == Role::kSpeculator; };
+  if (is_ssd(local.role) != is_ssd(peer.role)) {
+    return absl::StrCat("a ", DistView(RoleName(local.role)), " does not talk to a ",
+                        DistView(RoleName(peer.role)));
+  }
   if (local.model_fingerprint != peer.model_fingerprint) {
     return absl::StrCat("model fingerprint mismatch: \"", local.model_fingerprint, "\" vs \"",
                         peer.model_fingerprint, "\"");
@@ -322,6 +347,30 @@ std::string HelloMismatch(const Hello& local, const Hello& peer) {
     }
   }
   return "";
+}
+
+}  // namespace specd
+
+namespace specd {
+
+WireLimits TpWireLimits() {
+  WireLimits l;
+  l.max_batch = 4096;       // chunks of one runner call
+  l.max_draft_tokens = 64;  // drafts of one verified row
+  l.max_fan_out = 0;        // (SSD only)
+  l.vocab_size = 0;         // token ids are checked by the worker's runner
+  l.max_seq_tokens = 1u << 20;
+  l.max_request_tokens = 1u << 20;  // tokens (and sample rows) of one runner call
+  l.max_prob_rows = 0;              // (SSD only)
+  l.max_release_ids = 0;            // (SSD only)
+  return l;
+}
+
+void TpStep::Clear() {
+  seqs.clear();
+  tokens.clear();
+  block_ids.clear();
+  rows.clear();
 }
 
 }  // namespace specd

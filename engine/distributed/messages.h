@@ -55,12 +55,17 @@ enum class MessageType : uint16_t {
   kShutdown = 7,
   kBulkLinkInit = 8,
   kHelloAuth = 9,
+  kTpInit = 10,
+  kTpReady = 11,
+  kTpStep = 12,
+  kTpJoin = 13,
 };
 // "SpeculateRequest", ...; "Unknown" for values outside the enum (static storage).
 std::string_view MessageTypeName(MessageType type);
 
-// Which end of the SSD channel a process is.
-enum class Role : uint8_t { kVerifier = 1, kSpeculator = 2 };
+// Which end of a channel a process is: the SSD link (verifier accepts, speculator connects) or
+// the tensor-parallel control link (rank 0, the leader, accepts; each worker rank connects).
+enum class Role : uint8_t { kVerifier = 1, kSpeculator = 2, kTpLeader = 3, kTpWorker = 4 };
 // "verifier" / "speculator" (static storage).
 std::string_view RoleName(Role role);
 
@@ -252,9 +257,104 @@ struct HelloAuth {
   bool operator==(const HelloAuth&) const = default;
 };
 
+// ---- The tensor-parallel control link (engine/parallel): rank 0 -> each worker rank. ----
+
+// The limits both ends of a tensor-parallel control link use (fixed, so a worker can shake hands
+// before it knows the engine's options): TpStep's sizes are bounded by them and kMaxTpBlockIds.
+WireLimits TpWireLimits();
+inline constexpr uint32_t kMaxTpBlockIds = 1u << 22;  // block ids in one TpStep (16 MiB)
+
+// Worker -> rank 0, first after the handshake: which rank it is (its --rank or, on a node of a
+// multi-node group, node_rank * ranks per node + its local index) and where it runs.
+struct TpJoin {
+  uint32_t rank = 0;
+  std::string host;  // for logs (<= 1 KiB)
+
+  bool operator==(const TpJoin&) const = default;
+};
+
+// Rank 0 -> worker, once after the handshake: what to load and how to join the collectives.
+struct TpInit {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::string model_dir;    // <= 1 KiB
+  std::string load_format;  // "auto" | "dummy"
+  // The communicator: "shm" (comm_token: the group id) or "nccl" (comm_token: ncclUniqueId).
+  std::string comm_kind;
+  std::vector<uint8_t> comm_token;  // <= kMaxBulkTokenBytes
+  uint32_t block_size = 16;
+  uint32_t max_model_len = 0;
+  uint32_t max_num_seqs = 0;
+  uint32_t max_num_batched_tokens = 0;
+  uint32_t max_sample_rows = 0;
+  uint64_t kv_cache_bytes = 0;
+  float gpu_memory_utilization = 0.9f;
+  bool enforce_eager = false;
+  uint32_t timeout_ms = 60000;  // how long a rank waits for a peer (collectives, the link)
+
+  bool operator==(const TpInit&) const = default;
+};
+
+// Worker -> rank 0, once: loaded (its KV block count) or why not.
+struct TpReady {
+  bool ok = false;
+  uint32_t num_kv_blocks = 0;
+  std::string device;  // the worker's device name, for logs
+  std::string reason;  // when !ok (<= 1 KiB)
+
+  bool operator==(const TpReady&) const = default;
+};
+
+// Which ModelRunner call a TpStep repeats.
+enum class TpMethod : uint8_t {
+  kStep = 1,
+  kGreedyVerify = 2,
+  kSampledVerify = 3,
+  kDraft = 4,
+  kForward = 5,
+};
+
+// One chunk of a TpStep's batch (a SequenceInput): its tokens and block ids follow the earlier
+// chunks' in TpStep::tokens and TpStep::block_ids.
+struct TpSeq {
+  int32_t start_pos = 0;
+  uint32_t num_tokens = 0;
+  uint32_t num_blocks = 0;  // block ids covering [0, start_pos + num_tokens)
+  bool all_logits = false;
+
+  bool operator==(const TpSeq&) const = default;
+};
+
+// One sample row: which logits rank 0 computes ((chunk, token) as SampleRow) and, for the
+// verification methods, how many of the chunk's tokens after the first are drafts.
+struct TpRow {
+  int32_t chunk = 0;
+  int32_t token = -1;
+  uint16_t num_drafts = 0;
+
+  bool operator==(const TpRow&) const = default;
+};
+
+// Rank 0 -> worker, once per runner call that runs the model: the call itself, so the worker
+// runs the same forward and the same collectives on its shard. Ragged like SpeculateRequest.
+struct TpStep {
+  uint64_t step_id = 0;
+  TpMethod method = TpMethod::kStep;
+  std::vector<TpSeq> seqs;         // [num_seqs] <= limits.max_batch
+  std::vector<int32_t> tokens;     // [sum of num_tokens] <= limits.max_request_tokens
+  std::vector<int32_t> block_ids;  // [sum of num_blocks] <= kMaxTpBlockIds
+  std::vector<TpRow> rows;         // [num_rows] <= limits.max_request_tokens
+
+  // Empties everything, keeping capacity.
+  void Clear();
+
+  bool operator==(const TpStep&) const = default;
+};
+
 // One message; the alternative's index + 1 is its MessageType.
-using Message = std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release,
-                             Heartbeat, Shutdown, BulkLinkInit, HelloAuth>;
+using Message =
+    std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release, Heartbeat, Shutdown,
+                 BulkLinkInit, HelloAuth, TpInit, TpReady, TpStep, TpJoin>;
 // The MessageType of the alternative `message` holds.
 MessageType TypeOf(const Message& message);
 

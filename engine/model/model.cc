@@ -28,18 +28,31 @@ void AddInPlace(float* x, const float* y, int64_t n) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const LoadOptions& opts) {
   SPECD_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  SPECD_ASSIGN_OR_RETURN(TpShard shard, MakeTpShard(config, opts.tp));
+  if (opts.tp.enabled()) {
+    if (opts.comm == nullptr || opts.comm->on_device() ||
+        opts.comm->world_size() != opts.tp.world_size || opts.comm->rank() != opts.tp.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor-parallel rank ", opts.tp.rank, " of ", opts.tp.world_size,
+                       " needs a host communicator of that rank and size"));
+    }
+  }
   SPECD_ASSIGN_OR_RETURN(SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::OpenDir(dir));
-  SPECD_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(config, checkpoint));
-  std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), opts));
-  SPECD_LOG_INFO("loaded {} from {}: {} layers, hidden {}, vocab {}, {} threads",
+  SPECD_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(config, checkpoint, shard));
+  std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), opts, shard));
+  SPECD_LOG_INFO("loaded {} from {}: {} layers, hidden {}, vocab {}, {} threads, tp rank {} of {}",
                  model->config_.architecture, dir, model->config_.num_layers,
-                 model->config_.hidden_size, model->config_.vocab_size,
-                 model->pool_->num_threads());
+                 model->config_.hidden_size, model->config_.vocab_size, model->pool_->num_threads(),
+                 shard.rank, shard.world_size);
   return model;
 }
 
-Model::Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts)
+Model::Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts,
+             const TpShard& shard)
     : config_(std::move(config)),
+      local_(LocalModelConfig(config_, shard)),
+      shard_(shard),
+      comm_(shard.world_size > 1 ? opts.comm : nullptr),
       weights_(std::move(weights)),
       inv_freq_(RopeInvFreq(config_.rope, config_.head_dim)),
       pool_(std::make_unique<ThreadPool>(opts.num_threads)) {
@@ -48,12 +61,17 @@ Model::Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts)
 
 KvCacheSpec Model::MakeKvCacheSpec(int32_t num_blocks, int32_t block_size) const {
   KvCacheSpec spec;
-  spec.num_layers = config_.num_layers;
-  spec.num_kv_heads = config_.num_kv_heads;
-  spec.head_dim = config_.head_dim;
+  spec.num_layers = local_.num_layers;
+  spec.num_kv_heads = local_.num_kv_heads;
+  spec.head_dim = local_.head_dim;
   spec.block_size = block_size;
   spec.num_blocks = num_blocks;
   return spec;
+}
+
+absl::Status Model::SumOverRanks(float* data, int64_t count) {
+  if (comm_ == nullptr) return absl::OkStatus();
+  return comm_->AllReduceSum(data, static_cast<size_t>(count), CommDataType::kF32, nullptr);
 }
 
 absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
@@ -113,14 +131,14 @@ void Model::PlanBatch(std::span<const SequenceInput> batch) {
     ws_.block_tables.push_back(seq.block_table);
   }
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
-  const int32_t half = config_.head_dim / 2;
-  ws_.x.resize(n * config_.hidden_size);
-  ws_.h.resize(n * config_.hidden_size);
-  ws_.proj.resize(n * config_.hidden_size);
-  ws_.qkv.resize(n * (config_.q_size() + 2 * config_.kv_size()));
-  ws_.attn.resize(n * config_.q_size());
-  ws_.gate_up.resize(n * 2 * config_.intermediate_size);
-  ws_.act.resize(n * config_.intermediate_size);
+  const int32_t half = local_.head_dim / 2;
+  ws_.x.resize(n * local_.hidden_size);
+  ws_.h.resize(n * local_.hidden_size);
+  ws_.proj.resize(n * local_.hidden_size);
+  ws_.qkv.resize(n * (local_.q_size() + 2 * local_.kv_size()));
+  ws_.attn.resize(n * local_.q_size());
+  ws_.gate_up.resize(n * 2 * local_.intermediate_size);
+  ws_.act.resize(n * local_.intermediate_size);
   ws_.cos.resize(n * half);
   ws_.sin.resize(n * half);
   for (int64_t t = 0; t < n; ++t) {
@@ -128,25 +146,38 @@ void Model::PlanBatch(std::span<const SequenceInput> batch) {
   }
 }
 
-void Model::Embed() {
-  const int64_t hidden = config_.hidden_size;
-  for (size_t t = 0; t < ws_.tokens.size(); ++t) {
-    std::memcpy(&ws_.x[t * hidden], &weights_.embed[ws_.tokens[t] * hidden],
-                sizeof(float) * hidden);
+absl::Status Model::Embed() {
+  const int64_t hidden = local_.hidden_size;
+  if (comm_ == nullptr) {
+    for (size_t t = 0; t < ws_.tokens.size(); ++t) {
+      std::memcpy(&ws_.x[t * hidden], &weights_.embed[ws_.tokens[t] * hidden],
+                  sizeof(float) * hidden);
+    }
+    return absl::OkStatus();
   }
+  // Vocabulary-parallel: the rank holding an id's row contributes it, the others zeros.
+  for (size_t t = 0; t < ws_.tokens.size(); ++t) {
+    const int64_t row = ws_.tokens[t] - shard_.vocab_begin;
+    if (row >= 0 && row < shard_.vocab_local) {
+      std::memcpy(&ws_.x[t * hidden], &weights_.embed[row * hidden], sizeof(float) * hidden);
+    } else {
+      std::memset(&ws_.x[t * hidden], 0, sizeof(float) * hidden);
+    }
+  }
+  return SumOverRanks(ws_.x.data(), static_cast<int64_t>(ws_.tokens.size()) * hidden);
 }
 
 void Model::QkNormAndRope(const LayerWeights& w) {
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
-  const int32_t hd = config_.head_dim, half = hd / 2;
-  const int32_t heads = config_.num_heads + config_.num_kv_heads;  // q heads, then k heads
-  const int64_t stride = config_.q_size() + 2 * config_.kv_size();
+  const int32_t hd = local_.head_dim, half = hd / 2;
+  const int32_t heads = local_.num_heads + local_.num_kv_heads;  // q heads, then k heads
+  const int64_t stride = local_.q_size() + 2 * local_.kv_size();
   for (int64_t t = 0; t < n; ++t) {
     float* row = &ws_.qkv[t * stride];
-    if (config_.qk_norm) {
-      RmsNorm(row, w.q_norm.data(), config_.num_heads, hd, hd, config_.rms_norm_eps, row);
-      float* k = row + config_.q_size();
-      RmsNorm(k, w.k_norm.data(), config_.num_kv_heads, hd, hd, config_.rms_norm_eps, k);
+    if (local_.qk_norm) {
+      RmsNorm(row, w.q_norm.data(), local_.num_heads, hd, hd, local_.rms_norm_eps, row);
+      float* k = row + local_.q_size();
+      RmsNorm(k, w.k_norm.data(), local_.num_kv_heads, hd, hd, local_.rms_norm_eps, k);
     }
     for (int32_t h = 0; h < heads; ++h) {
       ApplyRope(row + int64_t{h} * hd, &ws_.cos[t * half], &ws_.sin[t * half], hd);
@@ -154,50 +185,94 @@ void Model::QkNormAndRope(const LayerWeights& w) {
   }
 }
 
-void Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
+// Under tensor parallelism o_proj's output is this rank's partial sum (its heads' columns; the
+// bias only on rank 0), summed over the ranks before the residual add.
+absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
-  const int64_t hidden = config_.hidden_size;
-  const int64_t stride = config_.q_size() + 2 * config_.kv_size();
-  RmsNorm(ws_.x.data(), w.input_norm.data(), n, config_.hidden_size, hidden, config_.rms_norm_eps,
+  const int64_t hidden = local_.hidden_size;
+  const int64_t stride = local_.q_size() + 2 * local_.kv_size();
+  RmsNorm(ws_.x.data(), w.input_norm.data(), n, local_.hidden_size, hidden, local_.rms_norm_eps,
           ws_.h.data());
   Linear(ws_.h.data(), n, hidden, w.qkv.data(), stride,
          w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(), ws_.qkv.data());
   QkNormAndRope(w);
   const TokenLayout layout{ws_.positions, ws_.seq_of_token, ws_.block_tables};
-  const float* k = ws_.qkv.data() + config_.q_size();
-  WriteKv(layout, k, k + config_.kv_size(), stride, layer, kv);
-  const AttentionShape shape{config_.num_heads, config_.num_kv_heads, config_.head_dim,
-                             config_.sliding_window};
+  const float* k = ws_.qkv.data() + local_.q_size();
+  WriteKv(layout, k, k + local_.kv_size(), stride, layer, kv);
+  const AttentionShape shape{local_.num_heads, local_.num_kv_heads, local_.head_dim,
+                             local_.sliding_window};
   PagedAttention(*pool_, shape, layout, ws_.qkv.data(), stride, kv, layer, ws_.attn.data());
-  Linear(ws_.attn.data(), n, config_.q_size(), w.o_proj.data(), hidden,
+  Linear(ws_.attn.data(), n, local_.q_size(), w.o_proj.data(), hidden,
          w.o_bias.empty() ? nullptr : w.o_bias.data(), ws_.proj.data());
+  SPECD_RETURN_IF_ERROR(SumOverRanks(ws_.proj.data(), n * hidden));
   AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
+  return absl::OkStatus();
 }
 
-void Model::MlpBlock(int32_t layer) {
+// Under tensor parallelism gate/up hold this rank's intermediate columns and down's output is
+// its partial sum.
+absl::Status Model::MlpBlock(int32_t layer) {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
-  const int64_t hidden = config_.hidden_size, ffn = config_.intermediate_size;
-  RmsNorm(ws_.x.data(), w.post_norm.data(), n, config_.hidden_size, hidden, config_.rms_norm_eps,
+  const int64_t hidden = local_.hidden_size, ffn = local_.intermediate_size;
+  RmsNorm(ws_.x.data(), w.post_norm.data(), n, local_.hidden_size, hidden, local_.rms_norm_eps,
           ws_.h.data());
   Linear(ws_.h.data(), n, hidden, w.gate_up.data(), 2 * ffn, nullptr, ws_.gate_up.data());
-  SiluMul(ws_.gate_up.data(), n, config_.intermediate_size, ws_.act.data());
+  SiluMul(ws_.gate_up.data(), n, local_.intermediate_size, ws_.act.data());
   Linear(ws_.act.data(), n, ffn, w.down.data(), hidden, nullptr, ws_.proj.data());
+  SPECD_RETURN_IF_ERROR(SumOverRanks(ws_.proj.data(), n * hidden));
   AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
+  return absl::OkStatus();
 }
 
-void Model::ComputeLogits(std::vector<float>* logits) {
-  const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+absl::Status Model::ComputeLogits(std::vector<float>* logits) {
+  const int64_t hidden = local_.hidden_size, vocab = local_.vocab_size;
   const int64_t rows = static_cast<int64_t>(ws_.logit_rows.size());
   for (int64_t r = 0; r < rows; ++r) {  // gather, then normalise only the rows returned
-    RmsNorm(&ws_.x[ws_.logit_rows[r] * hidden], weights_.final_norm.data(), 1, config_.hidden_size,
-            hidden, config_.rms_norm_eps, &ws_.h[r * hidden]);
+    RmsNorm(&ws_.x[ws_.logit_rows[r] * hidden], weights_.final_norm.data(), 1, local_.hidden_size,
+            hidden, local_.rms_norm_eps, &ws_.h[r * hidden]);
   }
+  if (comm_ != nullptr) return ComputeShardedLogits(rows, logits);
   const size_t offset = logits->size();
   logits->resize(offset + rows * vocab);
   Linear(ws_.h.data(), rows, hidden, weights_.output_matrix().data(), vocab, nullptr,
          logits->data() + offset);
+  return absl::OkStatus();
+}
+
+// Every rank computes [rows, S] (its vocab_local columns, zero padding past the vocabulary) into
+// its row of the gather buffer; after the gather, rank r's block holds columns [r * S, ...) of
+// every row.
+absl::Status Model::ComputeShardedLogits(int64_t rows, std::vector<float>* logits) {
+  const int64_t hidden = local_.hidden_size, vocab = local_.vocab_size;
+  const int64_t stride = shard_.vocab_shard, local = shard_.vocab_local;
+  const int32_t world = shard_.world_size;
+  ws_.gathered.resize(world * rows * stride);
+  float* mine = ws_.gathered.data() + shard_.rank * rows * stride;
+  if (local > 0) {
+    Linear(ws_.h.data(), rows, hidden, weights_.output_matrix().data(), local, nullptr, mine);
+  }
+  if (local < stride) {  // spread [rows, local] to [rows, stride], last row first
+    for (int64_t r = rows - 1; r >= 0; --r) {
+      if (local > 0) std::memmove(mine + r * stride, mine + r * local, sizeof(float) * local);
+      std::memset(mine + r * stride + local, 0, sizeof(float) * (stride - local));
+    }
+  }
+  SPECD_RETURN_IF_ERROR(comm_->AllGather(
+      mine, ws_.gathered.data(), static_cast<size_t>(rows * stride), CommDataType::kF32, nullptr));
+  const size_t offset = logits->size();
+  logits->resize(offset + rows * vocab);
+  float* out = logits->data() + offset;
+  for (int32_t rank = 0; rank < world; ++rank) {
+    const int64_t begin = rank * stride;
+    const int64_t count = std::clamp<int64_t>(vocab - begin, 0, stride);
+    const float* block = ws_.gathered.data() + rank * rows * stride;
+    for (int64_t r = 0; count > 0 && r < rows; ++r) {
+      std::memcpy(out + r * vocab + begin, block + r * stride, sizeof(float) * count);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
@@ -206,13 +281,12 @@ absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv
   SPECD_RETURN_IF_ERROR(ValidateBatch(batch, kv));
   if (batch.empty()) return absl::OkStatus();
   PlanBatch(batch);
-  Embed();
-  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-    AttentionBlock(layer, kv);
-    MlpBlock(layer);
+  SPECD_RETURN_IF_ERROR(Embed());
+  for (int32_t layer = 0; layer < local_.num_layers; ++layer) {
+    SPECD_RETURN_IF_ERROR(AttentionBlock(layer, kv));
+    SPECD_RETURN_IF_ERROR(MlpBlock(layer));
   }
-  ComputeLogits(logits);
-  return absl::OkStatus();
+  return ComputeLogits(logits);
 }
 
 }  // namespace specd

@@ -3,6 +3,10 @@
 // tokens (a prefill chunk, one decode token, or a run of speculative tokens to verify)
 // share one activation matrix, so the projection GEMMs are shared; attention is per
 // sequence over its block table. Numerics follow HF transformers' float32 path.
+// Under tensor parallelism (LoadOptions::tp) each rank's Model holds its shard (TpShard) and
+// computes with the rank's heads and intermediate columns, all-reducing after the embedding,
+// o_proj and down_proj and gathering the vocabulary-parallel logits, so every rank's Forward
+// returns the full logits; all ranks must call Forward with the same batch.
 // Engine thread only: Forward uses the model's own thread pool and scratch buffers.
 #pragma once
 
@@ -14,15 +18,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/communicator.h"
 #include "engine/base/thread_pool.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
+#include "engine/model/tensor_parallel.h"
 
 namespace specd {
 
 struct LoadOptions {
   int num_threads = 0;  // 0 = all cores
+  // Tensor parallelism: the shard this process holds (heads, intermediate columns, vocabulary
+  // rows) and the group's collectives (host memory; not owned, outlives the model). world_size 1
+  // needs no communicator.
+  TensorParallel tp;
+  Communicator* comm = nullptr;
 };
 
 struct SequenceInput {
@@ -34,11 +45,15 @@ struct SequenceInput {
 
 class Model {
  public:
-  // Loads dir/config.json (+ generation_config.json) and the safetensors weights.
+  // Loads dir/config.json (+ generation_config.json) and the safetensors weights (the shard of
+  // opts.tp: InvalidArgument naming the numbers when the model does not divide, or when
+  // world_size > 1 without a host communicator of that rank and size).
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const LoadOptions& opts);
 
   const ModelConfig& config() const { return config_; }  // includes generation config
+  const TpShard& shard() const { return shard_; }        // what this rank holds
+  // The cache of this rank's KV heads.
   KvCacheSpec MakeKvCacheSpec(int32_t num_blocks, int32_t block_size = 16) const;
 
   // Runs each sequence's new tokens, writes their K/V into kv, appends logits rows to
@@ -46,7 +61,8 @@ class Model {
   // token when all_logits, else only the last one per sequence). InvalidArgument for a
   // token id outside the vocabulary, a position past max_position_embeddings, a block
   // table too short or naming a block outside kv, or a kv not made for this model; nothing
-  // is written then.
+  // is written then. Under tensor parallelism a collective's error (Unavailable when a peer
+  // failed) is returned, with this step's KV partly written.
   absl::Status Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
                        std::vector<float>* logits);
 
@@ -67,19 +83,28 @@ class Model {
     std::vector<float> act;                              // [T, intermediate]
     std::vector<float> cos;                              // [T, head_dim / 2] RoPE
     std::vector<float> sin;                              // [T, head_dim / 2] RoPE
+    // Tensor parallelism only: [world_size, num_rows, vocab_shard] every rank's LM-head columns.
+    std::vector<float> gathered;
   };
 
-  Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts);
+  Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts, const TpShard& shard);
 
   absl::Status ValidateBatch(std::span<const SequenceInput> batch, const CpuKvCache& kv) const;
   void PlanBatch(std::span<const SequenceInput> batch);
-  void Embed();
-  void AttentionBlock(int32_t layer, CpuKvCache& kv);
+  absl::Status Embed();
+  absl::Status AttentionBlock(int32_t layer, CpuKvCache& kv);
   void QkNormAndRope(const LayerWeights& w);
-  void MlpBlock(int32_t layer);
-  void ComputeLogits(std::vector<float>* logits);
+  absl::Status MlpBlock(int32_t layer);
+  absl::Status ComputeLogits(std::vector<float>* logits);
+  // Tensor parallelism: the rank's LM-head columns, gathered and laid out as full rows.
+  absl::Status ComputeShardedLogits(int64_t rows, std::vector<float>* logits);
+  // Sums `data` ([count] f32) over the ranks; nothing in a world of one.
+  absl::Status SumOverRanks(float* data, int64_t count);
 
-  ModelConfig config_;
+  ModelConfig config_;  // the whole model's
+  ModelConfig local_;   // the sizes this rank computes with (LocalModelConfig); config_ at TP 1
+  TpShard shard_;
+  Communicator* comm_ = nullptr;  // null in a world of one
   ModelWeights weights_;
   std::vector<float> inv_freq_;       // [head_dim / 2] f32 RoPE inverse frequencies
   std::unique_ptr<ThreadPool> pool_;  // attention of large batches

@@ -50,7 +50,9 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 }
 
 int Run(const BenchArgs& args) {
-  auto model = Model::Load(args.dir, LoadOptions{args.threads});
+  LoadOptions opts;
+  opts.num_threads = args.threads;
+  auto model = Model::Load(args.dir, opts);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;

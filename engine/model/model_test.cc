@@ -15,8 +15,9 @@ namespace {
 class ForwardValidationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model =
-        Model::Load(std::string(SPECD_SHARED_DIR) + "/models/tiny-random/llama3", LoadOptions{1});
+    LoadOptions opts;
+    opts.num_threads = 1;
+    auto model = Model::Load(std::string(SPECD_SHARED_DIR) + "/models/tiny-random/llama3", opts);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     auto kv = CpuKvCache::Create(model_->MakeKvCacheSpec(/*num_blocks=*/8, /*block_size=*/4));

@@ -131,9 +131,9 @@ absl::Status CheckNoOverlap(const absl::flat_hash_map<std::string, TensorInfo>& 
   return absl::OkStatus();
 }
 
-void WidenToF32(const TensorInfo& t, std::span<float> out) {
-  const uint8_t* src = t.data.data();
-  switch (t.dtype) {
+// Widens out.size() elements of `dtype` starting at `src` to f32.
+void WidenToF32(TensorDtype dtype, const uint8_t* src, std::span<float> out) {
+  switch (dtype) {
     case TensorDtype::kF32:
       std::memcpy(out.data(), src, out.size() * sizeof(float));
       return;
@@ -142,7 +142,7 @@ void WidenToF32(const TensorInfo& t, std::span<float> out) {
       for (size_t i = 0; i < out.size(); ++i) {
         uint16_t h;
         std::memcpy(&h, src + 2 * i, sizeof(h));
-        out[i] = t.dtype == TensorDtype::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+        out[i] = dtype == TensorDtype::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
       }
       return;
     default:
@@ -255,9 +255,8 @@ const TensorInfo* SafetensorsCheckpoint::Find(std::string_view name) const {
   return it == index_.end() ? nullptr : it->second;
 }
 
-absl::Status SafetensorsCheckpoint::ReadF32(std::string_view name,
-                                            const std::vector<int64_t>& shape,
-                                            std::span<float> out) const {
+absl::StatusOr<const TensorInfo*> SafetensorsCheckpoint::FindF32(
+    std::string_view name, const std::vector<int64_t>& shape) const {
   const TensorInfo* t = Find(name);
   if (t == nullptr) return TensorError(where_, name, "missing from the checkpoint");
   if (!std::equal(shape.begin(), shape.end(), t->shape.begin(), t->shape.end())) {
@@ -270,13 +269,51 @@ absl::Status SafetensorsCheckpoint::ReadF32(std::string_view name,
     return TensorError(*t->file, name,
                        absl::StrCat("dtype ", t->dtype_name, " is not supported (F32, F16, BF16)"));
   }
+  return t;
+}
+
+absl::Status SafetensorsCheckpoint::ReadF32(std::string_view name,
+                                            const std::vector<int64_t>& shape,
+                                            std::span<float> out) const {
+  SPECD_ASSIGN_OR_RETURN(const TensorInfo* t, FindF32(name, shape));
   int64_t count = 1;
   for (int64_t d : shape) count *= d;
   if (out.size() != static_cast<size_t>(count)) {
     return absl::InternalError(absl::StrCat("ReadF32(", AbslView(name), "): output of ", out.size(),
                                             " floats for ", count, " elements"));
   }
-  WidenToF32(*t, out);
+  WidenToF32(t->dtype, t->data.data(), out);
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsCheckpoint::ReadF32Slice(std::string_view name,
+                                                 const std::vector<int64_t>& shape,
+                                                 const TensorSlice& slice,
+                                                 std::span<float> out) const {
+  SPECD_ASSIGN_OR_RETURN(const TensorInfo* t, FindF32(name, shape));
+  if (shape.empty() || shape.size() > 2) {
+    return TensorError(*t->file, name, "a slice is read from a 1-D or 2-D tensor only");
+  }
+  const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+  if (slice.row_begin < 0 || slice.num_rows < 0 || slice.row_begin + slice.num_rows > rows ||
+      slice.col_begin < 0 || slice.num_cols < 0 || slice.col_begin + slice.num_cols > cols) {
+    return TensorError(
+        *t->file, name,
+        absl::StrCat("slice rows [", slice.row_begin, ", ", slice.row_begin + slice.num_rows,
+                     ") columns [", slice.col_begin, ", ", slice.col_begin + slice.num_cols,
+                     ") is outside its shape ", ShapeString(shape)));
+  }
+  if (out.size() != static_cast<size_t>(slice.num_rows * slice.num_cols)) {
+    return absl::InternalError(absl::StrCat("ReadF32Slice(", AbslView(name), "): output of ",
+                                            out.size(), " floats for ", slice.num_rows, " x ",
+                                            slice.num_cols, " elements"));
+  }
+  const size_t element = t->dtype == TensorDtype::kF32 ? 4 : 2;
+  for (int64_t r = 0; r < slice.num_rows; ++r) {
+    const int64_t first = (slice.row_begin + r) * cols + slice.col_begin;
+    WidenToF32(t->dtype, t->data.data() + first * element,
+               out.subspan(r * slice.num_cols, slice.num_cols));
+  }
   return absl::OkStatus();
 }
 

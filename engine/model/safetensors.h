@@ -50,6 +50,16 @@ class SafetensorsFile {
   absl::flat_hash_map<std::string, TensorInfo> tensors_;
 };
 
+// A rectangle of a 1-D or 2-D tensor: rows [row_begin, row_begin + num_rows) of dim 0 and, of a
+// 2-D tensor, columns [col_begin, col_begin + num_cols) of dim 1 (a 1-D tensor: col_begin 0,
+// num_cols 1). A tensor-parallel rank's shard of a projection.
+struct TensorSlice {
+  int64_t row_begin = 0;
+  int64_t num_rows = 0;
+  int64_t col_begin = 0;
+  int64_t num_cols = 1;
+};
+
 class SafetensorsCheckpoint {
  public:
   // Opens dir/model.safetensors, or dir/model.safetensors.index.json and its shards.
@@ -68,8 +78,18 @@ class SafetensorsCheckpoint {
                        std::span<float> out) const;
   absl::StatusOr<std::vector<float>> ReadF32(std::string_view name,
                                              const std::vector<int64_t>& shape) const;
+  // Reads `slice` of tensor `name` (exactly `shape`, 1-D or 2-D) widened to f32 into `out`
+  // ([num_rows, num_cols] floats, row-major). Only the slice's bytes of the mapping are touched,
+  // so a rank never widens (or pages in) the rest of the tensor. Errors as ReadF32's, and
+  // InvalidArgument for a slice outside the tensor.
+  absl::Status ReadF32Slice(std::string_view name, const std::vector<int64_t>& shape,
+                            const TensorSlice& slice, std::span<float> out) const;
 
  private:
+  // The tensor `name` if it has exactly `shape` and a dtype ReadF32 widens.
+  absl::StatusOr<const TensorInfo*> FindF32(std::string_view name,
+                                            const std::vector<int64_t>& shape) const;
+
   std::string where_;  // dir or file, for errors
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   absl::flat_hash_map<std::string, const TensorInfo*> index_;

@@ -327,13 +327,15 @@ TEST(SafetensorsTest, ModelLoadNamesTheFirstMissingTensor) {
       std::string(SPECD_SHARED_DIR) + "/models/tiny-random/llama3/config.json",
       dir + "/config.json", std::filesystem::copy_options::overwrite_existing);
   const std::vector<float> embed(1024 * 64, 0.5f);
+  LoadOptions one_thread;
+  one_thread.num_threads = 1;
   nlohmann::json h = {{"model.embed_tokens.weight", Entry("F32", {1024, 64}, 0, 1024 * 64 * 4)}};
   WriteBytes(dir + "/model.safetensors", Safetensors(h.dump(), FloatBytes(embed)));
-  ExpectErrorMentions(Model::Load(dir, LoadOptions{1}).status(),
+  ExpectErrorMentions(Model::Load(dir, one_thread).status(),
                       {"model.layers.0.input_layernorm.weight", "missing"});
   h = {{"model.embed_tokens.weight", Entry("F32", {64, 1024}, 0, 1024 * 64 * 4)}};
   WriteBytes(dir + "/model.safetensors", Safetensors(h.dump(), FloatBytes(embed)));
-  ExpectErrorMentions(Model::Load(dir, LoadOptions{1}).status(),
+  ExpectErrorMentions(Model::Load(dir, one_thread).status(),
                       {"model.safetensors", "model.embed_tokens.weight", "[1024, 64]"});
 }
 

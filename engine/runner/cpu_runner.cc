@@ -19,6 +19,8 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(const RunnerOptions
   std::unique_ptr<CpuRunner> runner(new CpuRunner());
   LoadOptions load;
   load.num_threads = options.num_threads;
+  load.tp = options.tp;
+  load.comm = options.comm;
   SPECD_ASSIGN_OR_RETURN(runner->model_, Model::Load(options.model_dir, load));
   SPECD_ASSIGN_OR_RETURN(runner->max_model_len_,
                          ResolveMaxModelLen(runner->model_->config(), options.max_model_len));
@@ -29,6 +31,7 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(const RunnerOptions
       BlockTable::BlocksFor(runner->max_model_len_, options.block_size), pool_bytes / block_bytes));
   SPECD_ASSIGN_OR_RETURN(runner->kv_, CpuKvCache::Create(runner->model_->MakeKvCacheSpec(
                                           num_blocks, options.block_size)));
+  runner->rank_ = options.tp.rank;
   runner->num_threads_ = options.num_threads > 0
                              ? options.num_threads
                              : static_cast<int32_t>(std::thread::hardware_concurrency());
@@ -39,16 +42,9 @@ std::string CpuRunner::device_name() const {
   return absl::StrCat("cpu (", num_threads_, " threads)");
 }
 
-absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                             std::vector<SampleResult>* out) {
-  for (const SequenceInput& in : batch) {
-    if (in.all_logits) return absl::InvalidArgumentError("Step: a chunk asks for all_logits");
-  }
-  bool per_token = false;
+absl::Status CpuRunner::CheckSampling(std::span<const SampleRow> rows) const {
   for (const SampleRow& row : rows) {
-    if (row.chunk < 0 || static_cast<size_t>(row.chunk) >= batch.size() || row.sampler == nullptr ||
-        row.history == nullptr || row.token < -1 ||
-        row.token >= static_cast<int64_t>(batch[row.chunk].tokens.size())) {
+    if (row.sampler == nullptr || row.history == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("Step: sample row of chunk ", row.chunk, " is malformed"));
     }
@@ -61,6 +57,22 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
       return absl::InvalidArgumentError(
           "Step: pending tokens need a runner with device speculation");
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::span<const SequenceInput>> CpuRunner::RunRows(
+    std::span<const SequenceInput> batch, std::span<const SampleRow> rows) {
+  for (const SequenceInput& in : batch) {
+    if (in.all_logits) return absl::InvalidArgumentError("Step: a chunk asks for all_logits");
+  }
+  bool per_token = false;
+  for (const SampleRow& row : rows) {
+    if (row.chunk < 0 || static_cast<size_t>(row.chunk) >= batch.size() || row.token < -1 ||
+        row.token >= static_cast<int64_t>(batch[row.chunk].tokens.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: sample row of chunk ", row.chunk, " is malformed"));
+    }
     per_token = per_token || row.token >= 0;
   }
   // Rows naming a token inside their chunk need every logits row of that chunk.
@@ -72,12 +84,21 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
   }
   logits_.clear();
   SPECD_RETURN_IF_ERROR(model_->Forward(run, *kv_, &logits_));
+  return run;
+}
+
+absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                             std::vector<SampleResult>* out) {
+  out->clear();
+  if (worker()) return RunRows(batch, rows).status();
+  // Everything rank 0 refuses it refuses before the forward (nothing is written then).
+  SPECD_RETURN_IF_ERROR(CheckSampling(rows));
+  SPECD_ASSIGN_OR_RETURN(std::span<const SequenceInput> run, RunRows(batch, rows));
   std::vector<size_t> first_row(run.size() + 1, 0);  // first logits row of each chunk
   for (size_t c = 0; c < run.size(); ++c) {
     first_row[c + 1] = first_row[c] + (run[c].all_logits ? run[c].tokens.size() : 1);
   }
   const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
-  out->clear();
   out->reserve(rows.size());
   for (const SampleRow& row : rows) {
     const size_t r =
@@ -95,10 +116,45 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
   return absl::OkStatus();
 }
 
+absl::Status CpuRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
+                                         std::span<const SampleRow> rows,
+                                         std::span<const std::span<const int32_t>> drafts,
+                                         std::vector<GreedyVerifyResult>* out) {
+  if (!worker()) return ModelRunner::StepGreedyVerify(batch, rows, drafts, out);
+  out->clear();
+  if (drafts.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepGreedyVerify: ", drafts.size(), " drafts for ", rows.size(), " rows"));
+  }
+  // runner_internal::ExpandVerifyRows without what a worker's rows do not carry (params).
+  std::vector<SampleRow> expanded;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    const size_t k = drafts[i].size();
+    if (k == 0) {
+      expanded.push_back(r);
+      continue;
+    }
+    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
+        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("StepGreedyVerify: row ", i, " has ", k,
+                                                     " drafts but its chunk is not them plus one"));
+    }
+    for (size_t j = 0; j <= k; ++j) {
+      SampleRow row = r;
+      row.token = static_cast<int32_t>(j);
+      expanded.push_back(row);
+    }
+  }
+  return RunRows(batch, expanded).status();
+}
+
 absl::Status CpuRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
   logits->clear();
-  return model_->Forward(batch, *kv_, logits);
+  SPECD_RETURN_IF_ERROR(model_->Forward(batch, *kv_, logits));
+  if (worker()) logits->clear();
+  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -1,6 +1,11 @@
 // The CPU backend behind ModelRunner: today's exact fp32 Model over a CpuKvCache, with each
 // request's CPU Sampler drawing from the logits rows (bit-identical to the engine before the
 // runner seam existed). The reference every other runner is checked against.
+// Tensor parallelism (RunnerOptions::tp): every rank's runner holds its shard of the Model and a
+// cache of its KV heads. A worker (tp.rank != 0) makes the same call as rank 0 with the same
+// batch and rows, runs the same forward (so the same collectives in the same order), and stops
+// once the logits are complete: it draws nothing and returns OK with empty outputs. Of a worker's
+// rows only chunk and token are read (sampler, params and history may be null).
 // Engine thread only (the Model's pool and scratch buffers).
 #pragma once
 
@@ -31,15 +36,33 @@ class CpuRunner : public ModelRunner {
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;
+  // Rank 0: ModelRunner's (Step over every drafted position). A worker: the same Step rows
+  // (drafts[i].size() + 1 per drafted row), checked only for what it can see (chunks and
+  // tokens), and empty *out.
+  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
+                                std::span<const SampleRow> rows,
+                                std::span<const std::span<const int32_t>> drafts,
+                                std::vector<GreedyVerifyResult>* out) override;
+  // A worker leaves *logits empty.
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
 
  private:
   CpuRunner() = default;
 
+  bool worker() const { return rank_ != 0; }
+  // The rows' checks every rank makes (chunk and token inside the batch, no all_logits chunk),
+  // then the forward with all_logits on every chunk a row names a token of, into logits_.
+  // Returns the batch it ran (batch, or batch_ with those all_logits set).
+  absl::StatusOr<std::span<const SequenceInput>> RunRows(std::span<const SequenceInput> batch,
+                                                         std::span<const SampleRow> rows);
+  // Rank 0's checks of what it draws with: sampler, history, candidates, pending tokens.
+  absl::Status CheckSampling(std::span<const SampleRow> rows) const;
+
   std::unique_ptr<Model> model_;
   std::unique_ptr<CpuKvCache> kv_;
   int32_t max_model_len_ = 0;
   int32_t num_threads_ = 0;
+  int32_t rank_ = 0;                  // tensor-parallel rank; 0 samples
   std::vector<float> logits_;         // [num_logit_rows, vocab] scratch of Step
   std::vector<SequenceInput> batch_;  // scratch of Step: the batch with all_logits where needed
 };

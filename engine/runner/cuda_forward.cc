@@ -33,28 +33,44 @@ __nv_bfloat16* Offset(__nv_bfloat16* p, int64_t elems) {
 
 }  // namespace
 
-CudaForward::CudaForward(const ModelConfig& config, const CudaWeights* weights,
-                         const ForwardLimits& limits)
-    : config_(config), weights_(weights), limits_(limits) {
-  shape_.num_q_heads = config.num_heads;
-  shape_.num_kv_heads = config.num_kv_heads;
-  shape_.head_dim = config.head_dim;
+CudaForward::CudaForward(const ModelConfig& config, const TpShard& shard, Communicator* comm,
+                         const CudaWeights* weights, const ForwardLimits& limits)
+    : config_(LocalModelConfig(config, shard)),
+      shard_(shard),
+      comm_(comm),
+      weights_(weights),
+      limits_(limits) {
+  shape_.num_q_heads = config_.num_heads;
+  shape_.num_kv_heads = config_.num_kv_heads;
+  shape_.head_dim = config_.head_dim;
   shape_.block_size = limits.block_size;
-  shape_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
-  shape_.sliding_window = config.sliding_window;
+  shape_.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  shape_.sliding_window = config_.sliding_window;
   max_blocks_per_seq_ = (limits.max_model_len + limits.block_size - 1) / limits.block_size;
-  qkv_stride_ = int64_t{config.q_size()} + 2 * int64_t{config.kv_size()};
+  qkv_stride_ = int64_t{config_.q_size()} + 2 * int64_t{config_.kv_size()};
+  lm_stride_ = shard.world_size == 1 ? config_.vocab_size : (shard.vocab_shard + 15) / 16 * 16;
 }
 
 int64_t CudaForward::KvBlockBytes(const ModelConfig& c, int32_t block_size) {
   return 2 * int64_t{c.num_layers} * c.num_kv_heads * block_size * c.head_dim * 2;
 }
 
-absl::StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& config,
-                                                                 const CudaWeights* weights,
-                                                                 const ForwardLimits& limits,
-                                                                 int32_t num_sms) {
-  std::unique_ptr<CudaForward> f(new CudaForward(config, weights, limits));
+absl::StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(
+    const ModelConfig& config, const TpShard& shard, Communicator* comm, const CudaWeights* weights,
+    const ForwardLimits& limits, int32_t num_sms) {
+  if (comm != nullptr && (!comm->on_device() || comm->world_size() != shard.world_size ||
+                          comm->rank() != shard.rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA forward: communicator ", comm->name(), " (rank ", comm->rank(), " of ",
+                     comm->world_size(), ", ", comm->on_device() ? "device" : "host",
+                     " memory) does not match tensor-parallel rank ", shard.rank, " of ",
+                     shard.world_size, " on a GPU"));
+  }
+  if (comm == nullptr && shard.world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA forward: tensor-parallel size ",
+                                                   shard.world_size, " needs a communicator"));
+  }
+  std::unique_ptr<CudaForward> f(new CudaForward(config, shard, comm, weights, limits));
   SPECD_RETURN_IF_ERROR(f->AllocateBuffers(num_sms));
   return f;
 }
@@ -87,6 +103,11 @@ absl::Status CudaForward::AllocateBuffers(int32_t num_sms) {
   SPECD_RETURN_IF_ERROR(alloc(gathered_, int64_t{limits_.max_rows} * hidden * 2, "activations"));
   SPECD_RETURN_IF_ERROR(
       alloc(logits_, int64_t{limits_.max_rows} * config_.vocab_size * 4, "logits"));
+  if (shard_.world_size > 1) {
+    SPECD_RETURN_IF_ERROR(alloc(gathered_logits_,
+                                int64_t{shard_.world_size} * limits_.max_rows * lm_stride_ * 4,
+                                "gathered logits"));
+  }
   // Attention scratch: the largest decode batch at every split count it may use, or a prefill.
   size_t workspace = kernels::PagedPrefillWorkspaceBytes(t, limits_.max_seqs, shape_);
   for (int32_t n = 1; n <= limits_.max_decode_batch; ++n) {
@@ -201,6 +222,8 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
   SPECD_RETURN_IF_ERROR(RunGemm(attn_.as<__nv_bfloat16>(), config_.q_size(), w.o_proj, w.o_bias, n,
                                 hidden, config_.q_size(), h, hidden, kernels::GemmOut::kBf16,
                                 stream));
+  // Row-parallel o_proj: each rank holds a partial sum over its heads (rank 0's has the bias).
+  SPECD_RETURN_IF_ERROR(AllReduce(h, n * hidden, stream, "o_proj", l));
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::FusedAddRmsNorm(h, x, w.post_norm, n, hidden, eps, h, stream),
              "FusedAddRmsNorm", l));
@@ -210,16 +233,21 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
                                 2 * inter, kernels::GemmOut::kBf16, stream));
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::SiluAndMul(gate_up, n, inter, act, stream), "SiluAndMul", l));
-  return RunGemm(act, inter, w.down, nullptr, n, hidden, inter, h, hidden, kernels::GemmOut::kBf16,
-                 stream);
+  SPECD_RETURN_IF_ERROR(RunGemm(act, inter, w.down, nullptr, n, hidden, inter, h, hidden,
+                                kernels::GemmOut::kBf16, stream));
+  // Row-parallel down_proj; the next FusedAddRmsNorm adds the summed h into x.
+  return AllReduce(h, n * hidden, stream, "down_proj", l);
 }
 
 absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
   const int64_t hidden = config_.hidden_size;
+  // Vocabulary-parallel: ids outside the rank's rows give zero rows, the all-reduce the lookup.
+  SPECD_RETURN_IF_ERROR(Launch(
+      kernels::EmbeddingGather(a.token_ids, a.num_tokens, weights_->embed, weights_->vocab_begin,
+                               weights_->vocab_rows, hidden, x_.as<__nv_bfloat16>(), stream),
+      "EmbeddingGather"));
   SPECD_RETURN_IF_ERROR(
-      Launch(kernels::EmbeddingGather(a.token_ids, a.num_tokens, weights_->embed, 0,
-                                      config_.vocab_size, hidden, x_.as<__nv_bfloat16>(), stream),
-             "EmbeddingGather"));
+      AllReduce(x_.as<__nv_bfloat16>(), a.num_tokens * hidden, stream, "embedding", -1));
   for (int32_t l = 0; l < config_.num_layers; ++l) SPECD_RETURN_IF_ERROR(Layer(l, a, stream));
   auto* h = h_.as<__nv_bfloat16>();
   return Launch(
@@ -239,8 +267,55 @@ absl::Status CudaForward::LmHead(const int32_t* rows, int32_t num_rows, int64_t 
                "EmbeddingGather (logits rows)"));
     src = dst;
   }
+  if (comm_ != nullptr) return ParallelLmHead(src, num_rows, stream);
   return RunGemm(src, hidden, weights_->lm_head, nullptr, num_rows, config_.vocab_size, hidden,
                  logits_.as<float>(), config_.vocab_size, kernels::GemmOut::kF32, stream);
+}
+
+absl::Status CudaForward::AllReduce(__nv_bfloat16* data, int64_t count, cudaStream_t stream,
+                                    const char* what, int32_t layer) {
+  if (comm_ == nullptr || count == 0) return absl::OkStatus();
+  const absl::Status s =
+      comm_->AllReduceSum(data, static_cast<size_t>(count), CommDataType::kBF16, stream);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("all-reduce after ", what,
+                                             layer < 0 ? "" : absl::StrCat(" (layer ", layer, ")"),
+                                             ": ", s.message()));
+}
+
+// Rank r's block [num_rows, vocab_rows] (row stride lm_stride_) is written in place at row r of
+// the gather buffer, the all-gather fills the other ranks' blocks, and one strided copy per rank
+// puts its columns at [r * vocab_shard, r * vocab_shard + its vocab_local) of logits_. At world
+// size 1 the block is logits_ itself and nothing moves.
+absl::Status CudaForward::ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows,
+                                         cudaStream_t stream) {
+  const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+  const int64_t count = int64_t{num_rows} * lm_stride_;  // elements of one rank's block
+  const int32_t world = shard_.world_size;
+  float* gathered = world == 1 ? logits_.as<float>() : gathered_logits_.as<float>();
+  float* own = gathered + shard_.rank * count;
+  if (weights_->vocab_rows > 0) {
+    SPECD_RETURN_IF_ERROR(RunGemm(x, hidden, weights_->lm_head, nullptr, num_rows,
+                                  weights_->vocab_rows, hidden, own, lm_stride_,
+                                  kernels::GemmOut::kF32, stream));
+  }
+  if (count == 0) return absl::OkStatus();
+  const absl::Status s =
+      comm_->AllGather(own, gathered, static_cast<size_t>(count), CommDataType::kF32, stream);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("all-gather of logits: ", s.message()));
+  if (world == 1) return absl::OkStatus();
+  for (int32_t r = 0; r < world; ++r) {
+    const int64_t begin = r * shard_.vocab_shard;
+    const int64_t cols = std::clamp<int64_t>(vocab - begin, 0, shard_.vocab_shard);
+    if (cols == 0) continue;
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(cudaMemcpy2DAsync(logits_.as<float>() + begin, static_cast<size_t>(vocab) * 4,
+                                      gathered + r * count, static_cast<size_t>(lm_stride_) * 4,
+                                      static_cast<size_t>(cols) * 4, static_cast<size_t>(num_rows),
+                                      cudaMemcpyDeviceToDevice, stream),
+                    "re-layout of gathered logits"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -5,6 +5,10 @@
 // It owns the activation buffers, the paged bf16 KV cache, the RoPE table and the cuBLASLt
 // handle; every launch reads its per-step inputs from device memory, so Run can be captured in a
 // CUDA graph and replayed with new inputs. Engine thread only.
+// Tensor parallelism (a Communicator on the device): the rank computes its heads and
+// intermediate columns (TpShard) and the group meets in all-reduces after the vocabulary-parallel
+// embedding, o_proj and down_proj, and in an all-gather of the vocabulary-parallel LM head; the
+// collectives are enqueued on the same stream, so they are captured in the graphs too.
 #pragma once
 
 #include <driver_types.h>
@@ -15,7 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/communicator.h"
 #include "engine/model/model_config.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/runner/cuda_util.h"
 #include "engine/runner/cuda_weights.h"
 #include "kernels/cuda/attention.h"
@@ -50,13 +56,15 @@ struct ForwardArgs {
 class CudaForward {
  public:
   // Allocates activations, workspaces, the RoPE table and the cuBLASLt handle on the current
-  // device. `weights` must outlive the object.
-  static absl::StatusOr<std::unique_ptr<CudaForward>> Create(const ModelConfig& config,
-                                                             const CudaWeights* weights,
-                                                             const ForwardLimits& limits,
-                                                             int32_t num_sms);
+  // device. `config` is the whole model's, `weights` hold `shard` of it (LoadCudaWeights).
+  // `comm`: null (one GPU, no collectives) or a device communicator of shard.world_size ranks;
+  // `weights` and `comm` must outlive the object.
+  static absl::StatusOr<std::unique_ptr<CudaForward>> Create(
+      const ModelConfig& config, const TpShard& shard, Communicator* comm,
+      const CudaWeights* weights, const ForwardLimits& limits, int32_t num_sms);
 
-  // Bytes of one KV block over every layer (K and V, bf16).
+  // Bytes of one KV block over every layer (K and V, bf16) for `config`'s KV heads: pass the
+  // rank's LocalModelConfig under tensor parallelism.
   static int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size);
   // Allocates the cache: num_blocks blocks, zero-filled (padding rows read block 0 of a scratch
   // block the caller reserves among them).
@@ -69,10 +77,11 @@ class CudaForward {
   int32_t DecodeSplits(int32_t num_seqs, int32_t max_seq_len) const;
 
   // Embedding through the final norm: afterwards hidden() holds the normed final hidden state of
-  // every token.
+  // every token (the same on every rank).
   absl::Status Run(const ForwardArgs& args, cudaStream_t stream);
   // logits()[r] = LM head of hidden row rows[r] for r < num_rows (<= max_rows); with
-  // gather == false the rows are hidden rows 0 .. num_rows - 1 and `rows` is unused.
+  // gather == false the rows are hidden rows 0 .. num_rows - 1 and `rows` is unused. Under tensor
+  // parallelism every rank gets the full rows (its vocabulary shard, all-gathered).
   absl::Status LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens, bool gather,
                       cudaStream_t stream);
   float* logits() const { return logits_.as<float>(); }  // [max_rows, vocab] f32, device
@@ -81,34 +90,49 @@ class CudaForward {
   int64_t kv_bytes() const { return static_cast<int64_t>(kv_.bytes()); }
 
  private:
-  CudaForward(const ModelConfig& config, const CudaWeights* weights, const ForwardLimits& limits);
+  CudaForward(const ModelConfig& config, const TpShard& shard, Communicator* comm,
+              const CudaWeights* weights, const ForwardLimits& limits);
   absl::Status AllocateBuffers(int32_t num_sms);
+  // comm_->AllReduceSum over `count` bf16 elements, or nothing without a communicator.
+  absl::Status AllReduce(__nv_bfloat16* data, int64_t count, cudaStream_t stream, const char* what,
+                         int32_t layer);
+  // The vocabulary-parallel LM head of `num_rows` rows of x: [num_rows, vocab_shard] per rank,
+  // all-gathered and laid out as logits().
+  absl::Status ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows, cudaStream_t stream);
   absl::Status RunGemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
                        const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, void* y,
                        int64_t ldy, kernels::GemmOut out, cudaStream_t stream);
   absl::Status Attention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
   absl::Status Layer(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
 
-  const ModelConfig config_;
+  const ModelConfig config_;  // the rank's: its heads and intermediate columns (LocalModelConfig)
+  const TpShard shard_;
+  Communicator* const comm_;  // null: one GPU, no collectives
   const CudaWeights* weights_;
   const ForwardLimits limits_;
   kernels::AttentionShape shape_;
   int32_t max_blocks_per_seq_ = 0;
   int32_t num_sms_ = 0;
   int64_t qkv_stride_ = 0;  // q_size + 2 kv_size
+  // Row stride of a rank's LM-head block in gathered_logits_: vocab_shard rounded up to 16
+  // (64-byte rows); the vocabulary itself at world size 1, where the block is logits_.
+  int64_t lm_stride_ = 0;
 
   std::unique_ptr<kernels::Gemm> gemm_;
-  cuda::DeviceMemory x_;          // [max_tokens, hidden] bf16 residual stream
-  cuda::DeviceMemory h_;          // [max_tokens, hidden] bf16 normed input / sublayer output
-  cuda::DeviceMemory qkv_;        // [max_tokens, q_size + 2 kv_size] bf16
-  cuda::DeviceMemory attn_;       // [max_tokens, q_size] bf16
-  cuda::DeviceMemory gate_up_;    // [max_tokens, 2 intermediate] bf16
-  cuda::DeviceMemory act_;        // [max_tokens, intermediate] bf16
-  cuda::DeviceMemory gathered_;   // [max_rows, hidden] bf16 rows fed to the LM head
-  cuda::DeviceMemory logits_;     // [max_rows, vocab] f32
-  cuda::DeviceMemory rope_;       // [max_model_len, head_dim] f32 cos | sin
-  cuda::DeviceMemory workspace_;  // attention scratch (decode partials or prefill)
-  cuda::DeviceMemory kv_;         // per layer: K then V, [num_blocks, kv_heads, block, head_dim]
+  cuda::DeviceMemory x_;         // [max_tokens, hidden] bf16 residual stream
+  cuda::DeviceMemory h_;         // [max_tokens, hidden] bf16 normed input / sublayer output
+  cuda::DeviceMemory qkv_;       // [max_tokens, q_size + 2 kv_size] bf16
+  cuda::DeviceMemory attn_;      // [max_tokens, q_size] bf16
+  cuda::DeviceMemory gate_up_;   // [max_tokens, 2 intermediate] bf16
+  cuda::DeviceMemory act_;       // [max_tokens, intermediate] bf16
+  cuda::DeviceMemory gathered_;  // [max_rows, hidden] bf16 rows fed to the LM head
+  cuda::DeviceMemory logits_;    // [max_rows, vocab] f32
+  // World size > 1: every rank's LM-head block, packed per call as [world_size, num_rows,
+  // lm_stride_] f32 (columns past a rank's vocab_local are padding, never read).
+  cuda::DeviceMemory gathered_logits_;  // [world_size * max_rows * lm_stride_] f32
+  cuda::DeviceMemory rope_;             // [max_model_len, head_dim] f32 cos | sin
+  cuda::DeviceMemory workspace_;        // attention scratch (decode partials or prefill)
+  cuda::DeviceMemory kv_;  // per layer: K then V, [num_blocks, kv_heads, block, head_dim]
   std::vector<__nv_bfloat16*> k_cache_;  // [num_layers]
   std::vector<__nv_bfloat16*> v_cache_;  // [num_layers]
   int64_t buffer_bytes_ = 0;

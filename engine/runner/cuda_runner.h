@@ -1,11 +1,14 @@
 // The CUDA backend behind ModelRunner: bf16 weights (safetensors, or random on the device for
 // load_format "dummy") and a paged bf16 KV cache on one GPU, the forward pass of CudaForward,
 // sampling on the GPU (GpuSampler). Decode steps (one new token per sequence) replay a CUDA graph
-// captured per batch-size bucket; their inputs live in fixed device buffers filled by two copies
-// from pinned staging memory, and the only synchronisation of a step is the read of the sampled
-// ids. The KV cache takes what gpu_memory_utilization leaves after weights, buffers and a graph
-// reserve (or kv_cache_bytes). Created on any thread; then one thread at a time (it selects its
-// device on every call, so the engine thread may differ from the creating one).
+// captured per batch-size bucket at load; steps of short chunks (verification of K drafts, the
+// draft model's catch-up) replay a round graph captured on first use per (bucket, longest chunk,
+// LM-head rows), each chunk padded to the longest. Their inputs live in fixed device buffers
+// filled by two copies from pinned staging memory, and the only synchronisation of a step is the
+// read of the sampled ids or verification results. The KV cache takes what gpu_memory_utilization
+// leaves after weights, buffers and a graph reserve (or kv_cache_bytes). Created on any thread;
+// then one thread at a time (it selects its device on every call, so the engine thread may differ
+// from the creating one).
 #pragma once
 
 #include <cstdint>
@@ -64,9 +67,22 @@ class CudaRunner : public ModelRunner {
 
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
   std::vector<int32_t> graph_batch_sizes() const;
+  // Graph replays so far and the round graphs captured (tests and benchmarks check that
+  // speculation rounds replay graphs; all zero with enforce_eager).
+  struct GraphStats {
+    int64_t decode_launches = 0;    // one token per sequence
+    int64_t round_launches = 0;     // chunks padded to the longest (verification, catch-up)
+    int32_t round_graphs = 0;       // captured round graphs
+    int64_t round_graph_bytes = 0;  // device memory their capture took
+  };
+  GraphStats graph_stats() const;
+  int64_t graph_launches() const {
+    const GraphStats s = graph_stats();
+    return s.decode_launches + s.round_launches;
+  }
 
  private:
-  struct State;  // device, model, buffers, graphs: cuda_runner.cc
+  struct State;  // device, model, buffers, graphs: cuda_runner_state.h
   // What EnqueueStep queues after the forward pass.
   enum class SampleMode {
     kIds,          // draws, ids copied back

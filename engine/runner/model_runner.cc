@@ -17,11 +17,6 @@
 namespace specd {
 namespace {
 
-struct DeviceChoice {
-  bool cuda = false;
-  int32_t index = 0;  // GPU ordinal
-};
-
 int32_t VisibleGpus() {
 #ifdef SPECD_HAS_CUDA
   return CudaDeviceCount();
@@ -29,6 +24,8 @@ int32_t VisibleGpus() {
   return 0;
 #endif
 }
+
+}  // namespace
 
 absl::StatusOr<DeviceChoice> ParseDevice(std::string_view device) {
   if (device == "cpu") return DeviceChoice{};
@@ -45,6 +42,8 @@ absl::StatusOr<DeviceChoice> ParseDevice(std::string_view device) {
   return absl::InvalidArgumentError(absl::StrCat(
       "device '", std::string(device), "' is not one of cpu, cuda, cuda:N (N >= 0), auto"));
 }
+
+namespace {
 
 absl::Status ValidateOptions(const RunnerOptions& o) {
   if (o.load_format != "auto" && o.load_format != "dummy") {

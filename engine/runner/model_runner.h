@@ -14,10 +14,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/communicator.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/sample/sampler.h"
@@ -42,6 +44,11 @@ struct RunnerOptions {
                                           // max_model_len sequence always fits
   double gpu_memory_utilization = 0.9;    // CUDA: fraction of the GPU's memory specd may hold
   bool enforce_eager = false;             // CUDA: no graphs (debugging)
+  // Tensor parallelism: which shard of the target this runner holds and the group's collectives
+  // (not owned; outlives the runner). world_size 1 (the default) needs no communicator. A rank's
+  // runner holds 1/world_size of the sharded weights and its KV heads; rank 0 samples.
+  TensorParallel tp;
+  Communicator* comm = nullptr;
 };
 
 // One token drawn this step: from the logits of batch chunk `chunk` at its last token (the
@@ -169,12 +176,25 @@ class ModelRunner {
                                  std::span<const SampleRow> rows, std::span<const int32_t> slots,
                                  std::vector<SampleResult>* out);
 
+  // Tensor parallelism: OK while every rank of the runner's group is alive and in step; once a
+  // rank died, stopped answering or failed, the reason (Unavailable naming the rank), for good.
+  // A single-process runner is always OK. Thread-safe (a watchdog sets it; front ends read it).
+  virtual absl::Status GroupStatus() const { return absl::OkStatus(); }
+
   // Runs `batch` like Step (same kernels and graphs) and returns logits instead of drawing:
   // *logits gets [num_rows, vocab] f32 rows, in chunk order, for the last token of each chunk
   // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
   virtual absl::Status Forward(std::span<const SequenceInput> batch,
                                std::vector<float>* logits) = 0;
 };
+
+// A device string ("cpu", "cuda", "cuda:N", "auto") resolved: auto is the first GPU when the build
+// has CUDA and one is visible, else the CPU. InvalidArgument for anything else.
+struct DeviceChoice {
+  bool cuda = false;
+  int32_t index = 0;  // GPU ordinal
+};
+absl::StatusOr<DeviceChoice> ParseDevice(std::string_view device);
 
 // The runner `options.device` names. "auto" picks CUDA when the build has it and a GPU is
 // visible, else the CPU. Errors name the device, file or size at fault (an unknown device,

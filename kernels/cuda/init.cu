@@ -10,11 +10,11 @@ namespace {
 constexpr int kFillThreads = 256;
 constexpr int64_t kMaxFillBlocks = 4096;
 
-__global__ void FillUniformBf16Kernel(__nv_bfloat16* out, int64_t n, uint64_t seed, float lo,
-                                      float hi) {
+__global__ void FillUniformBf16Kernel(__nv_bfloat16* out, int64_t n, uint64_t seed, uint64_t first,
+                                      float lo, float hi) {
   const int64_t step = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += step) {
-    out[i] = __float2bfloat16_rn(HashUniform(seed, static_cast<uint64_t>(i), lo, hi));
+    out[i] = __float2bfloat16_rn(HashUniform(seed, first + static_cast<uint64_t>(i), lo, hi));
   }
 }
 
@@ -40,9 +40,15 @@ unsigned NumBlocks(int64_t n) {
 
 cudaError_t FillUniformBf16(__nv_bfloat16* out, int64_t n, uint64_t seed, float lo, float hi,
                             cudaStream_t stream) {
+  return FillUniformBf16At(out, n, seed, 0, lo, hi, stream);
+}
+
+cudaError_t FillUniformBf16At(__nv_bfloat16* out, int64_t n, uint64_t seed, uint64_t first_index,
+                              float lo, float hi, cudaStream_t stream) {
   if (n < 0 || !(lo <= hi)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  FillUniformBf16Kernel<<<NumBlocks(n), kFillThreads, 0, stream>>>(out, n, seed, lo, hi);
+  FillUniformBf16Kernel<<<NumBlocks(n), kFillThreads, 0, stream>>>(out, n, seed, first_index, lo,
+                                                                   hi);
   return cudaGetLastError();
 }
 

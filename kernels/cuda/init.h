@@ -46,6 +46,12 @@ SPECD_FILL_HOST_DEVICE inline float HashUniform(uint64_t seed, uint64_t index, f
 cudaError_t FillUniformBf16(__nv_bfloat16* out, int64_t n, uint64_t seed, float lo, float hi,
                             cudaStream_t stream);
 
+// out[i] = bf16(HashUniform(seed, first_index + i, lo, hi)) for i < n: elements
+// [first_index, first_index + n) of what FillUniformBf16 writes, so a tensor-parallel shard of a
+// random tensor equals the same slice of the whole one. Arguments and errors as FillUniformBf16.
+cudaError_t FillUniformBf16At(__nv_bfloat16* out, int64_t n, uint64_t seed, uint64_t first_index,
+                              float lo, float hi, cudaStream_t stream);
+
 // out[i] = bf16(value) for i < n.
 //   out  [n] bf16, device, out
 cudaError_t FillBf16(__nv_bfloat16* out, int64_t n, float value, cudaStream_t stream);

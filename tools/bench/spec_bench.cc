@@ -19,7 +19,7 @@
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
-//              [--max-num-seqs N]
+//              [--max-num-seqs N] [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete]]
@@ -61,8 +61,10 @@ struct Flags {
   int repeats = 2;
   int threads = 0;
   bool ssd = false;
-  std::string specd;              // the specd binary SSD launches as its speculator
-  std::string speculator_device;  // "": the verifier's device
+  std::string specd;                 // the specd binary SSD launches as its speculator (and TP
+                                     // groups as their workers)
+  int32_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp: target ranks
+  std::string speculator_device;     // "": the verifier's device
   int fan_out = 3;
   float saguaro_c = -1;
   std::string cache_build = "interruptible";
@@ -164,6 +166,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->ssd = true;
     else if (a == "--specd")
       f->specd = value();
+    else if (a == "--tensor-parallel-size" || a == "-tp")
+      ok = absl::SimpleAtoi(value(), &f->tensor_parallel_size) && f->tensor_parallel_size >= 1;
     else if (a == "--speculator-device")
       f->speculator_device = value();
     else if (a == "--cache-build")
@@ -315,6 +319,12 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   if (f.max_num_seqs > 0) o.max_num_seqs = f.max_num_seqs;  // also caps the KV pool
   o.observer = std::move(acc);
   o.speculative = spec;
+  o.tensor_parallel.size = f.tensor_parallel_size;
+  o.tensor_parallel.worker_binary = f.specd;  // "": this binary, which is not specd
+  if (f.tensor_parallel_size > 1 && f.specd.empty()) {
+    std::fprintf(stderr, "spec_bench: --tensor-parallel-size needs --specd PATH (its workers)\n");
+    std::exit(2);
+  }
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "spec_bench: %s\n", engine.status().ToString().c_str());

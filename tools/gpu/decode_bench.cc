@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/base/status.h"
+#include "engine/parallel/tp_group.h"
 #include "engine/runner/model_runner.h"
 #include "kernels/check/cuda_check.h"
 #include "tools/gpu/decode_bench_roofline.h"
@@ -58,6 +59,10 @@ struct Options {
   int32_t decode_steps = 64;  // timed decode steps per measurement (median)
   int32_t repeats = 3;        // timed prefills per measurement (median), after one warm-up
   int32_t copy_repeats = 20;  // copies and GEMMs (median)
+  // Tensor parallelism: the runner is rank 0 of a group of this many GPUs (cuda:0..N-1), its
+  // workers `specd worker` processes of --specd; rooflines are per GPU (bytes / N).
+  int32_t tensor_parallel_size = 1;
+  std::string specd;
 };
 
 constexpr char kUsage[] =
@@ -65,6 +70,7 @@ constexpr char kUsage[] =
     "         [--ttft 1024,8192,32768] [--prefill-tokens 4096] [--batch-context 512]\n"
     "         [--max-model-len 33792] [--max-num-batched-tokens 8192]\n"
     "         [--gpu-memory-utilization 0.9] [--decode-steps 64] [--repeats 3]\n"
+    "         [--tensor-parallel-size N --specd PATH]\n"
     "  DIR holds a config.json (weights are random, made on the device).\n"
     "  --quick: contexts 512, batches 1,8, ttft 1024, 16 decode steps, 1 repeat.\n";
 
@@ -103,6 +109,9 @@ bool ParseArgs(int argc, char** argv, Options* o) {
          return true;
        }},
       {"--contexts", to_list(&o->contexts)},
+      {"--tensor-parallel-size", to_int(&o->tensor_parallel_size)},
+      {"-tp", to_int(&o->tensor_parallel_size)},
+      {"--specd", Setter([o](auto& v) { return o->specd = v, true; })},
       {"--batches", to_list(&o->batches)},
       {"--ttft", to_list(&o->ttft_prompts)},
       {"--prefill-tokens", to_int(&o->prefill_tokens)},
@@ -361,7 +370,9 @@ absl::Status MeasureDecodeLatency(Driver& driver, const ModelCosts& costs, const
                                   const Ceilings& ceilings, std::vector<Row>* rows) {
   for (int32_t context : o.contexts) {
     SPECD_ASSIGN_OR_RETURN(DecodeTiming t, TimeDecode(driver, costs, 1, context, o));
-    const double roof = RooflineMs(costs, 1, t.keys_per_step, ceilings.copy_bytes_per_s);
+    // Per GPU: a rank reads 1/N of the weights and of the KV.
+    const double roof =
+        RooflineMs(costs, 1, t.keys_per_step, ceilings.copy_bytes_per_s) / o.tensor_parallel_size;
     const double ratio = roof / t.ms_per_step;
     std::printf("decode b=1 ctx=%d: %.3f ms/step, %.1f tok/s, roofline %.3f ms (%s)\n", context,
                 t.ms_per_step, 1e3 / t.ms_per_step, roof, Percent(ratio).c_str());
@@ -412,8 +423,8 @@ absl::Status MeasureThroughput(Driver& driver, const ModelCosts& costs, const Op
   for (int32_t batch : o.batches) {
     SPECD_ASSIGN_OR_RETURN(DecodeTiming t, TimeDecode(driver, costs, batch, o.batch_context, o));
     const double tok_s = batch * 1e3 / t.ms_per_step;
-    const double ratio =
-        RooflineMs(costs, batch, t.keys_per_step, ceilings.copy_bytes_per_s) / t.ms_per_step;
+    const double ratio = RooflineMs(costs, batch, t.keys_per_step, ceilings.copy_bytes_per_s) /
+                         o.tensor_parallel_size / t.ms_per_step;
     std::printf("decode b=%d ctx=%d: %.3f ms/step, %.1f tok/s (roofline %s)\n", batch,
                 o.batch_context, t.ms_per_step, tok_s, Percent(ratio).c_str());
     std::fflush(stdout);
@@ -459,7 +470,7 @@ absl::Status MeasurePrefill(Driver& driver, const ModelCosts& costs, const Optio
                        2.0 * static_cast<double>(costs.lm_head_params) +
                        4.0 * static_cast<double>(costs.attention_width) * keys;
   const double rate = flops / (ms * 1e-3);
-  const double ratio = rate / ceilings.gemm_flop_per_s;
+  const double ratio = rate / (ceilings.gemm_flop_per_s * o.tensor_parallel_size);
   std::printf("prefill %d tokens: %.1f ms, %.1f TFLOP/s, %s of the GEMM rate\n", o.prefill_tokens,
               ms, rate * 1e-12, Percent(ratio).c_str());
   std::fflush(stdout);
@@ -505,7 +516,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const Options& o) {
   r.max_num_batched_tokens = o.max_num_batched_tokens;
   r.gpu_memory_utilization = o.gpu_memory_utilization;
   const Clock::time_point start = Clock::now();
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(r));
+  std::unique_ptr<ModelRunner> runner;
+  if (o.tensor_parallel_size > 1) {
+    TpGroupOptions g;
+    g.world_size = o.tensor_parallel_size;
+    g.worker_binary = o.specd;
+    SPECD_ASSIGN_OR_RETURN(runner, CreateTpGroup(r, g));
+  } else {
+    SPECD_ASSIGN_OR_RETURN(runner, CreateModelRunner(r));
+  }
   std::printf("runner: %s, %d KV blocks of %d tokens, loaded in %.1f s\n",
               runner->device_name().c_str(), runner->num_kv_blocks(), runner->block_size(),
               MsSince(start) * 1e-3);

@@ -155,6 +155,73 @@ PY
 }
 export -f serve_smoke
 
+# Tensor parallelism (issues 17 and 21), two GPUs: `specd serve -tp 2` on a dummy Llama-3.1-8B
+# answers a greedy completion identical to TP 1's; then a worker rank is killed: specd must fail
+# /ready and exit non-zero within its --tp-timeout, and a request in flight must end with an error.
+# shellcheck disable=SC2317  # run through `bash -c` (under timeout)
+tp_serve_fault() {
+  local tp=$1 log="$WORK/steps/specd_tp_serve_$1.log" pid port rc
+  env LD_LIBRARY_PATH="$OUR_LIBRARY_PATH" "$WORK/bin/specd" serve --model "$DIR/models/shapes/llama-3.1-8b" \
+    --load-format dummy --device cuda --port 0 --grpc-port -1 --max-model-len 4096 \
+    --tensor-parallel-size "$tp" --tp-timeout 10 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do
+    grep -q 'specd: listening' "$log" && break
+    kill -0 "$pid" 2>/dev/null || { tail -n 30 "$log"; echo "tp_serve: specd exited early"; return 1; }
+    sleep 0.5
+  done
+  port=$(grep -m1 -o 'specd: listening http=[^ ]*' "$log" | sed 's/.*://')
+  [[ -n "$port" ]] || { kill -9 "$pid"; tail -n 30 "$log"; return 1; }
+  python3 - "$port" "$WORK/steps/tp_greedy_$tp.txt" <<'PY'
+import http.client, json, sys
+port, out = int(sys.argv[1]), sys.argv[2]
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+prompt = [(i * 7919) % 1000 + 3 for i in range(64)]
+conn.request("POST", "/v1/completions", json.dumps(dict(prompt=prompt, max_tokens=32,
+             temperature=0, ignore_eos=True, logprobs=0)), {"Content-Type": "application/json"})
+data = json.loads(conn.getresponse().read())
+text = data["choices"][0]["text"]
+open(out, "w").write(text)
+print(f"tp_serve: greedy completion {data['usage']['completion_tokens']} tokens: {text[:60]!r}")
+PY
+  rc=$?
+  if [[ "$tp" == 1 ]]; then
+    kill -TERM "$pid"; wait "$pid"; return $rc
+  fi
+  # A long request in flight, then a worker killed.
+  python3 - "$port" >"$WORK/steps/tp_inflight.out" 2>&1 <<'PY' &
+import http.client, json, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=120)
+conn.request("POST", "/v1/completions", json.dumps(dict(prompt=[5, 6, 7], max_tokens=3000,
+             temperature=0, ignore_eos=True, stream=True)), {"Content-Type": "application/json"})
+r = conn.getresponse()
+body = r.read().decode(errors="replace")
+print("in-flight:", r.status, body[-300:].replace("\n", " "))
+PY
+  local client=$!
+  sleep 3
+  local worker
+  worker=$(pgrep -f "specd worker" | head -n 1)
+  local killed=$SECONDS
+  kill -9 "$worker"
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$pid" 2>/dev/null; then  # still there after 30 s: where are its threads?
+    echo "tp_serve: specd still running 30 s after the kill; thread states:"
+    for t in /proc/"$pid"/task/*; do echo "$(cat "$t/comm") $(cat "$t/wchan" 2>/dev/null)"; done
+    kill -9 "$pid"
+  fi
+  wait "$pid"
+  local exit_status=$?
+  wait "$client"
+  cp "$log" "$LOG_DIR/" 2>/dev/null
+  echo "tp_serve: worker $worker killed; specd exit status $exit_status after $((SECONDS - killed))s"
+  cat "$WORK/steps/tp_inflight.out"
+  grep -E 'tensor-parallel group failed|engine failed' "$log" | head -n 3
+  [[ $rc -eq 0 && $exit_status -ne 0 && $((SECONDS - killed)) -lt 30 ]] &&
+    grep -q 'error' "$WORK/steps/tp_inflight.out"
+}
+export -f tp_serve_fault
+
 {
   echo "run_all: $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -236,6 +303,16 @@ fi
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
+if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
+  run_step "tp_serve tp=1" 150 bash -c "tp_serve_fault 1"
+  run_step "tp_serve tp=2 + fault" 200 bash -c "tp_serve_fault 2"
+  # Side by side: TP 1 then TP 2, the same shapes and sizes (issue 21, point 2).
+  tp_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b" --contexts 512,32768 --batches 1,8,32,64
+           --ttft 1024 --prefill-tokens 4096 --decode-steps 32 --repeats 2)
+  run_step "decode_bench tp=1 (tp shapes)" 200 "${OURS[@]}" "$WORK/bin/decode_bench" "${tp_args[@]}"
+  run_step "decode_bench tp=2" 200 "${OURS[@]}" "$WORK/bin/decode_bench" "${tp_args[@]}" \
+    --tensor-parallel-size 2 --specd "$WORK/bin/specd"
+fi
 run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode perf
 
 echo
@@ -253,6 +330,11 @@ if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; t
   echo "-- decode_bench"
   sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"
 fi
+for f in decode_bench_tp_1__tp_shapes_ decode_bench_tp_2; do
+  grep -q '^decode_bench summary' "$WORK/steps/$f.out" 2>/dev/null || continue
+  echo "-- $f"
+  sed -n '/^decode_bench: /p; /^runner: /p; /^decode_bench summary/,$p' "$WORK/steps/$f.out"
+done
 printf '%s\n' "${key_lines[@]}" | grep . || true
 echo
 printf '%-36s %-30s %6s\n' step result time

@@ -1,0 +1,341 @@
+// CudaRunner's speculation on the device: greedy verification (argmax ids kept on the GPU and
+// the ballot-scan verify-and-pack kernel), sampled verification (p built on the GPU,
+// kernels::VerifyStochastic), the draft model's sampled steps and their probability slots. The
+// forward passes go through EnqueueStep, so verification and catch-up steps replay round graphs
+// (cuda_runner_graphs.cc). See cuda_runner_state.h.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda_runner_state.h"
+#include "kernels/cuda/init.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/verify.h"
+
+namespace specd {
+namespace {
+
+// A tensor-parallel worker's rows for a verification call: rank 0's expansion
+// (runner_internal::ExpandVerifyRows / ExpandSampledVerifyRows) from what a worker is sent, each
+// row's chunk and token and its number of drafts: a row with k drafts becomes the rows of tokens
+// 0..k of its chunk, a draftless row stays as it is. Nothing else of a row is read.
+absl::Status ExpandWorkerRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                              std::span<const std::span<const int32_t>> drafts,
+                              std::vector<SampleRow>* expanded) {
+  if (drafts.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verification: ", drafts.size(), " drafts for ", rows.size(), " rows"));
+  }
+  expanded->clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    const size_t k = drafts[i].size();
+    if (k == 0) {
+      expanded->push_back(r);
+      continue;
+    }
+    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
+        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("verification: row ", i, " has ", k,
+                                                     " drafts but its chunk is not them plus one"));
+    }
+    for (size_t j = 0; j <= k; ++j) {
+      SampleRow row;
+      row.chunk = r.chunk;
+      row.token = static_cast<int32_t>(j);
+      expanded->push_back(row);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
+                                          std::span<const SampleRow> rows,
+                                          std::span<const std::span<const int32_t>> drafts,
+                                          std::vector<GreedyVerifyResult>* out) {
+  out->clear();
+  if (batch.empty()) return absl::OkStatus();
+  std::vector<SampleRow> expanded;
+  if (s_->worker) {  // tensor-parallel worker: rank 0's logits rows, then stop
+    SPECD_RETURN_IF_ERROR(ExpandWorkerRows(batch, rows, drafts, &expanded));
+    SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
+    return s_->Sync("verification step");
+  }
+  SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
+  // The ragged layout of kernels::DraftLayout is the expansion's: row i's K_i + 1 ids follow
+  // the previous rows' (a draftless row is K_i = 0, its one id the drawn token).
+  const int32_t n = static_cast<int32_t>(rows.size());
+  std::vector<int32_t> cu(n + 1, 0), draft_tokens;
+  int32_t max_draft_len = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    cu[i + 1] = cu[i] + static_cast<int32_t>(drafts[i].size());
+    max_draft_len = std::max(max_draft_len, static_cast<int32_t>(drafts[i].size()));
+    draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
+  }
+  cuda::UploadArena& arena = s_->verify_arena;
+  arena.Reset();
+  const size_t cu_at = arena.Push(cu);
+  const size_t drafts_at = draft_tokens.empty() ? 0 : arena.Push(draft_tokens);
+  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
+  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, then packing
+  int32_t* next = accepted + s_->limits.max_rows;
+  kernels::PackArgs pack;
+  pack.cu_committed = next + s_->limits.max_rows;                       // [n + 1]
+  pack.committed_tokens = pack.cu_committed + s_->limits.max_rows + 1;  // [<= rows]
+  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(kernels::VerifyGreedyAndPack(layout, arena.At<int32_t>(drafts_at),
+                                               s_->sampler->device_ids(), accepted, next, pack,
+                                               kernels::VerifyPackPath::kAuto, s_->stream),
+                  "VerifyGreedyAndPack"));
+  int32_t* host = s_->verify_host.as<int32_t>();
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s_->stream),
+                  "copy of verification results"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("verification step"));
+  std::vector<SampleResult> sampled;  // meaningful for logprobs rows only
+  s_->sampler->Finish(expanded, &sampled);
+  out->resize(rows.size());
+  for (int32_t i = 0, at = 0; i < n; at += cu[i + 1] - cu[i] + 1, ++i) {
+    GreedyVerifyResult& r = (*out)[i];
+    if (drafts[i].empty() && rows[i].params->logprobs >= 0) {
+      r.next = std::move(sampled[at]);
+      continue;
+    }
+    r.num_accepted = host[i];
+    r.next.id = host[s_->limits.max_rows + i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
+                                           std::span<const SampleRow> rows,
+                                           std::span<const std::span<const int32_t>> drafts,
+                                           std::span<const DraftProbs> probs,
+                                           std::vector<GreedyVerifyResult>* out) {
+  out->clear();
+  if (batch.empty()) return absl::OkStatus();
+  const int64_t vocab = s_->config.vocab_size;
+  std::vector<SampleRow> expanded;
+  if (s_->worker) {  // tensor-parallel worker: rank 0's logits rows (probs unused), then stop
+    SPECD_RETURN_IF_ERROR(ExpandWorkerRows(batch, rows, drafts, &expanded));
+    SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
+    return s_->Sync("sampled verification step");
+  }
+  SPECD_RETURN_IF_ERROR(
+      runner_internal::ExpandSampledVerifyRows(batch, rows, drafts, probs, vocab, &expanded));
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
+  // The ragged layout (kernels::DraftLayout) is the expansion's, as in StepGreedyVerify; the
+  // logits buffer now holds p for every expanded row.
+  const int32_t n = static_cast<int32_t>(rows.size());
+  std::vector<int32_t> cu(n + 1, 0), draft_tokens, onehot_rows, onehot_cols;
+  std::vector<float> uniforms;
+  int32_t max_draft_len = 0;
+  bool any_q = false;
+  for (int32_t i = 0; i < n; ++i) {
+    const auto k = static_cast<int32_t>(drafts[i].size());
+    cu[i + 1] = cu[i] + k;
+    max_draft_len = std::max(max_draft_len, k);
+    draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
+    any_q = any_q || (k > 0 && (probs[i].device != nullptr || !probs[i].host.empty()));
+    for (int32_t j = 0; j < k; ++j) {
+      uniforms.push_back(runner_internal::verify_accepts_every_draft_for_test
+                             ? 0.0f
+                             : SpeculationUniform(rows[i].seed, rows[i].num_generated + j,
+                                                  SpeculationDraw::kAcceptTest));
+    }
+    // The next token's draw; its position is known only on the device (num_generated + k_i),
+    // so its uniform is keyed by the round's first position.
+    uniforms.push_back(
+        SpeculationUniform(rows[i].seed, rows[i].num_generated, SpeculationDraw::kNextToken));
+  }
+  const int64_t num_drafts = cu[n];
+  // q rows in layout order: copied from wherever the speculator left them; deterministic drafts
+  // in a batch that also has sampled ones get one-hot rows.
+  float* q = nullptr;
+  if (any_q) {
+    const size_t q_bytes = static_cast<size_t>(num_drafts) * vocab * sizeof(float);
+    if (s_->verify_q.bytes() < q_bytes) {
+      s_->verify_q = cuda::DeviceMemory();
+      SPECD_ASSIGN_OR_RETURN(s_->verify_q,
+                             cuda::DeviceMemory::Allocate(q_bytes, "draft probabilities"));
+    }
+    q = s_->verify_q.as<float>();
+    // One copy per run of rows whose sources are adjacent too (a draft model's slots follow its
+    // inputs, which follow the batch).
+    const char* run_src = nullptr;
+    char* run_dst = nullptr;
+    size_t run_bytes = 0;
+    auto flush = [&]() {
+      if (run_bytes == 0) return absl::OkStatus();
+      const size_t bytes = std::exchange(run_bytes, 0);
+      return cuda::Check(cudaMemcpyAsync(run_dst, run_src, bytes, cudaMemcpyDefault, s_->stream),
+                         "copy of q rows");
+    };
+    for (int32_t i = 0; i < n; ++i) {
+      const size_t k = drafts[i].size();
+      if (k == 0) continue;
+      float* dst = q + static_cast<size_t>(cu[i]) * vocab;
+      const size_t bytes = k * vocab * sizeof(float);
+      if (probs[i].device != nullptr || !probs[i].host.empty()) {
+        const auto* src = probs[i].device != nullptr
+                              ? reinterpret_cast<const char*>(probs[i].device)
+                              : reinterpret_cast<const char*>(probs[i].host.data());
+        if (run_bytes > 0 && run_src + run_bytes == src &&
+            run_dst + run_bytes == reinterpret_cast<char*>(dst)) {
+          run_bytes += bytes;
+          continue;
+        }
+        SPECD_RETURN_IF_ERROR(flush());
+        run_src = src;
+        run_dst = reinterpret_cast<char*>(dst);
+        run_bytes = bytes;
+        continue;
+      }
+      SPECD_RETURN_IF_ERROR(
+          cuda::Check(cudaMemsetAsync(dst, 0, bytes, s_->stream), "one-hot q rows"));
+      for (size_t j = 0; j < k; ++j) {
+        onehot_rows.push_back(cu[i] + static_cast<int32_t>(j));
+        onehot_cols.push_back(drafts[i][j]);
+      }
+    }
+    SPECD_RETURN_IF_ERROR(flush());
+  }
+  cuda::UploadArena& arena = s_->verify_arena;
+  arena.Reset();
+  const size_t cu_at = arena.Push(cu);
+  const size_t drafts_at = arena.Push(draft_tokens);  // an empty push still names the arena
+  const size_t uniforms_at = arena.Push(uniforms);
+  const size_t onehot_at = onehot_rows.empty() ? 0 : arena.Push(onehot_rows);
+  const size_t onehot_cols_at = onehot_rows.empty() ? 0 : arena.Push(onehot_cols);
+  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
+  if (!onehot_rows.empty()) {
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::ScatterF32(q, vocab, arena.At<int32_t>(onehot_at),
+                                        arena.At<int32_t>(onehot_cols_at),
+                                        static_cast<int64_t>(onehot_rows.size()), 1.0f, s_->stream),
+                    "ScatterF32 (one-hot q rows)"));
+  }
+  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next
+  int32_t* next = accepted + s_->limits.max_rows;
+  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      kernels::VerifyStochastic(layout, arena.At<int32_t>(drafts_at), q, s_->forward->logits(),
+                                vocab, arena.At<float>(uniforms_at), accepted, next, s_->stream),
+      "VerifyStochastic"));
+  int32_t* host = s_->verify_host.as<int32_t>();
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s_->stream),
+                  "copy of verification results"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("sampled verification step"));
+  out->resize(rows.size());
+  for (int32_t i = 0; i < n; ++i) {
+    GreedyVerifyResult& r = (*out)[i];
+    r.num_accepted = host[i];
+    r.next.id = host[s_->limits.max_rows + i];
+    if (r.next.id < 0 || r.num_accepted < 0 || r.num_accepted > cu[i + 1] - cu[i]) {
+      return absl::InternalError(absl::StrCat("sampled verification: row ", i, " accepted ",
+                                              r.num_accepted, " drafts and drew token ", r.next.id,
+                                              " (a distribution without mass?)"));
+    }
+    const int32_t num_logprobs = rows[i].params->logprobs;
+    if (num_logprobs < 0) continue;
+    const size_t first = static_cast<size_t>(cu[i]) + i;  // row i's first expanded row
+    for (int32_t j = 0; j < r.num_accepted; ++j) {
+      r.accepted.push_back(
+          RawTokenLogprobs(s_->sampler->RawRow(first + j), drafts[i][j], num_logprobs));
+    }
+    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + r.num_accepted), r.next.id, num_logprobs);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::ReserveProbSlots(int32_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ReserveProbSlots(", n, ")"));
+  if (n <= s_->num_prob_slots) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("probability slots"));  // nothing may still read the old ones
+  s_->prob_slots = cuda::DeviceMemory();
+  s_->num_prob_slots = 0;
+  SPECD_ASSIGN_OR_RETURN(
+      s_->prob_slots,
+      cuda::DeviceMemory::Allocate(static_cast<size_t>(n) * s_->config.vocab_size * sizeof(float),
+                                   "draft probability slots"));
+  s_->num_prob_slots = n;
+  return absl::OkStatus();
+}
+
+const float* CudaRunner::prob_slot(int32_t slot) const {
+  if (slot < 0 || slot >= s_->num_prob_slots) return nullptr;
+  return s_->prob_slots.as<float>() + static_cast<size_t>(slot) * s_->config.vocab_size;
+}
+
+absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
+                                   std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                                   std::vector<SampleResult>* out) {
+  out->clear();
+  if (batch.empty()) return absl::OkStatus();
+  if (slots.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepDraft: ", slots.size(), " slots for ", rows.size(), " rows"));
+  }
+  for (int32_t slot : slots) {
+    if (slot < 0 || slot >= s_->num_prob_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepDraft: slot ", slot, " of ", s_->num_prob_slots, " reserved"));
+    }
+  }
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kProbs));
+  const auto n = static_cast<int32_t>(rows.size());
+  if (n == 0) return s_->Sync("draft step");
+  std::vector<float> uniforms;
+  for (const SampleRow& r : rows) {
+    uniforms.push_back(SpeculationUniform(r.seed, r.num_generated, SpeculationDraw::kDraft));
+  }
+  std::vector<int32_t> slot_rows(slots.begin(), slots.end());
+  cuda::UploadArena& arena = s_->verify_arena;
+  arena.Reset();
+  const size_t uniforms_at = arena.Push(uniforms);
+  const size_t slots_at = arena.Push(slot_rows);
+  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
+  const int64_t vocab = s_->config.vocab_size;
+  float* p = s_->forward->logits();
+  int32_t* ids = s_->verify_out.as<int32_t>() + s_->limits.max_rows;
+  // A layout without drafts: each row's token is drawn from its own distribution.
+  const kernels::DraftLayout layout{nullptr, n, 0};
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      kernels::VerifyStochastic(layout, /*draft_tokens (none read)=*/arena.At<int32_t>(slots_at),
+                                nullptr, p, vocab, arena.At<float>(uniforms_at),
+                                s_->verify_out.as<int32_t>(), ids, s_->stream),
+      "VerifyStochastic (draft draw)"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      kernels::ScatterRows(p, vocab, n, static_cast<int32_t>(vocab), arena.At<int32_t>(slots_at),
+                           s_->prob_slots.as<float>(), vocab, s_->stream),
+      "ScatterRows (draft probabilities)"));
+  int32_t* host = s_->verify_host.as<int32_t>();
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(host, ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s_->stream),
+      "copy of draft ids"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("draft step"));
+  out->resize(rows.size());
+  for (int32_t i = 0; i < n; ++i) {
+    if (host[i] < 0) {
+      return absl::InternalError(
+          absl::StrCat("draft step: row ", i, " has a distribution without mass"));
+    }
+    (*out)[i].id = host[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specd

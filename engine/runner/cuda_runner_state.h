@@ -1,0 +1,163 @@
+// The CUDA runner's private state, shared by its three source files: cuda_runner.cc (creation,
+// buffers, plain steps), cuda_runner_graphs.cc (step inputs, CUDA-graph capture and replay) and
+// cuda_runner_speculation.cc (verification, draft steps, probability slots). Not part of the
+// runner's API: only those files include it. Engine thread only (as CudaRunner).
+#pragma once
+
+#include <driver_types.h>
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/base/communicator.h"
+#include "engine/model/model_config.h"
+#include "engine/model/tensor_parallel.h"
+#include "engine/runner/cuda_forward.h"
+#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda_sampling.h"
+#include "engine/runner/cuda_util.h"
+#include "engine/runner/cuda_weights.h"
+
+namespace specd {
+namespace cuda_runner_internal {
+
+// Device memory set aside for CUDA graphs (captured after the KV cache is allocated, because the
+// graphs embed its address): the decode graphs captured at load, then the round graphs captured
+// on first use while what they took stays under it. Every buffer they touch is preallocated, so
+// graphs only need room for their executable form; the logs report what capture really took.
+inline constexpr int64_t kGraphReserveBytes = int64_t{256} << 20;
+
+// Most tokens per sequence a round graph is padded to: a verification of 15 drafts. Runs up to
+// here take the split-KV verification attention, whose grid depends only on the batch, the run
+// length and the table width (kernels::kMaxVerifyQueryLen), so one graph serves every context.
+inline constexpr int32_t kMaxRoundGraphQueryLen = 16;
+
+// Most round graphs captured (a bound on capture time and host memory besides the byte budget).
+inline constexpr int32_t kMaxRoundGraphs = 256;
+
+// Which captured graph a step replays. Decode graphs (q_len 1, rows 0) take one token per
+// sequence and give logits row i for chunk i; round graphs (verification steps, the draft's
+// catch-up chunks) pad each of `bucket` sequences' chunks to at most q_len tokens and gather
+// `rows` LM-head rows through the step's logit_rows, so logits row r is the step's r-th row as in
+// an eager step.
+struct GraphKey {
+  int32_t bucket = 0;  // padded sequences; 0: the step runs eagerly
+  int32_t q_len = 1;   // longest chunk the graph holds (its attention's max_q_len)
+  int32_t rows = 0;    // gathered LM-head rows; 0: a decode graph (rows are the chunks)
+  bool graph() const { return bucket > 0; }
+  bool decode() const { return q_len == 1 && rows == 0; }
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+// Byte offsets of one step's small inputs in the input region, packed for its sizes (a graph's
+// padded sizes, or an eager step's real sizes), so one copy moves them all.
+struct InputLayout {
+  size_t slots = 0, token_ids = 0, positions = 0, seq_lens = 0, cu_q_lens = 0, logit_rows = 0;
+  size_t bytes = 0;
+};
+InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows);
+
+// One prepared step: how to run it and where its logits rows are.
+struct Launch {
+  GraphKey key;  // graph(): replay graphs[key]
+  ForwardArgs args;
+  int32_t num_rows = 0;                 // logits rows the step uses
+  const int32_t* logit_rows = nullptr;  // device; graphs: [key.rows], eager: [num_rows]
+};
+
+// Decode batch sizes that get a graph: 1, 2, 4, 8, 16, 24, 32, then coarser steps, up to `cap`
+// (always included). A batch runs in the smallest bucket that holds it, padded.
+std::vector<int32_t> DecodeBuckets(int32_t cap);
+
+}  // namespace cuda_runner_internal
+
+struct CudaRunner::State {
+  using GraphKey = cuda_runner_internal::GraphKey;
+  using Launch = cuda_runner_internal::Launch;
+  ~State();
+
+  // cuda_runner.cc
+  absl::Status SelectDevice(int32_t index);
+  absl::Status LoadModel(const RunnerOptions& o);
+  absl::Status AllocateBuffers();
+  absl::Status SizeAndAllocateKv(const RunnerOptions& o);
+  // The smallest `value` over the tensor-parallel ranks (value itself without a communicator).
+  absl::StatusOr<int32_t> MinOverRanks(int32_t value);
+  absl::Status Validate(std::span<const SequenceInput> batch) const;
+  absl::Status Sync(const char* what) { return cuda::Check(cudaStreamSynchronize(stream), what); }
+
+  // cuda_runner_graphs.cc
+  absl::Status WarmUpAndCapture();
+  // The graph a validated batch with `num_rows` logits rows can replay, or an eager key: decode
+  // graphs need one token per sequence and rows that are exactly the chunks in order
+  // (`rows_are_chunks`); round graphs need chunks of at most kMaxRoundGraphQueryLen tokens and
+  // padded sizes within the buffers. Depends only on the batch's shape and the rows' count.
+  GraphKey GraphFor(std::span<const SequenceInput> batch, size_t num_rows,
+                    bool rows_are_chunks) const;
+  // `key` once its graph exists: a round graph is captured on first use (which synchronises and
+  // overwrites the staging buffers, so call it before Prepare). An eager key when graphs are
+  // off, the round-graph budget is spent, or capture ran out of memory.
+  absl::StatusOr<GraphKey> EnsureGraph(GraphKey key);
+  // Fills the staging buffers for `batch` and queues their upload. A graph key: the graph's
+  // padded layout; eager: the real sizes, logits rows gathered from `logit_rows`.
+  absl::StatusOr<Launch> Prepare(std::span<const SequenceInput> batch,
+                                 std::span<const int32_t> logit_rows, GraphKey key);
+  absl::Status Execute(const Launch& launch);
+  // What a graph holds: the forward and the LM head of its padded rows.
+  absl::Status RunGraphBody(const Launch& launch);
+  absl::Status Capture(GraphKey key);
+
+  int32_t device = 0;
+  std::string name;
+  int32_t num_sms = 0;
+  double utilization = 0.9;
+  bool eager = false;
+  ModelConfig config;
+  int32_t max_model_len = 0;
+  int32_t block_size = 16;
+  ForwardLimits limits;
+  int32_t num_kv_blocks = 0;  // usable blocks; block num_kv_blocks is the padding scratch block
+  int64_t weight_bytes = 0;
+  // Tensor parallelism: this rank's shard, the group's collectives (not owned; null for one
+  // rank) and whether this is a worker rank (tp.rank != 0: it stops after the logits).
+  TpShard shard;
+  Communicator* comm = nullptr;
+  bool worker = false;
+
+  cudaStream_t stream = nullptr;
+  CudaWeights weights;
+  std::unique_ptr<CudaForward> forward;
+  std::unique_ptr<GpuSampler> sampler;
+  cuda::PinnedMemory inputs_host;  // the input region's staging twin
+  cuda::DeviceMemory inputs;       // see LayoutFor
+  cuda::PinnedMemory tables_host;  // [max_seqs, max_blocks_per_seq] int32
+  cuda::DeviceMemory tables;       // [max_seqs, max_blocks_per_seq] int32
+  std::vector<int32_t> buckets;    // ascending; empty when eager
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+  // Round graphs (GraphKey::decode() false): how many, and the device memory their capture took
+  // (free memory before minus after, so it includes cuBLASLt's or the driver's growth).
+  int32_t num_round_graphs = 0;
+  int64_t round_graph_bytes = 0;
+  int64_t decode_graph_bytes = 0;  // the same for the decode graphs captured at load
+  bool round_graphs_full = false;  // budget spent or capture out of memory: new shapes run eager
+  GraphStats stats;                // replay counters (graph_stats())
+  // Greedy verification (StepGreedyVerify): uploads, results on the device and read back.
+  cuda::UploadArena verify_arena;
+  cuda::DeviceMemory verify_out;   // [4 * max_rows + 1] int32, see StepGreedyVerify
+  cuda::PinnedMemory verify_host;  // [2 * max_rows] int32
+  // Device speculation: the draft rows' q for StepSampledVerify (gathered, grown on demand), and
+  // StepDraft's probability slots.
+  cuda::DeviceMemory verify_q;    // [num drafts, vocab] f32
+  cuda::DeviceMemory prob_slots;  // [num_prob_slots, vocab] f32
+  int32_t num_prob_slots = 0;
+};
+
+}  // namespace specd
