@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/runner/cuda_runner.h"
 #include "engine/runner/cuda_runner_state.h"
@@ -190,6 +191,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
         const auto* src = probs[i].device != nullptr
                               ? reinterpret_cast<const char*>(probs[i].device)
                               : reinterpret_cast<const char*>(probs[i].host.data());
+        if (probs[i].device != nullptr) s_->EnablePeerAccessTo(probs[i].device);
         if (run_bytes > 0 && run_src + run_bytes == src &&
             run_dst + run_bytes == reinterpret_cast<char*>(dst)) {
           run_bytes += bytes;
@@ -336,6 +338,33 @@ absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
     (*out)[i].id = host[i];
   }
   return absl::OkStatus();
+}
+
+// A draft model on another GPU leaves its q rows there: with peer access on, the copies into
+// this GPU (cudaMemcpyDefault) go peer to peer over NVLink / PCIe instead of being staged through
+// host memory, which is what the driver does between GPUs without it. Enabled lazily, once per
+// peer (enabling it for every visible GPU at start would create a context on each of them in
+// every process); a pair that cannot reach each other keeps the staged copy.
+void CudaRunner::State::EnablePeerAccessTo(const void* ptr) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  const int32_t peer = attr.device;
+  if (attr.type != cudaMemoryTypeDevice || peer == device || peers_enabled.contains(peer)) return;
+  peers_enabled.insert(peer);
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || !can) {
+    cudaGetLastError();
+    SPECD_LOG_WARN("{}: no peer access to cuda:{}; q rows are staged through the host", name, peer);
+    return;
+  }
+  if (const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+      e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+    SPECD_LOG_WARN("{}: enabling peer access to cuda:{}: {}", name, peer, cudaGetErrorString(e));
+  }
+  cudaGetLastError();  // clear a refused or repeated enable
 }
 
 }  // namespace specd

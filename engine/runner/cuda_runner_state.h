@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/communicator.h"
@@ -116,6 +117,10 @@ struct CudaRunner::State {
   absl::Status Capture(GraphKey key);
 
   int32_t device = 0;
+  // GPUs this one reads draft q rows from peer to peer (EnablePeerAccessTo).
+  absl::flat_hash_set<int32_t> peers_enabled;
+  // cuda_runner_speculation.cc: peer access to the GPU holding `ptr`, once.
+  void EnablePeerAccessTo(const void* ptr);
   std::string name;
   int32_t num_sms = 0;
   double utilization = 0.9;
