@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/engine_spec_test_util.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -168,6 +170,75 @@ TEST(TpTest, GreedySpeculationAtTp2EqualsPlainDecoding) {
     }
   }
   EXPECT_GT(drafts, 0);  // speculation ran
+}
+
+// All 48 held-out codepair prompts, greedy, TP 2 against TP 1 (the CPU backend is fp32: a
+// divergence is allowed only where TP 1's top two logits are within 1e-4, a recorded near-tie).
+TEST(TpTest, CodepairAll48PromptsAtTp2EqualTp1) {
+  const std::string dir = kModels + "/codepair/target";
+  auto tp1 = MakeEngine(TpOptions(dir, 1));
+  auto tp2 = MakeEngine(TpOptions(dir, 2));
+  ASSERT_NE(tp1, nullptr);
+  ASSERT_NE(tp2, nullptr);
+  const auto prompts = speculation_test::LoadPrompts(*tp1->tokenizer());
+  ASSERT_EQ(prompts.size(), 48u);
+  std::vector<GenerateRequest> requests;
+  for (const auto& p : prompts) {
+    GenerateRequest r = speculation_test::Greedy(p, 32);
+    r.params.logprobs = 2;  // the top two, to recognise a near-tie where outputs part
+    requests.push_back(r);
+  }
+  auto a = tp2->GenerateBatch(requests);
+  auto b = tp1->GenerateBatch(requests);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  int equal = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto got = (*a)[i].ids(), want = (*b)[i].ids();
+    if (got == want) {
+      ++equal;
+      continue;
+    }
+    size_t at = 0;
+    while (at < std::min(got.size(), want.size()) && got[at] == want[at]) ++at;
+    ASSERT_LT(at, want.size()) << "prompt " << i;
+    const auto& top = (*b)[i].tokens[at].top;
+    ASSERT_GE(top.size(), 2u);
+    EXPECT_LT(std::abs(top[0].logprob - top[1].logprob), 1e-4)
+        << "prompt " << i << " diverges at " << at << " without a near-tie";
+  }
+  EXPECT_GE(equal, 46) << "of 48 prompts";
+}
+
+TEST(TpTest, SsdAtTp2EqualsPlainDecoding) {
+  const std::string dir = kModels + "/codepair/target";
+  EngineOptions o = TpOptions(dir, 2);
+  o.max_model_len = 1024;
+  auto spec = ParseSpeculativeConfig(
+      std::string(R"({"method": "ssd", "model": ")") + kModels +
+      R"(/codepair/draft", "num_speculative_tokens": 4, "speculator_binary": ")" + SPECD_BINARY +
+      R"(", "fan_out": 3, "speculator_timeout_ms": 60000})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  o.speculative = *spec;
+  auto engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->has_ssd());
+  auto golden = nlohmann::json::parse(ReadAll(kModels + "/codepair/golden.json"))["target"];
+  std::vector<GenerateRequest> requests;
+  for (const auto& g : golden) {
+    GenerateRequest r = Greedy(g["prompt_ids"].get<std::vector<int32_t>>(), 48);
+    r.speculation.method = SpeculationMethod::kSsd;
+    requests.push_back(r);
+  }
+  auto batch = engine->GenerateBatch(requests);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  int64_t drafts = 0;
+  for (size_t i = 0; i < golden.size(); ++i) {
+    EXPECT_EQ((*batch)[i].ids(), golden[i]["greedy_ids"].get<std::vector<int32_t>>())
+        << "prompt " << i;
+    drafts += (*batch)[i].usage.num_drafts;
+  }
+  EXPECT_GT(drafts, 0);
 }
 
 TEST(TpTest, ShapesThatDoNotShardAreRefusedNamingThem) {

@@ -23,11 +23,15 @@ ENGINE_ORDER = ["engine/base", "engine/kv", "engine/sched", "engine/tokenizer", 
 BASE_ONLY = {"engine/tokenizer", "engine/distributed"}
 # kernels/ may be included only by the engine modules listed here, and only the parts named:
 # bf16 conversion (base), the CPU references (model's RoPE, spec's Philox sampling), and the
-# CUDA kernels themselves by the runner that launches them.
+# CUDA kernels themselves by the runner that launches them (and distributed/'s one-shot
+# all-reduce kernel).
 ENGINE_KERNELS = {
     "engine/base": ["kernels/ref"],
     "engine/model": ["kernels/ref"],
     "engine/runner": ["kernels/ref", "kernels/cuda"],
+    # The NCCL communicator's one-shot all-reduce launches its kernel (oneshot_allreduce.h);
+    # its test compares with the reference.
+    "engine/distributed": ["kernels/ref", "kernels/cuda"],
     "engine/speculation": ["kernels/ref"],
 }
 # "engine/ -> proto config" (DESIGN.md): the config schema, never the gRPC API.

@@ -3,6 +3,8 @@
 // Without NCCL at configure time (SPECD_DISTRIBUTED_HAS_NCCL undefined) only stubs are compiled.
 #include "engine/distributed/nccl_communicator.h"
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +15,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "engine/distributed/oneshot_allreduce.h"
 #endif
 
 namespace specd {
@@ -34,6 +38,24 @@ constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 // Warm-up all-reduce size: large enough for the bandwidth algorithms (ring, NVLS), so that
 // their lazily made connections exist before a collective is captured in a graph.
 constexpr size_t kWarmupFloats = size_t{1} << 20;
+// Measured on two H200s (NVLink), bf16 in CUDA graphs: one-shot 1.09x / 1.18x / 1.05x NCCL at
+// 8 / 32 / 128 KiB, 0.86x at 256 KiB (docs/benchmarks.md).
+constexpr size_t kDefaultOneShotMaxBytes = size_t{128} << 10;
+
+// The one-shot limit this rank asks for: the option, else the environment, else the default.
+size_t OneShotMaxBytes(int64_t option) {
+  if (option >= 0) return static_cast<size_t>(option);
+  const char* env = std::getenv("SPECD_ONESHOT_ALLREDUCE_MAX_BYTES");
+  if (env == nullptr || *env == '\0') return kDefaultOneShotMaxBytes;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 0) {
+    SPECD_LOG_WARN("dist: SPECD_ONESHOT_ALLREDUCE_MAX_BYTES={} is not a byte count; using {}", env,
+                   kDefaultOneShotMaxBytes);
+    return kDefaultOneShotMaxBytes;
+  }
+  return static_cast<size_t>(v);
+}
 
 absl::Status NcclError(ncclResult_t result, ncclComm_t comm, std::string_view what) {
   const char* detail = comm != nullptr ? ncclGetLastError(comm) : "";
@@ -79,7 +101,10 @@ struct NcclCommunicator::Impl {
   int32_t world_size = 1;
   int32_t device = 0;
   int32_t* barrier_word = nullptr;  // [1] i32, device: what Barrier all-reduces
-  absl::Mutex mu;                   // guards the communicator against Abort from another thread
+  // Set at Create, then constant until destruction (Abort reads it from any thread).
+  std::unique_ptr<OneShotAllReduce> oneshot;
+  std::atomic<size_t> oneshot_max{0};  // bytes; <= oneshot->capacity()
+  absl::Mutex mu;                      // guards the communicator against Abort from another thread
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   bool failed ABSL_GUARDED_BY(mu) = false;   // abort instead of finalizing on destruction
   absl::Status failure ABSL_GUARDED_BY(mu);  // what later calls return
@@ -166,17 +191,7 @@ struct NcclCommunicator::Impl {
         "ncclAllGather (warm-up)");
     run([&](ncclComm_t c) { return ncclBroadcast(buf, buf, 1, ncclFloat32, 0, c, stream); },
         "ncclBroadcast (warm-up)");
-    while (status.ok()) {  // wait for the stream, watching the communicator
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaSuccess) break;
-      if (e != cudaErrorNotReady) status = CudaError(e, "NCCL warm-up");
-      if (status.ok()) status = AsyncError();
-      if (status.ok() && absl::Now() >= deadline) {
-        status = absl::DeadlineExceededError(absl::StrCat(
-            "NCCL communicator rank ", rank, ": the warm-up collectives did not finish"));
-      }
-      absl::SleepFor(kPollInterval);
-    }
+    if (status.ok()) status = WaitStream(stream, deadline, "the warm-up collectives");
     if (!status.ok()) {
       absl::MutexLock lock(&mu);
       (void)FailLocked(status);
@@ -185,6 +200,89 @@ struct NcclCommunicator::Impl {
     }
     cudaStreamDestroy(stream);
     return status;
+  }
+
+  // Waits for `stream`'s work, watching the communicator.
+  absl::Status WaitStream(cudaStream_t stream, absl::Time deadline, std::string_view what)
+      ABSL_LOCKS_EXCLUDED(mu) {
+    while (true) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaError(e, what);
+      SPECD_RETURN_IF_ERROR(AsyncError());
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("NCCL communicator rank ", rank, ": ",
+                                                        absl::string_view(what.data(), what.size()),
+                                                        " did not finish"));
+      }
+      absl::SleepFor(kPollInterval);
+    }
+  }
+
+  // HostAllGather over NCCL (one-shot setup): through a device buffer on a private stream.
+  absl::Status GatherBytes(std::span<const uint8_t> mine, std::span<uint8_t> all,
+                           absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu) {
+    cudaStream_t stream = nullptr;
+    uint8_t* buf = nullptr;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      return CudaError(e, "cudaStreamCreate");
+    }
+    absl::Status status;
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&buf), all.size()); e != cudaSuccess) {
+      buf = nullptr;
+      status = CudaError(e, "cudaMalloc (gather)");
+    } else if (e = cudaMemcpy(buf + rank * mine.size(), mine.data(), mine.size(),
+                              cudaMemcpyHostToDevice);
+               e != cudaSuccess) {
+      status = CudaError(e, "cudaMemcpy (gather)");
+    }
+    if (status.ok()) {
+      status = Enqueue(
+          [&](ncclComm_t c) {
+            return ncclAllGather(buf + rank * mine.size(), buf, mine.size(), ncclUint8, c, stream);
+          },
+          "ncclAllGather (one-shot setup)");
+    }
+    if (status.ok()) status = WaitStream(stream, deadline, "the one-shot setup exchange");
+    if (status.ok()) {
+      if (cudaError_t e = cudaMemcpy(all.data(), buf, all.size(), cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        status = CudaError(e, "cudaMemcpy (gather)");
+      }
+    }
+    if (status.ok() && buf != nullptr) cudaFree(buf);  // a failed gather may still use it
+    cudaStreamDestroy(stream);
+    return status;
+  }
+
+  // Sets up the one-shot path; its problems only leave it off. Every rank takes part in the
+  // exchange, even one that asked for 0 bytes (its answer turns the path off everywhere). An
+  // error only when the NCCL exchange itself failed: then the group is broken.
+  absl::Status SetUpOneShot(size_t max_bytes, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu) {
+    if (world_size < 2) return absl::OkStatus();
+    auto one = OneShotAllReduce::Create(rank, world_size, device, max_bytes,
+                                        [&](std::span<const uint8_t> mine, std::span<uint8_t> all) {
+                                          return GatherBytes(mine, all, deadline);
+                                        });
+    if (!one.ok()) {
+      absl::MutexLock lock(&mu);
+      return FailLocked(one.status());
+    }
+    oneshot = std::move(*one);
+    if (oneshot != nullptr) oneshot_max = oneshot->capacity();
+    return absl::OkStatus();
+  }
+
+  // A peer's kernels may still read this rank's staging buffer, on their own schedule, and a
+  // collective teardown (a barrier between ranks) hangs when ranks destroy their communicators at
+  // different times (measured: 10 s per communicator on two H200s). So the buffers are never
+  // freed under a peer: the one-shot state (about 1 MiB of device memory per communicator) is
+  // left to the process's exit.
+  void TearDownOneShot() ABSL_LOCKS_EXCLUDED(mu) {
+    if (oneshot == nullptr) return;
+    oneshot_max = 0;
+    (void)oneshot.release();
   }
 
   absl::Status AsyncError() ABSL_LOCKS_EXCLUDED(mu) {
@@ -200,7 +298,8 @@ struct NcclCommunicator::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    std::span<const uint8_t> unique_id, int32_t rank, int32_t world_size, int32_t device) {
+    std::span<const uint8_t> unique_id, int32_t rank, int32_t world_size, int32_t device,
+    const NcclCommunicatorOptions& options) {
   if (unique_id.size() != sizeof(ncclUniqueId)) {
     return absl::InvalidArgumentError(absl::StrCat("NCCL unique id: ", unique_id.size(),
                                                    " bytes, an ncclUniqueId has ",
@@ -250,11 +349,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   SPECD_RETURN_IF_ERROR(ready);
   SPECD_RETURN_IF_ERROR(m.WarmUp(deadline));
+  SPECD_RETURN_IF_ERROR(m.SetUpOneShot(OneShotMaxBytes(options.oneshot_max_bytes), deadline));
   SPECD_LOG_INFO("dist: NCCL communicator up, rank {}/{} on cuda:{}", rank, world_size, device);
   return comm;
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  impl_->TearDownOneShot();
   absl::MutexLock lock(&impl_->mu);
   ncclComm_t comm = std::exchange(impl_->comm, nullptr);
   if (comm != nullptr) {
@@ -287,6 +388,13 @@ absl::Status NcclCommunicator::AllReduceSum(void* data, size_t count, CommDataTy
                                             void* stream) {
   SPECD_ASSIGN_OR_RETURN(const ncclDataType_t t, NcclType(type));
   if (count == 0) return AsyncError();
+  if (impl_->oneshot != nullptr && impl_->oneshot->Accepts(count, type) &&
+      count * (type == CommDataType::kF32 ? 4 : 2) <= impl_->oneshot_max.load()) {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->comm == nullptr || !impl_->failure.ok()) return impl_->Dead();
+    absl::Status s = impl_->oneshot->Run(data, count, type, stream);
+    return s.ok() ? s : impl_->FailLocked(std::move(s));
+  }
   return impl_->Enqueue(
       [&](ncclComm_t comm) {
         return ncclAllReduce(data, data, count, t, ncclSum, comm,
@@ -336,10 +444,17 @@ void NcclCommunicator::Abort() {
   if (comm == nullptr) return;
   impl_->failed = true;
   SPECD_LOG_WARN("dist: aborting the NCCL communicator (rank {})", impl_->rank);
+  if (impl_->oneshot != nullptr) impl_->oneshot->Abort();
   ncclCommAbort(comm);
 }
 
 absl::Status NcclCommunicator::AsyncError() { return impl_->AsyncError(); }
+
+bool NcclCommunicator::oneshot_enabled() const { return impl_->oneshot != nullptr; }
+size_t NcclCommunicator::oneshot_max_bytes() const { return impl_->oneshot_max.load(); }
+void NcclCommunicator::set_oneshot_max_bytes(size_t bytes) {
+  if (impl_->oneshot != nullptr) impl_->oneshot_max = std::min(bytes, impl_->oneshot->capacity());
+}
 
 #else  // !SPECD_DISTRIBUTED_HAS_NCCL
 
@@ -354,9 +469,8 @@ absl::StatusOr<std::vector<uint8_t>> NewNcclUniqueId() {
   return absl::UnimplementedError("specd was built without NCCL");
 }
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(std::span<const uint8_t>,
-                                                                           int32_t, int32_t,
-                                                                           int32_t) {
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    std::span<const uint8_t>, int32_t, int32_t, int32_t, const NcclCommunicatorOptions&) {
   return absl::UnimplementedError("specd was built without NCCL: no device communicator");
 }
 
@@ -378,6 +492,9 @@ void NcclCommunicator::Abort() {}
 absl::Status NcclCommunicator::AsyncError() {
   return absl::UnimplementedError("built without NCCL");
 }
+bool NcclCommunicator::oneshot_enabled() const { return false; }
+size_t NcclCommunicator::oneshot_max_bytes() const { return 0; }
+void NcclCommunicator::set_oneshot_max_bytes(size_t) {}
 
 #endif  // SPECD_DISTRIBUTED_HAS_NCCL
 

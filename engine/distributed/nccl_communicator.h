@@ -13,6 +13,13 @@
 //
 // Results are identical on every rank (NCCL's reductions hand every rank the same reduced bits),
 // but the summation order is NCCL's, not necessarily rank order.
+//
+// Small all-reduces (bf16 and f32 up to oneshot_max_bytes(), 128 KiB by default) take a one-shot
+// path instead when every rank is on one host and every pair of GPUs has peer access: one kernel
+// over CUDA-IPC-mapped staging buffers (oneshot_allreduce.h), summing in rank order (the same
+// bits on every rank), to cut NCCL's latency at these sizes (nccl_communicator_test prints a
+// one-shot vs NCCL table). Its kernels give up after 10 s without a peer (later calls return
+// Unavailable) and end at once on Abort. Setup problems only turn it off (logged).
 // No NCCL or CUDA header leaks from here (pimpl). Built for real only when NCCL was found at
 // configure time; otherwise NewNcclUniqueId and Create return Unimplemented.
 // Threads: one thread issues collectives; Abort from any thread.
@@ -36,6 +43,13 @@ bool NcclAvailable();
 // A fresh ncclUniqueId as bytes (128), for the rendezvous to hand to every rank.
 absl::StatusOr<std::vector<uint8_t>> NewNcclUniqueId();
 
+struct NcclCommunicatorOptions {
+  // Largest all-reduce, in bytes, for the one-shot path; 0 turns it off. Negative: the
+  // environment variable SPECD_ONESHOT_ALLREDUCE_MAX_BYTES, else 128 KiB. The ranks use the
+  // smallest value any of them asked for (at most 16 MiB).
+  int64_t oneshot_max_bytes = -1;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   // Joins the group on CUDA device `device` (made current on the calling thread, which must be
@@ -43,7 +57,8 @@ class NcclCommunicator final : public Communicator {
   // DeadlineExceeded when they did not within 120 s. InvalidArgument for a wrong-sized id or a
   // bad rank.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
-      std::span<const uint8_t> unique_id, int32_t rank, int32_t world_size, int32_t device);
+      std::span<const uint8_t> unique_id, int32_t rank, int32_t world_size, int32_t device,
+      const NcclCommunicatorOptions& options = {});
   ~NcclCommunicator() override;  // finalizes the communicator, or aborts it after a failure
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -68,6 +83,16 @@ class NcclCommunicator final : public Communicator {
   // The communicator's asynchronous state: OK, Unavailable after Abort, Internal when NCCL
   // reported an error (a peer's failure shows up here while a kernel waits for it).
   absl::Status AsyncError();
+
+  // Whether the one-shot path was set up (on all ranks or none), and the largest all-reduce in
+  // bytes it takes (0 when off).
+  bool oneshot_enabled() const;
+  size_t oneshot_max_bytes() const;
+  // Lowers (or restores, up to the size set up at Create) the one-shot limit; 0 sends every
+  // all-reduce through NCCL. Every rank must make the same call at the same point in its
+  // sequence of collectives, or ranks would wait in different algorithms. For tests and
+  // benchmarks.
+  void set_oneshot_max_bytes(size_t bytes);
 
   struct Impl;  // NCCL state; defined in nccl_communicator.cc
 

@@ -20,7 +20,8 @@ BUILD=${1:-build-cuda}
 DEST=.carry/gpu
 CARRY_LIMIT_MIB=64  # the device tool's limit on the working tree plus carried paths
 MARGIN_MIB=2        # files that appear before the run (logs, notes) need room too
-BENCHES=(attention_bench gemm_bench decode_bench verify_bench spec_bench)
+# $SPECD_GPU_BENCHES (space-separated) packs fewer benchmarks when the carry limit is tight.
+read -r -a BENCHES <<<"${SPECD_GPU_BENCHES:-attention_bench gemm_bench decode_bench verify_bench spec_bench}"
 
 die() { echo "package.sh: $*" >&2; exit 1; }
 [[ -f "$BUILD/CTestTestfile.cmake" ]] || die "no ctest build in $BUILD"
@@ -45,6 +46,13 @@ for i in "${!tests[@]}"; do  # a script run by an interpreter is not ours to pac
   fi
 done
 tests=("${tests[@]}")
+# $SPECD_GPU_SKIP_TESTS (an extended regex of test names) leaves tests out when the carry is tight.
+if [[ -n "${SPECD_GPU_SKIP_TESTS:-}" ]]; then
+  for i in "${!tests[@]}"; do
+    [[ "$(basename "${tests[$i]}")" =~ ^(${SPECD_GPU_SKIP_TESTS})$ ]] && unset 'tests[i]'
+  done
+  tests=("${tests[@]}")
+fi
 [[ ${#tests[@]} -gt 0 ]] || die "ctest lists no gpu-labelled test in $BUILD"
 for t in "${tests[@]}"; do [[ -x "$t" ]] || die "$t not built"; done
 bins=()

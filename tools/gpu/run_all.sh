@@ -222,6 +222,42 @@ PY
 }
 export -f tp_serve_fault
 
+# Two "nodes" on one host (issue 17's multi-node path): node 0 is `specd serve -tp 2 --nnodes 2`
+# on GPU 0, node 1 a `specd worker --nnodes 2 --node-rank 1` that sees only GPU 1
+# (CUDA_VISIBLE_DEVICES), both with the same secret file; a greedy completion, then SIGTERM.
+# shellcheck disable=SC2317  # run through `bash -c` (under timeout)
+tp_two_nodes() {
+  local log="$WORK/steps/specd_two_nodes.log" secret="$WORK/tp.secret" pid wpid port
+  python3 -c 'import secrets; print(secrets.token_hex(32))' >"$secret"; chmod 600 "$secret"
+  env LD_LIBRARY_PATH="$OUR_LIBRARY_PATH" CUDA_VISIBLE_DEVICES=0 "$WORK/bin/specd" serve \
+    --model "$DIR/models/shapes/llama-3.1-8b" --load-format dummy --device cuda --port 0 \
+    --grpc-port -1 --max-model-len 4096 -tp 2 --nnodes 2 --node-rank 0 \
+    --master-addr 127.0.0.1 --master-port 29517 --tp-secret-file "$secret" >"$log" 2>&1 &
+  pid=$!
+  env LD_LIBRARY_PATH="$OUR_LIBRARY_PATH" CUDA_VISIBLE_DEVICES=1 "$WORK/bin/specd" worker \
+    -tp 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29517 \
+    --secret-file "$secret" --health-port 0 >"$log.worker" 2>&1 &
+  wpid=$!
+  for _ in $(seq 1 240); do
+    grep -q 'specd: listening' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  port=$(grep -m1 -o 'specd: listening http=[^ ]*' "$log" | sed 's/.*://')
+  cp "$log" "$log.worker" "$LOG_DIR/" 2>/dev/null
+  [[ -n "$port" ]] || { kill -9 "$pid" "$wpid"; tail -n 20 "$log" "$log.worker"; return 1; }
+  grep -m1 'engine: model' "$log"
+  curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt": [5, 6, 7, 8], "max_tokens": 16, "temperature": 0, "ignore_eos": true}' |
+    tee "$WORK/steps/two_nodes_reply.json"; echo
+  kill -TERM "$pid"; wait "$pid"; local rc=$?
+  for _ in $(seq 1 20); do kill -0 "$wpid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$wpid" 2>/dev/null && { echo "two_nodes: the worker node outlived rank 0"; kill -9 "$wpid"; rc=1; }
+  wait "$wpid"; echo "two_nodes: specd exit $rc, worker node exit $?"
+  grep -q '"completion_tokens":16' "$WORK/steps/two_nodes_reply.json" && [[ $rc -eq 0 ]]
+}
+export -f tp_two_nodes
+
 {
   echo "run_all: $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -312,6 +348,18 @@ if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
   run_step "decode_bench tp=1 (tp shapes)" 200 "${OURS[@]}" "$WORK/bin/decode_bench" "${tp_args[@]}"
   run_step "decode_bench tp=2" 200 "${OURS[@]}" "$WORK/bin/decode_bench" "${tp_args[@]}" \
     --tensor-parallel-size 2 --specd "$WORK/bin/specd"
+  # The same with NCCL for every all-reduce (the one-shot kernel off): the A/B of issue 17 point 7.
+  run_step "decode_bench tp=2 nccl only" 200 env SPECD_ONESHOT_ALLREDUCE_MAX_BYTES=0 "${OURS[@]}" \
+    "$WORK/bin/decode_bench" "${tp_args[@]}" --tensor-parallel-size 2 --specd "$WORK/bin/specd"
+  run_step "tp two nodes" 150 bash -c tp_two_nodes
+  # Speculation at TP 2 (codepair, greedy and temperature 1), and Llama-3.1-70B shapes at TP 2
+  # against the two GPUs' roofline (issue 21, point 4; 141 GB of bf16 weights: H200s only).
+  run_step "spec_bench tp=2" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
+    --k 4 --max-tokens 128 -tp 2 --specd "$WORK/bin/specd"
+  run_step "decode_bench 70b tp=2" 300 "${OURS[@]}" "$WORK/bin/decode_bench" \
+    --model-dir "$DIR/models/shapes/llama-3.1-70b" --contexts 512 --batches 1,16 --ttft 1024 \
+    --prefill-tokens 4096 --decode-steps 16 --repeats 1 --max-model-len 8192 \
+    --tensor-parallel-size 2 --specd "$WORK/bin/specd"
 fi
 run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode perf
 
@@ -330,7 +378,8 @@ if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; t
   echo "-- decode_bench"
   sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"
 fi
-for f in decode_bench_tp_1__tp_shapes_ decode_bench_tp_2; do
+for f in decode_bench_tp_1__tp_shapes_ decode_bench_tp_2 decode_bench_tp_2_nccl_only \
+  decode_bench_70b_tp_2; do
   grep -q '^decode_bench summary' "$WORK/steps/$f.out" 2>/dev/null || continue
   echo "-- $f"
   sed -n '/^decode_bench: /p; /^runner: /p; /^decode_bench summary/,$p' "$WORK/steps/$f.out"

@@ -1,0 +1,70 @@
+// One-shot all-reduce launchers (layer 2): check the group, pick the access width and the world
+// size instantiation, launch, report the error.
+#include "kernels/cuda/allreduce_oneshot.cuh"
+#include "kernels/cuda/allreduce_oneshot.h"
+
+namespace specd::kernels {
+namespace {
+
+template <typename T, int kVec, int kWorld>
+cudaError_t LaunchWorld(T* data, int64_t count, const OneShotGroup& group, cudaStream_t stream) {
+  OneShotAllReduceKernel<T, kVec, kWorld>
+      <<<kOneShotBlocks, kOneShotThreads, 0, stream>>>(data, count / kVec, group);
+  return cudaGetLastError();
+}
+
+template <typename T, int kVec>
+cudaError_t LaunchVec(T* data, int64_t count, const OneShotGroup& group, cudaStream_t stream) {
+  switch (group.world_size) {
+    case 2:
+      return LaunchWorld<T, kVec, 2>(data, count, group, stream);
+    case 3:
+      return LaunchWorld<T, kVec, 3>(data, count, group, stream);
+    case 4:
+      return LaunchWorld<T, kVec, 4>(data, count, group, stream);
+    case 5:
+      return LaunchWorld<T, kVec, 5>(data, count, group, stream);
+    case 6:
+      return LaunchWorld<T, kVec, 6>(data, count, group, stream);
+    case 7:
+      return LaunchWorld<T, kVec, 7>(data, count, group, stream);
+    case 8:
+      return LaunchWorld<T, kVec, 8>(data, count, group, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+bool ValidGroup(const OneShotGroup& group) {
+  if (group.world_size < 2 || group.world_size > kOneShotMaxRanks) return false;
+  if (group.rank < 0 || group.rank >= group.world_size || group.slot_bytes % 16 != 0) return false;
+  for (int r = 0; r < group.world_size; ++r) {
+    if (group.buffers[r] == nullptr || !IsAligned(group.buffers[r], 16)) return false;
+  }
+  return true;
+}
+
+template <typename T>
+cudaError_t Dispatch(T* data, int64_t count, const OneShotGroup& group, cudaStream_t stream) {
+  if (!ValidGroup(group) || count < 0 || data == nullptr) return cudaErrorInvalidValue;
+  const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+  if (bytes > group.slot_bytes) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  constexpr int kVec = 16 / sizeof(T);
+  if (bytes % 16 == 0 && IsAligned(data, 16)) return LaunchVec<T, kVec>(data, count, group, stream);
+  return LaunchVec<T, 1>(data, count, group, stream);
+}
+
+}  // namespace
+
+cudaError_t OneShotAllReduce(__nv_bfloat16* data, int64_t count, const OneShotGroup& group,
+                             cudaStream_t stream) {
+  return Dispatch(data, count, group, stream);
+}
+
+cudaError_t OneShotAllReduce(float* data, int64_t count, const OneShotGroup& group,
+                             cudaStream_t stream) {
+  return Dispatch(data, count, group, stream);
+}
+
+}  // namespace specd::kernels

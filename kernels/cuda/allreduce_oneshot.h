@@ -1,0 +1,72 @@
+// One-shot all-reduce for small tensor-parallel messages on one host: every rank's staging buffer
+// is mapped into every peer (CUDA IPC, or the same pointer when ranks share a process), and one
+// kernel per rank stages its input, raises a flag in every peer, waits for every peer's flag and
+// sums all ranks' staged copies in rank order, so all ranks get identical bits. Graph-capturable:
+// epochs are counters the kernel keeps in device memory. Reference: kernels/ref/allreduce.h.
+// Any host thread (the one owning the group's stream); work is queued on `stream`.
+#pragma once
+
+#include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
+
+#include <cstddef>
+#include <cstdint>
+
+struct __nv_bfloat16;  // cuda_bf16.h, which host-only callers need not include
+
+namespace specd::kernels {
+
+constexpr int kOneShotMaxRanks = 8;
+// Fixed grid: every call launches the same blocks, so each block's epoch counter advances once
+// per call on every rank and all blocks agree on which staging slot a call uses.
+constexpr int kOneShotBlocks = 32;
+constexpr int kOneShotThreads = 512;
+
+// Layout of each rank's staging buffer (one device allocation, shared with the peers):
+//   [0, kOneShotSignalBytes): OneShotSignals
+//   then two slots of `slot_bytes` each; call e (epoch, from 1) stages into slot e % 2, so a rank
+//   one call ahead never overwrites the slot a slower peer is still reading.
+struct OneShotSignals {
+  uint32_t flags[kOneShotBlocks][kOneShotMaxRanks];  // peer r's block b writes [b][r] = epoch
+  uint32_t epochs[kOneShotBlocks];                   // this rank's calls so far, per block
+  uint32_t error;                                    // 1 after a timeout or abort: skip all work
+};
+constexpr size_t kOneShotSignalBytes = 4096;
+static_assert(sizeof(OneShotSignals) <= kOneShotSignalBytes);
+
+// Bytes of one rank's staging buffer for messages of up to `slot_bytes` (a multiple of 16).
+constexpr size_t OneShotBufferBytes(size_t slot_bytes) {
+  return kOneShotSignalBytes + 2 * slot_bytes;
+}
+
+// What a launch needs to know about its group. Plain values; the owner sets it up once.
+struct OneShotGroup {
+  // [world_size] device pointers valid on this rank's device: rank r's staging buffer
+  // (OneShotBufferBytes(slot_bytes) bytes, zeroed before first use); [rank] is this rank's own.
+  void* buffers[kOneShotMaxRanks] = {};
+  int32_t rank = 0;
+  int32_t world_size = 0;  // 2..kOneShotMaxRanks
+  size_t slot_bytes = 0;   // multiple of 16
+  // [1] u32, host-mapped (pinned, device-visible), in: nonzero asks waiting kernels to give up.
+  // May be null.
+  const uint32_t* abort_word = nullptr;
+  // [1] u32, host-mapped, out: set to 1 when a kernel gave up (timeout or abort), for the host
+  // to read without synchronizing. May be null.
+  uint32_t* error_word = nullptr;
+  // How long a block waits for a peer's flag before it gives up (sets the error words, leaves
+  // `data` unchanged); afterwards every call on this group returns at once doing nothing.
+  int64_t timeout_ns = 10'000'000'000;
+};
+
+// data <- sum over ranks r = 0..world_size-1 of rank r's data, accumulated in fp32 in rank order
+// (acc = x_0; acc += x_1; ...) and rounded once to the storage type. Every rank of the group must
+// make the same sequence of calls with the same `count`.
+//   data   [count] bf16 or f32, device (this rank's), in/out
+//   count  elements; count * sizeof(element) <= group.slot_bytes
+// cudaErrorInvalidValue for a bad group or count; count == 0 launches nothing. 16-byte accesses
+// when data is 16-byte aligned and the message a multiple of 16 bytes, else one element each.
+cudaError_t OneShotAllReduce(__nv_bfloat16* data, int64_t count, const OneShotGroup& group,
+                             cudaStream_t stream);
+cudaError_t OneShotAllReduce(float* data, int64_t count, const OneShotGroup& group,
+                             cudaStream_t stream);
+
+}  // namespace specd::kernels
