@@ -28,7 +28,15 @@ void EncodeTpStep(TpMethod method, std::span<const SequenceInput> batch,
   }
 }
 
-TpCall::TpCall() : sampler_(greedy_, 0) {}
+namespace {
+SamplingParams GreedyParams() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+}  // namespace
+
+TpCall::TpCall() : greedy_(GreedyParams()), sampler_(greedy_, 0) {}
 
 absl::Status TpCall::Decode(const TpStep& step) {
   method_ = step.method;

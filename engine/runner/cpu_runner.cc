@@ -122,30 +122,9 @@ absl::Status CpuRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
                                          std::vector<GreedyVerifyResult>* out) {
   if (!worker()) return ModelRunner::StepGreedyVerify(batch, rows, drafts, out);
   out->clear();
-  if (drafts.size() != rows.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StepGreedyVerify: ", drafts.size(), " drafts for ", rows.size(), " rows"));
-  }
-  // runner_internal::ExpandVerifyRows without what a worker's rows do not carry (params).
+  // The expansion without the checks of what a worker's rows do not carry (params).
   std::vector<SampleRow> expanded;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const SampleRow& r = rows[i];
-    const size_t k = drafts[i].size();
-    if (k == 0) {
-      expanded.push_back(r);
-      continue;
-    }
-    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
-        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("StepGreedyVerify: row ", i, " has ", k,
-                                                     " drafts but its chunk is not them plus one"));
-    }
-    for (size_t j = 0; j <= k; ++j) {
-      SampleRow row = r;
-      row.token = static_cast<int32_t>(j);
-      expanded.push_back(row);
-    }
-  }
+  SPECD_RETURN_IF_ERROR(runner_internal::ExpandDraftRows(batch, rows, drafts, &expanded));
   return RunRows(batch, expanded).status();
 }
 

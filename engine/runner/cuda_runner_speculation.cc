@@ -19,43 +19,6 @@
 #include "kernels/cuda/verify.h"
 
 namespace specd {
-namespace {
-
-// A tensor-parallel worker's rows for a verification call: rank 0's expansion
-// (runner_internal::ExpandVerifyRows / ExpandSampledVerifyRows) from what a worker is sent, each
-// row's chunk and token and its number of drafts: a row with k drafts becomes the rows of tokens
-// 0..k of its chunk, a draftless row stays as it is. Nothing else of a row is read.
-absl::Status ExpandWorkerRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                              std::span<const std::span<const int32_t>> drafts,
-                              std::vector<SampleRow>* expanded) {
-  if (drafts.size() != rows.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("verification: ", drafts.size(), " drafts for ", rows.size(), " rows"));
-  }
-  expanded->clear();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const SampleRow& r = rows[i];
-    const size_t k = drafts[i].size();
-    if (k == 0) {
-      expanded->push_back(r);
-      continue;
-    }
-    if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
-        batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("verification: row ", i, " has ", k,
-                                                     " drafts but its chunk is not them plus one"));
-    }
-    for (size_t j = 0; j <= k; ++j) {
-      SampleRow row;
-      row.chunk = r.chunk;
-      row.token = static_cast<int32_t>(j);
-      expanded->push_back(row);
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
                                           std::span<const SampleRow> rows,
@@ -65,7 +28,7 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   if (batch.empty()) return absl::OkStatus();
   std::vector<SampleRow> expanded;
   if (s_->worker) {  // tensor-parallel worker: rank 0's logits rows, then stop
-    SPECD_RETURN_IF_ERROR(ExpandWorkerRows(batch, rows, drafts, &expanded));
+    SPECD_RETURN_IF_ERROR(runner_internal::ExpandDraftRows(batch, rows, drafts, &expanded));
     SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
     return s_->Sync("verification step");
   }
@@ -128,7 +91,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
   const int64_t vocab = s_->config.vocab_size;
   std::vector<SampleRow> expanded;
   if (s_->worker) {  // tensor-parallel worker: rank 0's logits rows (probs unused), then stop
-    SPECD_RETURN_IF_ERROR(ExpandWorkerRows(batch, rows, drafts, &expanded));
+    SPECD_RETURN_IF_ERROR(runner_internal::ExpandDraftRows(batch, rows, drafts, &expanded));
     SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
     return s_->Sync("sampled verification step");
   }

@@ -153,12 +153,12 @@ absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
-absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                              std::span<const std::span<const int32_t>> drafts,
-                              std::vector<SampleRow>* expanded) {
+absl::Status ExpandDraftRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                             std::span<const std::span<const int32_t>> drafts,
+                             std::vector<SampleRow>* expanded) {
   if (drafts.size() != rows.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("StepGreedyVerify: ", drafts.size(), " drafts for ", rows.size(), " rows"));
+        absl::StrCat("verification: ", drafts.size(), " drafts for ", rows.size(), " rows"));
   }
   expanded->clear();
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -170,14 +170,8 @@ absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<co
     }
     if (r.chunk < 0 || static_cast<size_t>(r.chunk) >= batch.size() ||
         batch[r.chunk].tokens.size() != k + 1 || r.token >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("StepGreedyVerify: row ", i, " has ", k,
+      return absl::InvalidArgumentError(absl::StrCat("verification: row ", i, " has ", k,
                                                      " drafts but its chunk is not them plus one"));
-    }
-    const SamplingParams* p = r.params;
-    if (p == nullptr || !p->greedy() || p->has_penalties() || p->logprobs >= 0 ||
-        !r.banned.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StepGreedyVerify: row ", i, " is not greedy without penalties, logprobs or bans"));
     }
     for (size_t j = 0; j <= k; ++j) {
       SampleRow row = r;
@@ -186,6 +180,20 @@ absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<co
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                              std::span<const std::span<const int32_t>> drafts,
+                              std::vector<SampleRow>* expanded) {
+  for (size_t i = 0; i < rows.size() && i < drafts.size(); ++i) {
+    const SamplingParams* p = rows[i].params;
+    if (!drafts[i].empty() && (p == nullptr || !p->greedy() || p->has_penalties() ||
+                               p->logprobs >= 0 || !rows[i].banned.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepGreedyVerify: row ", i, " is not greedy without penalties, logprobs or bans"));
+    }
+  }
+  return ExpandDraftRows(batch, rows, drafts, expanded);
 }
 
 }  // namespace runner_internal

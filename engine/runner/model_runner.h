@@ -224,6 +224,13 @@ absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
                                      std::span<const DraftProbs> probs, int64_t vocab,
                                      std::vector<SampleRow>* expanded);
 
+// The expansion alone, checking only the rows' shape against their chunks (a tensor-parallel
+// worker's rows carry no sampling state): each row with k drafts becomes k + 1 copies of it with
+// token 0..k; a draftless row stays.
+absl::Status ExpandDraftRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                             std::span<const std::span<const int32_t>> drafts,
+                             std::vector<SampleRow>* expanded);
+
 absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                               std::span<const std::span<const int32_t>> drafts,
                               std::vector<SampleRow>* expanded);
