@@ -3,8 +3,11 @@
 // through the real wire format; and the decoder refuses steps that do not fit their chunks.
 #include "engine/parallel/tp_codec.h"
 
+#include <cstdlib>
+
 #include "absl/strings/match.h"
 #include "engine/distributed/messages.h"
+#include "engine/parallel/tp_internal.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -119,6 +122,30 @@ TEST(TpCodecTest, LeaderAndWorkerHellosPairOnlyWithEachOther) {
   EXPECT_EQ(HelloMismatch(leader, worker), "");
   EXPECT_NE(HelloMismatch(verifier, worker), "");
   EXPECT_NE(HelloMismatch(leader, leader), "");
+}
+
+// A group over several hosts needs a fixed port and the group's secret (a file or
+// $SPECD_TP_SECRET); CPU ranks cannot span hosts; sizes must divide.
+TEST(TpGroupOptionsTest, MultiNodeGroupsNeedAPortAndASecret) {
+  TpGroupOptions g;
+  g.world_size = 4;
+  g.nnodes = 2;
+  unsetenv(kTpSecretEnv);
+  EXPECT_EQ(tp_internal::ValidateGroup(g).code(), absl::StatusCode::kInvalidArgument);
+  g.master_port = 29500;
+  absl::Status s = tp_internal::ValidateGroup(g);
+  EXPECT_TRUE(absl::StrContains(s.message(), "SPECD_TP_SECRET")) << s;
+  setenv(kTpSecretEnv, std::string(64, 'a').c_str(), 1);
+  EXPECT_TRUE(tp_internal::ValidateGroup(g).ok());
+  unsetenv(kTpSecretEnv);
+  g.secret_file = "/etc/specd-tp/secret";
+  EXPECT_TRUE(tp_internal::ValidateGroup(g).ok());
+  g.nnodes = 3;  // 4 ranks over 3 hosts
+  EXPECT_FALSE(tp_internal::ValidateGroup(g).ok());
+  g.nnodes = 2;
+  EXPECT_FALSE(tp_internal::CommunicatorKind("shm", /*cuda=*/false, g).ok());
+  EXPECT_FALSE(tp_internal::CommunicatorKind("nccl", /*cuda=*/false, TpGroupOptions{}).ok());
+  EXPECT_EQ(*tp_internal::CommunicatorKind("auto", /*cuda=*/false, TpGroupOptions{}), "shm");
 }
 
 }  // namespace

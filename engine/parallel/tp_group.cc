@@ -246,8 +246,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
   LinkSecret secret;
   if (group.nnodes == 1) {
     SPECD_ASSIGN_OR_RETURN(secret, NewLinkSecret());
-  } else {
+  } else if (!group.secret_file.empty()) {
     SPECD_ASSIGN_OR_RETURN(secret, ReadLinkSecretFile(group.secret_file));
+  } else {  // $SPECD_TP_SECRET (a Kubernetes Secret); taken out of the environment at once
+    SPECD_ASSIGN_OR_RETURN(secret, TakeLinkSecretFromEnv(kTpSecretEnv));
   }
   const Hello hello = tp_internal::TpHello(Role::kTpLeader);
   SPECD_ASSIGN_OR_RETURN(

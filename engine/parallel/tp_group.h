@@ -39,7 +39,8 @@ struct TpGroupOptions {
   std::string master_addr = "127.0.0.1";
   int32_t master_port = 0;
   // Several nodes: the group's shared secret (64 hex digits, mode 0600), the same file on every
-  // host. One node: empty (a fresh secret goes to the launched workers in their environment).
+  // host; empty: $SPECD_TP_SECRET. One node: unused (a fresh secret goes to the launched workers
+  // in their environment).
   std::string secret_file;
   absl::Duration timeout = absl::Seconds(60);  // a silent rank or a stuck collective
   // "auto" (NCCL on GPUs, shared memory on CPUs), "nccl" or "shm".

@@ -1,6 +1,7 @@
 #include "engine/parallel/tp_internal.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "engine/base/status.h"
@@ -25,10 +26,12 @@ absl::Status ValidateGroup(const TpGroupOptions& g) {
                      ": rank 0 (specd serve / generate) runs on node 0; other "
                      "nodes run `specd worker`"));
   }
-  if (g.nnodes > 1 && (g.master_port <= 0 || g.secret_file.empty())) {
+  if (g.nnodes > 1 &&
+      (g.master_port <= 0 || (g.secret_file.empty() && std::getenv(kTpSecretEnv) == nullptr))) {
     return absl::InvalidArgumentError(
-        "a group on several nodes needs --master-port (fixed) and --tp-secret-file (the same "
-        "mode-0600 file on every node)");
+        absl::StrCat("a group on several nodes needs --master-port (fixed) and the group's secret: "
+                     "--tp-secret-file (the same mode-0600 file on every node) or $",
+                     kTpSecretEnv));
   }
   if (g.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("tensor-parallel timeout must be positive");
