@@ -19,40 +19,14 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/model/json_fields.h"
 #include "engine/model/model.h"
+#include "engine/model/model_test_util.h"
 
 namespace specd {
 namespace {
 
 constexpr double kTolerance = 1e-4;
 
-std::string ModelPath(const std::string& rel) {
-  return std::string(SPECD_SHARED_DIR) + "/models/" + rel;
-}
-
-nlohmann::json ReadJson(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  EXPECT_TRUE(text.ok()) << text.status();
-  absl::StatusOr<nlohmann::json> json = ParseJsonObject(text.ok() ? *text : "{}", path);
-  EXPECT_TRUE(json.ok()) << json.status();
-  return json.ok() ? *json : nlohmann::json::object();
-}
-
-std::vector<int32_t> Ids(const nlohmann::json& list) { return list.get<std::vector<int32_t>>(); }
-
-// max |ours - golden| / max |golden|.
-double RelError(std::span<const float> ours, const std::vector<float>& golden) {
-  EXPECT_EQ(ours.size(), golden.size());
-  double max_diff = 0, max_golden = 0;
-  for (size_t i = 0; i < golden.size() && i < ours.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double{ours[i]} - golden[i]));
-    max_golden = std::max(max_golden, std::fabs(double{golden[i]}));
-  }
-  return max_diff / max_golden;
-}
-
-int32_t Argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
+using namespace model_test;  // NOLINT: ModelPath, ReadJson, Ids, RelError, Argmax
 
 // A model with a KV cache and per-sequence block tables from a real allocator.
 class Harness {

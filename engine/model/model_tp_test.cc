@@ -26,6 +26,7 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/model/json_fields.h"
 #include "engine/model/model.h"
+#include "engine/model/model_test_util.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/tensor_parallel.h"
@@ -35,34 +36,7 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-// Missing assets fail the test (never a skip): Model::Load's error names the path.
-std::string ModelPath(const std::string& rel) {
-  return std::string(SPECD_SHARED_DIR) + "/models/" + rel;
-}
-
-nlohmann::json ReadJson(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  EXPECT_TRUE(text.ok()) << text.status();
-  absl::StatusOr<nlohmann::json> json = ParseJsonObject(text.ok() ? *text : "{}", path);
-  EXPECT_TRUE(json.ok()) << json.status();
-  return json.ok() ? *json : nlohmann::json::object();
-}
-
-std::vector<int32_t> Ids(const nlohmann::json& list) { return list.get<std::vector<int32_t>>(); }
-
-// max |ours - reference| / max |reference| over one row.
-double RelError(std::span<const float> ours, std::span<const float> reference) {
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(double{ours[i]} - reference[i]));
-    max_ref = std::max(max_ref, std::fabs(double{reference[i]}));
-  }
-  return max_diff / max_ref;
-}
-
-int32_t Argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
+using namespace model_test;  // NOLINT: ModelPath, ReadJson, Ids, RelError, Argmax
 
 // Runs fn(rank) on one thread per rank. A rank whose call fails aborts the group, so no peer
 // waits for it forever.
