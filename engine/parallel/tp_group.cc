@@ -27,8 +27,6 @@
 namespace specd {
 namespace {
 
-constexpr absl::Duration kHeartbeatInterval = absl::Seconds(1);
-
 struct WorkerLink {
   int32_t rank = 0;
   std::string device;
@@ -179,15 +177,16 @@ class TpLeaderRunner final : public ModelRunner {
     absl::Time heard = absl::Now(), sent = absl::InfinitePast();
     while (!stopping_) {
       const absl::Time now = absl::Now();
-      if (now - sent >= kHeartbeatInterval) {
+      if (now - sent >= tp_internal::kHeartbeatInterval) {
         sent = now;
-        const absl::Status s = w.link->Send(Heartbeat{absl::ToUnixNanos(now)}, kHeartbeatInterval);
+        const absl::Status s =
+            w.link->Send(Heartbeat{absl::ToUnixNanos(now)}, tp_internal::kHeartbeatInterval);
         if (!s.ok() && !absl::IsDeadlineExceeded(s) && !stopping_) {
           return Fail(absl::UnavailableError(
               absl::StrCat("tensor-parallel rank ", w.rank, " is gone: ", s.message())));
         }
       }
-      absl::StatusOr<MessageType> got = w.link->Recv(kHeartbeatInterval, &message);
+      absl::StatusOr<MessageType> got = w.link->Recv(tp_internal::kHeartbeatInterval, &message);
       if (stopping_) return;
       if (got.ok() && *got == MessageType::kHeartbeat) {
         heard = absl::Now();

@@ -19,6 +19,9 @@
 
 namespace specd::tp_internal {
 
+// How often each end of a control link sends a heartbeat (and polls for the other's).
+inline constexpr absl::Duration kHeartbeatInterval = absl::Seconds(1);
+
 // InvalidArgument for sizes that do not make a group (world_size >= 2, divisible by nnodes,
 // node_rank 0 for rank 0's side).
 absl::Status ValidateGroup(const TpGroupOptions& group);

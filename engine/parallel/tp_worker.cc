@@ -25,8 +25,6 @@
 namespace specd {
 namespace {
 
-constexpr absl::Duration kHeartbeatInterval = absl::Seconds(1);
-
 std::string HostName() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "unknown host";
@@ -73,11 +71,11 @@ void ServeLink(TcpChannel& link, Communicator& comm, StepQueue& queue, absl::Dur
   absl::Time heard = absl::Now(), sent = absl::InfinitePast();
   for (;;) {
     const absl::Time now = absl::Now();
-    if (now - sent >= kHeartbeatInterval) {
+    if (now - sent >= tp_internal::kHeartbeatInterval) {
       sent = now;
-      (void)link.Send(Heartbeat{absl::ToUnixNanos(now)}, kHeartbeatInterval);
+      (void)link.Send(Heartbeat{absl::ToUnixNanos(now)}, tp_internal::kHeartbeatInterval);
     }
-    absl::StatusOr<MessageType> got = link.Recv(kHeartbeatInterval, &message);
+    absl::StatusOr<MessageType> got = link.Recv(tp_internal::kHeartbeatInterval, &message);
     absl::Status lost;
     if (got.ok()) {
       heard = absl::Now();
