@@ -204,6 +204,7 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
     SequenceInput in;
     in.start_pos = seq.num_computed();
     in.block_table = seq.blocks().ids();
+    in.seq_id = static_cast<int64_t>(seq.id().value);
     if (const int32_t k = c.chunk_row[i]; k >= 0) {
       // The sequence's last committed token, then its drafts (KV in the lookahead slots).
       std::vector<int32_t>& tokens = c.spec_tokens[k];

@@ -18,9 +18,9 @@ import sys
 # communicators) know only base/; parallel/ (the tensor-parallel group) joins runner/ and
 # distributed/.
 ENGINE_ORDER = ["engine/base", "engine/kv", "engine/sched", "engine/tokenizer", "engine/sample",
-                "engine/model", "engine/runner", "engine/distributed", "engine/parallel",
-                "engine/speculation", "engine/verification"]
-BASE_ONLY = {"engine/tokenizer", "engine/distributed"}
+                "engine/model", "engine/runner", "engine/distributed", "engine/policy",
+                "engine/parallel", "engine/speculation", "engine/verification"]
+BASE_ONLY = {"engine/tokenizer", "engine/distributed", "engine/policy"}
 # kernels/ may be included only by the engine modules listed here, and only the parts named:
 # bf16 conversion (base), the CPU references (model's RoPE, spec's Philox sampling), and the
 # CUDA kernels themselves by the runner that launches them (and distributed/'s one-shot

@@ -250,9 +250,10 @@ TEST(TcpChannelTest, VersionMismatchIsRefusedWithAReasonAndTheListenerGoesOn) {
   });
   absl::StatusOr<std::unique_ptr<TcpChannel>> refused = listener->Accept(kWait, TestPolicy());
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
-  EXPECT_TRUE(
-      absl::StrContains(refused.status().message(),
-                        "protocol version mismatch: verifier speaks 2, speculator speaks 3"))
+  EXPECT_TRUE(absl::StrContains(
+      refused.status().message(),
+      absl::StrCat("protocol version mismatch: verifier speaks ", kProtocolVersion,
+                   ", speculator speaks ", kProtocolVersion + 1)))
       << refused.status();
   EXPECT_EQ(old_peer.Wait(), 0);
 

@@ -137,10 +137,11 @@ inline std::vector<Message> AllSampleMessages() {
           TpReady{.ok = true, .num_kv_blocks = 77, .device = "cpu (2 threads)", .reason = ""},
           TpStep{.step_id = 9,
                  .method = TpMethod::kGreedyVerify,
-                 .seqs = {TpSeq{0, 3, 1, false}, TpSeq{40, 2, 3, false}},
+                 .seqs = {TpSeq{0, 3, 1, false, -1, 0}, TpSeq{40, 2, 3, false, 12, 1}},
                  .tokens = {1, 2, 3, 4, 5},
-                 .block_ids = {0, 5, 6, 7},
-                 .rows = {TpRow{0, -1, 0}, TpRow{1, 0, 1}}},
+                 .block_ids = {0, 6, 7},  // the second chunk keeps 1 of its mirror's ids
+                 .rows = {TpRow{0, -1, 0, 0, false}, TpRow{1, 0, 1, 4, true}},
+                 .released = {3, 8}},
           TpJoin{.rank = 1, .host = "node-a"}};
 }
 

@@ -371,6 +371,7 @@ void TpStep::Clear() {
   tokens.clear();
   block_ids.clear();
   rows.clear();
+  released.clear();
 }
 
 }  // namespace specd

@@ -37,7 +37,9 @@ namespace specd {
 
 inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // Version 2: the handshake authenticates (Hello.nonce, HelloAuth, HelloAck.proof; link_auth.h).
-inline constexpr uint16_t kProtocolVersion = 2;
+// Version 3: TpStep carries block-table deltas against the workers' mirrors (TpSeq::seq_id,
+// kept_blocks; TpStep::released) and each row's vocabulary-merge needs (TpRow).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -263,6 +265,7 @@ struct HelloAuth {
 // before it knows the engine's options): TpStep's sizes are bounded by them and kMaxTpBlockIds.
 WireLimits TpWireLimits();
 inline constexpr uint32_t kMaxTpBlockIds = 1u << 22;  // block ids in one TpStep (16 MiB)
+inline constexpr uint32_t kMaxTpReleased = 1u << 16;  // mirrors dropped in one TpStep
 
 // Worker -> rank 0, first after the handshake: which rank it is (its --rank or, on a node of a
 // multi-node group, node_rank * ranks per node + its local index) and where it runs.
@@ -314,23 +317,31 @@ enum class TpMethod : uint8_t {
   kForward = 5,
 };
 
-// One chunk of a TpStep's batch (a SequenceInput): its tokens and block ids follow the earlier
-// chunks' in TpStep::tokens and TpStep::block_ids.
+// One chunk of a TpStep's batch (a SequenceInput): its tokens and new block ids follow the
+// earlier chunks' in TpStep::tokens and TpStep::block_ids. A chunk of a sequence the worker
+// mirrors (seq_id >= 0) keeps the mirror's first kept_blocks ids and appends the
+// num_blocks - kept_blocks ids it carries; one without (seq_id -1, kept_blocks 0) carries all.
 struct TpSeq {
   int32_t start_pos = 0;
   uint32_t num_tokens = 0;
   uint32_t num_blocks = 0;  // block ids covering [0, start_pos + num_tokens)
   bool all_logits = false;
+  int64_t seq_id = -1;
+  uint32_t kept_blocks = 0;  // <= num_blocks
 
   bool operator==(const TpSeq&) const = default;
 };
 
 // One sample row: which logits rank 0 computes ((chunk, token) as SampleRow) and, for the
 // verification methods, how many of the chunk's tokens after the first are drafts.
+// num_candidates and full_logits are what the worker's runner needs to merge the vocabulary
+// shards as rank 0 does (VocabMergeK in engine/runner/model_runner.h).
 struct TpRow {
   int32_t chunk = 0;
   int32_t token = -1;
   uint16_t num_drafts = 0;
+  uint8_t num_candidates = 0;
+  bool full_logits = false;
 
   bool operator==(const TpRow&) const = default;
 };
@@ -342,8 +353,10 @@ struct TpStep {
   TpMethod method = TpMethod::kStep;
   std::vector<TpSeq> seqs;         // [num_seqs] <= limits.max_batch
   std::vector<int32_t> tokens;     // [sum of num_tokens] <= limits.max_request_tokens
-  std::vector<int32_t> block_ids;  // [sum of num_blocks] <= kMaxTpBlockIds
+  std::vector<int32_t> block_ids;  // [sum of num_blocks - kept_blocks] <= kMaxTpBlockIds
   std::vector<TpRow> rows;         // [num_rows] <= limits.max_request_tokens
+  // Sequences whose mirrors the worker drops before this step's chunks (rank 0 dropped them).
+  std::vector<int64_t> released;  // <= kMaxTpReleased
 
   // Empties everything, keeping capacity.
   void Clear();

@@ -176,11 +176,15 @@ TEST(MessagesTest, TruncatedFieldIsNamed) {
 TEST(MessagesTest, RejectsWrongVersionNamingBoth) {
   const WireLimits limits = TestLimits();
   std::vector<uint8_t> frame = Encode(MakeRequest(1, limits), 0, limits);
-  frame[4] = 3;
+  frame[4] = static_cast<uint8_t>(kProtocolVersion + 1);
   const absl::Status status = DecodeStatus(frame, limits);
   EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "protocol version 3")) << status;
-  EXPECT_TRUE(absl::StrContains(status.message(), "speaks version 2")) << status;
+  EXPECT_TRUE(
+      absl::StrContains(status.message(), absl::StrCat("protocol version ", kProtocolVersion + 1)))
+      << status;
+  EXPECT_TRUE(
+      absl::StrContains(status.message(), absl::StrCat("speaks version ", kProtocolVersion)))
+      << status;
 }
 
 // Version 1 peers send no nonce and no proof: their Hello and HelloAck still decode (so the

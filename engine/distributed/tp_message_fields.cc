@@ -1,6 +1,7 @@
 // Field layouts of the tensor-parallel control link's messages (messages.h: TpInit, TpReady,
 // TpStep), in the style of message_fields.cc: Check before encoding, Put in wire order, Get
 // applying the same checks while it reads.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +12,8 @@ namespace {
 
 constexpr uint64_t kTpInitBytes =
     4 + 4 + 3 * (2 + kMaxTextBytes) + 2 + kMaxBulkTokenBytes + 5 * 4 + 8 + 4 + 1 + 4;
-constexpr uint64_t kTpSeqBytes = 4 + 4 + 4 + 1;
-constexpr uint64_t kTpRowBytes = 4 + 4 + 2;
+constexpr uint64_t kTpSeqBytes = 4 + 4 + 4 + 1 + 8 + 4;
+constexpr uint64_t kTpRowBytes = 4 + 4 + 2 + 1 + 1;
 
 void CheckText(const std::string& text, const char* field, FieldErrors* e) {
   if (text.size() > kMaxTextBytes)
@@ -28,6 +29,11 @@ void CheckStepSizes(size_t num_seqs, size_t num_rows, const WireLimits& l, Field
   }
 }
 
+// Block ids a chunk carries (those its mirror lacks).
+uint64_t CarriedBlocks(const TpSeq& s) {
+  return s.num_blocks - std::min(s.kept_blocks, s.num_blocks);
+}
+
 // One chunk's fixed fields; `tokens` and `blocks` are the running totals after it.
 void CheckSeq(const TpSeq& s, uint64_t tokens, uint64_t blocks, const WireLimits& l,
               FieldErrors* e) {
@@ -39,6 +45,10 @@ void CheckSeq(const TpSeq& s, uint64_t tokens, uint64_t blocks, const WireLimits
   }
   if (uint64_t{s.num_blocks} > uint64_t{static_cast<uint32_t>(s.start_pos)} + s.num_tokens) {
     return e->Fail("seqs[].num_blocks", absl::StrCat(s.num_blocks, " > the chunk's positions"));
+  }
+  if (s.kept_blocks > s.num_blocks || (s.seq_id < 0 && s.kept_blocks != 0)) {
+    return e->Fail("seqs[].kept_blocks", absl::StrCat(s.kept_blocks, " kept of ", s.num_blocks,
+                                                      " blocks (sequence ", s.seq_id, ")"));
   }
   if (blocks > kMaxTpBlockIds) {
     e->Fail("seqs[].num_blocks", absl::StrCat("total ", blocks, " > ", kMaxTpBlockIds));
@@ -150,7 +160,7 @@ void Check(const TpStep& m, const WireLimits& l, FieldErrors* e) {
   for (size_t i = 0; i < m.seqs.size() && e->ok(); ++i) {
     e->SetItem(i);
     tokens += m.seqs[i].num_tokens;
-    blocks += m.seqs[i].num_blocks;
+    blocks += CarriedBlocks(m.seqs[i]);
     CheckSeq(m.seqs[i], tokens, blocks, l, e);
   }
   if (e->ok() && (tokens != m.tokens.size() || blocks != m.block_ids.size())) {
@@ -162,6 +172,9 @@ void Check(const TpStep& m, const WireLimits& l, FieldErrors* e) {
     e->SetItem(i);
     CheckRow(m.rows[i], m.seqs, l, e);
   }
+  if (e->ok() && m.released.size() > kMaxTpReleased) {
+    e->Fail("released", absl::StrCat(m.released.size(), " > ", kMaxTpReleased));
+  }
 }
 void Put(const TpStep& m, const WireLimits&, ByteWriter& w) {
   w.U64(m.step_id);
@@ -172,6 +185,8 @@ void Put(const TpStep& m, const WireLimits&, ByteWriter& w) {
     w.U32(s.num_tokens);
     w.U32(s.num_blocks);
     w.U8(s.all_logits ? 1 : 0);
+    w.U64(static_cast<uint64_t>(s.seq_id));
+    w.U32(s.kept_blocks);
   }
   w.I32Array(m.tokens);
   w.I32Array(m.block_ids);
@@ -180,7 +195,11 @@ void Put(const TpStep& m, const WireLimits&, ByteWriter& w) {
     w.I32(row.chunk);
     w.I32(row.token);
     w.U16(row.num_drafts);
+    w.U8(row.num_candidates);
+    w.U8(row.full_logits ? 1 : 0);
   }
+  w.U32(static_cast<uint32_t>(m.released.size()));
+  for (int64_t id : m.released) w.U64(static_cast<uint64_t>(id));
 }
 void Get(ByteReader& r, const WireLimits& l, TpStep* m) {
   m->step_id = r.U64("step_id");
@@ -204,8 +223,11 @@ void Get(ByteReader& r, const WireLimits& l, TpStep* m) {
     if (!r.ok()) return;
     if (all > 1) return r.Fail("seqs[].all_logits", absl::StrCat("not a bool: ", all));
     s.all_logits = all == 1;
+    s.seq_id = static_cast<int64_t>(r.U64("seqs[].seq_id"));
+    s.kept_blocks = r.U32("seqs[].kept_blocks");
+    if (!r.ok()) return;
     tokens += s.num_tokens;
-    blocks += s.num_blocks;
+    blocks += CarriedBlocks(s);
     CheckSeq(s, tokens, blocks, l, &r);
   }
   if (!r.ok()) return;
@@ -224,7 +246,22 @@ void Get(ByteReader& r, const WireLimits& l, TpStep* m) {
     row.chunk = r.I32("rows[].chunk");
     row.token = r.I32("rows[].token");
     row.num_drafts = r.U16("rows[].num_drafts");
+    row.num_candidates = r.U8("rows[].num_candidates");
+    const uint8_t full = r.U8("rows[].full_logits");
+    if (r.ok() && full > 1) return r.Fail("rows[].full_logits", absl::StrCat("not a bool: ", full));
+    row.full_logits = full == 1;
     if (r.ok()) CheckRow(row, m->seqs, l, &r);
+  }
+  if (!r.ok()) return;
+  const uint32_t num_released = r.U32("num_released");
+  if (!r.ok()) return;
+  if (num_released > kMaxTpReleased) {
+    return r.Fail("num_released", absl::StrCat(num_released, " > ", kMaxTpReleased));
+  }
+  m->released.resize(num_released);
+  for (uint32_t i = 0; i < num_released && r.ok(); ++i) {
+    r.SetItem(i);
+    m->released[i] = static_cast<int64_t>(r.U64("released[]"));
   }
 }
 
@@ -249,7 +286,8 @@ uint64_t MaxTpPayloadBytes(MessageType type, const WireLimits& l) {
       return 1 + 4 + 2 * (2 + kMaxTextBytes);
     case MessageType::kTpStep:
       return 8 + 1 + 4 + kTpSeqBytes * l.max_batch + 4ull * l.max_request_tokens +
-             4ull * kMaxTpBlockIds + 4 + kTpRowBytes * l.max_request_tokens;
+             4ull * kMaxTpBlockIds + 4 + kTpRowBytes * l.max_request_tokens + 4 +
+             8ull * kMaxTpReleased;
     default:
       return 0;
   }

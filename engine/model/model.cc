@@ -11,6 +11,7 @@
 #include "engine/model/cpu_ops.h"
 #include "engine/model/json_fields.h"
 #include "engine/model/safetensors.h"
+#include "kernels/ref/vocab_merge.h"
 
 namespace specd {
 namespace {
@@ -226,14 +227,14 @@ absl::Status Model::MlpBlock(int32_t layer) {
   return absl::OkStatus();
 }
 
-absl::Status Model::ComputeLogits(std::vector<float>* logits) {
+absl::Status Model::ComputeLogits(std::vector<float>* logits, int32_t vocab_merge_k) {
   const int64_t hidden = local_.hidden_size, vocab = local_.vocab_size;
   const int64_t rows = static_cast<int64_t>(ws_.logit_rows.size());
   for (int64_t r = 0; r < rows; ++r) {  // gather, then normalise only the rows returned
     RmsNorm(&ws_.x[ws_.logit_rows[r] * hidden], weights_.final_norm.data(), 1, local_.hidden_size,
             hidden, local_.rms_norm_eps, &ws_.h[r * hidden]);
   }
-  if (comm_ != nullptr) return ComputeShardedLogits(rows, logits);
+  if (comm_ != nullptr) return ComputeShardedLogits(rows, logits, vocab_merge_k);
   const size_t offset = logits->size();
   logits->resize(offset + rows * vocab);
   Linear(ws_.h.data(), rows, hidden, weights_.output_matrix().data(), vocab, nullptr,
@@ -244,7 +245,8 @@ absl::Status Model::ComputeLogits(std::vector<float>* logits) {
 // Every rank computes [rows, S] (its vocab_local columns, zero padding past the vocabulary) into
 // its row of the gather buffer; after the gather, rank r's block holds columns [r * S, ...) of
 // every row.
-absl::Status Model::ComputeShardedLogits(int64_t rows, std::vector<float>* logits) {
+absl::Status Model::ComputeShardedLogits(int64_t rows, std::vector<float>* logits,
+                                         int32_t vocab_merge_k) {
   const int64_t hidden = local_.hidden_size, vocab = local_.vocab_size;
   const int64_t stride = shard_.vocab_shard, local = shard_.vocab_local;
   const int32_t world = shard_.world_size;
@@ -252,6 +254,22 @@ absl::Status Model::ComputeShardedLogits(int64_t rows, std::vector<float>* logit
   float* mine = ws_.gathered.data() + shard_.rank * rows * stride;
   if (local > 0) {
     Linear(ws_.h.data(), rows, hidden, weights_.output_matrix().data(), local, nullptr, mine);
+  }
+  if (vocab_merge_k > 0) {  // [rows, local] -> each rank's k best, gathered, scattered
+    const int64_t count = rows * vocab_merge_k * 2;
+    ws_.pairs.resize(world * count);
+    int32_t* own = ws_.pairs.data() + shard_.rank * count;
+    kernels::ref::ShardCandidates(mine, local, static_cast<int32_t>(rows),
+                                  static_cast<int32_t>(local), vocab_merge_k,
+                                  static_cast<int32_t>(shard_.rank * stride), own);
+    SPECD_RETURN_IF_ERROR(comm_->AllGather(own, ws_.pairs.data(), static_cast<size_t>(count),
+                                           CommDataType::kI32, nullptr));
+    const size_t offset = logits->size();
+    logits->resize(offset + rows * vocab);
+    kernels::ref::ScatterCandidates(ws_.pairs.data(), world, static_cast<int32_t>(rows),
+                                    vocab_merge_k, static_cast<int32_t>(vocab),
+                                    logits->data() + offset, vocab);
+    return absl::OkStatus();
   }
   if (local < stride) {  // spread [rows, local] to [rows, stride], last row first
     for (int64_t r = rows - 1; r >= 0; --r) {
@@ -276,7 +294,7 @@ absl::Status Model::ComputeShardedLogits(int64_t rows, std::vector<float>* logit
 }
 
 absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
-                            std::vector<float>* logits) {
+                            std::vector<float>* logits, int32_t vocab_merge_k) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
   SPECD_RETURN_IF_ERROR(ValidateBatch(batch, kv));
   if (batch.empty()) return absl::OkStatus();
@@ -286,7 +304,7 @@ absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv
     SPECD_RETURN_IF_ERROR(AttentionBlock(layer, kv));
     SPECD_RETURN_IF_ERROR(MlpBlock(layer));
   }
-  return ComputeLogits(logits);
+  return ComputeLogits(logits, vocab_merge_k);
 }
 
 }  // namespace specd

@@ -41,6 +41,9 @@ struct SequenceInput {
   int32_t start_pos = 0;  // position of tokens[0]; KV of [0, start_pos) is already in the cache
   std::span<const int32_t> block_table;  // block ids covering [0, start_pos + tokens.size())
   bool all_logits = false;  // logits for every new token (verification, goldens) or only the last
+  // The engine's id of the sequence, or -1. Only tensor parallelism reads it: rank 0 sends a
+  // worker just the block ids its mirror of this sequence's table lacks.
+  int64_t seq_id = -1;
 };
 
 class Model {
@@ -63,8 +66,11 @@ class Model {
   // table too short or naming a block outside kv, or a kv not made for this model; nothing
   // is written then. Under tensor parallelism a collective's error (Unavailable when a peer
   // failed) is returned, with this step's KV partly written.
+  // vocab_merge_k > 0 (tensor parallelism, runner::VocabMergeK): the ranks exchange their
+  // shards' k best logits per row instead of the shards, and the rows hold the global k best
+  // and -inf elsewhere (the same argmax and top k). Every rank must pass the same value.
   absl::Status Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
-                       std::vector<float>* logits);
+                       std::vector<float>* logits, int32_t vocab_merge_k = 0);
 
  private:
   // Scratch activations of one Forward, reused across calls. T = new tokens in the batch.
@@ -85,6 +91,7 @@ class Model {
     std::vector<float> sin;                              // [T, head_dim / 2] RoPE
     // Tensor parallelism only: [world_size, num_rows, vocab_shard] every rank's LM-head columns.
     std::vector<float> gathered;
+    std::vector<int32_t> pairs;  // [world, rows, k, 2] vocabulary-merge candidates
   };
 
   Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts, const TpShard& shard);
@@ -95,9 +102,11 @@ class Model {
   absl::Status AttentionBlock(int32_t layer, CpuKvCache& kv);
   void QkNormAndRope(const LayerWeights& w);
   absl::Status MlpBlock(int32_t layer);
-  absl::Status ComputeLogits(std::vector<float>* logits);
-  // Tensor parallelism: the rank's LM-head columns, gathered and laid out as full rows.
-  absl::Status ComputeShardedLogits(int64_t rows, std::vector<float>* logits);
+  absl::Status ComputeLogits(std::vector<float>* logits, int32_t vocab_merge_k);
+  // Tensor parallelism: the rank's LM-head columns, gathered and laid out as full rows, or
+  // merged by their k best (vocab_merge_k > 0).
+  absl::Status ComputeShardedLogits(int64_t rows, std::vector<float>* logits,
+                                    int32_t vocab_merge_k);
   // Sums `data` ([count] f32) over the ranks; nothing in a world of one.
   absl::Status SumOverRanks(float* data, int64_t count);
 

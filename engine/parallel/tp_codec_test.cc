@@ -36,7 +36,8 @@ TEST(TpCodecTest, WorkerRebuildsTheVerifyCallRankZeroMade) {
   const std::vector<int32_t> drafts_b = {12, 13, 14};
   std::vector<std::span<const int32_t>> drafts = {{}, drafts_b};
   TpStep step;
-  EncodeTpStep(TpMethod::kGreedyVerify, batch, rows, drafts, /*block_size=*/16, 42, &step);
+  EncodeTpStep(TpMethod::kGreedyVerify, batch, rows, drafts, /*block_size=*/16, 42,
+               /*mirror=*/nullptr, &step);
   // Only the blocks covering each chunk's positions travel: 5 tokens -> 1 block; 34 -> 3.
   EXPECT_EQ(step.block_ids, (std::vector<int32_t>{3, 7, 8, 9}));
   const TpStep wire = RoundTrip(step);
@@ -61,27 +62,116 @@ TEST(TpCodecTest, DecoderRefusesRowsAndBlocksThatDoNotFitTheirChunks) {
   const std::vector<int32_t> tokens = {1, 2};
   TpStep step;
   step.method = TpMethod::kStep;
-  step.seqs = {TpSeq{0, 2, 1, false}};
+  step.seqs = {TpSeq{0, 2, 1, false, -1, 0}};
   step.tokens = tokens;
   step.block_ids = {0};
-  step.rows = {TpRow{1, -1, 0}};  // chunk 1 does not exist
+  step.rows = {TpRow{1, -1, 0, 0, false}};  // chunk 1 does not exist
   FrameBuffer frame;
   absl::Status s = EncodeFrame(step, 0, TpWireLimits(), &frame);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "rows[0].chunk")) << s;
-  step.rows = {TpRow{0, -1, 2}};  // 2 drafts in a 2-token chunk
+  step.rows = {TpRow{0, -1, 2, 0, false}};  // 2 drafts in a 2-token chunk
   s = EncodeFrame(step, 0, TpWireLimits(), &frame);
   EXPECT_TRUE(absl::StrContains(s.message(), "num_drafts")) << s;
-  step.rows = {TpRow{0, -1, 0}};
+  step.rows = {TpRow{0, -1, 0, 0, false}};
   step.block_ids = {0, 1};  // more ids than the chunks hold
   s = EncodeFrame(step, 0, TpWireLimits(), &frame);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   step.block_ids = {0};
   EXPECT_TRUE(EncodeFrame(step, 0, TpWireLimits(), &frame).ok());
   // A draft in a call that verifies none is refused by the worker's rebuild.
-  step.rows = {TpRow{0, 0, 1}};
+  step.rows = {TpRow{0, 0, 1, 0, false}};
   TpCall call;
   EXPECT_FALSE(call.Decode(step).ok());
+}
+
+// Block tables travel as deltas against the workers' mirrors: a growing table sends only its new
+// ids, a table whose tail changed (a rollback, a re-admission) resends from the first difference,
+// and the worker rebuilds rank 0's table every step. An idle mirror is dropped on both sides.
+TEST(TpCodecTest, BlockTablesTravelAsDeltasAgainstTheWorkersMirror) {
+  TpBlockMirror mirror;
+  TpCall call;
+  const std::vector<int32_t> token = {1};
+  std::vector<SampleRow> rows(1);
+  struct Step {
+    int32_t start_pos;
+    std::vector<int32_t> table;
+    std::vector<int32_t> carried;
+  };
+  // Block size 4: position p needs ceil((p + 1) / 4) blocks.
+  const std::vector<Step> steps = {
+      {5, {3, 4}, {3, 4}},     // first sight: everything
+      {6, {3, 4}, {}},         // same blocks: nothing
+      {8, {3, 4, 9}, {9}},     // a new block
+      {9, {3, 8, 9}, {8, 9}},  // the tail changed: from the first difference
+      {2, {3, 8, 9}, {}},      // a shorter chunk needs 1 block, kept from the mirror
+  };
+  uint64_t id = 1;
+  for (const Step& st : steps) {
+    SCOPED_TRACE(testing::Message() << "step " << id);
+    const std::vector<SequenceInput> batch = {{token, st.start_pos, st.table, false, 17}};
+    TpStep step;
+    EncodeTpStep(TpMethod::kStep, batch, rows, {}, /*block_size=*/4, id++, &mirror, &step);
+    EXPECT_EQ(step.block_ids, st.carried);
+    const TpStep wire = RoundTrip(step);
+    ASSERT_TRUE(call.Decode(wire).ok());
+    const size_t need = static_cast<size_t>(st.start_pos / 4 + 1);
+    const std::span<const int32_t> got = call.batch()[0].block_table;
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()),
+              std::vector<int32_t>(st.table.begin(), st.table.begin() + need));
+  }
+  EXPECT_EQ(call.num_mirrors(), 1u);
+  // Another sequence until step 128 (mirrors expire every kIdleSteps steps): sequence 17, idle
+  // since step 5, is released then, and sequence 18 is not.
+  const std::vector<int32_t> other = {5};
+  TpStep step;
+  for (; id <= 2 * TpBlockMirror::kIdleSteps; ++id) {
+    const std::vector<SequenceInput> batch = {{token, 0, other, false, 18}};
+    EncodeTpStep(TpMethod::kStep, batch, rows, {}, 4, id, &mirror, &step);
+    ASSERT_TRUE(call.Decode(RoundTrip(step)).ok());
+  }
+  EXPECT_EQ(step.released, (std::vector<int64_t>{17}));
+  EXPECT_EQ(mirror.size(), 1u);
+  EXPECT_EQ(call.num_mirrors(), 1u);
+}
+
+// A step that keeps more of a mirror than the worker holds means the ranks disagree: refused.
+TEST(TpCodecTest, WorkerRefusesAStepKeepingBlocksItNeverGot) {
+  TpStep step;
+  step.method = TpMethod::kStep;
+  step.seqs = {TpSeq{20, 1, 2, false, /*seq_id=*/9, /*kept_blocks=*/2}};
+  step.tokens = {1};
+  TpCall call;
+  const absl::Status s = call.Decode(RoundTrip(step));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "mirror holds 0")) << s;
+  step.seqs[0].seq_id = -1;  // kept blocks without a mirror: malformed on the wire
+  FrameBuffer frame;
+  EXPECT_FALSE(EncodeFrame(step, 0, TpWireLimits(), &frame).ok());
+}
+
+// What the vocabulary merge needs travels with each row, so a worker's runner picks the same
+// merge as rank 0's: the largest candidate count, and full rows when any row samples.
+TEST(TpCodecTest, WorkerRowsMergeTheVocabularyAsRankZeros) {
+  const std::vector<int32_t> a = {1}, b = {2}, table = {0};
+  const std::vector<SequenceInput> batch = {{a, 0, table, false}, {b, 0, table, false}};
+  SamplingParams greedy, sampled;
+  greedy.temperature = 0.0f;
+  std::vector<SampleRow> rows(2);
+  for (int i = 0; i < 2; ++i) {
+    rows[i].chunk = i;
+    rows[i].params = &greedy;
+  }
+  rows[1].num_candidates = 4;
+  for (const bool sample : {false, true}) {
+    rows[0].params = sample ? &sampled : &greedy;
+    TpStep step;
+    EncodeTpStep(TpMethod::kStep, batch, rows, {}, 16, 1, nullptr, &step);
+    TpCall call;
+    ASSERT_TRUE(call.Decode(RoundTrip(step)).ok());
+    EXPECT_EQ(VocabMergeK(call.rows()), VocabMergeK(rows));
+    EXPECT_EQ(VocabMergeK(rows), sample ? 0 : 4);
+  }
 }
 
 TEST(TpCodecTest, InitReadyAndJoinRoundTrip) {

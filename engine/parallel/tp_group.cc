@@ -133,7 +133,7 @@ class TpLeaderRunner final : public ModelRunner {
                          std::span<const std::span<const int32_t>> drafts) {
     SPECD_RETURN_IF_ERROR(GroupStatus());
     if (batch.empty()) return absl::OkStatus();  // the runners run nothing either
-    EncodeTpStep(method, batch, rows, drafts, local_->block_size(), next_step_++, &step_);
+    EncodeTpStep(method, batch, rows, drafts, local_->block_size(), next_step_++, &mirror_, &step_);
     for (WorkerLink& w : workers_) {
       const absl::Status s = w.link->Send(step_, timeout_);
       if (!s.ok()) {
@@ -218,7 +218,8 @@ class TpLeaderRunner final : public ModelRunner {
   const int32_t num_kv_blocks_;
   const absl::Duration timeout_;
   std::string device_name_;
-  TpStep step_;  // reused across calls
+  TpStep step_;           // reused across calls
+  TpBlockMirror mirror_;  // what the workers hold of each sequence's block table
   uint64_t next_step_ = 0;
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;

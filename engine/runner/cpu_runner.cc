@@ -83,7 +83,9 @@ absl::StatusOr<std::span<const SequenceInput>> CpuRunner::RunRows(
     run = batch_;
   }
   logits_.clear();
-  SPECD_RETURN_IF_ERROR(model_->Forward(run, *kv_, &logits_));
+  // Tensor parallelism: greedy rows need only the shards' best logits (every rank's rows agree:
+  // a worker's copies carry full_logits where rank 0's rows need the whole rows).
+  SPECD_RETURN_IF_ERROR(model_->Forward(run, *kv_, &logits_, VocabMergeK(rows)));
   return run;
 }
 

@@ -93,10 +93,14 @@ TEST_F(CpuRunnerTpTest, WorkerReturnsNothingWhileRankZeroStepsAsOneRank) {
   std::vector<SampleRow> rows = {{1, &sampler, &greedy, &history, {}, 1, 0, -1},
                                  {0, &sampler, &greedy, &history, {}, 1, 0, 2}};
   rows[0].num_candidates = 4;
-  std::vector<SampleRow> worker_rows(2);  // only chunk and token
+  std::vector<SampleRow> worker_rows(2);  // chunk, token and the vocabulary merge's needs
   worker_rows[0].chunk = 1;
   worker_rows[1].chunk = 0;
   worker_rows[1].token = 2;
+  for (size_t i = 0; i < rows.size(); ++i) {  // as TpCall rebuilds them (logprobs: full rows)
+    worker_rows[i].full_logits = NeedsFullLogits(rows[i]);
+    worker_rows[i].num_candidates = rows[i].num_candidates;
+  }
 
   std::vector<SequenceInput> batch = {{a, 0, ta.ids(), false}, {b, 0, tb.ids(), false}};
   std::vector<SampleResult> expected, out0, out1 = {SampleResult{}};
@@ -120,15 +124,30 @@ TEST_F(CpuRunnerTpTest, WorkerReturnsNothingWhileRankZeroStepsAsOneRank) {
   batch = {{next_a, 7, ta.ids(), false}, {next_b, 4, tb.ids(), false}};
   rows[1].token = -1;
   worker_rows[1].token = -1;
-  rows[0].num_candidates = 0;
+  // Greedy rows without logprobs: the ranks exchange their shards' 4 best logits per row instead
+  // of the shards (VocabMergeK), and the ids and candidates are still TP 1's.
+  SamplingParams plain;
+  plain.temperature = 0;
+  Sampler plain_sampler(plain, 1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].params = &plain;
+    rows[i].sampler = &plain_sampler;
+    rows[i].num_candidates = 4;
+    worker_rows[i].full_logits = NeedsFullLogits(rows[i]);
+    worker_rows[i].num_candidates = rows[i].num_candidates;
+  }
+  ASSERT_EQ(VocabMergeK(rows), 4);
+  ASSERT_EQ(VocabMergeK(worker_rows), 4);
   ASSERT_TRUE(one_->Step(batch, rows, &expected).ok());
   RunBoth(
       group_, [&] { return ranks_[0]->Step(batch, rows, &out0); },
       [&] { return ranks_[1]->Step(batch, worker_rows, &out1); });
   EXPECT_TRUE(out1.empty());
   ASSERT_EQ(out0.size(), 2u);
-  EXPECT_EQ(out0[0].id, expected[0].id);
-  EXPECT_EQ(out0[1].id, expected[1].id);
+  for (size_t i = 0; i < out0.size(); ++i) {
+    EXPECT_EQ(out0[i].id, expected[i].id) << "row " << i;
+    EXPECT_EQ(out0[i].candidates, expected[i].candidates) << "row " << i;
+  }
 }
 
 TEST_F(CpuRunnerTpTest, GreedyVerifyOnTheWorkerNeedsNoParams) {

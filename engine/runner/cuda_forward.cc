@@ -13,6 +13,8 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/vocab_merge.h"
 
 namespace specd {
 namespace {
@@ -107,6 +109,17 @@ absl::Status CudaForward::AllocateBuffers(int32_t num_sms) {
     SPECD_RETURN_IF_ERROR(alloc(gathered_logits_,
                                 int64_t{shard_.world_size} * limits_.max_rows * lm_stride_ * 4,
                                 "gathered logits"));
+    const int64_t slots = int64_t{limits_.max_rows} * kMaxSampleCandidates;
+    SPECD_RETURN_IF_ERROR(alloc(merge_ids_, slots * 4, "vocabulary merge"));
+    SPECD_RETURN_IF_ERROR(
+        alloc(merge_pairs_, int64_t{shard_.world_size} * slots * 8, "vocabulary merge"));
+    const size_t ws = kernels::TopKWorkspaceBytes(
+        limits_.max_rows, std::max<int32_t>(1, static_cast<int32_t>(weights_->vocab_rows)),
+        std::min<int32_t>(kMaxSampleCandidates,
+                          std::max<int32_t>(1, static_cast<int32_t>(weights_->vocab_rows))));
+    if (ws > 0) {
+      SPECD_RETURN_IF_ERROR(alloc(merge_workspace_, static_cast<int64_t>(ws), "vocabulary merge"));
+    }
   }
   // Attention scratch: the largest decode batch at every split count it may use, or a prefill.
   size_t workspace = kernels::PagedPrefillWorkspaceBytes(t, limits_.max_seqs, shape_);
@@ -257,7 +270,7 @@ absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
 }
 
 absl::Status CudaForward::LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens,
-                                 bool gather, cudaStream_t stream) {
+                                 bool gather, int32_t merge_k, cudaStream_t stream) {
   const int64_t hidden = config_.hidden_size;
   const __nv_bfloat16* src = h_.as<__nv_bfloat16>();
   if (gather) {
@@ -267,7 +280,7 @@ absl::Status CudaForward::LmHead(const int32_t* rows, int32_t num_rows, int64_t 
                "EmbeddingGather (logits rows)"));
     src = dst;
   }
-  if (comm_ != nullptr) return ParallelLmHead(src, num_rows, stream);
+  if (comm_ != nullptr) return ParallelLmHead(src, num_rows, merge_k, stream);
   return RunGemm(src, hidden, weights_->lm_head, nullptr, num_rows, config_.vocab_size, hidden,
                  logits_.as<float>(), config_.vocab_size, kernels::GemmOut::kF32, stream);
 }
@@ -287,7 +300,7 @@ absl::Status CudaForward::AllReduce(__nv_bfloat16* data, int64_t count, cudaStre
 // the gather buffer, the all-gather fills the other ranks' blocks, and one strided copy per rank
 // puts its columns at [r * vocab_shard, r * vocab_shard + its vocab_local) of logits_. At world
 // size 1 the block is logits_ itself and nothing moves.
-absl::Status CudaForward::ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows,
+absl::Status CudaForward::ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows, int32_t merge_k,
                                          cudaStream_t stream) {
   const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t count = int64_t{num_rows} * lm_stride_;  // elements of one rank's block
@@ -300,6 +313,7 @@ absl::Status CudaForward::ParallelLmHead(const __nv_bfloat16* x, int32_t num_row
                                   kernels::GemmOut::kF32, stream));
   }
   if (count == 0) return absl::OkStatus();
+  if (merge_k > 0 && world > 1) return MergeLmHead(own, num_rows, merge_k, stream);
   const absl::Status s =
       comm_->AllGather(own, gathered, static_cast<size_t>(count), CommDataType::kF32, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("all-gather of logits: ", s.message()));
@@ -316,6 +330,45 @@ absl::Status CudaForward::ParallelLmHead(const __nv_bfloat16* x, int32_t num_row
                     "re-layout of gathered logits"));
   }
   return absl::OkStatus();
+}
+
+// Each rank's merge_k best (logit, global id) of every row are gathered (world * rows * k pairs
+// instead of world * rows * vocab_shard logits) and scattered into -inf rows.
+absl::Status CudaForward::MergeLmHead(const float* own, int32_t num_rows, int32_t merge_k,
+                                      cudaStream_t stream) {
+  if (merge_k > kMaxSampleCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat("vocabulary merge of ", merge_k,
+                                                   " candidates; at most ", kMaxSampleCandidates));
+  }
+  const auto local = static_cast<int32_t>(weights_->vocab_rows);
+  const int32_t kept = std::min(merge_k, local);
+  auto* ids = merge_ids_.as<int32_t>();
+  if (kept == 1) {
+    SPECD_RETURN_IF_ERROR(Launch(kernels::ArgmaxRows(own, lm_stride_, num_rows, local, ids, stream),
+                                 "ArgmaxRows (merge)"));
+  } else if (kept > 1) {
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::TopKRows(own, lm_stride_, num_rows, local, kept, ids,
+                                 merge_workspace_.as<void>(), merge_workspace_.bytes(), stream),
+               "TopKRows (merge)"));
+  }
+  const int64_t count = int64_t{num_rows} * merge_k * 2;  // int32 per rank
+  int32_t* pairs = merge_pairs_.as<int32_t>();
+  int32_t* mine = pairs + shard_.rank * count;
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::PackShardCandidates(own, lm_stride_, num_rows, merge_k, ids, kept,
+                                          static_cast<int32_t>(shard_.rank * shard_.vocab_shard),
+                                          mine, stream),
+             "PackShardCandidates"));
+  const absl::Status s =
+      comm_->AllGather(mine, pairs, static_cast<size_t>(count), CommDataType::kI32, stream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all-gather of logits candidates: ", s.message()));
+  }
+  return Launch(kernels::ScatterShardCandidates(pairs, shard_.world_size, num_rows, merge_k,
+                                                static_cast<int32_t>(config_.vocab_size),
+                                                logits_.as<float>(), config_.vocab_size, stream),
+                "ScatterShardCandidates");
 }
 
 }  // namespace specd

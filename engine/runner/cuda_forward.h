@@ -24,6 +24,7 @@
 #include "engine/model/tensor_parallel.h"
 #include "engine/runner/cuda_util.h"
 #include "engine/runner/cuda_weights.h"
+#include "engine/runner/model_runner.h"  // kMaxSampleCandidates
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/gemm.h"
 
@@ -81,9 +82,11 @@ class CudaForward {
   absl::Status Run(const ForwardArgs& args, cudaStream_t stream);
   // logits()[r] = LM head of hidden row rows[r] for r < num_rows (<= max_rows); with
   // gather == false the rows are hidden rows 0 .. num_rows - 1 and `rows` is unused. Under tensor
-  // parallelism every rank gets the full rows (its vocabulary shard, all-gathered).
+  // parallelism every rank gets the full rows (its vocabulary shard, all-gathered), or with
+  // merge_k > 0 (VocabMergeK, the same on every rank) the rows merged from every shard's
+  // merge_k best logits: those, and -inf elsewhere.
   absl::Status LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens, bool gather,
-                      cudaStream_t stream);
+                      int32_t merge_k, cudaStream_t stream);
   float* logits() const { return logits_.as<float>(); }  // [max_rows, vocab] f32, device
 
   int64_t buffer_bytes() const { return buffer_bytes_; }
@@ -98,7 +101,11 @@ class CudaForward {
                          int32_t layer);
   // The vocabulary-parallel LM head of `num_rows` rows of x: [num_rows, vocab_shard] per rank,
   // all-gathered and laid out as logits().
-  absl::Status ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows, cudaStream_t stream);
+  absl::Status ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows, int32_t merge_k,
+                              cudaStream_t stream);
+  // ParallelLmHead's merge of the rank's block `own` (row stride lm_stride_) by its k best.
+  absl::Status MergeLmHead(const float* own, int32_t num_rows, int32_t merge_k,
+                           cudaStream_t stream);
   absl::Status RunGemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
                        const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, void* y,
                        int64_t ldy, kernels::GemmOut out, cudaStream_t stream);
@@ -130,6 +137,11 @@ class CudaForward {
   // World size > 1: every rank's LM-head block, packed per call as [world_size, num_rows,
   // lm_stride_] f32 (columns past a rank's vocab_local are padding, never read).
   cuda::DeviceMemory gathered_logits_;  // [world_size * max_rows * lm_stride_] f32
+  // The vocabulary merge (world_size > 1): the shard's best ids, their (logit, id) pairs, every
+  // rank's pairs, and the top-k workspace.
+  cuda::DeviceMemory merge_ids_;        // [max_rows, kMaxSampleCandidates] int32
+  cuda::DeviceMemory merge_pairs_;      // [world_size, max_rows, kMaxSampleCandidates, 2] int32
+  cuda::DeviceMemory merge_workspace_;  // kernels::TopKWorkspaceBytes
   cuda::DeviceMemory rope_;             // [max_model_len, head_dim] f32 cos | sin
   cuda::DeviceMemory workspace_;        // attention scratch (decode partials or prefill)
   cuda::DeviceMemory kv_;  // per layer: K then V, [num_blocks, kv_heads, block, head_dim]

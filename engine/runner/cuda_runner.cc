@@ -317,10 +317,16 @@ absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return absl::InvalidArgumentError("Step: two sample rows name the same token");
   }
+  // Tensor parallelism: greedy rows merge the vocabulary shards by their best logits (every
+  // rank's rows agree, VocabMergeK); probabilities need the full rows.
+  const int32_t merge_k =
+      s_->shard.world_size > 1 && mode != SampleMode::kProbs ? VocabMergeK(rows) : 0;
   // Captures a round graph on first use, before Prepare fills the staging buffers.
-  SPECD_ASSIGN_OR_RETURN(const State::GraphKey key,
-                         s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks)));
+  SPECD_ASSIGN_OR_RETURN(
+      const State::GraphKey key,
+      s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks, merge_k)));
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, logit_rows, key));
+  launch.merge_k = merge_k;  // also when the step runs eagerly
   SPECD_RETURN_IF_ERROR(s_->Execute(launch));
   if (s_->worker) return absl::OkStatus();  // a tensor-parallel worker stops after the logits
   if (mode == SampleMode::kProbs) {
@@ -366,7 +372,7 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
     const int32_t n =
         static_cast<int32_t>(std::min<size_t>(s_->limits.max_rows, rows.size() - first));
     SPECD_RETURN_IF_ERROR(s_->forward->LmHead(launch.logit_rows + first, n, launch.args.num_tokens,
-                                              /*gather=*/true, s_->stream));
+                                              /*gather=*/true, /*merge_k=*/0, s_->stream));
     if (copy) {
       SPECD_RETURN_IF_ERROR(cuda::Check(
           cudaMemcpyAsync(logits->data() + first * vocab, s_->forward->logits(),

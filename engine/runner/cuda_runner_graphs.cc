@@ -73,7 +73,7 @@ std::string Describe(GraphKey key) {
 }  // namespace
 
 GraphKey CudaRunner::State::GraphFor(std::span<const SequenceInput> batch, size_t num_rows,
-                                     bool rows_are_chunks) const {
+                                     bool rows_are_chunks, int32_t merge_k) const {
   if (buckets.empty() || batch.empty() || batch.size() > static_cast<size_t>(buckets.back())) {
     return {};
   }
@@ -81,7 +81,8 @@ GraphKey CudaRunner::State::GraphFor(std::span<const SequenceInput> batch, size_
   for (const SequenceInput& in : batch) q_len = std::max(q_len, in.tokens.size());
   const int32_t bucket =
       *std::lower_bound(buckets.begin(), buckets.end(), static_cast<int32_t>(batch.size()));
-  if (q_len == 1 && rows_are_chunks) return {bucket, 1, 0};
+  if (q_len == 1 && rows_are_chunks)
+    return merge_k <= 1 ? GraphKey{bucket, 1, 0, merge_k} : GraphKey{};
   const int64_t tokens = int64_t{bucket} * static_cast<int64_t>(q_len);
   if (q_len > static_cast<size_t>(kMaxRoundGraphQueryLen) || tokens > limits.max_tokens) return {};
   // One row per sequence (the draft's catch-up, rows of some chunks) or up to every token
@@ -90,7 +91,7 @@ GraphKey CudaRunner::State::GraphFor(std::span<const SequenceInput> batch, size_
   const int64_t rows =
       num_rows <= static_cast<size_t>(bucket) ? bucket : std::min<int64_t>(tokens, limits.max_rows);
   if (static_cast<int64_t>(num_rows) > rows) return {};
-  return {bucket, static_cast<int32_t>(q_len), static_cast<int32_t>(rows)};
+  return {bucket, static_cast<int32_t>(q_len), static_cast<int32_t>(rows), merge_k};
 }
 
 absl::StatusOr<GraphKey> CudaRunner::State::EnsureGraph(GraphKey key) {
@@ -143,6 +144,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   }
   Launch launch;
   launch.key = key;
+  launch.merge_k = key.merge_k;
   const bool graph = key.graph();
   const int32_t padded_seqs = graph ? key.bucket : num_seqs;
   const int64_t padded_tokens = graph ? int64_t{key.bucket} * key.q_len : num_tokens;
@@ -224,10 +226,10 @@ absl::Status CudaRunner::State::RunGraphBody(const Launch& launch) {
   SPECD_RETURN_IF_ERROR(forward->Run(launch.args, stream));
   if (launch.key.rows == 0) {
     return forward->LmHead(nullptr, launch.key.bucket, launch.args.num_tokens, /*gather=*/false,
-                           stream);
+                           launch.merge_k, stream);
   }
   return forward->LmHead(launch.logit_rows, launch.key.rows, launch.args.num_tokens,
-                         /*gather=*/true, stream);
+                         /*gather=*/true, launch.merge_k, stream);
 }
 
 // Graph: replay. Eager: the forward and the LM head of the first min(num_rows, max_rows)
@@ -244,7 +246,7 @@ absl::Status CudaRunner::State::Execute(const Launch& launch) {
   SPECD_RETURN_IF_ERROR(forward->Run(launch.args, stream));
   if (launch.num_rows == 0) return absl::OkStatus();
   return forward->LmHead(launch.logit_rows, std::min(launch.num_rows, limits.max_rows),
-                         launch.args.num_tokens, /*gather=*/true, stream);
+                         launch.args.num_tokens, /*gather=*/true, launch.merge_k, stream);
 }
 
 // Runs the key's padded dummy batch eagerly first (cuBLASLt picks its algorithms outside
@@ -293,8 +295,13 @@ absl::Status CudaRunner::State::WarmUpAndCapture() {
     return Sync("decode warm-up");
   }
   SPECD_ASSIGN_OR_RETURN(const cuda::MemoryInfo before, cuda::GetMemoryInfo());
+  // Under tensor parallelism greedy decode steps merge the vocabulary shards by their argmax
+  // (VocabMergeK 1): those graphs too.
+  const int32_t merges = shard.world_size > 1 ? 2 : 1;
   for (int32_t bucket : cuda_runner_internal::DecodeBuckets(limits.max_decode_batch)) {
-    SPECD_RETURN_IF_ERROR(Capture(GraphKey{bucket, 1, 0}));
+    for (int32_t merge_k = 0; merge_k < merges; ++merge_k) {
+      SPECD_RETURN_IF_ERROR(Capture(GraphKey{bucket, 1, 0, merge_k}));
+    }
     buckets.push_back(bucket);
   }
   SPECD_ASSIGN_OR_RETURN(const cuda::MemoryInfo after, cuda::GetMemoryInfo());

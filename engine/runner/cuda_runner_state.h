@@ -53,6 +53,9 @@ struct GraphKey {
   int32_t bucket = 0;  // padded sequences; 0: the step runs eagerly
   int32_t q_len = 1;   // longest chunk the graph holds (its attention's max_q_len)
   int32_t rows = 0;    // gathered LM-head rows; 0: a decode graph (rows are the chunks)
+  // Tensor parallelism: the LM head's vocabulary merge (CudaForward::LmHead's merge_k; 0 when
+  // the shards are all-gathered, always at world size 1).
+  int32_t merge_k = 0;
   bool graph() const { return bucket > 0; }
   bool decode() const { return q_len == 1 && rows == 0; }
   auto operator<=>(const GraphKey&) const = default;
@@ -71,6 +74,7 @@ struct Launch {
   GraphKey key;  // graph(): replay graphs[key]
   ForwardArgs args;
   int32_t num_rows = 0;                 // logits rows the step uses
+  int32_t merge_k = 0;                  // the LM head's vocabulary merge (key.merge_k for graphs)
   const int32_t* logit_rows = nullptr;  // device; graphs: [key.rows], eager: [num_rows]
 };
 
@@ -101,8 +105,9 @@ struct CudaRunner::State {
   // graphs need one token per sequence and rows that are exactly the chunks in order
   // (`rows_are_chunks`); round graphs need chunks of at most kMaxRoundGraphQueryLen tokens and
   // padded sizes within the buffers. Depends only on the batch's shape and the rows' count.
-  GraphKey GraphFor(std::span<const SequenceInput> batch, size_t num_rows,
-                    bool rows_are_chunks) const;
+  // Decode graphs exist for merge_k 0 and, under tensor parallelism, 1.
+  GraphKey GraphFor(std::span<const SequenceInput> batch, size_t num_rows, bool rows_are_chunks,
+                    int32_t merge_k = 0) const;
   // `key` once its graph exists: a round graph is captured on first use (which synchronises and
   // overwrites the staging buffers, so call it before Prepare). An eager key when graphs are
   // off, the round-graph budget is spent, or capture ran out of memory.

@@ -198,6 +198,23 @@ absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<co
 
 }  // namespace runner_internal
 
+bool NeedsFullLogits(const SampleRow& row) {
+  // A row without params is a tensor-parallel worker's: full_logits speaks for rank 0's row.
+  const SamplingParams* p = row.params;
+  if (row.full_logits || row.num_candidates > kMaxSampleCandidates) return true;
+  return p != nullptr &&
+         (!p->greedy() || p->has_penalties() || p->logprobs >= 0 || !row.banned.empty());
+}
+
+int32_t VocabMergeK(std::span<const SampleRow> rows) {
+  int32_t k = 1;
+  for (const SampleRow& row : rows) {
+    if (NeedsFullLogits(row)) return 0;
+    k = std::max(k, row.num_candidates);
+  }
+  return rows.empty() ? 0 : k;
+}
+
 absl::Status ModelRunner::StepSampledVerify(std::span<const SequenceInput>,
                                             std::span<const SampleRow>,
                                             std::span<const std::span<const int32_t>>,

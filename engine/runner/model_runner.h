@@ -72,8 +72,23 @@ struct SampleRow {
   // first, ties to the lower id, in SampleResult::candidates (SSD's cache candidates; on a GPU
   // only the ids come back). At most kMaxSampleCandidates.
   int32_t num_candidates = 0;
+  // Tensor parallelism: set on a worker rank's copy of a row whose rank-0 original needs its
+  // whole row of logits (VocabMergeK), so that every rank merges the vocabulary shards alike.
+  bool full_logits = false;
 };
 inline constexpr int32_t kMaxSampleCandidates = 16;
+
+// How a tensor-parallel Step or StepGreedyVerify brings the vocabulary-parallel LM head's shards
+// together for `rows`: 0 when some row needs its whole row of logits (sampling, penalties,
+// banned ids, logprobs, full_logits; a row without params counts as greedy), which are then
+// all-gathered; else k = max(1, the rows'
+// num_candidates): every rank contributes its shard's k largest logits with their ids, and the
+// merged rows hold the global k best and -inf elsewhere, which give the argmax and the candidates
+// of the full rows (ties to the lower id, as over the full row). Calls that hand out
+// probabilities or logits (StepSampledVerify, StepDraft, Forward) always gather.
+int32_t VocabMergeK(std::span<const SampleRow> rows);
+// Whether `row` alone makes VocabMergeK 0.
+bool NeedsFullLogits(const SampleRow& row);
 
 // What greedy verification of one row's drafts gives: the drafts kept up to the first mismatch
 // with the target's argmax, and the target's token after them (the correction, or the bonus

@@ -42,8 +42,36 @@ constexpr int VerifySmemBytes() {
   return kStages * 2 * PrefillConfig<kHeadDim>::kTileElems * 2;  // K and V stages, bf16
 }
 
-template <int kHeadDim, int kWarps, int kStages>
-__global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const VerifyParams vp) {
+// The kernel's variant policy (FlashInfer's attention variants): where key j of the attention
+// lives and what else a tile's scores feed. This default -- key j is position j of the sequence,
+// no hook -- is PagedVerifyAttention; every member compiles to the code the kernel had before
+// variants. The Vegas variants (vegas_attention.cuh: score collection, token-index sparse keys)
+// provide the same members:
+//   Params               the kernel's parameter struct: VerifyParams or a struct derived from it
+//   Keys(params, seq)    per-CTA key map: Count(seq_len) the keys of the sequence (its queries
+//                        are the last q_len of them), LoadTile(...) LoadPrefillKvTile's contract
+//                        with keys in place of positions
+//   kScoreHook           whether TileScores(params, raw Q K^T scores, ...) runs on every tile
+struct DenseVerifyVariant {
+  using Params = VerifyParams;
+  static constexpr bool kScoreHook = false;
+  struct Keys {
+    template <typename AnyParams>
+    __device__ __forceinline__ Keys(const AnyParams&, int) {}
+    __device__ __forceinline__ int Count(int seq_len) { return seq_len; }
+    template <int kHeadDim, int kThreads>
+    __device__ __forceinline__ void LoadTile(const PrefillParams& p, const int32_t* table,
+                                             int kv_head, int tile, int kv_lo, int kv_hi,
+                                             __nv_bfloat16* k_stage, __nv_bfloat16* v_stage) const {
+      LoadPrefillKvTile<kHeadDim, kThreads, true>(p, table, kv_head, tile, kv_lo, kv_hi, k_stage,
+                                                  v_stage);
+    }
+  };
+};
+
+template <int kHeadDim, int kWarps, int kStages, typename Variant = DenseVerifyVariant>
+__global__ void __launch_bounds__(kWarps* kWarpSize)
+    PagedVerifyKernel(const typename Variant::Params vp) {
   using Cfg = PrefillConfig<kHeadDim>;
   constexpr int kThreads = kWarps * kWarpSize;
   constexpr int kCtaRows = 16 * kWarps;
@@ -62,6 +90,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
   index /= vp.num_row_tiles;
   const int kv_head = index % p.num_kv_heads;
   const int seq = index / p.num_kv_heads;
+  typename Variant::Keys keys(vp, seq);
   const int group = p.group;
   const int q_begin = LoadHinted(p.cu_q_lens + seq, meta_policy);
   const int q_end = LoadHinted(p.cu_q_lens + seq + 1, meta_policy);
@@ -70,7 +99,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
   const int num_rows = q_len * group;
   const int r0 = row_tile * kCtaRows;
   if (r0 >= num_rows) return;  // CTA-uniform; no token owns these rows
-  const int seq_len = min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size);
+  const int seq_len = keys.Count(min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size));
   const int ctx = seq_len - q_len;  // position of query 0
   // Keys any row of this CTA may see: [kv_lo, kv_hi), then this split's share of its tiles.
   const int q_first = r0 / group, q_last = (min(num_rows, r0 + kCtaRows) - 1) / group;
@@ -128,9 +157,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_tiles) {
-      LoadPrefillKvTile<kHeadDim, kThreads, true>(p, table, kv_head, tile_begin + s, kv_lo, kv_hi,
-                                                  k_smem + s * Cfg::kTileElems,
-                                                  v_smem + s * Cfg::kTileElems);
+      keys.template LoadTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + s, kv_lo, kv_hi,
+                                                 k_smem + s * Cfg::kTileElems,
+                                                 v_smem + s * Cfg::kTileElems);
     }
     CpAsyncCommit();
   }
@@ -143,9 +172,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
       const int ahead = it + kStages - 1;
       const int fill = stage == 0 ? kStages - 1 : stage - 1;  // the stage read last iteration
       if (ahead < num_tiles) {
-        LoadPrefillKvTile<kHeadDim, kThreads, true>(p, table, kv_head, tile_begin + ahead, kv_lo,
-                                                    kv_hi, k_smem + fill * Cfg::kTileElems,
-                                                    v_smem + fill * Cfg::kTileElems);
+        keys.template LoadTile<kHeadDim, kThreads>(p, table, kv_head, tile_begin + ahead, kv_lo,
+                                                   kv_hi, k_smem + fill * Cfg::kTileElems,
+                                                   v_smem + fill * Cfg::kTileElems);
       }
       CpAsyncCommit();
     }
@@ -178,6 +207,10 @@ __global__ void __launch_bounds__(kWarps* kWarpSize) PagedVerifyKernel(const Ver
                    qf[c + 1][3], b[2], b[3]);
         }
       }
+    }
+    if constexpr (Variant::kScoreHook) {  // the raw scores, before the scale and the mask
+      Variant::template TileScores<kHeadDim>(vp, s, tile * Cfg::kBlockN, ctx, seq, kv_head,
+                                             warp_row0, num_rows, q_len, lane);
     }
     // Causal and window mask per row (only where the tile reaches past some row's visible keys).
     const int key0 = tile * Cfg::kBlockN;

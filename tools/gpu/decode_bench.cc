@@ -513,6 +513,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const Options& o) {
   r.load_format = "dummy";
   r.max_model_len = o.max_model_len;
   r.max_num_seqs = std::max(1, *std::max_element(o.batches.begin(), o.batches.end()));
+  // The verify measure draws K + 1 = 9 rows at batch 1 (more than --quick's 8 sequences).
+  r.max_sample_rows = std::max(r.max_num_seqs, 9);
   r.max_num_batched_tokens = o.max_num_batched_tokens;
   r.gpu_memory_utilization = o.gpu_memory_utilization;
   const Clock::time_point start = Clock::now();

@@ -21,7 +21,7 @@ DEST=.carry/gpu
 CARRY_LIMIT_MIB=64  # the device tool's limit on the working tree plus carried paths
 MARGIN_MIB=2        # files that appear before the run (logs, notes) need room too
 # $SPECD_GPU_BENCHES (space-separated) packs fewer benchmarks when the carry limit is tight.
-read -r -a BENCHES <<<"${SPECD_GPU_BENCHES:-attention_bench gemm_bench decode_bench verify_bench spec_bench}"
+read -r -a BENCHES <<<"${SPECD_GPU_BENCHES:-attention_bench gemm_bench decode_bench verify_bench spec_bench specd_profile}"
 
 die() { echo "package.sh: $*" >&2; exit 1; }
 [[ -f "$BUILD/CTestTestfile.cmake" ]] || die "no ctest build in $BUILD"

@@ -9,6 +9,7 @@
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
 #     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16;
 #     greedy, temperature 1, temperature 0.7 with top_p 0.95);
+#     specd_profile (the cost profile of `auto` speculation, 8B / 1B shapes, into LOG_DIR);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
@@ -306,6 +307,13 @@ for k in 4 8; do
       --batches 1,16 --k "$k" --max-tokens 32 --repeats 1 --temperature "$t"
   done
 done
+# The cost profile of `auto` speculation (issue 20): plain, greedy verification and draft-model
+# step times of Llama-3.1-8B / 3.2-1B shapes (random weights) over batch x context x tokens,
+# written to LOG_DIR/cost_profile_8b_1b.json (it comes back with $OUT).
+run_step "specd_profile 8b/1b" 240 "${OURS[@]}" "$WORK/bin/specd_profile" --device cuda \
+  --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+  --load-format dummy --batch 1,4,16,64 --context 512,4096,16384 --tokens 1,2,5,9 \
+  --budget-seconds 150 --output "$LOG_DIR/cost_profile_8b_1b.json"
 # SSD on two GPUs (verifier cuda:0, speculator cuda:1) beside plain decoding and draft-model
 # speculation on cuda:0, codepair pair (real acceptance), greedy, batch 1, 4 and 16.
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
@@ -374,6 +382,10 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
 done
+if [[ -n "${passed[specd_profile 8b/1b]:-}" ]]; then
+  echo "-- specd_profile 8b/1b"
+  sed -n '/^specd_profile: /,$p' "$WORK/steps/specd_profile_8b_1b.out"
+fi
 if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; then
   echo "-- decode_bench"
   sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"

@@ -1,0 +1,141 @@
+// What a step costs on this device, per speculation method: plain decode, draft and verification
+// step times measured at start-up (or by a tool) on a grid of batch sizes x tokens per sequence x
+// context lengths, interpolated in between. StrategyPolicy (strategy_policy.h) turns these times
+// and the acceptance estimates into a method and K per request. Saved and loaded as JSON.
+// Immutable values once built; any thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace specd {
+
+// The strategies a request can run. The policy's own enum (the speculation module's
+// SpeculationMethod lies above this module); the engine maps between the two.
+enum class PolicyMethod : int8_t {
+  kPlain,       // no speculation: one token per step (K 0)
+  kDraftModel,  // a smaller model drafts K tokens (stateful: its own KV)
+  kNgram,       // prompt lookup (stateless, drafting costs ~nothing)
+  kSsd,         // speculative speculative decoding: a speculator process (stateful)
+  kVegas,       // self-speculation with sparse attention chosen by verification scores
+  kStreaming,   // self-speculation with a streaming (sink + window) attention
+  kSsv,         // sparse verification of NSA models
+};
+inline constexpr int kNumPolicyMethods = 7;
+inline constexpr std::array<PolicyMethod, kNumPolicyMethods> kAllPolicyMethods = {
+    PolicyMethod::kPlain, PolicyMethod::kDraftModel, PolicyMethod::kNgram, PolicyMethod::kSsd,
+    PolicyMethod::kVegas, PolicyMethod::kStreaming,  PolicyMethod::kSsv};
+
+// "plain", "draft_model", "ngram", "ssd", "vegas", "streaming", "ssv".
+const char* PolicyMethodName(PolicyMethod method);
+// The inverse of PolicyMethodName; InvalidArgument naming the accepted values.
+absl::StatusOr<PolicyMethod> ParsePolicyMethod(std::string_view name);
+
+// Step times (milliseconds) sampled on a grid: [batch_sizes] x [tokens] x [contexts], each axis
+// strictly ascending and positive. Between samples the time is piecewise linear along each axis
+// (trilinear): a decode step is close to affine in each of them (weights read once per step, plus
+// compute per token, plus KV reads per context token), so linear pieces between measured points
+// are accurate where log-scale pieces would bend the wrong way. Below an axis' first sample the
+// time is held at the first sample; past its last it is extended along the last segment (never
+// falling below the last sample), so a batch larger than any measured costs more, not the same.
+// An axis of one sample is constant along it.
+class CostGrid {
+ public:
+  // ms: [batch_sizes.size()][tokens.size()][contexts.size()] row-major, each > 0 and finite.
+  // InvalidArgument naming what is wrong.
+  static absl::StatusOr<CostGrid> Create(std::vector<int32_t> batch_sizes,
+                                         std::vector<int32_t> tokens, std::vector<int32_t> contexts,
+                                         std::vector<double> ms);
+  // A grid with the same time at every point (synthetic profiles in tests).
+  static CostGrid Constant(double ms);
+
+  double Ms(double batch, double tokens, double context) const;
+
+  const std::vector<int32_t>& batch_sizes() const { return batch_sizes_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<int32_t>& contexts() const { return contexts_; }
+  const std::vector<double>& ms() const { return ms_; }  // [batch][tokens][context]
+  int32_t max_tokens() const { return tokens_.back(); }
+
+  // Where a value falls on one axis: between samples i0 and i1, at fraction t (> 1 when extended
+  // past the last sample). Public for the interpolation helpers in cost_profile.cc.
+  struct Segment {
+    size_t i0 = 0;
+    size_t i1 = 0;
+    double t = 0;
+  };
+
+ private:
+  CostGrid() = default;
+  double Interpolate(const Segment& b, const Segment& t, const Segment& c) const;
+  double At(size_t b, size_t t, size_t c) const {
+    return ms_[(b * tokens_.size() + t) * contexts_.size() + c];
+  }
+
+  std::vector<int32_t> batch_sizes_;
+  std::vector<int32_t> tokens_;
+  std::vector<int32_t> contexts_;
+  std::vector<double> ms_;
+};
+
+// One speculating method's costs. draft: time to draft K tokens (the tokens axis) for a batch of
+// rows of this method, the whole Speculate stage for them (for SSD: the time the verifier waits);
+// absent: drafting is free (n-gram). verify: the target pass over a batch whose rows carry
+// K + 1 tokens (the tokens axis); absent: the profile's dense verification.
+struct MethodCosts {
+  std::optional<CostGrid> draft;
+  std::optional<CostGrid> verify;
+};
+
+// The whole profile: the plain decode step (tokens axis [1]), the dense verification pass, and
+// the methods that were measured. A method missing here is never chosen by `auto`.
+class CostProfile {
+ public:
+  explicit CostProfile(CostGrid plain) : plain_(std::move(plain)) {}
+
+  // Parses the JSON written by ToJson:
+  //   {"version": 1, "device": "...", "models": "...",
+  //    "plain": GRID, "verify": GRID, "methods": {"draft_model": {"draft": GRID}, "ngram": {}}}
+  //   GRID = {"batch": [1, 8], "tokens": [1, 5], "context": [512, 8192],
+  //           "ms": [[[b0t0c0, b0t0c1], [b0t1c0, b0t1c1]], [[...], [...]]]}   //
+  //           [batch][tokens][context]
+  // "tokens" may be omitted (then [1]). InvalidArgument naming the line and column of a syntax
+  // error, or the field path (e.g. "methods.vegas.verify.ms[1][0]") of a bad value, an unknown
+  // field or method, a missing "verify" while methods are listed.
+  static absl::StatusOr<CostProfile> FromJson(std::string_view text);
+  static absl::StatusOr<CostProfile> Load(const std::string& path);
+  std::string ToJson() const;
+  absl::Status Save(const std::string& path) const;
+
+  void SetVerify(CostGrid verify) { verify_ = std::move(verify); }
+  // Also marks `method` measured. kPlain is ignored (its costs are the plain grid).
+  void SetMethod(PolicyMethod method, MethodCosts costs);
+
+  bool Has(PolicyMethod method) const;  // kPlain always; others when measured
+  // Longest K the profile measured for `method` (its verification and draft grids), 0 for plain.
+  int32_t MaxK(PolicyMethod method) const;
+
+  double PlainMs(double batch, double context) const { return plain_.Ms(batch, 1, context); }
+  // The target pass for `batch` rows of `method` at `tokens` per row. Without a verification
+  // grid (an unmeasured method pinned by a request) `tokens` plain steps, a pessimistic guess.
+  double VerifyMs(PolicyMethod method, double batch, double tokens, double context) const;
+  // Drafting `k` tokens for `batch` rows of `method`; 0 when it has no draft grid.
+  double DraftMs(PolicyMethod method, double batch, double k, double context) const;
+
+  std::string device;  // what the profile was measured on (free text)
+  std::string models;  // the target / draft pair (free text)
+
+ private:
+  CostGrid plain_;
+  std::optional<CostGrid> verify_;
+  std::array<std::optional<MethodCosts>, kNumPolicyMethods> methods_;
+};
+
+}  // namespace specd

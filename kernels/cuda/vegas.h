@@ -1,0 +1,106 @@
+// Vegas (verification-guided sparse self-speculation) launchers for the CUDA backend: the
+// verification attention that also collects the scores the next round's KV selection needs, the
+// batched top-k selection by sparsity ratio, and the sparse drafting attention over a token-index
+// list into the paged cache. References: kernels/ref/vegas.h; the algorithm: Vegas paper
+// (../shared/papers/vegas-verification-guided-sparse-attention.txt). Any host thread; work is
+// queued on `stream`, nothing allocates (scratch comes from the caller's workspace), and lengths,
+// counts and indices are read on the device, so the launches replay from CUDA graphs.
+//
+// The KV cache layout, shapes, alignment rules and split-KV workspace are attention.h's.
+#pragma once
+
+#include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+
+struct __nv_bfloat16;
+
+namespace specd::kernels {
+
+// PagedVerifyAttention (attention.h: same arguments, splits, workspace and output) that also
+// writes, per sequence, the pre-softmax scores (q.k * scale, before the softmax) of two query
+// rows -- query 0 (the last committed token's row, which predicts the first draft) and query
+// q_len - 1 (the bonus token's row) -- over the scored prefix, the keys before the run:
+// positions [0, seq_len - q_len). Each kv head's part is summed over its group of q heads and
+// divided by num_q_heads, so the sum of a row's num_kv_heads parts is the average over all q
+// heads (Vegas "Collect-2-Query"). Written in the same pass as the attention (no second read of
+// the KV), deterministically (no atomics).
+//   scores        [num_seqs, 2, num_kv_heads, score_stride] fp32, device, out: entries for keys
+//                 [0, min(seq_len - q_len, score_stride)) of each row; the rest untouched
+//   score_stride  >= the longest prefix to be scored; even
+// Needs head_dim 16 or 128 (the 32 and 64 tiles of this variant spill registers), sliding_window
+// == 0 and 16 % (num_q_heads / num_kv_heads) == 0 (a query's q heads in one
+// warp: groups 1, 2, 4, 8, 16 -- Llama-3, Qwen3, gpt-oss), scores 8-byte aligned, every run
+// <= max_q_len; cudaErrorInvalidValue otherwise and as PagedVerifyAttention.
+cudaError_t PagedVerifyAttentionWithScores(
+    const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
+    const int32_t* cu_q_lens, const int32_t* seq_lens, int32_t num_seqs, int64_t num_tokens,
+    int32_t max_q_len, int32_t num_splits, const AttentionShape& shape, __nv_bfloat16* out,
+    int64_t out_stride, float* scores, int64_t score_stride, void* workspace,
+    size_t workspace_bytes, cudaStream_t stream);
+
+// How many prefix tokens a selection keeps of n: clamp(ceil(ratio * n), min_tokens, max_tokens),
+// at most n (the ceiling forgives a product 1e-9 relative above an integer, so 7% of 1000 is 70).
+struct VegasBudget {
+  double ratio = 0;        // in [0, 1]; the paper's 7%
+  int32_t min_tokens = 0;  // the floor (the fork's default 256)
+  int32_t max_tokens = 0;  // the cap; at most the index buffer's row (index_stride)
+};
+
+// Bytes of workspace VegasSelectTopK needs for num_pairs pairs of up to score_stride tokens
+// (one fp32 combined score per token, rows padded to 16 bytes).
+size_t VegasSelectWorkspaceBytes(int32_t num_pairs, int64_t score_stride);
+
+// For many (sequence, layer) pairs in one launch: combine each pair's collected scores into one
+// criticality per prefix token -- the mean of the two rows, each the sum of its num_parts parts
+// (num_kv_heads parts from PagedVerifyAttentionWithScores; 1 for scores already averaged over the
+// heads) -- and keep the top k = the budget's count of the pair's n tokens, highest criticality
+// first, ties to the lower index (scores compare in the float total order, -0 below +0). Pair p
+// is sequence p % num_seqs of layer p / num_seqs. Two kernels: an elementwise combine over every
+// pair, then one CTA per pair radix-selecting 8 bits a pass (vegas_select.cuh), for any n up to
+// score_stride (128K tokens and more).
+//   scores     [num_pairs, 2, num_parts, score_stride] fp32, device, in
+//   lengths    [num_seqs] int32, device, in: n, the prefix length of each sequence (clipped to
+//              [0, score_stride])
+//   indices    [num_pairs, index_stride] int32, device, out: the kept tokens, ascending; entries
+//              past the count untouched
+//   counts     [num_pairs] int32, device, out: how many were kept
+//   workspace  >= VegasSelectWorkspaceBytes(num_pairs, score_stride) bytes, device, 16-byte aligned
+// cudaErrorInvalidValue for a null or misaligned pointer, num_parts < 1, ratio outside [0, 1],
+// min_tokens < 0, max_tokens < min_tokens or > index_stride, num_pairs > 65535, a workspace too
+// small; num_pairs == 0 launches nothing.
+cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t score_stride,
+                            const int32_t* lengths, int32_t num_seqs, int32_t num_pairs,
+                            const VegasBudget& budget, int32_t* indices, int64_t index_stride,
+                            int32_t* counts, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream);
+
+// Sparse drafting attention: PagedVerifyAttention's contract (queries, runs of up to
+// kMaxVerifyQueryLen, GQA folding, split-KV with its workspace and combine) except that sequence
+// s attends only to the tokens token_indices[s][0 .. index_counts[s]) and every token from
+// recent_starts[s] on (causally: a query sees recent tokens up to its own position). K and V are
+// read in place through the block tables (no copy). The split count and workspace are those of
+// PagedVerifyAttention over a context of the longest key count (count + seq_len - recent_start):
+// ChooseVerifySplits(num_seqs, max_q_len, that, num_sms, shape) and PagedVerifyWorkspaceBytes.
+//   token_indices  [num_seqs, index_stride] int32, device, in: strictly ascending positions below
+//                  recent_starts[s] (VegasSelectTopK's output for the layer)
+//   index_counts   [num_seqs] int32, device, in (clipped to [0, index_stride])
+//   recent_starts  [num_seqs] int32, device, in: <= the run's first query position
+// Needs sliding_window == 0; cudaErrorInvalidValue otherwise, for a null list, and as
+// PagedVerifyAttention.
+cudaError_t PagedSparseAttention(const __nv_bfloat16* q, int64_t q_stride,
+                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
+                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
+                                 const int32_t* cu_q_lens, const int32_t* seq_lens,
+                                 const int32_t* token_indices, int64_t index_stride,
+                                 const int32_t* index_counts, const int32_t* recent_starts,
+                                 int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
+                                 int32_t num_splits, const AttentionShape& shape,
+                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace specd::kernels

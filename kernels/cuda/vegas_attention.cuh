@@ -1,0 +1,157 @@
+// Vegas variants of the split-KV verification kernel (attention_verify.cuh; launchers in
+// vegas.cu, contracts in vegas.h): the verification pass that also writes the head-averaged
+// pre-softmax scores of a run's first and last query over the scored prefix, and sparse drafting
+// attention whose keys are a per-sequence token-index list plus the recent tokens. Both are
+// variant policies of PagedVerifyKernel, so they share its mainloop. Include from .cu files only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_verify.cuh"
+
+namespace specd::kernels::attention {
+
+// ---------------------------------------------------------------------------------------------
+// Score collection ("Collect-2-Query", Vegas paper section 3.3). Each tile's raw Q K^T (fp32,
+// before the scale and the mask) is summed, per key, over the rows of query 0 and of query
+// q_len - 1 -- the kv head's group of q heads -- by shuffles across the warp's row lanes, scaled
+// by scale / num_q_heads, and stored for keys of the prefix [0, seq_len - q_len). Only the warp
+// holding a target query's rows does the work (a query's group rows lie in one warp: the launcher
+// requires 16 % group == 0), and tiles past the prefix skip it, so the pass reads the KV once as
+// before. One kv head's sums per (sequence, row): summing the num_kv_heads parts gives the
+// average over every q head without atomics, the same bits on every run.
+//   scores  [num_seqs, 2, num_kv_heads, score_stride] fp32: row 0 query 0, row 1 the last query
+
+struct VegasScoreParams : VerifyParams {
+  float* scores;
+  int64_t score_stride;  // keys per row (>= the longest prefix; later keys are not stored)
+  float score_scale;     // softmax scale / num_q_heads
+};
+
+struct VegasScoreVariant {
+  using Params = VegasScoreParams;
+  using Keys = DenseVerifyVariant::Keys;
+  static constexpr bool kScoreHook = true;
+
+  //   s         [kSTiles][4] raw scores of the warp's rows g, g + 8 (C fragments), keys key0 + ...
+  //   prefix    keys before the run (seq_len - q_len): the keys stored
+  //   warp_row0 the warp's first row (row r: query r / group, q head kv_head * group + r % group)
+  template <int kHeadDim>
+  __device__ __forceinline__ static void TileScores(
+      const Params& vx, const float (&s)[PrefillConfig<kHeadDim>::kSTiles][4], int key0, int prefix,
+      int seq, int kv_head, int warp_row0, int num_rows, int q_len, int lane) {
+    using Cfg = PrefillConfig<kHeadDim>;
+    const int limit = prefix < vx.score_stride ? prefix : static_cast<int>(vx.score_stride);
+    if (key0 >= limit) return;  // warp-uniform: the tile holds no scored key
+    const int group = vx.pre.group, num_kv_heads = vx.pre.num_kv_heads;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll 1
+    for (int target = 0; target < 2; ++target) {
+      const int lo = (target == 0 ? 0 : q_len - 1) * group, hi = lo + group;
+      if (hi <= warp_row0 || lo >= warp_row0 + 16) continue;  // warp-uniform
+      const int r0 = warp_row0 + g, r1 = r0 + 8;
+      const bool in0 = r0 >= lo && r0 < hi && r0 < num_rows;
+      const bool in1 = r1 >= lo && r1 < hi && r1 < num_rows;
+      float* dst = vx.scores + ((static_cast<int64_t>(seq) * 2 + target) * num_kv_heads + kv_head) *
+                                   vx.score_stride;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+        float sum[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // A select, not a product: rows outside the target contribute nothing, whatever bits.
+          float x = (in0 ? s[nt][e] : 0.0f) + (in1 ? s[nt][2 + e] : 0.0f);
+          x += __shfl_xor_sync(0xffffffffu, x, 4);
+          x += __shfl_xor_sync(0xffffffffu, x, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          sum[e] = x * vx.score_scale;
+        }
+        // Every lane of column t holds the sums; lane g stores n-tile g (mod 8), so a warp's
+        // stores are 64 consecutive keys.
+        if (nt % 8 != g) continue;
+        const int key = key0 + 8 * nt + 2 * t;
+        if (key + 1 < limit) {
+          *reinterpret_cast<float2*>(dst + key) = make_float2(sum[0], sum[1]);
+        } else if (key < limit) {
+          dst[key] = sum[0];
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sparse keys (Vegas drafting, and StreamingLLM's sinks + window as an index list). Key j of the
+// attention is token token_indices[j] for j < count, else token recent_start + j - count: the
+// listed prefix tokens, then every token from recent_start to the query. The indices ascend and
+// lie below recent_start, so the keys ascend with their positions and the causal rule in key
+// coordinates (the run's queries are the last q_len keys) is the causal rule on positions. K and
+// V are read in place through the block table, 16-byte chunk by chunk as the dense loader does.
+
+struct VegasSparseParams : VerifyParams {
+  const int32_t* token_indices;  // [num_seqs, index_stride]
+  int64_t index_stride;
+  const int32_t* index_counts;   // [num_seqs]
+  const int32_t* recent_starts;  // [num_seqs]
+};
+
+struct VegasSparseVariant {
+  using Params = VegasSparseParams;
+  static constexpr bool kScoreHook = false;
+
+  // count clipped to [0, limit].
+  __device__ __forceinline__ static int ClampCount(int count, int64_t limit) {
+    return count < 0 ? 0 : count > limit ? static_cast<int>(limit) : count;
+  }
+
+  struct Keys {
+    const int32_t* indices;
+    int count, recent_start;
+
+    __device__ __forceinline__ Keys(const Params& vx, int seq)
+        : indices(vx.token_indices + static_cast<int64_t>(seq) * vx.index_stride),
+          count(ClampCount(__ldg(vx.index_counts + seq), vx.index_stride)),
+          recent_start(max(0, __ldg(vx.recent_starts + seq))) {}
+
+    // seq_len: the sequence's positions; the keys are the list and positions [recent_start,
+    // seq_len).
+    __device__ __forceinline__ int Count(int seq_len) {
+      recent_start = min(recent_start, seq_len);
+      return count + seq_len - recent_start;
+    }
+
+    template <int kHeadDim, int kThreads>
+    __device__ __forceinline__ void LoadTile(const PrefillParams& p, const int32_t* table,
+                                             int kv_head, int tile, int kv_lo, int kv_hi,
+                                             __nv_bfloat16* k_stage, __nv_bfloat16* v_stage) const {
+      const uint64_t kv_policy = L2EvictFirstPolicy();
+      const uint64_t meta_policy = L2EvictLastPolicy();
+      using Cfg = PrefillConfig<kHeadDim>;
+      constexpr int kCopies = Cfg::kBlockN * Cfg::kChunks / kThreads;
+      static_assert(kCopies >= 1 && kCopies * kThreads == Cfg::kBlockN * Cfg::kChunks);
+      const int block_mask = (1 << p.log2_block_size) - 1;
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const int index = threadIdx.x + i * kThreads;
+        const int row = index / Cfg::kChunks, chunk = index % Cfg::kChunks;
+        const int key = tile * Cfg::kBlockN + row;
+        const bool valid = key >= kv_lo && key < kv_hi;
+        int64_t offset = 0;
+        if (valid) {
+          const int tok =
+              key < count ? LoadHinted(indices + key, meta_policy) : recent_start + (key - count);
+          const int64_t block = LoadHinted(table + (tok >> p.log2_block_size), meta_policy);
+          offset =
+              (((block * p.num_kv_heads + kv_head) << p.log2_block_size) | (tok & block_mask)) *
+                  kHeadDim +
+              chunk * 8;
+        }
+        const int dst = SwizzledOffset<kHeadDim>(row, chunk);
+        CpAsync16Hinted(SmemAddr(k_stage + dst), p.k_cache + offset, valid, kv_policy);
+        CpAsync16Hinted(SmemAddr(v_stage + dst), p.v_cache + offset, valid, kv_policy);
+      }
+    }
+  };
+};
+
+}  // namespace specd::kernels::attention

@@ -1,0 +1,428 @@
+// The Vegas CUDA kernels (kernels/cuda/vegas.h) against their references (kernels/ref/vegas.h):
+// the score-collecting verification attention (outputs under the flash-attention rule, scores
+// against the fp64 head averages), the top-k selection (exactly the reference's indices, up to
+// 128K tokens), and the sparse attention over index lists (the flash-attention rule, with every
+// unselected slot NaN). Exits 77 (ctest: skipped) where no GPU is visible.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/check/cuda_check.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/vegas.h"
+#include "kernels/ref/attention.h"
+#include "kernels/ref/vegas.h"
+
+namespace specd::kernels {
+namespace {
+
+using check::DeviceBuffer;
+
+constexpr uint16_t kNaNBits = 0xffff;
+
+__nv_bfloat16* Bf16(const DeviceBuffer& b) { return b.as<__nv_bfloat16>(); }
+
+int NumSms() {
+  int device = 0, num_sms = 0;
+  SPECD_CUDA_CHECK(cudaGetDevice(&device));
+  SPECD_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  return num_sms;
+}
+
+AttentionShape Shape(int hq, int hkv, int d, int block) {
+  AttentionShape s;
+  s.num_q_heads = hq;
+  s.num_kv_heads = hkv;
+  s.head_dim = d;
+  s.block_size = block;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  return s;
+}
+
+ref::AttentionShape RefShape(const AttentionShape& a) {
+  return {a.num_q_heads,   a.num_kv_heads, a.head_dim, a.block_size, static_cast<double>(a.scale),
+          a.sliding_window};
+}
+
+// A bf16 paged cache behind shuffled block tables. Token `pos` of sequence s holds random data
+// where readable(s, pos); every other slot (unreadable tokens, slots past each length, blocks
+// nobody owns) is NaN, so a read the attention must not make poisons its output.
+struct PagedKv {
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq]
+  std::vector<uint16_t> k_bits, v_bits;
+
+  PagedKv(const AttentionShape& a, const std::vector<int32_t>& seq_lens,
+          const std::function<bool(size_t, int32_t)>& readable, std::mt19937_64& rng) {
+    int64_t num_blocks = 2;  // owned by nobody
+    for (int32_t len : seq_lens) {
+      const int32_t blocks = (len + a.block_size - 1) / a.block_size;
+      max_blocks_per_seq = std::max(max_blocks_per_seq, blocks + 1);
+      num_blocks += blocks;
+    }
+    std::vector<int32_t> pool(num_blocks);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    block_tables.assign(seq_lens.size() * max_blocks_per_seq, -1);
+    const int64_t tile = static_cast<int64_t>(a.block_size) * a.head_dim;
+    k_bits.assign(num_blocks * a.num_kv_heads * tile, kNaNBits);
+    v_bits = k_bits;
+    size_t next = 0;
+    for (size_t s = 0; s < seq_lens.size(); ++s) {
+      for (int32_t pos = 0; pos < seq_lens[s]; ++pos) {
+        int32_t& block = block_tables[s * max_blocks_per_seq + pos / a.block_size];
+        if (pos % a.block_size == 0) block = pool[next++];
+        if (!readable(s, pos)) continue;
+        const auto k = check::RandomBf16(a.num_kv_heads * a.head_dim, -2.0f, 2.0f, rng);
+        const auto v = check::RandomBf16(a.num_kv_heads * a.head_dim, -2.0f, 2.0f, rng);
+        for (int32_t h = 0; h < a.num_kv_heads; ++h) {
+          const int64_t dst =
+              (block * a.num_kv_heads + h) * tile + (pos % a.block_size) * a.head_dim;
+          std::copy_n(k.begin() + h * a.head_dim, a.head_dim, k_bits.begin() + dst);
+          std::copy_n(v.begin() + h * a.head_dim, a.head_dim, v_bits.begin() + dst);
+        }
+      }
+    }
+  }
+};
+
+std::vector<int32_t> SeqLens(int batch, int context) {
+  std::vector<int32_t> lens(batch);
+  for (int i = 0; i < batch; ++i) lens[i] = context - i * (context / (2 * batch + 1));
+  return lens;
+}
+
+std::vector<int32_t> CuLens(int batch, int q_len) {
+  std::vector<int32_t> cu(batch + 1);
+  for (int i = 0; i <= batch; ++i) cu[i] = i * q_len;
+  return cu;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verification with score collection.
+
+struct VerifyCase {
+  int batch, q_len, hq, hkv, d, block, context, splits;  // splits 0: ChooseVerifySplits
+};
+
+class VerifyWithScoresTest : public ::testing::TestWithParam<VerifyCase> {};
+
+TEST_P(VerifyWithScoresTest, OutputsAndScoresMatchTheReference) {
+  const VerifyCase c = GetParam();
+  const AttentionShape a = Shape(c.hq, c.hkv, c.d, c.block);
+  std::mt19937_64 rng(c.context * 31 + c.q_len);
+  const std::vector<int32_t> lens = SeqLens(c.batch, c.context);
+  const std::vector<int32_t> cu = CuLens(c.batch, c.q_len);
+  const PagedKv kv(
+      a, lens, [](size_t, int32_t) { return true; }, rng);
+  const int64_t tokens = cu.back(), row = static_cast<int64_t>(c.hq) * c.d;
+  const std::vector<uint16_t> q_bits = check::RandomBf16(tokens * row, -2.0f, 2.0f, rng);
+  const int32_t splits =
+      c.splits > 0 ? c.splits : ChooseVerifySplits(c.batch, c.q_len, c.context, NumSms(), a);
+  const int64_t stride = (c.context + 7) / 8 * 8;  // >= every prefix; even
+  DeviceBuffer k(kv.k_bits.size() * 2), v(kv.v_bits.size() * 2), q(q_bits.size() * 2);
+  DeviceBuffer tables(kv.block_tables.size() * 4), seq_lens(lens.size() * 4), cu_q(cu.size() * 4);
+  DeviceBuffer out(tokens * row * 2), scores(c.batch * 2 * c.hkv * stride * 4);
+  DeviceBuffer workspace(std::max<size_t>(16, PagedVerifyWorkspaceBytes(tokens, splits, a)));
+  k.Upload(kv.k_bits);
+  v.Upload(kv.v_bits);
+  q.Upload(q_bits);
+  tables.Upload(kv.block_tables);
+  seq_lens.Upload(lens);
+  cu_q.Upload(cu);
+  out.Poison();
+  scores.Poison();
+  workspace.Poison();
+  SPECD_CUDA_CHECK(PagedVerifyAttentionWithScores(
+      Bf16(q), row, Bf16(k), Bf16(v), tables.as<int32_t>(), kv.max_blocks_per_seq,
+      cu_q.as<int32_t>(), seq_lens.as<int32_t>(), c.batch, tokens, c.q_len, splits, a, Bf16(out),
+      row, scores.as<float>(), stride, workspace.as<void>(), workspace.bytes(), nullptr));
+  SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const ref::AttentionShape r = RefShape(a);
+  std::vector<double> out64(tokens * row), scores64(c.batch * 2 * stride);
+  std::vector<float> out32(tokens * row), scores32(c.batch * 2 * stride);
+  ref::PagedVerifyAttentionWithScores(
+      check::WidenToDouble(q_bits).data(), row, check::WidenToDouble(kv.k_bits).data(),
+      check::WidenToDouble(kv.v_bits).data(), kv.block_tables.data(), kv.max_blocks_per_seq,
+      cu.data(), lens.data(), c.batch, r, out64.data(), row, scores64.data(), stride);
+  ref::PagedVerifyAttentionWithScores(
+      check::WidenToFloat(q_bits).data(), row, check::WidenToFloat(kv.k_bits).data(),
+      check::WidenToFloat(kv.v_bits).data(), kv.block_tables.data(), kv.max_blocks_per_seq,
+      cu.data(), lens.data(), c.batch, r, out32.data(), row, scores32.data(), stride,
+      ref::ProbRounding::kBf16);
+  const check::ErrorCheck e = check::CompareWithReference(
+      "out", check::WidenToDouble(out.Download<uint16_t>()), check::RoundToBf16(out32), out64);
+  EXPECT_TRUE(e.passed) << "out: max|kernel-ref64| " << e.kernel_error << " > tolerance "
+                        << e.tolerance << " (baseline " << e.baseline_error << ")";
+
+  // Scores: the kv-head parts summed against the fp64 head averages. The fp32 sums of 128 bf16
+  // products carry ~1e-6 relative error; a wrong key, head or row is off by O(1).
+  const std::vector<float> parts = scores.Download<float>();
+  double max_ref = 0, max_err = 0, max_err32 = 0;
+  for (int s = 0; s < c.batch; ++s) {
+    const int64_t prefix = lens[s] - c.q_len;
+    for (int row_i = 0; row_i < 2; ++row_i) {
+      for (int64_t j = 0; j < stride; ++j) {
+        const float* first = parts.data() + ((s * 2 + row_i) * c.hkv) * stride + j;
+        if (j >= prefix) {  // past the prefix: never written (still the 0xff.. poison)
+          for (int h = 0; h < c.hkv; ++h) {
+            uint32_t bits;
+            std::memcpy(&bits, first + h * stride, 4);
+            ASSERT_EQ(bits, 0xffffffffu) << "seq " << s << " row " << row_i << " key " << j;
+          }
+          continue;
+        }
+        double sum = 0;
+        for (int h = 0; h < c.hkv; ++h) sum += first[h * stride];
+        const double want = scores64[(s * 2 + row_i) * stride + j];
+        max_ref = std::max(max_ref, std::abs(want));
+        max_err = std::isnan(sum) ? INFINITY : std::max(max_err, std::abs(sum - want));
+        max_err32 = std::max(max_err32, std::abs(scores32[(s * 2 + row_i) * stride + j] - want));
+      }
+    }
+  }
+  EXPECT_LE(max_err, std::max(4 * max_err32, 1e-5 * max_ref))
+      << "scores: max|kernel-ref64| " << max_err << " (fp32 reference " << max_err32
+      << ", max|ref64| " << max_ref << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, VerifyWithScoresTest,
+    ::testing::Values(
+        //          batch q_len hq hkv  d   bs  context splits
+        VerifyCase{1, 8, 32, 8, 128, 16, 3000, 0},   // K+1 = 8, Llama-3.1-8B heads
+        VerifyCase{1, 8, 32, 8, 128, 16, 32768, 0},  // 32K context
+        VerifyCase{4, 7, 32, 8, 128, 16, 4100, 13},  // batch 4, 13 splits
+        VerifyCase{3, 4, 16, 2, 128, 32, 1000, 5},   // group 8, block 32
+        VerifyCase{2, 1, 8, 8, 128, 16, 700, 3},     // one query: both rows the same
+        VerifyCase{2, 16, 32, 2, 128, 16, 2000, 7},  // group 16: query 0 and the last in two CTAs
+        VerifyCase{1, 6, 4, 2, 16, 16, 300, 1},      // head_dim 16, one split (direct output)
+        VerifyCase{2, 5, 8, 4, 16, 64, 500, 2},      // head_dim 16, block 64
+        VerifyCase{5, 8, 32, 8, 128, 16, 40, 24}),   // short contexts: empty splits
+    [](const ::testing::TestParamInfo<VerifyCase>& info) {
+      const VerifyCase& c = info.param;
+      return "b" + std::to_string(c.batch) + "_q" + std::to_string(c.q_len) + "_h" +
+             std::to_string(c.hq) + "_" + std::to_string(c.hkv) + "_d" + std::to_string(c.d) +
+             "_ctx" + std::to_string(c.context) + "_s" + std::to_string(c.splits);
+    });
+
+// ---------------------------------------------------------------------------------------------
+// Top-k selection.
+
+struct SelectCase {
+  int num_seqs, num_layers, num_parts;
+  int64_t stride;
+  std::vector<int32_t> lengths;
+  double ratio;
+  int min_tokens, max_tokens;
+  int grid;  // > 0: scores on a grid of that many values (ties); 0: continuous
+};
+
+class VegasSelectTopKTest : public ::testing::TestWithParam<SelectCase> {};
+
+TEST_P(VegasSelectTopKTest, KeepsExactlyTheReferencesIndices) {
+  const SelectCase& c = GetParam();
+  const int pairs = c.num_seqs * c.num_layers;
+  std::mt19937_64 rng(c.stride + c.grid);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> grid(0, std::max(1, c.grid) - 1);
+  std::vector<float> scores(static_cast<size_t>(pairs) * 2 * c.num_parts * c.stride);
+  for (float& x : scores) x = c.grid > 0 ? 0.5f * static_cast<float>(grid(rng)) : normal(rng);
+  const int64_t index_stride = c.max_tokens;
+  DeviceBuffer d_scores(scores.size() * 4), d_lengths(c.lengths.size() * 4);
+  DeviceBuffer d_indices(pairs * index_stride * 4), d_counts(pairs * 4);
+  DeviceBuffer workspace(std::max<size_t>(16, VegasSelectWorkspaceBytes(pairs, c.stride)));
+  d_scores.Upload(scores);
+  d_lengths.Upload(c.lengths);
+  d_indices.Poison();
+  d_counts.Poison();
+  workspace.Poison();
+  const VegasBudget budget{c.ratio, c.min_tokens, c.max_tokens};
+  SPECD_CUDA_CHECK(VegasSelectTopK(d_scores.as<float>(), c.num_parts, c.stride,
+                                   d_lengths.as<int32_t>(), c.num_seqs, pairs, budget,
+                                   d_indices.as<int32_t>(), index_stride, d_counts.as<int32_t>(),
+                                   workspace.as<void>(), workspace.bytes(), nullptr));
+  SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> want(pairs * index_stride, -1), want_counts(pairs);
+  ref::VegasSelectTopK(scores.data(), c.num_parts, c.stride, c.lengths.data(), c.num_seqs, pairs,
+                       ref::VegasBudget{c.ratio, c.min_tokens, c.max_tokens}, want.data(),
+                       index_stride, want_counts.data());
+  const std::vector<int32_t> got = d_indices.Download<int32_t>();
+  const std::vector<int32_t> got_counts = d_counts.Download<int32_t>();
+  for (int p = 0; p < pairs; ++p) {
+    ASSERT_EQ(got_counts[p], want_counts[p]) << "pair " << p;
+    const auto begin = static_cast<int64_t>(p) * index_stride;
+    EXPECT_TRUE(
+        std::equal(got.begin() + begin, got.begin() + begin + want_counts[p], want.begin() + begin))
+        << "pair " << p << " (n " << c.lengths[p % c.num_seqs] << ", k " << want_counts[p] << ")";
+    if (want_counts[p] < index_stride) {
+      EXPECT_EQ(got[begin + want_counts[p]], -1) << "pair " << p << ": wrote past its count";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, VegasSelectTopKTest,
+    ::testing::Values(
+        // 8 kv-head parts (Llama-3.1-8B); 4 sequences x 3 layers; lengths incl. n < min, 0
+        SelectCase{4, 3, 8, 32768, {32768, 20001, 100, 0}, 0.07, 256, 32768, 0},
+        SelectCase{1, 2, 8, 131072, {131072}, 0.07, 256, 131072, 0},       // 128K tokens
+        SelectCase{2, 2, 8, 131072, {131072, 70000}, 0.07, 256, 8192, 7},  // ties, the cap
+        SelectCase{3, 2, 1, 5000, {5000, 4999, 1}, 0.2, 16, 5000, 3},      // heavy ties
+        SelectCase{2, 1, 4, 4096, {4096, 3000}, 0.0, 64, 4096, 0},         // ratio 0: the floor
+        SelectCase{2, 1, 4, 4096, {4096, 3000}, 1.0, 64, 4096, 0}),        // ratio 1: everything
+    [](const ::testing::TestParamInfo<SelectCase>& info) {
+      return "n" + std::to_string(info.param.stride) + "_" + std::to_string(info.index);
+    });
+
+// ---------------------------------------------------------------------------------------------
+// Sparse attention over index lists.
+
+struct SparseCase {
+  int batch, q_len, hq, hkv, d, block, context;
+  double keep;  // fraction of the prefix listed (0: only the recent tokens)
+  int recent;   // tokens from recent_start to the first query
+  int splits;   // 0: ChooseVerifySplits over the longest key count
+};
+
+class SparseAttentionTest : public ::testing::TestWithParam<SparseCase> {};
+
+TEST_P(SparseAttentionTest, MatchesTheReferenceAndReadsNoUnlistedSlot) {
+  const SparseCase& c = GetParam();
+  const AttentionShape a = Shape(c.hq, c.hkv, c.d, c.block);
+  std::mt19937_64 rng(c.context * 17 + c.q_len);
+  const std::vector<int32_t> lens = SeqLens(c.batch, c.context);
+  const std::vector<int32_t> cu = CuLens(c.batch, c.q_len);
+  std::vector<int32_t> recent(c.batch), counts(c.batch);
+  const int64_t index_stride = static_cast<int64_t>(c.context * c.keep) + 8;
+  std::vector<int32_t> indices(c.batch * index_stride, -1);
+  std::vector<std::vector<bool>> listed(c.batch);
+  int32_t max_keys = 1;
+  for (int s = 0; s < c.batch; ++s) {
+    recent[s] = lens[s] - c.q_len - c.recent;
+    std::vector<int32_t> all(recent[s]);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    counts[s] = static_cast<int32_t>(recent[s] * c.keep);
+    std::sort(all.begin(), all.begin() + counts[s]);
+    std::copy_n(all.begin(), counts[s], indices.begin() + s * index_stride);
+    listed[s].assign(lens[s], false);
+    for (int32_t i = 0; i < counts[s]; ++i) listed[s][all[i]] = true;
+    for (int32_t pos = recent[s]; pos < lens[s]; ++pos) listed[s][pos] = true;
+    max_keys = std::max(max_keys, counts[s] + lens[s] - recent[s]);
+  }
+  const PagedKv kv(
+      a, lens, [&](size_t s, int32_t pos) { return static_cast<bool>(listed[s][pos]); }, rng);
+  const int64_t tokens = cu.back(), row = static_cast<int64_t>(c.hq) * c.d;
+  const std::vector<uint16_t> q_bits = check::RandomBf16(tokens * row, -2.0f, 2.0f, rng);
+  const int32_t splits =
+      c.splits > 0 ? c.splits : ChooseVerifySplits(c.batch, c.q_len, max_keys, NumSms(), a);
+  DeviceBuffer k(kv.k_bits.size() * 2), v(kv.v_bits.size() * 2), q(q_bits.size() * 2);
+  DeviceBuffer tables(kv.block_tables.size() * 4), seq_lens(lens.size() * 4), cu_q(cu.size() * 4);
+  DeviceBuffer d_indices(indices.size() * 4), d_counts(counts.size() * 4);
+  DeviceBuffer d_recent(recent.size() * 4), out(tokens * row * 2);
+  DeviceBuffer workspace(std::max<size_t>(16, PagedVerifyWorkspaceBytes(tokens, splits, a)));
+  k.Upload(kv.k_bits);
+  v.Upload(kv.v_bits);
+  q.Upload(q_bits);
+  tables.Upload(kv.block_tables);
+  seq_lens.Upload(lens);
+  cu_q.Upload(cu);
+  d_indices.Upload(indices);
+  d_counts.Upload(counts);
+  d_recent.Upload(recent);
+  out.Poison();
+  workspace.Poison();
+  SPECD_CUDA_CHECK(PagedSparseAttention(
+      Bf16(q), row, Bf16(k), Bf16(v), tables.as<int32_t>(), kv.max_blocks_per_seq,
+      cu_q.as<int32_t>(), seq_lens.as<int32_t>(), d_indices.as<int32_t>(), index_stride,
+      d_counts.as<int32_t>(), d_recent.as<int32_t>(), c.batch, tokens, c.q_len, splits, a,
+      Bf16(out), row, workspace.as<void>(), workspace.bytes(), nullptr));
+  SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+  const ref::AttentionShape r = RefShape(a);
+  std::vector<double> out64(tokens * row);
+  std::vector<float> out32(tokens * row);
+  ref::PagedSparseAttention(
+      check::WidenToDouble(q_bits).data(), row, check::WidenToDouble(kv.k_bits).data(),
+      check::WidenToDouble(kv.v_bits).data(), kv.block_tables.data(), kv.max_blocks_per_seq,
+      cu.data(), lens.data(), indices.data(), index_stride, counts.data(), recent.data(), c.batch,
+      r, out64.data(), row);
+  ref::PagedSparseAttention(
+      check::WidenToFloat(q_bits).data(), row, check::WidenToFloat(kv.k_bits).data(),
+      check::WidenToFloat(kv.v_bits).data(), kv.block_tables.data(), kv.max_blocks_per_seq,
+      cu.data(), lens.data(), indices.data(), index_stride, counts.data(), recent.data(), c.batch,
+      r, out32.data(), row, ref::ProbRounding::kBf16);
+  const check::ErrorCheck e = check::CompareWithReference(
+      "out", check::WidenToDouble(out.Download<uint16_t>()), check::RoundToBf16(out32), out64);
+  EXPECT_TRUE(e.passed) << "out: max|kernel-ref64| " << e.kernel_error << " > tolerance "
+                        << e.tolerance << " (baseline " << e.baseline_error << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SparseAttentionTest,
+    ::testing::Values(
+        //          batch q_len hq hkv  d   bs context keep recent splits
+        SparseCase{3, 1, 32, 8, 128, 16, 4000, 0.07, 16, 0},    // draft step, 8B heads
+        SparseCase{1, 1, 32, 8, 128, 16, 32768, 0.07, 7, 0},    // 32K context, 7%
+        SparseCase{2, 1, 32, 8, 128, 16, 16384, 0.07, 30, 16},  // 16 splits
+        SparseCase{2, 4, 16, 2, 64, 32, 1500, 0.2, 5, 3},       // a few queries, group 8
+        SparseCase{2, 1, 8, 8, 128, 16, 600, 0.0, 40, 2},       // empty lists: recent only
+        SparseCase{3, 2, 4, 2, 16, 16, 300, 0.3, 3, 1},         // head_dim 16, one split
+        SparseCase{2, 3, 8, 4, 32, 64, 900, 0.1, 0, 4}),        // head_dim 32, recent = run
+    [](const ::testing::TestParamInfo<SparseCase>& info) {
+      const SparseCase& c = info.param;
+      return "b" + std::to_string(c.batch) + "_q" + std::to_string(c.q_len) + "_d" +
+             std::to_string(c.d) + "_ctx" + std::to_string(c.context) + "_" +
+             std::to_string(info.index);
+    });
+
+TEST(VegasLauncherTest, RejectsWhatTheKernelsCannotRunWithoutStickyErrors) {
+  DeviceBuffer buf(1 << 16);
+  auto* bf = Bf16(buf);
+  auto* ints = buf.as<int32_t>();
+  float* f = buf.as<float>();
+  AttentionShape a = Shape(32, 8, 128, 16);
+  auto verify = [&](const AttentionShape& s, int64_t stride) {
+    return PagedVerifyAttentionWithScores(bf, 4096, bf, bf, ints, 4, ints, ints, 1, 8, 8, 1, s, bf,
+                                          4096, f, stride, nullptr, 0, nullptr);
+  };
+  AttentionShape windowed = a;
+  windowed.sliding_window = 64;
+  EXPECT_EQ(verify(windowed, 64), cudaErrorInvalidValue);
+  EXPECT_EQ(verify(Shape(12, 4, 128, 16), 64), cudaErrorInvalidValue);  // group 3
+  EXPECT_EQ(verify(Shape(32, 8, 64, 16), 64), cudaErrorInvalidValue);   // head_dim 64 (spills)
+  EXPECT_EQ(verify(a, 63), cudaErrorInvalidValue);                      // odd score stride
+  const VegasBudget budget{0.07, 256, 4096};
+  auto select = [&](const VegasBudget& b, int64_t index_stride) {
+    return VegasSelectTopK(f, 8, 1024, ints, 1, 1, b, ints, index_stride, ints, buf.as<void>(),
+                           buf.bytes(), nullptr);
+  };
+  EXPECT_EQ(select(budget, 4095), cudaErrorInvalidValue);                  // cap past the row
+  EXPECT_EQ(select(VegasBudget{1.5, 0, 64}, 64), cudaErrorInvalidValue);   // ratio > 1
+  EXPECT_EQ(select(VegasBudget{0.1, 65, 64}, 64), cudaErrorInvalidValue);  // floor > cap
+  EXPECT_EQ(PagedSparseAttention(bf, 4096, bf, bf, ints, 4, ints, ints, nullptr, 16, ints, ints, 1,
+                                 1, 1, 1, a, bf, 4096, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);  // no index list
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace specd::kernels
+
+int main(int argc, char** argv) {
+  if (specd::kernels::check::CudaDeviceCount() == 0) {
+    std::fprintf(stderr, "vegas_cuda_test: no CUDA device visible; skipping\n");
+    return specd::kernels::check::kSkipExitCode;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,452 @@
+#include "tools/profile/profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/base/status.h"
+#include "engine/model/model_config.h"
+#include "engine/parallel/tp_group.h"
+#include "engine/runner/model_runner.h"
+#include "engine/sample/sampler.h"
+#include "engine/sample/sampling_params.h"
+
+namespace specd::profile {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+absl::Status CheckAxis(std::vector<int32_t>& axis, const char* flag) {
+  std::sort(axis.begin(), axis.end());
+  axis.erase(std::unique(axis.begin(), axis.end()), axis.end());
+  if (axis.empty() || axis.front() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " needs one or more values >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+// Blocks one point needs: the shared prefix's full blocks, then per sequence the blocks from the
+// prefix's end to its context plus the longest verified chunk.
+struct BlockPlan {
+  int32_t prefix_blocks = 0;
+  int32_t tail_blocks = 0;  // per sequence
+  int32_t Total(int32_t batch) const { return prefix_blocks + batch * tail_blocks; }
+};
+BlockPlan PlanBlocks(int32_t context, int32_t max_tokens, int32_t block_size) {
+  BlockPlan plan;
+  plan.prefix_blocks = context / block_size;
+  plan.tail_blocks = CeilDiv(context - plan.prefix_blocks * block_size + max_tokens, block_size);
+  return plan;
+}
+
+// One runner's synthetic batch: `batch` greedy sequences of `context` tokens that share a
+// prefilled prefix of whole blocks and each own the blocks after it.
+class Probe {
+ public:
+  Probe(ModelRunner* runner, int32_t max_step_tokens, int32_t max_tokens, uint64_t seed)
+      : runner_(runner), max_step_tokens_(max_step_tokens), max_tokens_(max_tokens), rng_(seed) {}
+
+  absl::Status CheckCapacity(int32_t max_batch, int32_t max_context) const {
+    const int32_t need =
+        PlanBlocks(max_context, max_tokens_, runner_->block_size()).Total(max_batch);
+    if (need > runner_->num_kv_blocks()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          runner_->device_name(), ": the largest point (batch ", max_batch, ", context ",
+          max_context, ") needs ", need, " KV blocks, the pool has ", runner_->num_kv_blocks()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Prefills the shared prefix (random ids) of `context` tokens' whole blocks.
+  absl::Status SetContext(int32_t context) {
+    context_ = context;
+    plan_ = PlanBlocks(context, max_tokens_, runner_->block_size());
+    prefix_table_.resize(plan_.prefix_blocks);
+    for (int32_t i = 0; i < plan_.prefix_blocks; ++i) prefix_table_[i] = i;
+    prefix_ids_ = RandomIds(plan_.prefix_blocks * runner_->block_size());
+    std::vector<SequenceInput> chunks;
+    for (int32_t start = 0; start < static_cast<int32_t>(prefix_ids_.size());
+         start += max_step_tokens_) {
+      const int32_t n = std::min<int32_t>(max_step_tokens_, prefix_ids_.size() - start);
+      chunks.push_back(
+          {std::span<const int32_t>(prefix_ids_).subspan(start, n), start, prefix_table_, false});
+    }
+    seqs_.clear();
+    return Prefill(chunks);
+  }
+
+  // `batch` sequences on the prefix, each with its own tail prefilled up to the context.
+  absl::Status SetBatch(int32_t batch) {
+    const int32_t prefix_len = plan_.prefix_blocks * runner_->block_size();
+    seqs_.clear();
+    std::vector<SequenceInput> chunks;
+    for (int32_t i = 0; i < batch; ++i) {
+      auto s = std::make_unique<Seq>(rng_());
+      s->table = prefix_table_;
+      const int32_t first = plan_.prefix_blocks + i * plan_.tail_blocks;
+      for (int32_t j = 0; j < plan_.tail_blocks; ++j) s->table.push_back(first + j);
+      s->tail = RandomIds(context_ - prefix_len);
+      if (!s->tail.empty()) chunks.push_back({s->tail, prefix_len, s->table, false, i});
+      seqs_.push_back(std::move(s));
+    }
+    return Prefill(chunks);
+  }
+
+  // One plain decode step: every sequence's next token at position `context`.
+  absl::StatusOr<double> DecodeMs() { return Call(1, /*verify=*/false); }
+  // One greedy verification step of `tokens` per sequence (tokens - 1 drafts).
+  absl::StatusOr<double> VerifyMs(int32_t tokens) { return Call(tokens, /*verify=*/true); }
+
+ private:
+  struct Seq {
+    explicit Seq(uint64_t seed) : seed(seed), sampler(Greedy(), seed) {}
+    static SamplingParams Greedy() {
+      SamplingParams p;
+      p.temperature = 0.0f;
+      return p;
+    }
+    SamplingParams params = Greedy();
+    uint64_t seed;
+    Sampler sampler;
+    TokenHistory history;
+    std::vector<int32_t> table;  // the shared prefix's blocks, then its own
+    std::vector<int32_t> tail;   // ids of [prefix end, context)
+    std::vector<int32_t> chunk;  // this call's ids: a last token, then drafts
+  };
+
+  std::vector<int32_t> RandomIds(int32_t n) {  // never 0 (nothing is timed on zeros)
+    std::uniform_int_distribution<int32_t> id(1, runner_->config().vocab_size - 1);
+    std::vector<int32_t> ids(n);
+    for (int32_t& t : ids) t = id(rng_);
+    return ids;
+  }
+
+  // Runs `chunks` in steps of at most max_step_tokens_ tokens, drawing nothing.
+  absl::Status Prefill(std::span<const SequenceInput> chunks) {
+    size_t first = 0;
+    while (first < chunks.size()) {
+      size_t end = first;
+      int64_t tokens = 0;
+      while (end < chunks.size() &&
+             tokens + chunks[end].tokens.size() <= static_cast<size_t>(max_step_tokens_)) {
+        tokens += static_cast<int64_t>(chunks[end++].tokens.size());
+      }
+      if (end == first) ++end;  // a chunk longer than a step (never planned): run it alone
+      out_.clear();
+      SPECD_RETURN_IF_ERROR(runner_->Step(chunks.subspan(first, end - first), {}, &out_));
+      first = end;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> Call(int32_t tokens, bool verify) {
+    batch_.clear();
+    rows_.clear();
+    drafts_.clear();
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      Seq& s = *seqs_[i];
+      s.chunk = RandomIds(tokens);
+      batch_.push_back({s.chunk, context_, s.table, false, static_cast<int64_t>(i)});
+      SampleRow row;
+      row.chunk = static_cast<int32_t>(i);
+      row.sampler = &s.sampler;
+      row.params = &s.params;
+      row.history = &s.history;
+      row.seed = s.seed;
+      rows_.push_back(row);
+      drafts_.push_back(std::span<const int32_t>(s.chunk).subspan(1));
+    }
+    const Clock::time_point start = Clock::now();
+    if (verify) {
+      SPECD_RETURN_IF_ERROR(runner_->StepGreedyVerify(batch_, rows_, drafts_, &verified_));
+    } else {
+      out_.clear();
+      SPECD_RETURN_IF_ERROR(runner_->Step(batch_, rows_, &out_));
+    }
+    return 1e3 * SecondsSince(start);
+  }
+
+  ModelRunner* runner_;
+  int32_t max_step_tokens_;
+  int32_t max_tokens_;  // longest verified chunk of the grid (tail blocks cover it)
+  std::mt19937_64 rng_;
+  int32_t context_ = 0;
+  BlockPlan plan_;
+  std::vector<int32_t> prefix_table_;  // [prefix_blocks] block ids 0..prefix_blocks-1
+  std::vector<int32_t> prefix_ids_;    // [prefix_blocks * block_size]
+  std::vector<std::unique_ptr<Seq>> seqs_;
+  std::vector<SequenceInput> batch_;
+  std::vector<SampleRow> rows_;
+  std::vector<std::span<const int32_t>> drafts_;
+  std::vector<SampleResult> out_;
+  std::vector<GreedyVerifyResult> verified_;
+};
+
+// Warm-up and timed calls per measurement within the budget: the mean call so far times the
+// measurements left says how many calls each may still have.
+class Budget {
+ public:
+  Budget(const ProfileOptions& o, int32_t num_measurements)
+      : seconds_(o.budget_seconds),
+        warmup_(o.warmup),
+        repeats_(o.repeats),
+        min_repeats_(o.repeats),
+        left_(num_measurements),
+        start_(Clock::now()) {}
+
+  // Median milliseconds of `call`, after its warm-up.
+  template <typename Call>
+  absl::StatusOr<double> Measure(Call call) {
+    if (elapsed() > seconds_) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "budget of %.1f s spent after %d measurements (%d left): measure a smaller grid or "
+          "raise --budget-seconds",
+          seconds_, done_, left_));
+    }
+    auto [warmup, repeats] = Plan();
+    const Clock::time_point start = Clock::now();
+    for (int32_t i = 0; i < warmup; ++i) SPECD_RETURN_IF_ERROR(call().status());
+    std::vector<double> ms;
+    for (int32_t i = 0; i < repeats; ++i) {
+      SPECD_ASSIGN_OR_RETURN(double t, call());
+      ms.push_back(t);
+    }
+    call_seconds_ += SecondsSince(start);
+    num_calls_ += warmup + repeats;
+    --left_;
+    ++done_;
+    return Median(std::move(ms));
+  }
+
+  double elapsed() const { return SecondsSince(start_); }
+  int32_t min_repeats() const { return min_repeats_; }
+  bool lowered() const { return min_repeats_ < repeats_; }
+
+ private:
+  std::pair<int32_t, int32_t> Plan() {
+    if (num_calls_ == 0 || left_ == 0) return {warmup_, repeats_};
+    const double per_call = call_seconds_ / num_calls_;
+    // Two thirds of what is left: later points (larger batches and contexts) cost more.
+    const double calls =
+        (seconds_ - elapsed()) * (2.0 / 3.0) / (per_call * static_cast<double>(left_));
+    const int32_t warmup = calls >= warmup_ + 1 ? warmup_ : std::min(warmup_, 1);
+    const int32_t repeats = std::clamp(static_cast<int32_t>(calls) - warmup, 1, repeats_);
+    min_repeats_ = std::min(min_repeats_, repeats);
+    return {warmup, repeats};
+  }
+
+  double seconds_;
+  int32_t warmup_, repeats_, min_repeats_;
+  int32_t left_, done_ = 0;
+  int64_t num_calls_ = 0;
+  double call_seconds_ = 0;
+  Clock::time_point start_;
+};
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const ProfileOptions& o,
+                                                          const std::string& dir, bool draft) {
+  SPECD_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  const int32_t max_batch = o.batch_sizes.back(), max_context = o.contexts.back();
+  const int32_t max_tokens = o.tokens.back();
+  RunnerOptions r;
+  r.model_dir = dir;
+  r.device = o.device;
+  r.load_format = o.load_format;
+  r.num_threads = o.num_threads;
+  r.max_model_len = max_context + max_tokens;
+  r.max_num_seqs = max_batch;
+  r.max_num_batched_tokens = std::max(o.max_num_batched_tokens, max_batch * max_tokens);
+  r.max_sample_rows = draft ? 0 : max_batch * max_tokens;
+  r.gpu_memory_utilization = o.gpu_memory_utilization;
+  // A pool sized for the largest point (f32 bytes: an upper bound for every runner), so that the
+  // target leaves the GPU's memory to the draft model.
+  const int64_t token_bytes = int64_t{2} * config.num_layers * config.kv_size() * 4;
+  r.kv_cache_bytes =
+      int64_t{PlanBlocks(max_context, max_tokens, r.block_size).Total(max_batch) + 2} *
+      r.block_size * token_bytes;
+  if (!draft && o.tensor_parallel_size > 1) {
+    TpGroupOptions g;
+    g.world_size = o.tensor_parallel_size;
+    g.worker_binary = o.specd;
+    return CreateTpGroup(r, g);
+  }
+  return CreateModelRunner(r);
+}
+
+std::string Folder(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
+
+std::string FormatLine(int32_t batch, int32_t context, double plain,
+                       const std::vector<int32_t>& tokens, const std::vector<double>& verify,
+                       double draft) {
+  std::string line = absl::StrFormat("b=%d ctx=%d: plain %.3f ms, verify", batch, context, plain);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    absl::StrAppendFormat(&line, " t=%d %.3f", tokens[t], verify[t]);
+  }
+  if (draft > 0) absl::StrAppendFormat(&line, ", draft step %.3f ms", draft);
+  return line;
+}
+
+}  // namespace
+
+absl::Status ProfileOptions::Validate() {
+  if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  SPECD_RETURN_IF_ERROR(CheckAxis(batch_sizes, "--batch"));
+  SPECD_RETURN_IF_ERROR(CheckAxis(contexts, "--context"));
+  SPECD_RETURN_IF_ERROR(CheckAxis(tokens, "--tokens"));
+  if (warmup < 0 || repeats < 1) {
+    return absl::InvalidArgumentError("--warmup must be >= 0 and --repeats >= 1");
+  }
+  if (!(budget_seconds > 0)) return absl::InvalidArgumentError("--budget-seconds must be > 0");
+  if (tensor_parallel_size < 1 || (tensor_parallel_size > 1 && specd.empty())) {
+    return absl::InvalidArgumentError("-tp N > 1 needs --specd PATH (the workers' binary)");
+  }
+  if (max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError("--max-num-batched-tokens must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeModels(const ProfileOptions& o) {
+  const std::string random = o.load_format == "dummy" ? " (random weights)" : "";
+  std::string text = Folder(o.model_dir) + random;
+  if (!o.draft_dir.empty()) absl::StrAppend(&text, " / ", Folder(o.draft_dir), random);
+  return text;
+}
+
+namespace {
+
+// Milliseconds at every grid point, row-major as CostGrid takes them.
+struct GridTimes {
+  std::vector<double> plain;       // [batch][context]
+  std::vector<double> verify;      // [batch][tokens][context]
+  std::vector<double> draft_step;  // [batch][context]; zeros without a draft model
+};
+
+// Every point, context by context (one prefix prefill per context and runner).
+absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, Probe& target, Probe* draft,
+                                      Budget& budget) {
+  const std::vector<int32_t>&batches = o.batch_sizes, &contexts = o.contexts, &tokens = o.tokens;
+  const size_t nb = batches.size(), nt = tokens.size(), nc = contexts.size();
+  GridTimes times{std::vector<double>(nb * nc), std::vector<double>(nb * nt * nc),
+                  std::vector<double>(nb * nc)};
+  for (size_t c = 0; c < nc; ++c) {
+    SPECD_RETURN_IF_ERROR(target.SetContext(contexts[c]));
+    if (draft) SPECD_RETURN_IF_ERROR(draft->SetContext(contexts[c]));
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t at = b * nc + c;
+      SPECD_RETURN_IF_ERROR(target.SetBatch(batches[b]));
+      SPECD_ASSIGN_OR_RETURN(times.plain[at], budget.Measure([&] { return target.DecodeMs(); }));
+      std::vector<double> line(nt);
+      for (size_t t = 0; t < nt; ++t) {
+        SPECD_ASSIGN_OR_RETURN(line[t], budget.Measure([&] { return target.VerifyMs(tokens[t]); }));
+        times.verify[(b * nt + t) * nc + c] = line[t];
+      }
+      if (draft) {
+        SPECD_RETURN_IF_ERROR(draft->SetBatch(batches[b]));
+        SPECD_ASSIGN_OR_RETURN(times.draft_step[at],
+                               budget.Measure([&] { return draft->DecodeMs(); }));
+      }
+      if (o.log) {
+        o.log(FormatLine(batches[b], contexts[c], times.plain[at], tokens, line,
+                         times.draft_step[at]));
+      }
+    }
+  }
+  return times;
+}
+
+absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const GridTimes& times,
+                                         bool has_draft) {
+  const std::vector<int32_t>&batches = o.batch_sizes, &contexts = o.contexts;
+  SPECD_ASSIGN_OR_RETURN(CostGrid plain, CostGrid::Create(batches, {1}, contexts, times.plain));
+  CostProfile profile(std::move(plain));
+  SPECD_ASSIGN_OR_RETURN(CostGrid verify,
+                         CostGrid::Create(batches, o.tokens, contexts, times.verify));
+  profile.SetVerify(std::move(verify));
+  profile.SetMethod(PolicyMethod::kNgram, MethodCosts{});  // free drafts, dense verification
+  if (!has_draft) return profile;
+  // Drafting K tokens: K one-token passes (the first also catches up on the committed tokens,
+  // one chunk per sequence, which costs about as much while the step is memory-bound).
+  std::vector<int32_t> ks = {1};
+  for (int32_t t : o.tokens) {
+    if (t - 1 > 1) ks.push_back(t - 1);
+  }
+  const size_t nb = batches.size(), nk = ks.size(), nc = contexts.size();
+  std::vector<double> ms(nb * nk * nc);
+  for (size_t b = 0; b < nb; ++b) {
+    for (size_t k = 0; k < nk; ++k) {
+      for (size_t c = 0; c < nc; ++c)
+        ms[(b * nk + k) * nc + c] = ks[k] * times.draft_step[b * nc + c];
+    }
+  }
+  SPECD_ASSIGN_OR_RETURN(CostGrid draft, CostGrid::Create(batches, ks, contexts, std::move(ms)));
+  profile.SetMethod(PolicyMethod::kDraftModel, MethodCosts{std::move(draft), std::nullopt});
+  return profile;
+}
+
+}  // namespace
+
+absl::StatusOr<ProfileReport> MeasureProfile(ProfileOptions o) {
+  SPECD_RETURN_IF_ERROR(o.Validate());
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, CreateRunner(o, o.model_dir, false));
+  std::unique_ptr<ModelRunner> draft;
+  if (!o.draft_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<ModelRunner>> d = CreateRunner(o, o.draft_dir, true);
+    if (!d.ok()) {
+      return absl::Status(d.status().code(), absl::StrCat("draft model: ", d.status().message()));
+    }
+    draft = *std::move(d);
+  }
+  const int32_t max_batch = o.batch_sizes.back(), max_tokens = o.tokens.back();
+  const int32_t step_tokens = std::max(o.max_num_batched_tokens, max_batch * max_tokens);
+  Probe target_probe(target.get(), step_tokens, max_tokens, o.seed);
+  SPECD_RETURN_IF_ERROR(target_probe.CheckCapacity(max_batch, o.contexts.back()));
+  std::unique_ptr<Probe> draft_probe;
+  if (draft) {
+    draft_probe = std::make_unique<Probe>(draft.get(), step_tokens, max_tokens, o.seed + 1);
+    SPECD_RETURN_IF_ERROR(draft_probe->CheckCapacity(max_batch, o.contexts.back()));
+  }
+  if (o.log) {
+    o.log(absl::StrCat("target on ", target->device_name(),
+                       draft ? absl::StrCat(", draft on ", draft->device_name()) : ""));
+  }
+  const size_t points = o.batch_sizes.size() * o.contexts.size();
+  Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() + (draft ? 1 : 0))));
+  SPECD_ASSIGN_OR_RETURN(GridTimes times, MeasureGrid(o, target_probe, draft_probe.get(), budget));
+  SPECD_ASSIGN_OR_RETURN(CostProfile profile, BuildProfile(o, times, draft != nullptr));
+  profile.device = target->device_name();
+  if (o.tensor_parallel_size > 1) {
+    absl::StrAppend(&profile.device, ", tensor parallel ", o.tensor_parallel_size);
+  }
+  profile.models = DescribeModels(o);
+  if (budget.lowered() && o.log) {
+    o.log(absl::StrCat("note: the budget lowered repeats to ", budget.min_repeats(), " (of ",
+                       o.repeats, ") for some points"));
+  }
+  return ProfileReport{std::move(profile), target->device_name(), budget.elapsed(),
+                       budget.min_repeats()};
+}
+
+}  // namespace specd::profile

@@ -1,0 +1,172 @@
+// specd_profile: measures the step times `auto` speculation chooses by (issue 20) on this device
+// and writes them as the JSON cost profile engine/policy/cost_profile.h reads. The measuring is
+// tools/profile/profiler.h; this file is flags, the table and the file. One thread.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/policy/cost_profile.h"
+#include "tools/profile/profiler.h"
+
+namespace specd::profile {
+namespace {
+
+constexpr char kUsage[] = R"(usage: specd_profile --model DIR [--draft DIR] [--output FILE]
+         [--device auto|cpu|cuda|cuda:N] [--load-format auto|dummy] [--threads N]
+         [-tp N --specd PATH] [--batch 1,4,16,64] [--context 512,4096,16384]
+         [--tokens 1,2,5,9] [--warmup 2] [--repeats 5] [--budget-seconds 300]
+         [--gpu-memory-utilization 0.9] [--max-num-batched-tokens 2048] [--seed 1234]
+
+Measures, on the device, the step times StrategyPolicy (`auto` speculation) weighs, and writes
+them as a cost profile (JSON, engine/policy/cost_profile.h; default FILE cost_profile.json):
+  plain    one decode step of B sequences at context C (the runner's Step), per --batch x
+           --context point
+  verify   one greedy verification step of B sequences x T tokens (the last token and T - 1
+           drafts, StepGreedyVerify), per --batch x --tokens x --context point
+  methods  ngram: drafting is free (no draft entry), dense verification;
+           draft_model (with --draft): drafting K tokens = K one-token steps of the draft
+           model at (B, C), K = 1 and every T - 1 > 1 (its catch-up chunk is not measured)
+Not measured (their methods are absent, so `auto` never picks them): ssd (needs a speculator
+process), vegas, streaming and ssv (not built yet).
+Each time is the median of --repeats calls after --warmup calls, on random token ids; the
+sequences of a point share one prefilled prefix of C tokens and own the blocks they write.
+--budget-seconds caps the measuring (loading excluded): repeats are lowered (to 1) when the
+rest would not fit, and the run fails (no file) if a measurement is due once it is spent. Prints each point as it goes, then a table.
+-tp N: the target on N GPUs (`specd worker` processes of --specd PATH); the draft on --device.
+Exit status: 0 written, 1 failed, 2 bad flags.
+)";
+
+struct Flags {
+  ProfileOptions profile;
+  std::string output = "cost_profile.json";
+};
+
+bool ParseList(const std::string& text, std::vector<int32_t>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(part, &v)) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+// false: print the usage (bad flags, or --help with *help set).
+bool ParseFlags(int argc, char** argv, Flags* f, bool* help) {
+  ProfileOptions& o = f->profile;
+  using Setter = std::function<bool(const std::string&)>;
+  auto text = [](std::string* field) {
+    return Setter([=](const std::string& v) { return *field = v, true; });
+  };
+  auto number = [](int32_t* field) {
+    return Setter([=](const std::string& v) { return absl::SimpleAtoi(v, field); });
+  };
+  auto list = [](std::vector<int32_t>* field) {
+    return Setter([=](const std::string& v) { return ParseList(v, field); });
+  };
+  const std::vector<std::pair<std::string, Setter>> flags = {
+      {"--model", text(&o.model_dir)},
+      {"--draft", text(&o.draft_dir)},
+      {"--output", text(&f->output)},
+      {"-o", text(&f->output)},
+      {"--device", text(&o.device)},
+      {"--load-format",
+       [&o](const std::string& v) {
+         return (o.load_format = v) == "auto" || o.load_format == "dummy";
+       }},
+      {"--threads", number(&o.num_threads)},
+      {"-tp", number(&o.tensor_parallel_size)},
+      {"--tensor-parallel-size", number(&o.tensor_parallel_size)},
+      {"--specd", text(&o.specd)},
+      {"--batch", list(&o.batch_sizes)},
+      {"--context", list(&o.contexts)},
+      {"--tokens", list(&o.tokens)},
+      {"--warmup", number(&o.warmup)},
+      {"--repeats", number(&o.repeats)},
+      {"--budget-seconds",
+       [&o](const std::string& v) { return absl::SimpleAtod(v, &o.budget_seconds); }},
+      {"--gpu-memory-utilization",
+       [&o](const std::string& v) { return absl::SimpleAtod(v, &o.gpu_memory_utilization); }},
+      {"--max-num-batched-tokens", number(&o.max_num_batched_tokens)},
+      {"--seed", [&o](const std::string& v) { return absl::SimpleAtoi(v, &o.seed); }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return false;
+    }
+    auto flag = std::find_if(flags.begin(), flags.end(), [&](auto& e) { return e.first == arg; });
+    if (flag == flags.end() || i + 1 >= argc || !flag->second(argv[++i])) {
+      std::fprintf(stderr, "specd_profile: bad or unknown flag %s\n", argv[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+void PrintTable(const ProfileOptions& o, const ProfileReport& r) {
+  const CostProfile& p = r.profile;
+  const bool draft = p.Has(PolicyMethod::kDraftModel);
+  std::printf(
+      "\nspecd_profile: %s; %s; %.1f s, median of %d%s calls per point\n", p.device.c_str(),
+      p.models.c_str(), r.seconds, o.repeats,
+      r.min_repeats < o.repeats ? absl::StrFormat(" (down to %d)", r.min_repeats).c_str() : "");
+  std::string header = absl::StrFormat("%6s %8s %10s", "batch", "context", "plain_ms");
+  for (int32_t t : o.tokens)
+    absl::StrAppendFormat(&header, " %10s", absl::StrFormat("verify_t%d", t));
+  if (draft) absl::StrAppendFormat(&header, " %13s", "draft_step_ms");
+  std::printf("%s\n", header.c_str());
+  for (int32_t b : o.batch_sizes) {
+    for (int32_t c : o.contexts) {
+      std::string line = absl::StrFormat("%6d %8d %10.3f", b, c, p.PlainMs(b, c));
+      for (int32_t t : o.tokens) {
+        absl::StrAppendFormat(&line, " %10.3f", p.VerifyMs(PolicyMethod::kPlain, b, t, c));
+      }
+      if (draft)
+        absl::StrAppendFormat(&line, " %13.3f", p.DraftMs(PolicyMethod::kDraftModel, b, 1, c));
+      std::printf("%s\n", line.c_str());
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  bool help = false;
+  if (!ParseFlags(argc, argv, &f, &help)) {
+    std::fputs(kUsage, help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
+  if (absl::Status s = f.profile.Validate(); !s.ok()) {
+    std::fprintf(stderr, "specd_profile: %s\n%s", std::string(s.message()).c_str(), kUsage);
+    return 2;
+  }
+  f.profile.log = [](std::string_view line) {
+    std::printf("%.*s\n", static_cast<int>(line.size()), line.data());
+    std::fflush(stdout);
+  };
+  absl::StatusOr<ProfileReport> report = MeasureProfile(f.profile);
+  if (!report.ok()) {
+    std::fprintf(stderr, "specd_profile: %s\n", report.status().ToString().c_str());
+    return 1;
+  }
+  PrintTable(f.profile, *report);
+  if (absl::Status s = report->profile.Save(f.output); !s.ok()) {
+    std::fprintf(stderr, "specd_profile: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", f.output.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace specd::profile
+
+int main(int argc, char** argv) { return specd::profile::Main(argc, argv); }

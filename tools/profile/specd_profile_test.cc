@@ -1,0 +1,125 @@
+// specd_profile end to end on the CPU: the built tool measures the codepair pair on a tiny grid
+// and the file it writes loads with CostProfile::Load, with the axes asked for and sane times.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/policy/cost_profile.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kModels = std::string(SPECD_SHARED_DIR) + "/models/codepair";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs specd_profile with `args`; its exit status, and its output in *output.
+int RunTool(const std::string& args, std::string* output) {
+  const std::string log = ::testing::TempDir() + "/specd_profile_test.log";
+  const std::string command = std::string(SPECD_PROFILE_BINARY) + " " + args + " >" + log + " 2>&1";
+  const int status = std::system(command.c_str());
+  *output = ReadFile(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Every time of a GRID's "ms" ([batch][tokens][context]) as one list.
+std::vector<double> Times(const json& grid) {
+  std::vector<double> out;
+  for (const json& b : grid["ms"]) {
+    for (const json& t : b) {
+      for (const json& c : t) out.push_back(c.get<double>());
+    }
+  }
+  return out;
+}
+
+TEST(SpecdProfileTest, WritesAProfileTheLoaderReads) {
+  const std::string path = ::testing::TempDir() + "/specd_profile_test.json";
+  std::remove(path.c_str());
+  std::string output;
+  const int rc = RunTool("--model " + kModels + "/target --draft " + kModels +
+                             "/draft --device cpu --threads 2 --batch 2,1 --context 64,200 "
+                             "--tokens 1,4 --warmup 1 --repeats 3 --budget-seconds 60 --output " +
+                             path,
+                         &output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("verify_t4"), std::string::npos) << output;  // the table
+
+  absl::StatusOr<CostProfile> profile = CostProfile::Load(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_NE(profile->device.find("cpu"), std::string::npos);
+  EXPECT_EQ(profile->models, "target / draft");
+  EXPECT_TRUE(profile->Has(PolicyMethod::kNgram));
+  EXPECT_TRUE(profile->Has(PolicyMethod::kDraftModel));
+  for (PolicyMethod m :
+       {PolicyMethod::kSsd, PolicyMethod::kVegas, PolicyMethod::kStreaming, PolicyMethod::kSsv}) {
+    EXPECT_FALSE(profile->Has(m)) << PolicyMethodName(m);
+  }
+  EXPECT_EQ(profile->MaxK(PolicyMethod::kDraftModel), 3);
+  EXPECT_EQ(profile->DraftMs(PolicyMethod::kNgram, 2, 3, 64), 0);
+
+  const json j = json::parse(ReadFile(path));
+  const json& plain = j["plain"];
+  const json& verify = j["verify"];
+  const json& draft = j["methods"]["draft_model"]["draft"];
+  EXPECT_EQ(plain["batch"], json({1, 2}));  // sorted
+  EXPECT_EQ(plain["context"], json({64, 200}));
+  EXPECT_EQ(plain.value("tokens", json({1})), json({1}));
+  EXPECT_EQ(verify["batch"], json({1, 2}));
+  EXPECT_EQ(verify["tokens"], json({1, 4}));
+  EXPECT_EQ(verify["context"], json({64, 200}));
+  EXPECT_EQ(draft["tokens"], json({1, 3}));  // K: 1 and every tokens - 1 > 1
+  EXPECT_EQ(j["methods"]["ngram"], json::object());
+  for (const json* grid : {&plain, &verify, &draft}) {
+    for (double ms : Times(*grid)) EXPECT_TRUE(std::isfinite(ms) && ms > 0) << ms;
+  }
+
+  // Four tokens per sequence are not cheaper than one (beyond noise) over the grid. Single
+  // points are not compared: on a loaded CI machine one median can be off by more than 2x.
+  double one = 0, four = 0;
+  for (int32_t b : {1, 2}) {
+    for (int32_t c : {64, 200}) {
+      const double t1 = profile->VerifyMs(PolicyMethod::kPlain, b, 1, c);
+      const double t4 = profile->VerifyMs(PolicyMethod::kPlain, b, 4, c);
+      one += t1;
+      four += t4;
+      // Drafting K tokens is K draft steps.
+      EXPECT_NEAR(profile->DraftMs(PolicyMethod::kDraftModel, b, 3, c),
+                  3 * profile->DraftMs(PolicyMethod::kDraftModel, b, 1, c), 1e-9);
+    }
+  }
+  EXPECT_GE(four, 0.9 * one) << output;
+}
+
+TEST(SpecdProfileTest, RefusesBadFlagsAndSaysWhatItSkips) {
+  std::string output;
+  EXPECT_EQ(RunTool("--device cpu", &output), 2) << output;  // no --model
+  EXPECT_NE(output.find("--model is required"), std::string::npos) << output;
+  EXPECT_EQ(RunTool("--model x --batch 0,4", &output), 2) << output;
+  EXPECT_EQ(RunTool("--model x --no-such-flag 1", &output), 2) << output;
+  EXPECT_EQ(RunTool("--help", &output), 0);
+  for (const char* skipped : {"vegas", "streaming", "ssv", "ssd"}) {
+    EXPECT_NE(output.find(skipped), std::string::npos) << skipped;
+  }
+  // A model folder that does not exist: an error naming it, exit status 1.
+  EXPECT_EQ(RunTool("--model /nonexistent-model --device cpu", &output), 1) << output;
+  EXPECT_NE(output.find("nonexistent-model"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace specd
