@@ -95,6 +95,12 @@ absl::Status TpCall::Decode(const TpStep& step) {
     } else {
       // The table lives in the mirror (a flat_hash_map moves vectors, not their storage, so the
       // span stays valid while later chunks add mirrors; one chunk per id per step).
+      for (size_t d = 0; d < c; ++d) {  // a second chunk would move the first one's table
+        if (step.seqs[d].seq_id == s.seq_id) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "TpStep ", step.step_id, " names sequence ", s.seq_id, " in chunks ", d, " and ", c));
+        }
+      }
       std::vector<int32_t>& m = mirrors_[s.seq_id];
       if (s.kept_blocks > m.size()) {
         return absl::InvalidArgumentError(absl::StrCat(

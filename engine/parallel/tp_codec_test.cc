@@ -145,7 +145,16 @@ TEST(TpCodecTest, WorkerRefusesAStepKeepingBlocksItNeverGot) {
   const absl::Status s = call.Decode(RoundTrip(step));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(s.message(), "mirror holds 0")) << s;
-  step.seqs[0].seq_id = -1;  // kept blocks without a mirror: malformed on the wire
+  // One sequence in two chunks of a step: the second would move the first one's table.
+  step.seqs = {TpSeq{0, 1, 1, false, 9, 0}, TpSeq{0, 1, 1, false, 9, 0}};
+  step.tokens = {1, 2};
+  step.block_ids = {4, 5};
+  const absl::Status twice = call.Decode(RoundTrip(step));
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(twice.message(), "chunks 0 and 1")) << twice;
+  step.seqs = {TpSeq{20, 1, 2, false, -1, 2}};  // kept blocks without a mirror: malformed
+  step.tokens = {1};
+  step.block_ids = {};
   FrameBuffer frame;
   EXPECT_FALSE(EncodeFrame(step, 0, TpWireLimits(), &frame).ok());
 }
