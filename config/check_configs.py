@@ -285,7 +285,7 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("--speculative-config", p.stderr)
         self.assertIn("is required for method ssd", p.stderr)
-        p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "vegas"}')
+        p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "ssv"}')
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("not available yet", p.stderr)
 

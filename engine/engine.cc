@@ -12,6 +12,7 @@
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/ngram.h"
+#include "engine/speculation/vegas.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/verification/verifier.h"
 
@@ -167,6 +168,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   const SpeculativeConfig& spec = options_.speculative;
   ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
+  // Self-speculation needs the CPU Model's attention options (ChunkAttention) on one rank.
+  SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(target.device));
+  if (!device.cuda && options_.tensor_parallel.size <= 1) {
+    vegas_ = std::make_unique<VegasSpeculator>(runner_.get());
+  } else if (spec.method == SpeculationMethod::kVegas ||
+             spec.method == SpeculationMethod::kStreaming) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-config: method ", SpeculationMethodName(spec.method),
+                     " needs the CPU backend for now (--device cpu, no tensor parallelism)"));
+  }
   // SSD's draft runs in the speculator process, not here.
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
@@ -231,16 +242,17 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this model has none");
   }
   return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
-                            ssd_ != nullptr)
+                            ssd_ != nullptr, vegas_ != nullptr)
       .status();
 }
 
 Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                                     absl::Time arrival) {
   // Validate accepted the request, so its speculation resolves.
-  const ResolvedSpeculation spec = ResolveSpeculation(request.speculation, options_.speculative,
-                                                      draft_ != nullptr, ssd_ != nullptr)
-                                       .value_or(ResolvedSpeculation{});
+  const ResolvedSpeculation spec =
+      ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
+                         ssd_ != nullptr, vegas_ != nullptr)
+          .value_or(ResolvedSpeculation{});
   auto owned =
       std::make_unique<Request>(id, std::move(request), spec, block_size_, tokenizer_.get());
   Request& r = *owned;

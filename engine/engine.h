@@ -198,7 +198,10 @@ struct SpeculationStepMetrics {
   double draft_seconds = 0;               // the speculators' Propose calls
   double verify_seconds = 0;              // the target's verification pass and acceptance
   std::vector<uint8_t> from_cache;        // [num_rounds] 1: SSD drafts from the cache
-  const SsdStats* ssd = nullptr;          // SSD's cumulative counters (null without SSD)
+  // [num_sparse_rounds] vegas / streaming rounds: prefix tokens each draft step attended per
+  // layer (the selection plus the tokens committed since it was scored); dense rounds not listed.
+  std::vector<int32_t> sparse_kept_tokens;
+  const SsdStats* ssd = nullptr;  // SSD's cumulative counters (null without SSD)
   // Per method whose speculator drafted this step: its Propose time, and its share of the
   // verification pass and of the rest of the step (scheduling, batch building, commit), split
   // by the positions its rows verified (drafts + 1 per drafted row).
@@ -226,6 +229,9 @@ class EngineObserver {
   virtual void OnSpeculation(const SpeculationStepMetrics&) {}
 };
 
+// Speculators the step pipeline drives, by method: draft model, n-gram, SSD, vegas, streaming.
+inline constexpr int kNumSpeculatorSlots = 5;
+
 class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
@@ -244,6 +250,8 @@ class Engine {
   const SpeculativeConfig& speculative_config() const { return options_.speculative; }
   bool has_draft_model() const { return draft_ != nullptr; }
   bool has_ssd() const { return ssd_ != nullptr; }
+  // Methods vegas and streaming run here (the CPU backend on one rank, for now).
+  bool has_sparse_drafting() const { return vegas_ != nullptr; }
   // The SSD speculator process the engine launched, or -1 (none running, or not launched by
   // us). Any thread (fault tests signal it).
   int32_t ssd_speculator_pid() const;
@@ -315,12 +323,13 @@ class Engine {
   void Apply(const StepPlan& plan);
   // Speculator::OnVerified for each speculator's verified rows; adds the positions each of
   // kSpeculatorMethods' rows verified (drafts + 1 per drafted row).
-  void TellSpeculators(double (&positions)[3]);
+  void TellSpeculators(double (&positions)[kNumSpeculatorSlots]);
   // Commits one drawn token; true when it finished (and destroyed) the request.
   bool CommitToken(Request& r, SampleResult sampled, absl::Time now);
   // Fills metrics.by_method (see SpeculationStepMetrics) at the end of a speculative step, from
   // the positions each of kSpeculatorMethods' rows verified (counted before Apply's commits).
-  void AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics);
+  void AttributeStepTime(const double (&positions)[kNumSpeculatorSlots],
+                         SpeculationStepMetrics& metrics);
   Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
@@ -337,6 +346,8 @@ class Engine {
   std::unique_ptr<Speculator> ngram_;  // always there (free to run)
   std::unique_ptr<Speculator> draft_;  // when options.speculative names a draft model
   std::unique_ptr<Speculator> ssd_;    // method ssd: the speculator process's client
+  // Methods vegas and streaming: the target drafts for itself (CPU backend, one rank only).
+  std::unique_ptr<Speculator> vegas_;
   // The Verify stage's implementations in the order they are tried: greedy on the runner,
   // sampled on the device, exact on the host (takes anything).
   std::vector<std::unique_ptr<Verifier>> verifiers_;

@@ -89,20 +89,26 @@ struct Engine::Core {
   // The step's stages, per sample row: the draft (empty: plain decode), the chunk's tokens of a
   // drafted decode (the sequence's last token, then the drafts), the request's acceptor (host
   // verification), and what verification gave.
-  std::vector<Draft> drafts;                                // [num_rows]
-  std::vector<std::vector<int32_t>> spec_tokens;            // [num_rows]
-  std::vector<Acceptor*> acceptors;                         // [num_rows]
-  std::vector<RowOutcome> outcomes;                         // [num_rows]
-  std::vector<int32_t> chunk_row;                           // [num_chunks] its drafted row, or -1
-  std::vector<DraftInput> draft_inputs;                     // [num_inputs] one speculator's batch
-  std::vector<int32_t> draft_rows;                          // [num_inputs] their sample rows
-  std::vector<Draft> proposed;                              // [num_inputs]
-  std::vector<VerifiedRound> rounds;                        // one speculator's outcomes
-  double verify_seconds = 0;                                // this step's verification pass
-  double draft_seconds = 0;                                 // this step's Propose time
-  SpeculationStepMetrics::MethodSeconds method_seconds[3];  // draft model, n-gram, SSD
-  absl::Time step_start;                                    // when RunStep began
-  int32_t num_spec_rows = 0;                                // rows with drafts this step
+  std::vector<Draft> drafts;                      // [num_rows]
+  std::vector<std::vector<int32_t>> spec_tokens;  // [num_rows]
+  std::vector<Acceptor*> acceptors;               // [num_rows]
+  std::vector<RowOutcome> outcomes;               // [num_rows]
+  std::vector<int32_t> chunk_row;                 // [num_chunks] its drafted row, or -1
+  std::vector<DraftInput> draft_inputs;           // [num_inputs] one speculator's batch
+  std::vector<int32_t> draft_rows;                // [num_inputs] their sample rows
+  std::vector<Draft> proposed;                    // [num_inputs]
+  std::vector<VerifiedRound> rounds;              // one speculator's outcomes
+  double verify_seconds = 0;                      // this step's verification pass
+  double draft_seconds = 0;                       // this step's Propose time
+  // Draft model, n-gram, SSD, vegas, streaming.
+  SpeculationStepMetrics::MethodSeconds method_seconds[kNumSpeculatorSlots];
+  // Vegas rows' verification chunks: the attention options asking for scores and their buffers
+  // ([num_layers, 2, scored_len]); scored_len -1 when the row collects none.
+  std::vector<ChunkAttention> row_attention;   // [num_rows]
+  std::vector<std::vector<float>> row_scores;  // [num_rows]
+  std::vector<int32_t> scored_len;             // [num_rows]
+  absl::Time step_start;                       // when RunStep began
+  int32_t num_spec_rows = 0;                   // rows with drafts this step
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, pauses,

@@ -25,8 +25,9 @@ namespace specd {
 namespace {
 
 // The method of each of the engine's speculators, in Speculate's order (Core::method_seconds).
-constexpr SpeculationMethod kSpeculatorMethods[3] = {
-    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kSsd};
+constexpr SpeculationMethod kSpeculatorMethods[kNumSpeculatorSlots] = {
+    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kSsd,
+    SpeculationMethod::kVegas, SpeculationMethod::kStreaming};
 
 }  // namespace
 
@@ -106,6 +107,9 @@ Speculator* Engine::SpeculatorFor(const Request& r) const {
       return ngram_.get();
     case SpeculationMethod::kSsd:
       return ssd_.get();
+    case SpeculationMethod::kVegas:
+    case SpeculationMethod::kStreaming:
+      return vegas_.get();
     default:
       return nullptr;
   }
@@ -122,10 +126,13 @@ void Engine::Speculate(const StepPlan& plan) {
     d.device_probs = nullptr;
     d.candidates.clear();
     d.origin = DraftOrigin::kDefault;
+    d.num_kept_tokens = -1;
   }
   const absl::Time start = absl::Now();
-  Speculator* const speculators[3] = {draft_.get(), ngram_.get(), ssd_.get()};
-  for (int m = 0; m < 3; ++m) {
+  // Vegas and streaming share one speculator, proposed for once per method.
+  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
+                                                        vegas_.get(), vegas_.get()};
+  for (int m = 0; m < kNumSpeculatorSlots; ++m) {
     c.method_seconds[m] = {SpeculationMethodName(kSpeculatorMethods[m]), 0, 0, 0};
     Speculator* speculator = speculators[m];
     if (speculator == nullptr) continue;
@@ -135,7 +142,7 @@ void Engine::Speculate(const StepPlan& plan) {
       const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
       Request& r = *c.row_requests[k];
       if (chunk.num_lookahead_tokens == 0 || chunk.num_new_tokens != 1 ||
-          SpeculatorFor(r) != speculator) {
+          r.spec.method != kSpeculatorMethods[m]) {
         continue;
       }
       const SamplingParams& p = r.request.params;
@@ -157,6 +164,8 @@ void Engine::Speculate(const StepPlan& plan) {
       in.seed = r.seed;
       in.num_generated = r.seq.num_generated();
       in.speculation = &r.spec;
+      in.block_table = r.seq.blocks().ids();
+      in.num_computed = r.seq.num_computed();
       c.draft_inputs.push_back(in);
       c.draft_rows.push_back(static_cast<int32_t>(k));
     }
@@ -197,6 +206,11 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
   }
   if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
   c.acceptors.assign(c.rows.size(), nullptr);
+  // Pointers into these are taken below: sized once, before.
+  c.row_attention.assign(c.rows.size(), ChunkAttention{});
+  if (c.row_scores.size() < c.rows.size()) c.row_scores.resize(c.rows.size());
+  c.scored_len.assign(c.rows.size(), -1);
+  const int64_t num_layers = runner_->config().num_layers;
   c.batch.clear();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
@@ -214,6 +228,13 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
       in.all_logits = all_logits;
       Request& r = *c.row_requests[k];
       if (r.acceptor) c.acceptors[k] = &*r.acceptor;
+      if (r.spec.method == SpeculationMethod::kVegas) {
+        // The verification pass also scores the prefix for the next round's selection.
+        c.row_scores[k].resize(num_layers * 2 * in.start_pos);
+        c.row_attention[k].scores = c.row_scores[k];
+        c.scored_len[k] = in.start_pos;
+        in.attention = &c.row_attention[k];
+      }
     } else {
       in.tokens = seq.tokens().subspan(seq.num_computed(), chunk.num_new_tokens);
     }
@@ -227,7 +248,7 @@ void Engine::Apply(const StepPlan& plan) {
   SpeculationStepMetrics metrics;
   // Positions each method verified, taken before any commit: a commit may finish (and destroy)
   // the request.
-  double positions[3] = {0, 0, 0};
+  double positions[kNumSpeculatorSlots] = {};
   if (speculative) TellSpeculators(positions);
   c.scheduler.Postprocess(plan);
   const absl::Time now = absl::Now();
@@ -242,6 +263,9 @@ void Engine::Apply(const StepPlan& plan) {
       r.num_accepted_tokens += o.num_accepted;
       const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
       metrics.from_cache.push_back(hit ? 1 : 0);
+      if (c.drafts[k].num_kept_tokens >= 0) {
+        metrics.sparse_kept_tokens.push_back(c.drafts[k].num_kept_tokens);
+      }
       if (hit) {
         r.num_cache_hit_drafts += 1;
         r.num_cache_hit_draft_tokens += o.num_drafts;
@@ -264,10 +288,11 @@ void Engine::Apply(const StepPlan& plan) {
   }
 }
 
-void Engine::TellSpeculators(double (&positions)[3]) {
+void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
   Core& c = *core_;
-  Speculator* const speculators[3] = {draft_.get(), ngram_.get(), ssd_.get()};
-  for (int m = 0; m < 3; ++m) {
+  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
+                                                        vegas_.get(), vegas_.get()};
+  for (int m = 0; m < kNumSpeculatorSlots; ++m) {
     if (speculators[m] == nullptr) continue;
     c.rounds.clear();
     for (size_t k = 0; k < c.rows.size(); ++k) {
@@ -275,19 +300,26 @@ void Engine::TellSpeculators(double (&positions)[3]) {
       const Request& r = *c.row_requests[k];
       if (o.num_drafts == 0 || r.spec.method != kSpeculatorMethods[m]) continue;
       positions[m] += static_cast<double>(o.num_drafts + 1);
-      c.rounds.push_back({r.id, o.num_drafts, o.num_accepted, o.tokens.back().id});
+      VerifiedRound round{r.id, o.num_drafts, o.num_accepted, o.tokens.back().id};
+      if (c.scored_len[k] >= 0) {
+        round.scores = c.row_scores[k];
+        round.num_scored = c.scored_len[k];
+      }
+      c.rounds.push_back(round);
     }
     if (!c.rounds.empty()) speculators[m]->OnVerified(c.rounds);
   }
 }
 
-void Engine::AttributeStepTime(const double (&positions)[3], SpeculationStepMetrics& metrics) {
+void Engine::AttributeStepTime(const double (&positions)[kNumSpeculatorSlots],
+                               SpeculationStepMetrics& metrics) {
   Core& c = *core_;
-  const double total_positions = positions[0] + positions[1] + positions[2];
+  double total_positions = 0;
+  for (double p : positions) total_positions += p;
   if (total_positions == 0) return;
   const double step = absl::ToDoubleSeconds(absl::Now() - c.step_start);
   const double other = std::max(0.0, step - metrics.draft_seconds - metrics.verify_seconds);
-  for (int m = 0; m < 3; ++m) {
+  for (int m = 0; m < kNumSpeculatorSlots; ++m) {
     SpeculationStepMetrics::MethodSeconds t = c.method_seconds[m];
     if (t.draft == 0 && positions[m] == 0) continue;
     const double share = positions[m] / total_positions;

@@ -105,6 +105,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
       NewHistogram(r, "specd_spec_decode_accepted_length",
                    "Speculative decoding: draft tokens accepted per verification round.",
                    kAcceptedLengthBuckets);
+  spec_sparse_kept_tokens_ = NewHistogram(
+      r, "specd_spec_decode_sparse_kept_tokens",
+      "Vegas / streaming speculation: prefix tokens each sparse draft step attended per layer, "
+      "per verification round.",
+      prometheus::Histogram::BucketBoundaries{64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                              32768, 65536});
   spec_draft_seconds_ =
       NewHistogram(r, "specd_spec_decode_draft_seconds",
                    "Speculative decoding: time the speculators took to draft, per engine step.",
@@ -196,6 +202,7 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   spec_drafts_->Increment(static_cast<double>(m.num_draft_tokens.size()));
   spec_draft_tokens_->Increment(static_cast<double>(draft_tokens));
   spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
+  for (int32_t kept : m.sparse_kept_tokens) spec_sparse_kept_tokens_->Observe(kept);
   spec_draft_seconds_->Observe(m.draft_seconds);
   spec_verify_seconds_->Observe(m.verify_seconds);
   for (const SpeculationStepMetrics::MethodSeconds& t : m.by_method) {

@@ -78,6 +78,7 @@ class Metrics : public EngineObserver {
   // only, so that /metrics lists only positions some draft was long enough to have).
   std::array<prometheus::Counter*, kMaxSpeculativeTokens> spec_accepted_at_{};
   prometheus::Histogram* spec_accepted_length_ = nullptr;
+  prometheus::Histogram* spec_sparse_kept_tokens_ = nullptr;  // vegas / streaming rounds
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* spec_seconds_ = nullptr;  // {method, phase}

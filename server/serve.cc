@@ -102,6 +102,7 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.speculative = engine.speculative_config();
   c.has_draft_model = engine.has_draft_model();
   c.has_ssd = engine.has_ssd();
+  c.has_sparse_drafting = engine.has_sparse_drafting();
   c.allow_special_tokens_in_content = o.allow_special_tokens_in_content;
   return c;
 }

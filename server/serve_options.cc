@@ -61,9 +61,11 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("request-timeout", &o.request_timeout_s, "per-request deadline in seconds (0 = none)");
   p.Add("log-level", &o.log_level, "trace|debug|info|warn|error");
   p.Add("speculative-config", &o.speculative_config,
-        "speculative decoding defaults, JSON: {\"method\": none|auto|draft_model|ngram, "
+        "speculative decoding defaults, JSON: {\"method\": "
+        "none|auto|draft_model|ngram|ssd|vegas|streaming, "
         "\"model\": DRAFT_DIR, \"num_speculative_tokens\": K, \"prompt_lookup_min\"/"
-        "\"prompt_lookup_max\": N, \"draft_kv_cache_bytes\": B}");
+        "\"prompt_lookup_max\": N, \"draft_kv_cache_bytes\": B, \"sparsity_ratio\": R, "
+        "\"min_tokens\"/\"max_tokens\": N (vegas / streaming)}");
 }
 
 absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(what); }

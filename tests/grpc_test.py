@@ -314,7 +314,7 @@ class SpeculationTest(GrpcTestCase):
         self.wait_idle()
 
     def test_bad_speculation_options_are_invalid_argument(self):
-        for opts, message in [(dict(method="vegas"), "not available yet"),
+        for opts, message in [(dict(method="vegas", sparsity_ratio=0), "sparsity_ratio"),
                               (dict(method="ssv"), "not available yet"),
                               (dict(method="warp"), "speculation.method"),
                               (dict(method="ngram", num_speculative_tokens=100),

@@ -17,9 +17,15 @@ struct HeadTask {
   const float* q;  // [head_dim] f32
   float* out;      // [head_dim] f32
   int32_t kv_head;
-  int32_t first;  // first attended position
+  int32_t first;  // first attended position of the contiguous run
   int32_t last;   // last attended position (the query's own)
   std::span<const int32_t> block_table;
+  // Sparse attention: positions below `first` attended before the run (ascending).
+  std::span<const int32_t> gathered;
+  // Raw-score capture: scores of keys [first, min(capture_end, last + 1)) go to
+  // capture[key]; null: none.
+  float* capture = nullptr;
+  int32_t capture_end = 0;
 };
 
 // Calls fn(block, first_slot, count, offset) for each block piece of positions
@@ -34,6 +40,7 @@ void ForEachBlockRun(const HeadTask& task, int32_t block_size, Fn&& fn) {
   }
 }
 
+// scores: the gathered keys' first, then the run's.
 void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuKvCache& kv,
                    int32_t layer, std::vector<float>& scores) {
   const KvCacheSpec& spec = kv.spec();
@@ -41,14 +48,26 @@ void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuK
   const int head_dim = shape.head_dim;
   const int64_t head_offset = int64_t{task.kv_head} * head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  const int32_t n = task.last - task.first + 1;
+  const int32_t num_gathered = static_cast<int32_t>(task.gathered.size());
+  const int32_t n = num_gathered + task.last - task.first + 1;
   scores.resize(n);
-  ForEachBlockRun(
-      task, spec.block_size, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
-        const float* keys = kv.KeySlot(layer, block, slot) + head_offset;  // [count, lda]
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, count, head_dim, scale, keys, lda, task.q, 1, 0.0f,
-                    scores.data() + offset, 1);
-      });
+  const int32_t bs = spec.block_size;
+  for (int32_t i = 0; i < num_gathered; ++i) {
+    const int32_t p = task.gathered[i];
+    const float* key = kv.KeySlot(layer, task.block_table[p / bs], p % bs) + head_offset;
+    scores[i] = scale * cblas_sdot(head_dim, key, 1, task.q, 1);
+  }
+  float* run_scores = scores.data() + num_gathered;
+  ForEachBlockRun(task, bs, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
+    const float* keys = kv.KeySlot(layer, block, slot) + head_offset;  // [count, lda]
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, count, head_dim, scale, keys, lda, task.q, 1, 0.0f,
+                run_scores + offset, 1);
+  });
+  if (task.capture != nullptr) {
+    for (int32_t p = task.first; p < std::min(task.capture_end, task.last + 1); ++p) {
+      task.capture[p] = run_scores[p - task.first];
+    }
+  }
   const float max_score = *std::max_element(scores.begin(), scores.end());
   double sum = 0.0;
   for (float& s : scores) {
@@ -58,12 +77,31 @@ void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuK
   const float inv_sum = static_cast<float>(1.0 / sum);
   for (float& s : scores) s *= inv_sum;
   std::memset(task.out, 0, sizeof(float) * head_dim);
-  ForEachBlockRun(
-      task, spec.block_size, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
-        const float* values = kv.ValueSlot(layer, block, slot) + head_offset;  // [count, lda]
-        cblas_sgemv(CblasRowMajor, CblasTrans, count, head_dim, 1.0f, values, lda,
-                    scores.data() + offset, 1, 1.0f, task.out, 1);
-      });
+  for (int32_t i = 0; i < num_gathered; ++i) {
+    const int32_t p = task.gathered[i];
+    const float* value = kv.ValueSlot(layer, task.block_table[p / bs], p % bs) + head_offset;
+    cblas_saxpy(head_dim, scores[i], value, 1, task.out, 1);
+  }
+  ForEachBlockRun(task, bs, [&](int32_t block, int32_t slot, int32_t count, int32_t offset) {
+    const float* values = kv.ValueSlot(layer, block, slot) + head_offset;  // [count, lda]
+    cblas_sgemv(CblasRowMajor, CblasTrans, count, head_dim, 1.0f, values, lda, run_scores + offset,
+                1, 1.0f, task.out, 1);
+  });
+}
+
+// The first attended position of the contiguous run, and the gathered positions before it, of a
+// query at `pos` (window first, then the sparse keys).
+void PlanKeys(const AttentionShape& shape, const SparseKeys* sparse, int32_t pos, HeadTask* task) {
+  task->last = pos;
+  const int32_t window_first =
+      shape.sliding_window > 0 ? std::max(0, pos - shape.sliding_window + 1) : 0;
+  task->first = window_first;
+  task->gathered = {};
+  if (sparse == nullptr || sparse->recent_start < 0) return;
+  task->first = std::max(window_first, std::min(sparse->recent_start, pos));
+  const auto lo = std::lower_bound(sparse->indices.begin(), sparse->indices.end(), window_first);
+  const auto hi = std::lower_bound(lo, sparse->indices.end(), task->first);
+  task->gathered = std::span<const int32_t>(lo, hi);
 }
 
 }  // namespace
@@ -82,10 +120,14 @@ void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t 
 
 void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLayout& layout,
                     const float* q, int64_t q_stride, const CpuKvCache& kv, int32_t layer,
-                    float* out) {
+                    float* out, std::span<const SparseKeys> sparse, const ScoreCapture* capture) {
   const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t out_stride = int64_t{shape.num_heads} * shape.head_dim;
+  auto keys_of = [&](int64_t t, HeadTask* task) {
+    const int32_t s = layout.seq_of_token[t];
+    PlanKeys(shape, sparse.empty() ? nullptr : &sparse[s], layout.positions[t], task);
+  };
   auto body = [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t i = begin; i < end; ++i) {
@@ -95,17 +137,23 @@ void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLa
       task.q = q + t * q_stride + int64_t{h} * shape.head_dim;
       task.out = out + t * out_stride + int64_t{h} * shape.head_dim;
       task.kv_head = h / group;
-      task.last = layout.positions[t];
-      task.first = shape.sliding_window > 0 ? std::max(0, task.last - shape.sliding_window + 1) : 0;
+      keys_of(t, &task);
       task.block_table = layout.block_tables[layout.seq_of_token[t]];
+      if (capture != nullptr && capture->slot_of_token[t] >= 0) {
+        const int32_t slot = capture->slot_of_token[t];
+        task.capture = capture->out + (int64_t{slot} * shape.num_heads + h) * capture->stride;
+        task.capture_end = capture->prefix[slot];
+      }
       AttendOneHead(task, shape, kv, layer, scores);
     }
   };
   // A pool dispatch costs tens of microseconds: small work (decode at short context)
   // runs on the calling thread.
   int64_t attended = 0;
-  for (int32_t pos : layout.positions) {
-    attended += shape.sliding_window > 0 ? std::min(pos + 1, shape.sliding_window) : pos + 1;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    HeadTask task;
+    keys_of(t, &task);
+    attended += static_cast<int64_t>(task.gathered.size()) + task.last - task.first + 1;
   }
   const int64_t num_tasks = num_tokens * shape.num_heads;
   if (attended * shape.num_heads * shape.head_dim < kMinParallelMacs || pool.num_threads() == 1) {

@@ -1,7 +1,9 @@
 // Causal GQA attention of a ragged batch over the paged KV cache (CPU, fp32): KV writes
 // for the new tokens, then for every (new token, query head) a softmax over the keys of
 // its sequence, optionally limited to a sliding window (Mistral: key j is visible to
-// query i when i - window < j <= i). Engine thread; work fans out to the pool.
+// query i when i - window < j <= i). Vegas options per sequence: sparse attention over a
+// token-index list plus the recent tokens, and capture of the raw scores of chosen query rows.
+// Engine thread; work fans out to the pool.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,24 @@ struct TokenLayout {
   std::span<const std::span<const int32_t>> block_tables;  // [num_seqs][num_blocks]
 };
 
+// One sequence's keys under sparse attention (Vegas drafting): `indices` (strictly ascending,
+// below recent_start) and every position from recent_start up to the query's own. recent_start
+// < 0: dense.
+struct SparseKeys {
+  std::span<const int32_t> indices;
+  int32_t recent_start = -1;
+};
+
+// Raw-score capture: for each token t with slot_of_token[t] >= 0, every head's q.k * scale over
+// the keys [0, prefix[slot]) is written to out[(slot * num_heads + h) * stride + key]; keys the
+// token does not attend (outside its window) are left as they were.
+struct ScoreCapture {
+  std::span<const int32_t> slot_of_token;  // [num_tokens]
+  std::span<const int32_t> prefix;         // [num_slots]
+  float* out = nullptr;                    // [num_slots, num_heads, stride] f32
+  int64_t stride = 0;
+};
+
 // Stores each new token's K and V at its position's (block, slot) in `layer`.
 // k, v: [num_tokens, row_stride] f32, heads at columns [g * head_dim, (g + 1) * head_dim).
 void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t row_stride,
@@ -34,9 +54,11 @@ void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t 
 // out[t, h] = softmax(q[t, h] · K[seq(t), lo..pos(t)] / sqrt(head_dim)) · V[...].
 // q: [num_tokens, q_stride] f32 (heads at columns [h * head_dim, ...));
 // out: [num_tokens, num_heads * head_dim] f32. K/V of every attended position must be in
-// the cache already (WriteKv first).
+// the cache already (WriteKv first). sparse: [num_seqs] or empty (all dense); capture: null or
+// as ScoreCapture says (dense sequences only).
 void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLayout& layout,
                     const float* q, int64_t q_stride, const CpuKvCache& kv, int32_t layer,
-                    float* out);
+                    float* out, std::span<const SparseKeys> sparse = {},
+                    const ScoreCapture* capture = nullptr);
 
 }  // namespace specd

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -109,8 +110,108 @@ absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
             s, absl::StrCat("token id ", id, " outside the vocabulary of ", config_.vocab_size));
       }
     }
+    if (seq.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, seq));
   }
   return absl::OkStatus();
+}
+
+absl::Status Model::ValidateAttention(size_t s, const SequenceInput& seq) const {
+  const ChunkAttention& a = *seq.attention;
+  // Head averages need every head, and sparse lists would have to travel to every rank.
+  if (comm_ != nullptr) return SequenceError(s, "attention options need tensor parallelism off");
+  const int64_t layers = config_.num_layers;
+  if (!a.scores.empty() && a.sparse()) {
+    return SequenceError(s, "a chunk collects scores or attends sparsely, not both");
+  }
+  if (!a.scores.empty() &&
+      static_cast<int64_t>(a.scores.size()) != layers * 2 * int64_t{seq.start_pos}) {
+    return SequenceError(s, absl::StrCat("score buffer holds ", a.scores.size(), " floats, [",
+                                         layers, ", 2, ", seq.start_pos, "] needed"));
+  }
+  if (!a.sparse()) return absl::OkStatus();
+  if (static_cast<int64_t>(a.layer_indices.size()) != layers) {
+    return SequenceError(s, absl::StrCat("sparse attention has ", a.layer_indices.size(),
+                                         " index lists for ", layers, " layers"));
+  }
+  if (a.recent_start < 0 || a.recent_start > seq.start_pos) {
+    return SequenceError(
+        s, absl::StrCat("recent_start ", a.recent_start, " outside [0, ", seq.start_pos, "]"));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    int32_t prev = -1;
+    for (int32_t p : a.layer_indices[l]) {
+      if (p <= prev || p >= a.recent_start) {
+        return SequenceError(s, absl::StrCat("layer ", l, ": index ", p,
+                                             " not ascending below recent_start ", a.recent_start));
+      }
+      prev = p;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Capture slots: a scored chunk's first token (row 0) and last token (row 1), one slot for both
+// when the chunk has one token.
+void Model::PlanAttentionOptions(std::span<const SequenceInput> batch) {
+  ws_.attention.assign(batch.size(), nullptr);
+  ws_.any_sparse = false;
+  ws_.slot_of_token.clear();
+  ws_.slot_seq.clear();
+  ws_.slot_prefix.clear();
+  ws_.capture_stride = 0;
+  int64_t first = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& seq = batch[s];
+    const int64_t last = first + static_cast<int64_t>(seq.tokens.size()) - 1;
+    ws_.attention[s] = seq.attention;
+    if (seq.attention != nullptr) ws_.any_sparse |= seq.attention->sparse();
+    if (seq.attention != nullptr && !seq.attention->scores.empty()) {
+      if (ws_.slot_of_token.empty()) ws_.slot_of_token.assign(ws_.tokens.size(), -1);
+      for (int64_t t : {first, last}) {
+        if (ws_.slot_of_token[t] >= 0) continue;
+        ws_.slot_of_token[t] = static_cast<int32_t>(ws_.slot_seq.size());
+        ws_.slot_seq.push_back(static_cast<int32_t>(s));
+        ws_.slot_prefix.push_back(seq.start_pos);
+        ws_.capture_stride = std::max<int64_t>(ws_.capture_stride, seq.start_pos);
+      }
+    }
+    first = last + 1;
+  }
+  ws_.capture.resize(ws_.slot_seq.size() * local_.num_heads * ws_.capture_stride);
+  ws_.sparse.assign(ws_.any_sparse ? batch.size() : 0, SparseKeys{});
+}
+
+void Model::PlanLayerAttention(int32_t layer) {
+  for (size_t s = 0; s < ws_.sparse.size(); ++s) {
+    const ChunkAttention* a = ws_.attention[s];
+    ws_.sparse[s] = a != nullptr && a->sparse()
+                        ? SparseKeys{a->layer_indices[layer], a->recent_start}
+                        : SparseKeys{};
+  }
+  std::fill(ws_.capture.begin(), ws_.capture.end(), -std::numeric_limits<float>::infinity());
+}
+
+// Sums the heads in order from 0, then divides, as kernels::ref does.
+void Model::ReduceScores(int32_t layer) {
+  const int64_t heads = local_.num_heads, stride = ws_.capture_stride;
+  std::vector<int32_t> seen(ws_.attention.size(), 0);  // slots of each sequence met so far
+  for (size_t slot = 0; slot < ws_.slot_seq.size(); ++slot) {
+    const int32_t s = ws_.slot_seq[slot];
+    const ChunkAttention& a = *ws_.attention[s];
+    const int64_t n = ws_.slot_prefix[slot];
+    const bool one_row = slot + 1 == ws_.slot_seq.size() || ws_.slot_seq[slot + 1] != s;
+    const int first_row = seen[s]++ == 0 ? 0 : 1;
+    const int last_row = one_row && first_row == 0 ? 1 : first_row;
+    for (int row = first_row; row <= last_row; ++row) {
+      float* dst = a.scores.data() + (int64_t{layer} * 2 + row) * n;
+      const float* src = &ws_.capture[slot * heads * stride];
+      for (int64_t j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int64_t h = 0; h < heads; ++h) sum += src[h * stride + j];
+        dst[j] = sum / static_cast<float>(heads);
+      }
+    }
+  }
 }
 
 void Model::PlanBatch(std::span<const SequenceInput> batch) {
@@ -131,6 +232,7 @@ void Model::PlanBatch(std::span<const SequenceInput> batch) {
     for (int64_t t = seq.all_logits ? first : last; t <= last; ++t) ws_.logit_rows.push_back(t);
     ws_.block_tables.push_back(seq.block_table);
   }
+  PlanAttentionOptions(batch);
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
   const int32_t half = local_.head_dim / 2;
   ws_.x.resize(n * local_.hidden_size);
@@ -203,7 +305,12 @@ absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   WriteKv(layout, k, k + local_.kv_size(), stride, layer, kv);
   const AttentionShape shape{local_.num_heads, local_.num_kv_heads, local_.head_dim,
                              local_.sliding_window};
-  PagedAttention(*pool_, shape, layout, ws_.qkv.data(), stride, kv, layer, ws_.attn.data());
+  PlanLayerAttention(layer);
+  const ScoreCapture capture{ws_.slot_of_token, ws_.slot_prefix, ws_.capture.data(),
+                             ws_.capture_stride};
+  PagedAttention(*pool_, shape, layout, ws_.qkv.data(), stride, kv, layer, ws_.attn.data(),
+                 ws_.sparse, ws_.slot_seq.empty() ? nullptr : &capture);
+  if (!ws_.slot_seq.empty()) ReduceScores(layer);
   Linear(ws_.attn.data(), n, local_.q_size(), w.o_proj.data(), hidden,
          w.o_bias.empty() ? nullptr : w.o_bias.data(), ws_.proj.data());
   SPECD_RETURN_IF_ERROR(SumOverRanks(ws_.proj.data(), n * hidden));

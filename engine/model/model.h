@@ -21,6 +21,7 @@
 #include "engine/base/communicator.h"
 #include "engine/base/thread_pool.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/model/attention.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "engine/model/tensor_parallel.h"
@@ -36,6 +37,22 @@ struct LoadOptions {
   Communicator* comm = nullptr;
 };
 
+// Per-chunk attention options (Vegas self-speculation; the CPU Model only, other backends refuse
+// them). Either (a) score collection on a dense chunk: per layer, the pre-softmax scores
+// q.k / sqrt(head_dim) of the chunk's first and last query rows over the prefix [0, start_pos),
+// averaged over all query heads (what kernels::ref::PagedVerifyAttentionWithScores writes; a key
+// outside a sliding window scores -inf); or (b) sparse attention: in layer l each query sees only
+// the positions layer_indices[l] and every position in [recent_start, its own], still under the
+// causal (and window) rule. Not both on one chunk. Caller-owned; outlives the Forward call.
+struct ChunkAttention {
+  std::span<float> scores;  // (a) [num_layers, 2, start_pos] f32, out; empty: none collected
+  // (b) [num_layers][count] strictly ascending positions in [0, recent_start); empty: dense.
+  // Layers may share one list (StreamingLLM's sinks).
+  std::span<const std::span<const int32_t>> layer_indices;
+  int32_t recent_start = 0;  // (b) in [0, start_pos]: every key from here on is attended
+  bool sparse() const { return !layer_indices.empty(); }
+};
+
 struct SequenceInput {
   std::span<const int32_t> tokens;  // [num_new_tokens] new tokens to run
   int32_t start_pos = 0;  // position of tokens[0]; KV of [0, start_pos) is already in the cache
@@ -44,6 +61,7 @@ struct SequenceInput {
   // The engine's id of the sequence, or -1. Only tensor parallelism reads it: rank 0 sends a
   // worker just the block ids its mirror of this sequence's table lacks.
   int64_t seq_id = -1;
+  const ChunkAttention* attention = nullptr;  // null: dense, nothing collected
 };
 
 class Model {
@@ -92,14 +110,31 @@ class Model {
     // Tensor parallelism only: [world_size, num_rows, vocab_shard] every rank's LM-head columns.
     std::vector<float> gathered;
     std::vector<int32_t> pairs;  // [world, rows, k, 2] vocabulary-merge candidates
+    // Vegas (ChunkAttention), planned once per Forward: the batch's options per sequence, the
+    // sparse keys of the current layer, and the scored rows (first and last query of each
+    // scored chunk; one row when the chunk has one token).
+    std::vector<const ChunkAttention*> attention;  // [num_seqs] null: dense
+    bool any_sparse = false;
+    std::vector<SparseKeys> sparse;      // [num_seqs] this layer's
+    std::vector<int32_t> slot_of_token;  // [T] capture slot, or -1
+    std::vector<int32_t> slot_seq;       // [num_slots] its sequence
+    std::vector<int32_t> slot_prefix;    // [num_slots] keys captured: [0, start_pos)
+    int64_t capture_stride = 0;          // longest prefix among the slots
+    std::vector<float> capture;          // [num_slots, num_heads, capture_stride] raw scores
   };
 
   Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts, const TpShard& shard);
 
   absl::Status ValidateBatch(std::span<const SequenceInput> batch, const CpuKvCache& kv) const;
+  absl::Status ValidateAttention(size_t s, const SequenceInput& seq) const;
   void PlanBatch(std::span<const SequenceInput> batch);
+  void PlanAttentionOptions(std::span<const SequenceInput> batch);
   absl::Status Embed();
   absl::Status AttentionBlock(int32_t layer, CpuKvCache& kv);
+  // Chunks' attention options (ChunkAttention) resolved to `layer` (ws_.sparse, ws_.capture).
+  void PlanLayerAttention(int32_t layer);
+  // Head averages of the captured rows into the chunks' score buffers (layer `layer`).
+  void ReduceScores(int32_t layer);
   void QkNormAndRope(const LayerWeights& w);
   absl::Status MlpBlock(int32_t layer);
   absl::Status ComputeLogits(std::vector<float>* logits, int32_t vocab_merge_k);

@@ -170,6 +170,11 @@ absl::Status CudaRunner::State::Validate(std::span<const SequenceInput> batch) c
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", what));
     };
     if (in.tokens.empty() || in.start_pos < 0) return bad("no tokens or a negative start_pos");
+    if (in.attention != nullptr) {  // kernels/cuda/vegas.h exists; the runner does not use it yet
+      return bad(
+          "attention options (score collection, sparse attention): vegas needs the CPU "
+          "backend for now");
+    }
     if (end > max_model_len) {
       return bad(
           absl::StrCat("positions up to ", end - 1, " exceed max_model_len ", max_model_len));

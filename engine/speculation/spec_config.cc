@@ -1,9 +1,11 @@
 #include "engine/speculation/spec_config.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {
@@ -163,6 +165,22 @@ absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
   return absl::OkStatus();
 }
 
+absl::Status ReadSparseOptions(const json& j, SparseDraftOptions* o) {
+  if (auto it = j.find("sparsity_ratio"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || !(it->get<double>() > 0.0 && it->get<double>() <= 1.0)) {
+      return FieldError("sparsity_ratio", "must be a number in (0, 1]");
+    }
+    o->sparsity_ratio = it->get<double>();
+  }
+  constexpr int64_t kMaxTokens = int64_t{1} << 30;
+  if (absl::Status s = ReadInt32(j, "min_tokens", 0, kMaxTokens, &o->min_tokens); !s.ok()) return s;
+  if (absl::Status s = ReadInt32(j, "max_tokens", 0, kMaxTokens, &o->max_tokens); !s.ok()) return s;
+  if (o->max_tokens > 0 && o->max_tokens < o->min_tokens) {
+    return FieldError("max_tokens", "must be 0 (no cap) or at least min_tokens");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) {
@@ -172,14 +190,16 @@ absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) 
   if (name == "draft_model" || name == "draft") return SpeculationMethod::kDraftModel;
   if (name == "ngram") return SpeculationMethod::kNgram;
   if (name == "ssd") return SpeculationMethod::kSsd;
-  if (name == "vegas" || name == "ssv") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation method '", std::string(name),
-                     "' is not available yet; use none, auto, draft_model, ngram or ssd"));
+  if (name == "vegas") return SpeculationMethod::kVegas;
+  if (name == "streaming") return SpeculationMethod::kStreaming;
+  if (name == "ssv") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculation method '", std::string(name),
+        "' is not available yet; use none, auto, draft_model, ngram, ssd, vegas or streaming"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("speculation method '", std::string(name),
-                   "' is unknown; use none, auto, draft_model, ngram or ssd"));
+                   "' is unknown; use none, auto, draft_model, ngram, ssd, vegas or streaming"));
 }
 
 const char* SpeculationMethodName(SpeculationMethod m) {
@@ -196,6 +216,10 @@ const char* SpeculationMethodName(SpeculationMethod m) {
       return "ngram";
     case SpeculationMethod::kSsd:
       return "ssd";
+    case SpeculationMethod::kVegas:
+      return "vegas";
+    case SpeculationMethod::kStreaming:
+      return "streaming";
   }
   return "unknown";
 }
@@ -229,7 +253,10 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "speculator_tls_cert",
                                            "speculator_tls_key",
                                            "speculator_tls_ca",
-                                           "replay"};
+                                           "replay",
+                                           "sparsity_ratio",
+                                           "min_tokens",
+                                           "max_tokens"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -286,6 +313,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   }
   if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
   if (absl::Status s = ReadReplayOptions(j, &config.replay); !s.ok()) return s;
+  if (absl::Status s = ReadSparseOptions(j, &config.sparse); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");
   }
@@ -325,6 +353,9 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   for (const auto& [field, value] : files) {
     if (!value->empty()) j[field] = *value;
   }
+  j["sparsity_ratio"] = c.sparse.sparsity_ratio;
+  j["min_tokens"] = c.sparse.min_tokens;
+  j["max_tokens"] = c.sparse.max_tokens;
   if (c.replay.enabled()) {
     j["replay"] = {{"file", c.replay.file},
                    {"alpha", c.replay.alpha},
@@ -334,9 +365,31 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   return j.dump();
 }
 
+absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string_view prefix) {
+  const std::string p(prefix);
+  if (!(o.sparsity_ratio > 0.0 && o.sparsity_ratio <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "sparsity_ratio must be in (0, 1], got ", o.sparsity_ratio));
+  }
+  if (o.min_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "min_tokens must not be negative, got ", o.min_tokens));
+  }
+  if (o.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "max_tokens must not be negative (0: no cap), got ", o.max_tokens));
+  }
+  if (o.max_tokens > 0 && o.max_tokens < o.min_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "max_tokens ", o.max_tokens, " is below min_tokens ", o.min_tokens));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
-                                                       bool has_draft_model, bool has_ssd) {
+                                                       bool has_draft_model, bool has_ssd,
+                                                       bool has_sparse_drafting) {
   if (request.num_speculative_tokens < 0 ||
       request.num_speculative_tokens > kMaxSpeculativeTokens) {
     return absl::InvalidArgumentError(
@@ -358,6 +411,21 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
         "speculation.method ssd needs a speculator; start the server with "
         "--speculative-config '{\"method\": \"ssd\", \"model\": DIR}'");
   }
+  if ((method == SpeculationMethod::kVegas || method == SpeculationMethod::kStreaming) &&
+      !has_sparse_drafting) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculation.method ", SpeculationMethodName(method),
+        " needs the CPU backend for now (sparse drafting is not built for this device)"));
+  }
+  SparseDraftOptions sparse = server.sparse;
+  if (request.sparsity_ratio != 0) sparse.sparsity_ratio = request.sparsity_ratio;
+  if (request.sparse_min_tokens >= 0) sparse.min_tokens = request.sparse_min_tokens;
+  if (request.sparse_max_tokens >= 0) sparse.max_tokens = request.sparse_max_tokens;
+  // A request's own values may make the server's cap fall below its floor: the floor wins then.
+  if (request.sparse_min_tokens >= 0 && request.sparse_max_tokens < 0 && sparse.max_tokens > 0) {
+    sparse.max_tokens = std::max(sparse.max_tokens, sparse.min_tokens);
+  }
+  SPECD_RETURN_IF_ERROR(ValidateSparseDraftOptions(sparse, "speculation."));
   if (request.saguaro_c > 1.0f) {
     return absl::InvalidArgumentError(
         absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
@@ -365,6 +433,7 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
   ResolvedSpeculation out;
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
+  out.sparse = sparse;
   out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;
   out.num_speculative_tokens = request.num_speculative_tokens > 0 ? request.num_speculative_tokens
                                                                   : server.num_speculative_tokens;

@@ -18,10 +18,22 @@ namespace specd {
 // kDefault: the request said nothing (the server's default applies). kAuto: let the server
 // pick (the draft model when one is loaded, else n-gram prompt lookup).
 // kSsd: speculative speculative decoding (Saguaro) with a speculator process on its own device.
-enum class SpeculationMethod { kDefault, kNone, kAuto, kDraftModel, kNgram, kSsd };
+// kVegas: the target drafts for itself with sparse attention over the prefix tokens the last
+// verification pass scored highest; kStreaming: the same sparse drafting over attention sinks
+// and a recent window of the same budget (StreamingLLM / MagicDec; Vegas's baseline).
+enum class SpeculationMethod {
+  kDefault,
+  kNone,
+  kAuto,
+  kDraftModel,
+  kNgram,
+  kSsd,
+  kVegas,
+  kStreaming
+};
 
-// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd"; "" is kDefault. Methods that
-// later issues add ("vegas", "ssv") are InvalidArgument "not available yet"; anything else is
+// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd", "vegas", "streaming"; "" is
+// kDefault. "ssv" (a later issue) is InvalidArgument "not available yet"; anything else is
 // InvalidArgument naming the accepted values.
 absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name);
 const char* SpeculationMethodName(SpeculationMethod m);  // "none", "draft_model", "ngram", ...
@@ -34,7 +46,22 @@ struct SpeculationParams {
   SpeculationMethod method = SpeculationMethod::kDefault;
   int32_t num_speculative_tokens = 0;  // 0: the server's default
   float saguaro_c = -1.0f;             // SSD: Saguaro down-weighting C in [0, 1]; < 0: default
+  // Vegas / streaming budget (SparseDraftOptions); unset: the server's.
+  double sparsity_ratio = 0;       // in (0, 1]; 0: unset
+  int32_t sparse_min_tokens = -1;  // HTTP / gRPC "min_tokens"; < 0: unset
+  int32_t sparse_max_tokens = -1;  // HTTP / gRPC "max_tokens" (0: no cap); < 0: unset
 };
+
+// Vegas and streaming: how many prefix tokens a draft step attends besides the recent ones,
+// k = clamp(ceil(ratio * prefix), min_tokens, max_tokens) (kernels::ref::VegasKeepCount).
+struct SparseDraftOptions {
+  double sparsity_ratio = 0.07;  // the paper's 7%
+  int32_t min_tokens = 256;      // the reference fork's floor
+  int32_t max_tokens = 0;        // 0: no cap
+};
+// InvalidArgument naming `prefix`.field when the ratio is outside (0, 1], a count is negative, or
+// a cap is below the floor.
+absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string_view prefix);
 
 // SSD's settings (method "ssd"; docs/architecture.md "SSD"): the speculator process, its
 // speculation cache and the fallback tiers.
@@ -95,6 +122,7 @@ struct SpeculativeConfig {
                                        // an integer N); "": the target's device
   SsdOptions ssd;                      // method ssd (the draft is `draft_model`)
   DraftReplayOptions replay;           // benchmarks only: controlled acceptance of the draft
+  SparseDraftOptions sparse;           // methods vegas and streaming: the default budget
 
   bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
 };
@@ -114,15 +142,18 @@ struct ResolvedSpeculation {
   SpeculationMethod method = SpeculationMethod::kNone;  // kNone, kDraftModel, kNgram or kSsd
   int32_t num_speculative_tokens = 0;                   // K; 0 when method is kNone
   float saguaro_c = -1.0f;                              // SSD: the request's C, else the server's
+  SparseDraftOptions sparse;  // vegas / streaming: the request's budget, else the server's
   bool enabled() const { return method != SpeculationMethod::kNone; }
 };
 
 // The request's method (or the server default when it gave none), `auto` resolved to the draft
 // model when `has_draft_model`, else n-gram; K from the request, else the server's.
-// InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded, K
-// outside [0, kMaxSpeculativeTokens] or C outside [0, 1].
+// InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded,
+// vegas / streaming on a server without sparse drafting (`has_sparse_drafting`: the CPU backend
+// for now), K outside [0, kMaxSpeculativeTokens], C outside [0, 1] or a bad sparse budget.
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
-                                                       bool has_draft_model, bool has_ssd = false);
+                                                       bool has_draft_model, bool has_ssd = false,
+                                                       bool has_sparse_drafting = true);
 
 }  // namespace specd

@@ -52,7 +52,11 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {"[1]", "JSON object"},
       {R"({"method": "draft_model"})", "\"model\""},
       {R"({"method": "magic"})", "unknown"},
-      {R"({"method": "vegas", "model": "d"})", "not available yet"},
+      {R"({"method": "ssv", "model": "d"})", "not available yet"},
+      {R"({"method": "vegas", "sparsity_ratio": 0})", "sparsity_ratio"},
+      {R"({"method": "vegas", "sparsity_ratio": 1.5})", "sparsity_ratio"},
+      {R"({"method": "vegas", "min_tokens": -1})", "min_tokens"},
+      {R"({"method": "vegas", "max_tokens": 10, "min_tokens": 20})", "max_tokens"},
       {R"({"method": "ssd"})", "\"model\""},
       {R"({"method": "ssd", "model": "d", "fan_out": 0})", "fan_out"},
       {R"({"method": "ssd", "model": "d", "fan_out_mode": "fancy"})", "fan_out_mode"},
@@ -200,7 +204,55 @@ TEST(ResolveSpeculationTest, DraftModelWithoutOneOrBadKIsAnInvalidArgument) {
   EXPECT_TRUE(ResolveSpeculation({SpeculationMethod::kNgram, 64}, server, false).ok());
 }
 
+TEST(SpeculativeConfigTest, VegasNeedsNoModelAndReadsItsBudget) {
+  auto c = ParseSpeculativeConfig(R"({"method": "vegas"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kVegas);
+  EXPECT_DOUBLE_EQ(c->sparse.sparsity_ratio, 0.07);
+  EXPECT_EQ(c->sparse.min_tokens, 256);
+  EXPECT_EQ(c->sparse.max_tokens, 0);
+  c = ParseSpeculativeConfig(
+      R"({"method": "streaming", "sparsity_ratio": 0.2, "min_tokens": 8, "max_tokens": 64})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kStreaming);
+  EXPECT_DOUBLE_EQ(c->sparse.sparsity_ratio, 0.2);
+  EXPECT_EQ(c->sparse.min_tokens, 8);
+  EXPECT_EQ(c->sparse.max_tokens, 64);
+  auto back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->sparse.sparsity_ratio, 0.2);
+  EXPECT_EQ(back->sparse.max_tokens, 64);
+}
+
+TEST(ResolveSpeculationTest, VegasBudgetFromRequestElseServer) {
+  SpeculativeConfig server;
+  server.sparse.sparsity_ratio = 0.1;
+  SpeculationParams p{SpeculationMethod::kVegas, 6};
+  auto r = ResolveSpeculation(p, server, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->method, SpeculationMethod::kVegas);
+  EXPECT_EQ(r->num_speculative_tokens, 6);
+  EXPECT_DOUBLE_EQ(r->sparse.sparsity_ratio, 0.1);
+  p.sparsity_ratio = 0.03;
+  p.sparse_min_tokens = 16;
+  r = ResolveSpeculation(p, server, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->sparse.sparsity_ratio, 0.03);
+  EXPECT_EQ(r->sparse.min_tokens, 16);
+  p.sparsity_ratio = 2;
+  EXPECT_THAT(ResolveSpeculation(p, server, false).status().message(), HasSubstr("sparsity_ratio"));
+  p.sparsity_ratio = 0.07;
+  p.sparse_max_tokens = 4;
+  EXPECT_THAT(ResolveSpeculation(p, server, false).status().message(), HasSubstr("max_tokens"));
+  const absl::Status gpu =
+      ResolveSpeculation({SpeculationMethod::kStreaming, 4}, server, false, false, false).status();
+  EXPECT_EQ(gpu.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(gpu.message(), HasSubstr("CPU backend"));
+}
+
 TEST(ParseSpeculationMethodTest, AcceptsNamesAndAliases) {
+  EXPECT_EQ(*ParseSpeculationMethod("vegas"), SpeculationMethod::kVegas);
+  EXPECT_EQ(*ParseSpeculationMethod("streaming"), SpeculationMethod::kStreaming);
   EXPECT_EQ(*ParseSpeculationMethod(""), SpeculationMethod::kDefault);
   EXPECT_EQ(*ParseSpeculationMethod("draft"), SpeculationMethod::kDraftModel);
   EXPECT_EQ(*ParseSpeculationMethod("draft_model"), SpeculationMethod::kDraftModel);

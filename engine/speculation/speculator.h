@@ -6,7 +6,8 @@
 // token) before committing the tokens; a speculator with state, like the draft model's KV, rolls
 // back what was rejected then. Implementations: NgramSpeculator (prompt lookup, stateless),
 // DraftModelSpeculator (a second model with its own paged KV), SsdSpeculator (the client of the
-// SSD speculator process). Engine thread only.
+// SSD speculator process), VegasSpeculator (the target itself with sparse attention; methods
+// vegas and streaming). Engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,11 @@ struct DraftInput {
   // The request's resolved speculation options; each speculator reads its own fields (SSD:
   // saguaro_c). May be null (the defaults).
   const ResolvedSpeculation* speculation = nullptr;
+  // The sequence's KV in the target's cache (self-speculation: VegasSpeculator drafts on it):
+  // its block ids, covering the lookahead slots num_computed .. num_computed + K - 1 as well, and
+  // the tokens whose KV is computed (the last committed token's is not).
+  std::span<const int32_t> block_table;  // [num_blocks]
+  int32_t num_computed = 0;
 };
 
 // Where an SSD draft came from (metrics split acceptance by it); kDefault for other speculators.
@@ -54,6 +60,9 @@ struct Draft {
   // draft's best ids at each drafted position, [k, num_candidates]. Empty otherwise.
   std::vector<int32_t> candidates;
   DraftOrigin origin = DraftOrigin::kDefault;
+  // Vegas / streaming: the prefix tokens each draft step attended per layer besides the recent
+  // ones (metrics); -1 for other speculators and for dense drafting.
+  int32_t num_kept_tokens = -1;
 };
 
 // What verification made of one sequence's drafts (Speculator::OnVerified).
@@ -62,6 +71,11 @@ struct VerifiedRound {
   int32_t num_drafts = 0;    // drafts verified: those Propose returned (cut to the K asked)
   int32_t num_accepted = 0;  // 0..num_drafts: the accepted prefix
   int32_t next_token = 0;    // the target's token after them: the correction or the bonus token
+  // Vegas: what the verification pass scored, [num_layers, 2, num_scored] f32 (ChunkAttention's
+  // scores of the chunk's first and last query rows over the prefix [0, num_scored)); empty for
+  // other methods. Valid during OnVerified only.
+  std::span<const float> scores;
+  int32_t num_scored = 0;
 };
 
 class Speculator {

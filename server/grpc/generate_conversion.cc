@@ -59,6 +59,27 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptio
     }
     params.saguaro_c = options.saguaro_c();
   }
+  if (options.has_sparsity_ratio()) {
+    if (!(options.sparsity_ratio() > 0.0 && options.sparsity_ratio() <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculation.sparsity_ratio must be in (0, 1], got ", options.sparsity_ratio()));
+    }
+    params.sparsity_ratio = options.sparsity_ratio();
+  }
+  if (options.has_min_tokens()) {
+    if (options.min_tokens() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.min_tokens must not be negative, got ", options.min_tokens()));
+    }
+    params.sparse_min_tokens = options.min_tokens();
+  }
+  if (options.has_max_tokens()) {
+    if (options.max_tokens() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculation.max_tokens must not be negative (0: no cap), got ", options.max_tokens()));
+    }
+    params.sparse_max_tokens = options.max_tokens();
+  }
   return params;
 }
 

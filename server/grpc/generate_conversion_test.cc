@@ -146,8 +146,18 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
        absl::StatusCode::kInvalidArgument, "not available yet"},
       {"saguaro_c", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_saguaro_c(2.0f); },
        absl::StatusCode::kInvalidArgument, "saguaro_c"},
-      {"vegas", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("vegas"); },
-       absl::StatusCode::kInvalidArgument, "not available yet"},
+      {"sparsity_ratio",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_method("vegas");
+         r->mutable_speculation()->set_sparsity_ratio(0);
+       },
+       absl::StatusCode::kInvalidArgument, "sparsity_ratio"},
+      {"min_tokens",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_method("streaming");
+         r->mutable_speculation()->set_min_tokens(-1);
+       },
+       absl::StatusCode::kInvalidArgument, "min_tokens"},
       {"skip special", [](v1::GenerateRequest* r) { r->set_skip_special_tokens(false); },
        absl::StatusCode::kUnimplemented, "skip_special_tokens"},
   };

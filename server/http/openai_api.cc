@@ -150,8 +150,10 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
   return prompts;
 }
 
-// The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd,
-// "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C)}. Wrong JSON types
+// The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd|vegas|
+// streaming, "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C),
+// "sparsity_ratio": (0, 1], "min_tokens", "max_tokens" (vegas / streaming: the prefix tokens a
+// draft step keeps, clamp(ceil(ratio * n), min, max); max 0: no cap)}. Wrong JSON types
 // are 422, unknown fields and bad values 400, each naming "speculation.<field>"; a method the
 // server cannot run (draft_model without a draft model) is 400 too.
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
@@ -164,17 +166,26 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   constexpr char kMethod[] = "speculation.method";
   constexpr char kNumTokens[] = "speculation.num_speculative_tokens";
   for (const auto& [key, value] : v->items()) {
-    if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c") {
-      return InvalidParam(absl::StrCat("speculation.", key),
-                          absl::StrCat("unknown speculation field '", key,
-                                       "'; use method, num_speculative_tokens and saguaro_c"));
+    if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c" &&
+        key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens") {
+      return InvalidParam(
+          absl::StrCat("speculation.", key),
+          absl::StrCat("unknown speculation field '", key,
+                       "'; use method, num_speculative_tokens, saguaro_c, sparsity_ratio, "
+                       "min_tokens and max_tokens"));
     }
   }
   // The fields under their full names, so that errors name them so.
   constexpr char kSaguaroC[] = "speculation.saguaro_c";
+  constexpr char kRatio[] = "speculation.sparsity_ratio";
+  constexpr char kMinTokens[] = "speculation.min_tokens";
+  constexpr char kMaxTokens[] = "speculation.max_tokens";
   const Json named = {{kMethod, v->value("method", Json())},
                       {kNumTokens, v->value("num_speculative_tokens", Json())},
-                      {kSaguaroC, v->value("saguaro_c", Json())}};
+                      {kSaguaroC, v->value("saguaro_c", Json())},
+                      {kRatio, v->value("sparsity_ratio", Json())},
+                      {kMinTokens, v->value("min_tokens", Json())},
+                      {kMaxTokens, v->value("max_tokens", Json())}};
   std::string method;
   SPECD_RETURN_IF_ERROR(ReadString(named, kMethod, &method));
   absl::StatusOr<SpeculationMethod> parsed = ParseSpeculationMethod(method);
@@ -184,9 +195,28 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 1, kMaxSpeculativeTokens,
                                   &spec->speculation.num_speculative_tokens));
   SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0f, 1.0f, &spec->speculation.saguaro_c));
-  absl::StatusOr<ResolvedSpeculation> resolved = ResolveSpeculation(
-      spec->speculation, model.speculative, model.has_draft_model, model.has_ssd);
-  if (!resolved.ok()) return InvalidParam(kMethod, resolved.status().message());
+  float ratio = 0.0f;
+  SPECD_RETURN_IF_ERROR(ReadFloat(named, kRatio, 0.0, 1.0, &ratio));
+  if (FindField(named, kRatio) != nullptr && !(ratio > 0.0f)) {
+    return InvalidParam(kRatio, "'speculation.sparsity_ratio' must be in (0, 1]");
+  }
+  spec->speculation.sparsity_ratio = ratio;
+  SPECD_RETURN_IF_ERROR(
+      ReadInt32(named, kMinTokens, 0, 1 << 30, &spec->speculation.sparse_min_tokens));
+  SPECD_RETURN_IF_ERROR(
+      ReadInt32(named, kMaxTokens, 0, 1 << 30, &spec->speculation.sparse_max_tokens));
+  absl::StatusOr<ResolvedSpeculation> resolved =
+      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model, model.has_ssd,
+                         model.has_sparse_drafting);
+  if (!resolved.ok()) {
+    // A bad budget names its field; anything else is the method's.
+    const std::string m(resolved.status().message());
+    const char* field = m.find("sparsity_ratio") != std::string::npos ? kRatio
+                        : m.find("max_tokens") != std::string::npos   ? kMaxTokens
+                        : m.find("min_tokens") != std::string::npos   ? kMinTokens
+                                                                      : kMethod;
+    return InvalidParam(field, m);
+  }
   spec->report_ssd = resolved->method == SpeculationMethod::kSsd;
   return absl::OkStatus();
 }

@@ -32,7 +32,8 @@ struct ModelContext {
   // for what the server cannot run are refused here with a named param.
   SpeculativeConfig speculative;
   bool has_draft_model = false;
-  bool has_ssd = false;  // an SSD speculator (method "ssd") is configured
+  bool has_ssd = false;             // an SSD speculator (method "ssd") is configured
+  bool has_sparse_drafting = true;  // methods "vegas" and "streaming" can run (CPU backend)
   // Special-token text in chat message content becomes control tokens (as the template's
   // own do). Off: it is tokenized as plain text (chat_prompt.h).
   bool allow_special_tokens_in_content = false;

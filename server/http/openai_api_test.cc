@@ -266,9 +266,34 @@ TEST_F(OpenAiApiTest, BadSpeculationNamesTheFieldAndStatus) {
   ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "draft_model"}})"), 400,
               "speculation.method");
   ExpectError(Chat(R"({"messages": [{"role": "user", "content": "hi"}],
-                       "speculation": {"method": "vegas"}})"),
-              400, "speculation.method");
-  for (const char* later : {"vegas", "ssv"}) {
+                       "speculation": {"method": "vegas", "sparsity_ratio": 0}})"),
+              400, "speculation.sparsity_ratio");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "vegas",
+                             "sparsity_ratio": 1.5}})"),
+              400, "speculation.sparsity_ratio");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "streaming",
+                             "min_tokens": -1}})"),
+              400, "speculation.min_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "vegas",
+                             "min_tokens": 64, "max_tokens": 8}})"),
+              400, "speculation.max_tokens");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "vegas",
+                             "sparsity_ratio": "high"}})"),
+              422, "speculation.sparsity_ratio");
+  {
+    auto ok = Completion(R"({"prompt": "x", "speculation": {"method": "vegas",
+                            "num_speculative_tokens": 6, "sparsity_ratio": 0.03,
+                            "min_tokens": 16, "max_tokens": 0}})");
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    ModelContext gpu = model_;
+    gpu.has_sparse_drafting = false;
+    auto refused = ParseCompletionRequest(
+        Json::parse(R"({"prompt": "x", "speculation": {"method": "streaming"}})"), gpu);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("CPU backend"), std::string::npos)
+        << refused.status();
+  }
+  for (const char* later : {"ssv"}) {
     const std::string body =
         absl::StrCat(R"({"prompt": "x", "speculation": {"method": ")", later, R"("}})");
     auto r = ParseCompletionRequest(Json::parse(body), model_);
