@@ -38,12 +38,13 @@ struct LoadOptions {
 };
 
 // Per-chunk attention options (Vegas self-speculation; the CPU Model only, other backends refuse
-// them). Either (a) score collection on a dense chunk: per layer, the pre-softmax scores
-// q.k / sqrt(head_dim) of the chunk's first and last query rows over the prefix [0, start_pos),
-// averaged over all query heads (what kernels::ref::PagedVerifyAttentionWithScores writes; a key
-// outside a sliding window scores -inf); or (b) sparse attention: in layer l each query sees only
-// the positions layer_indices[l] and every position in [recent_start, its own], still under the
-// causal (and window) rule. Not both on one chunk. Caller-owned; outlives the Forward call.
+// them). Either (a) score collection on a dense chunk: per layer, the attention weights of the
+// chunk's first and last query rows over the prefix [0, start_pos) -- each head's softmax of
+// q.k / sqrt(head_dim) over the prefix alone, averaged over all query heads (a key outside a
+// sliding window weighs 0; Model::ReduceScores says why weights and not raw scores); or (b) sparse
+// attention: in layer l each query sees only the positions layer_indices[l] and every position in
+// [recent_start, its own], still under the causal (and window) rule. Not both on one chunk.
+// Caller-owned; outlives the Forward call.
 struct ChunkAttention {
   std::span<float> scores;  // (a) [num_layers, 2, start_pos] f32, out; empty: none collected
   // (b) [num_layers][count] strictly ascending positions in [0, recent_start); empty: dense.

@@ -5,7 +5,7 @@
 // and the drafts so far). The drafts' KV goes into the lookahead slots and the last committed
 // token's slot; the dense verification pass rewrites those positions, so the output is exactly
 // the target's. The selection comes from round T's verification pass (OnVerified's scores: the
-// head-averaged pre-softmax scores of the rows predicting the first draft and the bonus token):
+// head-averaged attention weights of the rows predicting the first draft and the bonus token):
 // per layer the top k = clamp(ceil(ratio * n), min, max) prefix tokens (kernels::ref::
 // VegasSelectTopK). A sequence without a selection yet drafts with the streaming selection.
 // Method "streaming" (StreamingLLM / MagicDec; Vegas's baseline) always uses it: the first 4
