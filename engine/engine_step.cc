@@ -300,7 +300,11 @@ void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
       const Request& r = *c.row_requests[k];
       if (o.num_drafts == 0 || r.spec.method != kSpeculatorMethods[m]) continue;
       positions[m] += static_cast<double>(o.num_drafts + 1);
-      VerifiedRound round{r.id, o.num_drafts, o.num_accepted, o.tokens.back().id};
+      VerifiedRound round;
+      round.seq_id = r.id;
+      round.num_drafts = o.num_drafts;
+      round.num_accepted = o.num_accepted;
+      round.next_token = o.tokens.back().id;
       if (c.scored_len[k] >= 0) {
         round.scores = c.row_scores[k];
         round.num_scored = c.scored_len[k];

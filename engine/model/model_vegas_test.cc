@@ -153,7 +153,9 @@ class VegasModelTest : public ::testing::Test {
  protected:
   static constexpr int32_t kPrompt = 300;
   void SetUp() override {
-    model_ = *Model::Load(ModelPath("codepair-long"), LoadOptions{2});
+    LoadOptions options;
+    options.num_threads = 2;
+    model_ = *Model::Load(ModelPath("codepair-long"), options);
     ASSERT_NE(model_, nullptr);
     layers_ = model_->config().num_layers;
     std::mt19937 rng(3);

@@ -237,8 +237,12 @@ TEST_F(DraftModelTest, OnVerifiedRollsTheKvBackToTheAcceptedDraftsAtOnce) {
   ASSERT_EQ(draft->kv_length(1), 30 + 7);  // the context and d_1..d_7: 3 blocks
   const int32_t free_before = draft->num_free_blocks();
   // d_1 accepted, then the target's correction for d_2.
-  const VerifiedRound one{
-      .seq_id = 1, .num_drafts = 8, .num_accepted = 1, .next_token = Other(d[1])};
+  const VerifiedRound one{.seq_id = 1,
+                          .num_drafts = 8,
+                          .num_accepted = 1,
+                          .next_token = Other(d[1]),
+                          .scores = {},
+                          .num_scored = 0};
   draft->OnVerified({&one, 1});
   EXPECT_EQ(draft->kv_length(1), 31);
   EXPECT_EQ(draft->num_free_blocks(), free_before + 1) << "positions 32..36 held a block";
@@ -250,7 +254,12 @@ TEST_F(DraftModelTest, OnVerifiedRollsTheKvBackToTheAcceptedDraftsAtOnce) {
   EXPECT_EQ(d2, Propose(*fresh, 100, tokens, 6));
   // All 6 accepted and a bonus token: the KV keeps d_1..d_5, all it decoded.
   ASSERT_EQ(draft->kv_length(1), 32 + 5);
-  const VerifiedRound all{.seq_id = 1, .num_drafts = 6, .num_accepted = 6, .next_token = 42};
+  const VerifiedRound all{.seq_id = 1,
+                          .num_drafts = 6,
+                          .num_accepted = 6,
+                          .next_token = 42,
+                          .scores = {},
+                          .num_scored = 0};
   draft->OnVerified({&all, 1});
   EXPECT_EQ(draft->kv_length(1), 32 + 5);
   tokens = Concat(tokens, d2);
@@ -258,9 +267,18 @@ TEST_F(DraftModelTest, OnVerifiedRollsTheKvBackToTheAcceptedDraftsAtOnce) {
   const std::vector<int32_t> d3 = Propose(*draft, 1, tokens, 4);
   EXPECT_EQ(d3, Propose(*fresh, 101, tokens, 4));
   // None accepted: only the context stays; unknown sequences are ignored.
-  const VerifiedRound rounds[] = {
-      {.seq_id = 1, .num_drafts = 4, .num_accepted = 0, .next_token = Other(d3[0])},
-      {.seq_id = 77, .num_drafts = 4, .num_accepted = 2, .next_token = 5}};
+  const VerifiedRound rounds[] = {{.seq_id = 1,
+                                   .num_drafts = 4,
+                                   .num_accepted = 0,
+                                   .next_token = Other(d3[0]),
+                                   .scores = {},
+                                   .num_scored = 0},
+                                  {.seq_id = 77,
+                                   .num_drafts = 4,
+                                   .num_accepted = 2,
+                                   .next_token = 5,
+                                   .scores = {},
+                                   .num_scored = 0}};
   draft->OnVerified(rounds);
   EXPECT_EQ(draft->kv_length(1), static_cast<int32_t>(tokens.size()));
   EXPECT_EQ(draft->kv_length(77), 0);

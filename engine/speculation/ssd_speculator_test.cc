@@ -147,7 +147,12 @@ TEST(SsdSpeculatorTest, SendsTheToldAcceptedLengthAndTheRequestsSaguaroC) {
   // Both greedy sequences commit d_1, d_2 and a token other than d_3; only sequence 1's drafts
   // were verified (told: 2 accepted). Sequence 2's tokens happen to repeat the drafts, but it
   // was told nothing: 0.
-  const VerifiedRound told{.seq_id = 1, .num_drafts = kK, .num_accepted = 2, .next_token = 9};
+  const VerifiedRound told{.seq_id = 1,
+                           .num_drafts = kK,
+                           .num_accepted = 2,
+                           .next_token = 9,
+                           .scores = {},
+                           .num_scored = 0};
   ssd->OnVerified({&told, 1});
   const std::vector<int32_t> committed = {10, 11, 12, 13, 14, 5, 6, 9};
   inputs.resize(2);
