@@ -31,6 +31,11 @@ void AddInPlace(float* x, const float* y, int64_t n) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const LoadOptions& opts) {
   SPECD_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (config.is_nsa() && opts.tp.enabled()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NSA models do not run under tensor parallelism yet (world size ",
+                     opts.tp.world_size, ")"));
+  }
   SPECD_ASSIGN_OR_RETURN(TpShard shard, MakeTpShard(config, opts.tp));
   if (opts.tp.enabled()) {
     if (opts.comm == nullptr || opts.comm->on_device() ||
@@ -60,6 +65,11 @@ Model::Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts,
       inv_freq_(RopeInvFreq(config_.rope, config_.head_dim)),
       pool_(std::make_unique<ThreadPool>(opts.num_threads)) {
   ConfigureBlas(pool_->num_threads());
+  if (local_.is_nsa()) {
+    nsa_ = std::make_unique<NsaAttention>(
+        NsaShape{local_.num_heads, local_.num_kv_heads, local_.head_dim, local_.nsa},
+        local_.num_layers);
+  }
 }
 
 KvCacheSpec Model::MakeKvCacheSpec(int32_t num_blocks, int32_t block_size) const {
@@ -118,6 +128,7 @@ absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
 
 absl::Status Model::ValidateAttention(size_t s, const SequenceInput& seq) const {
   const ChunkAttention& a = *seq.attention;
+  if (nsa_ != nullptr) return SequenceError(s, "attention options are not supported by NSA models");
   // Head averages need every head, and sparse lists would have to travel to every rank.
   if (comm_ != nullptr) return SequenceError(s, "attention options need tensor parallelism off");
   const int64_t layers = config_.num_layers;
@@ -250,7 +261,7 @@ void Model::PlanBatch(std::span<const SequenceInput> batch) {
   ws_.x.resize(n * local_.hidden_size);
   ws_.h.resize(n * local_.hidden_size);
   ws_.proj.resize(n * local_.hidden_size);
-  ws_.qkv.resize(n * (local_.q_size() + 2 * local_.kv_size()));
+  ws_.qkv.resize(n * qkv_stride());
   ws_.attn.resize(n * local_.q_size());
   ws_.gate_up.resize(n * 2 * local_.intermediate_size);
   ws_.act.resize(n * local_.intermediate_size);
@@ -286,7 +297,7 @@ void Model::QkNormAndRope(const LayerWeights& w) {
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
   const int32_t hd = local_.head_dim, half = hd / 2;
   const int32_t heads = local_.num_heads + local_.num_kv_heads;  // q heads, then k heads
-  const int64_t stride = local_.q_size() + 2 * local_.kv_size();
+  const int64_t stride = qkv_stride();
   for (int64_t t = 0; t < n; ++t) {
     float* row = &ws_.qkv[t * stride];
     if (local_.qk_norm) {
@@ -306,7 +317,7 @@ absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   const LayerWeights& w = weights_.layers[layer];
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
   const int64_t hidden = local_.hidden_size;
-  const int64_t stride = local_.q_size() + 2 * local_.kv_size();
+  const int64_t stride = qkv_stride();
   RmsNorm(ws_.x.data(), w.input_norm.data(), n, local_.hidden_size, hidden, local_.rms_norm_eps,
           ws_.h.data());
   Linear(ws_.h.data(), n, hidden, w.qkv.data(), stride,
@@ -315,6 +326,21 @@ absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   const TokenLayout layout{ws_.positions, ws_.seq_of_token, ws_.block_tables};
   const float* k = ws_.qkv.data() + local_.q_size();
   WriteKv(layout, k, k + local_.kv_size(), stride, layer, kv);
+  Attend(layer, layout, kv);
+  Linear(ws_.attn.data(), n, local_.q_size(), w.o_proj.data(), hidden,
+         w.o_bias.empty() ? nullptr : w.o_bias.data(), ws_.proj.data());
+  SPECD_RETURN_IF_ERROR(SumOverRanks(ws_.proj.data(), n * hidden));
+  AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
+  return absl::OkStatus();
+}
+
+void Model::Attend(int32_t layer, const TokenLayout& layout, CpuKvCache& kv) {
+  const int64_t stride = qkv_stride();
+  if (nsa_ != nullptr) {
+    const float* gates = ws_.qkv.data() + local_.q_size() + 2 * local_.kv_size();
+    nsa_->Run(*pool_, layout, ws_.qkv.data(), stride, gates, stride, kv, layer, ws_.attn.data());
+    return;
+  }
   const AttentionShape shape{local_.num_heads, local_.num_kv_heads, local_.head_dim,
                              local_.sliding_window};
   PlanLayerAttention(layer);
@@ -323,11 +349,6 @@ absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   PagedAttention(*pool_, shape, layout, ws_.qkv.data(), stride, kv, layer, ws_.attn.data(),
                  ws_.sparse, ws_.slot_seq.empty() ? nullptr : &capture);
   if (!ws_.slot_seq.empty()) ReduceScores(layer);
-  Linear(ws_.attn.data(), n, local_.q_size(), w.o_proj.data(), hidden,
-         w.o_bias.empty() ? nullptr : w.o_bias.data(), ws_.proj.data());
-  SPECD_RETURN_IF_ERROR(SumOverRanks(ws_.proj.data(), n * hidden));
-  AddInPlace(ws_.x.data(), ws_.proj.data(), n * hidden);
-  return absl::OkStatus();
 }
 
 // Under tensor parallelism gate/up hold this rank's intermediate columns and down's output is

@@ -1,8 +1,9 @@
-// A loaded decoder-only transformer (Llama, Qwen2, Qwen3, Mistral) and its exact fp32 CPU
-// forward pass over a paged KV cache. Forward runs a ragged batch: every sequence's new
-// tokens (a prefill chunk, one decode token, or a run of speculative tokens to verify)
-// share one activation matrix, so the projection GEMMs are shared; attention is per
-// sequence over its block table. Numerics follow HF transformers' float32 path.
+// A loaded decoder-only transformer (Llama, Qwen2, Qwen3, Mistral, NSA) and its exact fp32 CPU
+// forward pass over a paged KV cache. The families share the layer skeleton (norms, projections,
+// RoPE, MLP); NSA's attention is its own piece (engine/model/nsa_attention.h). Forward runs a
+// ragged batch: every sequence's new tokens (a prefill chunk, one decode token, or a run of
+// speculative tokens to verify) share one activation matrix, so the projection GEMMs are shared;
+// attention is per sequence over its block table. Numerics follow HF transformers' float32 path.
 // Under tensor parallelism (LoadOptions::tp) each rank's Model holds its shard (TpShard) and
 // computes with the rank's heads and intermediate columns, all-reducing after the embedding,
 // o_proj and down_proj and gathering the vocabulary-parallel logits, so every rank's Forward
@@ -24,6 +25,7 @@
 #include "engine/model/attention.h"
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
+#include "engine/model/nsa_attention.h"
 #include "engine/model/tensor_parallel.h"
 
 namespace specd {
@@ -69,12 +71,16 @@ class Model {
  public:
   // Loads dir/config.json (+ generation_config.json) and the safetensors weights (the shard of
   // opts.tp: InvalidArgument naming the numbers when the model does not divide, or when
-  // world_size > 1 without a host communicator of that rank and size).
+  // world_size > 1 without a host communicator of that rank and size; NSA models run at
+  // world_size 1 only).
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const LoadOptions& opts);
 
   const ModelConfig& config() const { return config_; }  // includes generation config
   const TpShard& shard() const { return shard_; }        // what this rank holds
+  // NSA models: their attention, whose LastTokenSelection tells the blocks the last Forward
+  // selected. Null for the other families.
+  const NsaAttention* nsa() const { return nsa_.get(); }
   // The cache of this rank's KV heads.
   KvCacheSpec MakeKvCacheSpec(int32_t num_blocks, int32_t block_size = 16) const;
 
@@ -101,7 +107,7 @@ class Model {
     std::vector<std::span<const int32_t>> block_tables;  // [num_seqs]
     std::vector<float> x;                                // [T, hidden] residual stream
     std::vector<float> h;                                // [T, hidden] normed input of a sublayer
-    std::vector<float> qkv;                              // [T, q_size + 2 * kv_size] projections
+    std::vector<float> qkv;                              // [T, qkv_stride()] q, k, v, NSA gates
     std::vector<float> attn;                             // [T, q_size] attention output
     std::vector<float> proj;                             // [T, hidden] o_proj / down_proj output
     std::vector<float> gate_up;                          // [T, 2 * intermediate]
@@ -132,6 +138,11 @@ class Model {
   void PlanAttentionOptions(std::span<const SequenceInput> batch);
   absl::Status Embed();
   absl::Status AttentionBlock(int32_t layer, CpuKvCache& kv);
+  // The attention of the family: dense (with Vegas' options) or NSA, ws_.qkv -> ws_.attn.
+  void Attend(int32_t layer, const TokenLayout& layout, CpuKvCache& kv);
+  int64_t qkv_stride() const {
+    return int64_t{local_.q_size()} + 2 * local_.kv_size() + local_.gate_size();
+  }
   // Chunks' attention options (ChunkAttention) resolved to `layer` (ws_.sparse, ws_.capture).
   void PlanLayerAttention(int32_t layer);
   // Head averages of the captured rows into the chunks' score buffers (layer `layer`).
@@ -151,8 +162,9 @@ class Model {
   TpShard shard_;
   Communicator* comm_ = nullptr;  // null in a world of one
   ModelWeights weights_;
-  std::vector<float> inv_freq_;       // [head_dim / 2] f32 RoPE inverse frequencies
-  std::unique_ptr<ThreadPool> pool_;  // attention of large batches
+  std::vector<float> inv_freq_;        // [head_dim / 2] f32 RoPE inverse frequencies
+  std::unique_ptr<ThreadPool> pool_;   // attention of large batches
+  std::unique_ptr<NsaAttention> nsa_;  // NSA models only
   Workspace ws_;
 };
 

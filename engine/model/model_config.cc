@@ -18,9 +18,37 @@ absl::StatusOr<ModelFamily> FamilyOf(const std::string& architecture, const Json
   if (architecture == "Qwen2ForCausalLM") return ModelFamily::kQwen2;
   if (architecture == "Qwen3ForCausalLM") return ModelFamily::kQwen3;
   if (architecture == "MistralForCausalLM") return ModelFamily::kMistral;
-  return f.Error("architectures", absl::StrCat("unsupported architecture '", architecture,
-                                               "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                                               "Qwen3ForCausalLM, MistralForCausalLM)"));
+  if (architecture == "NSAForCausalLM") {
+    SPECD_ASSIGN_OR_RETURN(std::optional<std::string> type, f.OptionalString("model_type"));
+    if (type.has_value() && *type != "nsa") {
+      return f.Error("model_type",
+                     absl::StrCat("'", *type, "' with NSAForCausalLM (expected 'nsa')"));
+    }
+    return ModelFamily::kNsa;
+  }
+  return f.Error("architectures",
+                 absl::StrCat("unsupported architecture '", architecture,
+                              "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
+                              "Qwen3ForCausalLM, MistralForCausalLM, NSAForCausalLM)"));
+}
+
+// Field names differ by family: fla's configs (NSA) are not transformers'.
+struct ShapeKeys {
+  std::string_view num_heads = "num_attention_heads";
+  std::string_view num_kv_heads = "num_key_value_heads";
+  std::string_view norm_eps = "rms_norm_eps";
+};
+
+ShapeKeys ShapeKeysOf(ModelFamily family) {
+  if (family == ModelFamily::kNsa) return {"num_heads", "num_kv_heads", "norm_eps"};
+  return {};
+}
+
+// transformers' Qwen3Config and fla's NSAConfig default head_dim; the others derive it.
+std::optional<int32_t> DefaultHeadDim(ModelFamily family) {
+  if (family == ModelFamily::kQwen3) return 128;
+  if (family == ModelFamily::kNsa) return 64;
+  return std::nullopt;
 }
 
 absl::StatusOr<std::string> ArchitectureOf(const json& root, const JsonFields& f) {
@@ -61,37 +89,35 @@ absl::StatusOr<double> PositiveDouble(const JsonFields& f, std::string_view key,
 }
 
 absl::Status ParseShape(const JsonFields& f, ModelConfig* c) {
+  const ShapeKeys keys = ShapeKeysOf(c->family);
   SPECD_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "vocab_size"));
   SPECD_ASSIGN_OR_RETURN(c->hidden_size, PositiveInt(f, "hidden_size"));
   SPECD_ASSIGN_OR_RETURN(c->intermediate_size, PositiveInt(f, "intermediate_size"));
   SPECD_ASSIGN_OR_RETURN(c->num_layers, PositiveInt(f, "num_hidden_layers"));
-  SPECD_ASSIGN_OR_RETURN(c->num_heads, PositiveInt(f, "num_attention_heads"));
+  SPECD_ASSIGN_OR_RETURN(c->num_heads, PositiveInt(f, keys.num_heads));
   SPECD_ASSIGN_OR_RETURN(c->max_position_embeddings, PositiveInt(f, "max_position_embeddings"));
-  SPECD_ASSIGN_OR_RETURN(c->num_kv_heads,
-                         OptionalPositiveInt(f, "num_key_value_heads", c->num_heads));
+  SPECD_ASSIGN_OR_RETURN(c->num_kv_heads, OptionalPositiveInt(f, keys.num_kv_heads, c->num_heads));
   if (c->num_heads % c->num_kv_heads != 0) {
-    return f.Error(
-        "num_key_value_heads",
-        absl::StrCat(c->num_kv_heads, " does not divide num_attention_heads ", c->num_heads));
+    return f.Error(keys.num_kv_heads, absl::StrCat(c->num_kv_heads, " does not divide ",
+                                                   AbslView(keys.num_heads), " ", c->num_heads));
   }
-  // transformers' Qwen3Config defaults head_dim to 128; the others derive it.
-  int32_t default_head_dim = c->hidden_size / c->num_heads;
-  if (c->family == ModelFamily::kQwen3) default_head_dim = 128;
+  const std::optional<int32_t> fixed_head_dim = DefaultHeadDim(c->family);
   SPECD_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, f.OptionalInt("head_dim"));
-  if (!head_dim.has_value() && c->family != ModelFamily::kQwen3 &&
-      c->hidden_size % c->num_heads != 0) {
+  if (!head_dim.has_value() && !fixed_head_dim.has_value() && c->hidden_size % c->num_heads != 0) {
     return f.Error("hidden_size", absl::StrCat(c->hidden_size, " is not divisible by ",
-                                               "num_attention_heads ", c->num_heads));
+                                               AbslView(keys.num_heads), " ", c->num_heads));
   }
-  SPECD_ASSIGN_OR_RETURN(c->head_dim, OptionalPositiveInt(f, "head_dim", default_head_dim));
+  SPECD_ASSIGN_OR_RETURN(
+      c->head_dim,
+      OptionalPositiveInt(f, "head_dim", fixed_head_dim.value_or(c->hidden_size / c->num_heads)));
   if (c->head_dim % 2 != 0) {
     return f.Error("head_dim", absl::StrCat("must be even for RoPE, got ", c->head_dim));
   }
-  SPECD_ASSIGN_OR_RETURN(c->rms_norm_eps, PositiveDouble(f, "rms_norm_eps", 1e-6));
+  SPECD_ASSIGN_OR_RETURN(c->rms_norm_eps, PositiveDouble(f, keys.norm_eps, 1e-6));
   SPECD_ASSIGN_OR_RETURN(std::optional<std::string> act, f.OptionalString("hidden_act"));
-  if (act.has_value() && *act != "silu") {
-    return f.Error("hidden_act", absl::StrCat("unsupported activation '", *act, "'"));
-  }
+  // fla's GatedMLP names SiLU "swish" (and refuses "silu"); transformers' models say "silu".
+  const bool silu = !act.has_value() || *act == "silu" || (c->is_nsa() && *act == "swish");
+  if (!silu) return f.Error("hidden_act", absl::StrCat("unsupported activation '", *act, "'"));
   SPECD_ASSIGN_OR_RETURN(std::optional<bool> tie, f.OptionalBool("tie_word_embeddings"));
   c->tie_word_embeddings = tie.value_or(false);
   return absl::OkStatus();
@@ -164,6 +190,39 @@ absl::Status CheckFullAttentionOnly(const json& root, const JsonFields& f) {
   return absl::OkStatus();
 }
 
+// fla's NSA variants this backend does not compute are refused here, never run wrongly.
+absl::Status ParseNsa(const json& root, const JsonFields& f, ModelConfig* c) {
+  SPECD_ASSIGN_OR_RETURN(std::optional<bool> qkv_bias, f.OptionalBool("qkv_bias"));
+  if (qkv_bias.value_or(false)) {
+    return f.Error("qkv_bias", "NSA with q/k/v biases is not supported");
+  }
+  auto attnres = root.find("attnres_block_size");
+  if (attnres != root.end() && !attnres->is_null()) {
+    return f.Error("attnres_block_size", "NSA with attention residuals is not supported");
+  }
+  SPECD_ASSIGN_OR_RETURN(std::optional<bool> affine, f.OptionalBool("elementwise_affine"));
+  if (!affine.value_or(true)) {
+    return f.Error("elementwise_affine", "norms without weights are not supported");
+  }
+  for (std::string_view key : {"rope_scaling", "rope_parameters"}) {
+    auto it = root.find(key);
+    if (it != root.end() && !it->is_null()) {
+      return f.Error(key, "NSA models have plain RoPE (rope_theta only)");
+    }
+  }
+  NsaConfig& n = c->nsa;
+  // Required: fla's defaults moved between releases, and window_size 0 (no window branch, two
+  // gates per head) is a variant this backend does not compute.
+  SPECD_ASSIGN_OR_RETURN(n.block_size, PositiveInt(f, "block_size"));
+  SPECD_ASSIGN_OR_RETURN(n.block_counts, PositiveInt(f, "block_counts"));
+  SPECD_ASSIGN_OR_RETURN(n.window_size, PositiveInt(f, "window_size"));
+  // fla selects next_pow2(block_counts) blocks; other counts are ambiguous between releases.
+  if ((n.block_counts & (n.block_counts - 1)) != 0) {
+    return f.Error("block_counts", absl::StrCat("must be a power of two, got ", n.block_counts));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseFamilyFeatures(const json& root, const JsonFields& f, ModelConfig* c) {
   SPECD_ASSIGN_OR_RETURN(std::optional<bool> bias, f.OptionalBool("attention_bias"));
   switch (c->family) {
@@ -184,6 +243,8 @@ absl::Status ParseFamilyFeatures(const json& root, const JsonFields& f, ModelCon
       SPECD_ASSIGN_OR_RETURN(c->sliding_window, OptionalPositiveInt(f, "sliding_window", 0));
       return absl::OkStatus();
     }
+    case ModelFamily::kNsa:
+      return ParseNsa(root, f, c);
   }
   return absl::OkStatus();
 }

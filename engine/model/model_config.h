@@ -2,7 +2,8 @@
 // (config.json + generation_config.json) and validated once; immutable afterwards.
 // Understands LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
 // MistralForCausalLM, in both the transformers 4.x form (rope_theta / rope_scaling) and
-// the 5.x form (rope_parameters). Pure functions; any thread.
+// the 5.x form (rope_parameters), and fla's NSAForCausalLM (model_type "nsa", fla's field
+// names: num_heads, num_kv_heads, norm_eps). Pure functions; any thread.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,15 @@
 
 namespace specd {
 
-enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral };
+enum class ModelFamily { kLlama, kQwen2, kQwen3, kMistral, kNsa };
+
+// Native Sparse Attention (fla's NSAConfig, fla >= 0.5.2 semantics; see
+// engine/model/nsa_attention.h). Only meaningful when the family is kNsa.
+struct NsaConfig {
+  int32_t block_size = 0;    // tokens per block: compression kernel = stride = selection block
+  int32_t block_counts = 0;  // S: blocks selected per query and KV head (a power of two)
+  int32_t window_size = 0;   // sliding-window branch: the keys p - window_size + 1 .. p
+};
 
 // How RoPE frequencies are derived from theta (transformers' `rope_type`).
 enum class RopeType { kDefault, kLinear, kLlama3 };
@@ -58,11 +67,15 @@ struct ModelConfig {
   bool o_bias = false;               // o_proj has a bias (Llama attention_bias)
   bool qk_norm = false;              // per-head RMSNorm of q and k before RoPE (Qwen3)
   int32_t sliding_window = 0;        // 0: full causal attention; else keys in (q - window, q]
+  NsaConfig nsa;                     // kNsa only
 
   GenerationConfig generation;
 
   int32_t q_size() const { return num_heads * head_dim; }
   int32_t kv_size() const { return num_kv_heads * head_dim; }
+  bool is_nsa() const { return family == ModelFamily::kNsa; }
+  // NSA's gate logits per token: 3 per query head (compressed, selected, window), else none.
+  int32_t gate_size() const { return is_nsa() ? 3 * num_heads : 0; }
 };
 
 // Parses config.json text; `file` names it in error messages. InvalidArgument for bad

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/base/mapped_file.h"
+
 namespace specd {
 namespace {
 
@@ -251,6 +253,61 @@ TEST(ModelConfigTest, RejectsMalformedJsonAndMissingFiles) {
   c = ParseModelConfig("[1, 2]", "dir/config.json");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(LoadModelConfig("/nonexistent/model").ok());
+}
+
+// fla's NSAConfig as nsa-codepair ships it: fla's field names, hidden_act "swish".
+TEST(ModelConfigTest, ParsesFlaNsaConfig) {
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(ModelPath("nsa-codepair"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kNsa);
+  EXPECT_TRUE(c->is_nsa());
+  EXPECT_EQ(c->num_heads, 16);
+  EXPECT_EQ(c->num_kv_heads, 1);
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->intermediate_size, 1024);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c->rope.theta, 100000.0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->nsa.block_size, 32);
+  EXPECT_EQ(c->nsa.block_counts, 8);
+  EXPECT_EQ(c->nsa.window_size, 64);
+  EXPECT_EQ(c->gate_size(), 48);
+  EXPECT_EQ(c->generation.eos_token_ids, std::vector<int32_t>{1});
+  // The 8B-class speed shape parses too (GQA 32 / 2, 64-token blocks).
+  absl::StatusOr<ModelConfig> big = LoadModelConfig(ModelPath("shapes/nsa-8b"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->num_kv_heads, 2);
+  EXPECT_EQ(big->nsa.block_counts, 16);
+  EXPECT_DOUBLE_EQ(big->rms_norm_eps, 1e-5);
+}
+
+// NSA variants the CPU oracle does not compute are refused by name, never run wrongly.
+TEST(ModelConfigTest, RefusesUnsupportedNsaVariants) {
+  absl::StatusOr<std::string> text = ReadFileToString(ModelPath("nsa-codepair/config.json"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json base = nlohmann::json::parse(*text);
+  auto with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = base;
+    j[key] = value;
+    return j;
+  };
+  ExpectBadField(with("qkv_bias", true), "qkv_bias");
+  ExpectBadField(with("attnres_block_size", 4), "attnres_block_size");
+  ExpectBadField(with("hidden_act", "gelu"), "hidden_act");
+  ExpectBadField(with("block_counts", 6), "block_counts");
+  ExpectBadField(with("window_size", 0), "window_size");
+  ExpectBadField(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}), "rope_scaling");
+  ExpectBadField(with("model_type", "llama"), "model_type");
+  ExpectBadField(with("num_kv_heads", 3), "num_kv_heads");
+  nlohmann::json no_blocks = base;
+  no_blocks.erase("block_size");
+  ExpectBadField(no_blocks, "block_size");
+  // "swish" is fla's name for SiLU only in NSA configs; a Llama config keeps transformers' names.
+  nlohmann::json llama = LlamaJson();
+  llama["hidden_act"] = "swish";
+  ExpectBadField(llama, "hidden_act");
+  EXPECT_TRUE(Parse(with("hidden_act", "silu")).ok());
 }
 
 }  // namespace

@@ -7,6 +7,21 @@
 namespace specd {
 namespace {
 
+// Tensor names differ by family: fla's module tree (NSA) is not transformers'.
+struct TensorNames {
+  const char* embed = "model.embed_tokens.weight";
+  const char* input_norm = "input_layernorm.weight";
+  const char* attn = "self_attn.";
+  const char* post_norm = "post_attention_layernorm.weight";
+};
+
+TensorNames TensorNamesOf(ModelFamily family) {
+  if (family == ModelFamily::kNsa) {
+    return {"model.embeddings.weight", "attn_norm.weight", "attn.", "mlp_norm.weight"};
+  }
+  return {};
+}
+
 // Reads rows [row_begin, row_begin + num_rows) of `name` (of `shape`, all columns) into `dest`
 // starting at float `offset` (fused matrices).
 absl::Status ReadRowsInto(const SafetensorsCheckpoint& ckpt, const std::string& name,
@@ -40,7 +55,14 @@ absl::Status ReadQkv(const ModelConfig& c, const SafetensorsCheckpoint& ckpt,
   auto shape = [&](int64_t rows) {
     return matrix ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
   };
-  dest.resize((q_local + 2 * kv_local) * cols);
+  // NSA's gate rows (3 per query head) follow v in the weight matrix; TP refuses NSA, so the rank
+  // holds every head here.
+  const int64_t gates = matrix ? c.gate_size() : 0;
+  dest.resize((q_local + 2 * kv_local + gates) * cols);
+  if (gates > 0) {
+    SPECD_RETURN_IF_ERROR(ReadRowsInto(ckpt, prefix + "g_proj.weight", shape(gates), 0, gates,
+                                       (q_local + 2 * kv_local) * cols, dest));
+  }
   SPECD_RETURN_IF_ERROR(ReadRowsInto(ckpt, prefix + "q_proj." + suffix, shape(q), s.head_begin * hd,
                                      q_local, 0, dest));
   SPECD_RETURN_IF_ERROR(ReadRowsInto(ckpt, prefix + "k_proj." + suffix, shape(kv),
@@ -70,12 +92,14 @@ absl::Status LoadAttention(const ModelConfig& c, const SafetensorsCheckpoint& ck
 
 absl::Status LoadLayer(const ModelConfig& c, const SafetensorsCheckpoint& ckpt, int32_t index,
                        const TpShard& s, LayerWeights& w) {
+  const TensorNames names = TensorNamesOf(c.family);
   const std::string prefix = absl::StrCat("model.layers.", index, ".");
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size, ffn_local = s.intermediate;
-  SPECD_ASSIGN_OR_RETURN(w.input_norm, ckpt.ReadF32(prefix + "input_layernorm.weight", {hidden}));
-  SPECD_RETURN_IF_ERROR(LoadAttention(c, ckpt, prefix + "self_attn.", s, w));
+  SPECD_ASSIGN_OR_RETURN(w.input_norm,
+                         ckpt.ReadF32(absl::StrCat(prefix, names.input_norm), {hidden}));
+  SPECD_RETURN_IF_ERROR(LoadAttention(c, ckpt, absl::StrCat(prefix, names.attn), s, w));
   SPECD_ASSIGN_OR_RETURN(w.post_norm,
-                         ckpt.ReadF32(prefix + "post_attention_layernorm.weight", {hidden}));
+                         ckpt.ReadF32(absl::StrCat(prefix, names.post_norm), {hidden}));
   w.gate_up.resize(2 * ffn_local * hidden);
   SPECD_RETURN_IF_ERROR(ReadRowsInto(ckpt, prefix + "mlp.gate_proj.weight", {ffn, hidden},
                                      s.intermediate_begin, ffn_local, 0, w.gate_up));
@@ -105,7 +129,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const ModelConfig& c,
                                               const TpShard& shard) {
   ModelWeights w;
   const int64_t hidden = c.hidden_size;
-  SPECD_ASSIGN_OR_RETURN(w.embed, ReadVocabRows(c, ckpt, "model.embed_tokens.weight", shard));
+  SPECD_ASSIGN_OR_RETURN(w.embed,
+                         ReadVocabRows(c, ckpt, std::string(TensorNamesOf(c.family).embed), shard));
   w.layers.resize(c.num_layers);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     SPECD_RETURN_IF_ERROR(LoadLayer(c, ckpt, i, shard, w.layers[i]));

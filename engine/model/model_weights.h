@@ -1,10 +1,11 @@
 // The model's parameters in fp32 (bf16/f16 checkpoints are widened on load), laid out
-// for the CPU forward: q/k/v fused into one projection and gate/up into another so each
-// is a single GEMM. Under tensor parallelism a rank holds only its shard (TpShard): its heads'
-// rows of q/k/v, their columns of o_proj, its intermediate rows of gate/up and columns of down,
-// its vocabulary rows of the embedding and LM head; norms are replicated. Shapes below use the
-// rank's sizes (LocalModelConfig; the whole model when world_size is 1). Immutable after
-// LoadModelWeights; read from any thread.
+// for the CPU forward: q/k/v (and NSA's gate logits) fused into one projection and gate/up into
+// another so each is a single GEMM. Tensor names follow the family (transformers', or fla's for
+// NSA: model.embeddings, attn_norm, attn.*, mlp_norm). Under tensor parallelism a rank holds only
+// its shard (TpShard): its heads' rows of q/k/v, their columns of o_proj, its intermediate rows of
+// gate/up and columns of down, its vocabulary rows of the embedding and LM head; norms are
+// replicated. Shapes below use the rank's sizes (LocalModelConfig; the whole model when world_size
+// is 1). Immutable after LoadModelWeights; read from any thread.
 #pragma once
 
 #include <vector>
@@ -18,7 +19,7 @@ namespace specd {
 
 struct LayerWeights {
   std::vector<float> input_norm;  // [hidden] f32
-  std::vector<float> qkv;         // [q_size + 2 * kv_size, hidden] f32 (rows: q, then k, then v)
+  std::vector<float> qkv;         // [q_size + 2 * kv_size + gate_size, hidden] f32: q, k, v, gates
   std::vector<float> qkv_bias;    // [q_size + 2 * kv_size] f32, empty without biases
   std::vector<float> q_norm;      // [head_dim] f32, Qwen3 only
   std::vector<float> k_norm;      // [head_dim] f32, Qwen3 only

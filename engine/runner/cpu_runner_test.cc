@@ -72,6 +72,27 @@ TEST(CreateModelRunnerTest, CudaWithoutCudaInTheBuildIsAClearError) {
 }
 #endif
 
+#ifdef SPECD_TEST_HAS_CUDA
+// Refused before the device is touched: the same answer with or without a visible GPU.
+TEST(CreateModelRunnerTest, CudaRefusesNsaModelsUntilItsForwardExists) {
+  RunnerOptions o = CpuOptions();
+  o.model_dir = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
+  o.device = "cuda";
+  auto runner = CreateModelRunner(o);
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnimplemented) << runner.status();
+  EXPECT_NE(runner.status().message().find("Native Sparse Attention"), std::string::npos)
+      << runner.status();
+}
+#endif
+
+TEST(CreateModelRunnerTest, CpuRunnerLoadsNsaModels) {
+  RunnerOptions o = CpuOptions();
+  o.model_dir = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
+  auto runner = CreateModelRunner(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE((*runner)->config().is_nsa());
+}
+
 // A runner and a Model over the same weights, block tables from a real allocator.
 class CpuRunnerTest : public ::testing::Test {
  protected:

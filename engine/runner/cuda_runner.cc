@@ -219,6 +219,17 @@ absl::Status ShapeError(const absl::Status& s, const ModelConfig& c, int32_t blo
       " query / ", c.num_kv_heads, " KV heads, block_size ", block_size, "): ", s.message()));
 }
 
+// Families whose CUDA forward does not exist yet.
+absl::Status CheckCudaSupports(const std::string& model_dir) {
+  SPECD_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
+  if (config.is_nsa()) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": ", config.architecture,
+        " (Native Sparse Attention) has no CUDA forward yet; run it on the CPU (--device cpu)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptions& o,
@@ -229,6 +240,8 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   s->block_size = o.block_size;
   s->comm = o.comm;
   s->worker = o.tp.rank != 0;
+  // Refused before the device is touched, so the answer is the same with or without a GPU.
+  SPECD_RETURN_IF_ERROR(CheckCudaSupports(o.model_dir));
   SPECD_RETURN_IF_ERROR(s->SelectDevice(device));
   SPECD_RETURN_IF_ERROR(s->LoadModel(o));
   ForwardLimits& l = s->limits;

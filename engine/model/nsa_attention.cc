@@ -1,0 +1,239 @@
+#include "engine/model/nsa_attention.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+namespace specd {
+namespace {
+
+// Below this many attended keys (times heads) in a batch, NSA attention stays on one thread: a
+// pool dispatch costs tens of microseconds.
+constexpr int64_t kMinParallelKeys = int64_t{1} << 14;
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Softmax over `logits` in place (max-subtracted exponentials, the sum in double as in
+// attention.cc).
+void SoftmaxInPlace(std::span<float> logits) {
+  if (logits.empty()) return;
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float& s : logits) {
+    s = std::exp(s - max_logit);
+    sum += s;
+  }
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (float& s : logits) s *= inv_sum;
+}
+
+// Softmax of each row of logits ([rows, cols] f32) in place.
+void SoftmaxRows(float* logits, int32_t rows, int32_t cols) {
+  for (int32_t r = 0; r < rows; ++r) {
+    SoftmaxInPlace(std::span<float>(logits + int64_t{r} * cols, cols));
+  }
+}
+
+}  // namespace
+
+// Per-thread scratch of AttendToken.
+struct NsaAttention::Task {
+  std::vector<float> logits;                    // [group, keys] of one branch
+  std::vector<float> block_scores;              // [own_block + 1] selection scores
+  std::vector<int32_t> positions;               // [keys] attended positions of a branch
+  std::vector<float> keys;                      // [keys, head_dim] gathered from the cache
+  std::vector<float> values;                    // [keys, head_dim] gathered from the cache
+  std::vector<float> cmp_out;                   // [group, head_dim] compressed branch
+  std::vector<float> slc_out;                   // [group, head_dim] selected branch
+  std::vector<float> swa_out;                   // [group, head_dim] window branch
+  std::vector<std::vector<int32_t>> selection;  // [num_kv_heads] of the token just attended
+};
+
+NsaAttention::NsaAttention(const NsaShape& shape, int32_t num_layers)
+    : shape_(shape),
+      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)))),
+      last_selection_(num_layers) {}
+
+std::span<const int32_t> NsaAttention::LastTokenSelection(int32_t layer, int32_t kv_head) const {
+  if (layer < 0 || layer >= static_cast<int32_t>(last_selection_.size())) return {};
+  const auto& per_head = last_selection_[layer];
+  if (kv_head < 0 || kv_head >= static_cast<int32_t>(per_head.size())) return {};
+  return per_head[kv_head];
+}
+
+std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block, int32_t group,
+                                     int32_t count) {
+  for (int32_t forced : {0, own_block - 1, own_block}) {
+    if (forced >= 0) scores[forced] = static_cast<float>(group);
+  }
+  std::vector<int32_t> order(own_block + 1);
+  std::iota(order.begin(), order.end(), 0);
+  if (static_cast<int32_t>(order.size()) > count) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+    order.resize(count);
+    std::sort(order.begin(), order.end());
+  }
+  return order;
+}
+
+void NsaAttention::Compress(const TokenLayout& layout, const CpuKvCache& kv, int32_t layer) {
+  const int32_t bs = shape_.nsa.block_size, kv_bs = kv.spec().block_size;
+  const int32_t hd = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  const size_t num_seqs = layout.block_tables.size();
+  seq_end_.assign(num_seqs, -1);
+  for (size_t t = 0; t < layout.positions.size(); ++t) {
+    int32_t& end = seq_end_[layout.seq_of_token[t]];
+    end = std::max(end, layout.positions[t]);
+  }
+  cmp_.resize(num_seqs);
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const int32_t num_blocks = (seq_end_[s] + 1) / bs;
+    std::vector<float>& cmp = cmp_[s];
+    cmp.assign(int64_t{num_blocks} * kv_heads * 2 * hd, 0.0f);
+    const std::span<const int32_t> table = layout.block_tables[s];
+    for (int32_t c = 0; c < num_blocks; ++c) {
+      for (int32_t j = c * bs; j < (c + 1) * bs; ++j) {
+        const int32_t block = table[j / kv_bs], slot = j % kv_bs;
+        for (int32_t g = 0; g < kv_heads; ++g) {
+          float* mean = &cmp[(int64_t{c} * kv_heads + g) * 2 * hd];
+          const float* key = kv.KeySlot(layer, block, slot) + int64_t{g} * hd;
+          const float* value = kv.ValueSlot(layer, block, slot) + int64_t{g} * hd;
+          for (int32_t d = 0; d < hd; ++d) {
+            mean[d] += key[d];
+            mean[hd + d] += value[d];
+          }
+        }
+      }
+      float* block_means = &cmp[int64_t{c} * kv_heads * 2 * hd];
+      for (int64_t d = 0; d < int64_t{kv_heads} * 2 * hd; ++d) {
+        block_means[d] /= static_cast<float>(bs);
+      }
+    }
+  }
+}
+
+// out = softmax(scale * Q . K[positions]^T) . V[positions] for the `group` query heads of KV head
+// `kv_head`, the keys and values gathered from the paged cache so each branch is two GEMMs.
+// q: [group, head_dim] f32; out: [group, head_dim] f32.
+void NsaAttention::AttendPositions(const float* q, std::span<const int32_t> table,
+                                   const CpuKvCache& kv, int32_t layer, int32_t kv_head, Task& task,
+                                   float* out) const {
+  const int32_t hd = shape_.head_dim, kv_bs = kv.spec().block_size;
+  const int32_t group = shape_.num_heads / shape_.num_kv_heads;
+  const int32_t n = static_cast<int32_t>(task.positions.size());
+  const int64_t offset = int64_t{kv_head} * hd;
+  task.keys.resize(int64_t{n} * hd);
+  task.values.resize(int64_t{n} * hd);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t p = task.positions[i];
+    const int32_t block = table[p / kv_bs], slot = p % kv_bs;
+    std::memcpy(&task.keys[int64_t{i} * hd], kv.KeySlot(layer, block, slot) + offset,
+                sizeof(float) * hd);
+    std::memcpy(&task.values[int64_t{i} * hd], kv.ValueSlot(layer, block, slot) + offset,
+                sizeof(float) * hd);
+  }
+  task.logits.resize(int64_t{group} * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, n, hd, scale_, q, hd,
+              task.keys.data(), hd, 0.0f, task.logits.data(), n);
+  SoftmaxRows(task.logits.data(), group, n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, n, 1.0f, task.logits.data(), n,
+              task.values.data(), hd, 0.0f, out, hd);
+}
+
+// The compressed branch of the group's heads into task.cmp_out, and the block scores (its
+// probabilities summed over the heads, in head order) into task.block_scores.
+void NsaAttention::AttendCompressed(const float* q, const std::vector<float>& cmp,
+                                    int32_t num_visible, int32_t own_block, int32_t kv_head,
+                                    Task& task) const {
+  const int32_t hd = shape_.head_dim;
+  const int32_t group = shape_.num_heads / shape_.num_kv_heads;
+  task.block_scores.assign(own_block + 1, 0.0f);
+  task.cmp_out.assign(int64_t{group} * hd, 0.0f);
+  if (num_visible == 0) return;
+  const int64_t ld = int64_t{shape_.num_kv_heads} * 2 * hd;  // [blocks, kv_heads, 2, head_dim]
+  const float* keys = cmp.data() + int64_t{kv_head} * 2 * hd;
+  task.logits.resize(int64_t{group} * num_visible);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, num_visible, hd, scale_, q, hd, keys,
+              static_cast<int>(ld), 0.0f, task.logits.data(), num_visible);
+  SoftmaxRows(task.logits.data(), group, num_visible);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, num_visible, 1.0f,
+              task.logits.data(), num_visible, keys + hd, static_cast<int>(ld), 0.0f,
+              task.cmp_out.data(), hd);
+  for (int32_t h = 0; h < group; ++h) {
+    for (int32_t c = 0; c < num_visible; ++c) {
+      task.block_scores[c] += task.logits[int64_t{h} * num_visible + c];
+    }
+  }
+}
+
+void NsaAttention::AttendToken(int64_t t, const TokenLayout& layout, const float* q,
+                               int64_t q_stride, const float* gate_logits, int64_t gate_stride,
+                               const CpuKvCache& kv, int32_t layer, float* out, Task& task) const {
+  const int32_t bs = shape_.nsa.block_size, hd = shape_.head_dim;
+  const int32_t group = shape_.num_heads / shape_.num_kv_heads;
+  const int32_t p = layout.positions[t], s = layout.seq_of_token[t];
+  const int32_t own_block = p / bs, num_visible = (p + 1) / bs;
+  const std::span<const int32_t> table = layout.block_tables[s];
+  task.selection.resize(shape_.num_kv_heads);
+  task.slc_out.resize(int64_t{group} * hd);
+  task.swa_out.resize(int64_t{group} * hd);
+  for (int32_t g = 0; g < shape_.num_kv_heads; ++g) {
+    const float* qg = q + t * q_stride + int64_t{g} * group * hd;  // [group, head_dim]
+    AttendCompressed(qg, cmp_[s], num_visible, own_block, g, task);
+    task.selection[g] =
+        NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts);
+    // Selected branch: every key up to p of the selected blocks (the own block truncated).
+    task.positions.clear();
+    for (int32_t b : task.selection[g]) {
+      for (int32_t j = b * bs; j < (b + 1) * bs && j <= p; ++j) task.positions.push_back(j);
+    }
+    AttendPositions(qg, table, kv, layer, g, task, task.slc_out.data());
+    // Window branch: the keys p - window_size + 1 .. p.
+    task.positions.clear();
+    for (int32_t j = std::max(0, p - shape_.nsa.window_size + 1); j <= p; ++j) {
+      task.positions.push_back(j);
+    }
+    AttendPositions(qg, table, kv, layer, g, task, task.swa_out.data());
+    for (int32_t hh = 0; hh < group; ++hh) {
+      const int64_t h = int64_t{g} * group + hh;
+      const float* gate = gate_logits + t * gate_stride + 3 * h;
+      const float g_cmp = Sigmoid(gate[0]), g_slc = Sigmoid(gate[1]), g_swa = Sigmoid(gate[2]);
+      float* o = out + (t * shape_.num_heads + h) * hd;
+      const float* o_cmp = &task.cmp_out[hh * hd];
+      const float* o_slc = &task.slc_out[hh * hd];
+      const float* o_swa = &task.swa_out[hh * hd];
+      for (int32_t d = 0; d < hd; ++d) {
+        o[d] = g_slc * o_slc[d] + g_cmp * o_cmp[d] + g_swa * o_swa[d];
+      }
+    }
+  }
+}
+
+void NsaAttention::Run(ThreadPool& pool, const TokenLayout& layout, const float* q,
+                       int64_t q_stride, const float* gate_logits, int64_t gate_stride,
+                       const CpuKvCache& kv, int32_t layer, float* out) {
+  const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
+  if (num_tokens == 0) return;
+  Compress(layout, kv, layer);
+  auto body = [&](int64_t begin, int64_t end) {
+    Task task;
+    for (int64_t t = begin; t < end; ++t) {
+      AttendToken(t, layout, q, q_stride, gate_logits, gate_stride, kv, layer, out, task);
+      if (t == num_tokens - 1) last_selection_[layer] = task.selection;
+    }
+  };
+  const int64_t keys_per_token =
+      int64_t{shape_.nsa.block_counts} * shape_.nsa.block_size + shape_.nsa.window_size;
+  if (num_tokens * keys_per_token * shape_.num_heads < kMinParallelKeys ||
+      pool.num_threads() == 1) {
+    body(0, num_tokens);
+  } else {
+    pool.ParallelFor(num_tokens, body);
+  }
+}
+
+}  // namespace specd

@@ -1,0 +1,84 @@
+// Native Sparse Attention (NSA; fla >= 0.5.2 semantics, shared/models/nsa-codepair/PROVENANCE.md)
+// of a ragged batch over the paged KV cache, CPU fp32: the exact oracle of the NSA family. For a
+// query at position p (own block i = p / B, B = block_size) and each query head, three branches
+// over the RoPE'd keys, each with one softmax scaled by head_dim^-1/2:
+//   compressed: the means of each complete block's keys and values (block c is visible iff
+//     (c + 1) * B - 1 <= p; no output while none is);
+//   selected:   per KV head, block scores = the compressed probabilities summed over its query
+//     heads, blocks {0, i - 1, i} forced with a score of one per head, the top S of the
+//     candidates c <= i (all of them while i < S); every key j <= p of the selected blocks;
+//   window:     the keys p - window_size + 1 .. p;
+// mixed by independent sigmoid gates: o = g_slc * o_slc + g_cmp * o_cmp + g_swa * o_swa.
+// The compressed blocks are recomputed from the paged KV on every call (each sequence's complete
+// blocks once per layer), so prefill, decode, chunked prefill, verification chunks, prefix-cache
+// reuse and preemption all read one source of truth; no cache beside the paged KV to keep in step.
+// Engine thread; work fans out to the pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/base/thread_pool.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/model/attention.h"
+#include "engine/model/model_config.h"
+
+namespace specd {
+
+struct NsaShape {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  NsaConfig nsa;
+};
+
+class NsaAttention {
+ public:
+  NsaAttention(const NsaShape& shape, int32_t num_layers);
+
+  // out[t, h] = the gated sum of the three branches for query head h of token t.
+  // q: [num_tokens, q_stride] f32, heads at columns [h * head_dim, ...), RoPE applied;
+  // gate_logits: [num_tokens, gate_stride] f32, column 3 * h + j = branch j (0 compressed,
+  // 1 selected, 2 window) of head h, before the sigmoid;
+  // out: [num_tokens, num_heads * head_dim] f32. K/V (RoPE'd keys) of every position up to each
+  // token's own must be in the cache already (WriteKv first).
+  void Run(ThreadPool& pool, const TokenLayout& layout, const float* q, int64_t q_stride,
+           const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv, int32_t layer,
+           float* out);
+
+  // The blocks KV head `kv_head` selected for the last token of the batch of the last Run of
+  // `layer`, ascending ([<= block_counts] block indices); empty before any Run. For tests and
+  // selection metrics.
+  std::span<const int32_t> LastTokenSelection(int32_t layer, int32_t kv_head) const;
+
+ private:
+  struct Task;
+  // Means of each sequence's complete blocks up to its last new token (into cmp_).
+  void Compress(const TokenLayout& layout, const CpuKvCache& kv, int32_t layer);
+  void AttendCompressed(const float* q, const std::vector<float>& cmp, int32_t num_visible,
+                        int32_t own_block, int32_t kv_head, Task& task) const;
+  void AttendPositions(const float* q, std::span<const int32_t> table, const CpuKvCache& kv,
+                       int32_t layer, int32_t kv_head, Task& task, float* out) const;
+  void AttendToken(int64_t t, const TokenLayout& layout, const float* q, int64_t q_stride,
+                   const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv,
+                   int32_t layer, float* out, Task& scratch) const;
+
+  NsaShape shape_;
+  float scale_;  // head_dim^-1/2
+  // Per sequence of the current Run: [num_complete_blocks, num_kv_heads, 2, head_dim] f32, the
+  // mean key then the mean value of each block and KV head.
+  std::vector<std::vector<float>> cmp_;
+  std::vector<int32_t> seq_end_;  // [num_seqs] last position of each sequence's new tokens
+  // [num_layers][num_kv_heads][<= block_counts] the last token's selection per layer.
+  std::vector<std::vector<std::vector<int32_t>>> last_selection_;
+};
+
+// The blocks selected from `scores` ([own_block + 1] f32: the summed compressed probabilities of
+// blocks 0 .. own_block, zero where a block is not yet complete) for a query in `own_block` with
+// `group` query heads per KV head: {0, own_block - 1, own_block} forced with score `group`, then
+// the top `count` by score (ties to the lower index), ascending. Writes scores' forced entries.
+std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block, int32_t group,
+                                     int32_t count);
+
+}  // namespace specd
