@@ -54,6 +54,13 @@ class PreemptionCounter : public EngineObserver {
   std::atomic<int64_t> preempted_{0};
 };
 
+absl::Status MakeNsaEngineStatus(EngineOptions options) {
+  options.model_dir = kNsaModel;
+  options.max_model_len = 2048;
+  options.num_threads = 1;
+  return Engine::Create(options).status();
+}
+
 std::unique_ptr<Engine> MakeNsaEngine(EngineOptions options) {
   options.model_dir = kNsaModel;
   if (options.max_model_len == 0) options.max_model_len = 2048;
@@ -92,6 +99,16 @@ TEST(EngineNsaTest, GreedyMatchesGoldenAndRepeatHitsPrefixCache) {
   EXPECT_EQ(a.usage.cached_prompt_tokens, 0);
   EXPECT_GT(b.usage.cached_prompt_tokens, 0);
   EXPECT_LT(b.usage.cached_prompt_tokens, b.usage.prompt_tokens);
+  // Vegas drafts with dense attention: an NSA target refuses it when the request arrives, not
+  // in the middle of a step shared with other requests.
+  GenerateRequest vegas = GoldenRequest(g);
+  vegas.speculation.method = SpeculationMethod::kVegas;
+  vegas.speculation.num_speculative_tokens = 4;
+  auto refused = engine->Submit(vegas, c.Callback());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EngineOptions with_vegas;
+  with_vegas.speculative.method = SpeculationMethod::kVegas;
+  EXPECT_EQ(MakeNsaEngineStatus(with_vegas).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(EngineNsaTest, ChunkedPrefillAndPreemptionOfConcurrentRequestsMatchGoldens) {
