@@ -9,6 +9,7 @@
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
 #include "engine/parallel/tp_group.h"
+#include "engine/policy/strategy_policy.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/ngram.h"
@@ -90,6 +91,7 @@ Engine::Request::Request(RequestId id, GenerateRequest req, ResolvedSpeculation 
       seed(SeedFor(request.params)),
       sampler(request.params, seed),
       spec(spec),
+      step(spec),
       stop(request.params.stop) {
   if (spec.enabled()) {
     acceptor.emplace(request.params, seed ^ kAcceptSeedSalt);
@@ -148,6 +150,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     }
   }
   SPECD_RETURN_IF_ERROR(engine->CreateSpeculators(runner));
+  SPECD_RETURN_IF_ERROR(engine->CreatePolicy());
   ModelRunner* target = engine->runner_.get();
   engine->verifiers_.push_back(std::make_unique<GreedyVerifier>(target));
   engine->verifiers_.push_back(std::make_unique<SampledVerifier>(target));
@@ -306,6 +309,9 @@ RequestUsage Engine::Request::Usage() const {
   u.num_cache_hit_drafts = num_cache_hit_drafts;
   u.num_cache_hit_draft_tokens = num_cache_hit_draft_tokens;
   u.num_cache_hit_accepted_tokens = num_cache_hit_accepted_tokens;
+  for (const RequestUsage::MethodUsage& m : by_method) {
+    if (m.num_drafts > 0) u.by_method.push_back(m);
+  }
   return u;
 }
 
@@ -367,9 +373,15 @@ bool Engine::CommitToken(Request& r, SampleResult sampled, absl::Time now) {
 void Engine::FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                            std::vector<GeneratedToken> tokens, std::string text) {
   core_->scheduler.Finish(&r.seq);
-  if (r.spec.enabled()) {
-    if (Speculator* speculator = SpeculatorFor(r)) speculator->Release(r.id);
+  // Every speculator that drafted for it (`auto` may have used several) drops its state.
+  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
+                                                        vegas_.get(), vegas_.get()};
+  for (int m = 0; m < kNumSpeculatorSlots; ++m) {
+    if ((r.used_speculators >> m & 1u) != 0 && speculators[m] != nullptr) {
+      speculators[m]->Release(r.id);
+    }
   }
+  if (r.used_policy) policy_->Forget(r.id);
   if (EngineObserver* observer = options_.observer.get()) {
     FinishedRequestMetrics m;
     m.outcome = OutcomeOf(reason, status);

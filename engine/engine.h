@@ -33,6 +33,7 @@
 namespace specd {
 
 class ModelRunner;
+class StrategyPolicy;
 class Tokenizer;
 struct RunnerOptions;
 struct ModelConfig;
@@ -81,6 +82,10 @@ struct EngineOptions {
   // Speculative decoding (`--speculative-config`): the default method and K for requests
   // that do not choose, and the draft model to load (it runs on `device`, with its own KV).
   SpeculativeConfig speculative;
+  // `auto` speculation's cost profile (`--cost-profile`): the JSON specd_profile writes
+  // (engine/policy/cost_profile.h). "": the default profile of the runner in use
+  // (DefaultCostProfile in engine_policy.cc). A file that does not load fails Create.
+  std::string cost_profile;
   TensorParallelOptions tensor_parallel;
   std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
@@ -119,6 +124,15 @@ struct RequestUsage {
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  // The same three counts per method that drafted (`auto` may use several), in the order
+  // draft_model, ngram, ssd, vegas, streaming; methods without rounds are left out.
+  struct MethodUsage {
+    const char* method = "";  // SpeculationMethodName
+    int64_t num_drafts = 0;
+    int64_t num_draft_tokens = 0;
+    int64_t num_accepted_tokens = 0;
+  };
+  std::vector<MethodUsage> by_method = {};
   // Tokens committed per verification round: 1 + accepted / drafts (vLLM's "mean acceptance
   // length"); 0 without rounds.
   double mean_accepted_length() const {
@@ -212,6 +226,21 @@ struct SpeculationStepMetrics {
   std::vector<MethodSeconds> by_method;
 };
 
+// One engine step's `auto` decision (StrategyPolicy), for metrics: after every step in which
+// some running decode had method auto.
+struct PolicyStepMetrics {
+  struct MethodRows {
+    const char* method = "";  // SpeculationMethodName; "none" for plain rows
+    int32_t num_rows = 0;     // decodes the policy gave this method this step (auto and pinned)
+  };
+  std::vector<MethodRows> rows = {};  // methods with rows only
+  // The cost model's tokens per second for the step's decodes (the profile's units: nominal
+  // for the default profile), and the step's committed tokens over its wall time.
+  double estimated_tokens_per_second = 0;
+  double realized_tokens_per_second = 0;
+  bool switched = false;  // hysteresis let a new assignment replace the held one
+};
+
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
 // against their readers and quick). server/ implements it with prometheus-cpp.
 class EngineObserver {
@@ -227,6 +256,8 @@ class EngineObserver {
   virtual void OnPreemption(int32_t num_sequences) = 0;
   // After a step that verified drafts.
   virtual void OnSpeculation(const SpeculationStepMetrics&) {}
+  // After a step in which the strategy policy decided (some decode had method auto).
+  virtual void OnPolicy(const PolicyStepMetrics&) {}
 };
 
 // Speculators the step pipeline drives, by method: draft model, n-gram, SSD, vegas, streaming.
@@ -252,6 +283,10 @@ class Engine {
   bool has_ssd() const { return ssd_ != nullptr; }
   // Methods vegas and streaming run here (the CPU backend on one rank, for now).
   bool has_sparse_drafting() const { return vegas_ != nullptr; }
+  // `auto` speculation's cost profile as JSON (CostProfile::ToJson), and where it came from
+  // ("file PATH" or "default: ..."). Fixed at Create; any thread.
+  const std::string& cost_profile_json() const { return cost_profile_json_; }
+  const std::string& cost_profile_source() const { return cost_profile_source_; }
   // The SSD speculator process the engine launched, or -1 (none running, or not launched by
   // us). Any thread (fault tests signal it).
   int32_t ssd_speculator_pid() const;
@@ -303,6 +338,15 @@ class Engine {
   Engine();
   absl::Status CreateSpeculators(const RunnerOptions& target);
   absl::Status CreateSsd(const RunnerOptions& target);  // engine_ssd.cc
+  // engine_policy.cc: the strategy policy `auto` runs (its cost profile loaded or defaulted).
+  absl::Status CreatePolicy();
+  // Prepare, after PlanSampling: each sample row's method and K for this step (Request::step),
+  // the policy's choice for requests whose method is auto.
+  void ChooseStrategies(const StepPlan& plan);
+  // Apply: the policy's acceptance estimates from the step's rounds (before any commit).
+  void ReportToPolicy();
+  // End of Apply: the step's policy metrics (`committed` tokens in the step).
+  void FinishPolicyStep(int64_t committed);
   Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                       absl::Time arrival);
   // One step (engine_step.cc): Prepare (schedule, PlanSampling) -> Speculate -> Verify
@@ -330,7 +374,6 @@ class Engine {
   // the positions each of kSpeculatorMethods' rows verified (counted before Apply's commits).
   void AttributeStepTime(const double (&positions)[kNumSpeculatorSlots],
                          SpeculationStepMetrics& metrics);
-  Speculator* SpeculatorFor(const Request& r) const;
   void FinishRequest(Request& r, FinishReason reason, absl::Status status, absl::Time now,
                      std::vector<GeneratedToken> tokens = {}, std::string text = {});
   void FinishAll(const absl::Status& status);
@@ -352,6 +395,9 @@ class Engine {
   // sampled on the device, exact on the host (takes anything).
   std::vector<std::unique_ptr<Verifier>> verifiers_;
   const SsdStats* ssd_stats_ = nullptr;
+  std::unique_ptr<StrategyPolicy> policy_;  // what `auto` runs
+  std::string cost_profile_json_;
+  std::string cost_profile_source_;
   std::vector<int32_t> eos_ids_;
   int32_t max_model_len_ = 0;
   int32_t block_size_ = 16;

@@ -3,6 +3,7 @@
 // thread-safe serving API). server/ never includes this.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,9 @@
 
 namespace specd {
 
+// The speculator slot (Core::method_seconds, Request::by_method) of a method; -1 for none.
+int SpeculatorSlot(SpeculationMethod m);
+
 struct TpGroupOptions;
 // EngineOptions::tensor_parallel for CreateTpGroup (engine_tp.cc).
 TpGroupOptions ToTpGroupOptions(const EngineOptions& options);
@@ -51,6 +55,13 @@ struct Engine::Request {
   int64_t num_cache_hit_drafts = 0;  // SSD: rounds drafted from the speculation cache
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  // This step's speculation (Prepare): `spec`, or for auto `spec` with the policy's method and
+  // K (method kNone: plain). What Speculate, BuildBatch and Apply read.
+  ResolvedSpeculation step;
+  bool used_policy = false;       // auto: the policy has state for it (Forget when it ends)
+  uint32_t used_speculators = 0;  // bit m: speculator slot m was asked to draft for it
+  // Rounds, draft and accepted tokens per speculator slot (kSpeculatorMethods' order).
+  std::array<RequestUsage::MethodUsage, kNumSpeculatorSlots> by_method{};
   TokenHistory history;
   std::optional<IncrementalDetokenizer> detok;
   StopChecker stop;
@@ -109,6 +120,12 @@ struct Engine::Core {
   std::vector<int32_t> scored_len;             // [num_rows]
   absl::Time step_start;                       // when RunStep began
   int32_t num_spec_rows = 0;                   // rows with drafts this step
+  // The policy's step (ChooseStrategies): whether it decided, its estimate, and per row its
+  // method (-1: not a decode it described).
+  bool policy_decided = false;
+  bool policy_switched = false;
+  double policy_tokens_per_second = 0;
+  std::vector<int32_t> row_policy_method;  // [num_rows] PolicyMethod, or -1
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, pauses,

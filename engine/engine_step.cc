@@ -1,6 +1,8 @@
 // One engine step as four stages (docs/architecture.md, "The step pipeline"):
 // - Prepare: the scheduler's plan (admissions, chunked prefill, preemption) and the sample rows:
-//   the chunks whose sequence has all its tokens computed after this step draw a token.
+//   the chunks whose sequence has all its tokens computed after this step draw a token; then
+//   each row's method and K for the step (Request::step: pinned, or the strategy policy's for
+//   `auto` requests, engine_policy.cc).
 // - Speculate: each speculating decode's speculator proposes up to K drafts (K limited by the
 //   lookahead slots the scheduler reserved, the context and max_tokens).
 // - Verify: the first verifier that fits these rows and drafts (engine/verification: greedy on
@@ -31,6 +33,13 @@ constexpr SpeculationMethod kSpeculatorMethods[kNumSpeculatorSlots] = {
 
 }  // namespace
 
+int SpeculatorSlot(SpeculationMethod m) {
+  for (int i = 0; i < kNumSpeculatorSlots; ++i) {
+    if (kSpeculatorMethods[i] == m) return i;
+  }
+  return -1;
+}
+
 absl::StatusOr<bool> Engine::RunStep() {
   Core& c = *core_;
   c.step_start = absl::Now();
@@ -42,6 +51,7 @@ absl::StatusOr<bool> Engine::RunStep() {
   // reacting to its first token sees the waiting count without it.
   PublishStats(false);
   PlanSampling(plan);
+  ChooseStrategies(plan);
   // Speculate.
   Speculate(plan);
   // Verify.
@@ -99,22 +109,6 @@ void Engine::PlanSampling(const StepPlan& plan) {
   }
 }
 
-Speculator* Engine::SpeculatorFor(const Request& r) const {
-  switch (r.spec.method) {
-    case SpeculationMethod::kDraftModel:
-      return draft_.get();
-    case SpeculationMethod::kNgram:
-      return ngram_.get();
-    case SpeculationMethod::kSsd:
-      return ssd_.get();
-    case SpeculationMethod::kVegas:
-    case SpeculationMethod::kStreaming:
-      return vegas_.get();
-    default:
-      return nullptr;
-  }
-}
-
 void Engine::Speculate(const StepPlan& plan) {
   Core& c = *core_;
   c.num_spec_rows = 0;
@@ -142,7 +136,7 @@ void Engine::Speculate(const StepPlan& plan) {
       const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
       Request& r = *c.row_requests[k];
       if (chunk.num_lookahead_tokens == 0 || chunk.num_new_tokens != 1 ||
-          r.spec.method != kSpeculatorMethods[m]) {
+          r.step.method != kSpeculatorMethods[m]) {
         continue;
       }
       const SamplingParams& p = r.request.params;
@@ -150,7 +144,7 @@ void Engine::Speculate(const StepPlan& plan) {
       // Drafts sit at positions num_tokens .. num_tokens + k - 1; a round commits at most
       // k + 1 tokens, so no more than max_tokens - generated - 1 drafts are useful.
       const int32_t k_max =
-          std::min({r.spec.num_speculative_tokens, chunk.num_lookahead_tokens,
+          std::min({r.step.num_speculative_tokens, chunk.num_lookahead_tokens,
                     max_model_len_ - num_tokens, p.max_tokens - r.seq.num_generated() - 1});
       if (k_max <= 0) continue;
       DraftInput in;
@@ -163,11 +157,12 @@ void Engine::Speculate(const StepPlan& plan) {
       in.num_banned_positions = std::max(0, p.min_tokens - r.seq.num_generated());
       in.seed = r.seed;
       in.num_generated = r.seq.num_generated();
-      in.speculation = &r.spec;
+      in.speculation = &r.step;
       in.block_table = r.seq.blocks().ids();
       in.num_computed = r.seq.num_computed();
       c.draft_inputs.push_back(in);
       c.draft_rows.push_back(static_cast<int32_t>(k));
+      r.used_speculators |= 1u << m;
     }
     if (c.draft_inputs.empty()) continue;
     const absl::Time propose_start = absl::Now();
@@ -228,7 +223,7 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
       in.all_logits = all_logits;
       Request& r = *c.row_requests[k];
       if (r.acceptor) c.acceptors[k] = &*r.acceptor;
-      if (r.spec.method == SpeculationMethod::kVegas) {
+      if (r.step.method == SpeculationMethod::kVegas) {
         // The verification pass also scores the prefix for the next round's selection.
         c.row_scores[k].resize(num_layers * 2 * in.start_pos);
         c.row_attention[k].scores = c.row_scores[k];
@@ -250,7 +245,9 @@ void Engine::Apply(const StepPlan& plan) {
   // the request.
   double positions[kNumSpeculatorSlots] = {};
   if (speculative) TellSpeculators(positions);
+  ReportToPolicy();
   c.scheduler.Postprocess(plan);
+  int64_t committed = 0;
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < c.rows.size(); ++k) {
     Request& r = *c.row_requests[k];
@@ -261,6 +258,13 @@ void Engine::Apply(const StepPlan& plan) {
       r.num_drafts += 1;
       r.num_draft_tokens += o.num_drafts;
       r.num_accepted_tokens += o.num_accepted;
+      if (const int slot = SpeculatorSlot(r.step.method); slot >= 0) {
+        RequestUsage::MethodUsage& u = r.by_method[slot];
+        u.method = SpeculationMethodName(r.step.method);
+        u.num_drafts += 1;
+        u.num_draft_tokens += o.num_drafts;
+        u.num_accepted_tokens += o.num_accepted;
+      }
       const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
       metrics.from_cache.push_back(hit ? 1 : 0);
       if (c.drafts[k].num_kept_tokens >= 0) {
@@ -273,6 +277,7 @@ void Engine::Apply(const StepPlan& plan) {
       }
     }
     Sequence* seq = &r.seq;
+    committed += static_cast<int64_t>(o.tokens.size());
     bool finished = false;
     for (size_t j = 0; j < o.tokens.size() && !finished; ++j) {
       finished = CommitToken(r, std::move(o.tokens[j]), now);
@@ -286,6 +291,7 @@ void Engine::Apply(const StepPlan& plan) {
     AttributeStepTime(positions, metrics);
     options_.observer->OnSpeculation(metrics);
   }
+  FinishPolicyStep(committed);
 }
 
 void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
@@ -298,7 +304,7 @@ void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
     for (size_t k = 0; k < c.rows.size(); ++k) {
       const RowOutcome& o = c.outcomes[k];
       const Request& r = *c.row_requests[k];
-      if (o.num_drafts == 0 || r.spec.method != kSpeculatorMethods[m]) continue;
+      if (o.num_drafts == 0 || r.step.method != kSpeculatorMethods[m]) continue;
       positions[m] += static_cast<double>(o.num_drafts + 1);
       VerifiedRound round;
       round.seq_id = r.id;

@@ -122,6 +122,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto family = [&r](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
   };
+  policy_request_steps_ =
+      family("specd_policy_request_steps_total",
+             "Auto speculation: request-steps the strategy policy gave each method (none: plain).");
+  policy_switches_ = NewCounter(r, "specd_policy_switches_total",
+                                "Auto speculation: steps in which the policy changed its held "
+                                "assignment (past its hysteresis).");
+  policy_estimated_tps_ = NewGauge(r, "specd_policy_estimated_tokens_per_second",
+                                   "Auto speculation: the cost model's tokens per second for the "
+                                   "last decided step's decodes (the cost profile's time units).");
+  policy_realized_tps_ = NewGauge(r, "specd_policy_realized_tokens_per_second",
+                                  "Auto speculation: tokens the last decided step committed over "
+                                  "its wall time.");
   spec_seconds_ = family(
       "specd_spec_decode_seconds_total",
       "Speculative decoding: engine time by method and phase: draft (the method's speculator), "
@@ -182,6 +194,15 @@ void Metrics::OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) {
 }
 
 void Metrics::OnPreemption(int32_t num_sequences) { preemptions_->Increment(num_sequences); }
+
+void Metrics::OnPolicy(const PolicyStepMetrics& m) {
+  for (const PolicyStepMetrics::MethodRows& r : m.rows) {
+    policy_request_steps_->Add({{"method", r.method}}).Increment(r.num_rows);
+  }
+  if (m.switched) policy_switches_->Increment();
+  policy_estimated_tps_->Set(m.estimated_tokens_per_second);
+  policy_realized_tps_->Set(m.realized_tokens_per_second);
+}
 
 void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   if (m.ssd != nullptr) OnSsd(*m.ssd);

@@ -38,6 +38,7 @@ class Metrics : public EngineObserver {
   void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) override;
   void OnPreemption(int32_t num_sequences) override;
   void OnSpeculation(const SpeculationStepMetrics& m) override;
+  void OnPolicy(const PolicyStepMetrics& m) override;
 
   // One HTTP response sent with this status (I/O threads).
   void OnHttpResponse(int status);
@@ -82,6 +83,11 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* spec_seconds_ = nullptr;  // {method, phase}
+  // `auto` speculation's strategy policy.
+  prometheus::Family<prometheus::Counter>* policy_request_steps_ = nullptr;  // {method}
+  prometheus::Counter* policy_switches_ = nullptr;
+  prometheus::Gauge* policy_estimated_tps_ = nullptr;
+  prometheus::Gauge* policy_realized_tps_ = nullptr;
   // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold), from
   // OnSpeculation's and from every EngineStats snapshot (engine and scraping threads).
   // std::mutex rather than absl::Mutex: the distribution's abseil is not built with TSan, so

@@ -29,7 +29,10 @@ TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
                            "specd_spec_decode_num_accepted_tokens_total",
                            "specd_spec_decode_accepted_length",
                            "specd_spec_decode_draft_seconds",
-                           "specd_spec_decode_verify_seconds"}) {
+                           "specd_spec_decode_verify_seconds",
+                           "specd_policy_switches_total",
+                           "specd_policy_estimated_tokens_per_second",
+                           "specd_policy_realized_tokens_per_second"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
   }
 }
@@ -118,6 +121,29 @@ TEST(MetricsTest, SpeculationTimeByMethodAndPhase) {
   EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"ngram\",phase=\"other\"} 0.25"),
             std::string::npos);
   EXPECT_EQ(text.find("method=\"ssd\""), std::string::npos);
+}
+
+TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {
+  Metrics m;
+  PolicyStepMetrics step;
+  step.rows = {{"draft_model", 1}};
+  step.estimated_tokens_per_second = 150;
+  step.realized_tokens_per_second = 120;
+  m.OnPolicy(step);
+  step.rows = {{"none", 16}};
+  step.estimated_tokens_per_second = 1100;
+  step.realized_tokens_per_second = 1000;
+  step.switched = true;
+  m.OnPolicy(step);
+  m.OnPolicy(step);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("specd_policy_request_steps_total{method=\"draft_model\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("specd_policy_request_steps_total{method=\"none\"} 32"), std::string::npos);
+  EXPECT_NE(text.find("specd_policy_switches_total 2"), std::string::npos);
+  EXPECT_NE(text.find("specd_policy_estimated_tokens_per_second 1100"), std::string::npos);
+  EXPECT_NE(text.find("specd_policy_realized_tokens_per_second 1000"), std::string::npos);
 }
 
 bool Has(const std::string& text, const std::string& line) {

@@ -66,6 +66,9 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
         "\"model\": DRAFT_DIR, \"num_speculative_tokens\": K, \"prompt_lookup_min\"/"
         "\"prompt_lookup_max\": N, \"draft_kv_cache_bytes\": B, \"sparsity_ratio\": R, "
         "\"min_tokens\"/\"max_tokens\": N (vegas / streaming)}");
+  p.Add("cost-profile", &o.cost_profile,
+        "auto speculation's step-time profile, the JSON specd_profile writes (default: a "
+        "built-in rule for the device)");
 }
 
 absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(what); }
@@ -153,6 +156,7 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   num(c.request_timeout_s(), &o->request_timeout_s);
   str(c.log_level(), &o->log_level);
   str(c.speculative_config(), &o->speculative_config);
+  str(c.cost_profile(), &o->cost_profile);
 }
 
 absl::Status CheckRange(absl::string_view flag, int64_t v, int64_t lo, int64_t hi) {
@@ -179,6 +183,10 @@ absl::Status CheckSeconds(absl::string_view flag, double v) {
 // Parses --speculative-config into o->speculative; the draft model must be a directory.
 absl::Status ParseSpeculation(ServeOptions* o) {
   SPECD_ASSIGN_OR_RETURN(o->speculative, ParseSpeculativeConfig(o->speculative_config));
+  std::error_code exists_ec;
+  if (!o->cost_profile.empty() && !std::filesystem::is_regular_file(o->cost_profile, exists_ec)) {
+    return Bad(absl::StrCat("--cost-profile: '", o->cost_profile, "' is not a file"));
+  }
   const std::string& draft = o->speculative.draft_model;
   std::error_code ec;
   if (!draft.empty() && !std::filesystem::is_directory(draft, ec)) {
@@ -306,6 +314,7 @@ EngineOptions ToEngineOptions(const ServeOptions& o) {
   e.max_waiting = o.max_waiting_requests;
   e.enable_prefix_caching = !o.disable_prefix_caching;
   e.speculative = o.speculative;
+  e.cost_profile = o.cost_profile;
   e.tensor_parallel.size = o.tensor_parallel_size;
   e.tensor_parallel.nnodes = o.nnodes;
   e.tensor_parallel.node_rank = o.node_rank;

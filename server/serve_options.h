@@ -70,6 +70,9 @@ struct ServeOptions {
   // {"method": "draft_model", "model": "DIR", "num_speculative_tokens": 4}; empty: none.
   std::string speculative_config;
   SpeculativeConfig speculative;  // speculative_config parsed (by ParseServeOptions)
+  // `auto` speculation's cost profile: the JSON file specd_profile writes; empty: the default
+  // rule of the runner in use (EngineOptions::cost_profile). Loaded (and refused) at start-up.
+  std::string cost_profile;
 
   bool help = false;  // --help was given: print ServeUsage() and exit 0
 };

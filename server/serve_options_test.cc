@@ -177,6 +177,22 @@ TEST(ServeOptionsTest, SpeculativeConfigComesFromTheConfigFileAndTheFlagWins) {
   EXPECT_TRUE(flag->speculative.draft_model.empty());
 }
 
+TEST(ServeOptionsTest, CostProfileComesFromTheFlagOrTheConfigAndMustBeAFile) {
+  const std::string profile = WriteFile("profile.json", "{}");  // parsed by the engine
+  auto o = Parse({"--cost-profile", profile});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(ToEngineOptions(*o).cost_profile, profile);
+  EXPECT_TRUE(ToEngineOptions(*Parse({})).cost_profile.empty());
+  const std::string config =
+      WriteFile("with_profile.json", R"({"cost_profile": ")" + profile + R"("})");
+  auto from_config = Parse({"--config", config});
+  ASSERT_TRUE(from_config.ok()) << from_config.status();
+  EXPECT_EQ(from_config->cost_profile, profile);
+  auto missing = Parse({"--cost-profile", ::testing::TempDir() + "/no_such_profile.json"});
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("--cost-profile"), std::string::npos);
+}
+
 TEST(ServeOptionsTest, BadSpeculativeConfigNamesTheFlag) {
   const std::string in_file = WriteFile("bad_spec.json", R"({"speculative_config": "{\"k\": 1}"})");
   const std::vector<std::vector<std::string>> cases = {

@@ -306,9 +306,11 @@ class SpeculationTest(GrpcTestCase):
                     if s.num_drafts:
                         self.assertAlmostEqual(s.mean_accepted_length,
                                                1 + s.num_accepted_tokens / s.num_drafts)
-                    if opts["method"] != "ngram":
+                    # n-gram may find no match; auto may decide plain (the strategy policy).
+                    if opts["method"] not in ("ngram", "auto"):
                         self.assertGreater(s.num_drafts, 0, what)
                         self.assertGreater(s.num_draft_tokens, 0, what)
+                    self.assertEqual(sum(m.num_drafts for m in s.by_method), s.num_drafts, what)
                     accepted += s.num_accepted_tokens
         self.assertGreater(accepted, 0)
         self.wait_idle()
@@ -318,7 +320,11 @@ class SpeculationTest(GrpcTestCase):
                               (dict(method="ssv"), "not available yet"),
                               (dict(method="warp"), "speculation.method"),
                               (dict(method="ngram", num_speculative_tokens=100),
-                               "num_speculative_tokens")]:
+                               "num_speculative_tokens"),
+                              (dict(method="auto", policy=pb.SpeculationPolicy(max_k=65)),
+                               "speculation.policy.max_k"),
+                              (dict(method="ngram", policy=pb.SpeculationPolicy(forbid=["ngram"])),
+                               "forbid")]:
             self.assert_rpc_error(grpc.StatusCode.INVALID_ARGUMENT, self.stub.Generate,
                                   pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                                       **opts)), timeout=30, contains=message)

@@ -27,13 +27,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 SPECD, SOURCE = sys.argv[1:3]
 del sys.argv[1:3]
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon import Daemon, metric_key  # noqa: E402
+from daemon import Daemon, DaemonError, metric_key  # noqa: E402
 
 DRAFT = os.path.join(SOURCE, "models", "codepair", "draft")
 PROMPTS_FILE = os.path.join(SOURCE, "models", "codepair", "prompts.jsonl")
@@ -149,8 +150,12 @@ class SpecTestCase(unittest.TestCase):
 
     def assert_spec_usage(self, usage, what, speculated=True):
         s = usage["speculation"]
-        self.assertEqual(set(s), {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                                  "mean_accepted_length"}, what)
+        keys = {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_accepted_length"}
+        # by_method: the same counts per method that drafted (only when some did).
+        self.assertEqual(set(s), keys | {"by_method"} if s["num_drafts"] else keys, what)
+        for field in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            self.assertEqual(sum(m[field] for m in s.get("by_method", {}).values()), s[field],
+                             what)
         if speculated:
             self.assertGreater(s["num_drafts"], 0, what)
             self.assertGreaterEqual(s["num_draft_tokens"], s["num_drafts"], what)
@@ -352,9 +357,75 @@ class ServerDefaultTest(SpecTestCase):
                 self.assertEqual(status, 400, payload)
                 self.assertEqual(payload["error"]["param"], "speculation.method")
                 self.assertIn("draft model", payload["error"]["message"])
-            got = completion(dict(body, speculation={"method": "auto"}), d)  # auto: n-gram
-            self.assert_spec_usage(got["usage"], "auto without a draft model")
+            # auto: n-gram or plain, as the policy's default CPU profile prices a batch of 3.
+            got = completion(dict(body, speculation={"method": "auto"}), d)
+            s = self.assert_spec_usage(got["usage"], "auto without a draft model",
+                                       speculated=False)
+            self.assertLessEqual(set(s.get("by_method", {})), {"ngram"})
             self.assertGreater(d.metric("specd_spec_decode_num_drafts_total"), 0)
+
+
+# Step times (ms) in which the draft model pays for a lone request and loses from batch 4 on.
+LOSES_AT_FOUR_PROFILE = {
+    "version": 1, "device": "synthetic", "models": "codepair",
+    "plain": {"batch": [1, 4, 16], "context": [1], "ms": [[[10]], [[11]], [[14]]]},
+    "verify": {"batch": [1, 2, 4, 16], "tokens": [1, 5], "context": [1],
+               "ms": [[[10], [11]], [[10.5], [14]], [[11], [60]], [[14], [240]]]},
+    "methods": {"draft_model": {"draft": {"batch": [1, 16], "tokens": [1, 4], "context": [1],
+                                          "ms": [[[1], [4]], [[2], [8]]]}}},
+}
+
+
+class PolicyServerTest(SpecTestCase):
+    """`auto` as the server's default, with a --cost-profile file."""
+
+    def test_auto_follows_the_profile_reports_per_method_and_shows_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "profile.json")
+            with open(profile, "w", encoding="utf-8") as f:
+                json.dump(LOSES_AT_FOUR_PROFILE, f)
+            config = json.dumps({"method": "auto", "model": DRAFT, "num_speculative_tokens": 4})
+            with Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
+                        config, "--cost-profile", profile, source_dir=SOURCE,
+                        name="spec_http_policy") as d:
+                # A lone request: the profile says the draft model pays.
+                body = {"prompt": codepair_prompts(1, 300), "max_tokens": 40, "temperature": 0}
+                got, _ = self.same_as_plain(body, d)
+                s = self.assert_spec_usage(got["usage"], "auto alone")
+                self.assertEqual(set(s["by_method"]), {"draft_model"})
+                # Its own policy: no draft model, so nothing the profile knows is left.
+                refused = completion(dict(body, speculation={
+                    "method": "auto", "policy": {"forbid": ["draft_model"]}}), d)
+                self.assertEqual(refused["usage"]["speculation"]["num_drafts"], 0)
+                self.assertEqual(refused["choices"][0]["text"], got["choices"][0]["text"])
+                status, payload = post("/v1/completions", dict(body, speculation={
+                    "method": "draft_model", "policy": {"forbid": ["draft_model"]}}), d)
+                self.assertEqual(status, 400, payload)
+                self.assertEqual(payload["error"]["param"], "speculation.policy.forbid")
+                self.assertGreater(d.metric("specd_policy_request_steps_total",
+                                            method="draft_model"), 0)
+                self.assertGreater(d.metric("specd_policy_request_steps_total", method="none"),
+                                   0)
+                self.assertGreater(d.metric("specd_policy_estimated_tokens_per_second"), 0)
+                status, shown = d.get_json("/v1/debug/policy")
+                self.assertEqual(status, 200, shown)
+                self.assertEqual(shown["cost_profile_source"], f"file {profile}")
+                self.assertEqual(shown["cost_profile"]["device"], "synthetic")
+                self.assert_promtool_clean(d)
+
+    def test_a_bad_cost_profile_stops_startup_naming_the_field(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "bad.json")
+            with open(profile, "w", encoding="utf-8") as f:
+                json.dump(dict(LOSES_AT_FOUR_PROFILE, plain={"batch": [1], "context": [1],
+                                                             "ms": [[[0]]]}), f)
+            d = Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--speculative-config",
+                       json.dumps({"method": "auto"}), "--cost-profile", profile,
+                       source_dir=SOURCE, name="spec_http_bad_profile")
+            with self.assertRaises(DaemonError) as e:
+                d.start()
+            self.assertIn("--cost-profile", str(e.exception))
+            self.assertIn("plain.ms[0][0][0]", str(e.exception))
 
 
 class SsdServerTest(SpecTestCase):

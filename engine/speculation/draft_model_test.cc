@@ -147,6 +147,29 @@ TEST_F(DraftModelTest, GreedyDraftsFollowHfGoldenAcrossRejectionsAndFullAcceptan
   EXPECT_EQ(draft->num_live_sequences(), 0);
 }
 
+// `auto` speculation pauses the draft model (plain or n-gram rounds) and resumes it later: the
+// first round after a pause catches up every token committed meanwhile in one chunk, so its
+// drafts are HF's greedy continuation again (acceptance does not collapse).
+TEST_F(DraftModelTest, ResumedAfterRoundsItDidNotDraftItCatchesUpAndDraftsTheGolden) {
+  auto draft = MakeDraft();
+  const Golden g = LoadDraftGolden(2);
+  const std::span<const int32_t> golden(g.greedy_ids);
+  ASSERT_EQ(Propose(*draft, 2, g.prompt_ids, 4),
+            std::vector<int32_t>(golden.begin(), golden.begin() + 4));
+  VerifiedRound round;
+  round.seq_id = 2;
+  round.num_drafts = 4;
+  round.num_accepted = 1;
+  round.next_token = golden[1];
+  draft->OnVerified(std::span<const VerifiedRound>(&round, 1));
+  // 30 tokens committed by rounds the draft model took no part in.
+  const std::vector<int32_t> tokens = Concat(g.prompt_ids, golden.subspan(0, 30));
+  EXPECT_EQ(Propose(*draft, 2, tokens, 4),
+            std::vector<int32_t>(golden.begin() + 30, golden.begin() + 34));
+  // Its KV holds the context and the decoded drafts d_1..d_3.
+  EXPECT_EQ(draft->kv_length(2), static_cast<int32_t>(tokens.size()) + 3);
+}
+
 TEST_F(DraftModelTest, RejectedTokenReplacedByTheTargetsRollsBackTheDraftKv) {
   auto draft = MakeDraft();
   const Golden g = LoadDraftGolden(1);

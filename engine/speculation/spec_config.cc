@@ -386,6 +386,35 @@ absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string
   return absl::OkStatus();
 }
 
+namespace {
+
+bool IsSpeculating(SpeculationMethod m) {
+  return m != SpeculationMethod::kDefault && m != SpeculationMethod::kNone &&
+         m != SpeculationMethod::kAuto;
+}
+
+// speculation.policy: InvalidArgument for a max_k out of range or a forbid entry that is not a
+// speculating method; the forbidden methods as bits.
+absl::StatusOr<uint32_t> CheckPolicy(const SpeculationParams& request) {
+  if (request.policy_max_k > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("speculation.policy.max_k must be in [0, ",
+                                                   kMaxSpeculativeTokens, "], got ",
+                                                   request.policy_max_k));
+  }
+  uint32_t bits = 0;
+  for (SpeculationMethod m : request.policy_forbid) {
+    if (!IsSpeculating(m)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculation.policy.forbid: '", SpeculationMethodName(m),
+          "' is not a speculation method; list draft_model, ngram, ssd, vegas or streaming"));
+    }
+    bits |= 1u << static_cast<int>(m);
+  }
+  return bits;
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd,
@@ -396,10 +425,21 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
         absl::StrCat("speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens,
                      "], got ", request.num_speculative_tokens));
   }
-  SpeculationMethod method =
-      request.method == SpeculationMethod::kDefault ? server.method : request.method;
-  if (method == SpeculationMethod::kAuto) {
-    method = has_draft_model ? SpeculationMethod::kDraftModel : SpeculationMethod::kNgram;
+  SPECD_ASSIGN_OR_RETURN(const uint32_t forbidden, CheckPolicy(request));
+  const bool explicit_method = request.method != SpeculationMethod::kDefault;
+  SpeculationMethod method = explicit_method ? request.method : server.method;
+  const bool forbidden_method =
+      IsSpeculating(method) && (forbidden >> static_cast<int>(method) & 1u);
+  if (forbidden_method && explicit_method) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.method ", SpeculationMethodName(method),
+                     " is forbidden by the request's own speculation.policy.forbid"));
+  }
+  if (forbidden_method) method = SpeculationMethod::kNone;  // the server's default, refused
+  if (request.policy_max_k >= 0 && request.num_speculative_tokens > request.policy_max_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.num_speculative_tokens ", request.num_speculative_tokens,
+                     " exceeds the request's own speculation.policy.max_k ", request.policy_max_k));
   }
   if (method == SpeculationMethod::kDraftModel && !has_draft_model) {
     return absl::InvalidArgumentError(
@@ -434,9 +474,15 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
   out.sparse = sparse;
+  out.forbidden_bits = forbidden;
   out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;
-  out.num_speculative_tokens = request.num_speculative_tokens > 0 ? request.num_speculative_tokens
-                                                                  : server.num_speculative_tokens;
+  out.k_pinned = request.num_speculative_tokens > 0;
+  out.num_speculative_tokens =
+      out.k_pinned ? request.num_speculative_tokens : server.num_speculative_tokens;
+  if (request.policy_max_k >= 0) {
+    out.num_speculative_tokens = std::min(out.num_speculative_tokens, request.policy_max_k);
+  }
+  if (out.num_speculative_tokens == 0) return ResolvedSpeculation{};  // max_k 0: plain
   return out;
 }
 

@@ -9,14 +9,15 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace specd {
 
-// kDefault: the request said nothing (the server's default applies). kAuto: let the server
-// pick (the draft model when one is loaded, else n-gram prompt lookup).
+// kDefault: the request said nothing (the server's default applies). kAuto: the engine's
+// StrategyPolicy picks a method and K per request and step (engine/policy/strategy_policy.h).
 // kSsd: speculative speculative decoding (Saguaro) with a speculator process on its own device.
 // kVegas: the target drafts for itself with sparse attention over the prefix tokens the last
 // verification pass scored highest; kStreaming: the same sparse drafting over attention sinks
@@ -50,6 +51,10 @@ struct SpeculationParams {
   double sparsity_ratio = 0;       // in (0, 1]; 0: unset
   int32_t sparse_min_tokens = -1;  // HTTP / gRPC "min_tokens"; < 0: unset
   int32_t sparse_max_tokens = -1;  // HTTP / gRPC "max_tokens" (0: no cap); < 0: unset
+  // speculation.policy: the longest K this request may run (0: no speculation); < 0: unset.
+  int32_t policy_max_k = -1;
+  // speculation.policy.forbid: methods this request refuses (speculating methods only).
+  std::vector<SpeculationMethod> policy_forbid = {};
 };
 
 // Vegas and streaming: how many prefix tokens a draft step attends besides the recent ones,
@@ -139,18 +144,31 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& config);
 
 // What one request runs with.
 struct ResolvedSpeculation {
-  SpeculationMethod method = SpeculationMethod::kNone;  // kNone, kDraftModel, kNgram or kSsd
-  int32_t num_speculative_tokens = 0;                   // K; 0 when method is kNone
-  float saguaro_c = -1.0f;                              // SSD: the request's C, else the server's
+  // kNone, kAuto (the policy picks per step), or the pinned method.
+  SpeculationMethod method = SpeculationMethod::kNone;
+  // K; 0 when method is kNone. For kAuto: the longest K the policy may pick (the request's
+  // pinned K when k_pinned).
+  int32_t num_speculative_tokens = 0;
+  bool k_pinned = false;      // kAuto: the request gave K explicitly (the policy picks the method)
+  float saguaro_c = -1.0f;    // SSD: the request's C, else the server's
   SparseDraftOptions sparse;  // vegas / streaming: the request's budget, else the server's
+  uint32_t forbidden_bits = 0;  // speculation.policy.forbid: bit i is SpeculationMethod i
   bool enabled() const { return method != SpeculationMethod::kNone; }
+  bool Forbids(SpeculationMethod m) const {
+    return (forbidden_bits >> static_cast<int>(m) & 1u) != 0;
+  }
 };
 
-// The request's method (or the server default when it gave none), `auto` resolved to the draft
-// model when `has_draft_model`, else n-gram; K from the request, else the server's.
+// The request's method (or the server default when it gave none); `auto` stays auto (the
+// engine's policy decides per step; K is then its cap: the request's policy max_k, the server's
+// K); K from the request, else the server's. speculation.policy: an explicit method the request
+// forbids, or an explicit K above its max_k, is InvalidArgument; a server default the request
+// forbids resolves to no speculation, and a server default K above max_k is lowered to it.
 // InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded,
 // vegas / streaming on a server without sparse drafting (`has_sparse_drafting`: the CPU backend
-// for now), K outside [0, kMaxSpeculativeTokens], C outside [0, 1] or a bad sparse budget.
+// for now), K outside [0, kMaxSpeculativeTokens], C outside [0, 1], a bad sparse budget, a
+// policy max_k outside [0, kMaxSpeculativeTokens] or a forbid entry that is not a speculating
+// method (draft_model, ngram, ssd, vegas, streaming).
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd = false,

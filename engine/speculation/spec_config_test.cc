@@ -179,18 +179,79 @@ TEST(ResolveSpeculationTest, RequestOverridesServerDefault) {
   EXPECT_EQ(r->num_speculative_tokens, 0);
 }
 
-TEST(ResolveSpeculationTest, AutoPicksTheDraftModelWhenLoadedElseNgram) {
+TEST(ResolveSpeculationTest, AutoStaysAutoWithTheServersKAsItsCap) {
   const SpeculativeConfig server;  // no speculation by default
   auto r = ResolveSpeculation({SpeculationMethod::kAuto, 0}, server, true);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->method, SpeculationMethod::kDraftModel);
-  r = ResolveSpeculation({SpeculationMethod::kAuto, 0}, server, false);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->method, SpeculationMethod::kNgram);
+  EXPECT_EQ(r->method, SpeculationMethod::kAuto);  // the engine's policy decides per step
   EXPECT_EQ(r->num_speculative_tokens, 4);
+  EXPECT_FALSE(r->k_pinned);
+  r = ResolveSpeculation({SpeculationMethod::kAuto, 6}, server, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kAuto);
+  EXPECT_EQ(r->num_speculative_tokens, 6);
+  EXPECT_TRUE(r->k_pinned);
   r = ResolveSpeculation({}, server, false);  // nothing asked, nothing configured
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->enabled());
+}
+
+TEST(ResolveSpeculationTest, PolicyCapsKAndForbidsMethods) {
+  SpeculativeConfig server;
+  server.method = SpeculationMethod::kNgram;
+  server.num_speculative_tokens = 6;
+  SpeculationParams p;
+  p.method = SpeculationMethod::kAuto;
+  p.policy_max_k = 2;
+  p.policy_forbid = {SpeculationMethod::kDraftModel};
+  auto r = ResolveSpeculation(p, server, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_speculative_tokens, 2);
+  EXPECT_TRUE(r->Forbids(SpeculationMethod::kDraftModel));
+  EXPECT_FALSE(r->Forbids(SpeculationMethod::kNgram));
+  // The server's default method, forbidden by the request: no speculation.
+  SpeculationParams d;
+  d.policy_forbid = {SpeculationMethod::kNgram};
+  r = ResolveSpeculation(d, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->enabled());
+  // The server's default K above max_k is lowered; max_k 0 turns speculation off.
+  d = {};
+  d.policy_max_k = 3;
+  r = ResolveSpeculation(d, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->method, SpeculationMethod::kNgram);
+  EXPECT_EQ(r->num_speculative_tokens, 3);
+  d.policy_max_k = 0;
+  r = ResolveSpeculation(d, server, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->enabled());
+}
+
+TEST(ResolveSpeculationTest, PolicyConflictsAndBadEntriesAreInvalidArguments) {
+  const SpeculativeConfig server;
+  SpeculationParams p;
+  p.method = SpeculationMethod::kNgram;
+  p.policy_forbid = {SpeculationMethod::kNgram};
+  auto r = ResolveSpeculation(p, server, true);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("forbid"), std::string::npos) << r.status();
+  p = {};
+  p.method = SpeculationMethod::kAuto;
+  p.num_speculative_tokens = 5;
+  p.policy_max_k = 2;
+  r = ResolveSpeculation(p, server, true);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("max_k"), std::string::npos) << r.status();
+  p = {};
+  p.policy_max_k = kMaxSpeculativeTokens + 1;
+  EXPECT_EQ(ResolveSpeculation(p, server, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p = {};
+  p.policy_forbid = {SpeculationMethod::kAuto};
+  r = ResolveSpeculation(p, server, true);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not a speculation method"), std::string::npos);
 }
 
 TEST(ResolveSpeculationTest, DraftModelWithoutOneOrBadKIsAnInvalidArgument) {

@@ -80,6 +80,23 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptio
     }
     params.sparse_max_tokens = options.max_tokens();
   }
+  const v1::SpeculationPolicy& policy = options.policy();
+  if (policy.has_max_k()) {
+    if (policy.max_k() < 0 || policy.max_k() > kMaxSpeculativeTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("speculation.policy.max_k must be in [0, ",
+                                                     kMaxSpeculativeTokens, "], got ",
+                                                     policy.max_k()));
+    }
+    params.policy_max_k = policy.max_k();
+  }
+  for (const std::string& name : policy.forbid()) {
+    absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(name);
+    if (!m.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.policy.forbid: ", m.status().message()));
+    }
+    params.policy_forbid.push_back(*m);
+  }
   return params;
 }
 
@@ -207,6 +224,13 @@ void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool 
   stats->set_num_cache_hit_drafts(output.usage.num_cache_hit_drafts);
   stats->set_num_cache_hit_draft_tokens(output.usage.num_cache_hit_draft_tokens);
   stats->set_num_cache_hit_accepted_tokens(output.usage.num_cache_hit_accepted_tokens);
+  for (const RequestUsage::MethodUsage& m : output.usage.by_method) {
+    v1::MethodSpeculationStats* s = stats->add_by_method();
+    s->set_method(m.method);
+    s->set_num_drafts(m.num_drafts);
+    s->set_num_draft_tokens(m.num_draft_tokens);
+    s->set_num_accepted_tokens(m.num_accepted_tokens);
+  }
 }
 
 absl::Status ReadModelFileInfo(const std::string& model_dir, ServedModel* model) {

@@ -158,6 +158,14 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
          r->mutable_speculation()->set_min_tokens(-1);
        },
        absl::StatusCode::kInvalidArgument, "min_tokens"},
+      {"policy max_k",
+       [](v1::GenerateRequest* r) { r->mutable_speculation()->mutable_policy()->set_max_k(65); },
+       absl::StatusCode::kInvalidArgument, "speculation.policy.max_k"},
+      {"policy forbid",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->mutable_policy()->add_forbid("warp");
+       },
+       absl::StatusCode::kInvalidArgument, "speculation.policy.forbid"},
       {"skip special", [](v1::GenerateRequest* r) { r->set_skip_special_tokens(false); },
        absl::StatusCode::kUnimplemented, "skip_special_tokens"},
   };
@@ -200,6 +208,17 @@ TEST_F(GenerateConversionTest, SpeculationOptionsReachEveryChoice) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->front().speculation.method, SpeculationMethod::kDefault);
   EXPECT_EQ(out->front().speculation.num_speculative_tokens, 0);
+  EXPECT_EQ(out->front().speculation.policy_max_k, -1);
+  v1::GenerateRequest limited;
+  limited.set_text("x");
+  limited.mutable_speculation()->set_method("auto");
+  limited.mutable_speculation()->mutable_policy()->set_max_k(0);
+  limited.mutable_speculation()->mutable_policy()->add_forbid("ngram");
+  out = Convert(limited);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->front().speculation.policy_max_k, 0);
+  EXPECT_EQ(out->front().speculation.policy_forbid,
+            std::vector<SpeculationMethod>{SpeculationMethod::kNgram});
 }
 
 TEST_F(GenerateConversionTest, LastMessageCarriesSpeculationStats) {
@@ -217,6 +236,16 @@ TEST_F(GenerateConversionTest, LastMessageCarriesSpeculationStats) {
   EXPECT_EQ(resp.speculation_stats().num_draft_tokens(), 16);
   EXPECT_EQ(resp.speculation_stats().num_accepted_tokens(), 10);
   EXPECT_DOUBLE_EQ(resp.speculation_stats().mean_accepted_length(), 3.5);
+  EXPECT_EQ(resp.speculation_stats().by_method_size(), 0);
+  out.usage.by_method = {{"draft_model", 3, 12, 8}, {"ngram", 1, 4, 2}};
+  v1::GenerateResponse by_method;
+  AppendOutput(out, tokenizer_.get(), false, &by_method);
+  ASSERT_EQ(by_method.speculation_stats().by_method_size(), 2);
+  EXPECT_EQ(by_method.speculation_stats().by_method(0).method(), "draft_model");
+  EXPECT_EQ(by_method.speculation_stats().by_method(0).num_drafts(), 3);
+  EXPECT_EQ(by_method.speculation_stats().by_method(1).method(), "ngram");
+  EXPECT_EQ(by_method.speculation_stats().by_method(1).num_accepted_tokens(), 2);
+  out.usage.by_method.clear();
 
   v1::GenerateResponse plain;
   out.usage.num_drafts = out.usage.num_draft_tokens = out.usage.num_accepted_tokens = 0;

@@ -307,6 +307,8 @@ absl::Status SpecdService::DoGetServerInfo(const std::string& /*caller*/,
   response->set_kv_blocks_used(stats.kv_blocks_used);
   response->set_kv_blocks_total(stats.kv_blocks_total);
   response->set_draining(stats.draining);
+  response->set_cost_profile_json(config_.engine->cost_profile_json());
+  response->set_cost_profile_source(config_.engine->cost_profile_source());
   return absl::OkStatus();
 }
 

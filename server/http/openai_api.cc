@@ -150,12 +150,49 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
   return prompts;
 }
 
+// speculation.policy: {"max_k": 0..64, "forbid": ["draft_model", "ngram", "ssd", "vegas",
+// "streaming"]}. Wrong JSON types 422, unknown fields and bad values 400, naming the field.
+absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* out) {
+  const Json* policy = FindField(speculation, "policy");
+  if (policy == nullptr) return absl::OkStatus();
+  if (!policy->is_object()) {
+    return SchemaError("speculation.policy", "'speculation.policy' must be an object");
+  }
+  for (const auto& [key, value] : policy->items()) {
+    if (key != "max_k" && key != "forbid") {
+      return InvalidParam(
+          absl::StrCat("speculation.policy.", key),
+          absl::StrCat("unknown speculation.policy field '", key, "'; use max_k and forbid"));
+    }
+  }
+  constexpr char kMaxK[] = "speculation.policy.max_k";
+  constexpr char kForbid[] = "speculation.policy.forbid";
+  const Json named = {{kMaxK, policy->value("max_k", Json())},
+                      {kForbid, policy->value("forbid", Json())}};
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kMaxK, 0, kMaxSpeculativeTokens, &out->policy_max_k));
+  const Json* forbid = FindField(named, kForbid);
+  if (forbid == nullptr) return absl::OkStatus();
+  if (!forbid->is_array()) {
+    return SchemaError(kForbid, "'speculation.policy.forbid' must be an array of method names");
+  }
+  for (const Json& name : *forbid) {
+    if (!name.is_string()) {
+      return SchemaError(kForbid, "'speculation.policy.forbid' must be an array of method names");
+    }
+    absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(name.get<std::string>());
+    if (!m.ok()) return InvalidParam(kForbid, m.status().message());
+    out->policy_forbid.push_back(*m);
+  }
+  return absl::OkStatus();
+}
+
 // The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd|vegas|
 // streaming, "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C),
 // "sparsity_ratio": (0, 1], "min_tokens", "max_tokens" (vegas / streaming: the prefix tokens a
 // draft step keeps, clamp(ceil(ratio * n), min, max); max 0: no cap)}. Wrong JSON types
 // are 422, unknown fields and bad values 400, each naming "speculation.<field>"; a method the
-// server cannot run (draft_model without a draft model) is 400 too.
+// server cannot run (draft_model without a draft model) is 400 too. "policy": {"max_k": 0..64,
+// "forbid": [method, ...]} caps K and forbids methods (ReadSpeculationPolicy).
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
   spec->report_speculation = model.speculative.method != SpeculationMethod::kNone;
   spec->report_ssd = model.speculative.method == SpeculationMethod::kSsd;
@@ -167,14 +204,15 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   constexpr char kNumTokens[] = "speculation.num_speculative_tokens";
   for (const auto& [key, value] : v->items()) {
     if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c" &&
-        key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens") {
+        key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens" && key != "policy") {
       return InvalidParam(
           absl::StrCat("speculation.", key),
           absl::StrCat("unknown speculation field '", key,
                        "'; use method, num_speculative_tokens, saguaro_c, sparsity_ratio, "
-                       "min_tokens and max_tokens"));
+                       "min_tokens, max_tokens and policy"));
     }
   }
+  SPECD_RETURN_IF_ERROR(ReadSpeculationPolicy(*v, &spec->speculation));
   // The fields under their full names, so that errors name them so.
   constexpr char kSaguaroC[] = "speculation.saguaro_c";
   constexpr char kRatio[] = "speculation.sparsity_ratio";
@@ -211,10 +249,12 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   if (!resolved.ok()) {
     // A bad budget names its field; anything else is the method's.
     const std::string m(resolved.status().message());
-    const char* field = m.find("sparsity_ratio") != std::string::npos ? kRatio
-                        : m.find("max_tokens") != std::string::npos   ? kMaxTokens
-                        : m.find("min_tokens") != std::string::npos   ? kMinTokens
-                                                                      : kMethod;
+    const char* field = m.find("sparsity_ratio") != std::string::npos  ? kRatio
+                        : m.find("policy.forbid") != std::string::npos ? "speculation.policy.forbid"
+                        : m.find("policy.max_k") != std::string::npos  ? "speculation.policy.max_k"
+                        : m.find("max_tokens") != std::string::npos    ? kMaxTokens
+                        : m.find("min_tokens") != std::string::npos    ? kMinTokens
+                                                                       : kMethod;
     return InvalidParam(field, m);
   }
   spec->report_ssd = resolved->method == SpeculationMethod::kSsd;

@@ -316,6 +316,42 @@ TEST_F(OpenAiApiTest, BadSpeculationNamesTheFieldAndStatus) {
       << no_draft.status();
 }
 
+TEST_F(OpenAiApiTest, SpeculationPolicyCapsKAndForbidsMethodsWithClearErrors) {
+  auto ok = Completion(R"({"prompt": "x", "speculation": {"method": "auto",
+                          "policy": {"max_k": 2, "forbid": ["ngram", "draft"]}}})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  const SpeculationParams& p = ok->requests[0].speculation;
+  EXPECT_EQ(p.method, SpeculationMethod::kAuto);
+  EXPECT_EQ(p.policy_max_k, 2);
+  EXPECT_EQ(p.policy_forbid, (std::vector<SpeculationMethod>{SpeculationMethod::kNgram,
+                                                             SpeculationMethod::kDraftModel}));
+  auto empty = Completion(R"({"prompt": "x", "speculation": {"policy": {}}})");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->requests[0].speculation.policy_max_k, -1);
+  // Types: 422; values and unknown fields: 400; each naming its field.
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": [1]}})"), 422,
+              "speculation.policy");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"max_k": "two"}}})"), 422,
+              "speculation.policy.max_k");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"max_k": 65}}})"), 400,
+              "speculation.policy.max_k");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"forbid": "ngram"}}})"), 422,
+              "speculation.policy.forbid");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"forbid": ["warp"]}}})"),
+              400, "speculation.policy.forbid");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"forbid": ["auto"]}}})"),
+              400, "speculation.policy.forbid");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"policy": {"k": 1}}})"), 400,
+              "speculation.policy.k");
+  // An explicit choice the request's own policy refuses.
+  auto conflict = Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                                "policy": {"forbid": ["ngram"]}}})");
+  ExpectError(conflict, 400, "speculation.policy.forbid");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"num_speculative_tokens": 5,
+                             "policy": {"max_k": 3}}})"),
+              400, "speculation.policy.max_k");
+}
+
 TEST_F(OpenAiApiTest, PromptAtTheContextLimitIsRejectedWithContextCode) {
   std::string body = R"({"prompt": [)";
   for (int i = 0; i < 64; ++i) body += i ? ",5" : "5";

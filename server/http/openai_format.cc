@@ -8,6 +8,21 @@
 #include "server/http/json_fields.h"
 
 namespace specd::http {
+
+void Usage::AddByMethod(const std::vector<RequestUsage::MethodUsage>& counts) {
+  for (const RequestUsage::MethodUsage& c : counts) {
+    auto it = std::find_if(by_method.begin(), by_method.end(),
+                           [&](const auto& m) { return std::string_view(m.method) == c.method; });
+    if (it == by_method.end()) {
+      by_method.push_back({.method = c.method});
+      it = by_method.end() - 1;
+    }
+    it->num_drafts += c.num_drafts;
+    it->num_draft_tokens += c.num_draft_tokens;
+    it->num_accepted_tokens += c.num_accepted_tokens;
+  }
+}
+
 namespace {
 
 // JSON has no -inf; like vLLM, report impossible tokens as -9999.
@@ -127,6 +142,15 @@ Json UsageJson(const Usage& u) {
                         {"num_draft_tokens", u.num_draft_tokens},
                         {"num_accepted_tokens", u.num_accepted_tokens},
                         {"mean_accepted_length", mean}};
+    if (!u.by_method.empty()) {
+      Json by_method = Json::object();
+      for (const RequestUsage::MethodUsage& m : u.by_method) {
+        by_method[m.method] = {{"num_drafts", m.num_drafts},
+                               {"num_draft_tokens", m.num_draft_tokens},
+                               {"num_accepted_tokens", m.num_accepted_tokens}};
+      }
+      j["speculation"]["by_method"] = std::move(by_method);
+    }
     if (u.report_ssd) {
       j["speculation"]["ssd"] = {
           {"cache_hit_drafts", u.num_cache_hit_drafts},

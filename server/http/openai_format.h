@@ -52,6 +52,10 @@ struct Usage {
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  // Per method that drafted (usage.speculation.by_method), summed over choices.
+  std::vector<RequestUsage::MethodUsage> by_method = {};
+  // Adds one choice's per-method counts to by_method.
+  void AddByMethod(const std::vector<RequestUsage::MethodUsage>& counts);
 };
 
 // One finished choice of a non-streamed response.

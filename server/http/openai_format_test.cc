@@ -115,6 +115,16 @@ TEST(OpenAiFormatTest, UsageCarriesSpeculationOnlyWhenReported) {
   EXPECT_EQ(s["num_accepted_tokens"], 6);
   EXPECT_DOUBLE_EQ(s["mean_accepted_length"].get<double>(), 2.5);
   EXPECT_EQ(body["usage"]["total_tokens"], 14);
+  EXPECT_FALSE(s.contains("by_method"));
+  // Per method, summed over choices (auto used the draft model, then n-gram).
+  usage.AddByMethod({{"draft_model", 3, 12, 5}});
+  usage.AddByMethod({{"draft_model", 1, 4, 1}, {"ngram", 2, 6, 0}});
+  body = Json::parse(UsageEvent(Meta(Endpoint::kChat), usage).substr(6));
+  EXPECT_EQ(
+      body["usage"]["speculation"]["by_method"],
+      Json({{"draft_model",
+             {{"num_drafts", 4}, {"num_draft_tokens", 16}, {"num_accepted_tokens", 6}}},
+            {"ngram", {{"num_drafts", 2}, {"num_draft_tokens", 6}, {"num_accepted_tokens", 0}}}}));
 }
 
 TEST(OpenAiFormatTest, ErrorEventHasErrorObject) {

@@ -33,6 +33,7 @@ constexpr Route kRoutes[] = {
     {"/metrics", "GET", true},          {"/v1/models", "GET", false},
     {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
     {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
+    {"/v1/debug/policy", "GET", false},
 };
 constexpr char kModelsPrefix[] = "/v1/models/";
 
@@ -208,8 +209,17 @@ absl::Status Router::CheckHost(const HttpRequest& request) const {
                   "host_not_allowed");
 }
 
+// GET /v1/debug/policy: `auto` speculation's cost profile and where it came from.
+HttpReply Router::PolicyReply(const ServedModel& model) {
+  const std::string& profile = model.engine->cost_profile_json();
+  Json j = {{"cost_profile_source", model.engine->cost_profile_source()},
+            {"cost_profile", profile.empty() ? Json() : Json::parse(profile, nullptr, false)}};
+  return JsonReply(200, Dump(j));
+}
+
 void Router::HandleApi(const std::string& path, const HttpRequest& request,
                        const ServedModel& model, std::shared_ptr<Exchange> exchange) {
+  if (path == "/v1/debug/policy") return exchange->Reply(PolicyReply(model));
   if (request.method == "GET") {
     absl::StatusOr<HttpReply> reply = Models(path, model);
     return exchange->Reply(reply.ok() ? *std::move(reply) : ErrorReply(reply.status()));

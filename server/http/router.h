@@ -80,6 +80,7 @@ class Router {
  private:
   absl::Status Authenticate(const HttpRequest& request) const;
   absl::Status CheckHost(const HttpRequest& request) const;
+  static HttpReply PolicyReply(const ServedModel& model);
   void HandleApi(const std::string& path, const HttpRequest& request, const ServedModel& model,
                  std::shared_ptr<Exchange> exchange);
   // Runs on a worker: what the strand must do to answer the POST body for `path`.

@@ -1,0 +1,255 @@
+// `auto` speculation in the engine: the StrategyPolicy (engine/policy) is created with the cost
+// profile (`--cost-profile`, or the default rule below), asked once per step in Prepare for the
+// method and K of every running decode whose request said `auto`, and told each verified round
+// in Apply. Requests with an explicit method or K are described to it as pinned, so it prices
+// the whole batch. Engine thread only (CreatePolicy: Engine::Create).
+//
+// The default profile (no --cost-profile). Step times in nominal units (a plain batch-1 step is
+// 10 ms) from one rule: a step costs base * (1 + tokens / knee), tokens = batch x tokens per
+// sequence, knee = 64 on a GPU (memory-bound: up to ~64 tokens ride on the weights' read) and 2
+// on the CPU (compute-bound: every token costs about half a weights pass more). A draft pass of
+// the draft model costs the same times its parameter count over the target's. Context length is
+// not modelled. It is conservative on the CPU (speculation must be well accepted to pay) and
+// optimistic about large GPU batches; measure with specd_profile for real numbers. Vegas,
+// streaming and SSD are absent from it, so `auto` picks only plain, n-gram and the draft model.
+// Stateful drafters are not kept in step while paused: the draft model resynchronises when it
+// resumes (its catch-up chunk runs every token committed since, DraftModelSpeculator::Prepare),
+// so the policy runs with sync_paused_drafters = false.
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+#include "engine/model/model_config.h"
+#include "engine/policy/strategy_policy.h"
+#include "engine/runner/model_runner.h"
+#include "engine/speculation/draft_model.h"
+
+namespace specd {
+namespace {
+
+constexpr double kDefaultBaseMs = 10;
+constexpr double kGpuKnee = 64;
+constexpr double kCpuKnee = 2;
+
+std::optional<PolicyMethod> ToPolicy(SpeculationMethod m) {
+  switch (m) {
+    case SpeculationMethod::kNone:
+      return PolicyMethod::kPlain;
+    case SpeculationMethod::kDraftModel:
+      return PolicyMethod::kDraftModel;
+    case SpeculationMethod::kNgram:
+      return PolicyMethod::kNgram;
+    case SpeculationMethod::kSsd:
+      return PolicyMethod::kSsd;
+    case SpeculationMethod::kVegas:
+      return PolicyMethod::kVegas;
+    case SpeculationMethod::kStreaming:
+      return PolicyMethod::kStreaming;
+    default:
+      return std::nullopt;
+  }
+}
+
+SpeculationMethod FromPolicy(PolicyMethod m) {
+  switch (m) {
+    case PolicyMethod::kDraftModel:
+      return SpeculationMethod::kDraftModel;
+    case PolicyMethod::kNgram:
+      return SpeculationMethod::kNgram;
+    case PolicyMethod::kSsd:
+      return SpeculationMethod::kSsd;
+    case PolicyMethod::kVegas:
+      return SpeculationMethod::kVegas;
+    case PolicyMethod::kStreaming:
+      return SpeculationMethod::kStreaming;
+    default:
+      return SpeculationMethod::kNone;  // plain (SSV is not built)
+  }
+}
+
+// Weights of a dense decoder, for the draft / target cost ratio.
+double ParamCount(const ModelConfig& c) {
+  const double h = c.hidden_size;
+  const double per_layer = h * (c.q_size() + 2.0 * c.kv_size()) +
+                           static_cast<double>(c.q_size()) * h + 3.0 * h * c.intermediate_size;
+  return c.num_layers * per_layer + (c.tie_word_embeddings ? 1.0 : 2.0) * c.vocab_size * h;
+}
+
+// ms = base * (1 + batch * tokens / knee) is bilinear in (batch, tokens): a 2 x 2 grid holds
+// it exactly, and CostGrid extends it linearly past the corners.
+CostGrid Bilinear(double base, double knee, bool plain, double scale = 1) {
+  const std::vector<int32_t> batch = {1, 64};
+  const std::vector<int32_t> tokens =
+      plain ? std::vector<int32_t>{1} : std::vector<int32_t>{1, kMaxPolicyK + 1};
+  std::vector<double> ms;
+  for (int32_t b : batch) {
+    for (int32_t t : tokens) ms.push_back(scale * base * (1 + b * (plain ? 1 : t) / knee));
+  }
+  return *CostGrid::Create(batch, tokens, {1}, std::move(ms));
+}
+
+// A draft pass of K tokens: K one-token steps of a model `ratio` times the target's size.
+CostGrid DraftGrid(double base, double knee, double ratio) {
+  const std::vector<int32_t> batch = {1, 64};
+  const std::vector<int32_t> ks = {1, kMaxPolicyK};
+  std::vector<double> ms;
+  for (int32_t b : batch) {
+    for (int32_t k : ks) ms.push_back(k * ratio * base * (1 + b / knee));
+  }
+  return *CostGrid::Create(batch, ks, {1}, std::move(ms));
+}
+
+CostProfile DefaultCostProfile(bool cuda, const ModelConfig& target, const ModelConfig* draft) {
+  const double knee = cuda ? kGpuKnee : kCpuKnee;
+  CostProfile profile(Bilinear(kDefaultBaseMs, knee, true));
+  profile.SetVerify(Bilinear(kDefaultBaseMs, knee, false));
+  profile.SetMethod(PolicyMethod::kNgram, {});
+  if (draft != nullptr) {
+    const double ratio = std::clamp(ParamCount(*draft) / ParamCount(target), 0.01, 1.0);
+    MethodCosts costs;
+    costs.draft = DraftGrid(kDefaultBaseMs, knee, ratio);
+    profile.SetMethod(PolicyMethod::kDraftModel, std::move(costs));
+  }
+  profile.device = absl::StrCat("default rule (", cuda ? "gpu" : "cpu", ", knee ", knee,
+                                " tokens; nominal times)");
+  return profile;
+}
+
+}  // namespace
+
+absl::Status Engine::CreatePolicy() {
+  // Always: a request may ask for `auto` on a server whose default is no speculation.
+  std::optional<CostProfile> profile;
+  if (!options_.cost_profile.empty()) {
+    absl::StatusOr<CostProfile> loaded = CostProfile::Load(options_.cost_profile);
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cost-profile: ", loaded.status().message()));
+    }
+    profile = *std::move(loaded);
+    cost_profile_source_ = absl::StrCat("file ", options_.cost_profile);
+  } else {
+    SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(options_.device));
+    const auto* draft = static_cast<const DraftModelSpeculator*>(draft_.get());
+    profile = DefaultCostProfile(device.cuda, runner_->config(),
+                                 draft != nullptr ? &draft->runner().config() : nullptr);
+    cost_profile_source_ = absl::StrCat("default: ", profile->device);
+  }
+  PolicyOptions options;
+  options.max_k = std::clamp(options_.speculative.num_speculative_tokens, 1, kMaxPolicyK);
+  options.sync_paused_drafters = false;  // the draft model catches up when it resumes
+  SPECD_ASSIGN_OR_RETURN(policy_, StrategyPolicy::Create(*std::move(profile), options));
+  policy_->SetEnvironment({.draft_model_loaded = draft_ != nullptr,
+                           .speculator_connected = ssd_ != nullptr,
+                           .target_is_nsa = false});
+  cost_profile_json_ = policy_->profile().ToJson();
+  SPECD_LOG_INFO("engine: auto speculation's cost profile: {}", cost_profile_source_);
+  return absl::OkStatus();
+}
+
+void Engine::ChooseStrategies(const StepPlan& plan) {
+  Core& c = *core_;
+  c.policy_decided = false;
+  c.row_policy_method.assign(c.rows.size(), -1);
+  bool any_auto = false;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    Request& r = *c.row_requests[k];
+    r.step = r.spec;
+    if (r.spec.method != SpeculationMethod::kAuto) continue;
+    r.step.method = SpeculationMethod::kNone;  // until the policy says otherwise
+    r.step.num_speculative_tokens = 0;
+    any_auto |= plan.chunks[c.rows[k].chunk].num_new_tokens == 1;
+  }
+  if (!any_auto || policy_ == nullptr) return;
+  std::vector<PolicyRequest> requests;
+  std::vector<int32_t> request_rows;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
+    if (chunk.num_new_tokens != 1) continue;  // a prompt's last chunk: it cannot speculate
+    const Request& r = *c.row_requests[k];
+    PolicyRequest q;
+    q.id = r.id;
+    q.context_len = r.seq.num_computed();
+    if (vegas_ == nullptr) {
+      q.allowed.Remove(PolicyMethod::kVegas);
+      q.allowed.Remove(PolicyMethod::kStreaming);
+    }
+    q.allowed.Remove(PolicyMethod::kSsv);
+    // The longest useful K this step (as Speculate limits it).
+    const int32_t room = std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
+                                   r.request.params.max_tokens - r.seq.num_generated() - 1});
+    if (r.spec.method == SpeculationMethod::kAuto) {
+      q.max_k = std::max(0, std::min(r.spec.num_speculative_tokens, room));
+      if (r.spec.k_pinned) q.pinned_k = q.max_k;
+      for (PolicyMethod m : kAllPolicyMethods) {
+        if (r.spec.Forbids(FromPolicy(m)) && m != PolicyMethod::kPlain) q.forbidden.Add(m);
+      }
+      if (q.max_k == 0) q.pinned_k = 0;
+    } else {
+      q.pinned_method = ToPolicy(r.spec.method).value_or(PolicyMethod::kPlain);
+      q.pinned_k =
+          r.spec.enabled() ? std::max(0, std::min(r.spec.num_speculative_tokens, room)) : 0;
+      if (q.pinned_k == 0) q.pinned_method = PolicyMethod::kPlain;
+    }
+    requests.push_back(q);
+    request_rows.push_back(static_cast<int32_t>(k));
+  }
+  const PolicyDecision decision = policy_->Decide(requests);
+  c.policy_decided = true;
+  c.policy_switched = decision.switched;
+  c.policy_tokens_per_second = decision.tokens_per_second;
+  for (size_t i = 0; i < decision.rows.size(); ++i) {
+    const int32_t k = request_rows[i];
+    Request& r = *c.row_requests[k];
+    r.used_policy = true;
+    if (r.spec.method != SpeculationMethod::kAuto) continue;
+    const Strategy s = decision.rows[i].strategy;
+    c.row_policy_method[k] = static_cast<int32_t>(s.method);
+    r.step.method = s.k > 0 ? FromPolicy(s.method) : SpeculationMethod::kNone;
+    r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : s.k;
+  }
+}
+
+void Engine::ReportToPolicy() {
+  Core& c = *core_;
+  if (!c.policy_decided) return;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    if (c.row_policy_method[k] < 0) continue;
+    const Request& r = *c.row_requests[k];
+    const auto method = static_cast<PolicyMethod>(c.row_policy_method[k]);
+    if (r.step.num_speculative_tokens == 0) continue;
+    const RowOutcome& o = c.outcomes[k];
+    // A round the speculator had nothing for (no n-gram match, no draft KV) committed one token,
+    // as a draft rejected at its first position would have.
+    if (o.num_drafts > 0) {
+      policy_->OnVerified(r.id, method, o.num_drafts, o.num_accepted);
+    } else {
+      policy_->OnVerified(r.id, method, r.step.num_speculative_tokens, 0);
+    }
+  }
+}
+
+void Engine::FinishPolicyStep(int64_t committed) {
+  Core& c = *core_;
+  if (!c.policy_decided || !options_.observer) return;
+  PolicyStepMetrics m;
+  int32_t counts[kNumPolicyMethods] = {};
+  for (int32_t method : c.row_policy_method) {
+    if (method >= 0) ++counts[method];
+  }
+  for (PolicyMethod pm : kAllPolicyMethods) {
+    const int32_t n = counts[static_cast<int>(pm)];
+    if (n > 0) m.rows.push_back({SpeculationMethodName(FromPolicy(pm)), n});
+  }
+  m.estimated_tokens_per_second = c.policy_tokens_per_second;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - c.step_start);
+  m.realized_tokens_per_second = seconds > 0 ? static_cast<double>(committed) / seconds : 0;
+  m.switched = c.policy_switched;
+  options_.observer->OnPolicy(m);
+}
+
+}  // namespace specd
