@@ -38,21 +38,27 @@ constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 // Warm-up all-reduce size: large enough for the bandwidth algorithms (ring, NVLS), so that
 // their lazily made connections exist before a collective is captured in a graph.
 constexpr size_t kWarmupFloats = size_t{1} << 20;
-// Measured on two H200s (NVLink), bf16 in CUDA graphs: one-shot 1.09x / 1.18x / 1.05x NCCL at
-// 8 / 32 / 128 KiB, 0.86x at 256 KiB (docs/benchmarks.md).
-constexpr size_t kDefaultOneShotMaxBytes = size_t{128} << 10;
+// The default one-shot limit. Measured on two H200s (NVLink), bf16 in CUDA graphs, the push
+// kernel against NCCL: 1.73x / 1.66x / 2.65x / 1.71x / 2.11x at 8 KiB / 128 KiB / 256 KiB / 1 MiB /
+// 2 MiB (docs/benchmarks.md, 2026-11-27), so two ranks use it up to 1 MiB (a 64-row decode step of
+// an 8,192-wide model). Each rank pushes world_size - 1 copies, so larger groups, not measured,
+// keep the earlier 128 KiB.
+size_t DefaultOneShotMaxBytes(int32_t world_size) {
+  return world_size == 2 ? size_t{1} << 20 : size_t{128} << 10;
+}
 
 // The one-shot limit this rank asks for: the option, else the environment, else the default.
-size_t OneShotMaxBytes(int64_t option) {
+size_t OneShotMaxBytes(int64_t option, int32_t world_size) {
   if (option >= 0) return static_cast<size_t>(option);
+  const size_t fallback = DefaultOneShotMaxBytes(world_size);
   const char* env = std::getenv("SPECD_ONESHOT_ALLREDUCE_MAX_BYTES");
-  if (env == nullptr || *env == '\0') return kDefaultOneShotMaxBytes;
+  if (env == nullptr || *env == '\0') return fallback;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
   if (*end != '\0' || v < 0) {
     SPECD_LOG_WARN("dist: SPECD_ONESHOT_ALLREDUCE_MAX_BYTES={} is not a byte count; using {}", env,
-                   kDefaultOneShotMaxBytes);
-    return kDefaultOneShotMaxBytes;
+                   fallback);
+    return fallback;
   }
   return static_cast<size_t>(v);
 }
@@ -349,7 +355,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   SPECD_RETURN_IF_ERROR(ready);
   SPECD_RETURN_IF_ERROR(m.WarmUp(deadline));
-  SPECD_RETURN_IF_ERROR(m.SetUpOneShot(OneShotMaxBytes(options.oneshot_max_bytes), deadline));
+  SPECD_RETURN_IF_ERROR(
+      m.SetUpOneShot(OneShotMaxBytes(options.oneshot_max_bytes, world_size), deadline));
   SPECD_LOG_INFO("dist: NCCL communicator up, rank {}/{} on cuda:{}", rank, world_size, device);
   return comm;
 }

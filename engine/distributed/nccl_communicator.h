@@ -14,10 +14,10 @@
 // Results are identical on every rank (NCCL's reductions hand every rank the same reduced bits),
 // but the summation order is NCCL's, not necessarily rank order.
 //
-// Small all-reduces (bf16 and f32 up to oneshot_max_bytes(), 128 KiB by default) take a one-shot
-// path instead when every rank is on one host and every pair of GPUs has peer access: one kernel
-// over CUDA-IPC-mapped staging buffers (oneshot_allreduce.h), summing in rank order (the same
-// bits on every rank), to cut NCCL's latency at these sizes (nccl_communicator_test prints a
+// Small all-reduces (bf16 and f32 up to oneshot_max_bytes(), 1 MiB by default for two ranks) take a
+// one-shot path instead when every rank is on one host and every pair of GPUs has peer access: one
+// kernel over CUDA-IPC-mapped staging buffers (oneshot_allreduce.h), summing in rank order (the
+// same bits on every rank), to cut NCCL's latency at these sizes (nccl_communicator_test prints a
 // one-shot vs NCCL table). Its kernels give up after 10 s without a peer (later calls return
 // Unavailable) and end at once on Abort. Setup problems only turn it off (logged).
 // No NCCL or CUDA header leaks from here (pimpl). Built for real only when NCCL was found at
@@ -45,8 +45,9 @@ absl::StatusOr<std::vector<uint8_t>> NewNcclUniqueId();
 
 struct NcclCommunicatorOptions {
   // Largest all-reduce, in bytes, for the one-shot path; 0 turns it off. Negative: the
-  // environment variable SPECD_ONESHOT_ALLREDUCE_MAX_BYTES, else 128 KiB. The ranks use the
-  // smallest value any of them asked for (at most 16 MiB).
+  // environment variable SPECD_ONESHOT_ALLREDUCE_MAX_BYTES, else 1 MiB for two ranks and 128 KiB
+  // for more (measured at two: docs/benchmarks.md). The ranks use the smallest value any of them
+  // asked for (at most 16 MiB).
   int64_t oneshot_max_bytes = -1;
 };
 

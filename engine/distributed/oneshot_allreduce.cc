@@ -21,7 +21,7 @@
 namespace specd {
 namespace {
 
-// Largest staging slot: each rank holds two of them.
+// Largest message slot: each rank holds two per rank of the group.
 constexpr size_t kMaxSlotBytes = size_t{16} << 20;
 
 }  // namespace
@@ -138,12 +138,14 @@ std::string OneShotAllReduce::AllocateLocal(size_t slot, RankInfo& info) {
       e != cudaSuccess) {
     return Why(e, "cudaDeviceGetPCIBusId");
   }
-  if (cudaError_t e = cudaMalloc(&own_buffer_, kernels::OneShotBufferBytes(slot));
+  if (cudaError_t e =
+          cudaMalloc(&own_buffer_, kernels::OneShotBufferBytes(slot, group_.world_size));
       e != cudaSuccess) {
     own_buffer_ = nullptr;
     return Why(e, "cudaMalloc (one-shot staging buffer)");
   }
-  if (cudaError_t e = cudaMemset(own_buffer_, 0, kernels::OneShotBufferBytes(slot));
+  if (cudaError_t e =
+          cudaMemset(own_buffer_, 0, kernels::OneShotBufferBytes(slot, group_.world_size));
       e != cudaSuccess) {
     return Why(e, "cudaMemset");
   }

@@ -68,7 +68,8 @@ class OneShotAllReduce {
 
   int32_t device_ = 0;
   kernels::OneShotGroup group_;
-  void* own_buffer_ = nullptr;  // [OneShotBufferBytes(slot)] bytes, device: group_.buffers[rank]
+  void* own_buffer_ =
+      nullptr;  // [OneShotBufferBytes(slot, world)] bytes, device: group_.buffers[rank]
   // Peers' buffers opened with cudaIpcOpenMemHandle (closed on destruction); the same-process
   // peers' pointers are borrowed.
   void* opened_[kernels::kOneShotMaxRanks] = {};

@@ -14,8 +14,8 @@ cudaError_t LaunchSiluAndMul(const __nv_bfloat16* gate_up, int64_t num_tokens, i
                              __nv_bfloat16* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>(CeilDiv(d, int64_t{kVec} * kElementwiseThreads)));
-  SiluAndMulKernel<kVec><<<grid, kElementwiseThreads, 0, stream>>>(gate_up, d, out);
-  return cudaGetLastError();
+  return LaunchDependent(SiluAndMulKernel<kVec>, grid, kElementwiseThreads, 0, stream, gate_up, d,
+                         out);
 }
 
 }  // namespace

@@ -8,9 +8,8 @@ namespace {
 
 template <typename T, int kVec, int kWorld>
 cudaError_t LaunchWorld(T* data, int64_t count, const OneShotGroup& group, cudaStream_t stream) {
-  OneShotAllReduceKernel<T, kVec, kWorld>
-      <<<kOneShotBlocks, kOneShotThreads, 0, stream>>>(data, count / kVec, group);
-  return cudaGetLastError();
+  return LaunchDependent(OneShotAllReduceKernel<T, kVec, kWorld>, kOneShotBlocks, kOneShotThreads,
+                         0, stream, data, count / kVec, group);
 }
 
 template <typename T, int kVec>

@@ -1,7 +1,8 @@
 // One-shot all-reduce kernel template (layer 1 of kernels/cuda: launchers in allreduce_oneshot.cu).
 // The flag protocol follows vLLM's custom all-reduce (csrc/custom_all_reduce.cuh: per-block flags
-// in every peer, release stores and acquire loads at system scope), with the input staged into
-// alternating slots so no end-of-call barrier is needed. Include from .cu files only.
+// in every peer, release stores and acquire loads at system scope); the input is pushed into
+// alternating slots of the peers' buffers (TensorRT-LLM's push mode), so no end-of-call barrier
+// is needed and every read of the sum is local. Include from .cu files only.
 #pragma once
 
 #include <type_traits>
@@ -80,7 +81,7 @@ __device__ __forceinline__ bool WaitForPeer(const uint32_t* flag, uint32_t epoch
 }
 
 // Grid kOneShotBlocks x kOneShotThreads on every rank. Block b handles packs b*blockDim + t
-// (grid-stride) in both phases, so it needs only the peers' block b to have staged: per-block
+// (grid-stride) in both phases, so it needs only the peers' block b to have pushed: per-block
 // flags, no grid-wide barrier. Arguments as in allreduce_oneshot.h; num_packs = count / kVec.
 template <typename T, int kVec, int kWorld>
 __global__ void __launch_bounds__(kOneShotThreads)
@@ -88,6 +89,8 @@ __global__ void __launch_bounds__(kOneShotThreads)
   using Pack = OneShotPack<T, kVec>;
   __shared__ uint32_t epoch_shared;
   __shared__ int failed;
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();
   auto* own = static_cast<OneShotSignals*>(group.buffers[group.rank]);
   const int b = blockIdx.x;
   if (threadIdx.x == 0) {
@@ -98,18 +101,27 @@ __global__ void __launch_bounds__(kOneShotThreads)
   __syncthreads();
   if (failed) return;  // an earlier call gave up: the peers' epochs no longer match ours
   const uint32_t epoch = epoch_shared;
-  const size_t slot_offset = kOneShotSignalBytes + (epoch % 2) * group.slot_bytes;
+  // This call's slot from source rank r, in any rank's buffer: (epoch % 2) * kWorld + r.
+  const size_t parity_offset = kOneShotSignalBytes + (epoch % 2) * kWorld * group.slot_bytes;
+  const auto slot = [&](int buffer_rank, int source) {
+    return reinterpret_cast<Pack*>(static_cast<char*>(group.buffers[buffer_rank]) + parity_offset +
+                                   source * group.slot_bytes);
+  };
   const int64_t first = static_cast<int64_t>(b) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
-  // 1. Stage this rank's input.
-  auto* own_slot =
-      reinterpret_cast<Pack*>(static_cast<char*>(group.buffers[group.rank]) + slot_offset);
+  // 1. Push this rank's input into its slot in every peer's buffer.
   const Pack* in = reinterpret_cast<const Pack*>(data);
-  for (int64_t i = first; i < num_packs; i += stride) own_slot[i] = in[i];
-  __syncthreads();  // the whole block staged before one thread per peer releases the flag
+  for (int64_t i = first; i < num_packs; i += stride) {
+    const Pack x = in[i];
+#pragma unroll
+    for (int r = 0; r < kWorld; ++r) {
+      if (r != group.rank) slot(r, group.rank)[i] = x;
+    }
+  }
+  __syncthreads();  // the whole block pushed before one thread per peer releases the flag
 
-  // 2. Tell every peer this block's part is staged, then wait for theirs.
+  // 2. Tell every peer this block's part has arrived, then wait for theirs (a local spin).
   const int peer = threadIdx.x;
   if (peer < kWorld && peer != group.rank) {
     auto* peer_signals = static_cast<OneShotSignals*>(group.buffers[peer]);
@@ -123,18 +135,13 @@ __global__ void __launch_bounds__(kOneShotThreads)
   __syncthreads();  // the acquiring threads' view extends to the block
   if (failed) return;
 
-  // 3. Sum every rank's staged copy in rank order.
-  const Pack* slots[kWorld];
-#pragma unroll
-  for (int r = 0; r < kWorld; ++r) {
-    slots[r] =
-        reinterpret_cast<const Pack*>(static_cast<const char*>(group.buffers[r]) + slot_offset);
-  }
+  // 3. Sum every rank's copy in rank order, all from this rank's memory.
   Pack* out = reinterpret_cast<Pack*>(data);
   for (int64_t i = first; i < num_packs; i += stride) {
     Pack x[kWorld];
 #pragma unroll
-    for (int r = 0; r < kWorld; ++r) x[r] = LoadCg(slots[r] + i);
+    for (int r = 0; r < kWorld; ++r)
+      x[r] = r == group.rank ? out[i] : LoadCg(slot(group.rank, r) + i);
     Pack sum;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {

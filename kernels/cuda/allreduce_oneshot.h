@@ -1,9 +1,12 @@
-// One-shot all-reduce for small tensor-parallel messages on one host: every rank's staging buffer
+// One-shot all-reduce for small tensor-parallel messages on one host: every rank's receive buffer
 // is mapped into every peer (CUDA IPC, or the same pointer when ranks share a process), and one
-// kernel per rank stages its input, raises a flag in every peer, waits for every peer's flag and
-// sums all ranks' staged copies in rank order, so all ranks get identical bits. Graph-capturable:
-// epochs are counters the kernel keeps in device memory. Reference: kernels/ref/allreduce.h.
-// Any host thread (the one owning the group's stream); work is queued on `stream`.
+// kernel per rank pushes its input into every peer's buffer, raises a flag in every peer, waits
+// for every peer's flag on its own buffer and sums all ranks' copies in rank order from local
+// memory, so all ranks get identical bits. Pushing (stores to the peers, which NVLink posts)
+// instead of staging locally and reading the peers' copies saves one peer round trip per call.
+// Graph-capturable: epochs are counters the kernel keeps in device memory. Reference:
+// kernels/ref/allreduce.h. Any host thread (the one owning the group's stream); work is queued on
+// `stream`.
 #pragma once
 
 #include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
@@ -21,10 +24,11 @@ constexpr int kOneShotMaxRanks = 8;
 constexpr int kOneShotBlocks = 32;
 constexpr int kOneShotThreads = 512;
 
-// Layout of each rank's staging buffer (one device allocation, shared with the peers):
+// Layout of each rank's receive buffer (one device allocation, shared with the peers):
 //   [0, kOneShotSignalBytes): OneShotSignals
-//   then two slots of `slot_bytes` each; call e (epoch, from 1) stages into slot e % 2, so a rank
-//   one call ahead never overwrites the slot a slower peer is still reading.
+//   then 2 x world_size slots of `slot_bytes` each: in call e (epoch, from 1) rank r pushes its
+//   input into slot (e % 2) * world_size + r of every peer, so a rank one call ahead never
+//   overwrites a slot a slower peer is still reading. (The own rank's slots stay unused.)
 struct OneShotSignals {
   uint32_t flags[kOneShotBlocks][kOneShotMaxRanks];  // peer r's block b writes [b][r] = epoch
   uint32_t epochs[kOneShotBlocks];                   // this rank's calls so far, per block
@@ -33,15 +37,16 @@ struct OneShotSignals {
 constexpr size_t kOneShotSignalBytes = 4096;
 static_assert(sizeof(OneShotSignals) <= kOneShotSignalBytes);
 
-// Bytes of one rank's staging buffer for messages of up to `slot_bytes` (a multiple of 16).
-constexpr size_t OneShotBufferBytes(size_t slot_bytes) {
-  return kOneShotSignalBytes + 2 * slot_bytes;
+// Bytes of one rank's receive buffer for messages of up to `slot_bytes` (a multiple of 16).
+constexpr size_t OneShotBufferBytes(size_t slot_bytes, int world_size) {
+  return kOneShotSignalBytes + 2 * static_cast<size_t>(world_size) * slot_bytes;
 }
 
 // What a launch needs to know about its group. Plain values; the owner sets it up once.
 struct OneShotGroup {
-  // [world_size] device pointers valid on this rank's device: rank r's staging buffer
-  // (OneShotBufferBytes(slot_bytes) bytes, zeroed before first use); [rank] is this rank's own.
+  // [world_size] device pointers valid on this rank's device: rank r's receive buffer
+  // (OneShotBufferBytes(slot_bytes, world_size) bytes, zeroed before first use); [rank] is this
+  // rank's own.
   void* buffers[kOneShotMaxRanks] = {};
   int32_t rank = 0;
   int32_t world_size = 0;  // 2..kOneShotMaxRanks

@@ -39,8 +39,8 @@ struct LocalGroup {
     uint32_t* device_words = nullptr;
     cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_words), words, 0);
     for (int r = 0; r < world; ++r) {
-      cudaMalloc(&buffers[r], OneShotBufferBytes(kSlotBytes));
-      cudaMemset(buffers[r], 0, OneShotBufferBytes(kSlotBytes));
+      cudaMalloc(&buffers[r], OneShotBufferBytes(kSlotBytes, world));
+      cudaMemset(buffers[r], 0, OneShotBufferBytes(kSlotBytes, world));
       cudaMalloc(&data[r], kSlotBytes);
       cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
     }

@@ -109,31 +109,16 @@ cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, in
     num_ctas = num_rows * attention::kCombineFewCtasPerRow;
     if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_ctas));
-  config.blockDim = dim3(attention::kCombineThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, partial_out, partial_lse, num_splits, num_q_heads, out,
-                         out_stride) == cudaSuccess) {
-    return cudaSuccess;
-  }
-  (void)cudaGetLastError();
-  kernel<<<config.gridDim, config.blockDim, 0, stream>>>(partial_out, partial_lse, num_splits,
-                                                         num_q_heads, out, out_stride);
-  return cudaGetLastError();
+  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), attention::kCombineThreads, 0,
+                         stream, partial_out, partial_lse, num_splits, num_q_heads, out,
+                         out_stride);
 }
 
 template <int kHeadDim, int kRows>
 cudaError_t LaunchDecode(const DecodeParams& params, int64_t num_ctas, cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim, kRows>;
-  attention::PagedDecodeKernel<kHeadDim, kRows>
-      <<<static_cast<unsigned>(num_ctas), Cfg::kThreads, 0, stream>>>(params);
-  return cudaGetLastError();
+  return LaunchDependent(attention::PagedDecodeKernel<kHeadDim, kRows>,
+                         static_cast<unsigned>(num_ctas), Cfg::kThreads, 0, stream, params);
 }
 
 template <int kHeadDim, int kRows>
@@ -147,8 +132,8 @@ cudaError_t LaunchDecodePipe(const DecodeParams& params, int64_t num_ctas, cudaS
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(num_ctas), Cfg::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), Cfg::kThreads, kSmem, stream,
+                         params);
 }
 
 template <int kHeadDim>
@@ -283,16 +268,10 @@ cudaError_t WriteKvCache(const __nv_bfloat16* key, int64_t key_stride, const __n
   const int threads =
       static_cast<int>(std::min<int64_t>(128, CeilDiv(CeilDiv(row, vec), kWarpSize) * kWarpSize));
   const auto grid = static_cast<unsigned>(num_tokens);
-  if (vectorize) {
-    attention::WriteKvCacheKernel<kBf16PerVec16><<<grid, threads, 0, stream>>>(
-        key, key_stride, value, value_stride, slot_mapping, shape.num_kv_heads, shape.head_dim,
-        shape.block_size, k_cache, v_cache);
-  } else {
-    attention::WriteKvCacheKernel<1><<<grid, threads, 0, stream>>>(
-        key, key_stride, value, value_stride, slot_mapping, shape.num_kv_heads, shape.head_dim,
-        shape.block_size, k_cache, v_cache);
-  }
-  return cudaGetLastError();
+  return LaunchDependent(
+      vectorize ? attention::WriteKvCacheKernel<kBf16PerVec16> : attention::WriteKvCacheKernel<1>,
+      grid, threads, 0, stream, key, key_stride, value, value_stride, slot_mapping,
+      shape.num_kv_heads, shape.head_dim, shape.block_size, k_cache, v_cache);
 }
 
 size_t PagedDecodeWorkspaceBytes(int32_t max_num_seqs, int32_t num_splits,

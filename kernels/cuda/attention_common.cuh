@@ -118,19 +118,6 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "memory");
 }
 
-// Programmatic dependent launch (sm_90): the decode kernel lets the combine kernel launch early;
-// the combine kernel waits for the decode grid's memory before reading it. No-ops elsewhere.
-__device__ __forceinline__ void AllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void WaitForPrerequisiteGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -170,6 +157,8 @@ __global__ void WriteKvCacheKernel(const __nv_bfloat16* __restrict__ key, int64_
                                    int head_dim, int block_size,
                                    __nv_bfloat16* __restrict__ k_cache,
                                    __nv_bfloat16* __restrict__ v_cache) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();
   const int64_t token = blockIdx.x;
   const int64_t slot = slot_mapping[token];
   if (slot < 0) return;

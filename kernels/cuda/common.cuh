@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace specd::kernels {
 
@@ -54,6 +56,62 @@ __device__ __forceinline__ float BlockReduceSum(float x) {
   __syncthreads();
   x = lane < num_warps ? warp_sums[lane] : 0.0f;
   return WarpReduceSum(x);  // every warp reduces the same partials: no second barrier needed
+}
+
+// Programmatic dependent launch (sm_90). A kernel launched with LaunchDependent may start while
+// the previous kernel of its stream drains: its blocks become resident once every block of the
+// predecessor has called AllowDependentLaunch (or exited), run what does not depend on it (a
+// GEMV's first weight loads), then WaitForPrerequisiteGrid, which returns once the predecessor
+// has completed and its memory is visible. Every block of such a kernel must call
+// WaitForPrerequisiteGrid before it reads or writes anything another kernel touches, and before
+// any early return: a kernel that could finish without waiting would let its own dependents run
+// ahead of its predecessor. Both are no-ops below sm_90 and in kernels launched plainly.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Whether LaunchDependent uses programmatic launches: yes unless the environment sets
+// SPECD_PDL=0 (kept for measuring what they save, side by side). Read once per process.
+inline bool ProgrammaticLaunchEnabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SPECD_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the stream's
+// previous kernel where ProgrammaticLaunchEnabled() (a plain launch where the attribute is
+// refused). The kernel must follow the contract above. Captured into CUDA graphs as programmatic
+// edges.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args... args) {
+  if (ProgrammaticLaunchEnabled()) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...) == cudaSuccess) {
+      return cudaSuccess;
+    }
+    (void)cudaGetLastError();
+  }
+  kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
+  return cudaGetLastError();
 }
 
 }  // namespace specd::kernels

@@ -15,9 +15,8 @@ cudaError_t LaunchEmbeddingGather(const int32_t* token_ids, int64_t num_tokens,
                                   int64_t hidden, __nv_bfloat16* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>(CeilDiv(hidden, int64_t{kVec} * kEmbeddingThreads)));
-  EmbeddingGatherKernel<kVec><<<grid, kEmbeddingThreads, 0, stream>>>(token_ids, table, vocab_start,
-                                                                      num_rows, hidden, out);
-  return cudaGetLastError();
+  return LaunchDependent(EmbeddingGatherKernel<kVec>, grid, kEmbeddingThreads, 0, stream, token_ids,
+                         table, vocab_start, num_rows, hidden, out);
 }
 
 }  // namespace

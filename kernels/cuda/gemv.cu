@@ -26,19 +26,19 @@ cudaError_t GemvBf16(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w
   auto* y32 = static_cast<float*>(y);
   const bool bf16 = out_type == GemmOut::kBf16;
   if (rows <= 8 && bf16) {
-    GemvBf16Kernel<__nv_bfloat16, 1>
-        <<<grid, kGemvThreads, 0, stream>>>(x, ldx, w, bias, rows, n, k, y16, ldy);
-  } else if (rows <= 8) {
-    GemvBf16Kernel<float, 1>
-        <<<grid, kGemvThreads, 0, stream>>>(x, ldx, w, bias, rows, n, k, y32, ldy);
-  } else if (bf16) {
-    GemvBf16Kernel<__nv_bfloat16, 2>
-        <<<grid, kGemvThreads, 0, stream>>>(x, ldx, w, bias, rows, n, k, y16, ldy);
-  } else {
-    GemvBf16Kernel<float, 2>
-        <<<grid, kGemvThreads, 0, stream>>>(x, ldx, w, bias, rows, n, k, y32, ldy);
+    return LaunchDependent(GemvBf16Kernel<__nv_bfloat16, 1>, grid, kGemvThreads, 0, stream, x, ldx,
+                           w, bias, rows, n, k, y16, ldy);
   }
-  return cudaGetLastError();
+  if (rows <= 8) {
+    return LaunchDependent(GemvBf16Kernel<float, 1>, grid, kGemvThreads, 0, stream, x, ldx, w, bias,
+                           rows, n, k, y32, ldy);
+  }
+  if (bf16) {
+    return LaunchDependent(GemvBf16Kernel<__nv_bfloat16, 2>, grid, kGemvThreads, 0, stream, x, ldx,
+                           w, bias, rows, n, k, y16, ldy);
+  }
+  return LaunchDependent(GemvBf16Kernel<float, 2>, grid, kGemvThreads, 0, stream, x, ldx, w, bias,
+                         rows, n, k, y32, ldy);
 }
 
 }  // namespace specd::kernels

@@ -81,14 +81,28 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
 
   float c[kTiles][4] = {};
   constexpr int64_t kStep = int64_t{kGemvWarps} * kGemvUnroll * kGemvChunk;
-  for (int64_t base = int64_t{warp} * kGemvUnroll * kGemvChunk; base < k; base += kStep) {
-    uint4 lo[kGemvUnroll], hi[kGemvUnroll], xv[kTiles][kGemvUnroll];
+  uint4 lo[kGemvUnroll], hi[kGemvUnroll];
+  // W rows of the chunks at `base`; W is constant, so the first ones load before the wait for
+  // the previous kernel (launched as a programmatic dependent, common.cuh), overlapping its tail.
+  const auto load_w = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int64_t col = base + u * kGemvChunk;
       const bool valid = col < limit;
       lo[u] = Load16<true>(w_lo + col, valid);
       hi[u] = Load16<true>(w_hi + col, valid);
+    }
+  };
+  const int64_t first = int64_t{warp} * kGemvUnroll * kGemvChunk;
+  load_w(first);
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
+  for (int64_t base = first; base < k; base += kStep) {
+    uint4 xv[kTiles][kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t col = base + u * kGemvChunk;
+      const bool valid = col < limit;
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) xv[i][u] = Load16<false>(x_row[i] + col, valid && has_x[i]);
     }
@@ -102,6 +116,7 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
                             xv[i][u].z, xv[i][u].w);
       }
     }
+    if (base + kStep < k) load_w(base + kStep);
   }
 
 #pragma unroll

@@ -18,9 +18,9 @@ cudaError_t Launch(const __nv_bfloat16* input, __nv_bfloat16* residual, const __
   const int64_t vectors = CeilDiv(hidden, kVec);
   const int threads = static_cast<int>(
       std::min<int64_t>(kMaxBlockThreads, CeilDiv(vectors, kWarpSize) * kWarpSize));
-  RmsNormKernel<kVec, kAddResidual><<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
-      input, residual, weight, static_cast<int>(hidden), eps, out);
-  return cudaGetLastError();
+  return LaunchDependent(RmsNormKernel<kVec, kAddResidual>, static_cast<unsigned>(num_tokens),
+                         threads, 0, stream, input, residual, weight, static_cast<int>(hidden), eps,
+                         out);
 }
 
 bool ValidSizes(int64_t num_tokens, int64_t hidden) {

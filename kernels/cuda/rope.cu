@@ -23,9 +23,9 @@ cudaError_t LaunchApplyRope(const int32_t* positions, int64_t num_tokens, __nv_b
   const int64_t items = int64_t{num_q_heads + num_kv_heads} * (rot_dim / 2 / kVec);
   const int threads = static_cast<int>(
       std::min<int64_t>(kRopeThreads, CeilDiv(std::max<int64_t>(items, 1), kWarpSize) * kWarpSize));
-  ApplyRopeKernel<kVec><<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
-      positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads, head_dim, rot_dim, cos_sin);
-  return cudaGetLastError();
+  return LaunchDependent(ApplyRopeKernel<kVec>, static_cast<unsigned>(num_tokens), threads, 0,
+                         stream, positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads,
+                         head_dim, rot_dim, cos_sin);
 }
 
 template <int kVec>

@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     ApplyRopeKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q, int64_t q_stride,
                     int num_q_heads, __nv_bfloat16* k, int64_t k_stride, int num_kv_heads,
                     int head_dim, int rot_dim, const float* __restrict__ cos_sin) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();
   const int64_t t = blockIdx.x;
   const int half = rot_dim / 2;
   const int vecs_per_head = half / kVec;

@@ -115,25 +115,9 @@ cudaError_t LaunchCombine(const VerifyParams& vp, int64_t num_tokens, cudaStream
     num_ctas = num_rows * attention::kCombineFewCtasPerRow;
     if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(num_ctas));
-  config.blockDim = dim3(attention::kCombineThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  const float* partial_out = vp.partial_out;
-  const float* partial_lse = vp.partial_lse;
-  if (cudaLaunchKernelEx(&config, kernel, partial_out, partial_lse, vp.num_splits, vp.num_q_heads,
-                         vp.pre.out, vp.pre.out_stride) == cudaSuccess) {
-    return cudaSuccess;
-  }
-  (void)cudaGetLastError();
-  kernel<<<config.gridDim, config.blockDim, 0, stream>>>(
-      partial_out, partial_lse, vp.num_splits, vp.num_q_heads, vp.pre.out, vp.pre.out_stride);
-  return cudaGetLastError();
+  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), attention::kCombineThreads, 0,
+                         stream, vp.partial_out, vp.partial_lse, vp.num_splits, vp.num_q_heads,
+                         vp.pre.out, vp.pre.out_stride);
 }
 
 template <typename Variant, int kHeadDim, int kWarps>

@@ -347,6 +347,12 @@ fi
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
+# Programmatic dependent launch on and off (SPECD_PDL=0), side by side: the Llama-3.2-1B shapes
+# (the draft model of issue 16, whose small kernels gain the most) and the 8B shapes.
+for pdl in 1 0; do
+  run_step "decode_bench 1b pdl=$pdl" 120 env SPECD_PDL=$pdl "${OURS[@]}" "$WORK/bin/decode_bench" \
+    --model-dir "$DIR/models/shapes/llama-3.2-1b" --quick
+done
 if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
   run_step "tp_serve tp=1" 150 bash -c "tp_serve_fault 1"
   run_step "tp_serve tp=2 + fault" 200 bash -c "tp_serve_fault 2"
@@ -359,6 +365,11 @@ if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
   # The same with NCCL for every all-reduce (the one-shot kernel off): the A/B of issue 17 point 7.
   run_step "decode_bench tp=2 nccl only" 200 env SPECD_ONESHOT_ALLREDUCE_MAX_BYTES=0 "${OURS[@]}" \
     "$WORK/bin/decode_bench" "${tp_args[@]}" --tensor-parallel-size 2 --specd "$WORK/bin/specd"
+  # TP 1 and TP 2 without programmatic dependent launch (SPECD_PDL=0): what it saves at each.
+  run_step "decode_bench tp=1 pdl=0" 200 env SPECD_PDL=0 "${OURS[@]}" "$WORK/bin/decode_bench" \
+    "${tp_args[@]}"
+  run_step "decode_bench tp=2 pdl=0" 200 env SPECD_PDL=0 "${OURS[@]}" "$WORK/bin/decode_bench" \
+    "${tp_args[@]}" --tensor-parallel-size 2 --specd "$WORK/bin/specd"
   run_step "tp two nodes" 150 bash -c tp_two_nodes
   # Speculation at TP 2 (codepair, greedy and temperature 1), and Llama-3.1-70B shapes at TP 2
   # against the two GPUs' roofline (issue 21, point 4; 141 GB of bf16 weights: H200s only).
@@ -390,7 +401,8 @@ if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; t
   echo "-- decode_bench"
   sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"
 fi
-for f in decode_bench_tp_1__tp_shapes_ decode_bench_tp_2 decode_bench_tp_2_nccl_only \
+for f in decode_bench_1b_pdl_1 decode_bench_1b_pdl_0 decode_bench_tp_1__tp_shapes_ \
+  decode_bench_tp_2 decode_bench_tp_2_nccl_only decode_bench_tp_1_pdl_0 decode_bench_tp_2_pdl_0 \
   decode_bench_70b_tp_2; do
   grep -q '^decode_bench summary' "$WORK/steps/$f.out" 2>/dev/null || continue
   echo "-- $f"
