@@ -171,18 +171,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   const SpeculativeConfig& spec = options_.speculative;
   ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
-  // Self-speculation needs the CPU Model's attention options (ChunkAttention) on one rank, on a
-  // dense target (an NSA model's attention is sparse already; its own speculation is SSV).
-  SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(target.device));
+  // Self-speculation needs the runner's attention options (ChunkAttention: the CPU Model, or the
+  // CUDA runner's Vegas kernels) on one rank, on a dense target (an NSA model's attention is
+  // sparse already; its own speculation is SSV).
   const bool nsa = runner_->config().is_nsa();
-  if (!device.cuda && options_.tensor_parallel.size <= 1 && !nsa) {
+  if (options_.tensor_parallel.size <= 1 && !nsa) {
     vegas_ = std::make_unique<VegasSpeculator>(runner_.get());
   } else if (spec.method == SpeculationMethod::kVegas ||
              spec.method == SpeculationMethod::kStreaming) {
     return absl::InvalidArgumentError(
         absl::StrCat("--speculative-config: method ", SpeculationMethodName(spec.method),
                      nsa ? " drafts with dense attention and does not apply to an NSA model"
-                         : " needs the CPU backend for now (--device cpu, no tensor parallelism)"));
+                         : " needs tensor parallelism off"));
   }
   // SSD's draft runs in the speculator process, not here.
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);

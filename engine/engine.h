@@ -281,7 +281,7 @@ class Engine {
   const SpeculativeConfig& speculative_config() const { return options_.speculative; }
   bool has_draft_model() const { return draft_ != nullptr; }
   bool has_ssd() const { return ssd_ != nullptr; }
-  // Methods vegas and streaming run here (the CPU backend on one rank, for now).
+  // Methods vegas and streaming run here (the CPU or CUDA backend, on one rank).
   bool has_sparse_drafting() const { return vegas_ != nullptr; }
   // `auto` speculation's cost profile as JSON (CostProfile::ToJson), and where it came from
   // ("file PATH" or "default: ..."). Fixed at Create; any thread.
@@ -389,7 +389,7 @@ class Engine {
   std::unique_ptr<Speculator> ngram_;  // always there (free to run)
   std::unique_ptr<Speculator> draft_;  // when options.speculative names a draft model
   std::unique_ptr<Speculator> ssd_;    // method ssd: the speculator process's client
-  // Methods vegas and streaming: the target drafts for itself (CPU backend, one rank only).
+  // Methods vegas and streaming: the target drafts for itself (one rank only).
   std::unique_ptr<Speculator> vegas_;
   // The Verify stage's implementations in the order they are tried: greedy on the runner,
   // sampled on the device, exact on the host (takes anything).

@@ -13,6 +13,7 @@
 #include "engine/model/cpu_ops.h"
 #include "engine/model/json_fields.h"
 #include "engine/model/safetensors.h"
+#include "kernels/ref/vegas.h"
 #include "kernels/ref/vocab_merge.h"
 
 namespace specd {
@@ -207,12 +208,18 @@ void Model::PlanLayerAttention(int32_t layer) {
 // [0, n): the fork's default "weight" score mode, normalised over the prefix rather than the
 // whole row, so no other keys are needed), then the heads are averaged, summed in order from 0.
 // Averaging raw pre-softmax scores instead lets the heads with the widest score range decide the
-// selection: on codepair-long (engine_vegas_test, K 4, ratio 0.07) Vegas accepted 1.21 tokens a
-// round that way against 2.56 with weights (StreamingLLM at the same budget: 2.09).
+// selection: on codepair-long (engine_vegas_test, ratio 0.2, K 4 / 8) Vegas accepted 1.64 / 1.64
+// tokens a round that way against 3.29 / 2.88 with weights (StreamingLLM at the same budget:
+// 1.92 / 2.09). The arithmetic is kernels/ref's, so the CUDA kernel that computes these weights
+// for the CUDA runner (kernels::VegasHeadAveragedWeights) is tested against what this Model runs.
+void HeadAveragedPrefixWeights(const float* scores, int64_t heads, int64_t stride, int64_t n,
+                               float to_raw, float* out) {
+  kernels::ref::HeadAveragedPrefixWeights(scores, heads, stride, n, to_raw, out);
+}
+
 void Model::ReduceScores(int32_t layer) {
   const int64_t heads = local_.num_heads, stride = ws_.capture_stride;
   std::vector<int32_t> seen(ws_.attention.size(), 0);  // slots of each sequence met so far
-  std::vector<double> weights;
   for (size_t slot = 0; slot < ws_.slot_seq.size(); ++slot) {
     const int32_t s = ws_.slot_seq[slot];
     const ChunkAttention& a = *ws_.attention[s];
@@ -220,20 +227,9 @@ void Model::ReduceScores(int32_t layer) {
     const bool one_row = slot + 1 == ws_.slot_seq.size() || ws_.slot_seq[slot + 1] != s;
     const int first_row = seen[s]++ == 0 ? 0 : 1;
     const int last_row = one_row && first_row == 0 ? 1 : first_row;
-    const float* src = &ws_.capture[slot * heads * stride];
-    weights.assign(n, 0.0);
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* x = src + h * stride;
-      const float max = n > 0 ? *std::max_element(x, x + n) : 0.0f;
-      if (!std::isfinite(max)) continue;  // every key masked (outside a sliding window)
-      double sum = 0.0;
-      for (int64_t j = 0; j < n; ++j) sum += std::exp(double{x[j]} - max);
-      for (int64_t j = 0; j < n; ++j) weights[j] += std::exp(double{x[j]} - max) / sum;
-    }
-    for (int row = first_row; row <= last_row; ++row) {
-      float* dst = a.scores.data() + (int64_t{layer} * 2 + row) * n;
-      for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(weights[j] / double(heads));
-    }
+    float* first = a.scores.data() + (int64_t{layer} * 2 + first_row) * n;
+    HeadAveragedPrefixWeights(&ws_.capture[slot * heads * stride], heads, stride, n, 1.0f, first);
+    if (last_row != first_row) std::copy(first, first + n, first + n);
   }
 }
 

@@ -39,14 +39,14 @@ struct LoadOptions {
   Communicator* comm = nullptr;
 };
 
-// Per-chunk attention options (Vegas self-speculation; the CPU Model only, other backends refuse
-// them). Either (a) score collection on a dense chunk: per layer, the attention weights of the
-// chunk's first and last query rows over the prefix [0, start_pos) -- each head's softmax of
-// q.k / sqrt(head_dim) over the prefix alone, averaged over all query heads (a key outside a
-// sliding window weighs 0; Model::ReduceScores says why weights and not raw scores); or (b) sparse
-// attention: in layer l each query sees only the positions layer_indices[l] and every position in
-// [recent_start, its own], still under the causal (and window) rule. Not both on one chunk.
-// Caller-owned; outlives the Forward call.
+// Per-chunk attention options (Vegas self-speculation; the CPU Model, and the CUDA runner for
+// chunks of up to 16 tokens on one rank; TP refuses them). Either (a) score collection on a dense
+// chunk: per layer, the attention weights of the chunk's first and last query rows over the
+// prefix [0, start_pos) -- each head's softmax of q.k / sqrt(head_dim) over the prefix alone,
+// averaged over all query heads (HeadAveragedPrefixWeights; a key outside a sliding window
+// weighs 0); or (b) sparse attention: in layer l each query sees only the positions
+// layer_indices[l] and every position in [recent_start, its own], still under the causal (and
+// window) rule. Not both on one chunk. Caller-owned; outlives the Forward call.
 struct ChunkAttention {
   std::span<float> scores;  // (a) [num_layers, 2, start_pos] f32, out; empty: none collected
   // (b) [num_layers][count] strictly ascending positions in [0, recent_start); empty: dense.
@@ -55,6 +55,14 @@ struct ChunkAttention {
   int32_t recent_start = 0;  // (b) in [0, start_pos]: every key from here on is attended
   bool sparse() const { return !layer_indices.empty(); }
 };
+
+// Vegas' criticality of the n prefix keys seen by a query row: each head's softmax over the keys
+// [0, n) of its raw scores (to_raw times the stored: q.k / sqrt(head_dim)), averaged over the heads
+// (Model::ReduceScores says why); the CUDA runner's kernel is tested against it (kernels/ref).
+//   scores  [heads, stride] f32 (keys past n ignored; -inf: masked)
+//   out     [n] f32
+void HeadAveragedPrefixWeights(const float* scores, int64_t heads, int64_t stride, int64_t n,
+                               float to_raw, float* out);
 
 struct SequenceInput {
   std::span<const int32_t> tokens;  // [num_new_tokens] new tokens to run

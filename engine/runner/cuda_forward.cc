@@ -14,6 +14,7 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/vegas.h"
 #include "kernels/cuda/vocab_merge.h"
 
 namespace specd {
@@ -176,9 +177,73 @@ absl::Status CudaForward::RunGemm(const __nv_bfloat16* x, int64_t ldx, const __n
       absl::StrCat("GEMM [", m, ", ", k, "] x [", n, ", ", k, "]^T: ", error));
 }
 
+absl::Status CudaForward::SupportsVegas() const {
+  const int32_t group = shape_.num_q_heads / shape_.num_kv_heads;
+  if (shape_.head_dim > 128 || shape_.sliding_window != 0 || group > 16 || shard_.world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention options (Vegas score collection, sparse attention) need head_dim <= 128 (this "
+        "model: ",
+        shape_.head_dim, "), no sliding window (", shape_.sliding_window,
+        "), at most 16 query heads per KV head (", group, ") and no tensor parallelism (",
+        shard_.world_size, " ranks)"));
+  }
+  return absl::OkStatus();
+}
+
+// Each segment runs as a batch of its own: q, out and cu_q_lens start at its first token, so the
+// split-KV workspace and its combine cover only its rows.
+absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cudaStream_t stream) {
+  const ForwardVegas& v = *a.vegas;
+  using Kind = ForwardVegas::Kind;
+  for (const ForwardVegas::Segment& seg : v.segments) {
+    const __nv_bfloat16* q = Offset(qkv_.as<__nv_bfloat16>(), seg.first_token * qkv_stride_);
+    __nv_bfloat16* out = Offset(attn_.as<__nv_bfloat16>(), seg.first_token * config_.q_size());
+    const int32_t* tables = a.block_tables + int64_t{seg.first_seq} * max_blocks_per_seq_;
+    const int32_t* seq_lens = a.seq_lens + seg.first_seq;
+    if (seg.kind == Kind::kDense) {
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::PagedPrefillAttention(
+                     q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
+                     seg.cu_q_lens, seq_lens, seg.num_seqs, seg.num_tokens, seg.max_q_len, shape_,
+                     out, config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
+                 "PagedPrefillAttention (Vegas step)", layer));
+      continue;
+    }
+    int32_t splits = std::max(1, kernels::ChooseVerifySplits(seg.num_seqs, seg.max_q_len,
+                                                             seg.max_keys, num_sms_, shape_));
+    while (splits > 1 && kernels::PagedVerifyWorkspaceBytes(seg.num_tokens, splits, shape_) >
+                             workspace_.bytes()) {
+      --splits;
+    }
+    if (seg.kind == Kind::kScores) {
+      float* scores = v.scores + (int64_t{layer} * v.num_scored + seg.first_scored) * 2 *
+                                     v.score_parts * v.score_stride;
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::PagedVerifyAttentionWithScores(
+                     q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
+                     seg.cu_q_lens, seq_lens, seg.num_seqs, seg.num_tokens, seg.max_q_len, splits,
+                     shape_, out, config_.q_size(), scores, v.score_stride, workspace_.as(),
+                     workspace_.bytes(), stream),
+                 "PagedVerifyAttentionWithScores", layer));
+      continue;
+    }
+    const int64_t row = int64_t{layer} * a.num_seqs + seg.first_seq;
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::PagedSparseAttention(
+                   q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
+                   seg.cu_q_lens, seq_lens, v.indices + row * v.index_stride, v.index_stride,
+                   v.counts + row, v.recent_starts + seg.first_seq, seg.num_seqs, seg.num_tokens,
+                   seg.max_q_len, splits, shape_, out, config_.q_size(), workspace_.as(),
+                   workspace_.bytes(), stream),
+               "PagedSparseAttention", layer));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaForward::Attention(int32_t layer, const ForwardArgs& a, cudaStream_t stream) {
   auto* qkv = qkv_.as<__nv_bfloat16>();
   auto* attn = attn_.as<__nv_bfloat16>();
+  if (a.vegas != nullptr) return VegasAttention(layer, a, stream);
   if (a.decode) {
     return Launch(kernels::PagedDecodeAttention(
                       qkv, qkv_stride_, k_cache_[layer], v_cache_[layer], a.block_tables,

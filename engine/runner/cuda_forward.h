@@ -39,6 +39,40 @@ struct ForwardLimits {
   int32_t max_decode_batch = 0;  // largest decode batch (the top CUDA-graph bucket)
 };
 
+// Vegas attention options of one eager step (the runner's ChunkAttention, on the device): the
+// batch cut into runs of consecutive sequences that attend alike, one attention launch per run
+// and layer, each over its own tokens as if it were a batch of its own.
+struct ForwardVegas {
+  enum class Kind {
+    kDense,   // PagedPrefillAttention
+    kScores,  // kernels::PagedVerifyAttentionWithScores
+    kSparse,  // kernels::PagedSparseAttention
+  };
+  struct Segment {
+    Kind kind = Kind::kDense;
+    int32_t first_seq = 0;  // the run's sequences [first_seq, first_seq + num_seqs)
+    int32_t num_seqs = 0;
+    int64_t first_token = 0;  // its tokens [first_token, first_token + num_tokens)
+    int64_t num_tokens = 0;
+    int32_t max_q_len = 0;               // longest chunk
+    int32_t max_keys = 0;                // most keys a query of the run sees (split choice)
+    int32_t first_scored = 0;            // kScores: the scored index of its first sequence
+    const int32_t* cu_q_lens = nullptr;  // [num_seqs + 1] int32, device, from 0
+  };
+  std::vector<Segment> segments;  // in batch order, covering every sequence
+  // kScores: [num_layers, num_scored, 2, score_parts, score_stride] f32, device
+  // (kernels::PagedVerifyAttentionWithScores' layout per layer; score_parts VegasScoreParts).
+  float* scores = nullptr;
+  int32_t num_scored = 0;
+  int32_t score_parts = 0;
+  int64_t score_stride = 0;
+  // kSparse: per layer and sequence the attended prefix positions (rows of other kinds unused).
+  const int32_t* indices = nullptr;  // [num_layers, num_seqs, index_stride] int32, device
+  int64_t index_stride = 0;
+  const int32_t* counts = nullptr;         // [num_layers, num_seqs] int32, device
+  const int32_t* recent_starts = nullptr;  // [num_seqs] int32, device
+};
+
 // One step's shape and its device inputs (all device pointers; see kernels/cuda/attention.h).
 struct ForwardArgs {
   int64_t num_tokens = 0;
@@ -52,6 +86,8 @@ struct ForwardArgs {
   const int32_t* seq_lens = nullptr;      // [num_seqs] context after this step
   const int32_t* cu_q_lens = nullptr;     // [num_seqs + 1] prefill only
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  // Vegas options (eager steps only; null: every sequence dense). Overrides `decode`.
+  const ForwardVegas* vegas = nullptr;
 };
 
 class CudaForward {
@@ -76,6 +112,9 @@ class CudaForward {
   // KV splits a decode launch of num_seqs sequences uses; `max_seq_len` is the longest context
   // it may see (max_model_len inside graphs). Never more than the workspace holds.
   int32_t DecodeSplits(int32_t num_seqs, int32_t max_seq_len) const;
+  // Whether the Vegas kernels (score collection, sparse attention) run this model's attention:
+  // OK, or InvalidArgument saying what they lack.
+  absl::Status SupportsVegas() const;
 
   // Embedding through the final norm: afterwards hidden() holds the normed final hidden state of
   // every token (the same on every rank).
@@ -110,6 +149,8 @@ class CudaForward {
                        const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, void* y,
                        int64_t ldy, kernels::GemmOut out, cudaStream_t stream);
   absl::Status Attention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
+  // Attention with Vegas options: one launch per segment of args.vegas.
+  absl::Status VegasAttention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
   absl::Status Layer(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
 
   const ModelConfig config_;  // the rank's: its heads and intermediate columns (LocalModelConfig)

@@ -170,11 +170,7 @@ absl::Status CudaRunner::State::Validate(std::span<const SequenceInput> batch) c
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", what));
     };
     if (in.tokens.empty() || in.start_pos < 0) return bad("no tokens or a negative start_pos");
-    if (in.attention != nullptr) {  // kernels/cuda/vegas.h exists; the runner does not use it yet
-      return bad(
-          "attention options (score collection, sparse attention): vegas needs the CPU "
-          "backend for now");
-    }
+    if (in.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, in));
     if (end > max_model_len) {
       return bad(
           absl::StrCat("positions up to ", end - 1, " exceed max_model_len ", max_model_len));
@@ -293,7 +289,7 @@ absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<co
   out->clear();
   if (batch.empty()) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kIds));
-  SPECD_RETURN_IF_ERROR(s_->Sync("step"));
+  SPECD_RETURN_IF_ERROR(s_->SyncStep("step"));
   if (s_->worker) return absl::OkStatus();
   s_->sampler->Finish(rows, out);
   return absl::OkStatus();
@@ -339,13 +335,18 @@ absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
   // rank's rows agree, VocabMergeK); probabilities need the full rows.
   const int32_t merge_k =
       s_->shard.world_size > 1 && mode != SampleMode::kProbs ? VocabMergeK(rows) : 0;
-  // Captures a round graph on first use, before Prepare fills the staging buffers.
-  SPECD_ASSIGN_OR_RETURN(
-      const State::GraphKey key,
-      s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks, merge_k)));
+  // Captures a round graph on first use, before Prepare fills the staging buffers. Steps with
+  // attention options (Vegas) run eagerly.
+  State::GraphKey key;
+  if (!State::HasAttention(batch)) {
+    SPECD_ASSIGN_OR_RETURN(
+        key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks, merge_k)));
+  }
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, logit_rows, key));
   launch.merge_k = merge_k;  // also when the step runs eagerly
+  SPECD_RETURN_IF_ERROR(s_->PrepareVegas(batch, &launch));
   SPECD_RETURN_IF_ERROR(s_->Execute(launch));
+  SPECD_RETURN_IF_ERROR(s_->EnqueueScoreWeights());
   if (s_->worker) return absl::OkStatus();  // a tensor-parallel worker stops after the logits
   if (mode == SampleMode::kProbs) {
     return s_->sampler->EnqueueProbs(s_->forward->logits(), rows, s_->stream);
@@ -368,10 +369,14 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
     t += n;
   }
   // Rows in chunk order, at least one per chunk: as many as chunks means one each, the last.
-  SPECD_ASSIGN_OR_RETURN(
-      const State::GraphKey key,
-      s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows.size() == batch.size())));
+  // Attention options (Vegas draft steps, scored verification) run eagerly.
+  State::GraphKey key;
+  if (!State::HasAttention(batch)) {
+    SPECD_ASSIGN_OR_RETURN(
+        key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows.size() == batch.size())));
+  }
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, rows, key));
+  SPECD_RETURN_IF_ERROR(s_->PrepareVegas(batch, &launch));
   const size_t vocab = static_cast<size_t>(s_->config.vocab_size);
   const bool copy = !s_->worker;  // a tensor-parallel worker runs the same launches, returns none
   if (copy) logits->assign(rows.size() * vocab, 0.0f);
@@ -386,6 +391,7 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
     return s_->Sync("forward");
   }
   SPECD_RETURN_IF_ERROR(s_->forward->Run(launch.args, s_->stream));
+  SPECD_RETURN_IF_ERROR(s_->EnqueueScoreWeights());
   for (size_t first = 0; first < rows.size(); first += s_->limits.max_rows) {  // LM head chunks
     const int32_t n =
         static_cast<int32_t>(std::min<size_t>(s_->limits.max_rows, rows.size() - first));
@@ -397,7 +403,7 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
                           n * vocab * sizeof(float), cudaMemcpyDeviceToHost, s_->stream),
           "copy of logits"));
     }
-    SPECD_RETURN_IF_ERROR(s_->Sync("forward"));
+    SPECD_RETURN_IF_ERROR(s_->SyncStep("forward"));
   }
   return absl::OkStatus();
 }

@@ -5,10 +5,11 @@
 // draft model's catch-up) replay a round graph captured on first use per (bucket, longest chunk,
 // LM-head rows), each chunk padded to the longest. Their inputs live in fixed device buffers
 // filled by two copies from pinned staging memory, and the only synchronisation of a step is the
-// read of the sampled ids or verification results. The KV cache takes what gpu_memory_utilization
-// leaves after weights, buffers and a graph reserve (or kv_cache_bytes). Created on any thread;
-// then one thread at a time (it selects its device on every call, so the engine thread may differ
-// from the creating one).
+// read of the sampled ids or verification results. Steps whose chunks carry attention options
+// (Vegas: score collection, sparse drafting; cuda_runner_vegas.cc) run eagerly. The KV cache
+// takes what gpu_memory_utilization leaves after weights, buffers and a graph reserve (or
+// kv_cache_bytes). Created on any thread; then one thread at a time (it selects its device on
+// every call, so the engine thread may differ from the creating one).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,8 @@ class CudaRunner : public ModelRunner {
   int32_t block_size() const override;
   int32_t max_model_len() const override;
   int32_t max_sample_rows() const override;
+  // The Vegas kernels' longest run (kernels::kMaxVerifyQueryLen).
+  int32_t max_attention_option_tokens() const override;
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;

@@ -65,7 +65,7 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
       cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, s_->stream),
                   "copy of verification results"));
-  SPECD_RETURN_IF_ERROR(s_->Sync("verification step"));
+  SPECD_RETURN_IF_ERROR(s_->SyncStep("verification step"));
   std::vector<SampleResult> sampled;  // meaningful for logprobs rows only
   s_->sampler->Finish(expanded, &sampled);
   out->resize(rows.size());
@@ -202,7 +202,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
       cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, s_->stream),
                   "copy of verification results"));
-  SPECD_RETURN_IF_ERROR(s_->Sync("sampled verification step"));
+  SPECD_RETURN_IF_ERROR(s_->SyncStep("sampled verification step"));
   out->resize(rows.size());
   for (int32_t i = 0; i < n; ++i) {
     GreedyVerifyResult& r = (*out)[i];
@@ -262,7 +262,7 @@ absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
   }
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kProbs));
   const auto n = static_cast<int32_t>(rows.size());
-  if (n == 0) return s_->Sync("draft step");
+  if (n == 0) return s_->SyncStep("draft step");
   std::vector<float> uniforms;
   for (const SampleRow& r : rows) {
     uniforms.push_back(SpeculationUniform(r.seed, r.num_generated, SpeculationDraw::kDraft));
@@ -291,7 +291,7 @@ absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
   SPECD_RETURN_IF_ERROR(cuda::Check(
       cudaMemcpyAsync(host, ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s_->stream),
       "copy of draft ids"));
-  SPECD_RETURN_IF_ERROR(s_->Sync("draft step"));
+  SPECD_RETURN_IF_ERROR(s_->SyncStep("draft step"));
   out->resize(rows.size());
   for (int32_t i = 0; i < n; ++i) {
     if (host[i] < 0) {

@@ -99,6 +99,21 @@ struct CudaRunner::State {
   absl::Status Validate(std::span<const SequenceInput> batch) const;
   absl::Status Sync(const char* what) { return cuda::Check(cudaStreamSynchronize(stream), what); }
 
+  // cuda_runner_vegas.cc: Vegas attention options (ChunkAttention) of eager steps.
+  // Whether any chunk of `batch` has options (the step then runs eagerly).
+  static bool HasAttention(std::span<const SequenceInput> batch);
+  // Validate's checks of chunk s's options: what the CPU Model checks, plus what the kernels need.
+  absl::Status ValidateAttention(size_t s, const SequenceInput& in) const;
+  // Plans the options of an eager step's batch into `vegas` (segments, score buffers) and queues
+  // their upload (one copy: segment lengths, index lists, counts, recent starts); points
+  // launch->args at it. Nothing without options.
+  absl::Status PrepareVegas(std::span<const SequenceInput> batch, Launch* launch);
+  // After the forward: queues the reduction of the collected scores to head-averaged weights
+  // (kernels::VegasHeadAveragedWeights) and the one copy of those weights to the host.
+  absl::Status EnqueueScoreWeights();
+  // The end of a step: Sync, then the weights copied into their chunks' spans.
+  absl::Status SyncStep(const char* what);
+
   // cuda_runner_graphs.cc
   absl::Status WarmUpAndCapture();
   // The graph a validated batch with `num_rows` logits rows can replay, or an eager key: decode
@@ -168,6 +183,25 @@ struct CudaRunner::State {
   cuda::DeviceMemory verify_q;    // [num drafts, vocab] f32
   cuda::DeviceMemory prob_slots;  // [num_prob_slots, vocab] f32
   int32_t num_prob_slots = 0;
+  // Vegas (cuda_runner_vegas.cc): the step's plan, its uploads, the collected scores on the
+  // device, their head-averaged weights on the device (followed, at vegas_workspace_at, by the
+  // reduction's workspace) and the weights' host copy (all grown on demand), and the chunks
+  // waiting for theirs.
+  ForwardVegas vegas;
+  cuda::UploadArena vegas_arena;
+  cuda::DeviceMemory vegas_scores;   // ForwardVegas::scores
+  cuda::DeviceMemory vegas_weights;  // [num_layers, num_scored, 2, score_stride] f32 + workspace
+  cuda::PinnedMemory vegas_weights_host;    // the weights' copy
+  const int32_t* vegas_prefixes = nullptr;  // [num_scored] int32, device (vegas_arena): prefixes
+  size_t vegas_weights_bytes = 0;           // this step's weights
+  size_t vegas_workspace_at = 0;            // this step's workspace: offset in vegas_weights
+  size_t vegas_workspace_bytes = 0;         // and size
+  struct PendingScores {
+    std::span<float> dst;  // [num_layers, 2, prefix] f32, host: ChunkAttention::scores
+    int32_t scored = 0;    // index among the step's scored chunks
+    int32_t prefix = 0;    // keys scored
+  };
+  std::vector<PendingScores> pending_scores;
 };
 
 }  // namespace specd

@@ -10,6 +10,7 @@
 // Created on any thread; afterwards one thread at a time (the engine thread).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -135,6 +136,9 @@ class ModelRunner {
   virtual int32_t max_model_len() const = 0;
   // Most rows one Step may draw (the device's logits buffer).
   virtual int32_t max_sample_rows() const = 0;
+  // Longest chunk that may carry attention options (SequenceInput::attention: Vegas score
+  // collection and sparse attention); unbounded where the runner takes any.
+  virtual int32_t max_attention_option_tokens() const { return INT32_MAX; }
 
   // Runs every chunk of `batch` (writing the KV of each new token) and draws one token per
   // row into (*out)[i] for rows[i]. Logprobs as the CPU Sampler returns them when the row's

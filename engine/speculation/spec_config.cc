@@ -453,9 +453,9 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
   }
   if ((method == SpeculationMethod::kVegas || method == SpeculationMethod::kStreaming) &&
       !has_sparse_drafting) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculation.method ", SpeculationMethodName(method),
-        " needs the CPU backend for now (sparse drafting is not built for this device)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculation.method ", SpeculationMethodName(method),
+                     " needs sparse drafting, which this server lacks (tensor parallelism is on)"));
   }
   SparseDraftOptions sparse = server.sparse;
   if (request.sparsity_ratio != 0) sparse.sparsity_ratio = request.sparsity_ratio;

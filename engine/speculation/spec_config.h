@@ -165,9 +165,9 @@ struct ResolvedSpeculation {
 // forbids, or an explicit K above its max_k, is InvalidArgument; a server default the request
 // forbids resolves to no speculation, and a server default K above max_k is lowered to it.
 // InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded,
-// vegas / streaming on a server without sparse drafting (`has_sparse_drafting`: the CPU backend
-// for now), K outside [0, kMaxSpeculativeTokens], C outside [0, 1], a bad sparse budget, a
-// policy max_k outside [0, kMaxSpeculativeTokens] or a forbid entry that is not a speculating
+// vegas / streaming on a server without sparse drafting (`has_sparse_drafting`: one rank, CPU or
+// CUDA, dense target), K outside [0, kMaxSpeculativeTokens], C outside [0, 1], a bad sparse budget,
+// a policy max_k outside [0, kMaxSpeculativeTokens] or a forbid entry that is not a speculating
 // method (draft_model, ngram, ssd, vegas, streaming).
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,

@@ -308,7 +308,7 @@ TEST(ResolveSpeculationTest, VegasBudgetFromRequestElseServer) {
   const absl::Status gpu =
       ResolveSpeculation({SpeculationMethod::kStreaming, 4}, server, false, false, false).status();
   EXPECT_EQ(gpu.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(gpu.message(), HasSubstr("CPU backend"));
+  EXPECT_THAT(gpu.message(), HasSubstr("sparse drafting"));
 }
 
 TEST(ParseSpeculationMethodTest, AcceptsNamesAndAliases) {

@@ -74,7 +74,7 @@ struct VerifiedRound {
   // Vegas: what the verification pass scored, [num_layers, 2, num_scored] f32 (ChunkAttention's
   // scores of the chunk's first and last query rows over the prefix [0, num_scored)); empty for
   // other methods. Valid during OnVerified only.
-  std::span<const float> scores;
+  std::span<const float> scores = {};
   int32_t num_scored = 0;
 };
 

@@ -108,6 +108,10 @@ absl::Status VegasSpeculator::Propose(std::span<const DraftInput> inputs,
                   in.num_draft_tokens > 0 && in.num_computed >= 0 &&
                   static_cast<int64_t>(in.tokens.size()) == int64_t{in.num_computed} + 1;
     if (!plan.active) continue;
+    // The verification chunk (the last committed token and the drafts) collects scores: a
+    // runner may bound its length (the CUDA kernels: 16 tokens).
+    plan.num_drafts = static_cast<int32_t>(std::min<int64_t>(
+        in.num_draft_tokens, int64_t{runner_->max_attention_option_tokens()} - 1));
     std::unique_ptr<State>& state = states_[in.seq_id];
     if (state == nullptr) state = std::make_unique<State>();
     state->budget = in.speculation->sparse;
@@ -116,7 +120,7 @@ absl::Status VegasSpeculator::Propose(std::span<const DraftInput> inputs,
       d.num_kept_tokens = static_cast<int32_t>(plan.lists[0].size()) + in.num_computed -
                           plan.attention.recent_start;
     }
-    num_steps = std::max(num_steps, in.num_draft_tokens);
+    num_steps = std::max(num_steps, plan.num_drafts);
   }
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   for (int32_t j = 0; j < num_steps; ++j) {
@@ -124,7 +128,7 @@ absl::Status VegasSpeculator::Propose(std::span<const DraftInput> inputs,
     batch_input_.clear();
     for (size_t i = 0; i < inputs.size(); ++i) {
       const DraftInput& in = inputs[i];
-      if (!plans_[i].active || j >= in.num_draft_tokens) continue;
+      if (!plans_[i].active || j >= plans_[i].num_drafts) continue;
       const Draft& d = (*drafts)[i];
       SequenceInput s;
       s.tokens = j == 0 ? in.tokens.last(1) : std::span<const int32_t>(d.tokens).subspan(j - 1, 1);

@@ -12,7 +12,8 @@
 // tokens (attention sinks) and a recent window, k tokens in all.
 // Greedy requests draft the argmax; sampled requests draw from the processed distribution (as the
 // target's sampler builds it) with their own RNG and return it as q, so verification stays
-// lossless. Needs a runner whose Model takes ChunkAttention (the CPU backend). Engine thread only.
+// lossless. Needs a runner that takes ChunkAttention (the CPU backend; the CUDA runner through the
+// Vegas kernels, eagerly). Engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,7 @@ class VegasSpeculator : public Speculator {
   // One input's draft plan for this round.
   struct Plan {
     bool active = false;
+    int32_t num_drafts = 0;  // K, within the runner's max_attention_option_tokens
     ChunkAttention attention;
     std::vector<std::span<const int32_t>> lists;  // [num_layers]
     std::vector<int32_t> sinks;                   // streaming: [sinks]

@@ -52,9 +52,13 @@ constexpr int VerifySmemBytes() {
 //                        are the last q_len of them), LoadTile(...) LoadPrefillKvTile's contract
 //                        with keys in place of positions
 //   kScoreHook           whether TileScores(params, raw Q K^T scores, ...) runs on every tile
+//   kMinCtasPerSm        __launch_bounds__' CTAs per SM; 0 leaves ptxas its own register choice
+//                        (the dense kernel's; 1 lets a variant with more live state use up to 255
+//                        registers instead of spilling)
 struct DenseVerifyVariant {
   using Params = VerifyParams;
   static constexpr bool kScoreHook = false;
+  static constexpr int kMinCtasPerSm = 0;
   struct Keys {
     template <typename AnyParams>
     __device__ __forceinline__ Keys(const AnyParams&, int) {}
@@ -70,7 +74,7 @@ struct DenseVerifyVariant {
 };
 
 template <int kHeadDim, int kWarps, int kStages, typename Variant = DenseVerifyVariant>
-__global__ void __launch_bounds__(kWarps* kWarpSize)
+__global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     PagedVerifyKernel(const typename Variant::Params vp) {
   using Cfg = PrefillConfig<kHeadDim>;
   constexpr int kThreads = kWarps * kWarpSize;

@@ -1,8 +1,8 @@
 // Vegas launchers (layer 2): validate, fill the variant parameters, pick the template instance,
 // launch, report the error. Kernels: vegas_attention.cuh (variants of the verification kernel),
-// vegas_select.cuh. The verification tiling (stages, warps, row tiles) and the combine launch
-// follow attention.cu's choices for PagedVerifyAttention, so a variant runs the grid the dense
-// kernel runs.
+// vegas_select.cuh, vegas_weights.cuh. The verification tiling (stages, warps, row tiles) and the
+// combine launch follow attention.cu's choices for PagedVerifyAttention, so a variant runs the grid
+// the dense kernel runs.
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -11,6 +11,7 @@
 #include "kernels/cuda/vegas.h"
 #include "kernels/cuda/vegas_attention.cuh"
 #include "kernels/cuda/vegas_select.cuh"
+#include "kernels/cuda/vegas_weights.cuh"
 
 namespace specd::kernels {
 namespace {
@@ -138,9 +139,7 @@ cudaError_t LaunchVariant(const typename Variant::Params& params, int64_t num_ct
   return LaunchCombine<kHeadDim>(vp, num_tokens, stream);
 }
 
-// kAllHeadDims false: head_dim 16 and 128 only (the score variant's 32 and 64 tiles spill
-// registers; the caller refuses those head dims).
-template <typename Variant, bool kAllHeadDims = true>
+template <typename Variant>
 cudaError_t DispatchVariant(const typename Variant::Params& params, int head_dim, int warps,
                             int64_t num_ctas, int64_t num_tokens, cudaStream_t stream) {
   auto launch = [&](auto head_dim_tag) {
@@ -148,21 +147,15 @@ cudaError_t DispatchVariant(const typename Variant::Params& params, int head_dim
     return warps == 1 ? LaunchVariant<Variant, kHeadDim, 1>(params, num_ctas, num_tokens, stream)
                       : LaunchVariant<Variant, kHeadDim, 2>(params, num_ctas, num_tokens, stream);
   };
-  if constexpr (!kAllHeadDims) {
-    if (head_dim == 16) return launch(std::integral_constant<int, 16>());
-    if (head_dim == 128) return launch(std::integral_constant<int, 128>());
-    return cudaErrorInvalidValue;
-  } else {
-    switch (head_dim) {
-      case 16:
-        return launch(std::integral_constant<int, 16>());
-      case 32:
-        return launch(std::integral_constant<int, 32>());
-      case 64:
-        return launch(std::integral_constant<int, 64>());
-      default:  // 128 (VerifyShape)
-        return launch(std::integral_constant<int, 128>());
-    }
+  switch (head_dim) {
+    case 16:
+      return launch(std::integral_constant<int, 16>());
+    case 32:
+      return launch(std::integral_constant<int, 32>());
+    case 64:
+      return launch(std::integral_constant<int, 64>());
+    default:  // 128 (VerifyShape)
+      return launch(std::integral_constant<int, 128>());
   }
 }
 
@@ -180,17 +173,20 @@ cudaError_t PagedVerifyAttentionWithScores(
   if (!VerifyArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
                   seq_lens, num_seqs, num_tokens, max_q_len, num_splits, shape, out, out_stride,
                   workspace, workspace_bytes, static_cast<VerifyParams*>(&params), &num_ctas) ||
-      shape.sliding_window != 0 || 16 % (shape.num_q_heads / shape.num_kv_heads) != 0 ||
-      (shape.head_dim != 16 && shape.head_dim != 128) || scores == nullptr ||
-      !IsAligned(scores, 8) || score_stride < 0 || score_stride % 2 != 0) {
+      shape.sliding_window != 0 || shape.num_q_heads / shape.num_kv_heads > 16 ||
+      scores == nullptr || !IsAligned(scores, 8) || score_stride < 0 || score_stride % 2 != 0) {
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
   params.scores = scores;
   params.score_stride = score_stride;
   params.score_scale = shape.scale / static_cast<float>(shape.num_q_heads);
-  return DispatchVariant<attention::VegasScoreVariant, /*kAllHeadDims=*/false>(
+  return DispatchVariant<attention::VegasScoreVariant>(
       params, shape.head_dim, VerifyWarps(max_q_len, shape), num_ctas, num_tokens, stream);
+}
+
+int32_t VegasScoreParts(const AttentionShape& shape) {
+  return shape.num_kv_heads <= 0 || shape.num_q_heads <= 0 ? 0 : shape.num_q_heads;
 }
 
 size_t VegasSelectWorkspaceBytes(int32_t num_pairs, int64_t score_stride) {
@@ -230,6 +226,40 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
   vegas::VegasSelectKernel<<<static_cast<unsigned>(num_pairs), vegas::kSelectThreads, 0, stream>>>(
       combined, combined_stride, lengths, num_seqs, score_stride, budget.ratio, budget.min_tokens,
       budget.max_tokens, indices, index_stride, counts);
+  return cudaGetLastError();
+}
+
+size_t VegasWeightsWorkspaceBytes(int32_t num_pairs, int32_t num_heads) {
+  if (num_pairs <= 0 || num_heads <= 0) return 0;
+  return static_cast<size_t>(num_pairs) * 2 * num_heads * sizeof(vegas::HeadStats);
+}
+
+cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int64_t score_stride,
+                                     float to_raw, const int32_t* lengths, int32_t num_seqs,
+                                     int32_t num_pairs, float* weights, void* workspace,
+                                     size_t workspace_bytes, cudaStream_t stream) {
+  static_assert(sizeof(vegas::HeadStats) == 16);
+  if (num_heads < 1 || num_heads > vegas::kMaxWeightHeads || !std::isfinite(to_raw) ||
+      !(to_raw > 0.0f) || num_seqs < 1 || num_pairs < 0 || num_pairs > 65535 || score_stride < 0 ||
+      score_stride > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_pairs == 0 || score_stride == 0) return cudaSuccess;
+  if (scores == nullptr || !IsAligned(scores, 4) || lengths == nullptr || weights == nullptr ||
+      !IsAligned(weights, 4) || workspace == nullptr || !IsAligned(workspace, 16) ||
+      workspace_bytes < VegasWeightsWorkspaceBytes(num_pairs, num_heads)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* stats = static_cast<vegas::HeadStats*>(workspace);
+  const auto num_rows = static_cast<unsigned>(num_pairs * 2 * num_heads);
+  vegas::VegasHeadStatsKernel<<<num_rows, vegas::kStatsThreads, 0, stream>>>(
+      scores, num_heads, score_stride, to_raw, lengths, num_seqs, stats);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(score_stride, vegas::kWeightsThreads)), 2,
+                  static_cast<unsigned>(num_pairs));
+  vegas::VegasHeadAveragedWeightsKernel<<<grid, vegas::kWeightsThreads, 0, stream>>>(
+      scores, num_heads, score_stride, to_raw, lengths, num_seqs, stats, weights);
   return cudaGetLastError();
 }
 

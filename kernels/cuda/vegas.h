@@ -1,7 +1,8 @@
 // Vegas (verification-guided sparse self-speculation) launchers for the CUDA backend: the
-// verification attention that also collects the scores the next round's KV selection needs, the
-// batched top-k selection by sparsity ratio, and the sparse drafting attention over a token-index
-// list into the paged cache. References: kernels/ref/vegas.h; the algorithm: Vegas paper
+// verification attention that also collects the scores the next round's KV selection needs, their
+// reduction to head-averaged attention weights, the batched top-k selection by sparsity ratio, and
+// the sparse drafting attention over a token-index list into the paged cache. References:
+// kernels/ref/vegas.h; the algorithm: Vegas paper
 // (../shared/papers/vegas-verification-guided-sparse-attention.txt). Any host thread; work is
 // queued on `stream`, nothing allocates (scratch comes from the caller's workspace), and lengths,
 // counts and indices are read on the device, so the launches replay from CUDA graphs.
@@ -20,21 +21,24 @@ struct __nv_bfloat16;
 
 namespace specd::kernels {
 
+// Parts per (sequence, row) of PagedVerifyAttentionWithScores' scores: num_q_heads (one per q
+// head, so a consumer can take each head's softmax before averaging).
+int32_t VegasScoreParts(const AttentionShape& shape);
+
 // PagedVerifyAttention (attention.h: same arguments, splits, workspace and output) that also
 // writes, per sequence, the pre-softmax scores (q.k * scale, before the softmax) of two query
 // rows -- query 0 (the last committed token's row, which predicts the first draft) and query
 // q_len - 1 (the bonus token's row) -- over the scored prefix, the keys before the run:
-// positions [0, seq_len - q_len). Each kv head's part is summed over its group of q heads and
-// divided by num_q_heads, so the sum of a row's num_kv_heads parts is the average over all q
-// heads (Vegas "Collect-2-Query"). Written in the same pass as the attention (no second read of
-// the KV), deterministically (no atomics).
-//   scores        [num_seqs, 2, num_kv_heads, score_stride] fp32, device, out: entries for keys
-//                 [0, min(seq_len - q_len, score_stride)) of each row; the rest untouched
+// positions [0, seq_len - q_len). Part h is q head h's score divided by num_q_heads, so the sum
+// of a row's VegasScoreParts(shape) parts is the average over all q heads (Vegas
+// "Collect-2-Query"), and num_q_heads times a part is that head's own score. Written in the same
+// pass as the attention (no second read of the KV), deterministically (no atomics).
+//   scores        [num_seqs, 2, VegasScoreParts(shape), score_stride] fp32, device, out: entries
+//                 for keys [0, min(seq_len - q_len, score_stride)) of each part; the rest untouched
 //   score_stride  >= the longest prefix to be scored; even
-// Needs head_dim 16 or 128 (the 32 and 64 tiles of this variant spill registers), sliding_window
-// == 0 and 16 % (num_q_heads / num_kv_heads) == 0 (a query's q heads in one
-// warp: groups 1, 2, 4, 8, 16 -- Llama-3, Qwen3, gpt-oss), scores 8-byte aligned, every run
-// <= max_q_len; cudaErrorInvalidValue otherwise and as PagedVerifyAttention.
+// Needs head_dim 16 to 128, sliding_window == 0 and num_q_heads / num_kv_heads <= 16, scores
+// 8-byte aligned, every run <= max_q_len; cudaErrorInvalidValue otherwise and as
+// PagedVerifyAttention.
 cudaError_t PagedVerifyAttentionWithScores(
     const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
     const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
@@ -78,6 +82,39 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
                             const VegasBudget& budget, int32_t* indices, int64_t index_stride,
                             int32_t* counts, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream);
+
+// Most heads VegasHeadAveragedWeights averages (its per-head statistics sit in shared memory).
+inline constexpr int32_t kVegasMaxWeightHeads = 128;
+
+// Bytes of workspace VegasHeadAveragedWeights needs: one 16-byte (max, 1 / sum) pair per head of
+// each of the num_pairs * 2 rows.
+size_t VegasWeightsWorkspaceBytes(int32_t num_pairs, int32_t num_heads);
+
+// For many (sequence, layer) pairs in one launch: turn PagedVerifyAttentionWithScores' per-head
+// scores into the head-averaged prefix weights the selection ranks by, as the CPU Model computes
+// them (kernels/ref/vegas.h's HeadAveragedPrefixWeights): for each row of a pair and its prefix
+// length n, weights[t] = mean over heads h of softmax over [0, n) of to_raw * scores[h][.], at
+// t, for t < n. A head whose maximum is not finite (every key masked) adds 0 to the mean. Pair p
+// is sequence p % num_seqs of layer p / num_seqs, as in VegasSelectTopK. Two kernels
+// (vegas_weights.cuh): one CTA per (row, head) for the head's max and fp64 sum of exponentials,
+// then one CTA per (row, 256 tokens) summing the heads' weights in fp64; the exponentials are
+// expf of an exponent rounded to float once. Deterministic (fixed reduction order, no atomics).
+//   scores     [num_pairs, 2, num_heads, score_stride] fp32, device, in (entries [0, n) read)
+//   num_heads  1 to kVegasMaxWeightHeads
+//   to_raw     > 0, finite: the factor that makes a stored score raw (num_heads for the parts of
+//              PagedVerifyAttentionWithScores, 1 for raw scores)
+//   lengths    [num_seqs] int32, device, in: n, the prefix length of each sequence (clipped to
+//              [0, score_stride])
+//   weights    [num_pairs, 2, score_stride] fp32, device, out: entries [0, n) of each row; the
+//              rest untouched
+//   workspace  >= VegasWeightsWorkspaceBytes(num_pairs, num_heads) bytes, device, 16-byte aligned
+// cudaErrorInvalidValue for a null or misaligned pointer, num_heads outside [1, 128], to_raw not
+// finite and positive, num_seqs < 1, num_pairs outside [0, 65535], score_stride outside
+// [0, INT_MAX] or a workspace too small; num_pairs == 0 or score_stride == 0 launches nothing.
+cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int64_t score_stride,
+                                     float to_raw, const int32_t* lengths, int32_t num_seqs,
+                                     int32_t num_pairs, float* weights, void* workspace,
+                                     size_t workspace_bytes, cudaStream_t stream);
 
 // Sparse drafting attention: PagedVerifyAttention's contract (queries, runs of up to
 // kMaxVerifyQueryLen, GQA folding, split-KV with its workspace and combine) except that sequence

@@ -13,14 +13,14 @@ namespace specd::kernels::attention {
 
 // ---------------------------------------------------------------------------------------------
 // Score collection ("Collect-2-Query", Vegas paper section 3.3). Each tile's raw Q K^T (fp32,
-// before the scale and the mask) is summed, per key, over the rows of query 0 and of query
-// q_len - 1 -- the kv head's group of q heads -- by shuffles across the warp's row lanes, scaled
-// by scale / num_q_heads, and stored for keys of the prefix [0, seq_len - q_len). Only the warp
-// holding a target query's rows does the work (a query's group rows lie in one warp: the launcher
-// requires 16 % group == 0), and tiles past the prefix skip it, so the pass reads the KV once as
-// before. One kv head's sums per (sequence, row): summing the num_kv_heads parts gives the
-// average over every q head without atomics, the same bits on every run.
-//   scores  [num_seqs, 2, num_kv_heads, score_stride] fp32: row 0 query 0, row 1 the last query
+// before the scale and the mask) of the rows of query 0 and of query q_len - 1 is scaled by
+// scale / num_q_heads and stored per q head, for keys of the prefix [0, seq_len - q_len): the
+// selection ranks by each head's attention weights over the prefix (a softmax per head, then the
+// mean over heads), which needs the heads apart; summing a row's num_q_heads parts gives the
+// average raw score over the heads. Only the warps holding a target query's rows do the work,
+// each lane storing its own rows' keys (no shuffles), and tiles past the prefix skip it, so the
+// pass reads the KV once as before. Every (row, head, key) is written by one lane: no atomics.
+//   scores  [num_seqs, 2, num_q_heads, score_stride] fp32: row 0 query 0, row 1 the last query
 
 struct VegasScoreParams : VerifyParams {
   float* scores;
@@ -32,6 +32,19 @@ struct VegasScoreVariant {
   using Params = VegasScoreParams;
   using Keys = DenseVerifyVariant::Keys;
   static constexpr bool kScoreHook = true;
+  // The hook on top of the mainloop's fragments spilled at head_dim 32 and 64 under ptxas'
+  // default register choice; one CTA per SM as the floor lets it take up to 255 registers.
+  static constexpr int kMinCtasPerSm = 1;
+
+  // Keys key and key + 1 (pair) or key alone of one head's row, scaled.
+  __device__ __forceinline__ static void Store(float* dst, float a, float b, const Params& vx,
+                                               bool pair) {
+    if (pair) {
+      *reinterpret_cast<float2*>(dst) = make_float2(a * vx.score_scale, b * vx.score_scale);
+    } else {
+      *dst = a * vx.score_scale;
+    }
+  }
 
   //   s         [kSTiles][4] raw scores of the warp's rows g, g + 8 (C fragments), keys key0 + ...
   //   prefix    keys before the run (seq_len - q_len): the keys stored
@@ -43,37 +56,33 @@ struct VegasScoreVariant {
     using Cfg = PrefillConfig<kHeadDim>;
     const int limit = prefix < vx.score_stride ? prefix : static_cast<int>(vx.score_stride);
     if (key0 >= limit) return;  // warp-uniform: the tile holds no scored key
-    const int group = vx.pre.group, num_kv_heads = vx.pre.num_kv_heads;
+    const int group = vx.pre.group, num_q_heads = vx.pre.num_kv_heads * group;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll 1
     for (int target = 0; target < 2; ++target) {
       const int lo = (target == 0 ? 0 : q_len - 1) * group, hi = lo + group;
       if (hi <= warp_row0 || lo >= warp_row0 + 16) continue;  // warp-uniform
+      // The lane's rows g and g + 8 (fragments 0-1 and 2-3); -1: not a row of this target.
       const int r0 = warp_row0 + g, r1 = r0 + 8;
-      const bool in0 = r0 >= lo && r0 < hi && r0 < num_rows;
-      const bool in1 = r1 >= lo && r1 < hi && r1 < num_rows;
-      float* dst = vx.scores + ((static_cast<int64_t>(seq) * 2 + target) * num_kv_heads + kv_head) *
-                                   vx.score_stride;
+      const int h0 = r0 >= lo && r0 < hi && r0 < num_rows ? kv_head * group + r0 % group : -1;
+      const int h1 = r1 >= lo && r1 < hi && r1 < num_rows ? kv_head * group + r1 % group : -1;
+      float* base =
+          vx.scores + (static_cast<int64_t>(seq) * 2 + target) * num_q_heads * vx.score_stride;
+      // One row per pass, one store pointer live: the second pass only when both rows belong to
+      // the target (groups above 8). Fragments are picked by selects, never by a runtime index.
+#pragma unroll 1
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1 && (h0 < 0 || h1 < 0)) break;
+        const bool second = pass == 1 || h0 < 0;
+        const int h = second ? h1 : h0;
+        if (h < 0) continue;
+        float* dst = base + static_cast<int64_t>(h) * vx.score_stride;
 #pragma unroll
-      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
-        float sum[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          // A select, not a product: rows outside the target contribute nothing, whatever bits.
-          float x = (in0 ? s[nt][e] : 0.0f) + (in1 ? s[nt][2 + e] : 0.0f);
-          x += __shfl_xor_sync(0xffffffffu, x, 4);
-          x += __shfl_xor_sync(0xffffffffu, x, 8);
-          x += __shfl_xor_sync(0xffffffffu, x, 16);
-          sum[e] = x * vx.score_scale;
-        }
-        // Every lane of column t holds the sums; lane g stores n-tile g (mod 8), so a warp's
-        // stores are 64 consecutive keys.
-        if (nt % 8 != g) continue;
-        const int key = key0 + 8 * nt + 2 * t;
-        if (key + 1 < limit) {
-          *reinterpret_cast<float2*>(dst + key) = make_float2(sum[0], sum[1]);
-        } else if (key < limit) {
-          dst[key] = sum[0];
+        for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+          const int key = key0 + 8 * nt + 2 * t;
+          if (key >= limit) continue;
+          Store(dst + key, second ? s[nt][2] : s[nt][0], second ? s[nt][3] : s[nt][1], vx,
+                key + 1 < limit);
         }
       }
     }
@@ -98,6 +107,7 @@ struct VegasSparseParams : VerifyParams {
 struct VegasSparseVariant {
   using Params = VegasSparseParams;
   static constexpr bool kScoreHook = false;
+  static constexpr int kMinCtasPerSm = 0;
 
   // count clipped to [0, limit].
   __device__ __forceinline__ static int ClampCount(int count, int64_t limit) {

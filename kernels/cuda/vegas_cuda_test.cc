@@ -1,8 +1,10 @@
 // The Vegas CUDA kernels (kernels/cuda/vegas.h) against their references (kernels/ref/vegas.h):
 // the score-collecting verification attention (outputs under the flash-attention rule, scores
-// against the fp64 head averages), the top-k selection (exactly the reference's indices, up to
-// 128K tokens), and the sparse attention over index lists (the flash-attention rule, with every
-// unselected slot NaN). Exits 77 (ctest: skipped) where no GPU is visible.
+// against the fp64 head averages, for groups that straddle warps too), the top-k selection (exactly
+// the reference's indices, up to 128K tokens), the head-averaged prefix weights (against the
+// host's, up to 128 heads and 128K tokens), and the sparse attention over index lists (the
+// flash-attention rule, with every unselected slot NaN). Exits 77 (ctest: skipped) where no GPU is
+// visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -130,7 +132,8 @@ TEST_P(VerifyWithScoresTest, OutputsAndScoresMatchTheReference) {
   const int64_t stride = (c.context + 7) / 8 * 8;  // >= every prefix; even
   DeviceBuffer k(kv.k_bits.size() * 2), v(kv.v_bits.size() * 2), q(q_bits.size() * 2);
   DeviceBuffer tables(kv.block_tables.size() * 4), seq_lens(lens.size() * 4), cu_q(cu.size() * 4);
-  DeviceBuffer out(tokens * row * 2), scores(c.batch * 2 * c.hkv * stride * 4);
+  const int parts_per_row = VegasScoreParts(a);
+  DeviceBuffer out(tokens * row * 2), scores(c.batch * 2 * parts_per_row * stride * 4);
   DeviceBuffer workspace(std::max<size_t>(16, PagedVerifyWorkspaceBytes(tokens, splits, a)));
   k.Upload(kv.k_bits);
   v.Upload(kv.v_bits);
@@ -164,17 +167,20 @@ TEST_P(VerifyWithScoresTest, OutputsAndScoresMatchTheReference) {
   EXPECT_TRUE(e.passed) << "out: max|kernel-ref64| " << e.kernel_error << " > tolerance "
                         << e.tolerance << " (baseline " << e.baseline_error << ")";
 
-  // Scores: the kv-head parts summed against the fp64 head averages. The fp32 sums of 128 bf16
-  // products carry ~1e-6 relative error; a wrong key, head or row is off by O(1).
+  // Scores: the parts (one per q head) summed against the fp64 head averages. The fp32 sums of
+  // 128 bf16 products carry ~1e-6 relative error; a wrong key or row is off by O(1) (a wrong
+  // head shows in cuda_vegas_test's per-head weights). Every part of every prefix key must be
+  // written.
+  EXPECT_EQ(parts_per_row, c.hq);
   const std::vector<float> parts = scores.Download<float>();
   double max_ref = 0, max_err = 0, max_err32 = 0;
   for (int s = 0; s < c.batch; ++s) {
     const int64_t prefix = lens[s] - c.q_len;
     for (int row_i = 0; row_i < 2; ++row_i) {
       for (int64_t j = 0; j < stride; ++j) {
-        const float* first = parts.data() + ((s * 2 + row_i) * c.hkv) * stride + j;
+        const float* first = parts.data() + ((s * 2 + row_i) * parts_per_row) * stride + j;
         if (j >= prefix) {  // past the prefix: never written (still the 0xff.. poison)
-          for (int h = 0; h < c.hkv; ++h) {
+          for (int h = 0; h < parts_per_row; ++h) {
             uint32_t bits;
             std::memcpy(&bits, first + h * stride, 4);
             ASSERT_EQ(bits, 0xffffffffu) << "seq " << s << " row " << row_i << " key " << j;
@@ -182,7 +188,7 @@ TEST_P(VerifyWithScoresTest, OutputsAndScoresMatchTheReference) {
           continue;
         }
         double sum = 0;
-        for (int h = 0; h < c.hkv; ++h) sum += first[h * stride];
+        for (int h = 0; h < parts_per_row; ++h) sum += first[h * stride];
         const double want = scores64[(s * 2 + row_i) * stride + j];
         max_ref = std::max(max_ref, std::abs(want));
         max_err = std::isnan(sum) ? INFINITY : std::max(max_err, std::abs(sum - want));
@@ -207,7 +213,14 @@ INSTANTIATE_TEST_SUITE_P(
         VerifyCase{2, 16, 32, 2, 128, 16, 2000, 7},  // group 16: query 0 and the last in two CTAs
         VerifyCase{1, 6, 4, 2, 16, 16, 300, 1},      // head_dim 16, one split (direct output)
         VerifyCase{2, 5, 8, 4, 16, 64, 500, 2},      // head_dim 16, block 64
-        VerifyCase{5, 8, 32, 8, 128, 16, 40, 24}),   // short contexts: empty splits
+        VerifyCase{5, 8, 32, 8, 128, 16, 40, 24},    // short contexts: empty splits
+        VerifyCase{1, 5, 6, 2, 64, 16, 9000, 0},     // codepair-long: group 3, head_dim 64
+        VerifyCase{3, 6, 6, 2, 64, 16, 2100, 5},     // group 3: the last query's rows 15-17
+        VerifyCase{2, 11, 6, 2, 64, 16, 1500, 3},    //   straddle warps (q 6) or CTAs (q 11)
+        VerifyCase{2, 1, 6, 2, 64, 16, 600, 2},      // group 3, one query
+        VerifyCase{2, 8, 12, 4, 128, 16, 3000, 0},   // group 3 at head_dim 128
+        VerifyCase{2, 4, 16, 4, 32, 32, 1200, 4},    // head_dim 32, group 4
+        VerifyCase{1, 7, 20, 4, 64, 16, 800, 2}),    // group 5, head_dim 64
     [](const ::testing::TestParamInfo<VerifyCase>& info) {
       const VerifyCase& c = info.param;
       return "b" + std::to_string(c.batch) + "_q" + std::to_string(c.q_len) + "_h" +
@@ -282,6 +295,105 @@ INSTANTIATE_TEST_SUITE_P(
         SelectCase{2, 1, 4, 4096, {4096, 3000}, 1.0, 64, 4096, 0}),        // ratio 1: everything
     [](const ::testing::TestParamInfo<SelectCase>& info) {
       return "n" + std::to_string(info.param.stride) + "_" + std::to_string(info.index);
+    });
+
+// ---------------------------------------------------------------------------------------------
+// Head-averaged prefix weights.
+
+struct WeightsCase {
+  int num_seqs, num_layers, num_heads;
+  int64_t stride;
+  std::vector<int32_t> lengths;
+  float sigma;  // standard deviation of the raw scores (8: softmaxes peaked on a few keys)
+  bool masked;  // -inf keys in every fifth row, and one row with a head masked throughout
+};
+
+class VegasWeightsTest : public ::testing::TestWithParam<WeightsCase> {};
+
+// The kernel against the fp64 reference the CPU Model runs (ref::HeadAveragedPrefixWeights, its
+// output rounded to float), per entry within 1e-6 relative + 1e-9 absolute. The kernel's
+// exponentials are expf (2 ulp) of an exponent rounded to float once (half an ulp of |x|, so
+// 6e-8 |x| relative in the result), its sums fp64: each weight carries at most ~7e-7 relative
+// error plus 6e-8 |x|, and the weights whose exponent |x| makes that exceed 1e-6 are below
+// e^-|x|, under 1e-9 in absolute error. Entries past each prefix stay poisoned; a second run
+// gives the same bits.
+TEST_P(VegasWeightsTest, MatchesTheHostWeightsAndWritesOnlyThePrefix) {
+  const WeightsCase& c = GetParam();
+  const int pairs = c.num_seqs * c.num_layers, heads = c.num_heads;
+  const int64_t row_floats = heads * c.stride;
+  std::mt19937_64 rng(c.stride * 7 + heads);
+  std::normal_distribution<float> normal(0.0f, c.sigma);
+  // Stored as PagedVerifyAttentionWithScores stores them: raw score / num_heads.
+  std::vector<float> scores(static_cast<size_t>(pairs) * 2 * row_floats);
+  for (float& x : scores) x = normal(rng) / static_cast<float>(heads);
+  if (c.masked) {
+    for (int64_t r = 0; r < pairs * 2; r += 5) {  // a window: keys before n / 3 masked
+      const int64_t n = std::min<int64_t>(c.lengths[(r / 2) % c.num_seqs], c.stride);
+      for (int h = 0; h < heads; ++h) {
+        std::fill_n(scores.begin() + r * row_floats + h * c.stride, n / 3, -INFINITY);
+      }
+    }
+    std::fill_n(scores.begin() + row_floats + (heads - 1) * c.stride, c.stride, -INFINITY);
+  }
+  DeviceBuffer d_scores(scores.size() * 4), d_lengths(c.lengths.size() * 4);
+  DeviceBuffer d_weights(static_cast<size_t>(pairs) * 2 * c.stride * 4);
+  DeviceBuffer workspace(VegasWeightsWorkspaceBytes(pairs, heads));
+  d_scores.Upload(scores);
+  d_lengths.Upload(c.lengths);
+  auto run = [&] {
+    d_weights.Poison();
+    workspace.Poison();
+    SPECD_CUDA_CHECK(VegasHeadAveragedWeights(d_scores.as<float>(), heads, c.stride,
+                                              static_cast<float>(heads), d_lengths.as<int32_t>(),
+                                              c.num_seqs, pairs, d_weights.as<float>(),
+                                              workspace.as<void>(), workspace.bytes(), nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    return d_weights.Download<float>();
+  };
+  const std::vector<float> got = run();
+  std::vector<float> want(c.stride);
+  double max_abs = 0, max_rel = 0;  // max_rel over weights above 1e-6
+  for (int64_t r = 0; r < pairs * 2; ++r) {
+    const int64_t n = std::clamp<int64_t>(c.lengths[(r / 2) % c.num_seqs], 0, c.stride);
+    ref::HeadAveragedPrefixWeights(scores.data() + r * row_floats, heads, c.stride, n,
+                                   static_cast<float>(heads), want.data());
+    const float* row = got.data() + r * c.stride;
+    for (int64_t j = 0; j < c.stride; ++j) {
+      if (j >= n) {
+        uint32_t bits;
+        std::memcpy(&bits, row + j, 4);
+        ASSERT_EQ(bits, 0xffffffffu) << "row " << r << " key " << j << " past n " << n;
+        continue;
+      }
+      const double err = std::abs(double{row[j]} - double{want[j]});
+      ASSERT_LE(err, 1e-6 * std::abs(double{want[j]}) + 1e-9)
+          << "row " << r << " key " << j << " of " << n << ": kernel " << row[j] << ", host "
+          << want[j];
+      max_abs = std::max(max_abs, err);
+      if (want[j] > 1e-6f) max_rel = std::max(max_rel, err / want[j]);
+    }
+  }
+  std::printf("heads %d stride %lld: max |kernel - host| %.3g, relative %.3g\n", heads,
+              static_cast<long long>(c.stride), max_abs, max_rel);
+  const std::vector<float> again = run();
+  EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, VegasWeightsTest,
+    ::testing::Values(
+        // codepair-long's 6 heads: 4 sequences x 3 layers, lengths 8K, one, none, odd
+        WeightsCase{4, 3, 6, 8192, {8192, 1, 0, 4097}, 1.0f, false},
+        WeightsCase{3, 2, 32, 8192, {8192, 777, 3}, 1.0f, false},    // Llama-3.1-8B's 32 heads
+        WeightsCase{2, 2, 6, 131072, {131072, 99999}, 1.0f, false},  // 128K tokens
+        WeightsCase{1, 1, 32, 131072, {131071}, 2.0f, false},        // 128K, 32 heads
+        WeightsCase{2, 2, 128, 2048, {2048, 1023}, 4.0f, false},     // the most heads
+        WeightsCase{3, 1, 1, 300, {257, 256, 255}, 1.0f, false},     // one head: a softmax
+        WeightsCase{2, 2, 32, 4096, {4096, 2501}, 8.0f, true},       // peaked, masked keys
+        WeightsCase{3, 2, 6, 1000, {999, 1, 500}, 3.0f, true}),      // masked, a 1-key row
+    [](const ::testing::TestParamInfo<WeightsCase>& info) {
+      return "h" + std::to_string(info.param.num_heads) + "_n" + std::to_string(info.param.stride) +
+             "_" + std::to_string(info.index);
     });
 
 // ---------------------------------------------------------------------------------------------
@@ -377,7 +489,9 @@ INSTANTIATE_TEST_SUITE_P(
         SparseCase{2, 4, 16, 2, 64, 32, 1500, 0.2, 5, 3},       // a few queries, group 8
         SparseCase{2, 1, 8, 8, 128, 16, 600, 0.0, 40, 2},       // empty lists: recent only
         SparseCase{3, 2, 4, 2, 16, 16, 300, 0.3, 3, 1},         // head_dim 16, one split
-        SparseCase{2, 3, 8, 4, 32, 64, 900, 0.1, 0, 4}),        // head_dim 32, recent = run
+        SparseCase{2, 3, 8, 4, 32, 64, 900, 0.1, 0, 4},         // head_dim 32, recent = run
+        SparseCase{8, 1, 6, 2, 64, 16, 8192, 0.07, 16, 0},      // codepair-long: group 3, 8K
+        SparseCase{2, 6, 6, 2, 64, 16, 3000, 0.05, 4, 3}),      //   a run of 6 queries
     [](const ::testing::TestParamInfo<SparseCase>& info) {
       const SparseCase& c = info.param;
       return "b" + std::to_string(c.batch) + "_q" + std::to_string(c.q_len) + "_d" +
@@ -398,8 +512,7 @@ TEST(VegasLauncherTest, RejectsWhatTheKernelsCannotRunWithoutStickyErrors) {
   AttentionShape windowed = a;
   windowed.sliding_window = 64;
   EXPECT_EQ(verify(windowed, 64), cudaErrorInvalidValue);
-  EXPECT_EQ(verify(Shape(12, 4, 128, 16), 64), cudaErrorInvalidValue);  // group 3
-  EXPECT_EQ(verify(Shape(32, 8, 64, 16), 64), cudaErrorInvalidValue);   // head_dim 64 (spills)
+  EXPECT_EQ(verify(Shape(32, 1, 128, 16), 64), cudaErrorInvalidValue);  // group 32 > 16
   EXPECT_EQ(verify(a, 63), cudaErrorInvalidValue);                      // odd score stride
   const VegasBudget budget{0.07, 256, 4096};
   auto select = [&](const VegasBudget& b, int64_t index_stride) {
@@ -412,6 +525,16 @@ TEST(VegasLauncherTest, RejectsWhatTheKernelsCannotRunWithoutStickyErrors) {
   EXPECT_EQ(PagedSparseAttention(bf, 4096, bf, bf, ints, 4, ints, ints, nullptr, 16, ints, ints, 1,
                                  1, 1, 1, a, bf, 4096, nullptr, 0, nullptr),
             cudaErrorInvalidValue);  // no index list
+  auto weights = [&](int32_t heads, float to_raw) {
+    return VegasHeadAveragedWeights(f, heads, 64, to_raw, ints, 1, 1, f, buf.as<void>(),
+                                    buf.bytes(), nullptr);
+  };
+  EXPECT_EQ(weights(129, 1.0f), cudaErrorInvalidValue);  // more heads than 128
+  EXPECT_EQ(weights(0, 1.0f), cudaErrorInvalidValue);
+  EXPECT_EQ(weights(8, 0.0f), cudaErrorInvalidValue);  // to_raw not positive
+  EXPECT_EQ(weights(8, INFINITY), cudaErrorInvalidValue);
+  EXPECT_EQ(VegasHeadAveragedWeights(f, 8, 64, 8.0f, ints, 1, 1, f, buf.as<void>(), 255, nullptr),
+            cudaErrorInvalidValue);  // workspace too small: 1 pair x 2 rows x 8 heads x 16 bytes
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 

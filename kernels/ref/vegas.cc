@@ -151,6 +151,22 @@ void VegasSelectTopK(const float* scores, int64_t num_parts, int64_t score_strid
   }
 }
 
+void HeadAveragedPrefixWeights(const float* scores, int64_t heads, int64_t stride, int64_t n,
+                               float to_raw, float* out) {
+  std::vector<double> weights(n, 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* x = scores + h * stride;
+    const float max = n > 0 ? *std::max_element(x, x + n) : 0.0f;
+    if (!std::isfinite(max)) continue;  // every key masked (outside a sliding window)
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += std::exp(double{to_raw} * (double{x[j]} - max));
+    for (int64_t j = 0; j < n; ++j) {
+      weights[j] += std::exp(double{to_raw} * (double{x[j]} - max)) / sum;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(weights[j] / double(heads));
+}
+
 template <typename T>
 void PagedSparseAttention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                           const int32_t* block_tables, int64_t max_blocks_per_seq,

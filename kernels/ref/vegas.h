@@ -1,9 +1,10 @@
 // References for the Vegas kernels (kernels/cuda/vegas.h; the algorithm: the Vegas paper,
 // ../shared/papers/vegas-verification-guided-sparse-attention.txt): verification attention that
-// also returns the scores the next round's KV selection ranks, the top-k selection by sparsity
-// ratio, and sparse attention over a token-index list plus the recent tokens. Plain loops over
-// the paged "HND" cache of kernels/ref/attention.h; they define what the kernels compute and run
-// in fp64 (the truth) and fp32 (the same-precision baseline). Pure functions, any thread.
+// also returns the scores the next round's KV selection ranks, the head-averaged attention
+// weights it ranks by, the top-k selection by sparsity ratio, and sparse attention over a
+// token-index list plus the recent tokens. Plain loops over the paged "HND" cache of
+// kernels/ref/attention.h; they define what the kernels compute and run in fp64 (the truth) and
+// fp32 (the same-precision baseline). Pure functions, any thread.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,7 @@ int64_t VegasKeepCount(int64_t n, const VegasBudget& budget);
 // num_parts parts -- (sum_p s[0][p][j] + sum_p s[1][p][j]) * 0.5 in fp32, sums from 0.0f in part
 // order: the paper's eq. 3 (sum over both rows and every head) up to a constant factor, and the
 // bits the CUDA kernel computes. With parts of one the rows are already head averages
-// (PagedVerifyAttentionWithScores); the CUDA verification writes one part per kv head. The
+// (PagedVerifyAttentionWithScores); the CUDA verification writes one part per q head. The
 // VegasKeepCount(n) tokens of highest criticality are kept, compared in the float total order
 // (-0 below +0), ties to the lower index.
 //   scores   [num_pairs, 2, num_parts, score_stride] fp32
@@ -56,6 +57,16 @@ void VegasSelectTopK(const float* scores, int64_t num_parts, int64_t score_strid
                      const int32_t* lengths, int64_t num_seqs, int64_t num_pairs,
                      const VegasBudget& budget, int32_t* indices, int64_t index_stride,
                      int32_t* counts);
+
+// The criticality Vegas ranks by (the CPU Model's and the CUDA runner's; the CUDA kernel
+// VegasHeadAveragedWeights computes it on the device): for one query row, each head's softmax over
+// the keys [0, n) of its raw scores, to_raw times the stored ones, averaged over the heads. In
+// fp64 (exp, sums from 0 in key and head order), rounded to float at the end; a head whose
+// maximum is not finite (every key masked) adds 0 to the mean; n == 0 writes nothing.
+//   scores  [heads, stride] f32 (keys past n ignored; -inf: masked)
+//   out     [n] f32
+void HeadAveragedPrefixWeights(const float* scores, int64_t heads, int64_t stride, int64_t n,
+                               float to_raw, float* out);
 
 // Sparse attention: PagedPrefillAttention's queries (cu_q_lens, seq_lens, positions), except
 // that sequence s's queries see only the tokens token_indices[s][0 .. index_counts[s]) and the

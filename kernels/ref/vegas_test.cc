@@ -201,6 +201,35 @@ TEST(VegasKeepCountTest, RatioWithFloorAndCap) {
   EXPECT_EQ(VegasKeepCount(5000, VegasBudget{1.0, 16, 300}), 300);    // the cap
 }
 
+// Weights worked by hand: head 0 scores {0, ln 2} (softmax {1/3, 2/3}), head 1 {ln 3, 0}
+// ({3/4, 1/4}), stored at a quarter of the raw value (to_raw 4); the mean is {13/24, 11/24}. A
+// third head masked throughout adds 0 but still counts in the mean; keys past n are not read.
+TEST(VegasWeightsTest, HeadAveragedPrefixWeightsByHand) {
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float ln2 = std::log(2.0f) / 4, ln3 = std::log(3.0f) / 4;
+  const std::vector<float> scores = {0.0f, ln2, kNaN, ln3, 0.0f, kNaN, -kInf, -kInf, kNaN};
+  std::vector<float> out(3, -1.0f);
+  HeadAveragedPrefixWeights(scores.data(), 2, 3, 2, 4.0f, out.data());
+  EXPECT_NEAR(out[0], 13.0 / 24, 1e-7);
+  EXPECT_NEAR(out[1], 11.0 / 24, 1e-7);
+  EXPECT_EQ(out[2], -1.0f);  // past n: untouched
+  HeadAveragedPrefixWeights(scores.data(), 3, 3, 2, 4.0f, out.data());
+  EXPECT_NEAR(out[0], 13.0 / 36, 1e-7);
+  EXPECT_NEAR(out[1], 11.0 / 36, 1e-7);
+  HeadAveragedPrefixWeights(scores.data(), 3, 3, 0, 4.0f, out.data());  // n 0: nothing written
+  EXPECT_NEAR(out[0], 13.0 / 36, 1e-7);
+  HeadAveragedPrefixWeights(scores.data() + 6, 1, 3, 2, 1.0f, out.data());  // all masked: 0
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  // A masked key weighs 0 and the rest renormalise: one head {-inf, 0, ln 2 * 4}.
+  const std::vector<float> partly = {-kInf, 0.0f, ln2};
+  HeadAveragedPrefixWeights(partly.data(), 1, 3, 3, 4.0f, out.data());
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_NEAR(out[1], 1.0 / 3, 1e-7);
+  EXPECT_NEAR(out[2], 2.0 / 3, 1e-7);
+}
+
 // The selection a full sort gives: combined scores, sorted by (score descending, index
 // ascending), the first k, ascending.
 std::vector<int32_t> SortSelect(const std::vector<float>& scores, int64_t parts, int64_t stride,

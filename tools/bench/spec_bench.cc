@@ -44,6 +44,7 @@
 #include "engine/model/model_config.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/timed_batch.h"
 
 namespace specd {
 namespace {
@@ -77,64 +78,6 @@ struct Flags {
   double replay_alpha = -1;                      // < 0: no replay
   double replay_hit = 0.9;
   std::string replay_file;  // "": a file in /tmp
-};
-
-// Per-position acceptance over the rounds the engine reports.
-class Acceptance : public EngineObserver {
- public:
-  void OnRequestFinished(const FinishedRequestMetrics&) override {}
-  void OnInterTokenLatency(double) override {}
-  void OnStep(const EngineStats&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
-  void OnPreemption(int32_t) override {}
-  void OnSpeculation(const SpeculationStepMetrics& m) override {
-    std::lock_guard lock(mu_);
-    if (m.ssd != nullptr) ssd_ = *m.ssd;
-    ++steps_;
-    draft_s_ += m.draft_seconds;
-    verify_s_ += m.verify_seconds;
-    for (size_t i = 0; i < m.num_draft_tokens.size(); ++i) {
-      if (drafted.size() < static_cast<size_t>(m.num_draft_tokens[i])) {
-        drafted.resize(m.num_draft_tokens[i]);
-        accepted.resize(m.num_draft_tokens[i]);
-      }
-      for (int j = 0; j < m.num_draft_tokens[i]; ++j) ++drafted[j];
-      for (int j = 0; j < m.num_accepted[i]; ++j) ++accepted[j];
-    }
-  }
-  std::string Take() {
-    std::lock_guard lock(mu_);
-    std::string out;
-    for (size_t j = 0; j < drafted.size(); ++j) {
-      char buf[16];
-      std::snprintf(buf, sizeof(buf), "%s%.2f", j ? " " : "",
-                    static_cast<double>(accepted[j]) / std::max<int64_t>(1, drafted[j]));
-      out += buf;
-    }
-    drafted.clear();
-    accepted.clear();
-    return out.empty() ? "-" : out;
-  }
-  // Mean milliseconds per speculative step spent drafting and verifying since the last call.
-  std::pair<double, double> TakeStepTimes() {
-    std::lock_guard lock(mu_);
-    const double n = std::max<int64_t>(1, steps_);
-    const std::pair<double, double> out = {1e3 * draft_s_ / n, 1e3 * verify_s_ / n};
-    steps_ = 0;
-    draft_s_ = verify_s_ = 0;
-    return out;
-  }
-  SsdStats ssd() {
-    std::lock_guard lock(mu_);
-    return ssd_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<int64_t> drafted, accepted;  // [position]
-  SsdStats ssd_;                           // the last SSD counters reported
-  int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
-  double draft_s_ = 0, verify_s_ = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -252,34 +195,21 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     acc.Take();
     acc.TakeStepTimes();
     const SsdStats before = acc.ssd();
-    const auto start = std::chrono::steady_clock::now();
-    auto results = engine.GenerateBatch(requests);
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!results.ok()) {
-      std::fprintf(stderr, "spec_bench: %s\n", results.status().ToString().c_str());
-      std::exit(1);
-    }
-    int64_t tokens = 0, rounds = 0, accepted = 0;
-    for (const GenerateResult& r : *results) {
-      tokens += static_cast<int64_t>(r.tokens.size());
-      rounds += r.usage.num_drafts;
-      accepted += r.usage.num_accepted_tokens;
-    }
+    const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
     Run run;
-    run.tokens_per_s = tokens / s;
+    run.tokens_per_s = batch_run.tokens_per_s();
     if (!g_recorded.empty() && f.temperature == 0) {
       run.equal = 0;
       run.requests = batch;
       for (int i = 0; i < batch; ++i) {
         const std::vector<int32_t>& want = g_recorded[i % g_recorded.size()];
-        const std::vector<int32_t> got = (*results)[i].ids();
+        const std::vector<int32_t> got = batch_run.results[i].ids();
         const size_t n = requests[i].prompt_ids.size();
         run.equal +=
             got.size() <= want.size() - n && std::equal(got.begin(), got.end(), want.begin() + n);
       }
     }
-    run.tokens_per_round = rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
+    run.tokens_per_round = batch_run.tokens_per_round();
     run.acceptance = acc.Take();
     std::tie(run.step_draft_ms, run.step_verify_ms) = acc.TakeStepTimes();
     const SsdStats after = acc.ssd();

@@ -8,7 +8,8 @@
 #                           device provides
 #                   Debug info stripped, then xz: OpenBLAS and ICU alone are ~65 MiB unpacked.
 #   models/         what the GPU tests and benches read, in ../shared/models' layout: shapes/*
-#                   (config.json only) and tiny-random/*; models/codepair travels in the tree
+#                   (config.json only) and tiny-random/*, and codepair-long (25 MiB) when
+#                   cuda_vegas_test is packed; models/codepair travels in the tree
 #   MANIFEST        commit, build dir, packed file sizes
 # The device tool carries at most 64 MiB, working tree included: this prints both sizes and fails
 # when together they would not fit. Then the device tool runs
@@ -21,7 +22,7 @@ DEST=.carry/gpu
 CARRY_LIMIT_MIB=64  # the device tool's limit on the working tree plus carried paths
 MARGIN_MIB=2        # files that appear before the run (logs, notes) need room too
 # $SPECD_GPU_BENCHES (space-separated) packs fewer benchmarks when the carry limit is tight.
-read -r -a BENCHES <<<"${SPECD_GPU_BENCHES:-attention_bench gemm_bench decode_bench verify_bench spec_bench specd_profile}"
+read -r -a BENCHES <<<"${SPECD_GPU_BENCHES:-attention_bench gemm_bench decode_bench verify_bench spec_bench vegas_bench specd_profile}"
 
 die() { echo "package.sh: $*" >&2; exit 1; }
 [[ -f "$BUILD/CTestTestfile.cmake" ]] || die "no ctest build in $BUILD"
@@ -95,6 +96,11 @@ for d in "$SHARED"/models/shapes/*/; do
   cp "$d/config.json" "$DEST/models/shapes/$(basename "$d")/"
 done
 cp -r "$SHARED"/models/tiny-random/. "$DEST/models/tiny-random/"
+# The long-context model of the Vegas test and vegas_bench (SPECD_GPU_SKIP_TESTS=cuda_vegas_test
+# leaves both out when the carry is tight).
+if printf '%s\n' "${tests[@]}" | grep -q '/cuda_vegas_test$'; then
+  cp -r "$SHARED/models/codepair-long" "$DEST/models/"
+fi
 chmod -R u+w "$DEST"  # ../shared is read-only; the next package.sh must be able to delete this
 
 {

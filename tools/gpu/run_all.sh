@@ -9,6 +9,8 @@
 #     tools/gpu/sdpa_bench.py (PyTorch SDPA, the baseline); gemm_bench; kernel_check --mode perf;
 #     spec_bench (codepair end to end: plain, draft model and n-gram speculation, batch 1 and 16;
 #     greedy, temperature 1, temperature 0.7 with top_p 0.95);
+#     vegas_bench (codepair-long at 8K context: plain vs Vegas vs streaming at K 4 / 6 / 8 and
+#     ratio 0.05 / 0.07 / 0.1, batch 1 and 8);
 #     specd_profile (the cost profile of `auto` speculation, 8B / 1B shapes, into LOG_DIR);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
@@ -297,6 +299,11 @@ run_step "spec_bench t=1" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda 
   --k 4 --max-tokens 128 --temperature 1
 run_step "spec_bench t=0.7 p=0.95" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
   --batches 1,16 --k 4 --max-tokens 128 --temperature 0.7 --top-p 0.95
+# Vegas and streaming self-speculation at long context (issue 18): codepair-long, 8K-token
+# prompts, plain vs both methods over K and sparsity ratio, batch 1 and 8.
+run_step "vegas_bench" 240 "${OURS[@]}" "$WORK/bin/vegas_bench" --device cuda \
+  --model "$DIR/models/codepair-long" --context 8192 --batches 1,8 --ks 4,6,8 \
+  --ratios 0.05,0.07,0.1 --max-tokens 128 --repeats 2
 # The sampled verification step against the greedy one (issue 16): Llama-3.1-8B / 3.2-1B shapes,
 # random weights, draft model on the same GPU; spec_bench's "per step: verify" column.
 for k in 4 8; do
@@ -385,7 +392,8 @@ run_step "kernel_check perf" 90 "${OURS[@]}" "$WORK/bin/kernel_check" --mode per
 echo
 echo "== key results (full output in $LOG)"
 for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" "spec_bench" \
-  "spec_bench t=1" "spec_bench t=0.7 p=0.95" "verify_step 8b k=4 t=0" "verify_step 8b k=4 t=1" \
+  "spec_bench t=1" "spec_bench t=0.7 p=0.95" "vegas_bench" "verify_step 8b k=4 t=0" \
+  "verify_step 8b k=4 t=1" \
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
   "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench (1 gpu)"; do

@@ -1,0 +1,113 @@
+// What spec_bench and vegas_bench measure: one Engine::GenerateBatch call, timed, with the tokens,
+// verification rounds and accepted drafts of its results (RunTimedBatch: main thread only; a
+// benchmark has nothing to fall back to, so an engine error ends the process), and the engine's
+// per-step speculation metrics (Acceptance: an EngineObserver, called on the engine thread).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace specd {
+
+struct TimedBatch {
+  std::vector<GenerateResult> results;
+  double seconds = 0;
+  int64_t tokens = 0;    // generated, over all results
+  int64_t rounds = 0;    // verification rounds (usage.num_drafts)
+  int64_t accepted = 0;  // accepted draft tokens
+
+  double tokens_per_s() const { return static_cast<double>(tokens) / seconds; }
+  // Tokens committed per verification round: the accepted drafts plus the bonus token.
+  double tokens_per_round() const {
+    return rounds > 0 ? 1.0 + static_cast<double>(accepted) / static_cast<double>(rounds) : 0.0;
+  }
+};
+
+inline TimedBatch RunTimedBatch(Engine& engine, const std::vector<GenerateRequest>& requests,
+                                const char* tool) {
+  const auto start = std::chrono::steady_clock::now();
+  auto results = engine.GenerateBatch(requests);
+  TimedBatch b;
+  b.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!results.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool, results.status().ToString().c_str());
+    std::exit(1);
+  }
+  b.results = *std::move(results);
+  for (const GenerateResult& r : b.results) {
+    b.tokens += static_cast<int64_t>(r.tokens.size());
+    b.rounds += r.usage.num_drafts;
+    b.accepted += r.usage.num_accepted_tokens;
+  }
+  return b;
+}
+
+// Per-position acceptance over the rounds the engine reports.
+class Acceptance : public EngineObserver {
+ public:
+  void OnRequestFinished(const FinishedRequestMetrics&) override {}
+  void OnInterTokenLatency(double) override {}
+  void OnStep(const EngineStats&) override {}
+  void OnPrefixCache(int64_t, int64_t) override {}
+  void OnPreemption(int32_t) override {}
+  void OnSpeculation(const SpeculationStepMetrics& m) override {
+    std::lock_guard lock(mu_);
+    if (m.ssd != nullptr) ssd_ = *m.ssd;
+    ++steps_;
+    draft_s_ += m.draft_seconds;
+    verify_s_ += m.verify_seconds;
+    for (size_t i = 0; i < m.num_draft_tokens.size(); ++i) {
+      if (drafted.size() < static_cast<size_t>(m.num_draft_tokens[i])) {
+        drafted.resize(m.num_draft_tokens[i]);
+        accepted.resize(m.num_draft_tokens[i]);
+      }
+      for (int j = 0; j < m.num_draft_tokens[i]; ++j) ++drafted[j];
+      for (int j = 0; j < m.num_accepted[i]; ++j) ++accepted[j];
+    }
+  }
+  std::string Take() {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (size_t j = 0; j < drafted.size(); ++j) {
+      char buf[16];
+      std::snprintf(buf, sizeof(buf), "%s%.2f", j ? " " : "",
+                    static_cast<double>(accepted[j]) / std::max<int64_t>(1, drafted[j]));
+      out += buf;
+    }
+    drafted.clear();
+    accepted.clear();
+    return out.empty() ? "-" : out;
+  }
+  // Mean milliseconds per speculative step spent drafting and verifying since the last call.
+  std::pair<double, double> TakeStepTimes() {
+    std::lock_guard lock(mu_);
+    const double n = std::max<int64_t>(1, steps_);
+    const std::pair<double, double> out = {1e3 * draft_s_ / n, 1e3 * verify_s_ / n};
+
+    steps_ = 0;
+    draft_s_ = verify_s_ = 0;
+    return out;
+  }
+  SsdStats ssd() {
+    std::lock_guard lock(mu_);
+    return ssd_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int64_t> drafted, accepted;  // [position]
+  SsdStats ssd_;                           // the last SSD counters reported
+  int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
+  double draft_s_ = 0, verify_s_ = 0;
+};
+
+}  // namespace specd

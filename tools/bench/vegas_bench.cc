@@ -1,0 +1,250 @@
+// vegas_bench: end-to-end decoding throughput of self-speculation at long context -- plain
+// decoding against Vegas and streaming (StreamingLLM sinks + window at the same budget) over a
+// grid of K and sparsity ratios -- with the engine's offline GenerateBatch, one engine, on the
+// CPU or a GPU. Prompts: the held-out window of codepair-long/golden.json (8,192 ids, then its
+// 2,048-id window appended for longer contexts), cut to --context ids, request i rotated by
+// i * 997 ids so no two requests share a prefix (a prefix-cache hit would read one KV for all);
+// every prompt is prefilled once before timing, so the timed runs decode from the prefix cache.
+// Every request generates exactly --max-tokens tokens (EOS ignored), greedy. Prints, per batch
+// and (method, K, ratio): tokens/s, its ratio to plain decoding, tokens per verification round
+// (accepted + 1), acceptance by draft position, and the mean draft and verification time of a
+// speculative step.
+//
+//   vegas_bench [--model DIR] [--device cuda] [--context 8192] [--batches 1,8] [--ks 4,6,8]
+//               [--ratios 0.05,0.07,0.1] [--min-tokens 256] [--max-tokens 128] [--repeats 2]
+//               [--methods vegas,streaming] [--max-model-len 16384]
+//               [--gpu-memory-utilization 0.9]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+#include "tools/bench/timed_batch.h"
+
+namespace specd {
+namespace {
+
+struct Flags {
+  std::string model = "models/codepair-long";
+  std::string device = "cuda";
+  int context = 8192;
+  std::vector<int> batches = {1, 8};
+  std::vector<int> ks = {4, 6, 8};
+  std::vector<double> ratios = {0.05, 0.07, 0.1};
+  std::vector<SpeculationMethod> methods = {SpeculationMethod::kVegas,
+                                            SpeculationMethod::kStreaming};
+  int min_tokens = 256;  // the sparse budget's floor (the Vegas fork's default)
+  int max_tokens = 128;
+  int repeats = 2;
+  int max_model_len = 16384;
+  double gpu_memory_utilization = 0.9;
+};
+
+template <typename T>
+bool ParseList(const std::string& s, std::vector<T>* out) {
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(s, ',')) {
+    T v{};
+    bool ok = false;
+    if constexpr (std::is_same_v<T, double>) {
+      ok = absl::SimpleAtod(item, &v) && v > 0 && v <= 1;
+    } else {
+      ok = absl::SimpleAtoi(item, &v) && v > 0;
+    }
+    if (!ok) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+bool ParseMethods(const std::string& s, std::vector<SpeculationMethod>* out) {
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(s, ',')) {
+    if (item == "vegas") {
+      out->push_back(SpeculationMethod::kVegas);
+    } else if (item == "streaming") {
+      out->push_back(SpeculationMethod::kStreaming);
+    } else {
+      return false;
+    }
+  }
+  return !out->empty();
+}
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    bool ok = true;
+    if (a == "--model") {
+      f->model = value();
+    } else if (a == "--device") {
+      f->device = value();
+    } else if (a == "--context") {
+      ok = absl::SimpleAtoi(value(), &f->context) && f->context >= 64;
+    } else if (a == "--batches") {
+      ok = ParseList(value(), &f->batches);
+    } else if (a == "--ks") {
+      ok = ParseList(value(), &f->ks) &&
+           std::all_of(f->ks.begin(), f->ks.end(), [](int k) { return k <= 15; });
+    } else if (a == "--ratios") {
+      ok = ParseList(value(), &f->ratios);
+    } else if (a == "--methods") {
+      ok = ParseMethods(value(), &f->methods);
+    } else if (a == "--min-tokens") {
+      ok = absl::SimpleAtoi(value(), &f->min_tokens) && f->min_tokens >= 0;
+    } else if (a == "--max-tokens") {
+      ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
+    } else if (a == "--repeats") {
+      ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
+    } else if (a == "--max-model-len") {
+      ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
+    } else if (a == "--gpu-memory-utilization") {
+      ok = absl::SimpleAtod(value(), &f->gpu_memory_utilization) && f->gpu_memory_utilization > 0 &&
+           f->gpu_memory_utilization <= 1;
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "vegas_bench: bad flag or value: %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Result {
+  double tokens_per_s = 0, tokens_per_round = 0, draft_ms = 0, verify_ms = 0;
+  std::string acceptance;
+};
+
+std::vector<GenerateRequest> Requests(const std::vector<std::vector<int32_t>>& prompts, int batch,
+                                      int max_tokens, const SpeculationParams& spec) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < batch; ++i) {
+    GenerateRequest r;
+    r.prompt_ids = prompts[i];
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    r.speculation = spec;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+// Best of f.repeats runs by tokens/s.
+Result Measure(Engine& engine, Acceptance& obs, const std::vector<std::vector<int32_t>>& prompts,
+               int batch, const SpeculationParams& spec, const Flags& f) {
+  const std::vector<GenerateRequest> requests = Requests(prompts, batch, f.max_tokens, spec);
+  Result best;
+  for (int rep = 0; rep < f.repeats; ++rep) {
+    obs.Take();
+    obs.TakeStepTimes();
+    const TimedBatch batch_run = RunTimedBatch(engine, requests, "vegas_bench");
+    Result run;
+    run.tokens_per_s = batch_run.tokens_per_s();
+    run.tokens_per_round = batch_run.tokens_per_round();
+    run.acceptance = obs.Take();
+    std::tie(run.draft_ms, run.verify_ms) = obs.TakeStepTimes();
+    if (run.tokens_per_s > best.tokens_per_s) best = run;
+  }
+  return best;
+}
+
+// golden.json's held-out windows, the 8,192-id one first, each request's prompt rotated.
+std::vector<std::vector<int32_t>> LoadPrompts(const Flags& f, int count) {
+  std::ifstream in(f.model + "/golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!golden.is_array() || golden.size() < 2) return {};
+  std::vector<int32_t> text = golden[1]["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> more = golden[0]["prompt_ids"].get<std::vector<int32_t>>();
+  text.insert(text.end(), more.begin(), more.end());
+  if (static_cast<int>(text.size()) < f.context) return {};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p = text;
+    std::rotate(p.begin(), p.begin() + (static_cast<size_t>(i) * 997) % p.size(), p.end());
+    p.resize(f.context);
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  const int most = *std::max_element(f.batches.begin(), f.batches.end());
+  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, most);
+  if (prompts.empty()) {
+    std::fprintf(stderr, "vegas_bench: %s/golden.json has fewer than %d held-out ids\n",
+                 f.model.c_str(), f.context);
+    return 1;
+  }
+  auto obs = std::make_shared<Acceptance>();
+  EngineOptions o;
+  o.model_dir = f.model;
+  o.device = f.device;
+  o.max_model_len = f.max_model_len;
+  o.max_num_seqs = std::max(16, most);
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.observer = obs;
+  auto created = Engine::Create(o);
+  if (!created.ok()) {
+    std::fprintf(stderr, "vegas_bench: %s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  Engine& engine = **created;
+  std::printf(
+      "vegas_bench: %s on %s, context %d, %d tokens per request (greedy), sparse floor %d "
+      "tokens, best of %d\n",
+      f.model.c_str(), engine.device_name().c_str(), f.context, f.max_tokens, f.min_tokens,
+      f.repeats);
+  // Prefill every prompt once (its KV stays in the prefix cache) and warm up.
+  Flags warm = f;
+  warm.max_tokens = 8;
+  warm.repeats = 1;
+  Measure(engine, *obs, prompts, most, {SpeculationMethod::kNone, 0}, warm);
+  std::printf("%-6s %-10s %3s %6s %12s %9s %10s  %-28s %s\n", "batch", "method", "K", "ratio",
+              "tokens/s", "vs plain", "tok/round", "per step: draft / verify ms",
+              "acceptance by position");
+  for (int batch : f.batches) {
+    const Result plain = Measure(engine, *obs, prompts, batch, {SpeculationMethod::kNone, 0}, f);
+    std::printf("%-6d %-10s %3s %6s %12.1f %8.2fx %10s\n", batch, "none", "-", "-",
+                plain.tokens_per_s, 1.0, "-");
+    for (SpeculationMethod m : f.methods) {
+      for (int k : f.ks) {
+        for (double ratio : f.ratios) {
+          SpeculationParams spec{m, k};
+          spec.sparsity_ratio = ratio;
+          spec.sparse_min_tokens = f.min_tokens;
+          const Result r = Measure(engine, *obs, prompts, batch, spec, f);
+          std::printf("%-6d %-10s %3d %6.3f %12.1f %8.2fx %10.2f  %9.2f / %-16.2f %s\n", batch,
+                      SpeculationMethodName(m), k, ratio, r.tokens_per_s,
+                      r.tokens_per_s / plain.tokens_per_s, r.tokens_per_round, r.draft_ms,
+                      r.verify_ms, r.acceptance.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace specd
+
+int main(int argc, char** argv) { return specd::Main(argc, argv); }
