@@ -90,7 +90,7 @@ done
 
 rm -rf "$DEST"
 mkdir -p "$DEST/models/shapes" "$DEST/models/tiny-random"
-tar -C "$STAGE" -cf - tests bin lib | xz -T0 -6 >"$DEST/payload.tar.xz"
+tar -C "$STAGE" -cf - tests bin lib | xz -T0 -9e >"$DEST/payload.tar.xz"  # -9e: ~15% smaller than -6
 for d in "$SHARED"/models/shapes/*/; do
   mkdir -p "$DEST/models/shapes/$(basename "$d")"
   cp "$d/config.json" "$DEST/models/shapes/$(basename "$d")/"
