@@ -68,6 +68,21 @@ class Communicator {
   // ranks' streams did too; the host waits).
   virtual absl::Status Barrier(void* stream) = 0;
 
+  // The all-reduce fused with the residual add and RMSNorm a pre-norm decoder layer applies to
+  // its result, where the communicator has a kernel for it (NcclCommunicator's one-shot path):
+  // with S the sum over ranks of `data` ([rows, hidden] bf16, device), residual += S and data =
+  // RMSNorm(residual) * weight (`weight` [hidden] bf16), as kernels::FusedAddRmsNorm computes
+  // them. Only when FusesAllReduceAddRmsNorm(rows, hidden) said yes; callers otherwise run
+  // AllReduceSum and the norm themselves.
+  virtual bool FusesAllReduceAddRmsNorm(int64_t /*rows*/, int64_t /*hidden*/) const {
+    return false;
+  }
+  virtual absl::Status AllReduceAddRmsNorm(void* /*data*/, void* /*residual*/,
+                                           const void* /*weight*/, int64_t /*rows*/,
+                                           int64_t /*hidden*/, float /*eps*/, void* /*stream*/) {
+    return absl::UnimplementedError("this communicator has no fused all-reduce and RMSNorm");
+  }
+
   // Thread-safe: fails the group on this rank (see the header comment). Idempotent.
   virtual void Abort() = 0;
 };

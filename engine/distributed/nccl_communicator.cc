@@ -410,6 +410,25 @@ absl::Status NcclCommunicator::AllReduceSum(void* data, size_t count, CommDataTy
       "ncclAllReduce");
 }
 
+bool NcclCommunicator::FusesAllReduceAddRmsNorm(int64_t rows, int64_t hidden) const {
+  return impl_->oneshot != nullptr && rows > 0 &&
+         static_cast<size_t>(rows * hidden * 2) <= impl_->oneshot_max.load() &&
+         impl_->oneshot->AcceptsAddRmsNorm(rows, hidden);
+}
+
+absl::Status NcclCommunicator::AllReduceAddRmsNorm(void* data, void* residual, const void* weight,
+                                                   int64_t rows, int64_t hidden, float eps,
+                                                   void* stream) {
+  if (!FusesAllReduceAddRmsNorm(rows, hidden)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no fused all-reduce and RMSNorm for [", rows, ", ", hidden, "]"));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->comm == nullptr || !impl_->failure.ok()) return impl_->Dead();
+  absl::Status s = impl_->oneshot->RunAddRmsNorm(data, residual, weight, rows, hidden, eps, stream);
+  return s.ok() ? s : impl_->FailLocked(std::move(s));
+}
+
 absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t count,
                                          CommDataType type, void* stream) {
   SPECD_ASSIGN_OR_RETURN(const ncclDataType_t t, NcclType(type));
@@ -497,6 +516,11 @@ absl::Status NcclCommunicator::Barrier(void*) {
 }
 void NcclCommunicator::Abort() {}
 absl::Status NcclCommunicator::AsyncError() {
+  return absl::UnimplementedError("built without NCCL");
+}
+bool NcclCommunicator::FusesAllReduceAddRmsNorm(int64_t, int64_t) const { return false; }
+absl::Status NcclCommunicator::AllReduceAddRmsNorm(void*, void*, const void*, int64_t, int64_t,
+                                                   float, void*) {
   return absl::UnimplementedError("built without NCCL");
 }
 bool NcclCommunicator::oneshot_enabled() const { return false; }

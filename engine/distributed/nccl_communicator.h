@@ -78,6 +78,9 @@ class NcclCommunicator final : public Communicator {
   absl::Status Broadcast(void* data, size_t count, CommDataType type, int32_t root,
                          void* stream) override;
   absl::Status Barrier(void* stream) override;
+  bool FusesAllReduceAddRmsNorm(int64_t rows, int64_t hidden) const override;
+  absl::Status AllReduceAddRmsNorm(void* data, void* residual, const void* weight, int64_t rows,
+                                   int64_t hidden, float eps, void* stream) override;
 
   void Abort() override;
 

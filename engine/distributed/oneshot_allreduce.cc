@@ -228,12 +228,14 @@ bool OneShotAllReduce::Accepts(size_t count, CommDataType type) const {
   return element != 0 && count > 0 && count <= capacity() / element;
 }
 
+absl::Status OneShotAllReduce::GaveUpError() const {
+  return absl::UnavailableError(
+      absl::StrCat("one-shot all-reduce on rank ", group_.rank,
+                   host_words_[0] != 0 ? " aborted" : ": a kernel timed out waiting for a peer"));
+}
+
 absl::Status OneShotAllReduce::Run(void* data, size_t count, CommDataType type, void* stream) {
-  if (GaveUp()) {
-    return absl::UnavailableError(
-        absl::StrCat("one-shot all-reduce on rank ", group_.rank,
-                     host_words_[0] != 0 ? " aborted" : ": a kernel timed out waiting for a peer"));
-  }
+  if (GaveUp()) return GaveUpError();
   const auto s = static_cast<cudaStream_t>(stream);
   const auto n = static_cast<int64_t>(count);
   const cudaError_t e =
@@ -242,6 +244,25 @@ absl::Status OneShotAllReduce::Run(void* data, size_t count, CommDataType type, 
           : kernels::OneShotAllReduce(static_cast<__nv_bfloat16*>(data), n, group_, s);
   if (e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("one-shot all-reduce launch: ", cudaGetErrorName(e)));
+  }
+  return absl::OkStatus();
+}
+
+bool OneShotAllReduce::AcceptsAddRmsNorm(int64_t rows, int64_t hidden) const {
+  return kernels::OneShotFusesNorm(group_.world_size, rows, hidden, group_.slot_bytes);
+}
+
+absl::Status OneShotAllReduce::RunAddRmsNorm(void* data, void* residual, const void* weight,
+                                             int64_t rows, int64_t hidden, float eps,
+                                             void* stream) {
+  if (GaveUp()) return GaveUpError();
+  const cudaError_t e = kernels::OneShotAllReduceAddRmsNorm(
+      static_cast<__nv_bfloat16*>(data), static_cast<__nv_bfloat16*>(residual),
+      static_cast<const __nv_bfloat16*>(weight), rows, hidden, eps, group_,
+      static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("one-shot all-reduce + RMSNorm launch: ", cudaGetErrorName(e)));
   }
   return absl::OkStatus();
 }

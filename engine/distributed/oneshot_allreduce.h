@@ -49,6 +49,12 @@ class OneShotAllReduce {
   // In-place sum of `data` ([count] of `type`, device) over the ranks, queued on `stream`
   // (a cudaStream_t). Unavailable once a kernel gave up waiting for a peer or after Abort.
   absl::Status Run(void* data, size_t count, CommDataType type, void* stream);
+  // Whether RunAddRmsNorm takes [rows, hidden] (kernels::OneShotFusesNorm).
+  bool AcceptsAddRmsNorm(int64_t rows, int64_t hidden) const;
+  // The sum fused with the residual add and RMSNorm that follow it
+  // (kernels::OneShotAllReduceAddRmsNorm; Communicator::AllReduceAddRmsNorm), on `stream`.
+  absl::Status RunAddRmsNorm(void* data, void* residual, const void* weight, int64_t rows,
+                             int64_t hidden, float eps, void* stream);
 
   // Makes kernels waiting for a peer give up (within microseconds) and later calls return
   // Unavailable. Any thread.
@@ -63,6 +69,8 @@ class OneShotAllReduce {
   // Allocates and zeroes this rank's staging buffer (slots of `slot` bytes) and the host-mapped
   // words, filling `info`; empty, or what failed.
   std::string AllocateLocal(size_t slot, RankInfo& info);
+  // Unavailable, saying whether this rank aborted or a kernel timed out.
+  absl::Status GaveUpError() const;
   // Maps rank r's buffer (described by `peer`) on this rank's GPU; empty, or why it cannot.
   std::string MapPeer(int32_t r, const RankInfo& peer, const RankInfo& mine);
 

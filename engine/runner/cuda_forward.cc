@@ -259,8 +259,6 @@ absl::Status CudaForward::Attention(int32_t layer, const ForwardArgs& a, cudaStr
       "PagedPrefillAttention", layer);
 }
 
-// One decoder layer. On entry h holds the previous layer's MLP output (layer 0: x holds the
-// embeddings); on exit x holds the residual stream and h this layer's MLP output.
 absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t stream) {
   const CudaLayerWeights& w = weights_->layers[l];
   const int64_t n = a.num_tokens, hidden = config_.hidden_size, inter = config_.intermediate_size;
@@ -270,14 +268,6 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
   auto* qkv = qkv_.as<__nv_bfloat16>();
   auto* k = Offset(qkv, config_.q_size());
   auto* v = Offset(k, config_.kv_size());
-  if (l == 0) {
-    SPECD_RETURN_IF_ERROR(
-        Launch(kernels::RmsNorm(x, w.input_norm, n, hidden, eps, h, stream), "RmsNorm", l));
-  } else {
-    SPECD_RETURN_IF_ERROR(
-        Launch(kernels::FusedAddRmsNorm(h, x, w.input_norm, n, hidden, eps, h, stream),
-               "FusedAddRmsNorm", l));
-  }
   SPECD_RETURN_IF_ERROR(RunGemm(h, hidden, w.qkv, w.qkv_bias, n, qkv_stride_, hidden, qkv,
                                 qkv_stride_, kernels::GemmOut::kBf16, stream));
   if (config_.qk_norm) {
@@ -301,10 +291,7 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
                                 hidden, config_.q_size(), h, hidden, kernels::GemmOut::kBf16,
                                 stream));
   // Row-parallel o_proj: each rank holds a partial sum over its heads (rank 0's has the bias).
-  SPECD_RETURN_IF_ERROR(AllReduce(h, n * hidden, stream, "o_proj", l));
-  SPECD_RETURN_IF_ERROR(
-      Launch(kernels::FusedAddRmsNorm(h, x, w.post_norm, n, hidden, eps, h, stream),
-             "FusedAddRmsNorm", l));
+  SPECD_RETURN_IF_ERROR(AllReduceAddNorm(h, x, w.post_norm, n, stream, "o_proj", l));
   auto* gate_up = gate_up_.as<__nv_bfloat16>();
   auto* act = act_.as<__nv_bfloat16>();
   SPECD_RETURN_IF_ERROR(RunGemm(h, hidden, w.gate_up, nullptr, n, 2 * inter, hidden, gate_up,
@@ -313,8 +300,26 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
       Launch(kernels::SiluAndMul(gate_up, n, inter, act, stream), "SiluAndMul", l));
   SPECD_RETURN_IF_ERROR(RunGemm(act, inter, w.down, nullptr, n, hidden, inter, h, hidden,
                                 kernels::GemmOut::kBf16, stream));
-  // Row-parallel down_proj; the next FusedAddRmsNorm adds the summed h into x.
-  return AllReduce(h, n * hidden, stream, "down_proj", l);
+  // Row-parallel down_proj, summed into x and normalised for the next layer (or the LM head).
+  const __nv_bfloat16* next_norm =
+      l + 1 < config_.num_layers ? weights_->layers[l + 1].input_norm : weights_->final_norm;
+  return AllReduceAddNorm(h, x, next_norm, n, stream, "down_proj", l);
+}
+
+absl::Status CudaForward::AllReduceAddNorm(__nv_bfloat16* h, __nv_bfloat16* x,
+                                           const __nv_bfloat16* norm, int64_t rows,
+                                           cudaStream_t stream, const char* what, int32_t layer) {
+  const int64_t hidden = config_.hidden_size;
+  const auto eps = static_cast<float>(config_.rms_norm_eps);
+  if (comm_ != nullptr && comm_->FusesAllReduceAddRmsNorm(rows, hidden)) {
+    const absl::Status s = comm_->AllReduceAddRmsNorm(h, x, norm, rows, hidden, eps, stream);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("all-reduce + RMSNorm after ", what, " (layer ",
+                                               layer, "): ", s.message()));
+  }
+  SPECD_RETURN_IF_ERROR(AllReduce(h, rows * hidden, stream, what, layer));
+  return Launch(kernels::FusedAddRmsNorm(h, x, norm, rows, hidden, eps, h, stream),
+                "FusedAddRmsNorm", layer);
 }
 
 absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
@@ -326,12 +331,12 @@ absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
       "EmbeddingGather"));
   SPECD_RETURN_IF_ERROR(
       AllReduce(x_.as<__nv_bfloat16>(), a.num_tokens * hidden, stream, "embedding", -1));
+  SPECD_RETURN_IF_ERROR(Launch(
+      kernels::RmsNorm(x_.as<__nv_bfloat16>(), weights_->layers[0].input_norm, a.num_tokens, hidden,
+                       static_cast<float>(config_.rms_norm_eps), h_.as<__nv_bfloat16>(), stream),
+      "RmsNorm", 0));
   for (int32_t l = 0; l < config_.num_layers; ++l) SPECD_RETURN_IF_ERROR(Layer(l, a, stream));
-  auto* h = h_.as<__nv_bfloat16>();
-  return Launch(
-      kernels::FusedAddRmsNorm(h, x_.as<__nv_bfloat16>(), weights_->final_norm, a.num_tokens,
-                               hidden, static_cast<float>(config_.rms_norm_eps), h, stream),
-      "FusedAddRmsNorm (final)");
+  return absl::OkStatus();  // h holds the final norm's output (the last Layer's AllReduceAddNorm)
 }
 
 absl::Status CudaForward::LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens,

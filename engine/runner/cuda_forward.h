@@ -138,6 +138,11 @@ class CudaForward {
   // comm_->AllReduceSum over `count` bf16 elements, or nothing without a communicator.
   absl::Status AllReduce(__nv_bfloat16* data, int64_t count, cudaStream_t stream, const char* what,
                          int32_t layer);
+  // The row-parallel output h ([rows, hidden]) summed over the ranks, added into the residual x
+  // and normalised with `norm` into h: one fused kernel where the communicator has it
+  // (Communicator::AllReduceAddRmsNorm), else AllReduce then kernels::FusedAddRmsNorm.
+  absl::Status AllReduceAddNorm(__nv_bfloat16* h, __nv_bfloat16* x, const __nv_bfloat16* norm,
+                                int64_t rows, cudaStream_t stream, const char* what, int32_t layer);
   // The vocabulary-parallel LM head of `num_rows` rows of x: [num_rows, vocab_shard] per rank,
   // all-gathered and laid out as logits().
   absl::Status ParallelLmHead(const __nv_bfloat16* x, int32_t num_rows, int32_t merge_k,
@@ -151,6 +156,8 @@ class CudaForward {
   absl::Status Attention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
   // Attention with Vegas options: one launch per segment of args.vegas.
   absl::Status VegasAttention(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
+  // One decoder layer: on entry h holds its input, normalised; on exit x holds the residual
+  // stream and h the next layer's normalised input (after the last layer: the final norm's).
   absl::Status Layer(int32_t layer, const ForwardArgs& args, cudaStream_t stream);
 
   const ModelConfig config_;  // the rank's: its heads and intermediate columns (LocalModelConfig)

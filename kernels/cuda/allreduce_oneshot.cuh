@@ -80,48 +80,33 @@ __device__ __forceinline__ bool WaitForPeer(const uint32_t* flag, uint32_t epoch
   }
 }
 
-// Grid kOneShotBlocks x kOneShotThreads on every rank. Block b handles packs b*blockDim + t
-// (grid-stride) in both phases, so it needs only the peers' block b to have pushed: per-block
-// flags, no grid-wide barrier. Arguments as in allreduce_oneshot.h; num_packs = count / kVec.
-template <typename T, int kVec, int kWorld>
-__global__ void __launch_bounds__(kOneShotThreads)
-    OneShotAllReduceKernel(T* data, int64_t num_packs, OneShotGroup group) {
-  using Pack = OneShotPack<T, kVec>;
+// Phase helpers of the kernels below; every thread of the block calls them, in this order.
+// OneShotEnter advances block b's epoch (kept in device memory, so graph replays count too) and
+// returns false when an earlier call gave up (the peers' epochs no longer match ours: do nothing).
+__device__ __forceinline__ bool OneShotEnter(const OneShotGroup& group, uint32_t* epoch) {
   __shared__ uint32_t epoch_shared;
   __shared__ int failed;
-  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
   auto* own = static_cast<OneShotSignals*>(group.buffers[group.rank]);
-  const int b = blockIdx.x;
   if (threadIdx.x == 0) {
     failed = *reinterpret_cast<volatile uint32_t*>(&own->error) != 0;
-    epoch_shared = own->epochs[b] + 1;
-    if (!failed) own->epochs[b] = epoch_shared;
+    epoch_shared = own->epochs[blockIdx.x] + 1;
+    if (!failed) own->epochs[blockIdx.x] = epoch_shared;
   }
   __syncthreads();
-  if (failed) return;  // an earlier call gave up: the peers' epochs no longer match ours
-  const uint32_t epoch = epoch_shared;
-  // This call's slot from source rank r, in any rank's buffer: (epoch % 2) * kWorld + r.
-  const size_t parity_offset = kOneShotSignalBytes + (epoch % 2) * kWorld * group.slot_bytes;
-  const auto slot = [&](int buffer_rank, int source) {
-    return reinterpret_cast<Pack*>(static_cast<char*>(group.buffers[buffer_rank]) + parity_offset +
-                                   source * group.slot_bytes);
-  };
-  const int64_t first = static_cast<int64_t>(b) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  *epoch = epoch_shared;
+  return !failed;
+}
 
-  // 1. Push this rank's input into its slot in every peer's buffer.
-  const Pack* in = reinterpret_cast<const Pack*>(data);
-  for (int64_t i = first; i < num_packs; i += stride) {
-    const Pack x = in[i];
-#pragma unroll
-    for (int r = 0; r < kWorld; ++r) {
-      if (r != group.rank) slot(r, group.rank)[i] = x;
-    }
-  }
+// After the block pushed its part: tells every peer (a release store into its flag for this
+// block) and waits for every peer's flag (a local spin). False when a wait gave up (timeout or
+// abort; the error words are set): leave `data` alone.
+template <int kWorld>
+__device__ __forceinline__ bool OneShotSignalAndWait(const OneShotGroup& group, uint32_t epoch) {
+  __shared__ int failed;
+  auto* own = static_cast<OneShotSignals*>(group.buffers[group.rank]);
+  const int b = blockIdx.x;
+  if (threadIdx.x == 0) failed = 0;
   __syncthreads();  // the whole block pushed before one thread per peer releases the flag
-
-  // 2. Tell every peer this block's part has arrived, then wait for theirs (a local spin).
   const int peer = threadIdx.x;
   if (peer < kWorld && peer != group.rank) {
     auto* peer_signals = static_cast<OneShotSignals*>(group.buffers[peer]);
@@ -133,24 +118,144 @@ __global__ void __launch_bounds__(kOneShotThreads)
     }
   }
   __syncthreads();  // the acquiring threads' view extends to the block
-  if (failed) return;
+  return !failed;
+}
 
-  // 3. Sum every rank's copy in rank order, all from this rank's memory.
-  Pack* out = reinterpret_cast<Pack*>(data);
-  for (int64_t i = first; i < num_packs; i += stride) {
-    Pack x[kWorld];
+// Where this call's copies live: in every rank's buffer, rank r's copy is slot
+// (epoch % 2) * kWorld + r, at `parity` + r * slot_bytes from the buffer's start.
+template <int kWorld>
+struct OneShotSlots {
+  size_t parity;  // bytes from a buffer's start to this call's first slot
+  size_t slot_bytes;
+  const char* own;  // this rank's buffer + parity
+
+  __device__ __forceinline__ OneShotSlots(const OneShotGroup& group, uint32_t epoch)
+      : parity(kOneShotSignalBytes + (epoch % 2) * kWorld * group.slot_bytes),
+        slot_bytes(group.slot_bytes),
+        own(static_cast<const char*>(group.buffers[group.rank]) + parity) {}
+};
+
+// Pushes pack i of this rank's input into its slot of every peer's buffer.
+template <typename Pack, int kWorld>
+__device__ __forceinline__ void OneShotPush(const OneShotGroup& group,
+                                            const OneShotSlots<kWorld>& slots, int64_t i,
+                                            const Pack& x) {
+  const size_t offset = slots.parity + group.rank * slots.slot_bytes;
 #pragma unroll
-    for (int r = 0; r < kWorld; ++r)
-      x[r] = r == group.rank ? out[i] : LoadCg(slot(group.rank, r) + i);
+  for (int r = 0; r < kWorld; ++r) {
+    if (r != group.rank) {
+      reinterpret_cast<Pack*>(static_cast<char*>(group.buffers[r]) + offset)[i] = x;
+    }
+  }
+}
+
+// Rank-order fp32 sum of pack i over every rank's copy (this rank's own from `mine`), all read
+// from this rank's memory.
+template <typename T, int kVec, int kWorld>
+__device__ __forceinline__ void OneShotSum(int rank, const OneShotSlots<kWorld>& slots, int64_t i,
+                                           const OneShotPack<T, kVec>& mine, float (&acc)[kVec]) {
+  using Pack = OneShotPack<T, kVec>;
+#pragma unroll
+  for (int r = 0; r < kWorld; ++r) {
+    Pack x = mine;
+    if (r != rank) x = LoadCg(reinterpret_cast<const Pack*>(slots.own + r * slots.slot_bytes) + i);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] = r == 0 ? ToFloat(x.v[j]) : acc[j] + ToFloat(x.v[j]);
+  }
+}
+
+// Grid kOneShotBlocks x kOneShotThreads on every rank. Block b handles packs b*blockDim + t
+// (grid-stride) in both phases, so it needs only the peers' block b to have pushed: per-block
+// flags, no grid-wide barrier. Arguments as in allreduce_oneshot.h; num_packs = count / kVec.
+template <typename T, int kVec, int kWorld>
+__global__ void __launch_bounds__(kOneShotThreads)
+    OneShotAllReduceKernel(T* data, int64_t num_packs, const __grid_constant__ OneShotGroup group) {
+  using Pack = OneShotPack<T, kVec>;
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();
+  uint32_t epoch;
+  if (!OneShotEnter(group, &epoch)) return;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const OneShotSlots<kWorld> slots(group, epoch);
+  Pack* io = reinterpret_cast<Pack*>(data);
+  for (int64_t i = first; i < num_packs; i += stride) {
+    OneShotPush<Pack, kWorld>(group, slots, i, io[i]);
+  }
+  if (!OneShotSignalAndWait<kWorld>(group, epoch)) return;
+  for (int64_t i = first; i < num_packs; i += stride) {
+    float acc[kVec];
+    OneShotSum<T, kVec, kWorld>(group.rank, slots, i, io[i], acc);
     Pack sum;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      float acc = ToFloat(x[0].v[j]);
-#pragma unroll
-      for (int r = 1; r < kWorld; ++r) acc += ToFloat(x[r].v[j]);
-      sum.v[j] = FromFloat<T>(acc);
+    for (int j = 0; j < kVec; ++j) sum.v[j] = FromFloat<T>(acc[j]);
+    io[i] = sum;
+  }
+}
+
+// The all-reduce fused with the residual add and RMSNorm that follow it in a pre-norm layer
+// (allreduce_oneshot.h). Block b handles rows b, b + gridDim.x, ...: whole rows, so the norm's
+// reduction stays in the block. Thread t owns packs t, t + blockDim.x, ... of a row (kPacks at
+// most), the mapping and summation order of RmsNormKernel<8, true> (rmsnorm.cuh) at
+// blockDim.x threads, whose arithmetic it repeats on the bf16-rounded sum.
+template <int kWorld, int kPacks>
+__global__ void __launch_bounds__(kOneShotThreads)
+    OneShotAllReduceAddRmsNormKernel(__nv_bfloat16* data, __nv_bfloat16* residual,
+                                     const __nv_bfloat16* __restrict__ weight, int rows, int hidden,
+                                     float eps, const __grid_constant__ OneShotGroup group) {
+  using Pack = OneShotPack<__nv_bfloat16, 8>;
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();
+  uint32_t epoch;
+  if (!OneShotEnter(group, &epoch)) return;
+  const int row_packs = hidden / 8;
+  const OneShotSlots<kWorld> slots(group, epoch);
+  Pack* io = reinterpret_cast<Pack*>(data);
+  Pack* res = reinterpret_cast<Pack*>(residual);
+  const Pack* w = reinterpret_cast<const Pack*>(weight);
+#pragma unroll 1
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    for (int p = threadIdx.x; p < row_packs; p += blockDim.x) {
+      const int64_t i = static_cast<int64_t>(row) * row_packs + p;
+      OneShotPush<Pack, kWorld>(group, slots, i, io[i]);
     }
-    out[i] = sum;
+  }
+  if (!OneShotSignalAndWait<kWorld>(group, epoch)) return;
+#pragma unroll 1
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    float x[kPacks][8];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kPacks; ++c) {
+      const int p = threadIdx.x + c * blockDim.x;
+      if (p >= row_packs) break;
+      const int64_t i = static_cast<int64_t>(row) * row_packs + p;
+      float acc[8];
+      OneShotSum<__nv_bfloat16, 8, kWorld>(group.rank, slots, i, io[i], acc);
+      Pack r = res[i];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x[c][j] = __bfloat162float(__float2bfloat16_rn(acc[j])) + __bfloat162float(r.v[j]);
+        r.v[j] = __float2bfloat16_rn(x[c][j]);
+      }
+      res[i] = r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum_sq += x[c][j] * x[c][j];
+    }
+    const float inv_rms = rsqrtf(BlockReduceSum(sum_sq) / static_cast<float>(hidden) + eps);
+#pragma unroll
+    for (int c = 0; c < kPacks; ++c) {
+      const int p = threadIdx.x + c * blockDim.x;
+      if (p >= row_packs) break;
+      const Pack wv = w[p];
+      Pack y;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        y.v[j] = __float2bfloat16_rn(x[c][j] * inv_rms * __bfloat162float(wv.v[j]));
+      }
+      io[static_cast<int64_t>(row) * row_packs + p] = y;
+    }
+    __syncthreads();  // BlockReduceSum's scratch is reused by the next row
   }
 }
 

@@ -74,4 +74,33 @@ cudaError_t OneShotAllReduce(__nv_bfloat16* data, int64_t count, const OneShotGr
 cudaError_t OneShotAllReduce(float* data, int64_t count, const OneShotGroup& group,
                              cudaStream_t stream);
 
+// Widest row OneShotAllReduceAddRmsNorm takes: four 8-element packs per thread.
+constexpr int64_t kOneShotMaxNormHidden = int64_t{4} * 8 * kOneShotThreads;
+
+// The all-reduce fused with what a pre-norm decoder layer does next (one kernel instead of two):
+// with S = OneShotAllReduce's bf16 sum of data, residual <- residual + S and data <-
+// RMSNorm(residual) * weight, each exactly as FusedAddRmsNorm (rmsnorm.h) computes them from S
+// (bit for bit where FusedAddRmsNorm runs one thread per 8 elements, as at hidden 4096; within
+// fp32 reduction order elsewhere). Every rank of the group makes the same sequence of calls
+// (plain and fused calls share the epochs).
+//   data      [rows, hidden] bf16, device, in/out; rows * hidden * 2 <= group.slot_bytes
+//   residual  [rows, hidden] bf16, device, in/out
+//   weight    [hidden] bf16, device
+// World sizes 2, 4 and 8 (OneShotFusesNorm; the tensor-parallel sizes in use: the other
+// instantiations spilled registers), hidden a multiple of 8 up to kOneShotMaxNormHidden and
+// 16-byte aligned pointers; cudaErrorInvalidValue otherwise and for a bad group. rows == 0
+// launches nothing.
+cudaError_t OneShotAllReduceAddRmsNorm(__nv_bfloat16* data, __nv_bfloat16* residual,
+                                       const __nv_bfloat16* weight, int64_t rows, int64_t hidden,
+                                       float eps, const OneShotGroup& group, cudaStream_t stream);
+
+// Whether OneShotAllReduceAddRmsNorm takes [rows, hidden] on a group of world_size ranks whose
+// slots hold slot_bytes.
+constexpr bool OneShotFusesNorm(int32_t world_size, int64_t rows, int64_t hidden,
+                                size_t slot_bytes) {
+  return (world_size == 2 || world_size == 4 || world_size == 8) && rows >= 0 && hidden >= 8 &&
+         hidden % 8 == 0 && hidden <= kOneShotMaxNormHidden &&
+         static_cast<size_t>(rows) * static_cast<size_t>(hidden) * 2 <= slot_bytes;
+}
+
 }  // namespace specd::kernels

@@ -2,19 +2,24 @@
 // rank's call launched on its own stream so all of them run at once (the kernel's flags do not
 // care whether a peer's buffer is local or across NVLink). Results are compared bitwise with the
 // rank-order reference (kernels/ref/allreduce.h); a rank whose peer never calls gives up after
-// its timeout. Part of kernels_cuda_test (exits 77 without a GPU).
+// its timeout. The fused all-reduce + RMSNorm is compared with the two kernels it replaces. Part of
+// kernels_cuda_test (exits 77 without a GPU).
 #include "kernels/cuda/allreduce_oneshot.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/rmsnorm.h"
 #include "kernels/ref/allreduce.h"
 #include "kernels/ref/bf16.h"
 
@@ -180,6 +185,121 @@ TEST(OneShotAllReduceTest, RejectsBadGroupsAndOversizedMessages) {
   EXPECT_EQ(OneShotAllReduce(d, kSlotBytes / 4 + 1, g.groups[0], g.streams[0]),
             cudaErrorInvalidValue);
   EXPECT_EQ(OneShotAllReduce(d, 0, g.groups[0], g.streams[0]), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "no sticky error";
+}
+
+// Device copies of `n` bf16 values (from floats), freed with the test.
+struct Bf16Buffer {
+  void* ptr = nullptr;
+  std::vector<uint16_t> host;
+  explicit Bf16Buffer(const std::vector<float>& v) : host(v.size()) {
+    for (size_t i = 0; i < v.size(); ++i) host[i] = FloatToBf16(v[i]);
+    cudaMalloc(&ptr, host.size() * 2);
+    cudaMemcpy(ptr, host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+  }
+  ~Bf16Buffer() { cudaFree(ptr); }
+  __nv_bfloat16* get() const { return static_cast<__nv_bfloat16*>(ptr); }
+  std::vector<uint16_t> Read() const {
+    std::vector<uint16_t> out(host.size());
+    cudaMemcpy(out.data(), ptr, out.size() * 2, cudaMemcpyDeviceToHost);
+    return out;
+  }
+};
+
+// Largest |a - b| over bf16 vectors, relative to max(|b|, 1).
+double MaxRelDiff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = Bf16ToFloat(a[i]), y = Bf16ToFloat(b[i]);
+    worst = std::max(worst, std::abs(x - y) / std::max(std::abs(y), 1.0));
+  }
+  return worst;
+}
+
+// The fused kernel on every rank against OneShotAllReduce + FusedAddRmsNorm on the same inputs:
+// identical bits where FusedAddRmsNorm runs one thread per 8 elements (hidden <= 4096), within a
+// bf16 rounding step elsewhere (a different fp32 reduction order for the norm).
+void CheckFusedRound(LocalGroup& g, int tag, int64_t rows, int64_t hidden) {
+  const int world = static_cast<int>(g.buffers.size());
+  const auto n = static_cast<size_t>(rows * hidden);
+  const Bf16Buffer weight(Random(99, tag, static_cast<size_t>(hidden)));
+  std::vector<std::unique_ptr<Bf16Buffer>> res_fused, res_plain, plain;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<float> x = Random(r, tag, n);
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) bits[i] = FloatToBf16(x[i]);
+    CUDA_OK(cudaMemcpy(g.data[r], bits.data(), n * 2, cudaMemcpyHostToDevice));
+    plain.push_back(std::make_unique<Bf16Buffer>(x));
+    // Every rank holds the same residual stream, as in tensor-parallel decoding.
+    res_fused.push_back(std::make_unique<Bf16Buffer>(Random(77, tag, n)));
+    res_plain.push_back(std::make_unique<Bf16Buffer>(Random(77, tag, n)));
+  }
+  for (int r = 0; r < world; ++r) {
+    CUDA_OK(OneShotAllReduceAddRmsNorm(static_cast<__nv_bfloat16*>(g.data[r]), res_fused[r]->get(),
+                                       weight.get(), rows, hidden, 1e-5f, g.groups[r],
+                                       g.streams[r]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < world; ++r) {
+    CUDA_OK(OneShotAllReduce(plain[r]->get(), static_cast<int64_t>(n), g.groups[r], g.streams[r]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int r = 0; r < world; ++r) {
+    CUDA_OK(FusedAddRmsNorm(plain[r]->get(), res_plain[r]->get(), weight.get(), rows, hidden, 1e-5f,
+                            plain[r]->get(), g.streams[r]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> fused_out(n);
+  for (int r = 0; r < world; ++r) {
+    CUDA_OK(cudaMemcpy(fused_out.data(), g.data[r], n * 2, cudaMemcpyDeviceToHost));
+    const std::vector<uint16_t> want_out = plain[r]->Read();
+    EXPECT_EQ(res_fused[r]->Read(), res_plain[r]->Read())
+        << "residual, rank " << r << " of " << world << ", [" << rows << ", " << hidden << "]";
+    if (hidden <= 8 * kOneShotThreads) {
+      EXPECT_EQ(fused_out, want_out)
+          << "rank " << r << " of " << world << ", [" << rows << ", " << hidden << "]";
+    } else {
+      EXPECT_LE(MaxRelDiff(fused_out, want_out), 1.0 / 128)
+          << "rank " << r << " of " << world << ", [" << rows << ", " << hidden << "]";
+    }
+  }
+}
+
+TEST(OneShotAllReduceTest, FusedAddRmsNormEqualsTheTwoKernelsItReplaces) {
+  // The widest rows' kernel fits one block of kOneShotThreads per SM (~82 registers a thread), so
+  // world sizes up to SMs / blocks run all ranks at once on one GPU.
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int max_world = std::min(MaxLocalWorld(), sms / kOneShotBlocks);
+  ASSERT_GE(max_world, 2) << "too few SMs for two ranks' grids at once";
+  int tag = 5000;
+  for (int world : {2, 4, 8}) {
+    if (world > max_world) continue;
+    LocalGroup g(world);
+    for (const auto& [rows, hidden] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 4096}, {3, 2048}, {32, 4096}, {33, 512}, {1, 8192}, {16, 8192}, {8, 16384}}) {
+      CheckFusedRound(g, ++tag, rows, hidden);
+      CheckRound(g, ++tag, 4096, true);  // plain and fused calls share the epochs
+    }
+    EXPECT_EQ(g.words[1], 0u) << "no kernel should have given up";
+  }
+}
+
+TEST(OneShotAllReduceTest, FusedAddRmsNormRejectsWhatItCannotTake) {
+  LocalGroup g(2);
+  auto* d = static_cast<__nv_bfloat16*>(g.data[0]);
+  auto* w = static_cast<__nv_bfloat16*>(g.data[1]);
+  EXPECT_FALSE(OneShotFusesNorm(3, 1, 4096, kSlotBytes)) << "world sizes 2, 4 and 8 only";
+  EXPECT_FALSE(OneShotFusesNorm(2, 1, 1000, kSlotBytes)) << "hidden a multiple of 8";
+  EXPECT_FALSE(OneShotFusesNorm(2, 1, kOneShotMaxNormHidden + 8, size_t{1} << 30));
+  EXPECT_FALSE(OneShotFusesNorm(2, 33, 4096, kSlotBytes)) << "larger than a slot";
+  EXPECT_TRUE(OneShotFusesNorm(8, 32, 4096, kSlotBytes));
+  EXPECT_EQ(OneShotAllReduceAddRmsNorm(d, d, w, 33, 4096, 1e-5f, g.groups[0], g.streams[0]),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(OneShotAllReduceAddRmsNorm(d, nullptr, w, 1, 4096, 1e-5f, g.groups[0], g.streams[0]),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(OneShotAllReduceAddRmsNorm(d, d, w, 0, 4096, 1e-5f, g.groups[0], g.streams[0]),
+            cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "no sticky error";
 }
 
