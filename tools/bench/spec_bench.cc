@@ -1,21 +1,33 @@
 // spec_bench: end-to-end decoding throughput with and without speculation, side by side in one
 // process: the engine's offline GenerateBatch over the codepair prompts at several batch sizes,
-// plain decoding against the draft model and n-gram lookup at K draft tokens, on the CPU or a
-// GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy unless
-// --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
+// plain decoding against the draft model and n-gram lookup at each K of --ks (or the one --k), on
+// the CPU or a GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy
+// unless --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
 // decoding, tokens per verification round and per-position acceptance. With --ssd it then runs
 // SSD too (a second engine, after the first is gone: the verifier on --device, the `specd
 // speculator` process it launches on --speculator-device) and reports its speculation-cache
 // hit rate.
+// `auto` (--auto, issue 20): also requests with method auto (the engine's StrategyPolicy picks
+// method and K per request and step, K up to the largest of --ks) under the cost profile
+// --cost-profile FILE (specd_profile's; without it the engine's default rule). With --auto or
+// several K the run ends with a summary per batch size: plain, the best fixed choice (plain or one
+// method at one K) and auto, auto's ratios to both, PASS when auto >= 0.95x the best fixed choice
+// and >= plain (else MISS), and what auto used (its request-steps by method, and its requests'
+// usage.speculation.by_method).
 // Controlled acceptance (--replay-alpha A; benchmarks only, engine/speculation/draft_replay.h):
 // plain decoding first records the target's greedy continuation of every prompt; then the draft
 // model (and SSD's) runs every forward pass but drafts the recorded next token with probability A
 // (and puts it among its cache candidates with probability --replay-hit), so draft speculation
-// and SSD are compared at a set acceptance with real costs. With --load-format dummy (random
-// weights from config.json, CUDA) and --random-prompts N (prompts of N random ids; also the
-// default when the model has no tokenizer) any shapes run without weights on disk.
+// and SSD are compared at a set acceptance with real costs (n-gram drafts as it always does). With
+// --load-format dummy (random weights from config.json, CUDA) and --random-prompts N (prompts of N
+// random ids; also the default when the model has no tokenizer) any shapes run without weights on
+// disk.
+// A point's first run captures its round graphs (GPU) and prefills its prompts (later runs hit
+// the prefix cache), so with --repeats 1 every point first runs once untimed; with more repeats
+// the best of them is reported.
 //
-//   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16] [--k 4]
+//   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16]
+//              [--k 4 | --ks 1,2,4,8] [--auto [--cost-profile FILE]]
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
@@ -26,137 +38,32 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/model/model_config.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/spec_bench_flags.h"
+#include "tools/bench/sweep_summary.h"
 #include "tools/bench/timed_batch.h"
 
 namespace specd {
 namespace {
 
-struct Flags {
-  std::string model = "models/codepair/target";
-  std::string draft = "models/codepair/draft";
-  std::string device = "cpu";
-  std::string prompts = "models/codepair/prompts.jsonl";
-  std::vector<int> batches = {1, 16};
-  int k = 4;
-  int max_tokens = 128;
-  float temperature = 0;
-  float top_p = 1;
-  int repeats = 2;
-  int threads = 0;
-  bool ssd = false;
-  std::string specd;                 // the specd binary SSD launches as its speculator (and TP
-                                     // groups as their workers)
-  int32_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp: target ranks
-  std::string speculator_device;     // "": the verifier's device
-  int fan_out = 3;
-  float saguaro_c = -1;
-  std::string cache_build = "interruptible";
-  std::string load_format = "auto";
-  int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
-  int max_model_len = 2048;
-  double gpu_memory_utilization = 0.9;
-  int max_num_seqs = 0;                          // 0: the engine's default
-  double speculator_gpu_memory_utilization = 0;  // 0: the verifier's
-  double replay_alpha = -1;                      // < 0: no replay
-  double replay_hit = 0.9;
-  std::string replay_file;  // "": a file in /tmp
-};
-
-bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    bool ok = true;
-    if (a == "--model")
-      f->model = value();
-    else if (a == "--draft")
-      f->draft = value();
-    else if (a == "--device")
-      f->device = value();
-    else if (a == "--prompts")
-      f->prompts = value();
-    else if (a == "--k")
-      ok = absl::SimpleAtoi(value(), &f->k) && f->k >= 1 && f->k <= 64;
-    else if (a == "--max-tokens")
-      ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
-    else if (a == "--temperature")
-      ok = absl::SimpleAtof(value(), &f->temperature);
-    else if (a == "--top-p")
-      ok = absl::SimpleAtof(value(), &f->top_p) && f->top_p > 0 && f->top_p <= 1;
-    else if (a == "--repeats")
-      ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
-    else if (a == "--threads")
-      ok = absl::SimpleAtoi(value(), &f->threads);
-    else if (a == "--ssd")
-      f->ssd = true;
-    else if (a == "--specd")
-      f->specd = value();
-    else if (a == "--tensor-parallel-size" || a == "-tp")
-      ok = absl::SimpleAtoi(value(), &f->tensor_parallel_size) && f->tensor_parallel_size >= 1;
-    else if (a == "--speculator-device")
-      f->speculator_device = value();
-    else if (a == "--cache-build")
-      ok = (f->cache_build = value()) == "complete" || f->cache_build == "interruptible";
-    else if (a == "--fan-out")
-      ok = absl::SimpleAtoi(value(), &f->fan_out) && f->fan_out >= 1;
-    else if (a == "--saguaro-c")
-      ok = absl::SimpleAtof(value(), &f->saguaro_c) && f->saguaro_c >= 0 && f->saguaro_c <= 1;
-    else if (a == "--load-format")
-      ok = (f->load_format = value()) == "auto" || f->load_format == "dummy";
-    else if (a == "--random-prompts")
-      ok = absl::SimpleAtoi(value(), &f->random_prompts) && f->random_prompts >= 8;
-    else if (a == "--gpu-memory-utilization")
-      ok = absl::SimpleAtod(value(), &f->gpu_memory_utilization) && f->gpu_memory_utilization > 0 &&
-           f->gpu_memory_utilization <= 1;
-    else if (a == "--speculator-gpu-memory-utilization")
-      ok = absl::SimpleAtod(value(), &f->speculator_gpu_memory_utilization) &&
-           f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
-    else if (a == "--max-num-seqs")
-      ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
-    else if (a == "--max-model-len")
-      ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
-    else if (a == "--replay-alpha")
-      ok = absl::SimpleAtod(value(), &f->replay_alpha) && f->replay_alpha >= 0 &&
-           f->replay_alpha <= 1;
-    else if (a == "--replay-hit")
-      ok = absl::SimpleAtod(value(), &f->replay_hit) && f->replay_hit >= 0 && f->replay_hit <= 1;
-    else if (a == "--replay-file")
-      ok = !(f->replay_file = value()).empty();
-    else if (a == "--batches") {
-      f->batches.clear();
-      for (absl::string_view s : absl::StrSplit(value(), ',')) {
-        int b = 0;
-        ok = ok && absl::SimpleAtoi(s, &b) && b > 0;
-        f->batches.push_back(b);
-      }
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "spec_bench: bad flag or value: %s\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
-}
+using Flags = SpecBenchFlags;
+using Prompts = std::vector<std::vector<int32_t>>;
 
 struct Run {
   double tokens_per_s = 0;
@@ -169,15 +76,16 @@ struct Run {
   double step_draft_ms = 0, step_verify_ms = 0;  // per speculative step (engine's timers)
   int equal = -1;  // replay: requests whose output equals their trajectory
   int requests = 0;
-  int settle_runs = 0;  // replay: runs until the output equalled the trajectories (< 0: never)
+  int settle_runs = 0;    // replay: runs until the output equalled the trajectories (< 0: never)
+  std::string auto_used;  // method auto: what it ran (DescribeAutoUse)
 };
 
 // Replay: the trajectory (prompt + the target's greedy output) of each prompt in force.
-std::vector<std::vector<int32_t>> g_recorded;
+Prompts g_recorded;
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
-Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32_t>>& prompts,
-            int batch, SpeculationParams spec, const Flags& f) {
+Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
+            SpeculationParams spec, const Flags& f) {
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < batch; ++i) {
     GenerateRequest r;
@@ -194,6 +102,7 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
   for (int rep = 0; rep < f.repeats; ++rep) {
     acc.Take();
     acc.TakeStepTimes();
+    acc.TakePolicyRows();
     const SsdStats before = acc.ssd();
     const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
     Run run;
@@ -212,6 +121,9 @@ Run Measure(Engine& engine, Acceptance& acc, const std::vector<std::vector<int32
     run.tokens_per_round = batch_run.tokens_per_round();
     run.acceptance = acc.Take();
     std::tie(run.step_draft_ms, run.step_verify_ms) = acc.TakeStepTimes();
+    if (spec.method == SpeculationMethod::kAuto) {
+      run.auto_used = DescribeAutoUse(acc.TakePolicyRows(), batch_run.results);
+    }
     const SsdStats after = acc.ssd();
     const int64_t hits = after.drafts_hit - before.drafts_hit;
     const int64_t told = hits + after.drafts_miss_primary - before.drafts_miss_primary +
@@ -237,6 +149,15 @@ Flags WarmUp(const Flags& f) {
   return w;
 }
 
+// Measure, after one untimed run of the same point when a single repeat would otherwise time
+// the first run of its shapes (round graphs captured on first use) and its prompts' prefill (the
+// runs after it hit the prefix cache).
+Run MeasurePoint(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
+                 SpeculationParams spec, const Flags& f) {
+  if (f.repeats == 1) Measure(engine, acc, prompts, batch, spec, f);
+  return Measure(engine, acc, prompts, batch, spec, f);
+}
+
 std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec,
                                    std::shared_ptr<Acceptance> acc) {
   EngineOptions o;
@@ -249,6 +170,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   if (f.max_num_seqs > 0) o.max_num_seqs = f.max_num_seqs;  // also caps the KV pool
   o.observer = std::move(acc);
   o.speculative = spec;
+  o.cost_profile = f.cost_profile;
   o.tensor_parallel.size = f.tensor_parallel_size;
   o.tensor_parallel.worker_binary = f.specd;  // "": this binary, which is not specd
   if (f.tensor_parallel_size > 1 && f.specd.empty()) {
@@ -263,7 +185,21 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   return *std::move(engine);
 }
 
-void PrintRow(int batch, const char* method, const Run& r, double plain) {
+// The draft model at the largest K (fixed requests ask for their own K; auto's cap).
+SpeculativeConfig DraftConfig(const Flags& f) {
+  SpeculativeConfig draft;
+  draft.draft_model = f.draft;
+  draft.num_speculative_tokens = f.max_k();
+  return draft;
+}
+
+// A row's method: the name alone when one K runs (the output of --k), else with its K.
+std::string MethodLabel(const Flags& f, SpeculationMethod m, int k) {
+  if (m == SpeculationMethod::kAuto || f.ks.size() == 1) return SpeculationMethodName(m);
+  return absl::StrCat(SpeculationMethodName(m), " k=", k);
+}
+
+void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
   char hits[160] = "";
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
@@ -278,14 +214,43 @@ void PrintRow(int batch, const char* method, const Run& r, double plain) {
                   std::abs(r.settle_runs));
   }
   std::printf(
-      "%-6d %-12s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms}%s%s\n", batch,
-      method, r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round, r.acceptance.c_str(),
-      r.step_draft_ms, r.step_verify_ms, hits, equal);
+      "%-6d %-16s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms}%s%s\n", batch,
+      method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
+      r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, hits, equal);
+}
+
+void PrintPlainRow(int batch, double tokens_per_s) {
+  std::printf("%-6d %-16s %12.1f %9s %10s  %s\n", batch, "none", tokens_per_s, "1.00x", "-", "-");
+}
+
+// Prints a speculative point's row and adds it to the batch's sweep.
+void Record(const Flags& f, BatchSweep& sweep, SpeculationParams spec, const Run& r) {
+  PrintRow(sweep.batch, MethodLabel(f, spec.method, spec.num_speculative_tokens), r,
+           sweep.plain_tokens_per_s);
+  if (spec.method == SpeculationMethod::kAuto) {
+    sweep.auto_tokens_per_s = r.tokens_per_s;
+    sweep.auto_used = r.auto_used;
+  } else {
+    sweep.fixed.push_back(
+        {SpeculationMethodName(spec.method), spec.num_speculative_tokens, r.tokens_per_s});
+  }
+}
+
+// The speculative points of one batch: each of `methods` at each K, then auto when `with_auto`.
+std::vector<SpeculationParams> Points(const Flags& f,
+                                      std::initializer_list<SpeculationMethod> methods,
+                                      bool with_auto) {
+  std::vector<SpeculationParams> points;
+  for (int k : f.ks) {
+    for (SpeculationMethod m : methods) points.push_back({m, k});
+  }
+  if (with_auto) points.push_back({SpeculationMethod::kAuto, 0});  // K up to the engine's
+  return points;
 }
 
 // The prompts: random ids (--random-prompts, or a model without a tokenizer), else the file's.
-std::vector<std::vector<int32_t>> LoadPrompts(const Flags& f, const Engine& engine) {
-  std::vector<std::vector<int32_t>> prompts;
+Prompts LoadPrompts(const Flags& f, const Engine& engine) {
+  Prompts prompts;
   if (f.random_prompts > 0 || engine.tokenizer() == nullptr) {
     const int len = f.random_prompts > 0 ? f.random_prompts : 128;
     const int count = std::max(16, *std::max_element(f.batches.begin(), f.batches.end()));
@@ -309,8 +274,19 @@ std::vector<std::vector<int32_t>> LoadPrompts(const Flags& f, const Engine& engi
 }
 
 void PrintHeader() {
-  std::printf("%-6s %-12s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
+  std::printf("%-6s %-16s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
               "tok/round", "acceptance by position");
+}
+
+// "K 4" or "K 1,2,4" (plus auto's cap with --auto).
+std::string DescribeKs(const Flags& f) {
+  std::string out = "K ";
+  for (size_t i = 0; i < f.ks.size(); ++i) absl::StrAppend(&out, i ? "," : "", f.ks[i]);
+  if (f.run_auto) {
+    absl::StrAppend(&out, "; auto up to K ", f.max_k(), " with cost profile ",
+                    f.cost_profile.empty() ? "(the engine's default rule)" : f.cost_profile);
+  }
+  return out;
 }
 
 // SSD after the other engine is gone (one verifier at a time on the device).
@@ -327,24 +303,25 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
 }
 
 void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acceptance> acc,
-            const std::vector<std::vector<int32_t>>& prompts, const std::vector<double>& plain) {
+            const Prompts& prompts, std::vector<BatchSweep>& sweeps) {
   std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
   std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
               engine->device_name().c_str(),
               f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
               f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
               f.cache_build.c_str());
-  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.k}, WarmUp(f));
-  for (size_t i = 0; i < f.batches.size(); ++i) {
-    PrintRow(f.batches[i], "ssd",
-             Measure(*engine, *acc, prompts, f.batches[i], {SpeculationMethod::kSsd, f.k}, f),
-             plain[i]);
+  Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.max_k()}, WarmUp(f));
+  for (BatchSweep& sweep : sweeps) {
+    for (int k : f.ks) {
+      const SpeculationParams spec = {SpeculationMethod::kSsd, k};
+      Record(f, sweep, spec, MeasurePoint(*engine, *acc, prompts, sweep.batch, spec, f));
+    }
   }
 }
 
 // Greedy requests for prompts [0, batch) of `tokens` tokens each.
-std::vector<GenerateRequest> GreedyRequests(const std::vector<std::vector<int32_t>>& prompts,
-                                            int batch, int tokens, SpeculationParams spec) {
+std::vector<GenerateRequest> GreedyRequests(const Prompts& prompts, int batch, int tokens,
+                                            SpeculationParams spec) {
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < batch; ++i) {
     GenerateRequest r;
@@ -358,7 +335,7 @@ std::vector<GenerateRequest> GreedyRequests(const std::vector<std::vector<int32_
   return requests;
 }
 
-bool WriteTrajectories(const std::string& path, const std::vector<std::vector<int32_t>>& t) {
+bool WriteTrajectories(const std::string& path, const Prompts& t) {
   std::ofstream out(path);
   for (const auto& ids : t) out << nlohmann::json{{"tokens", ids}}.dump() << "\n";
   out.close();
@@ -366,106 +343,163 @@ bool WriteTrajectories(const std::string& path, const std::vector<std::vector<in
 }
 
 // Controlled acceptance: plain decoding records every prompt's greedy continuation; then each
-// speculative method replays it. Random-weight models have near-tied logits, and a verification
+// speculative point replays it. Random-weight models have near-tied logits, and a verification
 // chunk rounds differently from a decode step, so the target's greedy output can depend on where
-// rounds start. Each (method, batch) therefore first settles: it runs with the trajectories, and
-// as long as its output differs from them they become its output and it runs again (a run whose
-// rounds start where the last one's did repeats it exactly). The timed runs then follow their
-// trajectories, so acceptance is the set alpha.
+// rounds start. Each point therefore first settles: it runs with the trajectories, and as long as
+// its output differs from them they become its output and it runs again (a run whose rounds start
+// where the last one's did repeats it exactly). The timed run then follows its trajectories, so
+// acceptance is the set alpha. One engine at a time: it is made again only when the point's
+// config or the trajectories it replays changed, and each point's first settling run is also its
+// warm-up (its round graphs).
+class Replayer {
+ public:
+  Replayer(const Flags& f, std::shared_ptr<Acceptance> acc, const Prompts& prompts,
+           Prompts recorded, std::string path)
+      : f_(f),
+        acc_(std::move(acc)),
+        prompts_(prompts),
+        trajectories_(std::move(recorded)),
+        path_(std::move(path)) {}
+
+  // Settles `spec` at `batch` on an engine made with `config` (kept alive by the caller), then
+  // measures it; nullopt after printing why it failed.
+  std::optional<Run> SettleAndMeasure(const SpeculativeConfig& config, SpeculationParams spec,
+                                      int batch) {
+    constexpr int kMaxSettleRuns = 5;
+    // N-gram drafts from the context, not the replay: its settling run is only a warm-up.
+    const bool replays = spec.method != SpeculationMethod::kNgram;
+    int runs = 0;
+    bool settled = false;
+    while (!settled && runs < kMaxSettleRuns) {
+      if ((engine_ == nullptr || config_ != &config || stale_) && !Remake(config, spec)) {
+        return std::nullopt;
+      }
+      auto out = engine_->GenerateBatch(GreedyRequests(prompts_, batch, SettleTokens(), spec));
+      if (!out.ok()) {
+        std::fprintf(stderr, "spec_bench: %s\n", out.status().ToString().c_str());
+        return std::nullopt;
+      }
+      ++runs;
+      settled = true;
+      for (int i = 0; i < batch; ++i) {
+        std::vector<int32_t> t = prompts_[i % prompts_.size()];
+        for (int32_t id : (*out)[i].ids()) t.push_back(id);
+        std::vector<int32_t>& want = trajectories_[i % prompts_.size()];
+        if (t == want) continue;
+        settled = false;
+        if (replays) {
+          want = std::move(t);
+          stale_ = true;
+        }
+      }
+      if (!replays) break;
+    }
+    g_recorded = trajectories_;  // what Measure compares outputs with
+    Run run = Measure(*engine_, *acc_, prompts_, batch, spec, f_);
+    run.settle_runs = settled ? runs : -runs;
+    return run;
+  }
+
+  // Trajectories a round's worth longer than the timed runs, so their last rounds follow too.
+  int SettleTokens() const { return f_.max_tokens + f_.max_k() + 2; }
+
+ private:
+  bool Remake(const SpeculativeConfig& config, SpeculationParams spec) {
+    engine_.reset();  // one verifier (and speculator) at a time
+    if (!WriteTrajectories(path_, trajectories_)) {
+      std::fprintf(stderr, "spec_bench: cannot write %s\n", path_.c_str());
+      return false;
+    }
+    engine_ = MakeEngine(f_, config, acc_);
+    config_ = &config;
+    stale_ = false;
+    Measure(*engine_, *acc_, prompts_, 1, spec, WarmUp(f_));
+    return true;
+  }
+
+  const Flags& f_;
+  std::shared_ptr<Acceptance> acc_;
+  const Prompts& prompts_;
+  Prompts trajectories_;  // [prompt] prompt + the target's greedy continuation
+  std::string path_;      // the replay file the engine reads them from
+  std::unique_ptr<Engine> engine_;
+  const SpeculativeConfig* config_ = nullptr;  // engine_'s
+  bool stale_ = false;                         // the trajectories changed since engine_ read them
+};
+
 int MainReplay(const Flags& f) {
-  constexpr int kMaxSettleRuns = 5;
   auto acc = std::make_shared<Acceptance>();
   std::unique_ptr<Engine> engine = MakeEngine(f, SpeculativeConfig(), acc);
-  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, *engine);
+  const Prompts prompts = LoadPrompts(f, *engine);
   if (prompts.empty()) {
     std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
     return 1;
   }
   std::printf(
-      "spec_bench: %s on %s, draft %s, K %d, %d tokens per request, %zu prompts of %zu ids; "
+      "spec_bench: %s on %s, draft %s, %s, %d tokens per request, %zu prompts of %zu ids; "
       "CONTROLLED ACCEPTANCE: drafts replay the target's greedy output with alpha %.2f, candidate "
       "hit %.2f (the draft still runs every forward pass)\n",
-      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
-      prompts.size(), prompts[0].size(), f.replay_alpha, f.replay_hit);
+      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), DescribeKs(f).c_str(),
+      f.max_tokens, prompts.size(), prompts[0].size(), f.replay_alpha, f.replay_hit);
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
-  std::vector<double> plain;
+  std::vector<BatchSweep> sweeps;
   for (int batch : f.batches) {
-    plain.push_back(
-        Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s);
+    BatchSweep& sweep = sweeps.emplace_back();
+    sweep.batch = batch;
+    sweep.plain_tokens_per_s =
+        MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
+    sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
   }
-  // Trajectories a round's worth longer than the timed runs, so their last rounds follow too.
-  const int settle_tokens = f.max_tokens + f.k + 2;
-  auto plain_out = engine->GenerateBatch(GreedyRequests(
-      prompts, static_cast<int>(prompts.size()), settle_tokens, {SpeculationMethod::kNone, 0}));
-  if (!plain_out.ok()) {
-    std::fprintf(stderr, "spec_bench: recording: %s\n", plain_out.status().ToString().c_str());
-    return 1;
-  }
-  std::vector<std::vector<int32_t>> recorded;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    recorded.push_back(prompts[i]);
-    for (int32_t id : (*plain_out)[i].ids()) recorded.back().push_back(id);
-  }
-  engine.reset();
   const std::string path = f.replay_file.empty()
                                ? "/tmp/spec_bench_replay_" + std::to_string(::getpid()) + ".jsonl"
                                : f.replay_file;
-  PrintHeader();
-  for (size_t i = 0; i < f.batches.size(); ++i) {
-    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", f.batches[i], "none", plain[i], "1.00x", "-",
-                "-");
-  }
-  SpeculativeConfig draft;
-  draft.draft_model = f.draft;
-  draft.num_speculative_tokens = f.k;
+  SpeculativeConfig draft = DraftConfig(f);
   draft.replay.file = path;
   draft.replay.alpha = f.replay_alpha;
   draft.replay.candidate_hit = f.replay_hit;
-  SpeculativeConfig ssd = SsdConfig(f, draft);
-  std::vector<std::pair<SpeculationMethod, const SpeculativeConfig*>> methods = {
-      {SpeculationMethod::kDraftModel, &draft}};
-  if (f.ssd) methods.push_back({SpeculationMethod::kSsd, &ssd});
-  for (const auto& [method, config] : methods) {
-    for (size_t b = 0; b < f.batches.size(); ++b) {
-      const int batch = f.batches[b];
-      std::vector<std::vector<int32_t>> trajectories = recorded;
-      int runs = 0;
-      bool settled = false;
-      while (!settled && runs < kMaxSettleRuns) {
-        engine.reset();  // one verifier (and speculator) at a time
-        if (!WriteTrajectories(path, trajectories)) {
-          std::fprintf(stderr, "spec_bench: cannot write %s\n", path.c_str());
-          return 1;
-        }
-        engine = MakeEngine(f, *config, acc);
-        Measure(*engine, *acc, prompts, 1, {method, f.k}, WarmUp(f));
-        auto out =
-            engine->GenerateBatch(GreedyRequests(prompts, batch, settle_tokens, {method, f.k}));
-        if (!out.ok()) {
-          std::fprintf(stderr, "spec_bench: %s\n", out.status().ToString().c_str());
-          return 1;
-        }
-        ++runs;
-        settled = true;
-        for (int i = 0; i < batch; ++i) {
-          std::vector<int32_t> t = prompts[i % prompts.size()];
-          for (int32_t id : (*out)[i].ids()) t.push_back(id);
-          settled = settled && t == trajectories[i % prompts.size()];
-          trajectories[i % prompts.size()] = std::move(t);
-        }
-      }
-      g_recorded = trajectories;  // what Measure compares outputs with
-      Run run = Measure(*engine, *acc, prompts, batch, {method, f.k}, f);
-      run.settle_runs = settled ? runs : -runs;
-      PrintRow(batch, SpeculationMethodName(method), run, plain[b]);
+  const SpeculativeConfig ssd = SsdConfig(f, draft);
+  Prompts recorded;
+  {
+    const int tokens = f.max_tokens + f.max_k() + 2;  // Replayer::SettleTokens
+    auto plain_out = engine->GenerateBatch(GreedyRequests(prompts, static_cast<int>(prompts.size()),
+                                                          tokens, {SpeculationMethod::kNone, 0}));
+    if (!plain_out.ok()) {
+      std::fprintf(stderr, "spec_bench: recording: %s\n", plain_out.status().ToString().c_str());
+      return 1;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      recorded.push_back(prompts[i]);
+      for (int32_t id : (*plain_out)[i].ids()) recorded.back().push_back(id);
     }
   }
+  engine.reset();
+  PrintHeader();
+  for (const BatchSweep& sweep : sweeps) PrintPlainRow(sweep.batch, sweep.plain_tokens_per_s);
+  Replayer replayer(f, acc, prompts, std::move(recorded), path);
+  // Every point of the draft-model engine, then SSD's: one engine each. N-gram (which ignores
+  // the replay) joins the draft model's points when sweeping, for the best fixed choice.
+  std::vector<std::pair<const SpeculativeConfig*, std::vector<SpeculationParams>>> engines = {
+      {&draft, f.sweeps() ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram},
+                                   f.run_auto)
+                          : Points(f, {SpeculationMethod::kDraftModel}, false)}};
+  if (f.ssd) engines.push_back({&ssd, Points(f, {SpeculationMethod::kSsd}, false)});
+  for (const auto& [config, points] : engines) {
+    for (BatchSweep& sweep : sweeps) {
+      for (const SpeculationParams& spec : points) {
+        std::optional<Run> run = replayer.SettleAndMeasure(*config, spec, sweep.batch);
+        if (!run) return 1;
+        Record(f, sweep, spec, *run);
+      }
+    }
+  }
+  if (f.sweeps()) PrintSweepSummary(sweeps);
   return 0;
 }
 
 int Main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run stopped at its time limit keeps its rows
   Flags f;
-  if (!ParseFlags(argc, argv, &f)) return 2;
+  if (!ParseSpecBenchFlags(argc, argv, &f)) return 2;
   if (f.ssd && f.specd.empty()) {
     std::fprintf(stderr, "spec_bench: --ssd needs --specd PATH (the specd binary)\n");
     return 2;
@@ -478,37 +512,39 @@ int Main(int argc, char** argv) {
     return MainReplay(f);
   }
   auto acc = std::make_shared<Acceptance>();
-  SpeculativeConfig draft;
-  draft.draft_model = f.draft;
-  draft.num_speculative_tokens = f.k;
+  const SpeculativeConfig draft = DraftConfig(f);
   std::unique_ptr<Engine> engine = MakeEngine(f, draft, acc);
-  const std::vector<std::vector<int32_t>> prompts = LoadPrompts(f, *engine);
+  const Prompts prompts = LoadPrompts(f, *engine);
   if (prompts.empty()) {
     std::fprintf(stderr, "spec_bench: no prompts in %s\n", f.prompts.c_str());
     return 1;
   }
   std::printf(
-      "spec_bench: %s on %s, draft %s, K %d, %d tokens per request, temperature %.2f, "
+      "spec_bench: %s on %s, draft %s, %s, %d tokens per request, temperature %.2f, "
       "top_p %.2f\n",
-      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), f.k, f.max_tokens,
-      f.temperature, f.top_p);
+      f.model.c_str(), engine->device_name().c_str(), f.draft.c_str(), DescribeKs(f).c_str(),
+      f.max_tokens, f.temperature, f.top_p);
   // Warm-up (CUDA graphs, caches).
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kNone, 0}, WarmUp(f));
   PrintHeader();
-  std::vector<double> plain;
+  std::vector<BatchSweep> sweeps;
   for (int batch : f.batches) {
-    const Run p = Measure(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
-    plain.push_back(p.tokens_per_s);
-    std::printf("%-6d %-12s %12.1f %9s %10s  %s\n", batch, "none", p.tokens_per_s, "1.00x", "-",
-                "-");
-    for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
-      PrintRow(batch, SpeculationMethodName(m), Measure(*engine, *acc, prompts, batch, {m, f.k}, f),
-               p.tokens_per_s);
+    BatchSweep& sweep = sweeps.emplace_back();
+    sweep.batch = batch;
+    sweep.plain_tokens_per_s =
+        MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
+    sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
+    PrintPlainRow(batch, sweep.plain_tokens_per_s);
+    for (const SpeculationParams& spec :
+         Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)) {
+      Record(f, sweep, spec, MeasurePoint(*engine, *acc, prompts, batch, spec, f));
     }
   }
-  if (!f.ssd) return 0;
-  engine.reset();  // one verifier at a time on the device
-  RunSsd(f, draft, acc, prompts, plain);
+  if (f.ssd) {
+    engine.reset();  // one verifier at a time on the device
+    RunSsd(f, draft, acc, prompts, sweeps);
+  }
+  if (f.sweeps()) PrintSweepSummary(sweeps);
   return 0;
 }
 }  // namespace

@@ -1,7 +1,8 @@
 // What spec_bench and vegas_bench measure: one Engine::GenerateBatch call, timed, with the tokens,
 // verification rounds and accepted drafts of its results (RunTimedBatch: main thread only; a
 // benchmark has nothing to fall back to, so an engine error ends the process), and the engine's
-// per-step speculation metrics (Acceptance: an EngineObserver, called on the engine thread).
+// per-step speculation metrics and `auto`'s per-step choices (Acceptance: an EngineObserver,
+// called on the engine thread).
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -74,6 +76,10 @@ class Acceptance : public EngineObserver {
       for (int j = 0; j < m.num_accepted[i]; ++j) ++accepted[j];
     }
   }
+  void OnPolicy(const PolicyStepMetrics& m) override {
+    std::lock_guard lock(mu_);
+    for (const PolicyStepMetrics::MethodRows& r : m.rows) policy_rows_[r.method] += r.num_rows;
+  }
   std::string Take() {
     std::lock_guard lock(mu_);
     std::string out;
@@ -97,6 +103,14 @@ class Acceptance : public EngineObserver {
     draft_s_ = verify_s_ = 0;
     return out;
   }
+  // Request-steps the strategy policy gave each method ("none": plain decoding) since the last
+  // call, by method name.
+  std::vector<std::pair<std::string, int64_t>> TakePolicyRows() {
+    std::lock_guard lock(mu_);
+    std::vector<std::pair<std::string, int64_t>> out(policy_rows_.begin(), policy_rows_.end());
+    policy_rows_.clear();
+    return out;
+  }
   SsdStats ssd() {
     std::lock_guard lock(mu_);
     return ssd_;
@@ -108,6 +122,7 @@ class Acceptance : public EngineObserver {
   SsdStats ssd_;                           // the last SSD counters reported
   int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
   double draft_s_ = 0, verify_s_ = 0;
+  std::map<std::string, int64_t> policy_rows_;  // request-steps by method (OnPolicy)
 };
 
 }  // namespace specd

@@ -11,7 +11,9 @@
 #     greedy, temperature 1, temperature 0.7 with top_p 0.95);
 #     vegas_bench (codepair-long at 8K context: plain vs Vegas vs streaming at K 4 / 6 / 8 and
 #     ratio 0.05 / 0.07 / 0.1, batch 1 and 8);
-#     specd_profile (the cost profile of `auto` speculation, 8B / 1B shapes, into LOG_DIR);
+#     `auto` speculation (steps named "auto: ..."): specd_profile for the 8B / 1B shapes and the
+#     codepair pair (cost profiles into LOG_DIR), then spec_bench --auto against the best fixed
+#     choice over K 1-8 at batch 1, 4, 16, 64 (codepair; 8B / 1B at alpha 0.6 and 0.8);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
@@ -314,13 +316,32 @@ for k in 4 8; do
       --batches 1,16 --k "$k" --max-tokens 32 --repeats 1 --temperature "$t"
   done
 done
-# The cost profile of `auto` speculation (issue 20): plain, greedy verification and draft-model
-# step times of Llama-3.1-8B / 3.2-1B shapes (random weights) over batch x context x tokens,
-# written to LOG_DIR/cost_profile_8b_1b.json (it comes back with $OUT).
-run_step "specd_profile 8b/1b" 240 "${OURS[@]}" "$WORK/bin/specd_profile" --device cuda \
+# `auto` speculation (issue 20); `--only auto` runs exactly these five steps. First the cost
+# profiles: plain, greedy verification and draft-model step times of Llama-3.1-8B / 3.2-1B shapes
+# (random weights) over batch x context x tokens, and of the codepair pair (a small grid: its
+# prompts are a few hundred tokens), written to LOG_DIR (they come back with $OUT).
+PROFILE_8B="$LOG_DIR/cost_profile_8b_1b.json" PROFILE_CODEPAIR="$LOG_DIR/cost_profile_codepair.json"
+run_step "auto: specd_profile 8b/1b" 240 "${OURS[@]}" "$WORK/bin/specd_profile" --device cuda \
   --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
   --load-format dummy --batch 1,4,16,64 --context 512,4096,16384 --tokens 1,2,5,9 \
-  --budget-seconds 150 --output "$LOG_DIR/cost_profile_8b_1b.json"
+  --budget-seconds 150 --output "$PROFILE_8B"
+run_step "auto: specd_profile codepair" 90 "${OURS[@]}" "$WORK/bin/specd_profile" --device cuda \
+  --model models/codepair/target --draft models/codepair/draft --batch 1,4,16,64 \
+  --context 128,512 --tokens 1,2,5,9 --budget-seconds 45 --output "$PROFILE_CODEPAIR"
+# Then `auto` against the best fixed choice (plain, or the draft model / n-gram at K 1-8) at
+# batch 1, 4, 16 and 64, each under its pair's profile; spec_bench ends with the summary table
+# (PASS: auto >= 0.95x the best fixed choice and >= plain). codepair: natural acceptance, best
+# of 3 (a batch-1 run is ~15 ms); 8B / 1B shapes: controlled acceptance alpha 0.6 and 0.8.
+run_step "auto: spec_bench codepair" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+  --batches 1,4,16,64 --ks 1,2,3,4,5,6,7,8 --auto --cost-profile "$PROFILE_CODEPAIR" \
+  --max-tokens 64 --repeats 3 --max-num-seqs 64
+for alpha in 0.6 0.8; do
+  run_step "auto: spec_bench 8b/1b alpha=$alpha" 240 "${OURS[@]}" "$WORK/bin/spec_bench" \
+    --device cuda --model "$DIR/models/shapes/llama-3.1-8b" \
+    --draft "$DIR/models/shapes/llama-3.2-1b" --load-format dummy --random-prompts 128 \
+    --replay-alpha "$alpha" --auto --cost-profile "$PROFILE_8B" --batches 1,4,16,64 \
+    --ks 1,2,3,4,5,6,7,8 --max-tokens 64 --repeats 1 --max-model-len 1024 --max-num-seqs 64
+done
 # SSD on two GPUs (verifier cuda:0, speculator cuda:1) beside plain decoding and draft-model
 # speculation on cuda:0, codepair pair (real acceptance), greedy, batch 1, 4 and 16.
 if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
@@ -401,10 +422,17 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
 done
-if [[ -n "${passed[specd_profile 8b/1b]:-}" ]]; then
-  echo "-- specd_profile 8b/1b"
-  sed -n '/^specd_profile: /,$p' "$WORK/steps/specd_profile_8b_1b.out"
-fi
+for s in "auto: specd_profile 8b/1b" "auto: specd_profile codepair"; do
+  [[ -n "${passed[$s]:-}" ]] || continue
+  echo "-- $s"
+  sed -n '/^specd_profile: /,$p' "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
+done
+for s in "auto: spec_bench codepair" "auto: spec_bench 8b/1b alpha=0.6" \
+  "auto: spec_bench 8b/1b alpha=0.8"; do
+  [[ -n "${passed[$s]:-}" ]] || continue
+  echo "-- $s"
+  sed -n '/^spec_bench: /p; /^summary: /,$p' "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
+done
 if grep -q '^decode_bench summary' "$WORK/steps/decode_bench.out" 2>/dev/null; then
   echo "-- decode_bench"
   sed -n '/^decode_bench: /p; /^decode_bench summary/,$p' "$WORK/steps/decode_bench.out"

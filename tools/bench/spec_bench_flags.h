@@ -1,0 +1,144 @@
+// spec_bench's command line: the flags (documented at the top of spec_bench.cc) and their
+// parser, which checks each value's range and prints the flag it refused. Main thread only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+
+namespace specd {
+
+struct SpecBenchFlags {
+  std::string model = "models/codepair/target";
+  std::string draft = "models/codepair/draft";
+  std::string device = "cpu";
+  std::string prompts = "models/codepair/prompts.jsonl";
+  std::vector<int> batches = {1, 16};
+  std::vector<int> ks = {4};  // --ks (or --k): the fixed methods run at each
+  bool run_auto = false;      // --auto: also method auto (K up to the largest of ks)
+  std::string cost_profile;   // --cost-profile: auto's profile; "": the engine's default rule
+  int max_tokens = 128;
+  float temperature = 0;
+  float top_p = 1;
+  int repeats = 2;
+  int threads = 0;
+  bool ssd = false;
+  std::string specd;                 // the specd binary SSD launches as its speculator (and TP
+                                     // groups as their workers)
+  int32_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp: target ranks
+  std::string speculator_device;     // "": the verifier's device
+  int fan_out = 3;
+  float saguaro_c = -1;
+  std::string cache_build = "interruptible";
+  std::string load_format = "auto";
+  int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
+  int max_model_len = 2048;
+  double gpu_memory_utilization = 0.9;
+  int max_num_seqs = 0;                          // 0: the engine's default
+  double speculator_gpu_memory_utilization = 0;  // 0: the verifier's
+  double replay_alpha = -1;                      // < 0: no replay
+  double replay_hit = 0.9;
+  std::string replay_file;  // "": a file in /tmp
+
+  int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
+  // Whether the run ends with the sweep summary (several K, or auto beside the fixed choices).
+  bool sweeps() const { return run_auto || ks.size() > 1; }
+};
+
+// "a,b,c" into `out`, each in [lo, hi]; false on an empty list or a bad value.
+inline bool ParseIntList(const std::string& text, int lo, int hi, std::vector<int>* out) {
+  out->clear();
+  for (absl::string_view s : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(s, &v) || v < lo || v > hi) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    bool ok = true;
+    if (a == "--model") {
+      f->model = value();
+    } else if (a == "--draft") {
+      f->draft = value();
+    } else if (a == "--device") {
+      f->device = value();
+    } else if (a == "--prompts") {
+      f->prompts = value();
+    } else if (a == "--k") {
+      f->ks.assign(1, 0);
+      ok = absl::SimpleAtoi(value(), &f->ks[0]) && f->ks[0] >= 1 && f->ks[0] <= 64;
+    } else if (a == "--ks") {
+      ok = ParseIntList(value(), 1, 64, &f->ks);
+    } else if (a == "--auto") {
+      f->run_auto = true;
+    } else if (a == "--cost-profile") {
+      ok = !(f->cost_profile = value()).empty();
+    } else if (a == "--max-tokens") {
+      ok = absl::SimpleAtoi(value(), &f->max_tokens) && f->max_tokens > 0;
+    } else if (a == "--temperature") {
+      ok = absl::SimpleAtof(value(), &f->temperature);
+    } else if (a == "--top-p") {
+      ok = absl::SimpleAtof(value(), &f->top_p) && f->top_p > 0 && f->top_p <= 1;
+    } else if (a == "--repeats") {
+      ok = absl::SimpleAtoi(value(), &f->repeats) && f->repeats > 0;
+    } else if (a == "--threads") {
+      ok = absl::SimpleAtoi(value(), &f->threads);
+    } else if (a == "--ssd") {
+      f->ssd = true;
+    } else if (a == "--specd") {
+      f->specd = value();
+    } else if (a == "--tensor-parallel-size" || a == "-tp") {
+      ok = absl::SimpleAtoi(value(), &f->tensor_parallel_size) && f->tensor_parallel_size >= 1;
+    } else if (a == "--speculator-device") {
+      f->speculator_device = value();
+    } else if (a == "--cache-build") {
+      ok = (f->cache_build = value()) == "complete" || f->cache_build == "interruptible";
+    } else if (a == "--fan-out") {
+      ok = absl::SimpleAtoi(value(), &f->fan_out) && f->fan_out >= 1;
+    } else if (a == "--saguaro-c") {
+      ok = absl::SimpleAtof(value(), &f->saguaro_c) && f->saguaro_c >= 0 && f->saguaro_c <= 1;
+    } else if (a == "--load-format") {
+      ok = (f->load_format = value()) == "auto" || f->load_format == "dummy";
+    } else if (a == "--random-prompts") {
+      ok = absl::SimpleAtoi(value(), &f->random_prompts) && f->random_prompts >= 8;
+    } else if (a == "--gpu-memory-utilization") {
+      ok = absl::SimpleAtod(value(), &f->gpu_memory_utilization) && f->gpu_memory_utilization > 0 &&
+           f->gpu_memory_utilization <= 1;
+    } else if (a == "--speculator-gpu-memory-utilization") {
+      ok = absl::SimpleAtod(value(), &f->speculator_gpu_memory_utilization) &&
+           f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
+    } else if (a == "--max-num-seqs") {
+      ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
+    } else if (a == "--max-model-len") {
+      ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
+    } else if (a == "--replay-alpha") {
+      ok = absl::SimpleAtod(value(), &f->replay_alpha) && f->replay_alpha >= 0 &&
+           f->replay_alpha <= 1;
+    } else if (a == "--replay-hit") {
+      ok = absl::SimpleAtod(value(), &f->replay_hit) && f->replay_hit >= 0 && f->replay_hit <= 1;
+    } else if (a == "--replay-file") {
+      ok = !(f->replay_file = value()).empty();
+    } else if (a == "--batches") {
+      ok = ParseIntList(value(), 1, 1 << 20, &f->batches);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "spec_bench: bad flag or value: %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace specd

@@ -1,0 +1,99 @@
+// spec_bench end to end on the CPU (codepair pair, a few tokens per request): the K sweep and
+// `auto` end with the summary table, controlled acceptance settles every point on one engine,
+// --cost-profile reaches the engine, and a single --k keeps the plain output (no summary).
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace specd {
+namespace {
+
+const std::string kModels = std::string(SPECD_SHARED_DIR) + "/models/codepair";
+
+// Runs spec_bench on the CPU over the codepair pair with `args`; its exit status, and its
+// output in *output.
+int RunBench(const std::string& args, std::string* output) {
+  const std::string log = ::testing::TempDir() + "/spec_bench_test.log";
+  const std::string command = std::string(SPECD_SPEC_BENCH_BINARY) + " --model " + kModels +
+                              "/target --draft " + kModels + "/draft --prompts " + kModels +
+                              "/prompts.jsonl --device cpu --threads 2 --repeats 1 " + args + " >" +
+                              log + " 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  *output = text.str();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Lines of `output` matching `pattern` (a whole-line ECMAScript regex).
+int CountLines(const std::string& output, const std::string& pattern) {
+  const std::regex re(pattern);
+  std::istringstream lines(output);
+  int n = 0;
+  for (std::string line; std::getline(lines, line);) n += std::regex_match(line, re);
+  return n;
+}
+
+TEST(SpecBenchTest, SweepsKAndComparesAutoWithTheBestFixedChoice) {
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 1,2 --ks 1,2 --auto --max-tokens 8", &out), 0) << out;
+  for (const char* row : {"draft_model k=1", "draft_model k=2", "ngram k=1", "ngram k=2", "auto"}) {
+    EXPECT_EQ(CountLines(out, std::string("^[12] +") + row + " +[0-9.]+ .*"), 2) << row << out;
+  }
+  EXPECT_EQ(CountLines(out, "^summary: .*"), 1) << out;
+  // batch, plain, best fixed (method [k=K]), its tok/s, auto, the two ratios, the verdict.
+  EXPECT_EQ(CountLines(out,
+                       "^[12] +[0-9.]+ +(none|(draft_model|ngram) k=[12]) +[0-9.]+ +[0-9.]+ +"
+                       "[0-9.]+x +[0-9.]+x +(PASS|MISS)$"),
+            2)
+      << out;
+  EXPECT_EQ(CountLines(out,
+                       "^batch [12]: auto chose \\(request-steps\\):.*"
+                       "usage.speculation.by_method:.*"),
+            2)
+      << out;
+}
+
+TEST(SpecBenchTest, ControlledAcceptanceSettlesEveryPoint) {
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 2 --ks 2 --auto --max-tokens 8 --replay-alpha 0.8", &out), 0)
+      << out;
+  // The draft model and auto replay (their outputs follow the trajectories); n-gram joins them
+  // because auto runs.
+  for (const char* row : {"draft_model", "ngram", "auto"}) {
+    EXPECT_EQ(CountLines(out, std::string("^2 +") + row + " .*output = trajectory: .*"), 1)
+        << row << out;
+  }
+  EXPECT_EQ(CountLines(out,
+                       "^2 +(draft_model|auto) .*output = trajectory: 2 of 2; settled after "
+                       "[1-5] runs.*"),
+            2)
+      << out;
+  EXPECT_EQ(CountLines(out, "^2 +[0-9.]+ +.* (PASS|MISS)$"), 1) << out;
+}
+
+TEST(SpecBenchTest, OneKKeepsTheOutputWithoutSummaryAndFlagsAreChecked) {
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 1 --k 2 --max-tokens 4", &out), 0) << out;
+  EXPECT_EQ(CountLines(out, "^1 +(draft_model|ngram) +[0-9.]+ .*"), 2) << out;
+  EXPECT_EQ(out.find("summary:"), std::string::npos) << out;
+  EXPECT_EQ(CountLines(out, "^1 +auto .*"), 0) << out;
+
+  EXPECT_EQ(RunBench("--ks 0,2", &out), 2) << out;
+  EXPECT_EQ(RunBench("--ks 1,x", &out), 2) << out;
+  // The profile goes to the engine, which refuses a file it cannot load.
+  EXPECT_EQ(RunBench("--auto --cost-profile /nonexistent/profile.json --batches 1", &out), 1)
+      << out;
+  EXPECT_NE(out.find("--cost-profile"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace specd
