@@ -31,7 +31,10 @@ inline constexpr int64_t kMaxGemvRows = 16;
 // W and x, so no shuffles are needed; the warps' partial tiles are summed in shared memory.
 //   x     [m, k] bf16 row-major, device, in; row stride ldx elements (>= k, % 8 == 0), 16-byte
 //         aligned
-//   w     [n, k] bf16 row-major, device, in; 16-byte aligned
+//   w     [n, k] bf16 row-major, device, in; 16-byte aligned. Launched as a programmatic dependent
+//         (common.cuh), the kernel loads its first W rows before it waits for the kernel before
+//         it in the stream, so that kernel must not be the one writing W (weights are written at
+//         load time, long before; a copy or a synchronisation in between is enough)
 //   bias  [n] bf16, device, in, or null
 //   y     [m, n] bf16 or f32 (out_type) row-major, device, out; row stride ldy (>= n); must not
 //         overlap x, w or bias
