@@ -239,6 +239,7 @@ struct PolicyStepMetrics {
   double estimated_tokens_per_second = 0;
   double realized_tokens_per_second = 0;
   bool switched = false;  // hysteresis let a new assignment replace the held one
+  bool searched = false;  // the policy searched this step (else it held: PolicyOptions)
 };
 
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe

@@ -124,6 +124,8 @@ struct Engine::Core {
   // method (-1: not a decode it described).
   bool policy_decided = false;
   bool policy_switched = false;
+  bool policy_searched = false;
+  bool policy_decode_only = false;  // no prefill chunk in the step (the profile models it all)
   double policy_tokens_per_second = 0;
   std::vector<int32_t> row_policy_method;  // [num_rows] PolicyMethod, or -1
 };

@@ -12,6 +12,9 @@
 // not modelled. It is conservative on the CPU (speculation must be well accepted to pay) and
 // optimistic about large GPU batches; measure with specd_profile for real numbers. Vegas,
 // streaming and SSD are absent from it, so `auto` picks only plain, n-gram and the draft model.
+// A measured profile times the model's passes only; the policy scales it online by the step times
+// it observes (FinishPolicyStep: StrategyPolicy::NoteStepSeconds), and searches only every few
+// steps when its own search would otherwise weigh on short steps.
 // Stateful drafters are not kept in step while paused: the draft model resynchronises when it
 // resumes (its catch-up chunk runs every token committed since, DraftModelSpeculator::Prepare),
 // so the policy runs with sync_paused_drafters = false.
@@ -198,9 +201,15 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     requests.push_back(q);
     request_rows.push_back(static_cast<int32_t>(k));
   }
+  // Whether the profile models the whole step (no prefill chunk beside the decodes): only such
+  // steps calibrate it.
+  c.policy_decode_only =
+      std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                  [](const ScheduledChunk& ch) { return ch.num_new_tokens == 1; });
   const PolicyDecision decision = policy_->Decide(requests);
   c.policy_decided = true;
   c.policy_switched = decision.switched;
+  c.policy_searched = decision.searched;
   c.policy_tokens_per_second = decision.tokens_per_second;
   for (size_t i = 0; i < decision.rows.size(); ++i) {
     const int32_t k = request_rows[i];
@@ -223,19 +232,18 @@ void Engine::ReportToPolicy() {
     const auto method = static_cast<PolicyMethod>(c.row_policy_method[k]);
     if (r.step.num_speculative_tokens == 0) continue;
     const RowOutcome& o = c.outcomes[k];
-    // A round the speculator had nothing for (no n-gram match, no draft KV) committed one token,
-    // as a draft rejected at its first position would have.
-    if (o.num_drafts > 0) {
-      policy_->OnVerified(r.id, method, o.num_drafts, o.num_accepted);
-    } else {
-      policy_->OnVerified(r.id, method, r.step.num_speculative_tokens, 0);
-    }
+    // A round the speculator had nothing for (no n-gram match, no draft KV) ran as a plain row:
+    // it moves the method's offer rate, not its acceptance.
+    policy_->OnVerified(r.id, method, o.num_drafts, o.num_accepted);
   }
 }
 
 void Engine::FinishPolicyStep(int64_t committed) {
   Core& c = *core_;
-  if (!c.policy_decided || !options_.observer) return;
+  if (!c.policy_decided) return;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - c.step_start);
+  policy_->NoteStepSeconds(seconds, c.policy_decode_only);
+  if (!options_.observer) return;
   PolicyStepMetrics m;
   int32_t counts[kNumPolicyMethods] = {};
   for (int32_t method : c.row_policy_method) {
@@ -246,9 +254,9 @@ void Engine::FinishPolicyStep(int64_t committed) {
     if (n > 0) m.rows.push_back({SpeculationMethodName(FromPolicy(pm)), n});
   }
   m.estimated_tokens_per_second = c.policy_tokens_per_second;
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - c.step_start);
   m.realized_tokens_per_second = seconds > 0 ? static_cast<double>(committed) / seconds : 0;
   m.switched = c.policy_switched;
+  m.searched = c.policy_searched;
   options_.observer->OnPolicy(m);
 }
 

@@ -24,9 +24,10 @@ using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec
 
 // Step times (ms) in which the draft model pays at batch 1 and 2 and loses from 4 on: the
 // verification pass of K + 1 = 5 tokens grows from 11 ms (batch 1) to 60 ms (batch 4), while a
-// plain step stays 10-14 ms.
+// plain step stays 10-14 ms. Final ("calibrate": false): the CPU's real step times must not
+// overrule it.
 constexpr char kLosesAtFourProfile[] = R"({
-  "version": 1, "device": "synthetic", "models": "codepair",
+  "version": 1, "device": "synthetic", "models": "codepair", "calibrate": false,
   "plain": {"batch": [1, 4, 16], "context": [1], "ms": [[[10]], [[11]], [[14]]]},
   "verify": {"batch": [1, 2, 4, 16], "tokens": [1, 5], "context": [1],
              "ms": [[[10], [11]], [[10.5], [14]], [[11], [60]], [[14], [240]]]},

@@ -128,6 +128,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   policy_switches_ = NewCounter(r, "specd_policy_switches_total",
                                 "Auto speculation: steps in which the policy changed its held "
                                 "assignment (past its hysteresis).");
+  policy_searches_ = NewCounter(r, "specd_policy_searches_total",
+                                "Auto speculation: steps in which the policy searched for a new "
+                                "assignment (the others hold each request's strategy).");
   policy_estimated_tps_ = NewGauge(r, "specd_policy_estimated_tokens_per_second",
                                    "Auto speculation: the cost model's tokens per second for the "
                                    "last decided step's decodes (the cost profile's time units).");
@@ -200,6 +203,7 @@ void Metrics::OnPolicy(const PolicyStepMetrics& m) {
     policy_request_steps_->Add({{"method", r.method}}).Increment(r.num_rows);
   }
   if (m.switched) policy_switches_->Increment();
+  if (m.searched) policy_searches_->Increment();
   policy_estimated_tps_->Set(m.estimated_tokens_per_second);
   policy_realized_tps_->Set(m.realized_tokens_per_second);
 }

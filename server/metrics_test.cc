@@ -31,6 +31,7 @@ TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
                            "specd_spec_decode_draft_seconds",
                            "specd_spec_decode_verify_seconds",
                            "specd_policy_switches_total",
+                           "specd_policy_searches_total",
                            "specd_policy_estimated_tokens_per_second",
                            "specd_policy_realized_tokens_per_second"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
@@ -134,7 +135,9 @@ TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {
   step.estimated_tokens_per_second = 1100;
   step.realized_tokens_per_second = 1000;
   step.switched = true;
+  step.searched = true;
   m.OnPolicy(step);
+  step.searched = false;
   m.OnPolicy(step);
   const std::string text = m.Render();
   EXPECT_NE(text.find("specd_policy_request_steps_total{method=\"draft_model\"} 1"),
@@ -142,6 +145,7 @@ TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {
       << text;
   EXPECT_NE(text.find("specd_policy_request_steps_total{method=\"none\"} 32"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_switches_total 2"), std::string::npos);
+  EXPECT_NE(text.find("specd_policy_searches_total 1"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_estimated_tokens_per_second 1100"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_realized_tokens_per_second 1000"), std::string::npos);
 }

@@ -1,6 +1,7 @@
 #include "engine/policy/acceptance_estimator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +28,9 @@ absl::Status AcceptanceOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("acceptance prior ", prior, " not in [0, 1]"));
   }
   if (max_positions < 1) return absl::InvalidArgumentError("max_positions must be at least 1");
+  if (!(relax_weight >= 0 && relax_weight <= 1)) {
+    return absl::InvalidArgumentError("acceptance relax_weight must be in [0, 1]");
+  }
   return absl::OkStatus();
 }
 
@@ -43,16 +47,42 @@ double ExpectedCommittedTokens(const std::vector<double>& rates, int32_t k) {
 AcceptanceEstimator::AcceptanceEstimator(AcceptanceOptions options) : options_(options) {
   options_.max_positions = std::max(options_.max_positions, 1);
   for (auto& g : global_) g.assign(options_.max_positions, std::clamp(options_.prior, 0.0, 1.0));
+  global_offer_.fill(1);
+}
+
+bool AcceptanceEstimator::Current(uint64_t request, int method, Rates* rates, double* offer) const {
+  const auto it = requests_.find(request);
+  if (it == requests_.end() || it->second[method].rates.empty()) return false;
+  const Estimate& e = it->second[method];
+  // Each step without a round keeps (1 - relax_weight) of the distance to the global average
+  // (the step after a round does not count: a method run every step does not relax).
+  const double keep = std::pow(1 - std::clamp(options_.relax_weight, 0.0, 1.0),
+                               static_cast<double>(std::max<int64_t>(0, now_ - e.tick - 1)));
+  const Rates& g = global_[method];
+  rates->resize(e.rates.size());
+  for (size_t j = 0; j < e.rates.size(); ++j) (*rates)[j] = g[j] + keep * (e.rates[j] - g[j]);
+  *offer = global_offer_[method] + keep * (e.offer - global_offer_[method]);
+  return true;
 }
 
 void AcceptanceEstimator::Observe(uint64_t request, PolicyMethod method, int32_t num_drafts,
                                   int32_t accepted) {
-  if (method == PolicyMethod::kPlain || num_drafts <= 0) return;
-  accepted = std::clamp(accepted, 0, num_drafts);
+  if (method == PolicyMethod::kPlain) return;
   const int m = static_cast<int>(method);
-  Rates& rates = requests_[request][m];
-  if (rates.empty()) rates = global_[m];  // seeded from the method's recent global average
-  Update(rates, options_.request_weight, num_drafts, accepted);
+  Estimate& e = requests_[request][m];
+  if (e.rates.empty()) {  // seeded from the method's recent global average
+    e.rates = global_[m];
+    e.offer = global_offer_[m];
+  } else {
+    Current(request, m, &e.rates, &e.offer);
+  }
+  e.tick = now_;
+  const double offered = num_drafts > 0 ? 1 : 0;
+  e.offer += options_.request_weight * (offered - e.offer);
+  global_offer_[m] += options_.global_weight * (offered - global_offer_[m]);
+  if (num_drafts <= 0) return;
+  accepted = std::clamp(accepted, 0, num_drafts);
+  Update(e.rates, options_.request_weight, num_drafts, accepted);
   Update(global_[m], options_.global_weight, num_drafts, accepted);
 }
 
@@ -62,21 +92,44 @@ double AcceptanceEstimator::GlobalRate(PolicyMethod method, int32_t position) co
 }
 
 double AcceptanceEstimator::Rate(uint64_t request, PolicyMethod method, int32_t position) const {
-  const auto it = requests_.find(request);
-  if (it == requests_.end() || it->second[static_cast<int>(method)].empty()) {
+  double offer = 1;
+  if (!Current(request, static_cast<int>(method), &scratch_, &offer)) {
     return GlobalRate(method, position);
   }
-  const Rates& r = it->second[static_cast<int>(method)];
-  return r[std::clamp<int32_t>(position, 0, r.size() - 1)];
+  return scratch_[std::clamp<int32_t>(position, 0, scratch_.size() - 1)];
+}
+
+double AcceptanceEstimator::OfferRate(uint64_t request, PolicyMethod method) const {
+  double offer = 1;
+  if (!Current(request, static_cast<int>(method), &scratch_, &offer)) {
+    return global_offer_[static_cast<int>(method)];
+  }
+  return offer;
 }
 
 double AcceptanceEstimator::ExpectedCommitted(uint64_t request, PolicyMethod method,
                                               int32_t k) const {
   if (method == PolicyMethod::kPlain || k <= 0) return 1;
-  const auto it = requests_.find(request);
   const int m = static_cast<int>(method);
-  const Rates& r = it == requests_.end() || it->second[m].empty() ? global_[m] : it->second[m];
-  return ExpectedCommittedTokens(r, k);
+  double offer = global_offer_[m];
+  const Rates& r = Current(request, m, &scratch_, &offer) ? scratch_ : global_[m];
+  return 1 + offer * (ExpectedCommittedTokens(r, k) - 1);
+}
+
+void AcceptanceEstimator::ExpectedCommittedUpTo(uint64_t request, PolicyMethod method, int32_t k,
+                                                std::vector<double>* out) const {
+  out->assign(std::max(k, 0) + 1, 1.0);
+  if (method == PolicyMethod::kPlain || k <= 0) return;
+  const int m = static_cast<int>(method);
+  double offer = global_offer_[m];
+  const Rates& r = Current(request, m, &scratch_, &offer) ? scratch_ : global_[m];
+  double expected = 1;
+  double all_accepted = 1;
+  for (int32_t j = 0; j < k; ++j) {  // as ExpectedCommittedTokens, keeping every prefix
+    all_accepted *= std::clamp(r[std::min<size_t>(j, r.size() - 1)], 0.0, 1.0);
+    expected += all_accepted;
+    (*out)[j + 1] = 1 + offer * (expected - 1);
+  }
 }
 
 void AcceptanceEstimator::SetGlobalRate(PolicyMethod method, double rate) {

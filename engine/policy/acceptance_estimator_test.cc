@@ -45,6 +45,62 @@ TEST(AcceptanceEstimatorTest, StartsFromTheGlobalAverageAndFollowsTheRequest) {
   EXPECT_DOUBLE_EQ(est.Rate(7, PolicyMethod::kNgram, 1), est.GlobalRate(PolicyMethod::kNgram, 1));
 }
 
+TEST(AcceptanceEstimatorTest, ExpectedCommittedAtEveryKInOnePass) {
+  AcceptanceEstimator est;
+  est.Observe(3, PolicyMethod::kDraftModel, 4, 2);
+  est.Observe(3, PolicyMethod::kDraftModel, 4, 1);
+  std::vector<double> all;
+  for (PolicyMethod m : {PolicyMethod::kDraftModel, PolicyMethod::kNgram, PolicyMethod::kPlain}) {
+    est.ExpectedCommittedUpTo(3, m, 20, &all);
+    ASSERT_EQ(all.size(), 21u);
+    for (int32_t k = 0; k <= 20; ++k) {
+      EXPECT_NEAR(all[k], est.ExpectedCommitted(3, m, k), 1e-12) << k;
+    }
+  }
+  EXPECT_GT(all.size(), 0u);
+  est.ExpectedCommittedUpTo(3, PolicyMethod::kNgram, 0, &all);
+  EXPECT_EQ(all, std::vector<double>{1.0});
+}
+
+TEST(AcceptanceEstimatorTest, RoundsWithoutADraftMoveOnlyTheOfferRate) {
+  AcceptanceEstimator est;
+  est.Observe(1, PolicyMethod::kNgram, 4, 4);
+  const double rate = est.Rate(1, PolicyMethod::kNgram, 0);
+  const double full = est.ExpectedCommitted(1, PolicyMethod::kNgram, 4);
+  EXPECT_DOUBLE_EQ(est.OfferRate(1, PolicyMethod::kNgram), 1);
+  est.Observe(1, PolicyMethod::kNgram, 0, 0);  // no n-gram match this round
+  EXPECT_DOUBLE_EQ(est.Rate(1, PolicyMethod::kNgram, 0), rate);
+  EXPECT_DOUBLE_EQ(est.OfferRate(1, PolicyMethod::kNgram), 0.7);
+  EXPECT_DOUBLE_EQ(est.ExpectedCommitted(1, PolicyMethod::kNgram, 4), 1 + 0.7 * (full - 1));
+  EXPECT_LT(est.OfferRate(2, PolicyMethod::kNgram), 1);  // the global offer rate moved too
+  EXPECT_DOUBLE_EQ(est.OfferRate(2, PolicyMethod::kDraftModel), 1);
+}
+
+TEST(AcceptanceEstimatorTest, AnUnusedEstimateRelaxesTowardsTheGlobalAverage) {
+  AcceptanceOptions o;
+  o.relax_weight = 0.1;
+  AcceptanceEstimator est(o);
+  for (int i = 0; i < 20; ++i) est.Observe(1, PolicyMethod::kNgram, 4, 0);  // all rejected
+  const double low = est.Rate(1, PolicyMethod::kNgram, 0);
+  const double global = est.GlobalRate(PolicyMethod::kNgram, 0);
+  ASSERT_LT(low, 0.01);
+  ASSERT_GT(global, 0.2);
+  for (int i = 0; i < 11; ++i) est.Tick();  // the first does not count
+  EXPECT_NEAR(est.Rate(1, PolicyMethod::kNgram, 0), global + std::pow(0.9, 10) * (low - global),
+              1e-12);
+  // A new round starts from the relaxed estimate.
+  est.Observe(1, PolicyMethod::kNgram, 1, 1);
+  const double relaxed = global + std::pow(0.9, 10) * (low - global);
+  EXPECT_NEAR(est.Rate(1, PolicyMethod::kNgram, 0), relaxed + 0.3 * (1 - relaxed), 1e-12);
+  // relax_weight 0: the estimate stays.
+  o.relax_weight = 0;
+  AcceptanceEstimator fixed(o);
+  fixed.Observe(1, PolicyMethod::kNgram, 4, 0);
+  const double before = fixed.Rate(1, PolicyMethod::kNgram, 0);
+  for (int i = 0; i < 10; ++i) fixed.Tick();
+  EXPECT_DOUBLE_EQ(fixed.Rate(1, PolicyMethod::kNgram, 0), before);
+}
+
 TEST(AcceptanceEstimatorTest, OptionsAreValidated) {
   EXPECT_TRUE(AcceptanceOptions{}.Validate().ok());
   AcceptanceOptions bad;
@@ -52,6 +108,9 @@ TEST(AcceptanceEstimatorTest, OptionsAreValidated) {
   EXPECT_FALSE(bad.Validate().ok());
   bad = {};
   bad.prior = 1.5;
+  EXPECT_FALSE(bad.Validate().ok());
+  bad = {};
+  bad.relax_weight = -1;
   EXPECT_FALSE(bad.Validate().ok());
 }
 

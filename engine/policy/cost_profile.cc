@@ -311,8 +311,8 @@ absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
   auto parsed = ParseJson(text);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
-  if (absl::Status s =
-          CheckKeys(j, "", {"version", "device", "models", "plain", "verify", "methods"});
+  if (absl::Status s = CheckKeys(
+          j, "", {"version", "device", "models", "plain", "verify", "methods", "calibrate"});
       !s.ok()) {
     return s;
   }
@@ -325,6 +325,10 @@ absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
   CostProfile profile(*std::move(plain));
   if (absl::Status s = ReadString(j, "device", &profile.device); !s.ok()) return s;
   if (absl::Status s = ReadString(j, "models", &profile.models); !s.ok()) return s;
+  if (j.contains("calibrate")) {
+    if (!j["calibrate"].is_boolean()) return Bad("calibrate", "must be true or false");
+    profile.calibrate = j["calibrate"].get<bool>();
+  }
   if (j.contains("verify")) {
     auto verify = ReadGrid(j["verify"], "verify", false);
     if (!verify.ok()) return verify.status();
@@ -345,6 +349,7 @@ absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
 
 std::string CostProfile::ToJson() const {
   json j = {{"version", 1}, {"device", device}, {"models", models}, {"plain", GridToJson(plain_)}};
+  if (!calibrate) j["calibrate"] = false;
   if (verify_) j["verify"] = GridToJson(*verify_);
   json methods = json::object();
   for (PolicyMethod m : kAllPolicyMethods) {

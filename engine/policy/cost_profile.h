@@ -102,7 +102,8 @@ class CostProfile {
 
   // Parses the JSON written by ToJson:
   //   {"version": 1, "device": "...", "models": "...",
-  //    "plain": GRID, "verify": GRID, "methods": {"draft_model": {"draft": GRID}, "ngram": {}}}
+  //    "plain": GRID, "verify": GRID, "methods": {"draft_model": {"draft": GRID}, "ngram": {}},
+  //    "calibrate": false}   (optional; default true)
   //   GRID = {"batch": [1, 8], "tokens": [1, 5], "context": [512, 8192],
   //           "ms": [[[b0t0c0, b0t0c1], [b0t1c0, b0t1c1]], [[...], [...]]]}   //
   //           [batch][tokens][context]
@@ -131,6 +132,10 @@ class CostProfile {
 
   std::string device;  // what the profile was measured on (free text)
   std::string models;  // the target / draft pair (free text)
+  // Whether the policy may scale these times by the step times it observes (StrategyPolicy's
+  // online calibration). false: the times are final (a synthetic profile in a test, or an
+  // operator's pinned one).
+  bool calibrate = true;
 
  private:
   CostGrid plain_;

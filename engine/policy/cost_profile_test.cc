@@ -96,12 +96,19 @@ TEST(CostProfileTest, RoundTripsThroughItsFile) {
   EXPECT_EQ(loaded->ToJson(), p.ToJson());
   EXPECT_EQ(loaded->device, "synthetic");
   EXPECT_EQ(loaded->models, "target / draft");
+  EXPECT_TRUE(loaded->calibrate);
   for (PolicyMethod m : kAllPolicyMethods) EXPECT_EQ(loaded->Has(m), p.Has(m));
   EXPECT_DOUBLE_EQ(loaded->VerifyMs(PolicyMethod::kDraftModel, 7, 3, 2500),
                    p.VerifyMs(PolicyMethod::kDraftModel, 7, 3, 2500));
   EXPECT_DOUBLE_EQ(loaded->DraftMs(PolicyMethod::kDraftModel, 3, 2, 512),
                    p.DraftMs(PolicyMethod::kDraftModel, 3, 2, 512));
   std::remove(path.c_str());
+  // "calibrate": false survives the round trip.
+  CostProfile fixed = SampleProfile();
+  fixed.calibrate = false;
+  auto reparsed = CostProfile::FromJson(fixed.ToJson());
+  ASSERT_TRUE(reparsed.ok()) << reparsed.status();
+  EXPECT_FALSE(reparsed->calibrate);
 }
 
 // Returns the error message FromJson gives for `text` (or "ok").
@@ -136,6 +143,8 @@ TEST(CostProfileTest, RefusesMalformedFilesNamingWhere) {
       {R"({"version": 1, "plain": {"batch": [1], "tokens": [1, 2], "context": [1],
           "ms": [[[1], [2]]]}})",
        "plain.tokens"},
+      {absl::StrCat(R"({"version": 1, "calibrate": "no", )", plain, "}"),
+       "calibrate: must be true or false"},
       {absl::StrCat(R"({"version": 1, )", plain, R"(, "methods": {"eagle": {}}})"),
        "methods.eagle: unknown method"},
       {absl::StrCat(R"({"version": 1, )", plain, R"(, "methods": {"ngram": {}}})"),

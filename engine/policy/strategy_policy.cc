@@ -1,6 +1,7 @@
 #include "engine/policy/strategy_policy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,12 @@
 // consecutive steps, or (b) for one request, moving it alone beats the held rate by
 // switch_margin / B (its share of the batch) on switch_patience consecutive steps. New requests
 // take the best assignment's strategy at once.
+//
+// Amortisation. A search costs O(sweeps x B x candidates) step-time evaluations: ~0.25-0.5 ms at
+// B 64 with K up to 8, as long as a whole step of a small model on a GPU. So it runs once every
+// search interval steps (sized from its measured time against the step's, PolicyOptions), and
+// the steps between hold: O(B), each request keeps its strategy and a new one is placed by one
+// coordinate move against the rest.
 
 namespace specd {
 
@@ -57,6 +64,9 @@ struct StrategyPolicy::Row {
 namespace {
 
 bool Speculates(PolicyMethod m) { return m != PolicyMethod::kPlain; }
+
+// Weight of a new sample in the search's and the step's timing averages.
+constexpr double kTimingWeight = 0.2;
 
 double Rate(const StepEstimate& e) { return e.tokens_per_second(); }
 
@@ -87,6 +97,10 @@ absl::Status PolicyOptions::Validate() const {
     return absl::InvalidArgumentError(
         "policy switch_margin must be >= 0, switch_patience >= 1, max_sweeps >= 0");
   }
+  if (!(max_search_share >= 0) || max_search_interval < 1) {
+    return absl::InvalidArgumentError(
+        "policy max_search_share must be >= 0, max_search_interval >= 1");
+  }
   return acceptance.Validate();
 }
 
@@ -104,19 +118,34 @@ MethodSet ApplicableMethods(const PolicyEnvironment& env, const PolicyOptions& o
   return s;
 }
 
+StrategyPolicy::StrategyPolicy(CostProfile profile, PolicyOptions options)
+    : profile_(std::move(profile)), options_(options), acceptance_(options.acceptance) {}
+
+StrategyPolicy::~StrategyPolicy() = default;
+
 absl::StatusOr<std::unique_ptr<StrategyPolicy>> StrategyPolicy::Create(CostProfile profile,
                                                                        PolicyOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   return std::unique_ptr<StrategyPolicy>(new StrategyPolicy(std::move(profile), options));
 }
 
-StrategyPolicy::Row StrategyPolicy::MakeRow(const PolicyRequest& request) const {
-  Row row;
+MethodSet StrategyPolicy::Allowed(const PolicyRequest& request) const {
+  return ApplicableMethods(env_, options_, request.context_len) & request.allowed &
+         ~request.forbidden;
+}
+
+int32_t StrategyPolicy::Cap(const PolicyRequest& request) const {
+  return std::clamp(std::min(options_.max_k, request.max_k), 0, kMaxPolicyK);
+}
+
+void StrategyPolicy::MakeRow(const PolicyRequest& request, Row& row) const {
   row.id = request.id;
   row.context = request.context_len;
-  MethodSet allowed =
-      ApplicableMethods(env_, options_, request.context_len) & request.allowed & ~request.forbidden;
-  const int32_t cap = std::clamp(std::min(options_.max_k, request.max_k), 0, kMaxPolicyK);
+  row.pinned = false;
+  row.candidates.clear();
+  row.sync_eligible = {};
+  MethodSet allowed = Allowed(request);
+  const int32_t cap = Cap(request);
   auto add_range = [&](PolicyMethod m, int32_t max_k) {
     for (int32_t k = 1; k <= max_k; ++k) row.candidates.push_back({m, k});
   };
@@ -148,19 +177,56 @@ StrategyPolicy::Row StrategyPolicy::MakeRow(const PolicyRequest& request) const 
       }
     }
   }
-  for (const Strategy& c : row.candidates) {
-    row.max_k = std::max(row.max_k, c.k);
-    auto& e = row.expected[static_cast<int>(c.method)];
-    if (static_cast<int32_t>(e.size()) > c.k) continue;
-    e.resize(c.k + 1);
-    for (int32_t k = 0; k <= c.k; ++k) e[k] = acceptance_.ExpectedCommitted(row.id, c.method, k);
-  }
+  FillExpected(row);
   if (options_.sync_paused_drafters) {
     if (auto it = held_.find(request.id); it != held_.end()) {
       row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
     }
   }
-  return row;
+}
+
+void StrategyPolicy::MakeHeldRow(const PolicyRequest& request, const Strategy& held,
+                                 Row& row) const {
+  row.id = request.id;
+  row.context = request.context_len;
+  row.pinned = false;
+  row.candidates.clear();
+  row.sync_eligible = {};
+  // As Pick: the held method at the largest K <= its held K that the request allows now, else
+  // plain (always a candidate of a request that pinned nothing).
+  const MethodSet allowed = Allowed(request);
+  Strategy s;
+  if (Speculates(held.method) && allowed.Has(held.method) && profile_.Has(held.method)) {
+    const int32_t k = std::min({held.k, Cap(request), profile_.MaxK(held.method)});
+    if (k > 0) s = {held.method, k};
+  }
+  row.candidates.push_back(s);
+  FillExpected(row);
+  if (options_.sync_paused_drafters) {
+    if (auto it = held_.find(request.id); it != held_.end()) {
+      row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
+    }
+  }
+}
+
+void StrategyPolicy::FillExpected(Row& row) const {
+  std::array<int32_t, kNumPolicyMethods> longest;
+  longest.fill(-1);
+  row.max_k = 0;
+  for (const Strategy& c : row.candidates) {
+    row.max_k = std::max(row.max_k, c.k);
+    int32_t& l = longest[static_cast<int>(c.method)];
+    l = std::max(l, c.k);
+  }
+  for (PolicyMethod m : kAllPolicyMethods) {
+    auto& e = row.expected[static_cast<int>(m)];
+    const int32_t k = longest[static_cast<int>(m)];
+    if (k < 0) {
+      e.clear();
+    } else {
+      acceptance_.ExpectedCommittedUpTo(row.id, m, k, &e);
+    }
+  }
 }
 
 void StrategyPolicy::Tally::Add(const Row& row, const Strategy& s, int sign) {
@@ -219,7 +285,30 @@ StepEstimate StrategyPolicy::Cost(const Tally& tally, int32_t batch_size) const 
           profile_.DraftMs(m, tally.num_sync[i], 1, tally.sync_context[i] / tally.num_sync[i]);
     }
   }
+  est.modelled_ms = est.step_ms;
+  est.step_ms *= Calibration(longest_all > 0, batch_size);
   return est;
+}
+
+namespace {
+
+int CalibBucket(int32_t batch, int num_buckets) {
+  int b = 0;
+  while (b + 1 < num_buckets && (2 << b) <= batch) ++b;  // bucket b: batch in [2^b, 2^(b+1))
+  return b;
+}
+
+}  // namespace
+
+double StrategyPolicy::Calibration(bool speculative, int32_t batch) const {
+  const int b = CalibBucket(batch, kCalibBuckets);
+  const Calib& plain = calib_[0][b];
+  const Calib& spec = calib_[1][b];
+  // A plain step is what the profile measures most directly: unseen, it is taken as modelled.
+  // An unseen speculative step is taken to carry the plain step's host work, no more.
+  if (!speculative) return plain.samples > 0 ? plain.factor : 1;
+  if (spec.samples > 0) return spec.factor;
+  return plain.samples > 0 ? plain.factor : 1;
 }
 
 StrategyPolicy::Tally StrategyPolicy::Count(const std::vector<Row>& rows,
@@ -291,9 +380,59 @@ void StrategyPolicy::LocalSearch(const std::vector<Row>& rows,
 }
 
 PolicyDecision StrategyPolicy::Decide(std::span<const PolicyRequest> requests) {
-  std::vector<Row> rows;
-  rows.reserve(requests.size());
-  for (const PolicyRequest& r : requests) rows.push_back(MakeRow(r));
+  acceptance_.Tick();
+  const size_t batch = requests.size();
+  const bool search = steps_since_search_ + 1 >= stats_.search_interval ||
+                      last_search_batch_ == 0 || 2 * batch <= last_search_batch_ ||
+                      batch >= 2 * last_search_batch_;
+  const auto start = std::chrono::steady_clock::now();
+  if (!search) {
+    ++steps_since_search_;
+    PolicyDecision decision = Hold(requests);
+    last_decide_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return decision;
+  }
+  PolicyDecision decision = Search(requests);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  last_decide_seconds_ = seconds;
+  stats_.search_seconds =
+      stats_.num_searches == 0
+          ? seconds
+          : stats_.search_seconds + kTimingWeight * (seconds - stats_.search_seconds);
+  ++stats_.num_searches;
+  steps_since_search_ = 0;
+  last_search_batch_ = std::max<size_t>(batch, 1);
+  return decision;
+}
+
+void StrategyPolicy::NoteStepSeconds(double seconds, bool decode_only) {
+  if (!(seconds > 0)) return;
+  // The decision's own time is the policy's, not the step's that the profile models.
+  const double step_ms = 1000 * (seconds - last_decide_seconds_);
+  if (profile_.calibrate && decode_only && last_batch_ > 0 && last_modelled_ms_ > 0 &&
+      step_ms > 0) {
+    const double ratio = step_ms / last_modelled_ms_;
+    Calib& c = calib_[last_speculative_ ? 1 : 0][CalibBucket(last_batch_, kCalibBuckets)];
+    c.factor = c.samples == 0 ? ratio : c.factor + kTimingWeight * (ratio - c.factor);
+    ++c.samples;
+  }
+  step_seconds_ =
+      step_seconds_ == 0 ? seconds : step_seconds_ + kTimingWeight * (seconds - step_seconds_);
+  int32_t interval = 1;
+  if (options_.max_search_share > 0 && stats_.num_searches > 0) {
+    const double budget = options_.max_search_share * step_seconds_;
+    interval = static_cast<int32_t>(std::clamp(std::ceil(stats_.search_seconds / budget), 1.0,
+                                               static_cast<double>(options_.max_search_interval)));
+  }
+  stats_.search_interval = interval;
+}
+
+PolicyDecision StrategyPolicy::Search(std::span<const PolicyRequest> requests) {
+  rows_.resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) MakeRow(requests[i], rows_[i]);
+  const std::vector<Row>& rows = rows_;
 
   // The best assignment found from both starts.
   std::vector<Strategy> best = BestUniform(rows);
@@ -315,7 +454,10 @@ PolicyDecision StrategyPolicy::Decide(std::span<const PolicyRequest> requests) {
     if (Rate(Evaluate(rows, from_held)) > Rate(Evaluate(rows, best))) best = from_held;
   }
 
-  // Hysteresis (a): the whole batch.
+  // Hysteresis, in steps: the searches since the last switch, each search_interval steps apart.
+  const int32_t patience = std::max<int32_t>(
+      1, (options_.switch_patience + stats_.search_interval - 1) / stats_.search_interval);
+  // (a) The whole batch.
   Tally held_tally = Count(rows, held);
   const double held_rate = Rate(Cost(held_tally, rows.size()));
   const double batch = std::max<double>(1, rows.size());
@@ -323,12 +465,13 @@ PolicyDecision StrategyPolicy::Decide(std::span<const PolicyRequest> requests) {
   streak_ = batch_better ? streak_ + 1 : 0;
   std::vector<Strategy> chosen = held;
   PolicyDecision decision;
-  if (streak_ >= options_.switch_patience) {
+  decision.searched = true;
+  if (streak_ >= patience) {
     chosen = best;
     streak_ = 0;
     decision.switched = chosen != held;
   }
-  // Hysteresis (b): one request at a time, against its share of the batch.
+  // (b) One request at a time, against its share of the batch.
   for (size_t i = 0; i < rows.size(); ++i) {
     auto it = held_.find(rows[i].id);
     if (!is_held[i] || it == held_.end()) continue;
@@ -344,14 +487,66 @@ PolicyDecision StrategyPolicy::Decide(std::span<const PolicyRequest> requests) {
     held_tally.Add(rows[i], best[i], -1);
     held_tally.Add(rows[i], held[i], +1);
     row_streak = better ? row_streak + 1 : 0;
-    if (row_streak >= options_.switch_patience) {
+    if (row_streak >= patience) {
       chosen[i] = best[i];
       row_streak = 0;
       decision.switched = true;
     }
   }
+  return Finish(rows, chosen, std::move(decision));
+}
 
+PolicyDecision StrategyPolicy::Hold(std::span<const PolicyRequest> requests) {
+  rows_.resize(requests.size());
+  choice_.assign(requests.size(), Strategy{});
+  std::vector<Row>& rows = rows_;
+  bool any_new = false;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const PolicyRequest& q = requests[i];
+    auto it = held_.find(q.id);
+    if (q.pinned_method || q.pinned_k >= 0 || it == held_.end()) {
+      MakeRow(q, rows[i]);
+      any_new |= rows[i].candidates.size() > 1;
+      choice_[i] = rows[i].Allows(Strategy{}) ? Strategy{} : rows[i].candidates.front();
+    } else {
+      MakeHeldRow(q, it->second.strategy, rows[i]);
+      choice_[i] = rows[i].candidates.front();
+    }
+  }
+  if (any_new) {
+    // Each request not placed yet (the only rows with several candidates) takes its best
+    // candidate against the rest, one at a time.
+    const int32_t batch = static_cast<int32_t>(rows.size());
+    Tally tally = Count(rows, choice_);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].candidates.size() <= 1) continue;
+      Strategy best = choice_[i];
+      tally.Add(rows[i], best, -1);
+      double best_rate = -1;
+      for (const Strategy& c : rows[i].candidates) {
+        tally.Add(rows[i], c, +1);
+        if (const double r = Rate(Cost(tally, batch)); r > best_rate * (1 + 1e-9)) {
+          best_rate = r;
+          best = c;
+        }
+        tally.Add(rows[i], c, -1);
+      }
+      tally.Add(rows[i], best, +1);
+      choice_[i] = best;
+    }
+  }
+  return Finish(rows, choice_, PolicyDecision{});
+}
+
+PolicyDecision StrategyPolicy::Finish(const std::vector<Row>& rows,
+                                      const std::vector<Strategy>& chosen,
+                                      PolicyDecision decision) {
   const StepEstimate est = Evaluate(rows, chosen);
+  last_modelled_ms_ = est.modelled_ms;
+  last_batch_ = static_cast<int32_t>(rows.size());
+  last_speculative_ =
+      std::any_of(chosen.begin(), chosen.end(), [](const Strategy& c) { return c.k > 0; });
+  stats_.last_calibration = est.modelled_ms > 0 ? est.step_ms / est.modelled_ms : 1;
   decision.expected_tokens = est.expected_tokens;
   decision.step_ms = est.step_ms;
   decision.tokens_per_second = est.tokens_per_second();
@@ -406,7 +601,7 @@ StepEstimate StrategyPolicy::Estimate(std::span<const PolicyRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     Strategy& c = choice[i];
     c.k = Speculates(c.method) ? std::clamp(c.k, 0, kMaxPolicyK) : 0;
-    rows.push_back(MakeRow(requests[i]));
+    MakeRow(requests[i], rows.emplace_back());
     // Expected tokens for a strategy outside the request's candidates too.
     auto& e = rows[i].expected[static_cast<int>(choice[i].method)];
     for (int32_t k = static_cast<int32_t>(e.size()); k <= choice[i].k; ++k) {

@@ -80,6 +80,17 @@ struct PolicyOptions {
   // Paused stateful drafters are reported in PolicyRow::drafters_to_sync and their catch-up
   // pass is counted in the step time; false: neither (the engine resynchronises on resume).
   bool sync_paused_drafters = true;
+  // Amortising the search. The full search (both starts, local search, hysteresis) runs once
+  // every search interval steps, and at once when the batch has halved or doubled since the last
+  // one. The steps between are hold steps, O(batch): each request keeps its held strategy (its K
+  // lowered to what the request allows that step), and a request not placed yet takes its best
+  // candidate against the others' held strategies. The interval keeps the search's measured time
+  // within max_search_share of the step time the engine reports (NoteStepSeconds), at most
+  // max_search_interval steps; it is 1 until a step time is known. max_search_share 0: every
+  // step searches. Hysteresis counts steps, not searches: a switch needs ceil(switch_patience /
+  // interval) consecutive searches that clear the margin.
+  double max_search_share = 0.02;
+  int32_t max_search_interval = 32;
   AcceptanceOptions acceptance;
   absl::Status Validate() const;
 };
@@ -116,12 +127,14 @@ struct PolicyDecision {
   double step_ms = 0;           // its modelled time
   double tokens_per_second = 0;
   bool switched = false;  // hysteresis let a new assignment replace the held one this step
+  bool searched = false;  // a full search ran (else a hold step: PolicyOptions)
 };
 
 // The step-time model's answer for one assignment.
 struct StepEstimate {
   double expected_tokens = 0;
-  double step_ms = 0;
+  double step_ms = 0;      // the profile's time, scaled by the online calibration
+  double modelled_ms = 0;  // the profile's time alone
   double tokens_per_second() const { return step_ms > 0 ? 1000 * expected_tokens / step_ms : 0; }
 };
 
@@ -129,11 +142,15 @@ struct StepEstimate {
 struct PolicyStats {
   int64_t num_decisions = 0;
   int64_t num_switches = 0;
+  int64_t num_searches = 0;     // decisions that ran the full search
+  int32_t search_interval = 1;  // steps between searches, as last set
+  double search_seconds = 0;    // the search's measured time (exponential average)
   std::array<int64_t, kNumPolicyMethods> rows_by_method{};       // request-steps, cumulative
   std::array<int32_t, kNumPolicyMethods> last_rows_by_method{};  // in the last decision
   double last_tokens_per_second = 0;                             // estimated, last decision
   double last_step_ms = 0;
   double last_expected_tokens = 0;
+  double last_calibration = 1;  // the online calibration's factor on the last decision
 };
 
 // Use, once per engine step (Prepare, after the scheduler's plan): describe each running decode
@@ -148,13 +165,30 @@ class StrategyPolicy {
   static absl::StatusOr<std::unique_ptr<StrategyPolicy>> Create(CostProfile profile,
                                                                 PolicyOptions options);
 
+  ~StrategyPolicy();
+
   void SetEnvironment(const PolicyEnvironment& env) { env_ = env; }
 
   // This step's strategy for each request. Pinned choices are honoured as given (an explicit
   // method outside the request's own speculation.policy is the front end's to refuse).
   PolicyDecision Decide(std::span<const PolicyRequest> requests);
+  // The wall time of the step the last decision was for (the engine's, Decide included): sets
+  // the search interval (PolicyOptions::max_search_share), and calibrates the profile when
+  // `decode_only` (no prefill chunk shared the step, so the profile models all of it).
+  //
+  // Online calibration. The profile times the model's passes; a step also runs host work the
+  // profile does not see (scheduling, acceptance, commits, detokenisation, the speculators'
+  // bookkeeping), more of it per row in a speculative step than in a plain one. So the policy
+  // keeps, per kind of step (plain, speculative) and batch size (powers of two), an exponential
+  // average of realised / modelled step time, and scales the profile's time of an assignment by
+  // its kind's factor (not seen yet at that batch: 1 for plain, plain's for speculative). Off
+  // when the profile says "calibrate": false.
+  void NoteStepSeconds(double seconds, bool decode_only = true);
+  // The factor Cost applies to a step of this kind and batch size (1: nothing observed).
+  double Calibration(bool speculative, int32_t batch) const;
 
-  // A verified round of `request` under `method` (Apply stage): feeds the acceptance estimate.
+  // A verified round of `request` under `method` (Apply stage): feeds the acceptance estimate
+  // (num_drafts 0: the method offered no draft this round).
   void OnVerified(uint64_t request, PolicyMethod method, int32_t num_drafts, int32_t accepted);
   // The request finished or was aborted: drop its estimates and held strategy.
   void Forget(uint64_t request);
@@ -179,8 +213,7 @@ class StrategyPolicy {
     int32_t streak = 0;       // consecutive steps moving this request alone cleared the margin
   };
 
-  StrategyPolicy(CostProfile profile, PolicyOptions options)
-      : profile_(std::move(profile)), options_(options), acceptance_(options.acceptance) {}
+  StrategyPolicy(CostProfile profile, PolicyOptions options);  // Row is complete in the .cc
 
   // Sums over an assignment's rows that the step-time model needs, updated one row at a time
   // while the search tries a request's candidates.
@@ -197,7 +230,16 @@ class StrategyPolicy {
     void Add(const Row& row, const Strategy& s, int sign);
   };
 
-  Row MakeRow(const PolicyRequest& request) const;
+  MethodSet Allowed(const PolicyRequest& request) const;
+  int32_t Cap(const PolicyRequest& request) const;
+  void MakeRow(const PolicyRequest& request, Row& row) const;
+  // A row with only the request's held strategy (lowered to what it allows now) as candidate.
+  void MakeHeldRow(const PolicyRequest& request, const Strategy& held, Row& row) const;
+  void FillExpected(Row& row) const;
+  PolicyDecision Search(std::span<const PolicyRequest> requests);
+  PolicyDecision Hold(std::span<const PolicyRequest> requests);
+  PolicyDecision Finish(const std::vector<Row>& rows, const std::vector<Strategy>& chosen,
+                        PolicyDecision decision);
   Tally Count(const std::vector<Row>& rows, const std::vector<Strategy>& choice) const;
   StepEstimate Cost(const Tally& tally, int32_t batch_size) const;
   StepEstimate Evaluate(const std::vector<Row>& rows, const std::vector<Strategy>& choice) const;
@@ -210,7 +252,24 @@ class StrategyPolicy {
   PolicyEnvironment env_;
   AcceptanceEstimator acceptance_;
   absl::flat_hash_map<uint64_t, Held> held_;
-  int32_t streak_ = 0;  // consecutive steps a better assignment cleared the margin
+  int32_t streak_ = 0;     // consecutive searches in which a better assignment cleared the margin
+  std::vector<Row> rows_;  // Decide's rows, reused (their vectors keep their capacity)
+  std::vector<Strategy> choice_;
+  // Online calibration, [plain, speculative][log2 batch bucket]: realised / modelled step time.
+  struct Calib {
+    double factor = 1;
+    int64_t samples = 0;
+  };
+  static constexpr int kCalibBuckets = 12;
+  std::array<std::array<Calib, kCalibBuckets>, 2> calib_{};
+  // The last decision, for NoteStepSeconds.
+  double last_modelled_ms_ = 0;
+  bool last_speculative_ = false;
+  int32_t last_batch_ = 0;
+  double last_decide_seconds_ = 0;
+  int32_t steps_since_search_ = 0;
+  size_t last_search_batch_ = 0;  // 0: no search yet
+  double step_seconds_ = 0;       // exponential average of NoteStepSeconds
   // Cost's lookups of the target pass, [method][longest K], for one (batch, mean context).
   mutable std::array<std::array<double, kMaxPolicyK + 1>, kNumPolicyMethods> verify_cache_{};
   mutable double verify_cache_batch_ = -1;

@@ -181,7 +181,10 @@ TEST(StrategyPolicyTest, HysteresisHoldsOnNoisyAcceptance) {
   const int with = CountChanges(Options(0.55), 300);
   std::printf("strategy changes in 300 steps: %d without hysteresis, %d with\n", without, with);
   EXPECT_GE(without, 10);  // the choice flaps without hysteresis...
-  EXPECT_LE(with, 3);      // ...and holds with it
+  // ...and holds with it. (A run of rejections may still send the request to plain decoding; its
+  // estimate relaxes back and it returns: two changes.)
+  EXPECT_LE(with, 5);
+  EXPECT_LE(5 * with, without);
 }
 
 TEST(StrategyPolicyTest, ExplicitRequestChoicesWin) {
@@ -289,6 +292,82 @@ TEST(StrategyPolicyTest, RecordsItsChoices) {
   EXPECT_DOUBLE_EQ(s.last_expected_tokens, d.expected_tokens);
 }
 
+TEST(StrategyPolicyTest, SearchesOnlyAsOftenAsItsShareOfTheStepAllows) {
+  PolicyOptions o = Options();
+  o.max_search_interval = 8;
+  auto policy = Make(Profile(/*per_token=*/0.2, /*draft_per_k=*/0.5), o);
+  auto requests = Requests(16);
+  const PolicyDecision first = policy->Decide(requests);
+  EXPECT_TRUE(first.searched);
+  ASSERT_NE(first.rows[0].strategy, Strategy{});
+  EXPECT_EQ(policy->stats().search_interval, 1);  // no step time known yet
+  // Steps far shorter than a search: it runs once every max_search_interval steps, and the
+  // steps between hold every request's strategy.
+  policy->NoteStepSeconds(1e-9);
+  EXPECT_EQ(policy->stats().search_interval, 8);
+  int searches = 0;
+  for (int step = 0; step < 16; ++step) {
+    const PolicyDecision d = policy->Decide(requests);
+    policy->NoteStepSeconds(1e-9);
+    searches += d.searched;
+    for (size_t i = 0; i < d.rows.size(); ++i) {
+      EXPECT_EQ(d.rows[i].strategy, first.rows[i].strategy) << step;
+    }
+  }
+  EXPECT_EQ(searches, 2);
+  EXPECT_EQ(policy->stats().num_searches, 3);
+  // A hold step places a newcomer against the rest (here it joins their strategy) and lowers a
+  // request's K to its cap.
+  requests.push_back(Requests(17).back());
+  requests[0].max_k = 1;
+  PolicyDecision d = policy->Decide(requests);
+  EXPECT_FALSE(d.searched);
+  EXPECT_EQ(d.rows[16].strategy, first.rows[1].strategy);
+  EXPECT_EQ(d.rows[0].strategy, (Strategy{first.rows[0].strategy.method, 1}));
+  // The batch halved: a search at once.
+  requests.resize(8);
+  EXPECT_TRUE(policy->Decide(requests).searched);
+  // max_search_share 0: every step searches.
+  o.max_search_share = 0;
+  auto always = Make(Profile(0.2, 0.5), o);
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_TRUE(always->Decide(requests).searched);
+    always->NoteStepSeconds(1e-9);
+  }
+}
+
+TEST(StrategyPolicyTest, CalibratesTheProfileByTheStepTimesItObserves) {
+  // The profile says n-gram drafting pays (1.3x plain at acceptance 0.3); the steps say a
+  // speculative step takes twice the modelled time (host work the profile does not see), a
+  // plain one as modelled.
+  const auto run = [](bool calibrate) {
+    CostProfile p = Profile(/*per_token=*/0.2, /*draft_per_k=*/0.5);
+    p.calibrate = calibrate;
+    PolicyOptions o = Options(0.3);
+    o.max_search_share = 0;
+    auto policy = Make(std::move(p), o, {});  // n-gram only
+    const auto requests = Requests(1);
+    std::vector<Strategy> chosen;
+    for (int step = 0; step < 12; ++step) {
+      const PolicyDecision d = policy->Decide(requests);
+      chosen.push_back(d.rows[0].strategy);
+      const double modelled_ms = d.step_ms / policy->stats().last_calibration;
+      policy->NoteStepSeconds(modelled_ms * (d.rows[0].strategy.k > 0 ? 2 : 1) / 1000);
+    }
+    if (calibrate) {
+      EXPECT_NEAR(policy->Calibration(/*speculative=*/true, 1), 2, 0.01);
+      EXPECT_NEAR(policy->Calibration(/*speculative=*/false, 1), 1, 0.01);
+      EXPECT_DOUBLE_EQ(policy->Calibration(/*speculative=*/false, 64), 1);  // not seen
+    }
+    return chosen;
+  };
+  const std::vector<Strategy> calibrated = run(true);
+  EXPECT_EQ(calibrated.front().method, PolicyMethod::kNgram);  // the profile's word at first
+  EXPECT_EQ(calibrated.back(), Strategy{});                    // then the steps'
+  // "calibrate": false in the profile: its word stands.
+  for (const Strategy& s : run(false)) EXPECT_EQ(s.method, PolicyMethod::kNgram);
+}
+
 TEST(StrategyPolicyTest, RefusesBadOptions) {
   PolicyOptions o;
   o.max_k = 0;
@@ -296,6 +375,12 @@ TEST(StrategyPolicyTest, RefusesBadOptions) {
             absl::StatusCode::kInvalidArgument);
   o = {};
   o.switch_patience = 0;
+  EXPECT_FALSE(StrategyPolicy::Create(Profile(1, 1), o).ok());
+  o = {};
+  o.max_search_interval = 0;
+  EXPECT_FALSE(StrategyPolicy::Create(Profile(1, 1), o).ok());
+  o = {};
+  o.max_search_share = -0.1;
   EXPECT_FALSE(StrategyPolicy::Create(Profile(1, 1), o).ok());
 }
 
@@ -308,8 +393,17 @@ TEST(StrategyPolicyTest, DecidesLargeBatchesQuickly) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(d.rows.size(), static_cast<size_t>(n));
-    std::printf("%d requests: %.3f ms per decision\n", n, ms / 10);
-    EXPECT_LT(ms / 10, 200);  // generous (sanitizer builds); the printed number is what matters
+    // And the hold steps between searches.
+    policy->NoteStepSeconds(1e-9);
+    const auto hold_start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) EXPECT_FALSE(policy->Decide(requests).searched);
+    const double hold_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - hold_start)
+            .count();
+    std::printf("%d requests: %.3f ms per search, %.4f ms per hold step\n", n, ms / 10,
+                hold_ms / 10);
+    EXPECT_LT(ms / 10, 200);  // generous (sanitizer builds); the printed numbers are what matter
+    EXPECT_LT(hold_ms, ms);
   }
 }
 
