@@ -211,6 +211,7 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
   c.policy_switched = decision.switched;
   c.policy_searched = decision.searched;
   c.policy_tokens_per_second = decision.tokens_per_second;
+  const bool search_next = policy_->SearchDue();
   for (size_t i = 0; i < decision.rows.size(); ++i) {
     const int32_t k = request_rows[i];
     Request& r = *c.row_requests[k];
@@ -220,6 +221,10 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     c.row_policy_method[k] = static_cast<int32_t>(s.method);
     r.step.method = s.k > 0 ? FromPolicy(s.method) : SpeculationMethod::kNone;
     r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : s.k;
+    // The lookahead slots the scheduler reserves next step (KV blocks and token budget): the K
+    // held until the policy searches again, the request's longest K before a search.
+    r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
+                                               : r.step.num_speculative_tokens);
   }
 }
 

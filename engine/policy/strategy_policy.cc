@@ -413,9 +413,12 @@ void StrategyPolicy::NoteStepSeconds(double seconds, bool decode_only) {
   const double step_ms = 1000 * (seconds - last_decide_seconds_);
   if (profile_.calibrate && decode_only && last_batch_ > 0 && last_modelled_ms_ > 0 &&
       step_ms > 0) {
-    const double ratio = step_ms / last_modelled_ms_;
+    // From the factor in use, at most halving or doubling per sample: one slow step (a CUDA
+    // graph captured for a new shape, a page fault) must not rule a kind of step out.
+    const double current = Calibration(last_speculative_, last_batch_);
+    const double ratio = std::clamp(step_ms / last_modelled_ms_, current / 2, current * 2);
     Calib& c = calib_[last_speculative_ ? 1 : 0][CalibBucket(last_batch_, kCalibBuckets)];
-    c.factor = c.samples == 0 ? ratio : c.factor + kTimingWeight * (ratio - c.factor);
+    c.factor = current + kTimingWeight * (ratio - current);
     ++c.samples;
   }
   step_seconds_ =
@@ -428,6 +431,8 @@ void StrategyPolicy::NoteStepSeconds(double seconds, bool decode_only) {
   }
   stats_.search_interval = interval;
 }
+
+bool StrategyPolicy::SearchDue() const { return steps_since_search_ + 1 >= stats_.search_interval; }
 
 PolicyDecision StrategyPolicy::Search(std::span<const PolicyRequest> requests) {
   rows_.resize(requests.size());

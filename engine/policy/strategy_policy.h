@@ -184,6 +184,10 @@ class StrategyPolicy {
   // its kind's factor (not seen yet at that batch: 1 for plain, plain's for speculative). Off
   // when the profile says "calibrate": false.
   void NoteStepSeconds(double seconds, bool decode_only = true);
+  // Whether the next Decide will search (as far as the step count says; a batch that halves or
+  // doubles searches too): the engine reserves each request's longest K of lookahead slots for
+  // such a step, and only its held K before a hold step.
+  bool SearchDue() const;
   // The factor Cost applies to a step of this kind and batch size (1: nothing observed).
   double Calibration(bool speculative, int32_t batch) const;
 

@@ -355,7 +355,9 @@ TEST(StrategyPolicyTest, CalibratesTheProfileByTheStepTimesItObserves) {
       policy->NoteStepSeconds(modelled_ms * (d.rows[0].strategy.k > 0 ? 2 : 1) / 1000);
     }
     if (calibrate) {
-      EXPECT_NEAR(policy->Calibration(/*speculative=*/true, 1), 2, 0.01);
+      // It moved towards 2 until plain won, and stays there without speculative steps.
+      EXPECT_GT(policy->Calibration(/*speculative=*/true, 1), 1.25);
+      EXPECT_LE(policy->Calibration(/*speculative=*/true, 1), 2);
       EXPECT_NEAR(policy->Calibration(/*speculative=*/false, 1), 1, 0.01);
       EXPECT_DOUBLE_EQ(policy->Calibration(/*speculative=*/false, 64), 1);  // not seen
     }
@@ -366,6 +368,13 @@ TEST(StrategyPolicyTest, CalibratesTheProfileByTheStepTimesItObserves) {
   EXPECT_EQ(calibrated.back(), Strategy{});                    // then the steps'
   // "calibrate": false in the profile: its word stands.
   for (const Strategy& s : run(false)) EXPECT_EQ(s.method, PolicyMethod::kNgram);
+  // One very slow step (a graph captured for a new shape) moves the factor by a bounded step.
+  auto policy = Make(Profile(0.2, 0.5), Options(0.3), {});
+  const PolicyDecision d = policy->Decide(Requests(1));
+  ASSERT_GT(d.rows[0].strategy.k, 0);
+  policy->NoteStepSeconds(100 * d.step_ms / 1000);
+  EXPECT_NEAR(policy->Calibration(/*speculative=*/true, 1), 1.2, 1e-3);
+  EXPECT_EQ(policy->Decide(Requests(1)).rows[0].strategy.method, PolicyMethod::kNgram);
 }
 
 TEST(StrategyPolicyTest, RefusesBadOptions) {
