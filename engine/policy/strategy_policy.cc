@@ -237,6 +237,7 @@ void StrategyPolicy::Tally::Add(const Row& row, const Strategy& s, int sign) {
   all_context += sign * row.context;
   num_at_k_all[s.k] += sign;
   expected_tokens += sign * row.Expected(s);
+  if (row.sync_eligible.empty()) return;
   for (PolicyMethod d : kAllPolicyMethods) {
     if (d != s.method && row.sync_eligible.Has(d)) {
       num_sync[static_cast<int>(d)] += sign;

@@ -331,10 +331,10 @@ run_step "auto: specd_profile codepair" 90 "${OURS[@]}" "$WORK/bin/specd_profile
 # Then `auto` against the best fixed choice (plain, or the draft model / n-gram at K 1-8) at
 # batch 1, 4, 16 and 64, each under its pair's profile; spec_bench ends with the summary table
 # (PASS: auto >= 0.95x the best fixed choice and >= plain). codepair: natural acceptance, best
-# of 3 (a batch-1 run is ~15 ms); 8B / 1B shapes: controlled acceptance alpha 0.6 and 0.8.
+# of 5 (a batch-1 run is ~15 ms, a batch-64 one ~20 ms); 8B / 1B shapes: controlled acceptance alpha 0.6 and 0.8.
 run_step "auto: spec_bench codepair" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
   --batches 1,4,16,64 --ks 1,2,3,4,5,6,7,8 --auto --cost-profile "$PROFILE_CODEPAIR" \
-  --max-tokens 64 --repeats 3 --max-num-seqs 64
+  --max-tokens 64 --repeats 5 --max-num-seqs 64
 for alpha in 0.6 0.8; do
   run_step "auto: spec_bench 8b/1b alpha=$alpha" 240 "${OURS[@]}" "$WORK/bin/spec_bench" \
     --device cuda --model "$DIR/models/shapes/llama-3.1-8b" \
