@@ -243,22 +243,23 @@ struct PolicyStepMetrics {
 };
 
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
-// against their readers and quick). server/ implements it with prometheus-cpp.
+// against their readers and quick). server/ implements it with prometheus-cpp. Every callback
+// does nothing by default, so an observer overrides only the ones it needs.
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
-  virtual void OnRequestFinished(const FinishedRequestMetrics& m) = 0;
+  virtual void OnRequestFinished(const FinishedRequestMetrics& /*m*/) {}
   // Gap between consecutive tokens of one request (one call per token after the first).
-  virtual void OnInterTokenLatency(double seconds) = 0;
+  virtual void OnInterTokenLatency(double /*seconds*/) {}
   // After every engine step.
-  virtual void OnStep(const EngineStats& stats) = 0;
+  virtual void OnStep(const EngineStats& /*stats*/) {}
   // Counters: prefix-cache lookups and hits (in blocks), sequences preempted.
-  virtual void OnPrefixCache(int64_t queried_blocks, int64_t hit_blocks) = 0;
-  virtual void OnPreemption(int32_t num_sequences) = 0;
+  virtual void OnPrefixCache(int64_t /*queried_blocks*/, int64_t /*hit_blocks*/) {}
+  virtual void OnPreemption(int32_t /*num_sequences*/) {}
   // After a step that verified drafts.
-  virtual void OnSpeculation(const SpeculationStepMetrics&) {}
+  virtual void OnSpeculation(const SpeculationStepMetrics& /*m*/) {}
   // After a step in which the strategy policy decided (some decode had method auto).
-  virtual void OnPolicy(const PolicyStepMetrics&) {}
+  virtual void OnPolicy(const PolicyStepMetrics& /*m*/) {}
 };
 
 // Speculators the step pipeline drives, by method: draft model, n-gram, SSD, vegas, streaming.

@@ -43,10 +43,6 @@ std::vector<Golden> ReadGoldens() {
 // Counts preempted sequences; any thread.
 class PreemptionCounter : public EngineObserver {
  public:
-  void OnRequestFinished(const FinishedRequestMetrics&) override {}
-  void OnInterTokenLatency(double) override {}
-  void OnStep(const EngineStats&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
   void OnPreemption(int32_t n) override { preempted_ += n; }
   int64_t preempted() const { return preempted_.load(); }
 

@@ -33,11 +33,6 @@ inline constexpr int32_t kLen = 32;  // tokens generated per prompt
 // Collects the per-step speculation metrics.
 class SpecObserver : public EngineObserver {
  public:
-  void OnRequestFinished(const FinishedRequestMetrics&) override {}
-  void OnInterTokenLatency(double) override {}
-  void OnStep(const EngineStats&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
-  void OnPreemption(int32_t) override {}
   void Reset() {
     std::lock_guard lock(mu_);
     num_rounds = num_draft_tokens = num_accepted = 0;

@@ -85,9 +85,6 @@ TEST_P(CodepairGoldenTest, GreedyBatchOfEightEqualsHfAndEachAlone) {
 // Counts preemptions and prefix-cache hits (called on the generating thread here).
 class CountingObserver : public EngineObserver {
  public:
-  void OnRequestFinished(const FinishedRequestMetrics&) override {}
-  void OnInterTokenLatency(double) override {}
-  void OnStep(const EngineStats&) override {}
   void OnPrefixCache(int64_t, int64_t hit) override { hit_blocks += hit; }
   void OnPreemption(int32_t n) override { preempted += n; }
   int64_t hit_blocks = 0;

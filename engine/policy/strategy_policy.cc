@@ -358,26 +358,28 @@ void StrategyPolicy::LocalSearch(const std::vector<Row>& rows,
   for (int32_t sweep = 0; sweep < options_.max_sweeps; ++sweep) {
     bool changed = false;
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i].candidates.size() <= 1) continue;
-      const Strategy held = choice[i];
-      Strategy best = held;
-      tally.Add(rows[i], held, -1);
-      for (const Strategy& c : rows[i].candidates) {
-        if (c == held) continue;
-        tally.Add(rows[i], c, +1);
-        // A strict improvement (relative, so rounding never cycles).
-        if (const double r = Rate(Cost(tally, batch)); r > rate * (1 + 1e-9)) {
-          rate = r;
-          best = c;
-        }
-        tally.Add(rows[i], c, -1);
-      }
-      tally.Add(rows[i], best, +1);
-      choice[i] = best;
-      changed |= !(best == held);
+      if (rows[i].candidates.size() > 1) changed |= Move(rows[i], batch, tally, choice[i], rate);
     }
     if (!changed) break;
   }
+}
+
+bool StrategyPolicy::Move(const Row& row, int32_t batch, Tally& tally, Strategy& choice,
+                          double& rate) const {
+  const Strategy held = choice;
+  tally.Add(row, held, -1);
+  for (const Strategy& c : row.candidates) {
+    if (c == held) continue;
+    tally.Add(row, c, +1);
+    // A strict improvement (relative, so rounding never cycles).
+    if (const double r = Rate(Cost(tally, batch)); r > rate * (1 + 1e-9)) {
+      rate = r;
+      choice = c;
+    }
+    tally.Add(row, c, -1);
+  }
+  tally.Add(row, choice, +1);
+  return !(choice == held);
 }
 
 PolicyDecision StrategyPolicy::Decide(std::span<const PolicyRequest> requests) {
@@ -526,19 +528,8 @@ PolicyDecision StrategyPolicy::Hold(std::span<const PolicyRequest> requests) {
     Tally tally = Count(rows, choice_);
     for (size_t i = 0; i < rows.size(); ++i) {
       if (rows[i].candidates.size() <= 1) continue;
-      Strategy best = choice_[i];
-      tally.Add(rows[i], best, -1);
-      double best_rate = -1;
-      for (const Strategy& c : rows[i].candidates) {
-        tally.Add(rows[i], c, +1);
-        if (const double r = Rate(Cost(tally, batch)); r > best_rate * (1 + 1e-9)) {
-          best_rate = r;
-          best = c;
-        }
-        tally.Add(rows[i], c, -1);
-      }
-      tally.Add(rows[i], best, +1);
-      choice_[i] = best;
+      double rate = Rate(Cost(tally, batch));
+      Move(rows[i], batch, tally, choice_[i], rate);
     }
   }
   return Finish(rows, choice_, PolicyDecision{});

@@ -249,6 +249,9 @@ class StrategyPolicy {
   StepEstimate Evaluate(const std::vector<Row>& rows, const std::vector<Strategy>& choice) const;
   std::vector<Strategy> BestUniform(const std::vector<Row>& rows) const;
   void LocalSearch(const std::vector<Row>& rows, std::vector<Strategy>& choice) const;
+  // Moves one request to its candidate that raises the batch's rate above `rate` the most (then
+  // `rate` is the new one); true when it moved. `tally` counts `choice` before and after.
+  bool Move(const Row& row, int32_t batch, Tally& tally, Strategy& choice, double& rate) const;
   void Record(const PolicyDecision& decision);
 
   CostProfile profile_;

@@ -4,12 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "tools/bench/flag_parse.h"
 
 namespace specd {
 
@@ -50,21 +49,8 @@ struct SpecBenchFlags {
   bool sweeps() const { return run_auto || ks.size() > 1; }
 };
 
-// "a,b,c" into `out`, each in [lo, hi]; false on an empty list or a bad value.
-inline bool ParseIntList(const std::string& text, int lo, int hi, std::vector<int>* out) {
-  out->clear();
-  for (absl::string_view s : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(s, &v) || v < lo || v > hi) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
 inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+  return ParseEachFlag(argc, argv, "spec_bench", [f](const std::string& a, const auto& value) {
     bool ok = true;
     if (a == "--model") {
       f->model = value();
@@ -133,12 +119,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
     } else {
       ok = false;
     }
-    if (!ok) {
-      std::fprintf(stderr, "spec_bench: bad flag or value: %s\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
+    return ok;
+  });
 }
 
 }  // namespace specd

@@ -56,11 +56,6 @@ inline TimedBatch RunTimedBatch(Engine& engine, const std::vector<GenerateReques
 // Per-position acceptance over the rounds the engine reports.
 class Acceptance : public EngineObserver {
  public:
-  void OnRequestFinished(const FinishedRequestMetrics&) override {}
-  void OnInterTokenLatency(double) override {}
-  void OnStep(const EngineStats&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
-  void OnPreemption(int32_t) override {}
   void OnSpeculation(const SpeculationStepMetrics& m) override {
     std::lock_guard lock(mu_);
     if (m.ssd != nullptr) ssd_ = *m.ssd;

@@ -19,12 +19,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/flag_parse.h"
 #include "tools/bench/timed_batch.h"
 
 namespace specd {
@@ -53,23 +54,6 @@ struct Flags {
   double gpu_memory_utilization = 0.9;
 };
 
-template <typename T>
-bool ParseList(const std::string& s, std::vector<T>* out) {
-  out->clear();
-  for (absl::string_view item : absl::StrSplit(s, ',')) {
-    T v{};
-    bool ok = false;
-    if constexpr (std::is_same_v<T, double>) {
-      ok = absl::SimpleAtod(item, &v) && v > 0 && v <= 1;
-    } else {
-      ok = absl::SimpleAtoi(item, &v) && v > 0;
-    }
-    if (!ok) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
 bool ParseMethods(const std::string& s, std::vector<SpeculationMethod>* out) {
   out->clear();
   for (absl::string_view item : absl::StrSplit(s, ',')) {
@@ -85,9 +69,7 @@ bool ParseMethods(const std::string& s, std::vector<SpeculationMethod>* out) {
 }
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+  return ParseEachFlag(argc, argv, "vegas_bench", [f](const std::string& a, const auto& value) {
     bool ok = true;
     if (a == "--model") {
       f->model = value();
@@ -96,12 +78,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--context") {
       ok = absl::SimpleAtoi(value(), &f->context) && f->context >= 64;
     } else if (a == "--batches") {
-      ok = ParseList(value(), &f->batches);
+      ok = ParseIntList(value(), 1, std::numeric_limits<int>::max(), &f->batches);
     } else if (a == "--ks") {
-      ok = ParseList(value(), &f->ks) &&
-           std::all_of(f->ks.begin(), f->ks.end(), [](int k) { return k <= 15; });
+      ok = ParseIntList(value(), 1, 15, &f->ks);
     } else if (a == "--ratios") {
-      ok = ParseList(value(), &f->ratios);
+      ok = ParseFractionList(value(), &f->ratios);
     } else if (a == "--methods") {
       ok = ParseMethods(value(), &f->methods);
     } else if (a == "--min-tokens") {
@@ -118,12 +99,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else {
       ok = false;
     }
-    if (!ok) {
-      std::fprintf(stderr, "vegas_bench: bad flag or value: %s\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
+    return ok;
+  });
 }
 
 struct Result {
