@@ -238,8 +238,9 @@ struct PolicyStepMetrics {
   // for the default profile), and the step's committed tokens over its wall time.
   double estimated_tokens_per_second = 0;
   double realized_tokens_per_second = 0;
-  bool switched = false;  // hysteresis let a new assignment replace the held one
-  bool searched = false;  // the policy searched this step (else it held: PolicyOptions)
+  bool switched = false;    // hysteresis let a new assignment replace the held one
+  bool searched = false;    // the policy searched this step (else it held: PolicyOptions)
+  double host_seconds = 0;  // the engine thread's time choosing this step's strategies
 };
 
 // Metrics sink the engine calls on its own thread (implementations must be thread-safe
@@ -345,6 +346,9 @@ class Engine {
   // Prepare, after PlanSampling: each sample row's method and K for this step (Request::step),
   // the policy's choice for requests whose method is auto.
   void ChooseStrategies(const StepPlan& plan);
+  // A hold step over the last decision's decodes: each keeps its strategy without the batch
+  // being described to the policy again. False (nothing done) when anything differs.
+  bool KeepStrategies(const StepPlan& plan);
   // Apply: the policy's acceptance estimates from the step's rounds (before any commit).
   void ReportToPolicy();
   // End of Apply: the step's policy metrics (`committed` tokens in the step).

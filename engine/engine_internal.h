@@ -58,7 +58,9 @@ struct Engine::Request {
   // This step's speculation (Prepare): `spec`, or for auto `spec` with the policy's method and
   // K (method kNone: plain). What Speculate, BuildBatch and Apply read.
   ResolvedSpeculation step;
-  bool used_policy = false;       // auto: the policy has state for it (Forget when it ends)
+  bool used_policy = false;    // auto: the policy has state for it (Forget when it ends)
+  int32_t policy_method = -1;  // the policy's last strategy for it (PolicyMethod, K)
+  int32_t policy_k = 0;
   uint32_t used_speculators = 0;  // bit m: speculator slot m was asked to draft for it
   // Rounds, draft and accepted tokens per speculator slot (kSpeculatorMethods' order).
   std::array<RequestUsage::MethodUsage, kNumSpeculatorSlots> by_method{};
@@ -125,7 +127,9 @@ struct Engine::Core {
   bool policy_decided = false;
   bool policy_switched = false;
   bool policy_searched = false;
-  bool policy_decode_only = false;  // no prefill chunk in the step (the profile models it all)
+  bool policy_decode_only = false;   // no prefill chunk in the step (the profile models it all)
+  double policy_seconds = 0;         // ChooseStrategies' time this step
+  std::vector<uint64_t> policy_ids;  // the requests of the last decision, in its order
   double policy_tokens_per_second = 0;
   std::vector<int32_t> row_policy_method;  // [num_rows] PolicyMethod, or -1
 };

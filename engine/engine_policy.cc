@@ -14,7 +14,9 @@
 // streaming and SSD are absent from it, so `auto` picks only plain, n-gram and the draft model.
 // A measured profile times the model's passes only; the policy scales it online by the step times
 // it observes (FinishPolicyStep: StrategyPolicy::NoteStepSeconds), and searches only every few
-// steps when its own search would otherwise weigh on short steps.
+// steps when its own search would otherwise weigh on short steps. On a hold step whose decodes
+// are the last decision's (KeepStrategies) the engine does not describe the batch again: a
+// batch-64 step of a small model on a GPU is ~0.25 ms, and describing it costs ~10 us.
 // Stateful drafters are not kept in step while paused: the draft model resynchronises when it
 // resumes (its catch-up chunk runs every token committed since, DraftModelSpeculator::Prepare),
 // so the policy runs with sync_paused_drafters = false.
@@ -156,6 +158,7 @@ absl::Status Engine::CreatePolicy() {
 
 void Engine::ChooseStrategies(const StepPlan& plan) {
   Core& c = *core_;
+  const absl::Time start = absl::Now();
   c.policy_decided = false;
   c.row_policy_method.assign(c.rows.size(), -1);
   bool any_auto = false;
@@ -168,6 +171,10 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     any_auto |= plan.chunks[c.rows[k].chunk].num_new_tokens == 1;
   }
   if (!any_auto || policy_ == nullptr) return;
+  if (KeepStrategies(plan)) {
+    c.policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    return;
+  }
   std::vector<PolicyRequest> requests;
   std::vector<int32_t> request_rows;
   for (size_t k = 0; k < c.rows.size(); ++k) {
@@ -212,10 +219,14 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
   c.policy_searched = decision.searched;
   c.policy_tokens_per_second = decision.tokens_per_second;
   const bool search_next = policy_->SearchDue();
+  c.policy_ids.clear();
   for (size_t i = 0; i < decision.rows.size(); ++i) {
     const int32_t k = request_rows[i];
     Request& r = *c.row_requests[k];
     r.used_policy = true;
+    c.policy_ids.push_back(r.id);
+    r.policy_method = static_cast<int32_t>(decision.rows[i].strategy.method);
+    r.policy_k = decision.rows[i].strategy.k;
     if (r.spec.method != SpeculationMethod::kAuto) continue;
     const Strategy s = decision.rows[i].strategy;
     c.row_policy_method[k] = static_cast<int32_t>(s.method);
@@ -226,6 +237,44 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
                                                : r.step.num_speculative_tokens);
   }
+  c.policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+bool Engine::KeepStrategies(const StepPlan& plan) {
+  Core& c = *core_;
+  if (policy_->SearchDue() || c.policy_ids.empty()) return false;
+  // The decodes must be the last decision's, in its order, each with room for its K.
+  size_t next = 0;
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
+    if (chunk.num_new_tokens != 1) continue;
+    const Request& r = *c.row_requests[k];
+    if (next >= c.policy_ids.size() || c.policy_ids[next++] != r.id) return false;
+    const int32_t room = std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
+                                   r.request.params.max_tokens - r.seq.num_generated() - 1});
+    if (r.policy_k > room) return false;
+  }
+  if (next != c.policy_ids.size()) return false;
+  policy_->KeepLastDecision();
+  const bool search_next = policy_->SearchDue();
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    if (plan.chunks[c.rows[k].chunk].num_new_tokens != 1) continue;
+    Request& r = *c.row_requests[k];
+    if (r.spec.method != SpeculationMethod::kAuto) continue;
+    const auto method = static_cast<PolicyMethod>(r.policy_method);
+    c.row_policy_method[k] = r.policy_method;
+    r.step.method = r.policy_k > 0 ? FromPolicy(method) : SpeculationMethod::kNone;
+    r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : r.policy_k;
+    r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
+                                               : r.step.num_speculative_tokens);
+  }
+  c.policy_decided = true;
+  c.policy_switched = false;
+  c.policy_searched = false;
+  c.policy_decode_only =
+      std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                  [](const ScheduledChunk& ch) { return ch.num_new_tokens == 1; });
+  return true;
 }
 
 void Engine::ReportToPolicy() {
@@ -262,6 +311,7 @@ void Engine::FinishPolicyStep(int64_t committed) {
   m.realized_tokens_per_second = seconds > 0 ? static_cast<double>(committed) / seconds : 0;
   m.switched = c.policy_switched;
   m.searched = c.policy_searched;
+  m.host_seconds = c.policy_seconds;
   options_.observer->OnPolicy(m);
 }
 

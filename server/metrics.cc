@@ -131,6 +131,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   policy_searches_ = NewCounter(r, "specd_policy_searches_total",
                                 "Auto speculation: steps in which the policy searched for a new "
                                 "assignment (the others hold each request's strategy).");
+  policy_host_seconds_ = NewCounter(r, "specd_policy_host_seconds_total",
+                                    "Auto speculation: engine-thread time spent choosing each "
+                                    "step's strategies (searches and hold steps).");
   policy_estimated_tps_ = NewGauge(r, "specd_policy_estimated_tokens_per_second",
                                    "Auto speculation: the cost model's tokens per second for the "
                                    "last decided step's decodes (the cost profile's time units).");
@@ -204,6 +207,7 @@ void Metrics::OnPolicy(const PolicyStepMetrics& m) {
   }
   if (m.switched) policy_switches_->Increment();
   if (m.searched) policy_searches_->Increment();
+  policy_host_seconds_->Increment(m.host_seconds);
   policy_estimated_tps_->Set(m.estimated_tokens_per_second);
   policy_realized_tps_->Set(m.realized_tokens_per_second);
 }

@@ -87,6 +87,7 @@ class Metrics : public EngineObserver {
   prometheus::Family<prometheus::Counter>* policy_request_steps_ = nullptr;  // {method}
   prometheus::Counter* policy_switches_ = nullptr;
   prometheus::Counter* policy_searches_ = nullptr;
+  prometheus::Counter* policy_host_seconds_ = nullptr;
   prometheus::Gauge* policy_estimated_tps_ = nullptr;
   prometheus::Gauge* policy_realized_tps_ = nullptr;
   // SSD: counters follow the engine's cumulative SsdStats (ssd_last_ is what they hold), from

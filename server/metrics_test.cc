@@ -32,6 +32,7 @@ TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
                            "specd_spec_decode_verify_seconds",
                            "specd_policy_switches_total",
                            "specd_policy_searches_total",
+                           "specd_policy_host_seconds_total",
                            "specd_policy_estimated_tokens_per_second",
                            "specd_policy_realized_tokens_per_second"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
@@ -136,6 +137,7 @@ TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {
   step.realized_tokens_per_second = 1000;
   step.switched = true;
   step.searched = true;
+  step.host_seconds = 0.25;
   m.OnPolicy(step);
   step.searched = false;
   m.OnPolicy(step);
@@ -146,6 +148,7 @@ TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {
   EXPECT_NE(text.find("specd_policy_request_steps_total{method=\"none\"} 32"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_switches_total 2"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_searches_total 1"), std::string::npos);
+  EXPECT_NE(text.find("specd_policy_host_seconds_total 0.5"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_estimated_tokens_per_second 1100"), std::string::npos);
   EXPECT_NE(text.find("specd_policy_realized_tokens_per_second 1000"), std::string::npos);
 }

@@ -435,6 +435,15 @@ void StrategyPolicy::NoteStepSeconds(double seconds, bool decode_only) {
   stats_.search_interval = interval;
 }
 
+void StrategyPolicy::KeepLastDecision() {
+  acceptance_.Tick();
+  ++steps_since_search_;
+  last_decide_seconds_ = 0;
+  ++stats_.num_decisions;
+  for (int m = 0; m < kNumPolicyMethods; ++m)
+    stats_.rows_by_method[m] += stats_.last_rows_by_method[m];
+}
+
 bool StrategyPolicy::SearchDue() const { return steps_since_search_ + 1 >= stats_.search_interval; }
 
 PolicyDecision StrategyPolicy::Search(std::span<const PolicyRequest> requests) {

@@ -172,6 +172,10 @@ class StrategyPolicy {
   // This step's strategy for each request. Pinned choices are honoured as given (an explicit
   // method outside the request's own speculation.policy is the front end's to refuse).
   PolicyDecision Decide(std::span<const PolicyRequest> requests);
+  // A hold step the engine took without describing the batch again (the same requests, with
+  // the same limits, as the last decision, and !SearchDue()): each keeps its strategy, and the
+  // step count, the acceptance clock and the stats move as Decide's hold step would move them.
+  void KeepLastDecision();
   // The wall time of the step the last decision was for (the engine's, Decide included): sets
   // the search interval (PolicyOptions::max_search_share), and calibrates the profile when
   // `decode_only` (no prefill chunk shared the step, so the profile models all of it).

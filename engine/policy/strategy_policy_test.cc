@@ -327,6 +327,11 @@ TEST(StrategyPolicyTest, SearchesOnlyAsOftenAsItsShareOfTheStepAllows) {
   // The batch halved: a search at once.
   requests.resize(8);
   EXPECT_TRUE(policy->Decide(requests).searched);
+  // The engine's own hold steps (KeepLastDecision) count towards the next search too.
+  EXPECT_FALSE(policy->SearchDue());
+  for (int step = 0; step < 7; ++step) policy->KeepLastDecision();
+  EXPECT_TRUE(policy->SearchDue());
+  EXPECT_EQ(policy->stats().num_decisions, 1 + 16 + 2 + 7);
   // max_search_share 0: every step searches.
   o.max_search_share = 0;
   auto always = Make(Profile(0.2, 0.5), o);

@@ -103,6 +103,7 @@ Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
     acc.Take();
     acc.TakeStepTimes();
     acc.TakePolicyRows();
+    acc.TakePolicyCost();
     const SsdStats before = acc.ssd();
     const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
     Run run;
@@ -122,7 +123,8 @@ Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
     run.acceptance = acc.Take();
     std::tie(run.step_draft_ms, run.step_verify_ms) = acc.TakeStepTimes();
     if (spec.method == SpeculationMethod::kAuto) {
-      run.auto_used = DescribeAutoUse(acc.TakePolicyRows(), batch_run.results);
+      run.auto_used =
+          DescribeAutoUse(acc.TakePolicyRows(), batch_run.results) + "; " + acc.TakePolicyCost();
     }
     const SsdStats after = acc.ssd();
     const int64_t hits = after.drafts_hit - before.drafts_hit;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "engine/engine.h"
 
 namespace specd {
@@ -74,6 +75,9 @@ class Acceptance : public EngineObserver {
   void OnPolicy(const PolicyStepMetrics& m) override {
     std::lock_guard lock(mu_);
     for (const PolicyStepMetrics::MethodRows& r : m.rows) policy_rows_[r.method] += r.num_rows;
+    ++policy_steps_;
+    policy_searches_ += m.searched ? 1 : 0;
+    policy_seconds_ += m.host_seconds;
   }
   std::string Take() {
     std::lock_guard lock(mu_);
@@ -106,6 +110,16 @@ class Acceptance : public EngineObserver {
     policy_rows_.clear();
     return out;
   }
+  // The policy's own cost since the last call: "policy: S searches in N steps, X us per step".
+  std::string TakePolicyCost() {
+    std::lock_guard lock(mu_);
+    std::string out =
+        absl::StrFormat("policy: %d searches in %d steps, %.1f us per step", policy_searches_,
+                        policy_steps_, 1e6 * policy_seconds_ / std::max<int64_t>(1, policy_steps_));
+    policy_steps_ = policy_searches_ = 0;
+    policy_seconds_ = 0;
+    return out;
+  }
   SsdStats ssd() {
     std::lock_guard lock(mu_);
     return ssd_;
@@ -118,6 +132,8 @@ class Acceptance : public EngineObserver {
   int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
   double draft_s_ = 0, verify_s_ = 0;
   std::map<std::string, int64_t> policy_rows_;  // request-steps by method (OnPolicy)
+  int64_t policy_steps_ = 0, policy_searches_ = 0;
+  double policy_seconds_ = 0;  // the engine's time choosing strategies (host)
 };
 
 }  // namespace specd
