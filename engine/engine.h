@@ -349,6 +349,8 @@ class Engine {
   // A hold step over the last decision's decodes: each keeps its strategy without the batch
   // being described to the policy again. False (nothing done) when anything differs.
   bool KeepStrategies(const StepPlan& plan);
+  // Whether auto requests reserve their longest K of lookahead for the next step.
+  bool ReserveLongestK(const StepPlan& plan) const;
   // Apply: the policy's acceptance estimates from the step's rounds (before any commit).
   void ReportToPolicy();
   // End of Apply: the step's policy metrics (`committed` tokens in the step).

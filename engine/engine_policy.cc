@@ -218,7 +218,7 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
   c.policy_switched = decision.switched;
   c.policy_searched = decision.searched;
   c.policy_tokens_per_second = decision.tokens_per_second;
-  const bool search_next = policy_->SearchDue();
+  const bool search_next = ReserveLongestK(plan);
   c.policy_ids.clear();
   for (size_t i = 0; i < decision.rows.size(); ++i) {
     const int32_t k = request_rows[i];
@@ -232,12 +232,23 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     c.row_policy_method[k] = static_cast<int32_t>(s.method);
     r.step.method = s.k > 0 ? FromPolicy(s.method) : SpeculationMethod::kNone;
     r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : s.k;
-    // The lookahead slots the scheduler reserves next step (KV blocks and token budget): the K
-    // held until the policy searches again, the request's longest K before a search.
     r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
                                                : r.step.num_speculative_tokens);
   }
   c.policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+bool Engine::ReserveLongestK(const StepPlan& plan) const {
+  // The lookahead slots the scheduler reserves next step (KV blocks and token budget, taken
+  // before any prefill's): the K held until the policy searches again, the request's longest K
+  // before a search, so that the search may raise K. Not while prompts wait or are part-way
+  // through their prefill: decodes reserving drafts the policy is unlikely to run would slow
+  // the prefills down (a request's first decode still reserves its longest K).
+  const bool prefilling =
+      core_->scheduler.num_waiting() > 0 ||
+      std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                  [](const ScheduledChunk& ch) { return ch.num_new_tokens != 1; });
+  return policy_->SearchDue() && !prefilling;
 }
 
 bool Engine::KeepStrategies(const StepPlan& plan) {
@@ -256,7 +267,7 @@ bool Engine::KeepStrategies(const StepPlan& plan) {
   }
   if (next != c.policy_ids.size()) return false;
   policy_->KeepLastDecision();
-  const bool search_next = policy_->SearchDue();
+  const bool search_next = ReserveLongestK(plan);
   for (size_t k = 0; k < c.rows.size(); ++k) {
     if (plan.chunks[c.rows[k].chunk].num_new_tokens != 1) continue;
     Request& r = *c.row_requests[k];
