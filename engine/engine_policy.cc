@@ -177,6 +177,7 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
   }
   std::vector<PolicyRequest> requests;
   std::vector<int32_t> request_rows;
+  const auto* draft = static_cast<const DraftModelSpeculator*>(draft_.get());
   for (size_t k = 0; k < c.rows.size(); ++k) {
     const ScheduledChunk& chunk = plan.chunks[c.rows[k].chunk];
     if (chunk.num_new_tokens != 1) continue;  // a prompt's last chunk: it cannot speculate
@@ -189,6 +190,12 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
       q.allowed.Remove(PolicyMethod::kStreaming);
     }
     q.allowed.Remove(PolicyMethod::kSsv);
+    q.remaining_tokens = r.request.params.max_tokens - r.seq.num_generated();
+    if (draft != nullptr) {
+      // The draft model's KV covers the first kv_length tokens: the rest it runs before drafting.
+      q.catch_up_tokens[static_cast<size_t>(PolicyMethod::kDraftModel)] =
+          std::max<int64_t>(0, r.seq.num_tokens() - 1 - draft->kv_length(r.id));
+    }
     // The longest useful K this step (as Speculate limits it).
     const int32_t room = std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
                                    r.request.params.max_tokens - r.seq.num_generated() - 1});

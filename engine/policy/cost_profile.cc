@@ -307,6 +307,13 @@ double CostProfile::DraftMs(PolicyMethod method, double batch, double k, double 
   return m->draft->Ms(batch, k, context);
 }
 
+double CostProfile::CatchUpMsPerToken(PolicyMethod method, double context) const {
+  const auto& m = methods_[static_cast<int>(method)];
+  if (!m || !m->draft) return 0;
+  const double batch = m->draft->batch_sizes().back();
+  return m->draft->Ms(batch, 1, context) / batch;
+}
+
 absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
   auto parsed = ParseJson(text);
   if (!parsed.ok()) return parsed.status();

@@ -129,6 +129,11 @@ class CostProfile {
   double VerifyMs(PolicyMethod method, double batch, double tokens, double context) const;
   // Drafting `k` tokens for `batch` rows of `method`; 0 when it has no draft grid.
   double DraftMs(PolicyMethod method, double batch, double k, double context) const;
+  // A stateful drafter's catch-up (its KV for tokens it has not run: a request's prompt on
+  // first use, the tokens committed while it was paused), per token: its one-token pass at the
+  // largest measured batch over that batch. Its passes there are memory-bound, so this is an
+  // upper bound on a prefill's cost per token. 0 without a draft grid.
+  double CatchUpMsPerToken(PolicyMethod method, double context) const;
 
   std::string device;  // what the profile was measured on (free text)
   std::string models;  // the target / draft pair (free text)

@@ -85,6 +85,9 @@ TEST(CostProfileTest, AnswersPerMethod) {
   EXPECT_DOUBLE_EQ(p.VerifyMs(PolicyMethod::kVegas, 4, 5, 1000), 30);               // its own
   EXPECT_DOUBLE_EQ(p.DraftMs(PolicyMethod::kDraftModel, 8, 4, 512), 9.25);
   EXPECT_DOUBLE_EQ(p.DraftMs(PolicyMethod::kNgram, 8, 4, 512), 0);
+  // Catch-up per token: the one-token pass at the largest batch (8 rows: 2.5 ms) over 8.
+  EXPECT_DOUBLE_EQ(p.CatchUpMsPerToken(PolicyMethod::kDraftModel, 512), 2.5 / 8);
+  EXPECT_DOUBLE_EQ(p.CatchUpMsPerToken(PolicyMethod::kNgram, 512), 0);
 }
 
 TEST(CostProfileTest, RoundTripsThroughItsFile) {

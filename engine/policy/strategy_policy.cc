@@ -10,6 +10,9 @@
 // other, then one target pass over the whole batch (engine/engine_step.cc):
 //   step_ms = sum over methods m with rows:   DraftMs(m, n_m, max K of m's rows, mean context of m)
 //           + sum over stateful drafters d:   DraftMs(d, rows keeping d in sync, 1, their context)
+//           + sum over rows r running a stateful drafter d that must catch up first:
+//                 catch-up tokens x CatchUpMsPerToken(d) / (r's remaining tokens / its expected
+//                 tokens per round)   (a one-time cost spread over the request's rounds)
 //           + target pass
 // A drafter runs as many passes as its longest draft, so a method's drafting costs the max K of
 // its rows at its batch. The target pass is padded to the longest row (the CUDA runner's
@@ -51,6 +54,18 @@ struct StrategyPolicy::Row {
   std::array<std::vector<double>, kNumPolicyMethods> expected;
   MethodSet sync_eligible;  // stateful drafters holding state for the request, still allowed
   int32_t max_k = 0;        // largest K among the candidates
+  // [method]: a stateful drafter's one-time catch-up for the request (ms), and the tokens the
+  // request may still generate (0: unknown, nothing amortised).
+  std::array<double, kNumPolicyMethods> catch_up_ms{};
+  int64_t remaining_tokens = 0;
+
+  // The catch-up's share of one step under `s`: spread over the rounds the request is expected
+  // to have left.
+  double CatchUpPerStep(const Strategy& s) const {
+    const double once = catch_up_ms[static_cast<int>(s.method)];
+    if (once <= 0 || remaining_tokens <= 0) return 0;
+    return once / std::max(1.0, static_cast<double>(remaining_tokens) / Expected(s));
+  }
 
   double Expected(const Strategy& s) const {
     const auto& e = expected[static_cast<int>(s.method)];
@@ -144,6 +159,7 @@ void StrategyPolicy::MakeRow(const PolicyRequest& request, Row& row) const {
   row.pinned = false;
   row.candidates.clear();
   row.sync_eligible = {};
+  SetCatchUp(request, row);
   MethodSet allowed = Allowed(request);
   const int32_t cap = Cap(request);
   auto add_range = [&](PolicyMethod m, int32_t max_k) {
@@ -192,6 +208,7 @@ void StrategyPolicy::MakeHeldRow(const PolicyRequest& request, const Strategy& h
   row.pinned = false;
   row.candidates.clear();
   row.sync_eligible = {};
+  SetCatchUp(request, row);
   // As Pick: the held method at the largest K <= its held K that the request allows now, else
   // plain (always a candidate of a request that pinned nothing).
   const MethodSet allowed = Allowed(request);
@@ -206,6 +223,18 @@ void StrategyPolicy::MakeHeldRow(const PolicyRequest& request, const Strategy& h
     if (auto it = held_.find(request.id); it != held_.end()) {
       row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
     }
+  }
+}
+
+void StrategyPolicy::SetCatchUp(const PolicyRequest& request, Row& row) const {
+  row.remaining_tokens = request.remaining_tokens;
+  for (PolicyMethod m : kAllPolicyMethods) {
+    const auto i = static_cast<size_t>(m);
+    row.catch_up_ms[i] =
+        kStatefulDrafters.Has(m) && request.catch_up_tokens[i] > 0
+            ? static_cast<double>(request.catch_up_tokens[i]) *
+                  profile_.CatchUpMsPerToken(m, static_cast<double>(request.context_len))
+            : 0;
   }
 }
 
@@ -237,6 +266,7 @@ void StrategyPolicy::Tally::Add(const Row& row, const Strategy& s, int sign) {
   all_context += sign * row.context;
   num_at_k_all[s.k] += sign;
   expected_tokens += sign * row.Expected(s);
+  catch_up_ms += sign * row.CatchUpPerStep(s);
   if (row.sync_eligible.empty()) return;
   for (PolicyMethod d : kAllPolicyMethods) {
     if (d != s.method && row.sync_eligible.Has(d)) {
@@ -286,6 +316,7 @@ StepEstimate StrategyPolicy::Cost(const Tally& tally, int32_t batch_size) const 
           profile_.DraftMs(m, tally.num_sync[i], 1, tally.sync_context[i] / tally.num_sync[i]);
     }
   }
+  est.step_ms += tally.catch_up_ms;
   est.modelled_ms = est.step_ms;
   est.step_ms *= Calibration(longest_all > 0, batch_size);
   return est;

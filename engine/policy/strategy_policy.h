@@ -110,6 +110,12 @@ struct PolicyRequest {
   int32_t pinned_k = -1;                      // its explicit K (0: none); -1: the policy picks
   int32_t max_k = kMaxPolicyK;                // speculation.policy: cap on K
   MethodSet forbidden;                        // speculation.policy: methods it refuses
+  // Tokens each stateful drafter must run before it can draft for the request (its prompt on
+  // first use, what was committed while it was paused), and the tokens the request may still
+  // generate (0: unknown). A drafter's catch-up is a one-time cost, amortised over the
+  // request's expected remaining rounds (the step-time model, strategy_policy.cc).
+  std::array<int64_t, kNumPolicyMethods> catch_up_tokens{};
+  int64_t remaining_tokens = 0;
 };
 
 struct PolicyRow {
@@ -234,7 +240,8 @@ class StrategyPolicy {
     std::array<double, kNumPolicyMethods> sync_context{};
     double all_context = 0;
     double expected_tokens = 0;
-    int32_t max_k = 0;  // largest K any candidate has (bounds the scans for the longest K)
+    double catch_up_ms = 0;  // stateful drafters' catch-up, amortised per step
+    int32_t max_k = 0;       // largest K any candidate has (bounds the scans for the longest K)
     void Add(const Row& row, const Strategy& s, int sign);
   };
 
@@ -244,6 +251,7 @@ class StrategyPolicy {
   // A row with only the request's held strategy (lowered to what it allows now) as candidate.
   void MakeHeldRow(const PolicyRequest& request, const Strategy& held, Row& row) const;
   void FillExpected(Row& row) const;
+  void SetCatchUp(const PolicyRequest& request, Row& row) const;
   PolicyDecision Search(std::span<const PolicyRequest> requests);
   PolicyDecision Hold(std::span<const PolicyRequest> requests);
   PolicyDecision Finish(const std::vector<Row>& rows, const std::vector<Strategy>& chosen,

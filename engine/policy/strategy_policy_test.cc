@@ -382,6 +382,23 @@ TEST(StrategyPolicyTest, CalibratesTheProfileByTheStepTimesItObserves) {
   EXPECT_EQ(policy->Decide(Requests(1)).rows[0].strategy.method, PolicyMethod::kNgram);
 }
 
+TEST(StrategyPolicyTest, AmortisesAStatefulDraftersCatchUpOverTheRequestsRemainingTokens) {
+  const auto decide = [](int64_t catch_up, int64_t remaining) {
+    auto policy = Make(Profile(/*per_token=*/0.2, /*draft_per_k=*/0.5));
+    policy->acceptance().SetGlobalRate(PolicyMethod::kNgram, 0.1);  // the draft model wins
+    auto requests = Requests(1);
+    requests[0].catch_up_tokens[static_cast<size_t>(PolicyMethod::kDraftModel)] = catch_up;
+    requests[0].remaining_tokens = remaining;
+    return policy->Decide(requests).rows[0].strategy.method;
+  };
+  EXPECT_EQ(decide(0, 16), PolicyMethod::kDraftModel);
+  // The draft model must first run 100,000 tokens (~0.002 ms each here): 16 tokens to go do not
+  // repay that, a million do.
+  EXPECT_NE(decide(100000, 16), PolicyMethod::kDraftModel);
+  EXPECT_EQ(decide(100000, 1000000), PolicyMethod::kDraftModel);
+  EXPECT_EQ(decide(100000, 0), PolicyMethod::kDraftModel);  // unknown: nothing amortised
+}
+
 TEST(StrategyPolicyTest, RefusesBadOptions) {
   PolicyOptions o;
   o.max_k = 0;

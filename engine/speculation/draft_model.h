@@ -110,7 +110,8 @@ class DraftModelSpeculator : public Speculator {
   const ModelRunner& runner() const { return *runner_; }
   int32_t num_free_blocks() const { return allocator_.num_free(); }
   int32_t num_live_sequences() const { return static_cast<int32_t>(states_.size()); }
-  // Tokens whose KV the draft holds for `seq_id` (0 for an unknown sequence); tests.
+  // Tokens whose KV the draft holds for `seq_id` (0 for an unknown sequence): what it must
+  // catch up on before drafting (the strategy policy's estimate), and tests.
   int32_t kv_length(uint64_t seq_id) const;
 
  private:
