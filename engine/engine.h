@@ -41,6 +41,8 @@ class EngineObserver;
 class Speculator;
 class Verifier;
 struct StepPlan;
+struct ScheduledChunk;
+enum class PolicyMethod : int8_t;  // engine/policy/cost_profile.h
 
 // Tensor parallelism (`--tensor-parallel-size` and friends, vLLM's names): the target is split
 // over `size` ranks, one process each; this process is rank 0 and launches the workers of its
@@ -345,12 +347,18 @@ class Engine {
   absl::Status CreatePolicy();
   // Prepare, after PlanSampling: each sample row's method and K for this step (Request::step),
   // the policy's choice for requests whose method is auto.
-  void ChooseStrategies(const StepPlan& plan);
+  void ChooseStrategies(const StepPlan& plan);  // times DecideStrategies (policy host time)
+  void DecideStrategies(const StepPlan& plan);
+  // The longest K a decode of `r` can draft this step (lookahead slots, max_model_len,
+  // max_tokens), as Speculate limits it.
+  int32_t DraftRoom(const Request& r, const ScheduledChunk& chunk) const;
+  // Row `row`'s strategy for this step, and the lookahead its request reserves for the next.
+  void ApplyStrategy(Request& r, int32_t row, PolicyMethod method, int32_t k, bool reserve_longest);
   // A hold step over the last decision's decodes: each keeps its strategy without the batch
   // being described to the policy again. False (nothing done) when anything differs.
   bool KeepStrategies(const StepPlan& plan);
   // Whether auto requests reserve their longest K of lookahead for the next step.
-  bool ReserveLongestK(const StepPlan& plan) const;
+  bool ReserveLongestK() const;
   // Apply: the policy's acceptance estimates from the step's rounds (before any commit).
   void ReportToPolicy();
   // End of Apply: the step's policy metrics (`committed` tokens in the step).

@@ -157,8 +157,27 @@ absl::Status Engine::CreatePolicy() {
 }
 
 void Engine::ChooseStrategies(const StepPlan& plan) {
-  Core& c = *core_;
   const absl::Time start = absl::Now();
+  DecideStrategies(plan);
+  core_->policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+int32_t Engine::DraftRoom(const Request& r, const ScheduledChunk& chunk) const {
+  return std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
+                   r.request.params.max_tokens - r.seq.num_generated() - 1});
+}
+
+void Engine::ApplyStrategy(Request& r, int32_t row, PolicyMethod method, int32_t k,
+                           bool reserve_longest) {
+  core_->row_policy_method[row] = static_cast<int32_t>(method);
+  r.step.method = k > 0 ? FromPolicy(method) : SpeculationMethod::kNone;
+  r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : k;
+  r.seq.set_num_lookahead_tokens(reserve_longest ? r.spec.num_speculative_tokens
+                                                 : r.step.num_speculative_tokens);
+}
+
+void Engine::DecideStrategies(const StepPlan& plan) {
+  Core& c = *core_;
   c.policy_decided = false;
   c.row_policy_method.assign(c.rows.size(), -1);
   bool any_auto = false;
@@ -171,10 +190,12 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     any_auto |= plan.chunks[c.rows[k].chunk].num_new_tokens == 1;
   }
   if (!any_auto || policy_ == nullptr) return;
-  if (KeepStrategies(plan)) {
-    c.policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    return;
-  }
+  // Whether the profile models the whole step (no prefill chunk beside the decodes): only such
+  // steps calibrate it, and only then may auto requests reserve their longest K.
+  c.policy_decode_only =
+      std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                  [](const ScheduledChunk& ch) { return ch.num_new_tokens == 1; });
+  if (KeepStrategies(plan)) return;
   std::vector<PolicyRequest> requests;
   std::vector<int32_t> request_rows;
   const auto* draft = static_cast<const DraftModelSpeculator*>(draft_.get());
@@ -197,8 +218,7 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
           std::max<int64_t>(0, r.seq.num_tokens() - 1 - draft->kv_length(r.id));
     }
     // The longest useful K this step (as Speculate limits it).
-    const int32_t room = std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
-                                   r.request.params.max_tokens - r.seq.num_generated() - 1});
+    const int32_t room = DraftRoom(r, chunk);
     if (r.spec.method == SpeculationMethod::kAuto) {
       q.max_k = std::max(0, std::min(r.spec.num_speculative_tokens, room));
       if (r.spec.k_pinned) q.pinned_k = q.max_k;
@@ -215,17 +235,12 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     requests.push_back(q);
     request_rows.push_back(static_cast<int32_t>(k));
   }
-  // Whether the profile models the whole step (no prefill chunk beside the decodes): only such
-  // steps calibrate it.
-  c.policy_decode_only =
-      std::all_of(plan.chunks.begin(), plan.chunks.end(),
-                  [](const ScheduledChunk& ch) { return ch.num_new_tokens == 1; });
   const PolicyDecision decision = policy_->Decide(requests);
   c.policy_decided = true;
   c.policy_switched = decision.switched;
   c.policy_searched = decision.searched;
   c.policy_tokens_per_second = decision.tokens_per_second;
-  const bool search_next = ReserveLongestK(plan);
+  const bool reserve_longest = ReserveLongestK();
   c.policy_ids.clear();
   for (size_t i = 0; i < decision.rows.size(); ++i) {
     const int32_t k = request_rows[i];
@@ -236,26 +251,17 @@ void Engine::ChooseStrategies(const StepPlan& plan) {
     r.policy_k = decision.rows[i].strategy.k;
     if (r.spec.method != SpeculationMethod::kAuto) continue;
     const Strategy s = decision.rows[i].strategy;
-    c.row_policy_method[k] = static_cast<int32_t>(s.method);
-    r.step.method = s.k > 0 ? FromPolicy(s.method) : SpeculationMethod::kNone;
-    r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : s.k;
-    r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
-                                               : r.step.num_speculative_tokens);
+    ApplyStrategy(r, k, s.method, s.k, reserve_longest);
   }
-  c.policy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
 }
 
-bool Engine::ReserveLongestK(const StepPlan& plan) const {
+bool Engine::ReserveLongestK() const {
   // The lookahead slots the scheduler reserves next step (KV blocks and token budget, taken
   // before any prefill's): the K held until the policy searches again, the request's longest K
   // before a search, so that the search may raise K. Not while prompts wait or are part-way
   // through their prefill: decodes reserving drafts the policy is unlikely to run would slow
   // the prefills down (a request's first decode still reserves its longest K).
-  const bool prefilling =
-      core_->scheduler.num_waiting() > 0 ||
-      std::any_of(plan.chunks.begin(), plan.chunks.end(),
-                  [](const ScheduledChunk& ch) { return ch.num_new_tokens != 1; });
-  return policy_->SearchDue() && !prefilling;
+  return policy_->SearchDue() && core_->policy_decode_only && core_->scheduler.num_waiting() == 0;
 }
 
 bool Engine::KeepStrategies(const StepPlan& plan) {
@@ -268,30 +274,21 @@ bool Engine::KeepStrategies(const StepPlan& plan) {
     if (chunk.num_new_tokens != 1) continue;
     const Request& r = *c.row_requests[k];
     if (next >= c.policy_ids.size() || c.policy_ids[next++] != r.id) return false;
-    const int32_t room = std::min({chunk.num_lookahead_tokens, max_model_len_ - r.seq.num_tokens(),
-                                   r.request.params.max_tokens - r.seq.num_generated() - 1});
-    if (r.policy_k > room) return false;
+    if (r.policy_k > DraftRoom(r, chunk)) return false;
   }
   if (next != c.policy_ids.size()) return false;
   policy_->KeepLastDecision();
-  const bool search_next = ReserveLongestK(plan);
+  const bool reserve_longest = ReserveLongestK();
   for (size_t k = 0; k < c.rows.size(); ++k) {
     if (plan.chunks[c.rows[k].chunk].num_new_tokens != 1) continue;
     Request& r = *c.row_requests[k];
     if (r.spec.method != SpeculationMethod::kAuto) continue;
-    const auto method = static_cast<PolicyMethod>(r.policy_method);
-    c.row_policy_method[k] = r.policy_method;
-    r.step.method = r.policy_k > 0 ? FromPolicy(method) : SpeculationMethod::kNone;
-    r.step.num_speculative_tokens = r.step.method == SpeculationMethod::kNone ? 0 : r.policy_k;
-    r.seq.set_num_lookahead_tokens(search_next ? r.spec.num_speculative_tokens
-                                               : r.step.num_speculative_tokens);
+    ApplyStrategy(r, static_cast<int32_t>(k), static_cast<PolicyMethod>(r.policy_method),
+                  r.policy_k, reserve_longest);
   }
   c.policy_decided = true;
   c.policy_switched = false;
   c.policy_searched = false;
-  c.policy_decode_only =
-      std::all_of(plan.chunks.begin(), plan.chunks.end(),
-                  [](const ScheduledChunk& ch) { return ch.num_new_tokens == 1; });
   return true;
 }
 

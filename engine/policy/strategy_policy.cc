@@ -154,12 +154,7 @@ int32_t StrategyPolicy::Cap(const PolicyRequest& request) const {
 }
 
 void StrategyPolicy::MakeRow(const PolicyRequest& request, Row& row) const {
-  row.id = request.id;
-  row.context = request.context_len;
-  row.pinned = false;
-  row.candidates.clear();
-  row.sync_eligible = {};
-  SetCatchUp(request, row);
+  StartRow(request, row);
   MethodSet allowed = Allowed(request);
   const int32_t cap = Cap(request);
   auto add_range = [&](PolicyMethod m, int32_t max_k) {
@@ -193,22 +188,12 @@ void StrategyPolicy::MakeRow(const PolicyRequest& request, Row& row) const {
       }
     }
   }
-  FillExpected(row);
-  if (options_.sync_paused_drafters) {
-    if (auto it = held_.find(request.id); it != held_.end()) {
-      row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
-    }
-  }
+  FinishRow(request, allowed, row);
 }
 
 void StrategyPolicy::MakeHeldRow(const PolicyRequest& request, const Strategy& held,
                                  Row& row) const {
-  row.id = request.id;
-  row.context = request.context_len;
-  row.pinned = false;
-  row.candidates.clear();
-  row.sync_eligible = {};
-  SetCatchUp(request, row);
+  StartRow(request, row);
   // As Pick: the held method at the largest K <= its held K that the request allows now, else
   // plain (always a candidate of a request that pinned nothing).
   const MethodSet allowed = Allowed(request);
@@ -218,15 +203,14 @@ void StrategyPolicy::MakeHeldRow(const PolicyRequest& request, const Strategy& h
     if (k > 0) s = {held.method, k};
   }
   row.candidates.push_back(s);
-  FillExpected(row);
-  if (options_.sync_paused_drafters) {
-    if (auto it = held_.find(request.id); it != held_.end()) {
-      row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
-    }
-  }
+  FinishRow(request, allowed, row);
 }
 
-void StrategyPolicy::SetCatchUp(const PolicyRequest& request, Row& row) const {
+void StrategyPolicy::StartRow(const PolicyRequest& request, Row& row) const {
+  row.id = request.id;
+  row.context = request.context_len;
+  row.pinned = false;
+  row.candidates.clear();
   row.remaining_tokens = request.remaining_tokens;
   for (PolicyMethod m : kAllPolicyMethods) {
     const auto i = static_cast<size_t>(m);
@@ -235,6 +219,16 @@ void StrategyPolicy::SetCatchUp(const PolicyRequest& request, Row& row) const {
             ? static_cast<double>(request.catch_up_tokens[i]) *
                   profile_.CatchUpMsPerToken(m, static_cast<double>(request.context_len))
             : 0;
+  }
+}
+
+void StrategyPolicy::FinishRow(const PolicyRequest& request, MethodSet allowed, Row& row) const {
+  FillExpected(row);
+  row.sync_eligible = {};
+  if (options_.sync_paused_drafters) {
+    if (auto it = held_.find(request.id); it != held_.end()) {
+      row.sync_eligible = it->second.used_stateful & allowed & kStatefulDrafters;
+    }
   }
 }
 

@@ -250,8 +250,11 @@ class StrategyPolicy {
   void MakeRow(const PolicyRequest& request, Row& row) const;
   // A row with only the request's held strategy (lowered to what it allows now) as candidate.
   void MakeHeldRow(const PolicyRequest& request, const Strategy& held, Row& row) const;
+  // MakeRow's and MakeHeldRow's shared parts: the request's fields and catch-up costs, then
+  // the expected tokens of the candidates and the drafters to keep in sync.
+  void StartRow(const PolicyRequest& request, Row& row) const;
+  void FinishRow(const PolicyRequest& request, MethodSet allowed, Row& row) const;
   void FillExpected(Row& row) const;
-  void SetCatchUp(const PolicyRequest& request, Row& row) const;
   PolicyDecision Search(std::span<const PolicyRequest> requests);
   PolicyDecision Hold(std::span<const PolicyRequest> requests);
   PolicyDecision Finish(const std::vector<Row>& rows, const std::vector<Strategy>& chosen,
