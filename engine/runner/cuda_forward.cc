@@ -279,13 +279,10 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
                                  "HeadRmsNorm k", l));
   }
   SPECD_RETURN_IF_ERROR(
-      Launch(kernels::ApplyRope(a.positions, n, qkv, qkv_stride_, config_.num_heads, k, qkv_stride_,
-                                config_.num_kv_heads, config_.head_dim, config_.head_dim,
-                                rope_.as<float>(), stream),
-             "ApplyRope", l));
-  SPECD_RETURN_IF_ERROR(Launch(kernels::WriteKvCache(k, qkv_stride_, v, qkv_stride_, a.slot_mapping,
-                                                     n, shape_, k_cache_[l], v_cache_[l], stream),
-                               "WriteKvCache", l));
+      Launch(kernels::RopeAndWriteKvCache(a.positions, n, qkv, qkv_stride_, k, qkv_stride_, v,
+                                          qkv_stride_, config_.head_dim, rope_.as<float>(),
+                                          a.slot_mapping, shape_, k_cache_[l], v_cache_[l], stream),
+             "RopeAndWriteKvCache", l));
   SPECD_RETURN_IF_ERROR(Attention(l, a, stream));
   SPECD_RETURN_IF_ERROR(RunGemm(attn_.as<__nv_bfloat16>(), config_.q_size(), w.o_proj, w.o_bias, n,
                                 hidden, config_.q_size(), h, hidden, kernels::GemmOut::kBf16,

@@ -1,7 +1,8 @@
 // The transformer forward pass of the CUDA runner as a sequence of kernel launches on one stream:
 // embedding, per layer (RMSNorm / fused residual add + RMSNorm, fused qkv GEMM (+ bias), per-head
-// q/k norm, RoPE, KV write, paged decode or prefill attention, o_proj, fused add + norm, gate_up
-// GEMM, SiLU-and-mul, down GEMM), final norm, then the LM head on the rows that are sampled.
+// q/k norm, RoPE + KV write (one launch), paged decode or prefill attention, o_proj, fused add +
+// norm, gate_up GEMM, SiLU-and-mul, down GEMM), final norm, then the LM head on the rows that are
+// sampled.
 // It owns the activation buffers, the paged bf16 KV cache, the RoPE table and the cuBLASLt
 // handle; every launch reads its per-step inputs from device memory, so Run can be captured in a
 // CUDA graph and replayed with new inputs. Engine thread only.

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     SiluAndMulKernel(const __nv_bfloat16* __restrict__ gate_up, int64_t d,
                      __nv_bfloat16* __restrict__ out) {
   WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
+  AllowDependentLaunch();     // after the wait: a GEMV follows (common.cuh)
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
   if (col >= d) return;
   const __nv_bfloat16* gate = gate_up + static_cast<int64_t>(blockIdx.x) * 2 * d + col;

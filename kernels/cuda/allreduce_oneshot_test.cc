@@ -290,7 +290,7 @@ TEST(OneShotAllReduceTest, FusedAddRmsNormRejectsWhatItCannotTake) {
   auto* d = static_cast<__nv_bfloat16*>(g.data[0]);
   auto* w = static_cast<__nv_bfloat16*>(g.data[1]);
   EXPECT_FALSE(OneShotFusesNorm(3, 1, 4096, kSlotBytes)) << "world sizes 2, 4 and 8 only";
-  EXPECT_FALSE(OneShotFusesNorm(2, 1, 1000, kSlotBytes)) << "hidden a multiple of 8";
+  EXPECT_FALSE(OneShotFusesNorm(2, 1, 1004, kSlotBytes)) << "hidden a multiple of 8";
   EXPECT_FALSE(OneShotFusesNorm(2, 1, kOneShotMaxNormHidden + 8, size_t{1} << 30));
   EXPECT_FALSE(OneShotFusesNorm(2, 33, 4096, kSlotBytes)) << "larger than a slot";
   EXPECT_TRUE(OneShotFusesNorm(8, 32, 4096, kSlotBytes));

@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float weights[kMaxDecodeSplits];
   __shared__ float warp_max[kWarps], warp_sum[kWarps];
   __shared__ float4 partial_sums[kCombineThreads];
+  AllowDependentLaunch();  // first: dependents launch early (common.cuh)
   WaitForPrerequisiteGrid();
-  AllowDependentLaunch();
   const int64_t row = blockIdx.x;  // seq * num_q_heads + head
   const float* lse = partial_lse + row * num_splits;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   constexpr int kLsePerLane = kMaxSplits / kWarpSize, kPerThread = kMaxSplits / kSplitLanes;
   static_assert(kMaxSplits == 32 || kMaxSplits == 64);
   __shared__ float4 warp_sums[kWarps][kGroupCols];
+  AllowDependentLaunch();  // first: dependents launch early (common.cuh)
   WaitForPrerequisiteGrid();
-  AllowDependentLaunch();
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row = blockIdx.x / kGroups;  // seq * num_q_heads + head
   const int group = blockIdx.x % kGroups;

@@ -150,16 +150,15 @@ __device__ __forceinline__ float QuadSum(float x) {
 // ---------------------------------------------------------------------------------------------
 // KV-cache write: one thread block per token, kVec-element vectors over its heads.
 
+// Token `token`'s key and value rows into their cache slot (none where the slot is < 0), by the
+// threads of one block. No __restrict__: the fused RoPE kernel (rope.cuh) rereads key rows its
+// own block has just written.
 template <int kVec>
-__global__ void WriteKvCacheKernel(const __nv_bfloat16* __restrict__ key, int64_t key_stride,
-                                   const __nv_bfloat16* __restrict__ value, int64_t value_stride,
-                                   const int64_t* __restrict__ slot_mapping, int num_kv_heads,
-                                   int head_dim, int block_size,
-                                   __nv_bfloat16* __restrict__ k_cache,
-                                   __nv_bfloat16* __restrict__ v_cache) {
-  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
-  const int64_t token = blockIdx.x;
+__device__ __forceinline__ void WriteKvToken(int64_t token, const __nv_bfloat16* key,
+                                             int64_t key_stride, const __nv_bfloat16* value,
+                                             int64_t value_stride, const int64_t* slot_mapping,
+                                             int num_kv_heads, int head_dim, int block_size,
+                                             __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
   const int64_t slot = slot_mapping[token];
   if (slot < 0) return;
   const int64_t block = slot / block_size, row = slot % block_size;
@@ -170,6 +169,19 @@ __global__ void WriteKvCacheKernel(const __nv_bfloat16* __restrict__ key, int64_
     Bf16Vec<kVec>::Load(key + token * key_stride + head * head_dim + col).Store(k_cache + dst);
     Bf16Vec<kVec>::Load(value + token * value_stride + head * head_dim + col).Store(v_cache + dst);
   }
+}
+
+template <int kVec>
+__global__ void WriteKvCacheKernel(const __nv_bfloat16* __restrict__ key, int64_t key_stride,
+                                   const __nv_bfloat16* __restrict__ value, int64_t value_stride,
+                                   const int64_t* __restrict__ slot_mapping, int num_kv_heads,
+                                   int head_dim, int block_size,
+                                   __nv_bfloat16* __restrict__ k_cache,
+                                   __nv_bfloat16* __restrict__ v_cache) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();     // after the wait: the attention follows (common.cuh)
+  WriteKvToken<kVec>(blockIdx.x, key, key_stride, value, value_stride, slot_mapping, num_kv_heads,
+                     head_dim, block_size, k_cache, v_cache);
 }
 
 }  // namespace specd::kernels::attention

@@ -421,8 +421,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads,
     PagedDecodeKernel(const DecodeParams p) {
   using Cfg = DecodeConfig<kHeadDim, kRows>;
   __shared__ DecodeSmem<kHeadDim, kRows> sm;
+  AllowDependentLaunch();     // first: dependents launch early (common.cuh)
   WaitForPrerequisiteGrid();  // launched as a programmatic dependent where it decodes
-  AllowDependentLaunch();
   int index = blockIdx.x;
   const int split = index % p.num_splits;
   index /= p.num_splits;

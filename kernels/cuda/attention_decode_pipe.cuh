@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kRows>::kThreads, kMinC
   static_assert(Cfg::kStep == 16 && kStages >= 2);
   constexpr int kTileChunks = Cfg::kStep * DecodePipeLayout<kHeadDim>::kChunks;
   extern __shared__ uint4 pipe_smem[];  // [kWarps][kStages][K tile, V tile]
+  AllowDependentLaunch();               // first: dependents launch early (common.cuh)
   WaitForPrerequisiteGrid();            // launched as a programmatic dependent where it decodes
-  AllowDependentLaunch();
   const uint64_t kv_policy = L2EvictFirstPolicy(), meta_policy = L2EvictLastPolicy();
   int index = blockIdx.x;
   const int split = index % p.num_splits;

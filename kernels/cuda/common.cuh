@@ -66,6 +66,16 @@ __device__ __forceinline__ float BlockReduceSum(float x) {
 // WaitForPrerequisiteGrid before it reads or writes anything another kernel touches, and before
 // any early return: a kernel that could finish without waiting would let its own dependents run
 // ahead of its predecessor. Both are no-ops below sm_90 and in kernels launched plainly.
+// Where a kernel calls AllowDependentLaunch decides how early the kernel after it starts. The
+// GEMV, the decode attention and its combine, and the embedding gather call it first, before
+// their own wait: the small kernel after them (a norm, RoPE, the combine) is then resident, and
+// its own launch latency hidden, while they still wait for theirs. RmsNorm, SiluAndMul and the
+// RoPE / KV write call it after their wait, so the GEMV or attention after them does not start
+// streaming while the GEMV before them still does: letting it (every kernel calling it first)
+// made an 8B-shaped decode step 2-3% slower, this split makes it 0.5% faster and the 1B-shaped
+// one 3-4% faster (docs/benchmarks.md, 2026-11-27). Either order is safe: a dependent launches
+// only once every block of its predecessor is resident or done, and its wait covers the whole
+// chain, since its predecessor completes only after waiting for its own.
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -14,8 +14,8 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     EmbeddingGatherKernel(const int32_t* __restrict__ token_ids,
                           const __nv_bfloat16* __restrict__ table, int64_t vocab_start,
                           int64_t num_rows, int64_t hidden, __nv_bfloat16* __restrict__ out) {
+  AllowDependentLaunch();     // first: dependents launch early (common.cuh)
   WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kVec;
   if (col >= hidden) return;
   const int64_t row = static_cast<int64_t>(token_ids[blockIdx.x]) - vocab_start;

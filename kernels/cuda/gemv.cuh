@@ -10,8 +10,10 @@
 
 namespace specd::kernels {
 
-constexpr int kGemvWarps = 8;  // split k; 8 x 4 KiB of W in flight per block
-constexpr int kGemvThreads = kGemvWarps * kWarpSize;
+// Warps per block (they split k): 8 where several blocks share an SM, 16 where W has too few
+// rows to give every SM two blocks (gemv.cu). Either way 64 KiB or more of W is in flight per SM.
+constexpr int kGemvWarps = 8;
+constexpr int kGemvWideWarps = 16;
 constexpr int kGemvTileRows = 16;  // W rows per block: the M of one mma
 constexpr int kGemvChunk = 32;     // k columns per lane group and step: 4 lanes x 8 bf16
 constexpr int kGemvUnroll = 4;     // chunks per warp per iteration: 12 loads in flight per lane
@@ -51,20 +53,22 @@ __device__ __forceinline__ void StoreOut(float v, __nv_bfloat16* p) { *p = __flo
 __device__ __forceinline__ void StoreOut(float v, float* p) { *p = v; }
 
 // One block per 16 rows of W (row0 = 16 blockIdx.x); warp `warp` takes the chunks
-// [(it * kGemvWarps + warp) * kGemvUnroll, +kGemvUnroll) of every iteration `it`. Lane (g, t)
+// [(it * kWarps + warp) * kGemvUnroll, +kGemvUnroll) of every iteration `it`. Lane (g, t)
 // loads columns [32 c + 8 t, +8) of W rows row0 + g and row0 + g + 8 (clamped to n - 1; the
 // duplicates are not stored) and of x rows g + 8 i, i < kTiles (zero for rows >= m). Those 8
 // columns are the mma's k positions {2t, 2t + 1, 2t + 8, 2t + 9} of two k16 steps, for A and B
 // alike: a permutation of k the sum does not see. Accumulator c[i] holds y^T rows g, g + 8, x
 // rows 8 i + 2t, 8 i + 2t + 1. kTiles 2 (m 9..16: a verification step's K + 1 rows) gets more
-// registers per thread (2 blocks per SM).
-template <typename OutT, int kTiles>
-__global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2)
+// registers per thread (2 blocks per SM). kWarps 16 runs one block per SM.
+template <typename OutT, int kTiles, int kWarps>
+__global__ void __launch_bounds__(kWarps* kWarpSize, kWarps != kGemvWarps ? 1
+                                                     : kTiles == 1        ? kGemvMinBlocks
+                                                                          : 2)
     GemvBf16Kernel(const __nv_bfloat16* __restrict__ x, int64_t ldx,
                    const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ bias,
                    int m, int64_t n, int64_t k, OutT* __restrict__ y, int64_t ldy) {
   static_assert(kTiles == 1 || kTiles == 2, "at most 16 rows of x");
-  __shared__ float partials[kGemvWarps][4 * kTiles][kWarpSize];  // [warp][fragment][lane]
+  __shared__ float partials[kWarps][4 * kTiles][kWarpSize];  // [warp][fragment][lane]
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemvTileRows;
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
   const int64_t limit = k - 8 * t;  // column offsets below this are in the row for this lane
 
   float c[kTiles][4] = {};
-  constexpr int64_t kStep = int64_t{kGemvWarps} * kGemvUnroll * kGemvChunk;
+  constexpr int64_t kStep = int64_t{kWarps} * kGemvUnroll * kGemvChunk;
   uint4 lo[kGemvUnroll], hi[kGemvUnroll];
   // W rows of the chunks at `base`; W is constant, so the first ones load before the wait for
   // the previous kernel (launched as a programmatic dependent, common.cuh), overlapping its tail.
@@ -94,9 +98,9 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
     }
   };
   const int64_t first = int64_t{warp} * kGemvUnroll * kGemvChunk;
+  AllowDependentLaunch();  // first: dependents launch early (common.cuh)
   load_w(first);
   WaitForPrerequisiteGrid();
-  AllowDependentLaunch();
   for (int64_t base = first; base < k; base += kStep) {
     uint4 xv[kTiles][kGemvUnroll];
 #pragma unroll
@@ -104,7 +108,9 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
       const int64_t col = base + u * kGemvChunk;
       const bool valid = col < limit;
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) xv[i][u] = Load16<false>(x_row[i] + col, valid && has_x[i]);
+      for (int i = 0; i < kTiles; ++i) {
+        xv[i][u] = Load16<false>(x_row[i] + col, valid && has_x[i]);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(kGemvThreads, kTiles == 1 ? kGemvMinBlocks : 2
   const int tile = fragment / 4, f = fragment % 4;
   float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kGemvWarps; ++i) sum += partials[i][fragment][l];
+  for (int i = 0; i < kWarps; ++i) sum += partials[i][fragment][l];
   const int64_t row = row0 + l / 4 + 8 * (f / 2);
   const int x_index = 8 * tile + 2 * (l % 4) + f % 2;
   if (row >= n || x_index >= m) return;

@@ -24,7 +24,8 @@ inline constexpr int64_t kMaxGemvRows = 16;
 // type. Algorithm (the swap-AB GEMV of TensorRT-LLM's and vLLM's small-batch kernels, on tensor
 // cores): W rows play the mma's M and x rows its N, so the product is y^T[16 rows, 8] per tile
 // (two tiles for m > 8) whatever m is, and tensor cores leave the SM's FMA units out of the loop.
-// One block of 8 warps per 16 rows of W; the warps split k, each lane loads 16 bytes of W rows g
+// One block of 8 warps (16 where W's tiles fit one block per SM: one wave) per 16 rows of W; the
+// warps split k, each lane loads 16 bytes of W rows g
 // and g + 8 (lane = 4 g + t) per 32-column chunk, 4 chunks in flight, with
 // ld.global.nc.L1::no_allocate (W is read once; L1 stays for x, which every block rereads through
 // the cache). The 8 bf16 a lane holds of a row feed two mmas in a fixed permutation of k shared by

@@ -524,16 +524,18 @@ std::string FirstGemvMismatch(const GemvProblem& p, const DeviceBuffer& y, int64
   return "";
 }
 
-// Every m of the decode projections of Llama-3.1-8B (lm_head: f32 output only) and a tiny odd
-// shape (n not a multiple of the 16-row tile, k below one lane group's 32 columns), with and
-// without bias, dense and padded row strides, bf16 and f32 output.
+// Every m of the decode projections of Llama-3.1-8B (lm_head: f32 output only), Llama-3.2-1B's
+// qkv (one 16-warp iteration over k) and a tiny odd shape (n not a multiple of the 16-row tile, k
+// below one lane group's 32 columns), with and without bias, dense and padded row strides, bf16 and
+// f32 output.
 TEST(GemvTest, MatchesFp64ReferenceForEveryRowCountBiasStrideAndOutput) {
   struct Shape {
     int64_t n, k;
     bool bf16_out;
   };
-  for (const Shape& s : {Shape{6144, 4096, true}, Shape{4096, 4096, true}, Shape{4096, 14336, true},
-                         Shape{1000, 24, true}, Shape{128256, 4096, false}}) {
+  for (const Shape& s :
+       {Shape{6144, 4096, true}, Shape{4096, 4096, true}, Shape{4096, 14336, true},
+        Shape{3072, 2048, true}, Shape{1000, 24, true}, Shape{128256, 4096, false}}) {
     const GemvProblem p = MakeGemvProblem(s.n, s.k);
     DeviceBuffer w(s.n * s.k * 2), bias(s.n * 2);
     w.Upload(p.w);

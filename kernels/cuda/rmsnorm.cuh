@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads, 1)
                   __nv_bfloat16* out) {
   constexpr int kChunks = kRmsNormValuesPerThread / kVec;
   WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
+  AllowDependentLaunch();     // after the wait: a GEMV follows (common.cuh)
   const int first = static_cast<int>(threadIdx.x) * kVec;
   const int stride = static_cast<int>(blockDim.x) * kVec;
   // Chunks whose elements lie inside the row (hidden % kVec == 0); <= 0 for idle threads. One

@@ -2,6 +2,7 @@
 // files only.
 #pragma once
 
+#include "kernels/cuda/attention_common.cuh"  // WriteKvToken
 #include "kernels/cuda/common.cuh"
 
 namespace specd::kernels {
@@ -34,13 +35,11 @@ __global__ void __launch_bounds__(kRopeThreads)
 // first, then k heads. q and k may point into the same fused qkv buffer (disjoint heads), hence
 // no __restrict__. kVec = 8 needs 16-byte aligned rows and half % 8 == 0.
 template <int kVec>
-__global__ void __launch_bounds__(kRopeThreads)
-    ApplyRopeKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q, int64_t q_stride,
-                    int num_q_heads, __nv_bfloat16* k, int64_t k_stride, int num_kv_heads,
-                    int head_dim, int rot_dim, const float* __restrict__ cos_sin) {
-  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();
-  const int64_t t = blockIdx.x;
+__device__ __forceinline__ void RopeToken(int64_t t, const int32_t* __restrict__ positions,
+                                          __nv_bfloat16* q, int64_t q_stride, int num_q_heads,
+                                          __nv_bfloat16* k, int64_t k_stride, int num_kv_heads,
+                                          int head_dim, int rot_dim,
+                                          const float* __restrict__ cos_sin) {
   const int half = rot_dim / 2;
   const int vecs_per_head = half / kVec;
   const int num_items = (num_q_heads + num_kv_heads) * vecs_per_head;
@@ -66,6 +65,37 @@ __global__ void __launch_bounds__(kRopeThreads)
     y1.Store(x);
     y2.Store(x + half);
   }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kRopeThreads)
+    ApplyRopeKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q, int64_t q_stride,
+                    int num_q_heads, __nv_bfloat16* k, int64_t k_stride, int num_kv_heads,
+                    int head_dim, int rot_dim, const float* __restrict__ cos_sin) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();     // after the wait: the attention follows (common.cuh)
+  RopeToken<kVec>(blockIdx.x, positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads,
+                  head_dim, rot_dim, cos_sin);
+}
+
+// ApplyRopeKernel then WriteKvCacheKernel (attention_common.cuh) for the same token, one block:
+// the barrier makes the block's rotated k rows visible to the threads that copy them.
+template <int kRopeVec, int kKvVec>
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeAndWriteKvCacheKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q,
+                              int64_t q_stride, int num_q_heads, __nv_bfloat16* k, int64_t k_stride,
+                              const __nv_bfloat16* v, int64_t v_stride, int num_kv_heads,
+                              int head_dim, int rot_dim, const float* __restrict__ cos_sin,
+                              const int64_t* __restrict__ slot_mapping, int block_size,
+                              __nv_bfloat16* __restrict__ k_cache,
+                              __nv_bfloat16* __restrict__ v_cache) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();     // after the wait: the attention follows (common.cuh)
+  RopeToken<kRopeVec>(blockIdx.x, positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads,
+                      head_dim, rot_dim, cos_sin);
+  __syncthreads();
+  attention::WriteKvToken<kKvVec>(blockIdx.x, k, k_stride, v, v_stride, slot_mapping, num_kv_heads,
+                                  head_dim, block_size, k_cache, v_cache);
 }
 
 // One warp per (token, head): lane l holds elements [(c * 32 + l) * kVec, +kVec) for chunk c in

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention.h"  // AttentionShape
+
 struct __nv_bfloat16;  // cuda_bf16.h, which host-only callers need not include
 
 namespace specd::kernels {
@@ -37,6 +39,17 @@ cudaError_t ApplyRope(const int32_t* positions, int64_t num_tokens, __nv_bfloat1
                       int64_t q_stride, int32_t num_q_heads, __nv_bfloat16* k, int64_t k_stride,
                       int32_t num_kv_heads, int32_t head_dim, int32_t rot_dim, const float* cos_sin,
                       cudaStream_t stream);
+
+// ApplyRope on q and key with shape.num_q_heads / num_kv_heads heads of shape.head_dim,
+// then WriteKvCache (attention.h) of the rotated key and of value, in one launch (a block per
+// token): q, key and the caches end exactly as after those two calls. rot_dim and cos_sin as
+// ApplyRope's. cudaErrorInvalidValue under either call's conditions.
+cudaError_t RopeAndWriteKvCache(const int32_t* positions, int64_t num_tokens, __nv_bfloat16* q,
+                                int64_t q_stride, __nv_bfloat16* key, int64_t key_stride,
+                                const __nv_bfloat16* value, int64_t value_stride, int32_t rot_dim,
+                                const float* cos_sin, const int64_t* slot_mapping,
+                                const AttentionShape& shape, __nv_bfloat16* k_cache,
+                                __nv_bfloat16* v_cache, cudaStream_t stream);
 
 // Per-head RMSNorm in place (Qwen3's q_norm / k_norm): every head_dim vector of x is normalized
 // and multiplied by weight, fp32 math, rounded once to bf16.
