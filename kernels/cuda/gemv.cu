@@ -1,5 +1,6 @@
 // Small-m GEMM launcher (layer 2): validate, pick the output type, tiles and warps, launch,
 // report.
+#include <atomic>
 #include <climits>
 
 #include "kernels/cuda/gemv.cuh"
@@ -15,20 +16,19 @@ bool ValidGemv(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int6
          x != nullptr && w != nullptr && y != nullptr && IsAligned(x, 16) && IsAligned(w, 16);
 }
 
-// Multiprocessors of the current device, read once per device (at most 64 devices cached).
+// Multiprocessors of the current device, read once per device (the first 64 devices cached;
+// any host thread may call it).
 int MultiprocessorCount() {
-  static int counts[64] = {};
+  static std::atomic<int> counts[64] = {};
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < 0 || device >= 64) return 0;
-  if (counts[device] == 0) {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 0;
-    }
-    counts[device] = count;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
+  int count = device < 64 ? counts[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0 &&
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      device < 64) {
+    counts[device].store(count, std::memory_order_relaxed);
   }
-  return counts[device];
+  return count;
 }
 
 // 16 warps per block where W's tiles fit one wave of one block per SM (a block alone on its SM

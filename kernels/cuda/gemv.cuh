@@ -10,8 +10,8 @@
 
 namespace specd::kernels {
 
-// Warps per block (they split k): 8 where several blocks share an SM, 16 where W has too few
-// rows to give every SM two blocks (gemv.cu). Either way 64 KiB or more of W is in flight per SM.
+// Warps per block (they split k): 16 where W's tiles fit one wave of one block per SM (a block
+// alone on its SM then keeps 64 KiB of W in flight, not 32), else 8, three blocks per SM (gemv.cu).
 constexpr int kGemvWarps = 8;
 constexpr int kGemvWideWarps = 16;
 constexpr int kGemvTileRows = 16;  // W rows per block: the M of one mma
