@@ -270,18 +270,13 @@ absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t st
   auto* v = Offset(k, config_.kv_size());
   SPECD_RETURN_IF_ERROR(RunGemm(h, hidden, w.qkv, w.qkv_bias, n, qkv_stride_, hidden, qkv,
                                 qkv_stride_, kernels::GemmOut::kBf16, stream));
-  if (config_.qk_norm) {
-    SPECD_RETURN_IF_ERROR(Launch(kernels::HeadRmsNorm(qkv, qkv_stride_, n, config_.num_heads,
-                                                      config_.head_dim, w.q_norm, eps, stream),
-                                 "HeadRmsNorm q", l));
-    SPECD_RETURN_IF_ERROR(Launch(kernels::HeadRmsNorm(k, qkv_stride_, n, config_.num_kv_heads,
-                                                      config_.head_dim, w.k_norm, eps, stream),
-                                 "HeadRmsNorm k", l));
-  }
+  // Qwen3's q_norm / k_norm (where the model has them), RoPE and the KV write: one launch.
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::RopeAndWriteKvCache(a.positions, n, qkv, qkv_stride_, k, qkv_stride_, v,
                                           qkv_stride_, config_.head_dim, rope_.as<float>(),
-                                          a.slot_mapping, shape_, k_cache_[l], v_cache_[l], stream),
+                                          config_.qk_norm ? w.q_norm : nullptr,
+                                          config_.qk_norm ? w.k_norm : nullptr, eps, a.slot_mapping,
+                                          shape_, k_cache_[l], v_cache_[l], stream),
              "RopeAndWriteKvCache", l));
   SPECD_RETURN_IF_ERROR(Attention(l, a, stream));
   SPECD_RETURN_IF_ERROR(RunGemm(attn_.as<__nv_bfloat16>(), config_.q_size(), w.o_proj, w.o_bias, n,

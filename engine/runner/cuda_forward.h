@@ -1,6 +1,6 @@
 // The transformer forward pass of the CUDA runner as a sequence of kernel launches on one stream:
 // embedding, per layer (RMSNorm / fused residual add + RMSNorm, fused qkv GEMM (+ bias), per-head
-// q/k norm, RoPE + KV write (one launch), paged decode or prefill attention, o_proj, fused add +
+// q/k norm + RoPE + KV write (one launch), paged decode or prefill attention, o_proj, fused add +
 // norm, gate_up GEMM, SiLU-and-mul, down GEMM), final norm, then the LM head on the rows that are
 // sampled.
 // It owns the activation buffers, the paged bf16 KV cache, the RoPE table and the cuBLASLt

@@ -40,22 +40,48 @@ cudaError_t LaunchHeadRmsNorm(__nv_bfloat16* x, int64_t x_stride, int64_t num_to
   return cudaGetLastError();
 }
 
-template <int kRopeVec, int kKvVec>
-cudaError_t LaunchRopeAndWriteKv(const int32_t* positions, int64_t num_tokens, __nv_bfloat16* q,
-                                 int64_t q_stride, __nv_bfloat16* key, int64_t key_stride,
-                                 const __nv_bfloat16* value, int64_t value_stride, int32_t rot_dim,
-                                 const float* cos_sin, const int64_t* slot_mapping,
-                                 const AttentionShape& s, __nv_bfloat16* k_cache,
-                                 __nv_bfloat16* v_cache, cudaStream_t stream) {
-  // As many threads as the wider of the two loops has items (ApplyRope's and WriteKvCache's).
-  const int64_t rope_items = int64_t{s.num_q_heads + s.num_kv_heads} * (rot_dim / 2 / kRopeVec);
+// Arguments of RopeAndWriteKvCache after validation.
+struct RopeKvArgs {
+  const int32_t* positions;
+  int64_t num_tokens;
+  __nv_bfloat16* q;
+  int64_t q_stride;
+  __nv_bfloat16* key;
+  int64_t key_stride;
+  const __nv_bfloat16* value;
+  int64_t value_stride;
+  int32_t rot_dim;
+  const float* cos_sin;
+  const __nv_bfloat16* q_norm;
+  const __nv_bfloat16* k_norm;
+  float eps;
+  const int64_t* slot_mapping;
+  const AttentionShape* shape;
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+};
+
+template <int kRopeVec, int kKvVec, bool kNorm>
+cudaError_t LaunchRopeAndWriteKv(const RopeKvArgs& a, cudaStream_t stream) {
+  const AttentionShape& s = *a.shape;
+  // As many threads as the widest of the loops has items (ApplyRope's and WriteKvCache's), and a
+  // warp per head for the norms where there are.
+  const int64_t rope_items = int64_t{s.num_q_heads + s.num_kv_heads} * (a.rot_dim / 2 / kRopeVec);
   const int64_t kv_items = int64_t{s.num_kv_heads} * s.head_dim / kKvVec;
+  const int64_t norm_items = kNorm ? int64_t{s.num_q_heads + s.num_kv_heads} * kWarpSize : 0;
   const int threads = static_cast<int>(std::min<int64_t>(
-      kRopeThreads, CeilDiv(std::max(rope_items, kv_items), kWarpSize) * kWarpSize));
-  return LaunchDependent(
-      RopeAndWriteKvCacheKernel<kRopeVec, kKvVec>, static_cast<unsigned>(num_tokens), threads, 0,
-      stream, positions, q, q_stride, s.num_q_heads, key, key_stride, value, value_stride,
-      s.num_kv_heads, s.head_dim, rot_dim, cos_sin, slot_mapping, s.block_size, k_cache, v_cache);
+      kRopeThreads, CeilDiv(std::max({rope_items, kv_items, norm_items}), kWarpSize) * kWarpSize));
+  return LaunchDependent(RopeAndWriteKvCacheKernel<kRopeVec, kKvVec, kNorm>,
+                         static_cast<unsigned>(a.num_tokens), threads, 0, stream, a.positions, a.q,
+                         a.q_stride, s.num_q_heads, a.key, a.key_stride, a.value, a.value_stride,
+                         s.num_kv_heads, s.head_dim, a.rot_dim, a.cos_sin, a.q_norm, a.k_norm,
+                         a.eps, a.slot_mapping, s.block_size, a.k_cache, a.v_cache);
+}
+
+template <int kRopeVec, int kKvVec>
+cudaError_t LaunchRopeAndWriteKvNorm(const RopeKvArgs& a, cudaStream_t stream) {
+  return a.q_norm != nullptr ? LaunchRopeAndWriteKv<kRopeVec, kKvVec, true>(a, stream)
+                             : LaunchRopeAndWriteKv<kRopeVec, kKvVec, false>(a, stream);
 }
 
 }  // namespace
@@ -113,7 +139,8 @@ cudaError_t HeadRmsNorm(__nv_bfloat16* x, int64_t x_stride, int64_t num_tokens, 
 cudaError_t RopeAndWriteKvCache(const int32_t* positions, int64_t num_tokens, __nv_bfloat16* q,
                                 int64_t q_stride, __nv_bfloat16* key, int64_t key_stride,
                                 const __nv_bfloat16* value, int64_t value_stride, int32_t rot_dim,
-                                const float* cos_sin, const int64_t* slot_mapping,
+                                const float* cos_sin, const __nv_bfloat16* q_norm,
+                                const __nv_bfloat16* k_norm, float eps, const int64_t* slot_mapping,
                                 const AttentionShape& shape, __nv_bfloat16* k_cache,
                                 __nv_bfloat16* v_cache, cudaStream_t stream) {
   const int64_t q_row = int64_t{shape.num_q_heads} * shape.head_dim;
@@ -121,22 +148,27 @@ cudaError_t RopeAndWriteKvCache(const int32_t* positions, int64_t num_tokens, __
   if (shape.num_q_heads < 0 || shape.num_kv_heads < 1 || shape.head_dim < 1 ||
       shape.block_size < 1 || rot_dim < 2 || rot_dim % 2 != 0 || rot_dim > shape.head_dim ||
       shape.head_dim > kMaxRopeHeadDim || num_tokens < 0 || num_tokens > INT_MAX ||
-      q_stride < q_row || key_stride < kv_row || value_stride < kv_row) {
+      q_stride < q_row || key_stride < kv_row || value_stride < kv_row ||
+      (q_norm == nullptr) != (k_norm == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
-  // The vector widths ApplyRope and WriteKvCache would pick.
+  const bool norm = q_norm != nullptr;
+  // The vector widths ApplyRope (and HeadRmsNorm) and WriteKvCache would pick.
   const bool rope_vec = rot_dim / 2 % kBf16PerVec16 == 0 && shape.head_dim % kBf16PerVec16 == 0 &&
                         q_stride % kBf16PerVec16 == 0 && key_stride % kBf16PerVec16 == 0 &&
-                        IsAligned(q, 16) && IsAligned(key, 16);
+                        AllAligned16({q, key}) && (!norm || AllAligned16({q_norm, k_norm}));
   const bool kv_vec = shape.head_dim % kBf16PerVec16 == 0 && key_stride % kBf16PerVec16 == 0 &&
                       value_stride % kBf16PerVec16 == 0 &&
                       AllAligned16({key, value, k_cache, v_cache});
+  const RopeKvArgs args{positions, num_tokens,   q,       q_stride, key,    key_stride,
+                        value,     value_stride, rot_dim, cos_sin,  q_norm, k_norm,
+                        eps,       slot_mapping, &shape,  k_cache,  v_cache};
   constexpr int kV = kBf16PerVec16;
-  auto* launch = rope_vec ? (kv_vec ? LaunchRopeAndWriteKv<kV, kV> : LaunchRopeAndWriteKv<kV, 1>)
-                          : (kv_vec ? LaunchRopeAndWriteKv<1, kV> : LaunchRopeAndWriteKv<1, 1>);
-  return launch(positions, num_tokens, q, q_stride, key, key_stride, value, value_stride, rot_dim,
-                cos_sin, slot_mapping, shape, k_cache, v_cache, stream);
+  auto* launch = rope_vec
+                     ? (kv_vec ? LaunchRopeAndWriteKvNorm<kV, kV> : LaunchRopeAndWriteKvNorm<kV, 1>)
+                     : (kv_vec ? LaunchRopeAndWriteKvNorm<1, kV> : LaunchRopeAndWriteKvNorm<1, 1>);
+  return launch(args, stream);
 }
 
 }  // namespace specd::kernels

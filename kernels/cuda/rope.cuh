@@ -78,41 +78,14 @@ __global__ void __launch_bounds__(kRopeThreads)
                   head_dim, rot_dim, cos_sin);
 }
 
-// ApplyRopeKernel then WriteKvCacheKernel (attention_common.cuh) for the same token, one block:
-// the barrier makes the block's rotated k rows visible to the threads that copy them.
-template <int kRopeVec, int kKvVec>
-__global__ void __launch_bounds__(kRopeThreads)
-    RopeAndWriteKvCacheKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q,
-                              int64_t q_stride, int num_q_heads, __nv_bfloat16* k, int64_t k_stride,
-                              const __nv_bfloat16* v, int64_t v_stride, int num_kv_heads,
-                              int head_dim, int rot_dim, const float* __restrict__ cos_sin,
-                              const int64_t* __restrict__ slot_mapping, int block_size,
-                              __nv_bfloat16* __restrict__ k_cache,
-                              __nv_bfloat16* __restrict__ v_cache) {
-  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
-  AllowDependentLaunch();     // after the wait: the attention follows (common.cuh)
-  RopeToken<kRopeVec>(blockIdx.x, positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads,
-                      head_dim, rot_dim, cos_sin);
-  __syncthreads();
-  attention::WriteKvToken<kKvVec>(blockIdx.x, k, k_stride, v, v_stride, slot_mapping, num_kv_heads,
-                                  head_dim, block_size, k_cache, v_cache);
-}
-
-// One warp per (token, head): lane l holds elements [(c * 32 + l) * kVec, +kVec) for chunk c in
-// registers, the warp sums squares with shuffles, then writes x * rsqrt(mean + eps) * weight.
-// kVec = 8 needs head_dim % 8 == 0 and 16-byte aligned rows and weight.
+// RMSNorm of one head_dim vector in place by one warp: lane l holds elements
+// [(c * 32 + l) * kVec, +kVec) for chunk c in registers, the warp sums squares with shuffles,
+// then writes x * rsqrt(mean + eps) * weight. Every lane of the warp must call it.
 template <int kVec>
-__global__ void __launch_bounds__(kHeadNormThreads)
-    HeadRmsNormKernel(__nv_bfloat16* x, int64_t x_stride, int64_t num_vectors, int num_heads,
-                      int head_dim, const __nv_bfloat16* __restrict__ weight, float eps) {
+__device__ __forceinline__ void HeadNormRow(__nv_bfloat16* row, int head_dim,
+                                            const __nv_bfloat16* __restrict__ weight, float eps,
+                                            int lane) {
   constexpr int kChunks = kMaxRopeHeadDim / (kWarpSize * kVec);
-  const int64_t vector =
-      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  if (vector >= num_vectors) return;  // whole warps leave together: the shuffles stay full
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t t = vector / num_heads;
-  const int h = static_cast<int>(vector - t * num_heads);
-  __nv_bfloat16* row = x + t * x_stride + static_cast<int64_t>(h) * head_dim;
   float v[kChunks][kVec];
   float sum_sq = 0.0f;
 #pragma unroll
@@ -141,6 +114,58 @@ __global__ void __launch_bounds__(kHeadNormThreads)
       y.Store(row + offset);
     }
   }
+}
+
+// One warp per (token, head), HeadNormRow. kVec = 8 needs head_dim % 8 == 0 and 16-byte aligned
+// rows and weight.
+template <int kVec>
+__global__ void __launch_bounds__(kHeadNormThreads)
+    HeadRmsNormKernel(__nv_bfloat16* x, int64_t x_stride, int64_t num_vectors, int num_heads,
+                      int head_dim, const __nv_bfloat16* __restrict__ weight, float eps) {
+  const int64_t vector =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (vector >= num_vectors) return;  // whole warps leave together: the shuffles stay full
+  const int64_t t = vector / num_heads;
+  const int h = static_cast<int>(vector - t * num_heads);
+  HeadNormRow<kVec>(x + t * x_stride + static_cast<int64_t>(h) * head_dim, head_dim, weight, eps,
+                    threadIdx.x % kWarpSize);
+}
+
+// Per-head RMSNorm of q and k (kNorm: Qwen3's q_norm / k_norm, one warp per head, HeadNormRow
+// with kRopeVec), then ApplyRopeKernel, then WriteKvCacheKernel (attention_common.cuh), for the
+// same token in one block: the barriers make each phase's writes visible to the next one's
+// threads. The same arithmetic as the separate kernels, so the same bits.
+template <int kRopeVec, int kKvVec, bool kNorm>
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeAndWriteKvCacheKernel(const int32_t* __restrict__ positions, __nv_bfloat16* q,
+                              int64_t q_stride, int num_q_heads, __nv_bfloat16* k, int64_t k_stride,
+                              const __nv_bfloat16* v, int64_t v_stride, int num_kv_heads,
+                              int head_dim, int rot_dim, const float* __restrict__ cos_sin,
+                              const __nv_bfloat16* __restrict__ q_norm,
+                              const __nv_bfloat16* __restrict__ k_norm, float eps,
+                              const int64_t* __restrict__ slot_mapping, int block_size,
+                              __nv_bfloat16* __restrict__ k_cache,
+                              __nv_bfloat16* __restrict__ v_cache) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  AllowDependentLaunch();     // after the wait: the attention follows (common.cuh)
+  const int64_t t = blockIdx.x;
+  if constexpr (kNorm) {
+    const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+    for (int h = static_cast<int>(threadIdx.x) / kWarpSize; h < num_q_heads + num_kv_heads;
+         h += warps) {  // whole warps per head: the shuffles stay full
+      __nv_bfloat16* row =
+          h < num_q_heads ? q + t * q_stride + static_cast<int64_t>(h) * head_dim
+                          : k + t * k_stride + static_cast<int64_t>(h - num_q_heads) * head_dim;
+      HeadNormRow<kRopeVec>(row, head_dim, h < num_q_heads ? q_norm : k_norm, eps,
+                            threadIdx.x % kWarpSize);
+    }
+    __syncthreads();
+  }
+  RopeToken<kRopeVec>(t, positions, q, q_stride, num_q_heads, k, k_stride, num_kv_heads, head_dim,
+                      rot_dim, cos_sin);
+  __syncthreads();
+  attention::WriteKvToken<kKvVec>(t, k, k_stride, v, v_stride, slot_mapping, num_kv_heads, head_dim,
+                                  block_size, k_cache, v_cache);
 }
 
 }  // namespace specd::kernels

@@ -40,14 +40,17 @@ cudaError_t ApplyRope(const int32_t* positions, int64_t num_tokens, __nv_bfloat1
                       int32_t num_kv_heads, int32_t head_dim, int32_t rot_dim, const float* cos_sin,
                       cudaStream_t stream);
 
-// ApplyRope on q and key with shape.num_q_heads / num_kv_heads heads of shape.head_dim,
-// then WriteKvCache (attention.h) of the rotated key and of value, in one launch (a block per
-// token): q, key and the caches end exactly as after those two calls. rot_dim and cos_sin as
-// ApplyRope's. cudaErrorInvalidValue under either call's conditions.
+// Where q_norm and k_norm are given (Qwen3), HeadRmsNorm of q's heads by q_norm and of key's by
+// k_norm; then ApplyRope on q and key with shape.num_q_heads / num_kv_heads heads of
+// shape.head_dim, then WriteKvCache (attention.h) of the rotated key and of value, in one launch
+// (a block per token): q, key and the caches end exactly as after those calls. rot_dim and
+// cos_sin as ApplyRope's; q_norm, k_norm [head_dim] bf16, device, both or neither.
+// cudaErrorInvalidValue under any of those calls' conditions, or with one norm but not the other.
 cudaError_t RopeAndWriteKvCache(const int32_t* positions, int64_t num_tokens, __nv_bfloat16* q,
                                 int64_t q_stride, __nv_bfloat16* key, int64_t key_stride,
                                 const __nv_bfloat16* value, int64_t value_stride, int32_t rot_dim,
-                                const float* cos_sin, const int64_t* slot_mapping,
+                                const float* cos_sin, const __nv_bfloat16* q_norm,
+                                const __nv_bfloat16* k_norm, float eps, const int64_t* slot_mapping,
                                 const AttentionShape& shape, __nv_bfloat16* k_cache,
                                 __nv_bfloat16* v_cache, cudaStream_t stream);
 
