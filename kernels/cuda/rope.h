@@ -44,9 +44,10 @@ cudaError_t ApplyRope(const int32_t* positions, int64_t num_tokens, __nv_bfloat1
 // k_norm; then ApplyRope on q and key with shape.num_q_heads / num_kv_heads heads of
 // shape.head_dim, then WriteKvCache (attention.h) of the rotated key and of value, in one launch
 // (a block per token): q, key and the caches end exactly as after those calls. (One exception:
-// the norms take RoPE's vector width, so where HeadRmsNorm alone would take 16-byte accesses and
-// RoPE not (rot_dim / 2 % 8 != 0), their sums of squares may round differently. No Qwen3 shape
-// is such: rot_dim = head_dim = 128.) rot_dim and cos_sin as ApplyRope's; q_norm, k_norm
+// the norms take RoPE's vector width, so where HeadRmsNorm alone would pick another one for q or
+// for key (rot_dim / 2 % 8 != 0, or q and key aligned or strided differently), their sums of
+// squares may round differently. The forward pass has none of these: one qkv buffer, and every
+// Qwen3 shape has rot_dim = head_dim = 128.) rot_dim and cos_sin as ApplyRope's; q_norm, k_norm
 // [head_dim] bf16, device, both or neither.
 // cudaErrorInvalidValue under any of those calls' conditions, or with one norm but not the other.
 cudaError_t RopeAndWriteKvCache(const int32_t* positions, int64_t num_tokens, __nv_bfloat16* q,
