@@ -123,6 +123,11 @@ absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
       }
     }
     if (seq.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, seq));
+    if (seq.ssv != nullptr) {
+      if (nsa_ == nullptr) return SequenceError(s, "an SSV strategy needs an NSA model");
+      const absl::Status st = ValidateSsvStrategy(*seq.ssv, "ssv.");
+      if (!st.ok()) return SequenceError(s, std::string(st.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -168,6 +173,12 @@ absl::Status Model::ValidateAttention(size_t s, const SequenceInput& seq) const 
 void Model::PlanAttentionOptions(std::span<const SequenceInput> batch) {
   ws_.attention.assign(batch.size(), nullptr);
   ws_.any_sparse = false;
+  ws_.ssv.clear();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (batch[s].ssv == nullptr) continue;
+    if (ws_.ssv.empty()) ws_.ssv.assign(batch.size(), nullptr);
+    ws_.ssv[s] = batch[s].ssv;
+  }
   ws_.slot_of_token.clear();
   ws_.slot_seq.clear();
   ws_.slot_prefix.clear();
@@ -334,7 +345,8 @@ void Model::Attend(int32_t layer, const TokenLayout& layout, CpuKvCache& kv) {
   const int64_t stride = qkv_stride();
   if (nsa_ != nullptr) {
     const float* gates = ws_.qkv.data() + local_.q_size() + 2 * local_.kv_size();
-    nsa_->Run(*pool_, layout, ws_.qkv.data(), stride, gates, stride, kv, layer, ws_.attn.data());
+    nsa_->Run(*pool_, layout, ws_.qkv.data(), stride, gates, stride, kv, layer, ws_.attn.data(),
+              ws_.ssv);
     return;
   }
   const AttentionShape shape{local_.num_heads, local_.num_kv_heads, local_.head_dim,

@@ -73,6 +73,10 @@ struct SequenceInput {
   // worker just the block ids its mirror of this sequence's table lacks.
   int64_t seq_id = -1;
   const ChunkAttention* attention = nullptr;  // null: dense, nothing collected
+  // NSA models only, for a verification chunk: how its queries choose and load their selected
+  // blocks (engine/model/ssv.h). Null: every query its own, every layer (the model's attention).
+  // Caller-owned; outlives the Forward call.
+  const SsvStrategy* ssv = nullptr;
 };
 
 class Model {
@@ -136,6 +140,8 @@ class Model {
     std::vector<int32_t> slot_prefix;    // [num_slots] keys captured: [0, start_pos)
     int64_t capture_stride = 0;          // longest prefix among the slots
     std::vector<float> capture;          // [num_slots, num_heads, capture_stride] raw scores
+    // NSA: each sequence's SSV strategy (empty when no sequence of the batch has one).
+    std::vector<const SsvStrategy*> ssv;
   };
 
   Model(ModelConfig config, ModelWeights weights, const LoadOptions& opts, const TpShard& shard);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 
 namespace specd {
@@ -41,15 +42,14 @@ void SoftmaxRows(float* logits, int32_t rows, int32_t cols) {
 
 // Per-thread scratch of AttendToken.
 struct NsaAttention::Task {
-  std::vector<float> logits;                    // [group, keys] of one branch
-  std::vector<float> block_scores;              // [own_block + 1] selection scores
-  std::vector<int32_t> positions;               // [keys] attended positions of a branch
-  std::vector<float> keys;                      // [keys, head_dim] gathered from the cache
-  std::vector<float> values;                    // [keys, head_dim] gathered from the cache
-  std::vector<float> cmp_out;                   // [group, head_dim] compressed branch
-  std::vector<float> slc_out;                   // [group, head_dim] selected branch
-  std::vector<float> swa_out;                   // [group, head_dim] window branch
-  std::vector<std::vector<int32_t>> selection;  // [num_kv_heads] of the token just attended
+  std::vector<float> logits;        // [group, keys] of one branch
+  std::vector<float> block_scores;  // [own_block + 1] selection scores
+  std::vector<int32_t> positions;   // [keys] attended positions of a branch
+  std::vector<float> keys;          // [keys, head_dim] gathered from the cache
+  std::vector<float> values;        // [keys, head_dim] gathered from the cache
+  std::vector<float> cmp_out;       // [group, head_dim] compressed branch
+  std::vector<float> slc_out;       // [group, head_dim] selected branch
+  std::vector<float> swa_out;       // [group, head_dim] window branch
 };
 
 NsaAttention::NsaAttention(const NsaShape& shape, int32_t num_layers)
@@ -170,25 +170,36 @@ void NsaAttention::AttendCompressed(const float* q, const std::vector<float>& cm
   }
 }
 
+void NsaAttention::SelectToken(int64_t t, const TokenLayout& layout, const float* q,
+                               int64_t q_stride, Task& task) {
+  const int32_t bs = shape_.nsa.block_size, hd = shape_.head_dim;
+  const int32_t group = shape_.num_heads / shape_.num_kv_heads;
+  const int32_t p = layout.positions[t], s = layout.seq_of_token[t];
+  const int32_t own_block = p / bs, num_visible = (p + 1) / bs;
+  for (int32_t g = 0; g < shape_.num_kv_heads; ++g) {
+    const float* qg = q + t * q_stride + int64_t{g} * group * hd;  // [group, head_dim]
+    AttendCompressed(qg, cmp_[s], num_visible, own_block, g, task);
+    std::copy(task.cmp_out.begin(), task.cmp_out.end(),
+              cmp_out_.begin() + (t * shape_.num_heads + int64_t{g} * group) * hd);
+    own_[t * shape_.num_kv_heads + g] =
+        NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts);
+  }
+}
+
 void NsaAttention::AttendToken(int64_t t, const TokenLayout& layout, const float* q,
                                int64_t q_stride, const float* gate_logits, int64_t gate_stride,
                                const CpuKvCache& kv, int32_t layer, float* out, Task& task) const {
   const int32_t bs = shape_.nsa.block_size, hd = shape_.head_dim;
   const int32_t group = shape_.num_heads / shape_.num_kv_heads;
   const int32_t p = layout.positions[t], s = layout.seq_of_token[t];
-  const int32_t own_block = p / bs, num_visible = (p + 1) / bs;
   const std::span<const int32_t> table = layout.block_tables[s];
-  task.selection.resize(shape_.num_kv_heads);
   task.slc_out.resize(int64_t{group} * hd);
   task.swa_out.resize(int64_t{group} * hd);
   for (int32_t g = 0; g < shape_.num_kv_heads; ++g) {
     const float* qg = q + t * q_stride + int64_t{g} * group * hd;  // [group, head_dim]
-    AttendCompressed(qg, cmp_[s], num_visible, own_block, g, task);
-    task.selection[g] =
-        NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts);
     // Selected branch: every key up to p of the selected blocks (the own block truncated).
     task.positions.clear();
-    for (int32_t b : task.selection[g]) {
+    for (int32_t b : *effective_[t * shape_.num_kv_heads + g]) {
       for (int32_t j = b * bs; j < (b + 1) * bs && j <= p; ++j) task.positions.push_back(j);
     }
     AttendPositions(qg, table, kv, layer, g, task, task.slc_out.data());
@@ -203,7 +214,7 @@ void NsaAttention::AttendToken(int64_t t, const TokenLayout& layout, const float
       const float* gate = gate_logits + t * gate_stride + 3 * h;
       const float g_cmp = Sigmoid(gate[0]), g_slc = Sigmoid(gate[1]), g_swa = Sigmoid(gate[2]);
       float* o = out + (t * shape_.num_heads + h) * hd;
-      const float* o_cmp = &task.cmp_out[hh * hd];
+      const float* o_cmp = &cmp_out_[(t * shape_.num_heads + h) * hd];
       const float* o_slc = &task.slc_out[hh * hd];
       const float* o_swa = &task.swa_out[hh * hd];
       for (int32_t d = 0; d < hd; ++d) {
@@ -213,27 +224,134 @@ void NsaAttention::AttendToken(int64_t t, const TokenLayout& layout, const float
   }
 }
 
+void NsaAttention::ResolveSelections(const TokenLayout& layout,
+                                     std::span<const SsvStrategy* const> ssv, int32_t layer) {
+  const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
+  const int32_t kv_heads = shape_.num_kv_heads;
+  effective_.resize(num_tokens * kv_heads);
+  for (int64_t i = 0; i < num_tokens * kv_heads; ++i) effective_[i] = &own_[i];
+  if (ssv.empty()) return;
+  if (static_cast<int64_t>(kept_.size()) != num_tokens * kv_heads)
+    kept_.resize(num_tokens * kv_heads);
+  first_token_.assign(layout.block_tables.size(), -1);
+  for (int64_t t = num_tokens - 1; t >= 0; --t) {
+    first_token_[layout.seq_of_token[t]] = static_cast<int32_t>(t);
+  }
+  // Refresh layers keep their selections for the reuse layers after them (layer 0 always
+  // refreshes, and Forward runs the layers in order, so kept_ is this batch's).
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const SsvStrategy* st = ssv[layout.seq_of_token[t]];
+    if (st == nullptr || !st->Refreshes(layer)) continue;
+    for (int32_t g = 0; g < kv_heads; ++g) kept_[t * kv_heads + g] = own_[t * kv_heads + g];
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int32_t s = layout.seq_of_token[t];
+    const SsvStrategy* st = ssv[s];
+    if (st == nullptr) continue;
+    const int64_t first = first_token_[s];
+    const int64_t source =
+        st->mode == SsvMode::kShared ? first + (t - first) / st->group_size * st->group_size : t;
+    for (int32_t g = 0; g < kv_heads; ++g) {
+      effective_[t * kv_heads + g] = &kept_[source * kv_heads + g];
+    }
+  }
+  CountLoads(layout, ssv);
+}
+
+void NsaAttention::CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv) {
+  const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
+  const int32_t bs = shape_.nsa.block_size, window = shape_.nsa.window_size;
+  const int32_t kv_heads = shape_.num_kv_heads;
+  std::vector<int32_t> keys, group_keys, merged, group_blocks;
+  // A query's keys: its effective blocks' positions up to its own, and its window (ascending).
+  auto query_keys = [&](int64_t t, int32_t g, std::vector<int32_t>& out) {
+    const int32_t p = layout.positions[t];
+    out.clear();
+    for (int32_t b : *effective_[t * kv_heads + g]) {
+      for (int32_t j = b * bs; j < (b + 1) * bs && j <= p; ++j) out.push_back(j);
+    }
+    for (int32_t j = std::max(0, p - window + 1); j <= p; ++j) out.push_back(j);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  };
+  auto merge_into = [&](std::vector<int32_t>& acc, std::span<const int32_t> add) {
+    merged.clear();
+    std::set_union(acc.begin(), acc.end(), add.begin(), add.end(), std::back_inserter(merged));
+    acc.swap(merged);
+  };
+  for (int64_t begin = 0; begin < num_tokens;) {
+    const int32_t s = layout.seq_of_token[begin];
+    int64_t end = begin;
+    while (end < num_tokens && layout.seq_of_token[end] == s) ++end;
+    const SsvStrategy* st = ssv[s];
+    if (st != nullptr) {
+      for (int32_t g = 0; g < kv_heads; ++g) {
+        for (int64_t t = begin; t < end; ++t) {
+          const std::vector<int32_t>& own = own_[t * kv_heads + g];
+          if (t > begin && !own.empty()) {
+            const std::vector<int32_t>& prev = own_[(t - 1) * kv_heads + g];
+            merged.clear();
+            std::set_intersection(own.begin(), own.end(), prev.begin(), prev.end(),
+                                  std::back_inserter(merged));
+            ssv_stats_.overlap_sum += static_cast<double>(merged.size()) / own.size();
+            ++ssv_stats_.overlap_pairs;
+          }
+        }
+        for (int64_t g0 = begin; g0 < end; g0 += st->group_size) {
+          group_keys.clear();
+          group_blocks.clear();
+          for (int64_t t = g0; t < std::min(end, g0 + st->group_size); ++t) {
+            query_keys(t, g, keys);
+            const std::vector<int32_t>& blocks = *effective_[t * kv_heads + g];
+            ++ssv_stats_.queries;
+            ssv_stats_.per_query_keys += static_cast<int64_t>(keys.size());
+            ssv_stats_.per_query_blocks += static_cast<int64_t>(blocks.size());
+            merge_into(group_keys, keys);
+            merge_into(group_blocks, blocks);
+          }
+          ssv_stats_.grouped_keys += static_cast<int64_t>(group_keys.size());
+          ssv_stats_.grouped_blocks += static_cast<int64_t>(group_blocks.size());
+        }
+      }
+    }
+    begin = end;
+  }
+}
+
 void NsaAttention::Run(ThreadPool& pool, const TokenLayout& layout, const float* q,
                        int64_t q_stride, const float* gate_logits, int64_t gate_stride,
-                       const CpuKvCache& kv, int32_t layer, float* out) {
+                       const CpuKvCache& kv, int32_t layer, float* out,
+                       std::span<const SsvStrategy* const> ssv) {
   const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
   if (num_tokens == 0) return;
   Compress(layout, kv, layer);
-  auto body = [&](int64_t begin, int64_t end) {
-    Task task;
-    for (int64_t t = begin; t < end; ++t) {
-      AttendToken(t, layout, q, q_stride, gate_logits, gate_stride, kv, layer, out, task);
-      if (t == num_tokens - 1) last_selection_[layer] = task.selection;
-    }
-  };
+  cmp_out_.resize(num_tokens * shape_.num_heads * shape_.head_dim);
+  own_.resize(num_tokens * shape_.num_kv_heads);
   const int64_t keys_per_token =
       int64_t{shape_.nsa.block_counts} * shape_.nsa.block_size + shape_.nsa.window_size;
-  if (num_tokens * keys_per_token * shape_.num_heads < kMinParallelKeys ||
-      pool.num_threads() == 1) {
-    body(0, num_tokens);
-  } else {
-    pool.ParallelFor(num_tokens, body);
-  }
+  const bool serial =
+      num_tokens * keys_per_token * shape_.num_heads < kMinParallelKeys || pool.num_threads() == 1;
+  auto for_tokens = [&](auto&& fn) {
+    auto body = [&](int64_t begin, int64_t end) {
+      Task task;
+      for (int64_t t = begin; t < end; ++t) fn(t, task);
+    };
+    if (serial) {
+      body(0, num_tokens);
+    } else {
+      pool.ParallelFor(num_tokens, body);
+    }
+  };
+  // Phase 1: the compressed branch and each query's own selection; then which selection each
+  // query attends (its own, or per the sequence's SSV strategy); phase 2: the selected and
+  // window branches and the gates.
+  for_tokens([&](int64_t t, Task& task) { SelectToken(t, layout, q, q_stride, task); });
+  const int32_t kv_heads = shape_.num_kv_heads;
+  last_selection_[layer].assign(own_.begin() + (num_tokens - 1) * kv_heads, own_.end());
+  ResolveSelections(layout, ssv, layer);
+  for_tokens([&](int64_t t, Task& task) {
+    AttendToken(t, layout, q, q_stride, gate_logits, gate_stride, kv, layer, out, task);
+  });
 }
 
 }  // namespace specd

@@ -12,6 +12,10 @@
 // The compressed blocks are recomputed from the paged KV on every call (each sequence's complete
 // blocks once per layer), so prefill, decode, chunked prefill, verification chunks, prefix-cache
 // reuse and preemption all read one source of truth; no cache beside the paged KV to keep in step.
+// A sequence's chunk may carry an SSV strategy (engine/model/ssv.h): its queries then attend the
+// selections the strategy names, and what they read is counted (ssv_stats). Each Run goes in two
+// phases over the tokens: the compressed branch and every query's own selection, then the
+// selected and window branches over the selection each query attends.
 // Engine thread; work fans out to the pool.
 #pragma once
 
@@ -23,6 +27,7 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/model/attention.h"
 #include "engine/model/model_config.h"
+#include "engine/model/ssv.h"
 
 namespace specd {
 
@@ -43,14 +48,20 @@ class NsaAttention {
   // 1 selected, 2 window) of head h, before the sigmoid;
   // out: [num_tokens, num_heads * head_dim] f32. K/V (RoPE'd keys) of every position up to each
   // token's own must be in the cache already (WriteKv first).
+  // ssv: empty, or [num_seqs] each sequence's strategy (null: the model's own attention). A
+  // sequence's tokens must be contiguous in the layout, in position order (Model::Forward's).
+  // Reuse layers read what the last refresh layer kept: run the layers of one batch in order.
   void Run(ThreadPool& pool, const TokenLayout& layout, const float* q, int64_t q_stride,
            const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv, int32_t layer,
-           float* out);
+           float* out, std::span<const SsvStrategy* const> ssv = {});
 
   // The blocks KV head `kv_head` selected for the last token of the batch of the last Run of
   // `layer`, ascending ([<= block_counts] block indices); empty before any Run. For tests and
   // selection metrics.
   std::span<const int32_t> LastTokenSelection(int32_t layer, int32_t kv_head) const;
+
+  // Running totals over the chunks that ran with a strategy.
+  const SsvLoadStats& ssv_stats() const { return ssv_stats_; }
 
  private:
   struct Task;
@@ -60,6 +71,14 @@ class NsaAttention {
                         int32_t own_block, int32_t kv_head, Task& task) const;
   void AttendPositions(const float* q, std::span<const int32_t> table, const CpuKvCache& kv,
                        int32_t layer, int32_t kv_head, Task& task, float* out) const;
+  // Phase 1 of token t: its compressed branch (into cmp_out_) and own selections (own_).
+  void SelectToken(int64_t t, const TokenLayout& layout, const float* q, int64_t q_stride,
+                   Task& task);
+  // Which selection each query attends (effective_), and the strategies' load counts.
+  void ResolveSelections(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv,
+                         int32_t layer);
+  void CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv);
+  // Phase 2 of token t: the selected and window branches, and the gated sum into out.
   void AttendToken(int64_t t, const TokenLayout& layout, const float* q, int64_t q_stride,
                    const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv,
                    int32_t layer, float* out, Task& scratch) const;
@@ -72,6 +91,15 @@ class NsaAttention {
   std::vector<int32_t> seq_end_;  // [num_seqs] last position of each sequence's new tokens
   // [num_layers][num_kv_heads][<= block_counts] the last token's selection per layer.
   std::vector<std::vector<std::vector<int32_t>>> last_selection_;
+  // Per token of the current Run: [T, num_heads, head_dim] f32 the compressed branch; [T *
+  // num_kv_heads] its own selection, the one it attends (into own_ or kept_), and, for tokens
+  // of a sequence with a strategy, the selection of the last refresh layer.
+  std::vector<float> cmp_out_;
+  std::vector<std::vector<int32_t>> own_;
+  std::vector<const std::vector<int32_t>*> effective_;
+  std::vector<std::vector<int32_t>> kept_;
+  std::vector<int32_t> first_token_;  // [num_seqs] each sequence's first token in the layout
+  SsvLoadStats ssv_stats_;
 };
 
 // The blocks selected from `scores` ([own_block + 1] f32: the summed compressed probabilities of

@@ -252,6 +252,77 @@ TEST_F(NsaGoldenTest, RaggedBatchMatchesSequencesAlone) {
   EXPECT_LE(MaxRelDiff(second, alone_b), kPathTolerance);
 }
 
+// Verification chunks of 8 over entry 0's continuation (positions 600 .. 623) with SSV
+// strategies: mode exact at any group size gives the plain chunk's rows bit for bit; mode shared
+// (C 4) keeps the first row (its query attends its own selection in every layer, over KV that no
+// shared query wrote) and changes others; refresh_every 2 changes rows. What the chunks read is
+// counted: grouping reads fewer keys than the queries would alone, and the online overlap is in (0,
+// 1].
+TEST_F(NsaGoldenTest, SsvStrategiesOnVerificationChunks) {
+  const Golden& g = (*goldens_)[0];
+  std::vector<int32_t> tokens = g.prompt;
+  tokens.insert(tokens.end(), g.greedy.begin(), g.greedy.end());
+  const int32_t first = static_cast<int32_t>(g.prompt.size()) - 1;
+  const std::vector<int32_t> table = Table(kScratch);
+  Run(tokens, 0, first, false, kScratch);  // the prefix's KV
+  auto chunks = [&](const SsvStrategy* ssv) {
+    std::vector<float> rows;
+    for (int32_t p = first; p + 8 <= first + 24; p += 8) {
+      SequenceInput input{std::span(tokens).subspan(p, 8), p, table, true};
+      input.ssv = ssv;
+      std::vector<float> logits;
+      const absl::Status status = model_->Forward(std::span(&input, 1), *kv_, &logits);
+      EXPECT_TRUE(status.ok()) << status;
+      rows.insert(rows.end(), logits.begin(), logits.end());
+    }
+    return rows;
+  };
+  const int64_t v = vocab();
+  auto row = [&](const std::vector<float>& rows, int64_t r) {
+    return std::vector<float>(rows.begin() + r * v, rows.begin() + (r + 1) * v);
+  };
+  const std::vector<float> plain = chunks(nullptr);
+  const SsvLoadStats before = model_->nsa()->ssv_stats();
+  for (int32_t c : {1, 2, 4, 8}) {
+    const SsvStrategy exact{.group_size = c};
+    EXPECT_EQ(chunks(&exact), plain) << "exact C " << c;
+  }
+  const SsvLoadStats exact = model_->nsa()->ssv_stats() - before;
+  // 4 group sizes x 3 chunks x 8 queries x 6 layers x 1 KV head.
+  EXPECT_EQ(exact.queries, 4 * 3 * 8 * 6);
+  EXPECT_LT(exact.grouped_keys, exact.per_query_keys);
+  EXPECT_EQ(exact.overlap_pairs, 4 * 3 * 7 * 6);
+  EXPECT_GT(exact.overlap_sum, 0.0);
+  EXPECT_LE(exact.overlap_sum, static_cast<double>(exact.overlap_pairs));
+
+  const SsvStrategy shared{.group_size = 4, .mode = SsvMode::kShared};
+  const std::vector<float> got = chunks(&shared);
+  int changed = 0;
+  for (int64_t r = 0; r < 24; ++r) {
+    if (r == 0) {
+      EXPECT_EQ(row(got, r), row(plain, r));
+    } else {
+      changed += row(got, r) != row(plain, r);
+    }
+  }
+  EXPECT_GT(changed, 0) << "mode shared changed no row: is it applied?";
+  const SsvStrategy reuse{.refresh_every = 2};
+  EXPECT_NE(chunks(&reuse), plain) << "refresh_every 2 changed no row: is it applied?";
+  std::printf(
+      "[ nsa-codepair entry 0, SSV ] exact chunks of 8: %.1f keys per query alone, %.1f grouped "
+      "(C 1/2/4/8 pooled); adjacent overlap %.3f\n",
+      double(exact.per_query_keys) / exact.queries, double(exact.grouped_keys) / exact.queries,
+      exact.overlap_sum / exact.overlap_pairs);
+
+  SequenceInput bad{std::span(tokens).subspan(first, 2), first, table, true};
+  const SsvStrategy zero{.group_size = 0};
+  bad.ssv = &zero;
+  std::vector<float> logits;
+  const absl::Status status = model_->Forward(std::span(&bad, 1), *kv_, &logits);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("ssv.group_size"), std::string::npos) << status;
+}
+
 TEST_F(NsaGoldenTest, RefusesVegasAttentionOptions) {
   const Golden& g = (*goldens_)[0];
   const std::vector<int32_t> table = Table(kScratch);
