@@ -287,7 +287,7 @@ class ServeTest(unittest.TestCase):
         self.assertIn("is required for method ssd", p.stderr)
         p = run_specd("serve", "--model", model, "--speculative-config", '{"method": "ssv"}')
         self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("not available yet", p.stderr)
+        self.assertIn("not a way to draft", p.stderr)
 
     def test_a_typo_fails_startup(self):
         with tempfile.NamedTemporaryFile("w", suffix=".textproto") as f:

@@ -175,6 +175,10 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   // CUDA runner's Vegas kernels) on one rank, on a dense target (an NSA model's attention is
   // sparse already; its own speculation is SSV).
   const bool nsa = runner_->config().is_nsa();
+  if (!nsa && spec.ssv != SsvStrategy{}) {
+    return absl::InvalidArgumentError(
+        "--speculative-config: \"ssv\" sets how an NSA model verifies; this model is not one");
+  }
   if (options_.tensor_parallel.size <= 1 && !nsa) {
     vegas_ = std::make_unique<VegasSpeculator>(runner_.get());
   } else if (spec.method == SpeculationMethod::kVegas ||
@@ -248,20 +252,25 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this model has none");
   }
   return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
-                            ssd_ != nullptr, vegas_ != nullptr)
+                            ssd_ != nullptr, vegas_ != nullptr, runner_->config().is_nsa())
       .status();
 }
+
+bool Engine::target_is_nsa() const { return runner_->config().is_nsa(); }
 
 Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
                                     absl::Time arrival) {
   // Validate accepted the request, so its speculation resolves.
   const ResolvedSpeculation spec =
       ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
-                         ssd_ != nullptr, vegas_ != nullptr)
+                         ssd_ != nullptr, vegas_ != nullptr, runner_->config().is_nsa())
           .value_or(ResolvedSpeculation{});
   auto owned =
       std::make_unique<Request>(id, std::move(request), spec, block_size_, tokenizer_.get());
   Request& r = *owned;
+  // Lossy SSV verification writes KV that is not the model's: only the prompt's (prefilled
+  // exactly) may serve other requests from the prefix cache.
+  if (spec.enabled() && spec.ssv.lossy()) r.seq.set_num_shareable_tokens(r.seq.num_prompt_tokens());
   r.on_output = std::move(on_output);
   r.arrival = arrival;
   core_->scheduler.Add(&r.seq);

@@ -217,6 +217,10 @@ struct SpeculationStepMetrics {
   // [num_sparse_rounds] vegas / streaming rounds: prefix tokens each draft step attended per
   // layer (the selection plus the tokens committed since it was scored); dense rounds not listed.
   std::vector<int32_t> sparse_kept_tokens;
+  // NSA targets (SSV, engine/model/ssv.h): what this step's verification chunks read, and the
+  // strategy of each verified row ([num_rounds], SsvStrategyName); empty for dense targets.
+  SsvLoadStats ssv;
+  std::vector<std::string> ssv_strategies;
   const SsdStats* ssd = nullptr;  // SSD's cumulative counters (null without SSD)
   // Per method whose speculator drafted this step: its Propose time, and its share of the
   // verification pass and of the rest of the step (scheduling, batch building, commit), split
@@ -288,6 +292,8 @@ class Engine {
   bool has_ssd() const { return ssd_ != nullptr; }
   // Methods vegas and streaming run here (the CPU or CUDA backend, on one rank).
   bool has_sparse_drafting() const { return vegas_ != nullptr; }
+  // The target is an NSA model: requests may set speculation.ssv.
+  bool target_is_nsa() const;
   // `auto` speculation's cost profile as JSON (CostProfile::ToJson), and where it came from
   // ("file PATH" or "default: ..."). Fixed at Create; any thread.
   const std::string& cost_profile_json() const { return cost_profile_json_; }

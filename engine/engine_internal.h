@@ -113,6 +113,7 @@ struct Engine::Core {
   std::vector<VerifiedRound> rounds;              // one speculator's outcomes
   double verify_seconds = 0;                      // this step's verification pass
   double draft_seconds = 0;                       // this step's Propose time
+  SsvLoadStats ssv_reported;  // the runner's SSV totals as the last step's metrics had them
   // Draft model, n-gram, SSD, vegas, streaming.
   SpeculationStepMetrics::MethodSeconds method_seconds[kNumSpeculatorSlots];
   // Vegas rows' verification chunks: the attention options asking for scores and their buffers

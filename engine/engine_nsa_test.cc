@@ -2,9 +2,12 @@
 // ignore_eos reproduces the golden ids (an exact reference we did not write; EOS is not special
 // in them), a repeated prompt is served from the prefix cache with the same ids, and chunked
 // prefill of two concurrent requests in a KV pool too small for both (so one is preempted and
-// recomputed) gives each its golden ids.
+// recomputed) gives each its golden ids. Speculation on the NSA target (the codepair draft
+// shares its tokenizer) verifies with SSV strategies: mode exact reproduces the golden ids, the
+// loads are reported, and a lossy strategy's KV stays out of the prefix cache.
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -132,6 +135,146 @@ TEST(EngineNsaTest, ChunkedPrefillAndPreemptionOfConcurrentRequestsMatchGoldens)
   EXPECT_EQ(c.Get(ids[0]).ids, goldens[0].greedy);
   EXPECT_EQ(c.Get(ids[1]).ids, goldens[3].greedy);
   EXPECT_GT(observer->preempted(), 0);
+}
+
+// Keeps the SSV part of every speculation step's metrics; any thread.
+class SsvCollector : public EngineObserver {
+ public:
+  void OnSpeculation(const SpeculationStepMetrics& m) override {
+    std::lock_guard lock(mu_);
+    stats_ += m.ssv;
+    strategies_.insert(strategies_.end(), m.ssv_strategies.begin(), m.ssv_strategies.end());
+  }
+  SsvLoadStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+  std::vector<std::string> strategies() const {
+    std::lock_guard lock(mu_);
+    return strategies_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  SsvLoadStats stats_;
+  std::vector<std::string> strategies_;
+};
+
+const std::string kDraftModel = std::string(SPECD_SHARED_DIR) + "/models/codepair/draft";
+
+GenerateRequest SsvRequest(const Golden& g, SsvMode mode, int32_t group_size) {
+  GenerateRequest r = GoldenRequest(g);
+  r.speculation.method = SpeculationMethod::kDraftModel;
+  r.speculation.num_speculative_tokens = 4;
+  r.speculation.ssv_mode = mode;
+  r.speculation.ssv_group_size = group_size;
+  return r;
+}
+
+TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
+  const std::vector<Golden> goldens = ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  auto observer = std::make_shared<SsvCollector>();
+  EngineOptions options;
+  options.speculative.draft_model = kDraftModel;
+  options.observer = observer;
+  auto engine = MakeNsaEngine(options);
+  ASSERT_NE(engine, nullptr);
+  Collector c;
+  std::vector<RequestId> ids;
+  for (const Golden& g : goldens) {
+    auto id = engine->Submit(SsvRequest(g, SsvMode::kExact, 4), c.Callback());
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  // n-gram drafts verified by the server's default strategy (group size 1) too.
+  GenerateRequest ngram = GoldenRequest(goldens[1]);
+  ngram.speculation.method = SpeculationMethod::kNgram;
+  auto ngram_id = engine->Submit(ngram, c.Callback());
+  ASSERT_TRUE(ngram_id.ok()) << ngram_id.status();
+  int64_t drafts = 0, accepted = 0;
+  for (size_t e = 0; e < goldens.size(); ++e) {
+    ASSERT_TRUE(c.WaitFinished(ids[e]));
+    const Collector::Stream s = c.Get(ids[e]);
+    EXPECT_TRUE(s.status.ok()) << s.status;
+    EXPECT_EQ(s.ids, goldens[e].greedy) << "entry " << e;
+    drafts += s.usage.num_draft_tokens;
+    accepted += s.usage.num_accepted_tokens;
+  }
+  ASSERT_TRUE(c.WaitFinished(*ngram_id));
+  EXPECT_EQ(c.Get(*ngram_id).ids, goldens[1].greedy);
+  EXPECT_GT(drafts, 0);
+  const SsvLoadStats st = observer->stats();
+  EXPECT_GT(st.queries, 0);
+  EXPECT_LT(st.grouped_keys, st.per_query_keys) << "groups of 4 share keys";
+  EXPECT_GT(st.overlap_pairs, 0);
+  const std::vector<std::string> used = observer->strategies();
+  EXPECT_NE(std::find(used.begin(), used.end(), "exact/c4/r1"), used.end());
+  EXPECT_NE(std::find(used.begin(), used.end(), "exact/c1/r1"), used.end());
+  std::printf(
+      "[ nsa-codepair, draft model K 4, SSV exact C 4 ] acceptance %.3f; %.1f keys per query "
+      "alone, %.1f grouped; adjacent overlap %.3f\n",
+      drafts ? double(accepted) / drafts : 0.0, double(st.per_query_keys) / st.queries,
+      double(st.grouped_keys) / st.queries, st.overlap_sum / st.overlap_pairs);
+}
+
+// A follow-up request whose prompt is the first one's prompt and output (a chat's next turn)
+// finds the generated tokens' blocks in the prefix cache after exact verification, and only
+// the prompt's after lossy verification (its KV is not the model's).
+TEST(EngineNsaTest, LossySsvKeepsGeneratedKvOutOfThePrefixCache) {
+  const std::vector<Golden> goldens = ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  const Golden& g = goldens[0];
+  const int32_t prompt_len = static_cast<int32_t>(g.prompt.size());
+  for (SsvMode mode : {SsvMode::kExact, SsvMode::kShared}) {
+    EngineOptions options;
+    options.speculative.draft_model = kDraftModel;
+    auto engine = MakeNsaEngine(options);  // a fresh prefix cache
+    ASSERT_NE(engine, nullptr);
+    Collector c;
+    auto first = engine->Submit(SsvRequest(g, mode, 4), c.Callback());
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE(c.WaitFinished(*first));
+    const Collector::Stream a = c.Get(*first);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    std::vector<int32_t> next = g.prompt;
+    next.insert(next.end(), a.ids.begin(), a.ids.end());
+    auto second = engine->Submit(GoldenRequest(Golden{next, {0}}), c.Callback());
+    ASSERT_TRUE(second.ok()) << second.status();
+    ASSERT_TRUE(c.WaitFinished(*second));
+    const int32_t cached = c.Get(*second).usage.cached_prompt_tokens;
+    if (mode == SsvMode::kExact) {
+      EXPECT_GT(cached, prompt_len) << "exact verification's KV is the model's: shareable";
+    } else {
+      EXPECT_GT(cached, 0);
+      EXPECT_LE(cached, prompt_len) << "lossy verification's KV must not serve other requests";
+    }
+  }
+}
+
+TEST(EngineNsaTest, SsvOptionsAreCheckedWhenTheRequestArrives) {
+  const std::vector<Golden> goldens = ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  EngineOptions options;
+  options.speculative.draft_model = kDraftModel;
+  options.speculative.ssv = SsvStrategy{.group_size = 4, .mode = SsvMode::kShared};
+  auto engine = MakeNsaEngine(options);
+  ASSERT_NE(engine, nullptr);
+  Collector c;
+  GenerateRequest strict_lossy = SsvRequest(goldens[0], SsvMode::kShared, 4);
+  strict_lossy.speculation.ssv_strict = true;
+  auto refused = engine->Submit(strict_lossy, c.Callback());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  GenerateRequest big = SsvRequest(goldens[0], SsvMode::kExact, kMaxSsvGroupSize + 1);
+  EXPECT_EQ(engine->Submit(big, c.Callback()).status().code(), absl::StatusCode::kInvalidArgument);
+  // A strict request demotes the server's lossy default to exact: the golden ids.
+  GenerateRequest strict = GoldenRequest(goldens[2]);
+  strict.speculation.method = SpeculationMethod::kDraftModel;
+  strict.speculation.ssv_strict = true;
+  auto id = engine->Submit(strict, c.Callback());
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(c.WaitFinished(*id));
+  EXPECT_EQ(c.Get(*id).ids, goldens[2].greedy);
 }
 
 }  // namespace

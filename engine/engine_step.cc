@@ -206,6 +206,7 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
   if (c.row_scores.size() < c.rows.size()) c.row_scores.resize(c.rows.size());
   c.scored_len.assign(c.rows.size(), -1);
   const int64_t num_layers = runner_->config().num_layers;
+  const bool nsa = runner_->config().is_nsa();
   c.batch.clear();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
@@ -223,6 +224,7 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
       in.all_logits = all_logits;
       Request& r = *c.row_requests[k];
       if (r.acceptor) c.acceptors[k] = &*r.acceptor;
+      if (nsa) in.ssv = &r.spec.ssv;  // how the NSA target's verification queries attend
       if (r.step.method == SpeculationMethod::kVegas) {
         // The verification pass also scores the prefix for the next round's selection.
         c.row_scores[k].resize(num_layers * 2 * in.start_pos);
@@ -267,6 +269,7 @@ void Engine::Apply(const StepPlan& plan) {
       }
       const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
       metrics.from_cache.push_back(hit ? 1 : 0);
+      if (runner_->config().is_nsa()) metrics.ssv_strategies.push_back(SsvStrategyName(r.spec.ssv));
       if (c.drafts[k].num_kept_tokens >= 0) {
         metrics.sparse_kept_tokens.push_back(c.drafts[k].num_kept_tokens);
       }
@@ -285,6 +288,11 @@ void Engine::Apply(const StepPlan& plan) {
     if (!finished && o.num_drafts > 0) c.scheduler.AcceptSpeculated(seq, o.num_accepted);
   }
   if (speculative && options_.observer) {
+    if (runner_->config().is_nsa()) {
+      const SsvLoadStats now_ssv = runner_->ssv_load_stats();
+      metrics.ssv = now_ssv - c.ssv_reported;
+      c.ssv_reported = now_ssv;
+    }
     metrics.draft_seconds = c.draft_seconds;
     metrics.verify_seconds = c.verify_seconds;
     metrics.ssd = ssd_stats_;

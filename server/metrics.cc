@@ -122,6 +122,24 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto family = [&r](const char* name, const char* help) {
     return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
   };
+  ssv_queries_ =
+      NewCounter(r, "specd_ssv_verification_queries_total",
+                 "SSV (NSA targets): verification queries counted per layer and KV head.");
+  ssv_keys_ = family("specd_ssv_kv_positions_loaded_total",
+                     "SSV: KV positions (selected blocks and window) the verification queries "
+                     "read per layer and KV head, each query alone (per_query) or grouped "
+                     "(grouped: the union per group).");
+  ssv_blocks_ = family("specd_ssv_selected_blocks_loaded_total",
+                       "SSV: selected blocks the verification queries read, per_query or grouped.");
+  ssv_overlap_pairs_ =
+      NewCounter(r, "specd_ssv_adjacent_query_pairs_total",
+                 "SSV: adjacent verification queries whose selections were compared.");
+  ssv_overlap_sum_ =
+      NewCounter(r, "specd_ssv_adjacent_query_overlap_total",
+                 "SSV: the sum over those pairs of the fraction of a query's selected blocks its "
+                 "predecessor also selected (divide by the pairs for the mean overlap).");
+  ssv_rounds_ = family("specd_ssv_verification_rounds_total",
+                       "SSV: verification rounds by strategy (mode/group size/refresh interval).");
   policy_request_steps_ =
       family("specd_policy_request_steps_total",
              "Auto speculation: request-steps the strategy policy gave each method (none: plain).");
@@ -232,6 +250,19 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
   spec_draft_tokens_->Increment(static_cast<double>(draft_tokens));
   spec_accepted_tokens_->Increment(static_cast<double>(accepted_tokens));
   for (int32_t kept : m.sparse_kept_tokens) spec_sparse_kept_tokens_->Observe(kept);
+  if (m.ssv.queries > 0) {
+    ssv_queries_->Increment(static_cast<double>(m.ssv.queries));
+    ssv_keys_->Add({{"load", "per_query"}}).Increment(static_cast<double>(m.ssv.per_query_keys));
+    ssv_keys_->Add({{"load", "grouped"}}).Increment(static_cast<double>(m.ssv.grouped_keys));
+    ssv_blocks_->Add({{"load", "per_query"}})
+        .Increment(static_cast<double>(m.ssv.per_query_blocks));
+    ssv_blocks_->Add({{"load", "grouped"}}).Increment(static_cast<double>(m.ssv.grouped_blocks));
+    ssv_overlap_pairs_->Increment(static_cast<double>(m.ssv.overlap_pairs));
+    ssv_overlap_sum_->Increment(m.ssv.overlap_sum);
+  }
+  for (const std::string& strategy : m.ssv_strategies) {
+    ssv_rounds_->Add({{"strategy", strategy}}).Increment();
+  }
   spec_draft_seconds_->Observe(m.draft_seconds);
   spec_verify_seconds_->Observe(m.verify_seconds);
   for (const SpeculationStepMetrics::MethodSeconds& t : m.by_method) {

@@ -83,6 +83,13 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* spec_seconds_ = nullptr;  // {method, phase}
+  // SSV (NSA targets): what verification read, per query x layer x KV head.
+  prometheus::Counter* ssv_queries_ = nullptr;
+  prometheus::Family<prometheus::Counter>* ssv_keys_ = nullptr;    // {load}
+  prometheus::Family<prometheus::Counter>* ssv_blocks_ = nullptr;  // {load}
+  prometheus::Counter* ssv_overlap_pairs_ = nullptr;
+  prometheus::Counter* ssv_overlap_sum_ = nullptr;
+  prometheus::Family<prometheus::Counter>* ssv_rounds_ = nullptr;  // {strategy}
   // `auto` speculation's strategy policy.
   prometheus::Family<prometheus::Counter>* policy_request_steps_ = nullptr;  // {method}
   prometheus::Counter* policy_switches_ = nullptr;

@@ -34,7 +34,10 @@ TEST(MetricsTest, RendersEveryFamilyWithSpecdPrefix) {
                            "specd_policy_searches_total",
                            "specd_policy_host_seconds_total",
                            "specd_policy_estimated_tokens_per_second",
-                           "specd_policy_realized_tokens_per_second"}) {
+                           "specd_policy_realized_tokens_per_second",
+                           "specd_ssv_verification_queries_total",
+                           "specd_ssv_adjacent_query_pairs_total",
+                           "specd_ssv_adjacent_query_overlap_total"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
   }
 }
@@ -123,6 +126,38 @@ TEST(MetricsTest, SpeculationTimeByMethodAndPhase) {
   EXPECT_NE(text.find("specd_spec_decode_seconds_total{method=\"ngram\",phase=\"other\"} 0.25"),
             std::string::npos);
   EXPECT_EQ(text.find("method=\"ssd\""), std::string::npos);
+}
+
+TEST(MetricsTest, SsvLoadsOverlapAndStrategies) {
+  Metrics m;
+  SpeculationStepMetrics step;
+  step.num_draft_tokens = {7, 7};
+  step.num_accepted = {3, 7};
+  step.ssv = SsvLoadStats{.queries = 96,
+                          .per_query_keys = 24000,
+                          .grouped_keys = 13000,
+                          .per_query_blocks = 768,
+                          .grouped_blocks = 300,
+                          .overlap_sum = 70.5,
+                          .overlap_pairs = 84};
+  step.ssv_strategies = {"exact/c4/r1", "shared/c4/r1"};
+  m.OnSpeculation(step);
+  step.ssv_strategies = {"exact/c4/r1"};
+  m.OnSpeculation(step);
+  const std::string text = m.Render();
+  EXPECT_NE(text.find("specd_ssv_verification_queries_total 192"), std::string::npos) << text;
+  EXPECT_NE(text.find("specd_ssv_kv_positions_loaded_total{load=\"per_query\"} 48000"),
+            std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_kv_positions_loaded_total{load=\"grouped\"} 26000"),
+            std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_selected_blocks_loaded_total{load=\"grouped\"} 600"),
+            std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_adjacent_query_pairs_total 168"), std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_adjacent_query_overlap_total 141"), std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_verification_rounds_total{strategy=\"exact/c4/r1\"} 2"),
+            std::string::npos);
+  EXPECT_NE(text.find("specd_ssv_verification_rounds_total{strategy=\"shared/c4/r1\"} 1"),
+            std::string::npos);
 }
 
 TEST(MetricsTest, PolicyChoicesPerMethodAndEstimatedVsRealizedTokensPerSecond) {

@@ -103,6 +103,7 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.has_draft_model = engine.has_draft_model();
   c.has_ssd = engine.has_ssd();
   c.has_sparse_drafting = engine.has_sparse_drafting();
+  c.target_is_nsa = engine.target_is_nsa();
   c.allow_special_tokens_in_content = o.allow_special_tokens_in_content;
   return c;
 }

@@ -116,7 +116,7 @@ class SpeculationTest(unittest.TestCase):
         cases = [
             (("--speculative-config", "{"), "--speculative-config"),
             (("--speculative-config", '{"method": "ssd"}'), "is required for method ssd"),
-            (("--speculative-config", '{"method": "ssv"}'), "not available yet"),
+            (("--speculative-config", '{"method": "ssv"}'), "not a way to draft"),
             (("--speculative-config", '{"method": "vegas", "sparsity_ratio": 2}'),
              "sparsity_ratio"),
             (("--speculative-config", '{"method": "draft_model"}'), "--speculative-config"),

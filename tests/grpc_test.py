@@ -230,7 +230,11 @@ class GenerateTest(GrpcTestCase):
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(method="ssd")),
              "needs a speculator"),
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(method="ssv")),
-             "not available yet"),
+             "not a way to draft"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                method="ngram", ssv=pb.SsvOptions(group_size=4))), "NSA"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                ssv=pb.SsvOptions(mode="approximate"))), "speculation.ssv.mode"),
             # This server has no draft model.
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                 method="draft_model")), "draft model"),
@@ -317,7 +321,7 @@ class SpeculationTest(GrpcTestCase):
 
     def test_bad_speculation_options_are_invalid_argument(self):
         for opts, message in [(dict(method="vegas", sparsity_ratio=0), "sparsity_ratio"),
-                              (dict(method="ssv"), "not available yet"),
+                              (dict(method="ssv"), "not a way to draft"),
                               (dict(method="warp"), "speculation.method"),
                               (dict(method="ngram", num_speculative_tokens=100),
                                "num_speculative_tokens"),

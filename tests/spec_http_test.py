@@ -280,8 +280,15 @@ class BadSpeculationTest(SpecTestCase):
             ({"method": "vegas", "sparsity_ratio": 0}, 400, "speculation.sparsity_ratio", None),
             ({"method": "streaming", "min_tokens": -2}, 400, "speculation.min_tokens", None),
             ({"method": "ssv", "num_speculative_tokens": 4}, 400, "speculation.method",
-             "not available yet"),
+             "not a way to draft"),
             ({"method": "ngram", "k": 4}, 400, "speculation.k", "unknown"),
+            # speculation.ssv: NSA targets only (codepair is dense); types 422, values 400.
+            ({"method": "ngram", "ssv": {"group_size": 4}}, 400, "speculation.ssv", "NSA"),
+            ({"ssv": {"mode": "approximate"}}, 400, "speculation.ssv.mode", None),
+            ({"ssv": {"group_size": 17}}, 400, "speculation.ssv.group_size", None),
+            ({"ssv": {"group_size": "4"}}, 422, "speculation.ssv.group_size", None),
+            ({"ssv": {"strict": 1}}, 422, "speculation.ssv.strict", None),
+            ({"ssv": {"c": 4}}, 400, "speculation.ssv.c", "unknown"),
         ]
         for path in ("/v1/completions", "/v1/chat/completions"):
             for value, want_status, param, message in cases:

@@ -239,13 +239,22 @@ void RunWithFault(int signal) {
     cv2.wait(lock, [&] { return fin; });
   };
   const std::vector<std::vector<int32_t>> prompts = LoadPrompts(*engine->tokenizer());
-  for (int attempt = 0; attempt < 100 && !observer->Last().connected; ++attempt) {
-    run_one(Greedy(prompts[attempt % 48], 8, {SpeculationMethod::kSsd, 4}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // With the 500 ms reply deadline, one slow round on a loaded machine (CI runs other tests
+  // beside this one on two cores) costs the link again: three tries, each waiting for a rejoin.
+  int64_t hits_before = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int attempt = 0; attempt < 100 && !observer->Last().connected; ++attempt) {
+      run_one(Greedy(prompts[attempt % 48], 8, {SpeculationMethod::kSsd, 4}));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    hits_before = observer->Last().drafts_hit;
+    for (int i = 0; i < 8; ++i) run_one(Greedy(prompts[i], 32, {SpeculationMethod::kSsd, 4}));
+    s = observer->Last();
+    if (s.connected && s.drafts_hit > hits_before) break;
+    std::printf("[ SSD fault ] try %d: connected %d, hits %lld -> %lld, link failures %lld\n",
+                round, s.connected ? 1 : 0, (long long)hits_before, (long long)s.drafts_hit,
+                (long long)s.link_failures);
   }
-  const int64_t hits_before = observer->Last().drafts_hit;
-  for (int i = 0; i < 8; ++i) run_one(Greedy(prompts[i], 32, {SpeculationMethod::kSsd, 4}));
-  s = observer->Last();
   EXPECT_TRUE(s.connected) << "the relaunched speculator did not rejoin";
   EXPECT_GE(s.connects, 2);
   EXPECT_GE(s.launches, 2);

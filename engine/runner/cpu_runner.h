@@ -33,6 +33,9 @@ class CpuRunner : public ModelRunner {
   int32_t block_size() const override { return kv_->spec().block_size; }
   int32_t max_model_len() const override { return max_model_len_; }
   int32_t max_sample_rows() const override { return std::numeric_limits<int32_t>::max(); }
+  SsvLoadStats ssv_load_stats() const override {
+    return model_->nsa() != nullptr ? model_->nsa()->ssv_stats() : SsvLoadStats{};
+  }
 
   absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                     std::vector<SampleResult>* out) override;

@@ -139,6 +139,9 @@ class ModelRunner {
   // Longest chunk that may carry attention options (SequenceInput::attention: Vegas score
   // collection and sparse attention); unbounded where the runner takes any.
   virtual int32_t max_attention_option_tokens() const { return INT32_MAX; }
+  // NSA targets: running totals of what the verification chunks with an SSV strategy
+  // (SequenceInput::ssv) read; zeros where no chunk had one.
+  virtual SsvLoadStats ssv_load_stats() const { return {}; }
 
   // Runs every chunk of `batch` (writing the KV of each new token) and draws one token per
   // row into (*out)[i] for rows[i]. Logprobs as the CPU Sampler returns them when the row's

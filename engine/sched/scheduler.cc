@@ -142,13 +142,15 @@ int32_t Scheduler::num_paused() const {
 void Scheduler::Postprocess(const StepPlan& plan) {
   for (const ScheduledChunk& c : plan.chunks) {
     c.seq->num_computed_ += c.num_new_tokens;
-    blocks_->CacheComputedBlocks(c.seq->blocks_, c.seq->tokens(), c.seq->num_computed_);
+    blocks_->CacheComputedBlocks(c.seq->blocks_, c.seq->tokens(),
+                                 std::min(c.seq->num_computed_, c.seq->num_shareable_tokens_));
   }
 }
 
 void Scheduler::AcceptSpeculated(Sequence* seq, int32_t num_accepted) {
   seq->num_computed_ = std::min(seq->num_computed_ + num_accepted, seq->num_tokens());
-  blocks_->CacheComputedBlocks(seq->blocks_, seq->tokens(), seq->num_computed_);
+  blocks_->CacheComputedBlocks(seq->blocks_, seq->tokens(),
+                               std::min(seq->num_computed_, seq->num_shareable_tokens_));
 }
 
 void Scheduler::Finish(Sequence* seq) {

@@ -4,6 +4,7 @@
 // Engine thread only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -49,6 +50,11 @@ class Sequence {
   // Paused by its front end (its client stopped reading): the scheduler neither runs nor
   // admits it, but it keeps its KV and place until resumed (Scheduler::SetPaused).
   bool paused() const { return paused_; }
+  // Positions [0, n) may reach the prefix cache once computed; later ones stay private. A
+  // request whose KV past its prompt is not the model's own (lossy SSV verification) sets its
+  // prompt length. Default: all.
+  int32_t num_shareable_tokens() const { return num_shareable_tokens_; }
+  void set_num_shareable_tokens(int32_t n) { num_shareable_tokens_ = n; }
 
   // A sampled token; its KV is computed by the next step.
   void AppendToken(int32_t id) { tokens_.push_back(id); }
@@ -63,6 +69,7 @@ class Sequence {
   int32_t num_cached_prompt_tokens_ = -1;
   int32_t num_preemptions_ = 0;
   int32_t num_lookahead_tokens_ = 0;
+  int32_t num_shareable_tokens_ = INT32_MAX;
   bool paused_ = false;
   SequenceStatus status_ = SequenceStatus::kWaiting;
   BlockTable blocks_;

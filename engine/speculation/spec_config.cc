@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
@@ -165,6 +166,34 @@ absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
   return absl::OkStatus();
 }
 
+// "ssv": {"group_size": C, "mode": "exact" | "shared", "refresh_every": R}.
+absl::Status ReadSsvStrategy(const json& j, SsvStrategy* o) {
+  auto it = j.find("ssv");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError("ssv", "must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "group_size" && key != "mode" && key != "refresh_every") {
+      return FieldError(absl::StrCat("ssv.", key), "is not a known field");
+    }
+  }
+  if (auto m = it->find("mode"); m != it->end() && !m->is_null()) {
+    if (!m->is_string() || !ParseSsvMode(m->get<std::string>(), &o->mode)) {
+      return FieldError("ssv.mode", "must be \"exact\" or \"shared\"");
+    }
+  }
+  for (auto [field, out, hi] : {std::tuple{"group_size", &o->group_size, kMaxSsvGroupSize},
+                                std::tuple{"refresh_every", &o->refresh_every, 1 << 16}}) {
+    if (auto v = it->find(field); v != it->end() && !v->is_null()) {
+      if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > hi) {
+        return FieldError(absl::StrCat("ssv.", field),
+                          absl::StrCat("must be an integer in [1, ", hi, "]"));
+      }
+      *out = static_cast<int32_t>(v->get<int64_t>());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadSparseOptions(const json& j, SparseDraftOptions* o) {
   if (auto it = j.find("sparsity_ratio"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || !(it->get<double>() > 0.0 && it->get<double>() <= 1.0)) {
@@ -193,9 +222,9 @@ absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) 
   if (name == "vegas") return SpeculationMethod::kVegas;
   if (name == "streaming") return SpeculationMethod::kStreaming;
   if (name == "ssv") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculation method '", std::string(name),
-        "' is not available yet; use none, auto, draft_model, ngram, ssd, vegas or streaming"));
+    return absl::InvalidArgumentError(
+        "'ssv' is how an NSA model verifies, not a way to draft: pick a method (draft_model, "
+        "ngram, ssd or auto) and set its verification with the \"ssv\" object");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("speculation method '", std::string(name),
@@ -256,7 +285,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "replay",
                                            "sparsity_ratio",
                                            "min_tokens",
-                                           "max_tokens"};
+                                           "max_tokens",
+                                           "ssv"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -314,6 +344,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
   if (absl::Status s = ReadReplayOptions(j, &config.replay); !s.ok()) return s;
   if (absl::Status s = ReadSparseOptions(j, &config.sparse); !s.ok()) return s;
+  if (absl::Status s = ReadSsvStrategy(j, &config.ssv); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");
   }
@@ -356,6 +387,9 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["sparsity_ratio"] = c.sparse.sparsity_ratio;
   j["min_tokens"] = c.sparse.min_tokens;
   j["max_tokens"] = c.sparse.max_tokens;
+  j["ssv"] = {{"group_size", c.ssv.group_size},
+              {"mode", std::string(SsvModeName(c.ssv.mode))},
+              {"refresh_every", c.ssv.refresh_every}};
   if (c.replay.enabled()) {
     j["replay"] = {{"file", c.replay.file},
                    {"alpha", c.replay.alpha},
@@ -415,10 +449,44 @@ absl::StatusOr<uint32_t> CheckPolicy(const SpeculationParams& request) {
 
 }  // namespace
 
+namespace {
+
+// speculation.ssv over the server's strategy (ResolveSpeculation's rules).
+absl::StatusOr<SsvStrategy> ResolveSsv(const SpeculationParams& request,
+                                       const SpeculativeConfig& server, bool target_is_nsa) {
+  if (request.has_ssv() && !target_is_nsa) {
+    return absl::InvalidArgumentError(
+        "speculation.ssv sets how an NSA model verifies; this server's model is not one");
+  }
+  SsvStrategy ssv = server.ssv;
+  if (request.ssv_group_size != 0) ssv.group_size = request.ssv_group_size;
+  if (request.ssv_mode.has_value()) ssv.mode = *request.ssv_mode;
+  if (request.ssv_refresh_every != 0) ssv.refresh_every = request.ssv_refresh_every;
+  SPECD_RETURN_IF_ERROR(ValidateSsvStrategy(ssv, "speculation.ssv."));
+  if (request.ssv_strict) {
+    if (request.ssv_mode == SsvMode::kShared) {
+      return absl::InvalidArgumentError(
+          "speculation.ssv: mode \"shared\" is lossy and \"strict\": true allows lossless "
+          "strategies only");
+    }
+    if (request.ssv_refresh_every > 1) {
+      return absl::InvalidArgumentError(
+          "speculation.ssv: refresh_every above 1 is lossy and \"strict\": true allows lossless "
+          "strategies only");
+    }
+    ssv.mode = SsvMode::kExact;
+    ssv.refresh_every = 1;
+  }
+  return ssv;
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd,
-                                                       bool has_sparse_drafting) {
+                                                       bool has_sparse_drafting,
+                                                       bool target_is_nsa) {
   if (request.num_speculative_tokens < 0 ||
       request.num_speculative_tokens > kMaxSpeculativeTokens) {
     return absl::InvalidArgumentError(
@@ -470,9 +538,11 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
     return absl::InvalidArgumentError(
         absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
   }
+  SPECD_ASSIGN_OR_RETURN(const SsvStrategy ssv, ResolveSsv(request, server, target_is_nsa));
   ResolvedSpeculation out;
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
+  out.ssv = ssv;
   out.sparse = sparse;
   out.forbidden_bits = forbidden;
   out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;

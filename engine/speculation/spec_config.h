@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/model/ssv.h"
 
 namespace specd {
 
@@ -55,6 +57,15 @@ struct SpeculationParams {
   int32_t policy_max_k = -1;
   // speculation.policy.forbid: methods this request refuses (speculating methods only).
   std::vector<SpeculationMethod> policy_forbid = {};
+  // speculation.ssv (NSA targets: how verification attends, engine/model/ssv.h); unset fields
+  // take the server's.
+  int32_t ssv_group_size = 0;            // 0: unset
+  std::optional<SsvMode> ssv_mode = {};  // unset: the server's
+  int32_t ssv_refresh_every = 0;         // 0: unset
+  bool ssv_strict = false;  // only lossless strategies (mode exact, every layer refreshes)
+  bool has_ssv() const {
+    return ssv_group_size != 0 || ssv_mode.has_value() || ssv_refresh_every != 0 || ssv_strict;
+  }
 };
 
 // Vegas and streaming: how many prefix tokens a draft step attends besides the recent ones,
@@ -128,6 +139,7 @@ struct SpeculativeConfig {
   SsdOptions ssd;                      // method ssd (the draft is `draft_model`)
   DraftReplayOptions replay;           // benchmarks only: controlled acceptance of the draft
   SparseDraftOptions sparse;           // methods vegas and streaming: the default budget
+  SsvStrategy ssv;                     // NSA targets: the default verification strategy ("ssv")
 
   bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
 };
@@ -153,6 +165,7 @@ struct ResolvedSpeculation {
   float saguaro_c = -1.0f;    // SSD: the request's C, else the server's
   SparseDraftOptions sparse;  // vegas / streaming: the request's budget, else the server's
   uint32_t forbidden_bits = 0;  // speculation.policy.forbid: bit i is SpeculationMethod i
+  SsvStrategy ssv;              // NSA targets: how the request's verification chunks attend
   bool enabled() const { return method != SpeculationMethod::kNone; }
   bool Forbids(SpeculationMethod m) const {
     return (forbidden_bits >> static_cast<int>(m) & 1u) != 0;
@@ -169,9 +182,14 @@ struct ResolvedSpeculation {
 // CUDA, dense target), K outside [0, kMaxSpeculativeTokens], C outside [0, 1], a bad sparse budget,
 // a policy max_k outside [0, kMaxSpeculativeTokens] or a forbid entry that is not a speculating
 // method (draft_model, ngram, ssd, vegas, streaming).
+// speculation.ssv: the request's fields over the server's strategy; InvalidArgument when the
+// target is not an NSA model (`target_is_nsa`), for values out of range, or for a lossy value the
+// request asks for beside "strict": true. A strict request demotes a lossy server default to
+// mode exact with every layer refreshing (the group size stays).
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd = false,
-                                                       bool has_sparse_drafting = true);
+                                                       bool has_sparse_drafting = true,
+                                                       bool target_is_nsa = false);
 
 }  // namespace specd

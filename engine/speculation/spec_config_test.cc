@@ -52,8 +52,14 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {"[1]", "JSON object"},
       {R"({"method": "draft_model"})", "\"model\""},
       {R"({"method": "magic"})", "unknown"},
-      {R"({"method": "ssv", "model": "d"})", "not available yet"},
+      {R"({"method": "ssv", "model": "d"})", "not a way to draft"},
       {R"({"method": "vegas", "sparsity_ratio": 0})", "sparsity_ratio"},
+      {R"({"method": "ngram", "ssv": 4})", "\"ssv\""},
+      {R"({"method": "ngram", "ssv": {"group_size": 0}})", "ssv.group_size"},
+      {R"({"method": "ngram", "ssv": {"group_size": 17}})", "ssv.group_size"},
+      {R"({"method": "ngram", "ssv": {"mode": "approximate"}})", "ssv.mode"},
+      {R"({"method": "ngram", "ssv": {"refresh_every": 0}})", "ssv.refresh_every"},
+      {R"({"method": "ngram", "ssv": {"c": 4}})", "ssv.c"},
       {R"({"method": "vegas", "sparsity_ratio": 1.5})", "sparsity_ratio"},
       {R"({"method": "vegas", "min_tokens": -1})", "min_tokens"},
       {R"({"method": "vegas", "max_tokens": 10, "min_tokens": 20})", "max_tokens"},
@@ -309,6 +315,61 @@ TEST(ResolveSpeculationTest, VegasBudgetFromRequestElseServer) {
       ResolveSpeculation({SpeculationMethod::kStreaming, 4}, server, false, false, false).status();
   EXPECT_EQ(gpu.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(gpu.message(), HasSubstr("sparse drafting"));
+}
+
+TEST(SpeculativeConfigTest, ReadsTheSsvStrategyAndWritesItBack) {
+  auto c = ParseSpeculativeConfig(
+      R"({"method": "draft_model", "model": "d", "ssv": {"group_size": 4, "mode": "shared",
+          "refresh_every": 2}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ssv, (SsvStrategy{.group_size = 4, .mode = SsvMode::kShared, .refresh_every = 2}));
+  auto back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ssv, c->ssv);
+  auto plain = ParseSpeculativeConfig(R"({"method": "ngram"})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->ssv, SsvStrategy{}) << "default: per query, exact, every layer";
+}
+
+TEST(ResolveSpeculationTest, SsvFromRequestElseServerStrictStaysLossless) {
+  SpeculativeConfig server;
+  server.method = SpeculationMethod::kNgram;
+  server.ssv = SsvStrategy{.group_size = 4, .mode = SsvMode::kShared, .refresh_every = 3};
+  auto resolve = [&](const SpeculationParams& r) {
+    return ResolveSpeculation(r, server, false, false, false, /*target_is_nsa=*/true);
+  };
+  auto d = resolve(SpeculationParams{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->ssv, server.ssv);
+  SpeculationParams own;
+  own.ssv_group_size = 8;
+  own.ssv_mode = SsvMode::kExact;
+  auto o = resolve(own);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->ssv, (SsvStrategy{.group_size = 8, .mode = SsvMode::kExact, .refresh_every = 3}));
+  // strict: the server's lossy default becomes lossless; the group size stays.
+  SpeculationParams strict;
+  strict.ssv_strict = true;
+  auto s = resolve(strict);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ssv, (SsvStrategy{.group_size = 4}));
+  EXPECT_FALSE(s->ssv.lossy());
+  // strict beside an explicit lossy value is a contradiction.
+  strict.ssv_mode = SsvMode::kShared;
+  EXPECT_EQ(resolve(strict).status().code(), absl::StatusCode::kInvalidArgument);
+  strict.ssv_mode.reset();
+  strict.ssv_refresh_every = 2;
+  auto r = resolve(strict);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("refresh_every"), std::string::npos) << r.status();
+  SpeculationParams big;
+  big.ssv_group_size = kMaxSsvGroupSize + 1;
+  EXPECT_EQ(resolve(big).status().code(), absl::StatusCode::kInvalidArgument);
+  // A dense target refuses any speculation.ssv, and ignores the server's (Engine::Create
+  // refuses a non-default one there).
+  auto dense = ResolveSpeculation(own, server, false);
+  EXPECT_EQ(dense.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dense.status().message().find("NSA"), std::string::npos) << dense.status();
 }
 
 TEST(ParseSpeculationMethodTest, AcceptsNamesAndAliases) {

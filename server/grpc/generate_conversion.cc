@@ -97,6 +97,31 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptio
     }
     params.policy_forbid.push_back(*m);
   }
+  const v1::SsvOptions& ssv = options.ssv();
+  if (ssv.has_group_size()) {
+    if (ssv.group_size() < 1 || ssv.group_size() > kMaxSsvGroupSize) {
+      return absl::InvalidArgumentError(absl::StrCat("speculation.ssv.group_size must be in [1, ",
+                                                     kMaxSsvGroupSize, "], got ",
+                                                     ssv.group_size()));
+    }
+    params.ssv_group_size = ssv.group_size();
+  }
+  if (ssv.has_refresh_every()) {
+    if (ssv.refresh_every() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculation.ssv.refresh_every must be at least 1, got ", ssv.refresh_every()));
+    }
+    params.ssv_refresh_every = ssv.refresh_every();
+  }
+  if (ssv.has_mode()) {
+    SsvMode mode;
+    if (!ParseSsvMode(ssv.mode(), &mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculation.ssv.mode must be \"exact\" or \"shared\", got \"", ssv.mode(), "\""));
+    }
+    params.ssv_mode = mode;
+  }
+  params.ssv_strict = ssv.strict();
   return params;
 }
 

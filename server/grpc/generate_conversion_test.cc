@@ -143,7 +143,7 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
        [](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(-1); },
        absl::StatusCode::kInvalidArgument, "num_speculative_tokens"},
       {"ssv", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_method("ssv"); },
-       absl::StatusCode::kInvalidArgument, "not available yet"},
+       absl::StatusCode::kInvalidArgument, "not a way to draft"},
       {"saguaro_c", [](v1::GenerateRequest* r) { r->mutable_speculation()->set_saguaro_c(2.0f); },
        absl::StatusCode::kInvalidArgument, "saguaro_c"},
       {"sparsity_ratio",

@@ -186,6 +186,43 @@ absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* o
   return absl::OkStatus();
 }
 
+// speculation.ssv (NSA targets): {"group_size": 1..16, "mode": "exact" | "shared",
+// "refresh_every": >= 1, "strict": bool}. Wrong JSON types 422, unknown fields and bad values
+// 400, naming the field; ResolveSpeculation refuses it for a dense target.
+absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out) {
+  const Json* ssv = FindField(speculation, "ssv");
+  if (ssv == nullptr) return absl::OkStatus();
+  if (!ssv->is_object())
+    return SchemaError("speculation.ssv", "'speculation.ssv' must be an object");
+  for (const auto& [key, value] : ssv->items()) {
+    if (key != "group_size" && key != "mode" && key != "refresh_every" && key != "strict") {
+      return InvalidParam(absl::StrCat("speculation.ssv.", key),
+                          absl::StrCat("unknown speculation.ssv field '", key,
+                                       "'; use group_size, mode, refresh_every and strict"));
+    }
+  }
+  constexpr char kGroup[] = "speculation.ssv.group_size";
+  constexpr char kMode[] = "speculation.ssv.mode";
+  constexpr char kRefresh[] = "speculation.ssv.refresh_every";
+  constexpr char kStrict[] = "speculation.ssv.strict";
+  const Json named = {{kGroup, ssv->value("group_size", Json())},
+                      {kMode, ssv->value("mode", Json())},
+                      {kRefresh, ssv->value("refresh_every", Json())},
+                      {kStrict, ssv->value("strict", Json())}};
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kGroup, 1, kMaxSsvGroupSize, &out->ssv_group_size));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kRefresh, 1, 1 << 16, &out->ssv_refresh_every));
+  std::string mode;
+  SPECD_RETURN_IF_ERROR(ReadString(named, kMode, &mode));
+  if (FindField(named, kMode) != nullptr) {
+    SsvMode m;
+    if (!ParseSsvMode(mode, &m)) {
+      return InvalidParam(kMode, "'speculation.ssv.mode' must be \"exact\" or \"shared\"");
+    }
+    out->ssv_mode = m;
+  }
+  return ReadBool(named, kStrict, &out->ssv_strict);
+}
+
 // The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd|vegas|
 // streaming, "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C),
 // "sparsity_ratio": (0, 1], "min_tokens", "max_tokens" (vegas / streaming: the prefix tokens a
@@ -204,15 +241,17 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   constexpr char kNumTokens[] = "speculation.num_speculative_tokens";
   for (const auto& [key, value] : v->items()) {
     if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c" &&
-        key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens" && key != "policy") {
+        key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens" && key != "policy" &&
+        key != "ssv") {
       return InvalidParam(
           absl::StrCat("speculation.", key),
           absl::StrCat("unknown speculation field '", key,
                        "'; use method, num_speculative_tokens, saguaro_c, sparsity_ratio, "
-                       "min_tokens, max_tokens and policy"));
+                       "min_tokens, max_tokens, policy and ssv"));
     }
   }
   SPECD_RETURN_IF_ERROR(ReadSpeculationPolicy(*v, &spec->speculation));
+  SPECD_RETURN_IF_ERROR(ReadSpeculationSsv(*v, &spec->speculation));
   // The fields under their full names, so that errors name them so.
   constexpr char kSaguaroC[] = "speculation.saguaro_c";
   constexpr char kRatio[] = "speculation.sparsity_ratio";
@@ -245,16 +284,17 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
       ReadInt32(named, kMaxTokens, 0, 1 << 30, &spec->speculation.sparse_max_tokens));
   absl::StatusOr<ResolvedSpeculation> resolved =
       ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model, model.has_ssd,
-                         model.has_sparse_drafting);
+                         model.has_sparse_drafting, model.target_is_nsa);
   if (!resolved.ok()) {
     // A bad budget names its field; anything else is the method's.
     const std::string m(resolved.status().message());
     const char* field = m.find("sparsity_ratio") != std::string::npos  ? kRatio
                         : m.find("policy.forbid") != std::string::npos ? "speculation.policy.forbid"
                         : m.find("policy.max_k") != std::string::npos  ? "speculation.policy.max_k"
-                        : m.find("max_tokens") != std::string::npos    ? kMaxTokens
-                        : m.find("min_tokens") != std::string::npos    ? kMinTokens
-                                                                       : kMethod;
+                        : m.find("speculation.ssv") != std::string::npos ? "speculation.ssv"
+                        : m.find("max_tokens") != std::string::npos      ? kMaxTokens
+                        : m.find("min_tokens") != std::string::npos      ? kMinTokens
+                                                                         : kMethod;
     return InvalidParam(field, m);
   }
   spec->report_ssd = resolved->method == SpeculationMethod::kSsd;

@@ -34,6 +34,7 @@ struct ModelContext {
   bool has_draft_model = false;
   bool has_ssd = false;             // an SSD speculator (method "ssd") is configured
   bool has_sparse_drafting = true;  // methods "vegas" and "streaming" can run (one rank)
+  bool target_is_nsa = false;       // speculation.ssv applies
   // Special-token text in chat message content becomes control tokens (as the template's
   // own do). Off: it is tokenized as plain text (chat_prompt.h).
   bool allow_special_tokens_in_content = false;
