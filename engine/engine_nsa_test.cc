@@ -220,6 +220,43 @@ TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
       double(st.grouped_keys) / st.queries, st.overlap_sum / st.overlap_pairs);
 }
 
+// A long held-out prompt (codepair-long's 2,048-id window: the same tokenizer and held-out
+// split; 64 NSA blocks, S = 8 of them selected): speculation verified with SSV exact, groups of 4
+// and 8, gives plain decoding's ids.
+TEST(EngineNsaTest, LongHeldOutPromptWithSsvExactEqualsPlainDecoding) {
+  absl::StatusOr<std::string> text =
+      ReadFileToString(std::string(SPECD_SHARED_DIR) + "/models/codepair-long/golden.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json list = nlohmann::json::parse(*text, nullptr, false);
+  ASSERT_TRUE(list.is_array() && !list.empty());
+  const std::vector<int32_t> prompt = list[0]["prompt_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(prompt.size(), 2048u);
+  EngineOptions options;
+  options.model_dir = kNsaModel;
+  options.max_model_len = 4096;
+  options.num_threads = 2;
+  options.speculative.draft_model = kDraftModel;
+  auto engine = Engine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GenerateRequest plain = Greedy(prompt, 32);
+  plain.params.ignore_eos = true;
+  std::vector<GenerateRequest> requests = {plain};
+  for (auto [k, c] : {std::pair{4, 4}, std::pair{7, 8}}) {
+    GenerateRequest r = plain;
+    r.speculation.method = SpeculationMethod::kDraftModel;
+    r.speculation.num_speculative_tokens = k;
+    r.speculation.ssv_group_size = c;
+    requests.push_back(r);
+  }
+  auto results = (*engine)->GenerateBatch(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  EXPECT_EQ((*results)[1].ids(), (*results)[0].ids()) << "K 4, C 4";
+  EXPECT_EQ((*results)[2].ids(), (*results)[0].ids()) << "K 7, C 8";
+  EXPECT_GT((*results)[1].usage.num_drafts, 0);
+  EXPECT_GT((*results)[2].usage.num_drafts, 0);
+}
+
 // A follow-up request whose prompt is the first one's prompt and output (a chat's next turn)
 // finds the generated tokens' blocks in the prefix cache after exact verification, and only
 // the prompt's after lossy verification (its KV is not the model's).
