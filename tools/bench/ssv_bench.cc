@@ -241,7 +241,7 @@ int Main(int argc, char** argv) {
     }
     const double q = std::max<double>(1, s.queries);
     std::printf(
-        "| %s | %s | %.4f | %+.4f | %.1f%% | %lld/%zu | %.3f | %.1f | %.1f | %.0f | %.3f | %.3f "
+        "| %s | %s | %.5f | %+.5f | %.1f%% | %lld/%zu | %.3f | %.1f | %.1f | %.0f | %.3f | %.3f "
         "|\n",
         SsvStrategyName(st).c_str(), st.lossy() ? "yes" : "no", nll / count,
         (nll - base_nll) / count, 100.0 * equal / std::max<int64_t>(1, total), (long long)identical,
