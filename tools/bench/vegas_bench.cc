@@ -233,8 +233,13 @@ int Tune(Engine& engine, Acceptance& obs, const std::vector<std::vector<int32_t>
     std::fflush(stdout);
     return r;
   };
-  std::printf("vegas tune: batch %d, context %d\n%-10s %3s %6s %12s %10s  %s\n", batch, f.context,
-              "step", "K", "ratio", "tokens/s", "tok/round", "acceptance by position");
+  const double plain_tps =
+      Measure(engine, obs, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
+  std::printf(
+      "vegas tune: batch %d, context %d, plain decoding %.1f tokens/s\n%-10s %3s %6s %12s %10s  "
+      "%s\n",
+      batch, f.context, plain_tps, "step", "K", "ratio", "tokens/s", "tok/round",
+      "acceptance by position");
   // (1) The accepted length against the ratio at the largest K, until it plateaus.
   const int k_max = ks.back();
   size_t kept = 0;
@@ -263,8 +268,9 @@ int Tune(Engine& engine, Acceptance& obs, const std::vector<std::vector<int32_t>
                                  {"num_speculative_tokens", best_k},
                                  {"sparsity_ratio", best_ratio},
                                  {"min_tokens", f.min_tokens}};
-  std::printf("vegas tune: K %d, sparsity_ratio %.3f (%.1f tokens/s at batch %d): %s\n", best_k,
-              best_ratio, best_tps, batch, choice.dump().c_str());
+  std::printf(
+      "vegas tune: K %d, sparsity_ratio %.3f (%.1f tokens/s at batch %d, %.2fx plain): %s\n",
+      best_k, best_ratio, best_tps, batch, best_tps / plain_tps, choice.dump().c_str());
   if (!f.write.empty()) {
     std::ofstream out(f.write);
     out << choice.dump(2) << "\n";
