@@ -203,8 +203,16 @@ TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
     drafts += s.usage.num_draft_tokens;
     accepted += s.usage.num_accepted_tokens;
   }
+  // `auto`: the policy picks the drafter (never Vegas / streaming on an NSA target).
+  GenerateRequest automatic = SsvRequest(goldens[4], SsvMode::kExact, 2);
+  automatic.speculation.method = SpeculationMethod::kAuto;
+  auto auto_id = engine->Submit(automatic, c.Callback());
+  ASSERT_TRUE(auto_id.ok()) << auto_id.status();
   ASSERT_TRUE(c.WaitFinished(*ngram_id));
   EXPECT_EQ(c.Get(*ngram_id).ids, goldens[1].greedy);
+  ASSERT_TRUE(c.WaitFinished(*auto_id));
+  EXPECT_TRUE(c.Get(*auto_id).status.ok()) << c.Get(*auto_id).status;
+  EXPECT_EQ(c.Get(*auto_id).ids, goldens[4].greedy);
   EXPECT_GT(drafts, 0);
   const SsvLoadStats st = observer->stats();
   EXPECT_GT(st.queries, 0);

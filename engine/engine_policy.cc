@@ -150,7 +150,7 @@ absl::Status Engine::CreatePolicy() {
   SPECD_ASSIGN_OR_RETURN(policy_, StrategyPolicy::Create(*std::move(profile), options));
   policy_->SetEnvironment({.draft_model_loaded = draft_ != nullptr,
                            .speculator_connected = ssd_ != nullptr,
-                           .target_is_nsa = false});
+                           .target_is_nsa = runner_->config().is_nsa()});
   cost_profile_json_ = policy_->profile().ToJson();
   SPECD_LOG_INFO("engine: auto speculation's cost profile: {}", cost_profile_source_);
   return absl::OkStatus();
@@ -210,6 +210,8 @@ void Engine::DecideStrategies(const StepPlan& plan) {
       q.allowed.Remove(PolicyMethod::kVegas);
       q.allowed.Remove(PolicyMethod::kStreaming);
     }
+    // SSV is how an NSA target verifies whatever method drafted (the request's
+    // speculation.ssv), not a drafting method of its own: the policy picks the drafter.
     q.allowed.Remove(PolicyMethod::kSsv);
     q.remaining_tokens = r.request.params.max_tokens - r.seq.num_generated();
     if (draft != nullptr) {
