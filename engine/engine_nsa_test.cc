@@ -14,36 +14,17 @@
 
 #include "engine/base/mapped_file.h"
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
+#include "engine/engine_nsa_test_util.h"
 #include "engine/engine_test_util.h"
-#include "engine/sample/acceptance.h"
 #include "gtest/gtest.h"
 
 namespace specd {
 namespace {
 
+using namespace nsa_test;  // NOLINT: the shared fixtures of engine_nsa_test_util.h
+
 using serving_test::Collector;
 using serving_test::Greedy;
-
-const std::string kNsaModel = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
-
-struct Golden {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> greedy;
-};
-
-std::vector<Golden> ReadGoldens() {
-  absl::StatusOr<std::string> text = ReadFileToString(kNsaModel + "/golden.json");
-  EXPECT_TRUE(text.ok()) << text.status();
-  const nlohmann::json list = nlohmann::json::parse(text.ok() ? *text : "[]", nullptr, false);
-  std::vector<Golden> out;
-  if (!list.is_array()) return out;
-  for (const nlohmann::json& e : list) {
-    out.push_back(
-        {e["prompt_ids"].get<std::vector<int32_t>>(), e["greedy_ids"].get<std::vector<int32_t>>()});
-  }
-  return out;
-}
 
 // Counts preempted sequences; any thread.
 class PreemptionCounter : public EngineObserver {
@@ -161,8 +142,6 @@ class SsvCollector : public EngineObserver {
   SsvLoadStats stats_;
   std::vector<std::string> strategies_;
 };
-
-const std::string kDraftModel = std::string(SPECD_SHARED_DIR) + "/models/codepair/draft";
 
 GenerateRequest SsvRequest(const Golden& g, SsvMode mode, int32_t group_size) {
   GenerateRequest r = GoldenRequest(g);
@@ -298,47 +277,6 @@ TEST(EngineNsaTest, LossySsvKeepsGeneratedKvOutOfThePrefixCache) {
     }
   }
 }
-
-// Sampled speculation verified with SSV mode exact (C 4) keeps the target's distribution: the
-// second token after golden entry 0's first 320 ids (10 NSA blocks: S = 8 of them are selected)
-// against the target's own top-20 probabilities; the same test catches a broken
-// acceptance rule.
-class NsaSampledTest : public ::testing::TestWithParam<bool> {
- protected:
-  void TearDown() override {
-    acceptance_internal::acceptor_rule_for_test = acceptance_internal::Rule::kSpeculativeSampling;
-  }
-};
-
-TEST_P(NsaSampledTest, SecondTokenFollowsTheTargetUnderSsvExact) {
-  const bool broken = GetParam();
-  if (broken) {
-    acceptance_internal::acceptor_rule_for_test =
-        acceptance_internal::Rule::kDraftOverTargetForTest;
-  }
-  const std::vector<Golden> goldens = ReadGoldens();
-  ASSERT_EQ(goldens.size(), 6u);
-  EngineOptions options;
-  options.model_dir = kNsaModel;
-  options.max_model_len = 2048;
-  options.num_threads = 2;
-  options.speculative.draft_model = kDraftModel;
-  auto engine = Engine::Create(options);  // offline: GenerateBatch
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  SpeculationParams spec{SpeculationMethod::kDraftModel, 2};
-  spec.ssv_group_size = 4;
-  const std::vector<int32_t> prompt(goldens[0].prompt.begin(), goldens[0].prompt.begin() + 320);
-  const auto [stat, critical] =
-      speculation_test::SecondTokenChiSquare(**engine, prompt, 1500, spec);
-  if (broken) {
-    EXPECT_GT(stat, critical) << "the broken rule must be caught";
-  } else {
-    EXPECT_LT(stat, critical);
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Acceptance, NsaSampledTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Broken" : "Correct"; });
 
 TEST(EngineNsaTest, SsvOptionsAreCheckedWhenTheRequestArrives) {
   const std::vector<Golden> goldens = ReadGoldens();
