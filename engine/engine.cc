@@ -2,16 +2,19 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/engine_internal.h"
 #include "engine/parallel/tp_group.h"
 #include "engine/policy/strategy_policy.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
+#include "engine/speculation/eagle3.h"
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/vegas.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -63,6 +66,26 @@ uint64_t SeedFor(const SamplingParams& p) {
 }
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// The mask token of a parallel draft (PARD): `pard_token` in its config.json, as vLLM reads it
+// (or `ptd_token_id`).
+absl::StatusOr<int32_t> ReadPardToken(const std::string& dir, int32_t vocab) {
+  const std::string file = dir + "/config.json";
+  SPECD_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  for (const char* key : {"pard_token", "ptd_token_id"}) {
+    if (!j.is_object() || !j.contains(key)) continue;
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": '", key, "' must be a token id in [0, ", vocab, ")"));
+    }
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--speculative-config: \"parallel\" needs a draft trained for parallel drafting; ", file,
+      " names no mask token (\"pard_token\")"));
+}
 
 RequestOutcome OutcomeOf(FinishReason reason, const absl::Status& status) {
   if (status.ok())
@@ -188,6 +211,7 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
                      nsa ? " drafts with dense attention and does not apply to an NSA model"
                          : " needs tensor parallelism off"));
   }
+  if (!spec.eagle3_model.empty()) SPECD_RETURN_IF_ERROR(CreateEagle3());
   // SSD's draft runs in the speculator process, not here.
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
@@ -203,10 +227,15 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
                         absl::StrCat("draft model: ", runner.status().message()));
   }
   const std::string draft_device = (*runner)->device_name();
+  const int32_t draft_vocab = (*runner)->config().vocab_size;
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<DraftModelSpeculator> speculator,
       DraftModelSpeculator::Create(*std::move(runner), runner_->config().vocab_size,
                                    options_.max_num_batched_tokens));
+  if (spec.parallel_drafting) {
+    SPECD_ASSIGN_OR_RETURN(const int32_t mask, ReadPardToken(spec.draft_model, draft_vocab));
+    speculator->set_parallel(mask);
+  }
   if (spec.replay.enabled()) {
     SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
                            DraftReplay::Load(spec.replay, runner_->config().vocab_size));
@@ -217,10 +246,45 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
     speculator->set_replay(std::move(replay));
   }
   draft_ = std::move(speculator);
-  SPECD_LOG_INFO("engine: draft model {} on {} for speculation (default method {}, K {})",
+  SPECD_LOG_INFO("engine: draft model {} on {} for speculation (default method {}, K {}{})",
                  spec.draft_model, draft_device, SpeculationMethodName(spec.method),
-                 spec.num_speculative_tokens);
+                 spec.num_speculative_tokens, spec.parallel_drafting ? ", parallel drafting" : "");
   return absl::OkStatus();
+}
+
+absl::Status Engine::CreateEagle3() {
+  const SpeculativeConfig& spec = options_.speculative;
+  if (runner_->config().is_nsa()) {
+    return absl::InvalidArgumentError(
+        "--speculative-config: an EAGLE-3 head drafts for a dense Llama-style target; this "
+        "model is an NSA model");
+  }
+  absl::StatusOr<std::unique_ptr<Eagle3Head>> head =
+      Eagle3Head::Load(spec.eagle3_model, options_.model_dir, runner_->config());
+  if (!head.ok()) {
+    return absl::Status(head.status().code(),
+                        absl::StrCat("EAGLE-3 head: ", head.status().message()));
+  }
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Speculator> speculator,
+                         Eagle3Speculator::Create(*std::move(head)));
+  if (absl::Status s = runner_->CaptureHiddenStates(speculator->capture_layers()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
+  }
+  eagle3_ = std::move(speculator);
+  const Eagle3Config& c = eagle3_->head().config();
+  SPECD_LOG_INFO(
+      "engine: EAGLE-3 head {} (hidden {}, draft vocabulary {}, target layers {} {} {}) for "
+      "speculation",
+      spec.eagle3_model, c.layer.hidden_size, c.draft_vocab_size, c.aux_layer_ids[0],
+      c.aux_layer_ids[1], c.aux_layer_ids[2]);
+  return absl::OkStatus();
+}
+
+Speculator* Engine::SpeculatorAt(int m) const {
+  // Vegas and streaming share one speculator (kSpeculatorMethods' order).
+  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
+                                                        vegas_.get(), vegas_.get(), eagle3_.get()};
+  return m >= 0 && m < kNumSpeculatorSlots ? speculators[m] : nullptr;
 }
 
 Engine::~Engine() { Stop(); }
@@ -383,11 +447,9 @@ void Engine::FinishRequest(Request& r, FinishReason reason, absl::Status status,
                            std::vector<GeneratedToken> tokens, std::string text) {
   core_->scheduler.Finish(&r.seq);
   // Every speculator that drafted for it (`auto` may have used several) drops its state.
-  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
-                                                        vegas_.get(), vegas_.get()};
   for (int m = 0; m < kNumSpeculatorSlots; ++m) {
-    if ((r.used_speculators >> m & 1u) != 0 && speculators[m] != nullptr) {
-      speculators[m]->Release(r.id);
+    if ((r.used_speculators >> m & 1u) != 0 && SpeculatorAt(m) != nullptr) {
+      SpeculatorAt(m)->Release(r.id);
     }
   }
   if (r.used_policy) policy_->Forget(r.id);

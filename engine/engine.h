@@ -39,6 +39,7 @@ struct RunnerOptions;
 struct ModelConfig;
 class EngineObserver;
 class Speculator;
+class Eagle3Speculator;
 class Verifier;
 struct StepPlan;
 struct ScheduledChunk;
@@ -127,7 +128,7 @@ struct RequestUsage {
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
   // The same three counts per method that drafted (`auto` may use several), in the order
-  // draft_model, ngram, ssd, vegas, streaming; methods without rounds are left out.
+  // draft_model, ngram, ssd, vegas, streaming, eagle3; methods without rounds are left out.
   struct MethodUsage {
     const char* method = "";  // SpeculationMethodName
     int64_t num_drafts = 0;
@@ -269,8 +270,9 @@ class EngineObserver {
   virtual void OnPolicy(const PolicyStepMetrics& /*m*/) {}
 };
 
-// Speculators the step pipeline drives, by method: draft model, n-gram, SSD, vegas, streaming.
-inline constexpr int kNumSpeculatorSlots = 5;
+// Speculators the step pipeline drives, by method: draft model, n-gram, SSD, vegas, streaming,
+// eagle3.
+inline constexpr int kNumSpeculatorSlots = 6;
 
 class Engine {
  public:
@@ -290,6 +292,7 @@ class Engine {
   const SpeculativeConfig& speculative_config() const { return options_.speculative; }
   bool has_draft_model() const { return draft_ != nullptr; }
   bool has_ssd() const { return ssd_ != nullptr; }
+  bool has_eagle3() const { return eagle3_ != nullptr; }
   // Methods vegas and streaming run here (the CPU or CUDA backend, on one rank).
   bool has_sparse_drafting() const { return vegas_ != nullptr; }
   // The target is an NSA model: requests may set speculation.ssv.
@@ -349,6 +352,10 @@ class Engine {
   Engine();
   absl::Status CreateSpeculators(const RunnerOptions& target);
   absl::Status CreateSsd(const RunnerOptions& target);  // engine_ssd.cc
+  // Method eagle3: loads the head and has the target's runner capture the layers it reads.
+  absl::Status CreateEagle3();
+  // The speculator of slot m (kSpeculatorMethods' order), or null when the server has none.
+  Speculator* SpeculatorAt(int m) const;
   // engine_policy.cc: the strategy policy `auto` runs (its cost profile loaded or defaulted).
   absl::Status CreatePolicy();
   // Prepare, after PlanSampling: each sample row's method and K for this step (Request::step),
@@ -387,6 +394,9 @@ class Engine {
   void BuildBatch(const StepPlan& plan, bool all_logits);
   // Tells each speculator its rows' outcomes, then commits every row's tokens.
   void Apply(const StepPlan& plan);
+  // After a successful target pass: the EAGLE-3 head gets the pass's hidden states of the
+  // sequences that draft with it.
+  void FeedEagle3();
   // Speculator::OnVerified for each speculator's verified rows; adds the positions each of
   // kSpeculatorMethods' rows verified (drafts + 1 per drafted row).
   void TellSpeculators(double (&positions)[kNumSpeculatorSlots]);
@@ -413,6 +423,8 @@ class Engine {
   std::unique_ptr<Speculator> ssd_;    // method ssd: the speculator process's client
   // Methods vegas and streaming: the target drafts for itself (one rank only).
   std::unique_ptr<Speculator> vegas_;
+  // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
+  std::unique_ptr<Eagle3Speculator> eagle3_;
   // The Verify stage's implementations in the order they are tried: greedy on the runner,
   // sampled on the device, exact on the host (takes anything).
   std::vector<std::unique_ptr<Verifier>> verifiers_;

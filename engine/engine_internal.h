@@ -133,6 +133,8 @@ struct Engine::Core {
   std::vector<uint64_t> policy_ids;  // the requests of the last decision, in its order
   double policy_tokens_per_second = 0;
   std::vector<int32_t> row_policy_method;  // [num_rows] PolicyMethod, or -1
+  // [num_chunks] FeedEagle3: whether the chunk's sequence drafts with the EAGLE-3 head.
+  std::vector<uint8_t> eagle3_wanted;
 };
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, pauses,

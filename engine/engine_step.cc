@@ -21,6 +21,7 @@
 #include "engine/base/status.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
+#include "engine/speculation/eagle3.h"
 #include "engine/verification/verifier.h"
 
 namespace specd {
@@ -28,8 +29,8 @@ namespace {
 
 // The method of each of the engine's speculators, in Speculate's order (Core::method_seconds).
 constexpr SpeculationMethod kSpeculatorMethods[kNumSpeculatorSlots] = {
-    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kSsd,
-    SpeculationMethod::kVegas, SpeculationMethod::kStreaming};
+    SpeculationMethod::kDraftModel, SpeculationMethod::kNgram,     SpeculationMethod::kSsd,
+    SpeculationMethod::kVegas,      SpeculationMethod::kStreaming, SpeculationMethod::kEagle3};
 
 }  // namespace
 
@@ -73,9 +74,29 @@ absl::StatusOr<bool> Engine::RunStep() {
     }
     return failed;
   }
+  FeedEagle3();
   // Apply.
   Apply(plan);
   return true;
+}
+
+void Engine::FeedEagle3() {
+  if (eagle3_ == nullptr) return;
+  Core& c = *core_;
+  c.eagle3_wanted.assign(c.batch.size(), 0);
+  bool any = false;
+  for (size_t i = 0; i < c.batch.size(); ++i) {
+    auto it = c.live.find(static_cast<RequestId>(c.batch[i].seq_id));
+    if (it == c.live.end() || it->second->spec.method != SpeculationMethod::kEagle3) continue;
+    c.eagle3_wanted[i] = 1;
+    it->second->used_speculators |= 1u << SpeculatorSlot(SpeculationMethod::kEagle3);
+    any = true;
+  }
+  if (!any) return;
+  const absl::Status s =
+      eagle3_->OnTargetPass(c.batch, runner_->captured_hidden_states(), c.eagle3_wanted);
+  // The head then has no hidden states for these positions: it drafts less, nothing more.
+  if (!s.ok()) SPECD_LOG_WARN("engine: EAGLE-3 head missed a target pass: {}", s.ToString());
 }
 
 void Engine::PlanSampling(const StepPlan& plan) {
@@ -124,11 +145,9 @@ void Engine::Speculate(const StepPlan& plan) {
   }
   const absl::Time start = absl::Now();
   // Vegas and streaming share one speculator, proposed for once per method.
-  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
-                                                        vegas_.get(), vegas_.get()};
   for (int m = 0; m < kNumSpeculatorSlots; ++m) {
     c.method_seconds[m] = {SpeculationMethodName(kSpeculatorMethods[m]), 0, 0, 0};
-    Speculator* speculator = speculators[m];
+    Speculator* speculator = SpeculatorAt(m);
     if (speculator == nullptr) continue;
     c.draft_inputs.clear();
     c.draft_rows.clear();
@@ -304,10 +323,9 @@ void Engine::Apply(const StepPlan& plan) {
 
 void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
   Core& c = *core_;
-  Speculator* const speculators[kNumSpeculatorSlots] = {draft_.get(), ngram_.get(), ssd_.get(),
-                                                        vegas_.get(), vegas_.get()};
   for (int m = 0; m < kNumSpeculatorSlots; ++m) {
-    if (speculators[m] == nullptr) continue;
+    Speculator* speculator = SpeculatorAt(m);
+    if (speculator == nullptr) continue;
     c.rounds.clear();
     for (size_t k = 0; k < c.rows.size(); ++k) {
       const RowOutcome& o = c.outcomes[k];
@@ -325,7 +343,7 @@ void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
       }
       c.rounds.push_back(round);
     }
-    if (!c.rounds.empty()) speculators[m]->OnVerified(c.rounds);
+    if (!c.rounds.empty()) speculator->OnVerified(c.rounds);
   }
 }
 

@@ -76,7 +76,8 @@ struct GenerateFlags {
           "speculative decoding, JSON as for specd serve (e.g. {\"method\": \"draft_model\", "
           "\"model\": DIR, \"num_speculative_tokens\": 4}); the output is the same");
     p.Add("speculation-method", &speculation_method,
-          "this request's method: none | auto | draft_model | ngram (default: the config's)");
+          "this request's method: none | auto | draft_model | eagle3 | ngram (default: the "
+          "config's)");
     p.Add("num-speculative-tokens", &num_speculative_tokens,
           "draft tokens per round, 0..64 (0 = the config's)");
     p.Add("json", &json, "print one JSON object instead of streaming text");

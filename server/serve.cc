@@ -306,10 +306,11 @@ absl::Status RunServe(const std::vector<std::string>& args) {
   }
   SetLogLevel(o.log_level);
   if (o.speculative.enabled()) {
-    SPECD_LOG_INFO("speculation: default method {}, K {}, draft model {}",
+    SPECD_LOG_INFO("speculation: default method {}, K {}, draft model {}, EAGLE-3 head {}",
                    SpeculationMethodName(o.speculative.method),
                    o.speculative.num_speculative_tokens,
-                   o.speculative.draft_model.empty() ? "none" : o.speculative.draft_model);
+                   o.speculative.draft_model.empty() ? "none" : o.speculative.draft_model,
+                   o.speculative.eagle3_model.empty() ? "none" : o.speculative.eagle3_model);
   }
   SPECD_RETURN_IF_ERROR(InstallShutdownSignals());
   ServeProcess process(std::move(o));

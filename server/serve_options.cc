@@ -62,8 +62,9 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("log-level", &o.log_level, "trace|debug|info|warn|error");
   p.Add("speculative-config", &o.speculative_config,
         "speculative decoding defaults, JSON: {\"method\": "
-        "none|auto|draft_model|ngram|ssd|vegas|streaming, "
-        "\"model\": DRAFT_DIR, \"num_speculative_tokens\": K, \"prompt_lookup_min\"/"
+        "none|auto|draft_model|eagle3|ngram|ssd|vegas|streaming, "
+        "\"model\": DRAFT_DIR (eagle3: HEAD_DIR), \"eagle3_model\": HEAD_DIR (beside a draft), "
+        "\"num_speculative_tokens\": K, \"prompt_lookup_min\"/"
         "\"prompt_lookup_max\": N, \"draft_kv_cache_bytes\": B, \"sparsity_ratio\": R, "
         "\"min_tokens\"/\"max_tokens\": N (vegas / streaming)}");
   p.Add("cost-profile", &o.cost_profile,
@@ -191,6 +192,14 @@ absl::Status ParseSpeculation(ServeOptions* o) {
   std::error_code ec;
   if (!draft.empty() && !std::filesystem::is_directory(draft, ec)) {
     return Bad(absl::StrCat("--speculative-config: \"model\" '", draft, "' is not a directory"));
+  }
+  const std::string& head = o->speculative.eagle3_model;
+  if (!head.empty() && !std::filesystem::is_directory(head, ec)) {
+    const char* field = o->speculative.method == SpeculationMethod::kEagle3 && draft.empty()
+                            ? "model"
+                            : "eagle3_model";
+    return Bad(
+        absl::StrCat("--speculative-config: \"", field, "\" '", head, "' is not a directory"));
   }
   return absl::OkStatus();
 }

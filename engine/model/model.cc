@@ -448,11 +448,40 @@ absl::Status Model::Forward(std::span<const SequenceInput> batch, CpuKvCache& kv
   if (batch.empty()) return absl::OkStatus();
   PlanBatch(batch);
   SPECD_RETURN_IF_ERROR(Embed());
+  if (num_aux_ > 0) aux_.resize(ws_.tokens.size() * num_aux_ * local_.hidden_size);
   for (int32_t layer = 0; layer < local_.num_layers; ++layer) {
+    if (num_aux_ > 0 && aux_layer_[layer]) CaptureAux(layer);
     SPECD_RETURN_IF_ERROR(AttentionBlock(layer, kv));
     SPECD_RETURN_IF_ERROR(MlpBlock(layer));
   }
   return ComputeLogits(logits, vocab_merge_k);
+}
+
+absl::Status Model::SetAuxHiddenLayers(std::span<const int32_t> ids) {
+  std::vector<bool> layer(config_.num_layers, false);
+  for (int32_t id : ids) {
+    if (id < 0 || id >= config_.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("aux hidden-state layer id ", id,
+                                                     " is outside [0, ", config_.num_layers, ")"));
+    }
+    layer[id] = true;
+  }
+  aux_ids_.assign(ids.begin(), ids.end());
+  aux_layer_ = std::move(layer);
+  num_aux_ = static_cast<int32_t>(ids.size());
+  aux_.clear();
+  return absl::OkStatus();
+}
+
+void Model::CaptureAux(int32_t layer) {
+  const int64_t hidden = local_.hidden_size;
+  const int64_t stride = num_aux_ * hidden;
+  for (int32_t slot = 0; slot < num_aux_; ++slot) {
+    if (aux_ids_[slot] != layer) continue;
+    for (size_t t = 0; t < ws_.tokens.size(); ++t) {
+      std::memcpy(&aux_[t * stride + slot * hidden], &ws_.x[t * hidden], sizeof(float) * hidden);
+    }
+  }
 }
 
 }  // namespace specd

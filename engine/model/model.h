@@ -109,6 +109,17 @@ class Model {
   absl::Status Forward(std::span<const SequenceInput> batch, CpuKvCache& kv,
                        std::vector<float>* logits, int32_t vocab_merge_k = 0);
 
+  // EAGLE-3 heads read the target's residual stream at a few layers (engine/model/eagle3_head.h).
+  // After SetAuxHiddenLayers(ids), every Forward also keeps, for each new token of the batch (in
+  // batch order), the residual stream at the input of layer ids[i] (vLLM's convention: id 0 is the
+  // embedding output, id j the output of layer j - 1), concatenated in the order of `ids`:
+  // aux_hidden() is [num_new_tokens, ids.size() * hidden] f32. The stream is whole on every rank
+  // (tensor parallelism all-reduces it), so rank 0 alone needs to keep it. Empty `ids`: nothing
+  // is kept; an id may repeat (vLLM's default ids do for shallow targets). InvalidArgument for
+  // an id outside [0, num_layers).
+  absl::Status SetAuxHiddenLayers(std::span<const int32_t> ids);
+  std::span<const float> aux_hidden() const { return aux_; }
+
  private:
   // Scratch activations of one Forward, reused across calls. T = new tokens in the batch.
   struct Workspace {
@@ -180,6 +191,14 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;   // attention of large batches
   std::unique_ptr<NsaAttention> nsa_;  // NSA models only
   Workspace ws_;
+  // EAGLE-3's capture (SetAuxHiddenLayers): the layer ids, whether each layer is captured, and
+  // the last Forward's rows [T, num_aux * hidden].
+  std::vector<int32_t> aux_ids_;
+  std::vector<bool> aux_layer_;  // [num_layers]
+  int32_t num_aux_ = 0;
+  std::vector<float> aux_;
+  // Copies the residual stream into every slot of the captured rows that names `layer`.
+  void CaptureAux(int32_t layer);
 };
 
 }  // namespace specd

@@ -90,6 +90,14 @@ class TpLeaderRunner final : public ModelRunner {
   // The target's probability slots are never drafted into (the draft model has its own runner).
   absl::Status ReserveProbSlots(int32_t n) override { return local_->ReserveProbSlots(n); }
   const float* prob_slot(int32_t slot) const override { return local_->prob_slot(slot); }
+  // EAGLE-3: rank 0's residual stream is the whole one (the all-reduce ran), so the head reads
+  // it there; workers keep nothing.
+  absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override {
+    return local_->CaptureHiddenStates(layer_ids);
+  }
+  std::span<const float> captured_hidden_states() const override {
+    return local_->captured_hidden_states();
+  }
 
   absl::Status GroupStatus() const override {
     std::lock_guard lock(mu_);

@@ -48,6 +48,10 @@ class CpuRunner : public ModelRunner {
                                 std::vector<GreedyVerifyResult>* out) override;
   // A worker leaves *logits empty.
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
+  absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override {
+    return model_->SetAuxHiddenLayers(layer_ids);
+  }
+  std::span<const float> captured_hidden_states() const override { return model_->aux_hidden(); }
 
  private:
   CpuRunner() = default;

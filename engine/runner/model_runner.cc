@@ -264,4 +264,12 @@ absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids) {
+  if (layer_ids.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat(device_name(),
+                   ": this runner cannot export the target's hidden states "
+                   "(EAGLE-3 heads run on the CPU backend only, as yet)"));
+}
+
 }  // namespace specd

@@ -198,6 +198,17 @@ class ModelRunner {
                                  std::span<const SampleRow> rows, std::span<const int32_t> slots,
                                  std::vector<SampleResult>* out);
 
+  // EAGLE-3 heads (engine/speculation/eagle3.h) read the target's own hidden states. After
+  // CaptureHiddenStates(ids), every pass that runs the model (Step, StepGreedyVerify,
+  // StepSampledVerify, Forward) also keeps, for each new token of its batch in batch order, the
+  // residual stream at the input of target layers ids[i] (vLLM's convention: 0 is the embedding
+  // output, j the output of layer j - 1), concatenated: captured_hidden_states() is the last
+  // pass's [num_new_tokens, ids.size() * hidden] f32, host memory, valid until the next pass.
+  // Empty ids stop it. InvalidArgument for ids outside [0, num_layers) or repeated;
+  // Unimplemented where the runner cannot (the CUDA runner, as yet).
+  virtual absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids);
+  virtual std::span<const float> captured_hidden_states() const { return {}; }
+
   // Tensor parallelism: OK while every rank of the runner's group is alive and in step; once a
   // rank died, stopped answering or failed, the reason (Unavailable naming the rank), for good.
   // A single-process runner is always OK. Thread-safe (a watchdog sets it; front ends read it).

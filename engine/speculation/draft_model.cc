@@ -248,6 +248,17 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     if (!cache.empty()) a.cache = cache[i];
     if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
   }
+  if (parallel() && cache.empty()) {
+    device_round_ = false;  // q rows come back with the logits
+    while (!active_.empty()) {
+      if (stop && stop()) {
+        active_.clear();
+        break;
+      }
+      SPECD_RETURN_IF_ERROR(RunParallelPass(inputs, drafts));
+    }
+    return absl::OkStatus();
+  }
   device_round_ = PlanDeviceRound(inputs);
   while (!active_.empty()) {
     if (stop && stop()) {
@@ -416,6 +427,72 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
     if (done) continue;
     if (kept != i) active_[kept] = std::move(a);
     ++kept;
+  }
+  active_.resize(kept);
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> inputs,
+                                                   std::vector<Draft>* drafts) {
+  batch_.clear();
+  chunks_.resize(active_.size());
+  auto budget = static_cast<size_t>(max_tokens_per_forward_);
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = active_[i];
+    // Draft j >= 1 reads the row of mask j; at most one forward's worth of them.
+    a.num_wanted = std::min(a.num_wanted, max_tokens_per_forward_);
+    const size_t remaining = a.pending.size() - a.offset;
+    const auto masks = static_cast<size_t>(a.num_wanted - 1);
+    const bool finishing = remaining + masks <= budget;
+    // A catch-up piece leaves the last token for the pass that draws (its row is draft 1's).
+    a.num_running = finishing ? remaining : std::min(remaining - 1, budget);
+    a.row = finishing ? 0 : -1;  // 0: this pass draws its drafts
+    if (a.num_running == 0) continue;
+    std::vector<int32_t>& chunk = chunks_[i];
+    chunk.assign(a.pending.begin() + static_cast<std::ptrdiff_t>(a.offset),
+                 a.pending.begin() + static_cast<std::ptrdiff_t>(a.offset + a.num_running));
+    if (finishing) chunk.insert(chunk.end(), masks, parallel_mask_);
+    budget -= chunk.size();
+    SequenceInput s;
+    s.tokens = chunk;
+    s.start_pos = static_cast<int32_t>(a.state->kv_tokens.size());
+    s.block_table = a.state->blocks.ids();
+    s.all_logits = finishing;
+    batch_.push_back(s);
+  }
+  if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) {
+    for (const Active& a : active_) Release(inputs[a.input].seq_id);
+    active_.clear();
+    return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
+  }
+  const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
+  size_t row = 0;  // the pass's first logits row of the chunk at hand
+  size_t kept = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = active_[i];
+    if (a.num_running == 0) {
+      if (kept != i) active_[kept] = std::move(a);
+      ++kept;
+      continue;
+    }
+    const auto ran = a.pending.begin() + static_cast<std::ptrdiff_t>(a.offset);
+    a.state->kv_tokens.insert(a.state->kv_tokens.end(), ran,
+                              ran + static_cast<std::ptrdiff_t>(a.num_running));
+    a.offset += a.num_running;
+    if (a.row < 0) {  // a catch-up piece: only its last row came back
+      row += 1;
+      if (kept != i) active_[kept] = std::move(a);
+      ++kept;
+      continue;
+    }
+    const DraftInput& in = inputs[a.input];
+    Draft& draft = (*drafts)[a.input];
+    const size_t first = row + a.num_running - 1;  // the context's last token
+    for (int32_t j = 0; j < a.num_wanted; ++j) {
+      DrawDraft(in, {}, *a.state, std::span<const float>(&logits_[(first + j) * vocab], vocab),
+                draft);
+    }
+    row += chunks_[i].size();
   }
   active_.resize(kept);
   return absl::OkStatus();

@@ -102,6 +102,16 @@ class DraftModelSpeculator : public Speculator {
   // gets the child's state. NotFound for an unknown child.
   absl::Status Adopt(uint64_t parent, uint64_t child);
 
+  // Parallel drafting (PARD, arXiv 2504.18583): a draft trained to predict the next K tokens
+  // from K - 1 appended copies of a mask token drafts a whole round in one forward pass: the
+  // catch-up chunk followed by the masks, every position's logits; draft j comes from the row of
+  // the context's last token + j, drawn as in sequential drafting (so q rows and penalties over
+  // the earlier drafts are the same). The masks' KV is never kept: kv_tokens stops before them
+  // and the next round overwrites their slots. Not for SSD's cache (Propose with `cache` keeps
+  // drafting sequentially). `mask_token` < 0: off.
+  void set_parallel(int32_t mask_token) { parallel_mask_ = mask_token; }
+  bool parallel() const { return parallel_mask_ >= 0; }
+
   // Benchmarks only: greedy drafts (and their candidates) follow `replay` (controlled
   // acceptance, engine/speculation/draft_replay.h); nullptr turns it off. The forward passes still
   // run.
@@ -151,6 +161,9 @@ class DraftModelSpeculator : public Speculator {
   // A device round's pass: rows for the sequences whose pending tokens all run, drawn by the
   // runner's StepDraft, which keeps each row's q in slot slot_base_[input] + j.
   absl::Status DevicePass(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // Parallel drafting's pass: each sequence's pending tokens, then its masks when they fit the
+  // token budget (its drafts are drawn then); longer catch-ups run first without masks.
+  absl::Status RunParallelPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
   // Whether this round drafts on the device: the runner keeps probabilities on a GPU, some input
   // samples, and none wants candidates or Saguaro sampling; then reserves the slots.
   bool PlanDeviceRound(std::span<const DraftInput> inputs);
@@ -174,6 +187,8 @@ class DraftModelSpeculator : public Speculator {
 
   std::unique_ptr<ModelRunner> runner_;
   std::shared_ptr<const DraftReplay> replay_;
+  int32_t parallel_mask_ = -1;                // set_parallel
+  std::vector<std::vector<int32_t>> chunks_;  // scratch: parallel passes' chunk tokens
   int32_t max_tokens_per_forward_;
   BlockAllocator allocator_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;

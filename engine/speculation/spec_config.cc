@@ -221,14 +221,16 @@ absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name) 
   if (name == "ssd") return SpeculationMethod::kSsd;
   if (name == "vegas") return SpeculationMethod::kVegas;
   if (name == "streaming") return SpeculationMethod::kStreaming;
+  if (name == "eagle3" || name == "eagle-3") return SpeculationMethod::kEagle3;
   if (name == "ssv") {
     return absl::InvalidArgumentError(
         "'ssv' is how an NSA model verifies, not a way to draft: pick a method (draft_model, "
-        "ngram, ssd or auto) and set its verification with the \"ssv\" object");
+        "eagle3, ngram, ssd or auto) and set its verification with the \"ssv\" object");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("speculation method '", std::string(name),
-                   "' is unknown; use none, auto, draft_model, ngram, ssd, vegas or streaming"));
+                   "' is unknown; use none, auto, draft_model, eagle3, ngram, ssd, vegas or "
+                   "streaming"));
 }
 
 const char* SpeculationMethodName(SpeculationMethod m) {
@@ -249,6 +251,8 @@ const char* SpeculationMethodName(SpeculationMethod m) {
       return "vegas";
     case SpeculationMethod::kStreaming:
       return "streaming";
+    case SpeculationMethod::kEagle3:
+      return "eagle3";
   }
   return "unknown";
 }
@@ -262,6 +266,9 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   }
   static constexpr const char* kKnown[] = {"method",
                                            "model",
+                                           "eagle3_model",
+                                           "parallel",
+                                           "parallel_drafting",
                                            "num_speculative_tokens",
                                            "prompt_lookup_min",
                                            "prompt_lookup_max",
@@ -309,6 +316,25 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
     }
     config.method = *m == SpeculationMethod::kDefault ? config.method : *m;
   }
+  // vLLM's form: {"method": "eagle3", "model": HEAD}; "eagle3_model" names a head beside a
+  // draft model ("model" then stays the draft's).
+  if (auto it = j.find("eagle3_model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty()) {
+      return FieldError("eagle3_model", "must be a non-empty string (an EAGLE-3 head directory)");
+    }
+    config.eagle3_model = it->get<std::string>();
+    if (!j.contains("method") && config.draft_model.empty()) {
+      config.method = SpeculationMethod::kEagle3;
+    }
+  } else if (config.method == SpeculationMethod::kEagle3) {
+    std::swap(config.eagle3_model, config.draft_model);
+  }
+  for (const char* key : {"parallel", "parallel_drafting"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      if (!it->is_boolean()) return FieldError(key, "must be true or false");
+      config.parallel_drafting = config.parallel_drafting || it->get<bool>();
+    }
+  }
   if (absl::Status s = ReadInt32(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens,
                                  &config.num_speculative_tokens);
       !s.ok()) {
@@ -351,6 +377,15 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (config.method == SpeculationMethod::kSsd && config.draft_model.empty()) {
     return FieldError("model", "is required for method ssd (the speculator's draft model)");
   }
+  if (config.parallel_drafting && config.draft_model.empty()) {
+    return FieldError("parallel", "drafts with a draft model: name it with \"model\"");
+  }
+  if (config.parallel_drafting && config.method == SpeculationMethod::kSsd) {
+    return FieldError("parallel", "is not available with method ssd yet");
+  }
+  if (config.method == SpeculationMethod::kEagle3 && config.eagle3_model.empty()) {
+    return FieldError("model", "is required for method eagle3 (the EAGLE-3 head's directory)");
+  }
   return config;
 }
 
@@ -358,6 +393,8 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   json j;
   j["method"] = SpeculationMethodName(c.method);
   if (!c.draft_model.empty()) j["model"] = c.draft_model;
+  if (!c.eagle3_model.empty()) j["eagle3_model"] = c.eagle3_model;
+  if (c.parallel_drafting) j["parallel"] = true;
   j["num_speculative_tokens"] = c.num_speculative_tokens;
   j["prompt_lookup_min"] = c.prompt_lookup_min;
   j["prompt_lookup_max"] = c.prompt_lookup_max;
@@ -440,7 +477,8 @@ absl::StatusOr<uint32_t> CheckPolicy(const SpeculationParams& request) {
     if (!IsSpeculating(m)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "speculation.policy.forbid: '", SpeculationMethodName(m),
-          "' is not a speculation method; list draft_model, ngram, ssd, vegas or streaming"));
+          "' is not a speculation method; list draft_model, eagle3, ngram, ssd, vegas or "
+          "streaming"));
     }
     bits |= 1u << static_cast<int>(m);
   }
@@ -513,6 +551,11 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
     return absl::InvalidArgumentError(
         "speculation.method draft_model needs a draft model; start the server with "
         "--speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'");
+  }
+  if (method == SpeculationMethod::kEagle3 && server.eagle3_model.empty()) {
+    return absl::InvalidArgumentError(
+        "speculation.method eagle3 needs an EAGLE-3 head; start the server with "
+        "--speculative-config '{\"method\": \"eagle3\", \"model\": HEAD_DIR}'");
   }
   if (method == SpeculationMethod::kSsd && !has_ssd) {
     return absl::InvalidArgumentError(

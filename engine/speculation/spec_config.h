@@ -24,6 +24,8 @@ namespace specd {
 // kVegas: the target drafts for itself with sparse attention over the prefix tokens the last
 // verification pass scored highest; kStreaming: the same sparse drafting over attention sinks
 // and a recent window of the same budget (StreamingLLM / MagicDec; Vegas's baseline).
+// kEagle3: an EAGLE-3 head drafting from the target's own hidden states (engine/speculation/
+// eagle3.h). New values go last: a request's speculation.policy.forbid is a bit set over them.
 enum class SpeculationMethod {
   kDefault,
   kNone,
@@ -32,10 +34,12 @@ enum class SpeculationMethod {
   kNgram,
   kSsd,
   kVegas,
-  kStreaming
+  kStreaming,
+  kEagle3
 };
 
-// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd", "vegas", "streaming"; "" is
+// "auto", "none", "draft_model" (also "draft"), "ngram", "ssd", "vegas", "streaming", "eagle3"
+// (also "eagle-3"); "" is
 // kDefault. "ssv" (a later issue) is InvalidArgument "not available yet"; anything else is
 // InvalidArgument naming the accepted values.
 absl::StatusOr<SpeculationMethod> ParseSpeculationMethod(std::string_view name);
@@ -128,8 +132,15 @@ struct DraftReplayOptions {
 // The server's speculation settings (`--speculative-config`), immutable after parsing.
 struct SpeculativeConfig {
   SpeculationMethod method = SpeculationMethod::kNone;  // default for requests that say nothing
-  std::string draft_model;             // HF model dir of the draft (method draft_model); may be
-                                       // set with another default method, so requests can ask
+  std::string draft_model;  // HF model dir of the draft (method draft_model); may be
+                            // set with another default method, so requests can ask
+  // The EAGLE-3 head's folder (LlamaForCausalLMEagle3): "model" when the method is eagle3, or
+  // "eagle3_model" beside a draft model, so requests can ask for either.
+  std::string eagle3_model;
+  // The draft model drafts a whole round in one forward pass from K - 1 appended mask tokens
+  // (PARD; `"parallel": true`, also vLLM's "parallel_drafting"): the draft's config.json names
+  // its mask token (`pard_token`). Not with method ssd.
+  bool parallel_drafting = false;
   int32_t num_speculative_tokens = 4;  // default K
   int32_t prompt_lookup_min = 1;       // n-gram: shortest suffix matched
   int32_t prompt_lookup_max = 4;       // n-gram: longest suffix matched
@@ -141,7 +152,9 @@ struct SpeculativeConfig {
   SparseDraftOptions sparse;           // methods vegas and streaming: the default budget
   SsvStrategy ssv;                     // NSA targets: the default verification strategy ("ssv")
 
-  bool enabled() const { return method != SpeculationMethod::kNone || !draft_model.empty(); }
+  bool enabled() const {
+    return method != SpeculationMethod::kNone || !draft_model.empty() || !eagle3_model.empty();
+  }
 };
 
 // Parses vLLM-style JSON, e.g. {"method": "draft_model", "model": "DIR",
@@ -177,7 +190,8 @@ struct ResolvedSpeculation {
 // K); K from the request, else the server's. speculation.policy: an explicit method the request
 // forbids, or an explicit K above its max_k, is InvalidArgument; a server default the request
 // forbids resolves to no speculation, and a server default K above max_k is lowered to it.
-// InvalidArgument when the request asks for a draft model (or SSD) the server has not loaded,
+// InvalidArgument when the request asks for a draft model (or SSD, or an EAGLE-3 head: the
+// server's eagle3_model) the server has not loaded,
 // vegas / streaming on a server without sparse drafting (`has_sparse_drafting`: one rank, CPU or
 // CUDA, dense target), K outside [0, kMaxSpeculativeTokens], C outside [0, 1], a bad sparse budget,
 // a policy max_k outside [0, kMaxSpeculativeTokens] or a forbid entry that is not a speculating

@@ -1,6 +1,7 @@
 // spec_bench: end-to-end decoding throughput with and without speculation, side by side in one
 // process: the engine's offline GenerateBatch over the codepair prompts at several batch sizes,
-// plain decoding against the draft model and n-gram lookup at each K of --ks (or the one --k), on
+// plain decoding against the draft model (and an EAGLE-3 head, --eagle3) and n-gram lookup at each
+// K of --ks (or the one --k), on
 // the CPU or a GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy
 // unless --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
 // decoding, tokens per verification round and per-position acceptance. With --ssd it then runs
@@ -26,7 +27,7 @@
 // the prefix cache), so with --repeats 1 every point first runs once untimed; with more repeats
 // the best of them is reported.
 //
-//   spec_bench [--model DIR] [--draft DIR] [--device cpu|cuda] [--batches 1,16]
+//   spec_bench [--model DIR] [--draft DIR] [--eagle3 HEAD_DIR] [--device cpu|cuda] [--batches 1,16]
 //              [--k 4 | --ks 1,2,4,8] [--auto [--cost-profile FILE]]
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
@@ -191,6 +192,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
 SpeculativeConfig DraftConfig(const Flags& f) {
   SpeculativeConfig draft;
   draft.draft_model = f.draft;
+  draft.eagle3_model = f.eagle3;
   draft.num_speculative_tokens = f.max_k();
   return draft;
 }
@@ -537,8 +539,14 @@ int Main(int argc, char** argv) {
         MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
     sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
     PrintPlainRow(batch, sweep.plain_tokens_per_s);
-    for (const SpeculationParams& spec :
-         Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)) {
+    const std::vector<SpeculationParams> points =
+        f.eagle3.empty()
+            ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)
+            : Points(f,
+                     {SpeculationMethod::kDraftModel, SpeculationMethod::kEagle3,
+                      SpeculationMethod::kNgram},
+                     f.run_auto);
+    for (const SpeculationParams& spec : points) {
       Record(f, sweep, spec, MeasurePoint(*engine, *acc, prompts, batch, spec, f));
     }
   }

@@ -15,6 +15,7 @@ namespace specd {
 struct SpecBenchFlags {
   std::string model = "models/codepair/target";
   std::string draft = "models/codepair/draft";
+  std::string eagle3;  // --eagle3 DIR: an EAGLE-3 head, measured beside the draft model
   std::string device = "cpu";
   std::string prompts = "models/codepair/prompts.jsonl";
   std::vector<int> batches = {1, 16};
@@ -56,6 +57,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       f->model = value();
     } else if (a == "--draft") {
       f->draft = value();
+    } else if (a == "--eagle3") {
+      ok = !(f->eagle3 = value()).empty();
     } else if (a == "--device") {
       f->device = value();
     } else if (a == "--prompts") {

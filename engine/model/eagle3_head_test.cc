@@ -1,0 +1,187 @@
+#include "engine/model/eagle3_head.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/kv/kv_cache.h"
+#include "engine/model/eagle3_test_util.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_test_util.h"
+#include "engine/model/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace specd {
+namespace {
+
+using eagle3_test::HeadOptions;
+using eagle3_test::WriteRandomHead;
+
+class Eagle3HeadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto config = LoadModelConfig(target_dir_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    target_ = *config;
+  }
+  // Writes a head with `o` into a fresh folder and loads it.
+  absl::StatusOr<std::unique_ptr<Eagle3Head>> Load(const std::string& name, HeadOptions o) {
+    const std::string dir = ::testing::TempDir() + "/eagle3_head_test_" + name;
+    std::filesystem::remove_all(dir);
+    WriteRandomHead(dir, target_, o);
+    return Eagle3Head::Load(dir, target_dir_, target_);
+  }
+  // The status message of a load that must fail, checked to mention `what`.
+  void ExpectRefused(const std::string& name, HeadOptions o, const std::string& what) {
+    auto head = Load(name, o);
+    ASSERT_FALSE(head.ok()) << name << " loaded";
+    EXPECT_EQ(head.status().code(), absl::StatusCode::kInvalidArgument) << head.status();
+    EXPECT_NE(std::string(head.status().message()).find(what), std::string::npos)
+        << name << ": " << head.status();
+  }
+
+  const std::string target_dir_ = model_test::ModelPath("codepair/target");
+  ModelConfig target_;
+};
+
+TEST_F(Eagle3HeadTest, LoadsAReducedVocabularyHeadWithVllmDefaultLayers) {
+  auto head = Load("ok", {.draft_vocab_size = 1024});
+  ASSERT_TRUE(head.ok()) << head.status();
+  const Eagle3Config& c = (*head)->config();
+  EXPECT_EQ(c.draft_vocab_size, 1024);
+  EXPECT_EQ(c.target_hidden_size, 384);
+  // vLLM's default for a 6-layer target: (2, 6 / 2, 6 - 3).
+  EXPECT_EQ(c.aux_layer_ids, (std::vector<int32_t>{2, 3, 3}));
+  EXPECT_EQ((*head)->fc_input_size(), 3 * 384);
+  EXPECT_EQ((*head)->draft_to_target()[5], 10);
+}
+
+// The catch-up pass runs many positions of a sequence at once; drafting runs one at a time. Both
+// must give the same rows: the cache and the causal rule see the same keys either way.
+TEST_F(Eagle3HeadTest, OnePassOverPositionsEqualsOneCallPerPosition) {
+  auto loaded = Load("incremental", {.draft_vocab_size = 2048, .aux_layer_ids = {1, 3, 5}});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Eagle3Head& head = **loaded;
+  const int64_t h = head.hidden_size(), vocab = head.vocab_size();
+  constexpr int kPositions = 9;
+  std::vector<float> hidden(kPositions * h);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : hidden) x = normal(rng);
+  std::vector<Eagle3Head::Row> rows;
+  Eagle3Head::Kv batched, single;
+  for (int p = 0; p < kPositions; ++p) {
+    rows.push_back({.token = 17 * p + 3,
+                    .position = p + 4,
+                    .hidden = &hidden[p * h],
+                    .kv = &batched,
+                    .logits = true});
+  }
+  std::vector<float> prenorm, logits;
+  ASSERT_TRUE(head.Forward(rows, &prenorm, &logits).ok());
+  ASSERT_EQ(logits.size(), static_cast<size_t>(kPositions * vocab));
+  for (int p = 0; p < kPositions; ++p) {
+    Eagle3Head::Row row = rows[p];
+    row.kv = &single;
+    std::vector<float> one_prenorm, one_logits;
+    ASSERT_TRUE(head.Forward({&row, 1}, &one_prenorm, &one_logits).ok());
+    for (int64_t i = 0; i < h; ++i) {
+      ASSERT_NEAR(one_prenorm[i], prenorm[p * h + i], 1e-4 * (1 + std::abs(prenorm[p * h + i])))
+          << "position " << p << ", column " << i;
+    }
+    int64_t finite = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float want = logits[p * vocab + v];
+      if (std::isinf(want)) {
+        ASSERT_TRUE(std::isinf(one_logits[v]) && one_logits[v] < 0) << "id " << v;
+        continue;
+      }
+      ++finite;
+      ASSERT_NEAR(one_logits[v], want, 1e-4 * (1 + std::abs(want))) << "id " << v;
+    }
+    EXPECT_EQ(finite, 2048) << "logits outside the draft vocabulary must be -inf";
+  }
+  EXPECT_EQ(single.size(), kPositions);
+  single.Truncate(8);  // positions 4..7 stay
+  EXPECT_EQ(single.size(), 4);
+  EXPECT_EQ(single.k.size(), static_cast<size_t>(4 * 2 * 64));
+}
+
+TEST_F(Eagle3HeadTest, RowsOutOfOrderOrMalformedAreRefused) {
+  auto loaded = Load("rows", {});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<float> hidden((*loaded)->hidden_size(), 0.5f), prenorm, logits;
+  Eagle3Head::Kv kv;
+  Eagle3Head::Row a{.token = 5, .position = 3, .hidden = hidden.data(), .kv = &kv};
+  Eagle3Head::Row b = a;
+  std::vector<Eagle3Head::Row> same = {a, b};
+  EXPECT_FALSE((*loaded)->Forward(same, &prenorm, &logits).ok());
+  b.token = 1 << 20;
+  b.position = 4;
+  EXPECT_FALSE((*loaded)->Forward({&b, 1}, &prenorm, &logits).ok());
+  EXPECT_EQ(kv.size(), 0) << "a refused pass writes nothing";
+}
+
+TEST_F(Eagle3HeadTest, MalformedHeadsAreRefusedWithTheReason) {
+  ExpectRefused("hidden", {.target_hidden_size = 512}, "target_hidden_size");
+  ExpectRefused("no_d2t", {.draft_vocab_size = 1024, .write_d2t = false}, "'d2t'");
+  ExpectRefused("d2t_collides", {.draft_vocab_size = 1024, .d2t_override_at = 7}, "d2t");
+  ExpectRefused("layer_ids", {.aux_layer_ids = {1, 3, 6}}, "layer id 6");
+  ExpectRefused("two_ids", {.aux_layer_ids = {1, 3}}, "3 target layers");
+  ExpectRefused("layers", {.num_layers = 2}, "num_hidden_layers");
+  ExpectRefused("architecture", {.architecture = "LlamaForCausalLM"}, "LlamaForCausalLMEagle3");
+  ExpectRefused("no_fc", {.omit_tensor = "fc.weight"}, "fc.weight");
+  ExpectRefused("q_shape", {.misshape_tensor = "midlayer.self_attn.q_proj.weight"}, "q_proj");
+}
+
+// The target keeps the residual stream at the input of the layers a head reads: id 0 is the
+// embedding output, and what a prefill keeps equals what the same tokens keep in two chunks.
+TEST(TargetCaptureTest, KeepsTheResidualStreamAtLayerInputs) {
+  const std::string dir = model_test::ModelPath("codepair/target");
+  LoadOptions options;
+  options.num_threads = 1;
+  auto model = Model::Load(dir, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  EXPECT_FALSE(m.SetAuxHiddenLayers(std::vector<int32_t>{0, 6}).ok());
+  const std::vector<int32_t> ids = {0, 3, 3, 5};
+  ASSERT_TRUE(m.SetAuxHiddenLayers(ids).ok());
+  const std::vector<int32_t> tokens = {0, 17, 400, 9, 1234, 77, 5, 8000};
+  const std::vector<int32_t> blocks = {0, 1};
+  auto kv = CpuKvCache::Create(m.MakeKvCacheSpec(4, 4));
+  ASSERT_TRUE(kv.ok());
+  std::vector<float> logits;
+  const SequenceInput whole{.tokens = tokens, .start_pos = 0, .block_table = blocks};
+  ASSERT_TRUE(m.Forward({&whole, 1}, **kv, &logits).ok());
+  const int64_t h = 384, width = ids.size() * h;
+  const std::vector<float> once(m.aux_hidden().begin(), m.aux_hidden().end());
+  ASSERT_EQ(once.size(), tokens.size() * width);
+  auto ckpt = SafetensorsCheckpoint::OpenDir(dir);
+  ASSERT_TRUE(ckpt.ok());
+  auto embed = ckpt->ReadF32("model.embed_tokens.weight", {8192, h});
+  ASSERT_TRUE(embed.ok());
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    for (int64_t i = 0; i < h; ++i) {
+      ASSERT_EQ(once[t * width + i], (*embed)[tokens[t] * h + i]) << "token " << t;
+      // Slots 1 and 2 name the same layer.
+      ASSERT_EQ(once[t * width + h + i], once[t * width + 2 * h + i]) << "token " << t;
+    }
+  }
+  std::vector<float> chunked;
+  for (int32_t start : {0, 5}) {
+    const int32_t n = start == 0 ? 5 : 3;
+    const SequenceInput part{
+        .tokens = std::span(tokens).subspan(start, n), .start_pos = start, .block_table = blocks};
+    ASSERT_TRUE(m.Forward({&part, 1}, **kv, &logits).ok());
+    chunked.insert(chunked.end(), m.aux_hidden().begin(), m.aux_hidden().end());
+  }
+  ASSERT_EQ(chunked.size(), once.size());
+  for (size_t i = 0; i < once.size(); ++i) {
+    ASSERT_NEAR(chunked[i], once[i], 1e-4 * (1 + std::abs(once[i]))) << "value " << i;
+  }
+}
+
+}  // namespace
+}  // namespace specd
