@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Speculative decoding through the OpenAI HTTP API of `specd serve` (issue 5, points 3-5).
 
-Starts the real daemon (tests/daemon.py) with the bundled codepair target and its draft
-loaded (`--speculative-config '{"model": ".../draft", "method": "none"}'`: no speculation
-unless a request asks) and checks:
-- lossless: greedy completions with `speculation` {draft_model, K = 1, 4, 8}, {ngram} and
-  {auto} return exactly the text, token ids and finish reasons of the same request without
+Starts the real daemon (tests/daemon.py) with the bundled codepair target, its draft and its
+EAGLE-3 head loaded (`--speculative-config '{"model": ".../draft", "eagle3_model": ".../eagle3",
+"method": "none"}'`: no speculation unless a request asks) and checks:
+- lossless: greedy completions with `speculation` {draft_model, K = 1, 4, 8}, {ngram}, {auto}
+  and {eagle3} return exactly the text, token ids and finish reasons of the same request without
   speculation, for codepair prompts, streamed and not, with several prompts and n = 2, with
   stop strings, with logprobs (same top ids, logprobs within 1e-4), on both endpoints;
 - usage.speculation (drafts, draft tokens, accepted tokens, mean accepted length) when the
@@ -15,7 +15,7 @@ unless a request asks) and checks:
 - /metrics: the specd_spec_decode_* families count the rounds and `promtool check metrics`
   passes;
 - a server whose default method is ngram speculates for requests that say nothing (and
-  reports it in usage), and refuses draft_model (no draft model loaded);
+  reports it in usage), and refuses draft_model and eagle3 (neither loaded);
 - an SSD server (the real `specd speculator` process it launches): greedy output equals its
   own output without speculation, usage.speculation.ssd reports cache hits, the specd_ssd_*
   families count them and pass promtool, and a bad saguaro_c is a 400.
@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import Daemon, DaemonError, metric_key  # noqa: E402
 
 DRAFT = os.path.join(SOURCE, "models", "codepair", "draft")
+HEAD = os.path.join(SOURCE, "models", "codepair", "eagle3")  # an EAGLE-3 head (issue 33)
 PROMPTS_FILE = os.path.join(SOURCE, "models", "codepair", "prompts.jsonl")
 DAEMON = None
 LOGPROB_TOLERANCE = 1e-4
@@ -48,6 +49,7 @@ STRATEGIES = [
     {"method": "draft_model", "num_speculative_tokens": 8},
     {"method": "ngram"},
     {"method": "auto", "num_speculative_tokens": 3},
+    {"method": "eagle3", "num_speculative_tokens": 4},
 ]
 
 
@@ -61,7 +63,8 @@ def codepair_prompts(count, max_chars=400):
 
 def setUpModule():
     global DAEMON
-    config = json.dumps({"model": DRAFT, "method": "none", "num_speculative_tokens": 4})
+    config = json.dumps({"model": DRAFT, "eagle3_model": HEAD, "method": "none",
+                         "num_speculative_tokens": 4})
     DAEMON = Daemon(SPECD, "--grpc-port", "-1", "--threads", "2", "--served-model-name",
                     "codepair", "--speculative-config", config, source_dir=SOURCE,
                     name="spec_http_test").start()
@@ -359,11 +362,13 @@ class ServerDefaultTest(SpecTestCase):
             got, plain = self.same_as_plain(body, d)
             self.assert_spec_usage(got["usage"], "server default ngram")
             self.assertEqual(plain["usage"]["speculation"]["num_drafts"], 0)
-            for value in ({"method": "draft_model"}, {"method": "draft"}):
+            for value, what in (({"method": "draft_model"}, "draft model"),
+                                ({"method": "draft"}, "draft model"),
+                                ({"method": "eagle3"}, "EAGLE-3 head")):
                 status, payload = post("/v1/completions", dict(body, speculation=value), d)
                 self.assertEqual(status, 400, payload)
                 self.assertEqual(payload["error"]["param"], "speculation.method")
-                self.assertIn("draft model", payload["error"]["message"])
+                self.assertIn(what, payload["error"]["message"])
             # auto: n-gram or plain, as the policy's default CPU profile prices a batch of 3.
             got = completion(dict(body, speculation={"method": "auto"}), d)
             s = self.assert_spec_usage(got["usage"], "auto without a draft model",

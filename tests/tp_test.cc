@@ -144,6 +144,7 @@ TEST(TpTest, SeededSamplingAtTp2EqualsTp1) {
   }
 }
 
+// Draft model, n-gram and EAGLE-3 speculation at TP 2 give HF's greedy ids.
 TEST(TpTest, GreedySpeculationAtTp2EqualsPlainDecoding) {
   const std::string dir = kModels + "/codepair/target";
   auto golden = nlohmann::json::parse(ReadAll(kModels + "/codepair/golden.json"))["target"];
@@ -151,10 +152,13 @@ TEST(TpTest, GreedySpeculationAtTp2EqualsPlainDecoding) {
   o.speculative.draft_model = kModels + "/codepair/draft";
   o.speculative.method = SpeculationMethod::kDraftModel;
   o.speculative.num_speculative_tokens = 4;
+  // EAGLE-3: the head reads rank 0's hidden states (whole after the all-reduce).
+  o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
   auto engine = MakeEngine(o);
   ASSERT_NE(engine, nullptr);
   int64_t drafts = 0;
-  for (SpeculationMethod method : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
+  for (SpeculationMethod method :
+       {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram, SpeculationMethod::kEagle3}) {
     std::vector<GenerateRequest> requests;
     for (size_t i = 0; i < golden.size(); ++i) {
       GenerateRequest r = Greedy(golden[i]["prompt_ids"].get<std::vector<int32_t>>(), 48);

@@ -183,5 +183,72 @@ TEST(TargetCaptureTest, KeepsTheResidualStreamAtLayerInputs) {
   }
 }
 
+// The trained codepair head drafts what the training script's plain-torch reference drafts
+// (tools/train/eagle3_golden.py: fp32, the same BF16 weights): the target's hidden states at
+// positions 0..t, then seven greedy steps on the head's own state. A step whose two best logits
+// lie within 1e-3 of each other may go either way in another summation order; the comparison of
+// that chain stops there.
+TEST(Eagle3GoldenTest, TrainedHeadDraftsWhatThePyTorchReferenceDrafts) {
+  const std::string target_dir = model_test::ModelPath("codepair/target");
+  const std::string head_dir = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  auto config = LoadModelConfig(target_dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto loaded = Eagle3Head::Load(head_dir, target_dir, *config);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Eagle3Head& head = **loaded;
+  LoadOptions options;
+  options.num_threads = 1;
+  auto model = Model::Load(target_dir, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->SetAuxHiddenLayers(head.config().aux_layer_ids).ok());
+  const nlohmann::json golden = model_test::ReadJson(head_dir + "/golden.json");
+  const int64_t h = head.hidden_size(), vocab = head.vocab_size();
+  int compared = 0;
+  for (const nlohmann::json& prompt : golden["prompts"]) {
+    const std::vector<int32_t> ids = model_test::Ids(prompt["prompt_ids"]);
+    const auto n = static_cast<int32_t>(ids.size());
+    std::vector<int32_t> blocks((n + 15) / 16);
+    for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = static_cast<int32_t>(b);
+    auto kv = CpuKvCache::Create((*model)->MakeKvCacheSpec(blocks.size(), 16));
+    ASSERT_TRUE(kv.ok());
+    const SequenceInput whole{.tokens = ids, .start_pos = 0, .block_table = blocks};
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->Forward({&whole, 1}, **kv, &logits).ok());
+    std::vector<float> fused(n * h);
+    head.Fuse((*model)->aux_hidden().data(), n, fused.data());
+    for (const nlohmann::json& anchor : prompt["anchors"]) {
+      const int32_t t = anchor["t"].get<int32_t>();
+      Eagle3Head::Kv cache;
+      std::vector<Eagle3Head::Row> rows;
+      for (int32_t p = 0; p <= t; ++p) {
+        rows.push_back({.token = ids[p + 1],
+                        .position = p,
+                        .hidden = &fused[p * h],
+                        .kv = &cache,
+                        .logits = p == t});
+      }
+      std::vector<float> prenorm, row_logits, hidden;
+      ASSERT_TRUE(head.Forward(rows, &prenorm, &row_logits).ok());
+      hidden.assign(prenorm.end() - h, prenorm.end());
+      const auto& drafts = anchor["drafts"];
+      for (size_t s = 0; s < drafts.size(); ++s) {
+        const int32_t got = model_test::Argmax({row_logits.data(), static_cast<size_t>(vocab)});
+        EXPECT_EQ(got, drafts[s].get<int32_t>())
+            << "prompt of " << n << " ids, anchor " << t << ", draft " << s;
+        ++compared;
+        if (anchor["top2_gaps"][s].get<double>() < 1e-3 || got != drafts[s].get<int32_t>()) break;
+        Eagle3Head::Row next{.token = got,
+                             .position = t + 1 + static_cast<int32_t>(s),
+                             .hidden = hidden.data(),
+                             .kv = &cache,
+                             .logits = true};
+        ASSERT_TRUE(head.Forward({&next, 1}, &prenorm, &row_logits).ok());
+        hidden = prenorm;
+      }
+    }
+  }
+  EXPECT_GE(compared, 60);
+}
+
 }  // namespace
 }  // namespace specd

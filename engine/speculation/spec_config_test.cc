@@ -384,5 +384,59 @@ TEST(ParseSpeculationMethodTest, AcceptsNamesAndAliases) {
   EXPECT_FALSE(ParseSpeculationMethod("Draft").ok());
 }
 
+// Issue 33: an EAGLE-3 head as vLLM names it ("model" with method eagle3) or beside a draft
+// model ("eagle3_model"), and parallel drafting; both survive the JSON round trip.
+TEST(SpeculativeConfigTest, ReadsEagle3HeadsAndParallelDraftingAndWritesThemBack) {
+  auto c = ParseSpeculativeConfig(R"({"method": "eagle3", "model": "/h"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kEagle3);
+  EXPECT_EQ(c->eagle3_model, "/h");
+  EXPECT_EQ(c->draft_model, "");
+  c = ParseSpeculativeConfig(R"({"model": "/d", "eagle3_model": "/h", "parallel": true})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kDraftModel);
+  EXPECT_EQ(c->draft_model, "/d");
+  EXPECT_EQ(c->eagle3_model, "/h");
+  EXPECT_TRUE(c->parallel_drafting);
+  auto back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->draft_model, "/d");
+  EXPECT_EQ(back->eagle3_model, "/h");
+  EXPECT_TRUE(back->parallel_drafting);
+  c = ParseSpeculativeConfig(R"({"eagle3_model": "/h"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->method, SpeculationMethod::kEagle3);
+  back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->eagle3_model, "/h");
+  EXPECT_EQ(back->draft_model, "");
+  for (const char* bad :
+       {R"({"method": "eagle3"})", R"({"eagle3_model": ""})", R"({"eagle3_model": 3})",
+        R"({"parallel": true})", R"({"model": "/d", "parallel": "yes"})",
+        R"({"method": "ssd", "model": "/d", "parallel": true})"}) {
+    auto refused = ParseSpeculativeConfig(bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(ResolveSpeculationTest, Eagle3NeedsTheServersHead) {
+  SpeculativeConfig server;
+  SpeculationParams request;
+  request.method = SpeculationMethod::kEagle3;
+  auto r = ResolveSpeculation(request, server, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("EAGLE-3 head"));
+  server.eagle3_model = "/h";
+  r = ResolveSpeculation(request, server, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->method, SpeculationMethod::kEagle3);
+  EXPECT_EQ(r->num_speculative_tokens, server.num_speculative_tokens);
+  request.policy_forbid = {SpeculationMethod::kEagle3};
+  EXPECT_FALSE(ResolveSpeculation(request, server, false).ok());
+  EXPECT_EQ(ParseSpeculationMethod("eagle-3").value(), SpeculationMethod::kEagle3);
+  EXPECT_STREQ(SpeculationMethodName(SpeculationMethod::kEagle3), "eagle3");
+}
+
 }  // namespace
 }  // namespace specd

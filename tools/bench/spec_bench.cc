@@ -27,7 +27,8 @@
 // the prefix cache), so with --repeats 1 every point first runs once untimed; with more repeats
 // the best of them is reported.
 //
-//   spec_bench [--model DIR] [--draft DIR] [--eagle3 HEAD_DIR] [--device cpu|cuda] [--batches 1,16]
+//   spec_bench [--model DIR] [--draft DIR [--parallel]] [--eagle3 HEAD_DIR] [--device cpu|cuda]
+//              [--batches 1,16]
 //              [--k 4 | --ks 1,2,4,8] [--auto [--cost-profile FILE]]
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
@@ -193,6 +194,7 @@ SpeculativeConfig DraftConfig(const Flags& f) {
   SpeculativeConfig draft;
   draft.draft_model = f.draft;
   draft.eagle3_model = f.eagle3;
+  draft.parallel_drafting = f.parallel;
   draft.num_speculative_tokens = f.max_k();
   return draft;
 }

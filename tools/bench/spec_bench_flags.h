@@ -15,7 +15,8 @@ namespace specd {
 struct SpecBenchFlags {
   std::string model = "models/codepair/target";
   std::string draft = "models/codepair/draft";
-  std::string eagle3;  // --eagle3 DIR: an EAGLE-3 head, measured beside the draft model
+  std::string eagle3;     // --eagle3 DIR: an EAGLE-3 head, measured beside the draft model
+  bool parallel = false;  // --parallel: the draft drafts a round in one pass (PARD)
   std::string device = "cpu";
   std::string prompts = "models/codepair/prompts.jsonl";
   std::vector<int> batches = {1, 16};
@@ -57,6 +58,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       f->model = value();
     } else if (a == "--draft") {
       f->draft = value();
+    } else if (a == "--parallel") {
+      f->parallel = true;
     } else if (a == "--eagle3") {
       ok = !(f->eagle3 = value()).empty();
     } else if (a == "--device") {
