@@ -235,9 +235,11 @@ class GenerateTest(GrpcTestCase):
                 method="ngram", ssv=pb.SsvOptions(group_size=4))), "NSA"),
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                 ssv=pb.SsvOptions(mode="approximate"))), "speculation.ssv.mode"),
-            # This server has no draft model.
+            # This server has no draft model and no EAGLE-3 head.
             (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
                 method="draft_model")), "draft model"),
+            (pb.GenerateRequest(text="x", speculation=pb.SpeculationOptions(
+                method="eagle3")), "EAGLE-3 head"),
             (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * 9000)), "context limit"),
         ]
         for req, message in cases:
@@ -268,9 +270,12 @@ class GenerateTest(GrpcTestCase):
 
 
 class SpeculationTest(GrpcTestCase):
-    """The draft model loaded, speculation only when a request asks (issue 5)."""
+    """The draft model and an EAGLE-3 head loaded, speculation only when a request asks (issues
+    5, 33)."""
     daemon_args = ("--speculative-config",
-                   json.dumps({"model": f"{SOURCE}/models/codepair/draft", "method": "none"}))
+                   json.dumps({"model": f"{SOURCE}/models/codepair/draft",
+                               "eagle3_model": f"{SOURCE}/models/codepair/eagle3",
+                               "method": "none"}))
 
     def generate(self, prompt, n=1, **speculation):
         r = pb.GenerateRequest(text=prompt, max_tokens=40, temperature=0, n=n, logprobs=2)
@@ -289,7 +294,8 @@ class SpeculationTest(GrpcTestCase):
         prompts = ["def main(", "import os\nimport sys\n", "class Foo:\n    def __init__("]
         options = [dict(method="draft_model", num_speculative_tokens=4),
                    dict(method="draft", num_speculative_tokens=7),
-                   dict(method="ngram"), dict(method="auto")]
+                   dict(method="ngram"), dict(method="auto"),
+                   dict(method="eagle3", num_speculative_tokens=4)]
         accepted = 0
         for prompt in prompts:
             want, want_finals = self.generate(prompt, n=2)

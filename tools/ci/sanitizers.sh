@@ -48,7 +48,7 @@ TSAN_GTEST_FILTER=${TSAN_GTEST_FILTER:-'-SsdLosslessTest*:SsdSamplingTest*'}
 # spec_http_test (an SSD daemon whose 2 s speculator timeout an ASan speculator misses), and
 # engine_nsa_sampling_test (3,000 sampled requests on an NSA target, ~2 min without ASan;
 # engine_nsa_test covers the same verification path), and engine_draft_sampling_test (the
-# EAGLE-3 head's and the parallel draft's chi-square tests, 4 x 3,000 sampled requests;
+# EAGLE-3 head's and the parallel draft's chi-square tests, 4 x 2,000 sampled requests;
 # engine_eagle3_test and engine_parallel_draft_test run their drafting code under ASan).
 ASAN_EXCLUDE=${ASAN_EXCLUDE:-'^(deploy_lint_test|config_examples_test|check_deps_test|check_asserts_test|requires_test|soak_checks_test|openai_node_test|container_test|grpc_test|cli_test|engine_spec_test|engine_nsa_sampling_test|engine_draft_sampling_test|ssd_test|ssd_cache_sampling_test|spec_http_test|spec_http_test_tp2|grpc_test_tp2)$'}
 SUPP="$PWD/tools/ci"
