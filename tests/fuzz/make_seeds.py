@@ -167,6 +167,7 @@ def tokenizer_load_seeds():
 def model_config_seeds():
     write("model_config", "codepair", read(os.path.join(CODEPAIR, "target", "config.json")))
     write("model_config", "codepair_generation", read(os.path.join(CODEPAIR, "target", "generation_config.json")))
+    write("model_config", "codepair_eagle3", read(os.path.join(CODEPAIR, "eagle3", "config.json")))
     for v in ("llama3", "llama-linear", "qwen2", "qwen3", "mistral"):
         write("model_config", "tiny_" + v, read(os.path.join(MODELS, "tiny-random", v, "config.json")))
     sdir = os.path.join(MODELS, "shapes")
