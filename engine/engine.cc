@@ -270,6 +270,15 @@ absl::Status Engine::CreateEagle3() {
   if (absl::Status s = runner_->CaptureHiddenStates(speculator->capture_layers()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
   }
+  if (spec.replay.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
+                           DraftReplay::Load(spec.replay, runner_->config().vocab_size));
+    SPECD_LOG_WARN(
+        "engine: EAGLE-3 head in replay mode (controlled acceptance alpha {}): a "
+        "benchmark setting, not the head's acceptance",
+        spec.replay.alpha);
+    speculator->set_replay(std::move(replay));
+  }
   eagle3_ = std::move(speculator);
   const Eagle3Config& c = eagle3_->head().config();
   SPECD_LOG_INFO(

@@ -105,8 +105,10 @@ void Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const
   probs_.resize(logits.size());
   ProcessedProbs(*in.params, logits, *in.history, draft.tokens, banned, probs_);
   if (in.params->greedy()) {  // a one-hot row at the argmax (lowest id on ties)
-    draft.tokens.push_back(
-        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin()));
+    auto token =
+        static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
+    if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
+    draft.tokens.push_back(token);
     return;
   }
   draft.tokens.push_back(DrawFromProbs(probs_, s.rng));

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/eagle3_head.h"
 #include "engine/model/model.h"
+#include "engine/speculation/draft_replay.h"
 #include "engine/speculation/speculator.h"
 
 namespace specd {
@@ -48,6 +49,10 @@ class Eagle3Speculator : public Speculator {
 
   absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
   void Release(uint64_t seq_id) override { states_.erase(seq_id); }
+
+  // Benchmarks only: greedy drafts follow `replay` (controlled acceptance,
+  // engine/speculation/draft_replay.h); the head's passes still run. nullptr turns it off.
+  void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   const Eagle3Head& head() const { return *head_; }
   // Positions in the head's cache for `seq_id` (tests); 0 for an unknown sequence.
@@ -85,6 +90,7 @@ class Eagle3Speculator : public Speculator {
   void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
 
   std::unique_ptr<Eagle3Head> head_;
+  std::shared_ptr<const DraftReplay> replay_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;
   std::vector<Active> active_;           // scratch
   std::vector<Eagle3Head::Row> rows_;    // scratch: one head pass

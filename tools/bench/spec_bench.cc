@@ -19,7 +19,8 @@
 // plain decoding first records the target's greedy continuation of every prompt; then the draft
 // model (and SSD's) runs every forward pass but drafts the recorded next token with probability A
 // (and puts it among its cache candidates with probability --replay-hit), so draft speculation
-// and SSD are compared at a set acceptance with real costs (n-gram drafts as it always does). With
+// and SSD are compared at a set acceptance with real costs (n-gram drafts as it always does; an
+// EAGLE-3 head, --eagle3, replays as the draft model does). With
 // --load-format dummy (random weights from config.json, CUDA) and --random-prompts N (prompts of N
 // random ids; also the default when the model has no tokenizer) any shapes run without weights on
 // disk.
@@ -488,6 +489,9 @@ int MainReplay(const Flags& f) {
       {&draft, f.sweeps() ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram},
                                    f.run_auto)
                           : Points(f, {SpeculationMethod::kDraftModel}, false)}};
+  // An EAGLE-3 head replays the same trajectories (its passes run for real).
+  if (!f.eagle3.empty())
+    engines.push_back({&draft, Points(f, {SpeculationMethod::kEagle3}, false)});
   if (f.ssd) engines.push_back({&ssd, Points(f, {SpeculationMethod::kSsd}, false)});
   for (const auto& [config, points] : engines) {
     for (BatchSweep& sweep : sweeps) {
