@@ -3,8 +3,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/base/mapped_file.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/eagle3_test_util.h"
 #include "engine/model/model.h"
@@ -180,6 +182,27 @@ TEST(TargetCaptureTest, KeepsTheResidualStreamAtLayerInputs) {
   ASSERT_EQ(chunked.size(), once.size());
   for (size_t i = 0; i < once.size(); ++i) {
     ASSERT_NEAR(chunked[i], once[i], 1e-4 * (1 + std::abs(once[i]))) << "value " << i;
+  }
+}
+
+// The shape configs of public heads (models/shapes, for random-weight speed runs) parse against
+// their targets' shapes, with vLLM's default layers.
+TEST(Eagle3ShapeTest, PublicHeadShapesParseAgainstTheirTargets) {
+  const std::string mine = std::string(SPECD_SOURCE_DIR) + "/models/shapes/";
+  const std::pair<const char*, const char*> pairs[] = {{"eagle3-llama-3.1-8b", "llama-3.1-8b"},
+                                                       {"eagle3-qwen3-8b", "qwen3-8b"}};
+  for (const auto& [head, target] : pairs) {
+    auto target_config = LoadModelConfig(model_test::ModelPath(std::string("shapes/") + target));
+    ASSERT_TRUE(target_config.ok()) << target_config.status();
+    auto text = ReadFileToString(mine + head + "/config.json");
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto c = ParseEagle3Config(*text, head, *target_config);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->draft_vocab_size, 32000) << head;
+    EXPECT_EQ(c->target_hidden_size, 4096) << head;
+    const int32_t layers = target_config->num_layers;
+    EXPECT_EQ(c->aux_layer_ids, (std::vector<int32_t>{2, layers / 2, layers - 3})) << head;
+    EXPECT_EQ(c->layer.head_dim, 128) << head;
   }
 }
 
