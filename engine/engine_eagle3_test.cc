@@ -142,6 +142,27 @@ TEST_F(Eagle3Test, TrainedHeadDraftsForReal) {
   EXPECT_GE(head, 2.5);
 }
 
+// A sampled request that bans every id the head can propose (min_tokens with the random head's
+// whole draft vocabulary, the even ids, as stop ids) leaves the head nothing to draw from at the
+// banned positions: it drafts nothing there (a q row without mass would let verification accept
+// what q never proposed), and the output keeps the bans.
+TEST(Eagle3BanTest, BanningTheWholeDraftVocabularyLeavesNoDraftToAccept) {
+  auto engine = MakeEngine(kTarget, Spec(RandomHead()));
+  ASSERT_NE(engine, nullptr);
+  GenerateRequest r;
+  r.prompt_ids = *engine->tokenizer()->Encode("def main():\n    ", true);
+  r.params.temperature = 1.0f;
+  r.params.seed = 5;
+  r.params.max_tokens = 12;
+  r.params.min_tokens = 8;
+  for (int32_t id = 0; id < 8192; id += 2) r.params.stop_token_ids.push_back(id);
+  r.speculation = kEagle3;
+  auto result = engine->Generate(r);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_GE(result->tokens.size(), 8u);
+  for (size_t t = 0; t < 8; ++t) EXPECT_EQ(result->tokens[t].id % 2, 1) << "token " << t;
+}
+
 TEST(Eagle3ConfigTest, RequestsForAHeadTheServerLacksAreRefused) {
   auto engine = MakeEngine(kTarget, "");
   ASSERT_NE(engine, nullptr);

@@ -1,6 +1,7 @@
 #include "engine/speculation/eagle3.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -97,7 +98,7 @@ bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
   return true;
 }
 
-void Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const float> logits,
+bool Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const float> logits,
                                  Draft& draft) {
   const auto j = static_cast<int32_t>(draft.tokens.size());
   std::span<const int32_t> banned =
@@ -109,10 +110,17 @@ void Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const
         static_cast<int32_t>(std::max_element(probs_.begin(), probs_.end()) - probs_.begin());
     if (replay_ != nullptr) token = replay_->Draft(in.tokens, draft.tokens, token);
     draft.tokens.push_back(token);
-    return;
+    return true;
   }
+  // The head proposes only its draft vocabulary: a request that bans or cuts all of it (stop ids,
+  // min_tokens, top-k / top-p over the rest) leaves no distribution to draw from; then no draft
+  // (a q row of zeros would make verification accept what q never proposed).
+  double mass = 0;
+  for (float p : probs_) mass += p;
+  if (!(mass > 0) || !std::isfinite(mass)) return false;
   draft.tokens.push_back(DrawFromProbs(probs_, s.rng));
   draft.probs.insert(draft.probs.end(), probs_.begin(), probs_.end());
+  return true;
 }
 
 absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
@@ -155,10 +163,10 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     for (Active& a : active_) {
       const DraftInput& in = inputs[a.input];
       Draft& draft = (*drafts)[a.input];
-      DrawDraft(in, *a.state,
-                std::span<const float>(logits_).subspan(int64_t{a.logits_row} * vocab, vocab),
-                draft);
-      if (--a.num_wanted == 0) continue;
+      const bool drawn = DrawDraft(
+          in, *a.state,
+          std::span<const float>(logits_).subspan(int64_t{a.logits_row} * vocab, vocab), draft);
+      if (!drawn || --a.num_wanted == 0) continue;
       std::memcpy(&hidden_in_[kept * h], &prenorm_[int64_t{a.prenorm_row} * h], sizeof(float) * h);
       active_[kept++] = a;
     }

@@ -86,8 +86,9 @@ class Eagle3Speculator : public Speculator {
   // Rolls the state back to what it shares with `tokens` and adds the catch-up rows (pending
   // target hidden states of positions < L - 1) to rows_. False when it cannot draft this round.
   bool PlanCatchUp(const DraftInput& in, State& state, Active* active);
-  // Draws draft j of one sequence from its logits row (as the draft model does).
-  void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
+  // Draws draft j of one sequence from its logits row (as the draft model does); false when the
+  // processed row has no mass left (the sequence drafts no further this round).
+  bool DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
 
   std::unique_ptr<Eagle3Head> head_;
   std::shared_ptr<const DraftReplay> replay_;
