@@ -211,7 +211,18 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
                      nsa ? " drafts with dense attention and does not apply to an NSA model"
                          : " needs tensor parallelism off"));
   }
-  if (!spec.eagle3_model.empty()) SPECD_RETURN_IF_ERROR(CreateEagle3());
+  // Benchmarks' controlled acceptance: one recording, followed by the draft model and the head.
+  // (SSD's draft runs in the speculator process, which reads the recording itself.)
+  const bool local_draft = !spec.draft_model.empty() && spec.method != SpeculationMethod::kSsd;
+  std::shared_ptr<const DraftReplay> replay;
+  if (spec.replay.enabled() && (local_draft || !spec.eagle3_model.empty())) {
+    SPECD_ASSIGN_OR_RETURN(replay, DraftReplay::Load(spec.replay, runner_->config().vocab_size));
+    SPECD_LOG_WARN(
+        "engine: drafts in replay mode (controlled acceptance alpha {}, {} trajectories): a "
+        "benchmark setting, not a drafter's acceptance",
+        spec.replay.alpha, replay->num_trajectories());
+  }
+  if (!spec.eagle3_model.empty()) SPECD_RETURN_IF_ERROR(CreateEagle3(replay));
   // SSD's draft runs in the speculator process, not here.
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
@@ -236,15 +247,7 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
     SPECD_ASSIGN_OR_RETURN(const int32_t mask, ReadPardToken(spec.draft_model, draft_vocab));
     speculator->set_parallel(mask);
   }
-  if (spec.replay.enabled()) {
-    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
-                           DraftReplay::Load(spec.replay, runner_->config().vocab_size));
-    SPECD_LOG_WARN(
-        "engine: draft model in replay mode (controlled acceptance alpha {}, {} "
-        "trajectories): a benchmark setting, not a model's acceptance",
-        spec.replay.alpha, replay->num_trajectories());
-    speculator->set_replay(std::move(replay));
-  }
+  speculator->set_replay(replay);
   draft_ = std::move(speculator);
   SPECD_LOG_INFO("engine: draft model {} on {} for speculation (default method {}, K {}{})",
                  spec.draft_model, draft_device, SpeculationMethodName(spec.method),
@@ -252,7 +255,7 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::CreateEagle3() {
+absl::Status Engine::CreateEagle3(std::shared_ptr<const DraftReplay> replay) {
   const SpeculativeConfig& spec = options_.speculative;
   if (runner_->config().is_nsa()) {
     return absl::InvalidArgumentError(
@@ -270,15 +273,7 @@ absl::Status Engine::CreateEagle3() {
   if (absl::Status s = runner_->CaptureHiddenStates(speculator->capture_layers()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
   }
-  if (spec.replay.enabled()) {
-    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
-                           DraftReplay::Load(spec.replay, runner_->config().vocab_size));
-    SPECD_LOG_WARN(
-        "engine: EAGLE-3 head in replay mode (controlled acceptance alpha {}): a "
-        "benchmark setting, not the head's acceptance",
-        spec.replay.alpha);
-    speculator->set_replay(std::move(replay));
-  }
+  speculator->set_replay(std::move(replay));
   eagle3_ = std::move(speculator);
   const Eagle3Config& c = eagle3_->head().config();
   SPECD_LOG_INFO(

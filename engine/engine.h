@@ -40,6 +40,7 @@ struct ModelConfig;
 class EngineObserver;
 class Speculator;
 class Eagle3Speculator;
+class DraftReplay;
 class Verifier;
 struct StepPlan;
 struct ScheduledChunk;
@@ -352,8 +353,9 @@ class Engine {
   Engine();
   absl::Status CreateSpeculators(const RunnerOptions& target);
   absl::Status CreateSsd(const RunnerOptions& target);  // engine_ssd.cc
-  // Method eagle3: loads the head and has the target's runner capture the layers it reads.
-  absl::Status CreateEagle3();
+  // Method eagle3: loads the head and has the target's runner capture the layers it reads;
+  // `replay` (benchmarks, may be null): the recorded trajectories its greedy drafts follow.
+  absl::Status CreateEagle3(std::shared_ptr<const DraftReplay> replay);
   // The speculator of slot m (kSpeculatorMethods' order), or null when the server has none.
   Speculator* SpeculatorAt(int m) const;
   // engine_policy.cc: the strategy policy `auto` runs (its cost profile loaded or defaulted).

@@ -50,11 +50,7 @@ class Eagle3Test : public ::testing::Test {
     delete prompts_;
   }
   static std::vector<GenerateResult> Run(Engine& engine, SpeculationParams spec, int32_t len) {
-    std::vector<GenerateRequest> requests;
-    for (const auto& p : *prompts_) requests.push_back(Greedy(p, len, spec));
-    auto results = engine.GenerateBatch(requests);
-    EXPECT_TRUE(results.ok()) << results.status();
-    return results.ok() ? *std::move(results) : std::vector<GenerateResult>();
+    return RunGreedy(engine, *prompts_, spec, len);
   }
 
   static Engine* engine_;
@@ -128,16 +124,8 @@ TEST_F(Eagle3Test, TrainedHeadDraftsForReal) {
   auto engine = MakeEngine(
       kTarget, R"({"model": ")" + kDraft + R"(", "eagle3_model": ")" + kTrainedHead + R"("})");
   ASSERT_NE(engine, nullptr);
-  auto per_round = [&](SpeculationParams spec) {
-    int64_t rounds = 0, accepted = 0;
-    for (const GenerateResult& r : Run(*engine, spec, 64)) {
-      rounds += r.usage.num_drafts;
-      accepted += r.usage.num_accepted_tokens;
-    }
-    return rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
-  };
-  const double head = per_round(kEagle3);
-  const double draft = per_round({SpeculationMethod::kDraftModel, 4});
+  const double head = TokensPerRound(Run(*engine, kEagle3, 64));
+  const double draft = TokensPerRound(Run(*engine, {SpeculationMethod::kDraftModel, 4}, 64));
   std::printf("tokens per round at K 4: EAGLE-3 head %.3f, draft model %.3f\n", head, draft);
   EXPECT_GE(head, 2.5);
 }

@@ -56,19 +56,7 @@ class ParallelDraftTest : public ::testing::Test {
     delete prompts_;
   }
   static std::vector<GenerateResult> Run(Engine& engine, SpeculationParams spec, int32_t len) {
-    std::vector<GenerateRequest> requests;
-    for (const auto& p : *prompts_) requests.push_back(Greedy(p, len, spec));
-    auto results = engine.GenerateBatch(requests);
-    EXPECT_TRUE(results.ok()) << results.status();
-    return results.ok() ? *std::move(results) : std::vector<GenerateResult>();
-  }
-  static double TokensPerRound(const std::vector<GenerateResult>& results) {
-    int64_t rounds = 0, accepted = 0;
-    for (const GenerateResult& r : results) {
-      rounds += r.usage.num_drafts;
-      accepted += r.usage.num_accepted_tokens;
-    }
-    return rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
+    return RunGreedy(engine, *prompts_, spec, len);
   }
 
   static Engine* engine_;

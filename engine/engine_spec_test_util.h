@@ -112,6 +112,27 @@ inline std::vector<std::vector<int32_t>> LoadPrompts(const Tokenizer& tok) {
   return prompts;
 }
 
+// Greedy requests of every prompt, `len` tokens each, with `spec`, in one batch.
+inline std::vector<GenerateResult> RunGreedy(Engine& engine,
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             SpeculationParams spec, int32_t len) {
+  std::vector<GenerateRequest> requests;
+  for (const auto& p : prompts) requests.push_back(Greedy(p, len, spec));
+  auto results = engine.GenerateBatch(requests);
+  EXPECT_TRUE(results.ok()) << results.status();
+  return results.ok() ? *std::move(results) : std::vector<GenerateResult>();
+}
+
+// Tokens committed per verification round over `results` (1 + accepted / rounds; 0: no round).
+inline double TokensPerRound(const std::vector<GenerateResult>& results) {
+  int64_t rounds = 0, accepted = 0;
+  for (const GenerateResult& r : results) {
+    rounds += r.usage.num_drafts;
+    accepted += r.usage.num_accepted_tokens;
+  }
+  return rounds > 0 ? 1.0 + static_cast<double>(accepted) / rounds : 0.0;
+}
+
 // Upper 0.1% point of chi-square with dof degrees of freedom (Wilson-Hilferty).
 inline double ChiSquareCritical999(int dof) {
   const double z = 3.090232306;

@@ -135,14 +135,7 @@ void Engine::Speculate(const StepPlan& plan) {
   c.num_spec_rows = 0;
   c.draft_seconds = 0;
   c.drafts.resize(c.rows.size());
-  for (Draft& d : c.drafts) {
-    d.tokens.clear();
-    d.probs.clear();
-    d.device_probs = nullptr;
-    d.candidates.clear();
-    d.origin = DraftOrigin::kDefault;
-    d.num_kept_tokens = -1;
-  }
+  for (Draft& d : c.drafts) d.Reset();
   const absl::Time start = absl::Now();
   // Vegas and streaming share one speculator, proposed for once per method.
   for (int m = 0; m < kNumSpeculatorSlots; ++m) {

@@ -230,13 +230,7 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
         "draft model: ", cache.size(), " cache options for ", inputs.size(), " inputs"));
   }
   drafts->resize(inputs.size());
-  for (Draft& d : *drafts) {
-    d.tokens.clear();
-    d.probs.clear();
-    d.device_probs = nullptr;
-    d.candidates.clear();
-    d.origin = DraftOrigin::kDefault;
-  }
+  for (Draft& d : *drafts) d.Reset();
   active_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const DraftInput& in = inputs[i];

@@ -126,14 +126,7 @@ bool Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const
 absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
                                        std::vector<Draft>* drafts) {
   drafts->resize(inputs.size());
-  for (Draft& d : *drafts) {
-    d.tokens.clear();
-    d.probs.clear();
-    d.device_probs = nullptr;
-    d.candidates.clear();
-    d.origin = DraftOrigin::kDefault;
-    d.num_kept_tokens = -1;
-  }
+  for (Draft& d : *drafts) d.Reset();
   active_.clear();
   rows_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -63,6 +63,16 @@ struct Draft {
   // Vegas / streaming: the prefix tokens each draft step attended per layer besides the recent
   // ones (metrics); -1 for other speculators and for dense drafting.
   int32_t num_kept_tokens = -1;
+
+  // Back to an empty draft, keeping the vectors' capacity (drafts are reused every step).
+  void Reset() {
+    tokens.clear();
+    probs.clear();
+    device_probs = nullptr;
+    candidates.clear();
+    origin = DraftOrigin::kDefault;
+    num_kept_tokens = -1;
+  }
 };
 
 // What verification made of one sequence's drafts (Speculator::OnVerified).
