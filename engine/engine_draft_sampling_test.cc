@@ -1,7 +1,8 @@
 // Sampled output of the cheap drafters (issue 33) keeps the target's distribution: the chi-square
 // test of the first token a verification round decides, for the EAGLE-3 head and the parallel
 // draft the project trained, each with its negative control (a broken acceptance rule the test
-// must reject). 2,000 sampled requests per test: its own binary, left out of the ASan stage as
+// must reject). 1,000 sampled requests per test (the negative controls scored 287 and 300 at
+// 2,000 against a critical value of 45): its own binary, left out of the ASan stage as
 // engine_spec_test is (engine_eagle3_test and engine_parallel_draft_test run there).
 #include <string>
 #include <vector>
@@ -40,13 +41,13 @@ class DraftSamplingTest : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(DraftSamplingTest, SecondTokenFollowsTheTargetDistribution) {
-  const auto [stat, critical] = SecondTokenChiSquare(*engine_, prompt_, 2000, spec_);
+  const auto [stat, critical] = SecondTokenChiSquare(*engine_, prompt_, 1000, spec_);
   EXPECT_LT(stat, critical);
 }
 
 TEST_P(DraftSamplingTest, BrokenAcceptanceRuleIsCaught) {
   acceptance_internal::acceptor_rule_for_test = acceptance_internal::Rule::kDraftOverTargetForTest;
-  const auto [stat, critical] = SecondTokenChiSquare(*engine_, prompt_, 2000, spec_);
+  const auto [stat, critical] = SecondTokenChiSquare(*engine_, prompt_, 1000, spec_);
   EXPECT_GT(stat, critical);
 }
 

@@ -20,6 +20,9 @@ JOBS=${JOBS:-$(nproc)}
 bash tools/check_format.sh
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECD_BUILD_TESTS=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
+# A fresh build has no test timings, so ctest -j would start tests in declaration order and a
+# long one could start last; seeded with measured costs it starts the longest first.
+bash tools/ci/seed_ctest_costs.sh "$BUILD"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"
 if [ "$ALL" = 1 ]; then
   JOBS=$JOBS bash tools/ci/sanitizers.sh
