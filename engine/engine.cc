@@ -153,6 +153,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   runner.kv_cache_bytes = options.kv_cache_bytes;
   runner.gpu_memory_utilization = options.gpu_memory_utilization;
   runner.enforce_eager = options.enforce_eager;
+  if (!options.speculative.eagle3_model.empty()) {
+    // The target's runner holds the head (and captures the hidden states it reads).
+    SPECD_ASSIGN_OR_RETURN(const ModelConfig target, LoadModelConfig(options.model_dir));
+    if (target.is_nsa()) {
+      return absl::InvalidArgumentError(
+          "--speculative-config: an EAGLE-3 head drafts for a dense Llama-style target; this "
+          "model is an NSA model");
+    }
+    runner.eagle3_head = options.speculative.eagle3_model;
+  }
   if (options.tensor_parallel.size > 1) {
     SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateTpGroup(runner, ToTpGroupOptions(options)));
   } else {
@@ -227,6 +237,7 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   if (spec.method == SpeculationMethod::kSsd) return CreateSsd(target);
   if (spec.draft_model.empty()) return absl::OkStatus();
   RunnerOptions draft = target;
+  draft.eagle3_head.clear();
   draft.max_sample_rows = 0;  // the draft draws one row per sequence
   draft.model_dir = spec.draft_model;
   draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
@@ -257,30 +268,21 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
 
 absl::Status Engine::CreateEagle3(std::shared_ptr<const DraftReplay> replay) {
   const SpeculativeConfig& spec = options_.speculative;
-  if (runner_->config().is_nsa()) {
-    return absl::InvalidArgumentError(
-        "--speculative-config: an EAGLE-3 head drafts for a dense Llama-style target; this "
-        "model is an NSA model");
-  }
-  absl::StatusOr<std::unique_ptr<Eagle3Head>> head =
-      Eagle3Head::Load(spec.eagle3_model, options_.model_dir, runner_->config());
-  if (!head.ok()) {
-    return absl::Status(head.status().code(),
-                        absl::StrCat("EAGLE-3 head: ", head.status().message()));
+  Eagle3Compute* compute = runner_->eagle3();
+  if (compute == nullptr) {
+    return absl::InternalError(absl::StrCat("EAGLE-3 head: the runner on ", runner_->device_name(),
+                                            " did not load ", spec.eagle3_model));
   }
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Speculator> speculator,
-                         Eagle3Speculator::Create(*std::move(head)));
-  if (absl::Status s = runner_->CaptureHiddenStates(speculator->capture_layers()); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
-  }
+                         Eagle3Speculator::Create(compute));
   speculator->set_replay(std::move(replay));
   eagle3_ = std::move(speculator);
-  const Eagle3Config& c = eagle3_->head().config();
+  const Eagle3Config& c = eagle3_->config();
   SPECD_LOG_INFO(
-      "engine: EAGLE-3 head {} (hidden {}, draft vocabulary {}, target layers {} {} {}) for "
+      "engine: EAGLE-3 head {} (hidden {}, draft vocabulary {}, target layers {} {} {}) on {} for "
       "speculation",
       spec.eagle3_model, c.layer.hidden_size, c.draft_vocab_size, c.aux_layer_ids[0],
-      c.aux_layer_ids[1], c.aux_layer_ids[2]);
+      c.aux_layer_ids[1], c.aux_layer_ids[2], runner_->device_name());
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include "engine/engine_spec_test_util.h"
 #include "engine/model/eagle3_test_util.h"
 #include "engine/model/model_config.h"
+#include "engine/runner/eagle3_compute.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -114,6 +115,54 @@ TEST_F(Eagle3Test, PromptFromThePrefixCacheStaysLossless) {
   EXPECT_GT(again->usage.cached_prompt_tokens, 0);
   EXPECT_EQ(again->ids(), first->ids());
   EXPECT_GT(again->usage.num_drafts, 0);
+}
+
+// A prompt longer than the head's window of pending positions (kEagle3PoolWindow), prefilled in
+// chunks of 48 tokens: the positions that leave the window run through the head as each chunk
+// arrives (across chunk boundaries), so the head sees the whole prompt: output equal to plain
+// decoding, and the trained head still accepts.
+TEST_F(Eagle3Test, LongChunkedPromptRunsTheHeadAsItArrives) {
+  EngineOptions o;
+  o.model_dir = kTarget;
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 1024;
+  o.max_num_batched_tokens = 48;
+  auto spec = ParseSpeculativeConfig(Spec(kTrainedHead));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  o.speculative = *spec;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> prompt = *(*engine)->tokenizer()->Encode(
+      "import os\nimport sys\nfrom typing import Dict, List, Optional\n\n\n"
+      "class Config:\n    \"\"\"Settings read from the environment.\"\"\"\n\n"
+      "    def __init__(self, name: str, values: Optional[Dict[str, str]] = None):\n"
+      "        self.name = name\n        self.values = values or {}\n\n"
+      "    def get(self, key: str, default: Optional[str] = None) -> Optional[str]:\n"
+      "        if key in self.values:\n            return self.values[key]\n"
+      "        return os.environ.get(key, default)\n\n"
+      "    def set(self, key: str, value: str) -> None:\n        self.values[key] = value\n\n"
+      "    def keys(self) -> List[str]:\n        return sorted(self.values.keys())\n\n\n"
+      "def load_config(path: str) -> Config:\n    values = {}\n"
+      "    with open(path) as f:\n        for line in f:\n            line = line.strip()\n"
+      "            if not line or line.startswith(\"#\"):\n                continue\n"
+      "            key, _, value = line.partition(\"=\")\n"
+      "            values[key.strip()] = value.strip()\n    return Config(path, values)\n\n\n"
+      "def main(argv: List[str]) -> int:\n",
+      true);
+  ASSERT_GT(prompt.size(), 2u * kEagle3PoolWindow);
+  GenerateRequest r = Greedy(prompt, kLen, kPlain);
+  r.params.min_tokens = kLen;  // the end of the prompt invites EOS
+  auto plain = (*engine)->Generate(r);
+  r.speculation = kEagle3;
+  auto head = (*engine)->Generate(r);
+  ASSERT_TRUE(plain.ok() && head.ok());
+  EXPECT_EQ(head->ids(), plain->ids());
+  ASSERT_GT(head->usage.num_drafts, 0);
+  const double per_round =
+      1.0 + double(head->usage.num_accepted_tokens) / double(head->usage.num_drafts);
+  std::printf("prompt of %zu tokens: %.2f tokens per round\n", prompt.size(), per_round);
+  EXPECT_GT(per_round, 1.5);
 }
 
 // The trained head drafts for real: tokens per round at K 4, greedy, over the first 8 held-out

@@ -93,8 +93,7 @@ void Engine::FeedEagle3() {
     any = true;
   }
   if (!any) return;
-  const absl::Status s =
-      eagle3_->OnTargetPass(c.batch, runner_->captured_hidden_states(), c.eagle3_wanted);
+  const absl::Status s = eagle3_->OnTargetPass(c.batch, c.eagle3_wanted);
   // The head then has no hidden states for these positions: it drafts less, nothing more.
   if (!s.ok()) SPECD_LOG_WARN("engine: EAGLE-3 head missed a target pass: {}", s.ToString());
 }

@@ -195,6 +195,32 @@ TEST_F(CodepairCudaTest, SpeculationThroughRoundGraphsEqualsEager) {
   }
 }
 
+// EAGLE-3 on the GPU (the head the project trained for codepair, models/codepair/eagle3, run by
+// CudaEagle3Compute on the target's GPU from the hidden states its passes capture, through round
+// graphs and eagerly): plain decoding's output up to bf16 flips, and the head accepts drafts.
+TEST_F(CodepairCudaTest, Eagle3OnTheGpuEqualsPlainDecoding) {
+  for (bool eager : {false, true}) {
+    EngineOptions o = EngineOn("cuda", eager);
+    o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+    auto engine = MakeEngine(o);
+    ASSERT_TRUE(engine);
+    ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kEagle3,
+                                 eager ? "eagle3 on the GPU, eager" : "eagle3 on the GPU");
+    // Real acceptance: the CPU head accepts 2.74 tokens per round at K 4 (docs/benchmarks.md).
+    std::vector<GenerateRequest> requests = GoldenRequests();
+    for (GenerateRequest& r : requests) r.speculation = {SpeculationMethod::kEagle3, 4};
+    auto results = engine->GenerateBatch(requests);
+    ASSERT_TRUE(results.ok()) << results.status();
+    int64_t rounds = 0, accepted = 0;
+    for (const GenerateResult& r : *results) {
+      rounds += r.usage.num_drafts;
+      accepted += r.usage.num_accepted_tokens;
+    }
+    ASSERT_GT(rounds, 0);
+    EXPECT_GT(1.0 + double(accepted) / rounds, 1.8);
+  }
+}
+
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
 // what the host scan over the same step's ids gives, for drafts that are all right, wrong at
 // the first or the last position, and a draftless row, in one ragged batch.
@@ -537,6 +563,24 @@ TEST_F(CodepairCudaSamplingTest, AVerifierAcceptingEveryDraftIsCaught) {
   const auto [stat, critical] =
       speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 3000);
   EXPECT_GT(stat, critical);
+}
+
+// Sampled EAGLE-3 drafts on the GPU (q over the target vocabulary from the head's logits, drawn
+// on the host, verified on the device): the second token follows the target; a verifier that
+// accepts every draft is caught.
+TEST_F(CodepairCudaSamplingTest, Eagle3SecondTokenFollowsTheTarget) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  const SpeculationParams spec{SpeculationMethod::kEagle3, 2};
+  const auto [stat, critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
+  EXPECT_LT(stat, critical);
+  runner_internal::verify_accepts_every_draft_for_test = true;
+  const auto [broken, critical2] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
+  EXPECT_GT(broken, critical2);
 }
 
 // Logprobs of sampled speculative requests (verified on the device, the raw rows of the

@@ -97,7 +97,7 @@ class Eagle3Head {
   absl::Status Forward(std::span<const Row> rows, std::vector<float>* prenorm,
                        std::vector<float>* logits);
 
- private:
+  // The parameters as loaded (f32, row-major, nn.Linear layout [out, in]).
   struct Weights {
     std::vector<float> embed;        // [vocab, hidden]
     std::vector<float> fc;           // [hidden, fc_input]
@@ -111,7 +111,10 @@ class Eagle3Head {
     std::vector<float> norm;         // [hidden] final
     std::vector<float> lm_head;      // [draft_vocab, hidden]
   };
+  // A device backend uploads them (engine/runner/cuda_eagle3.h).
+  const Weights& weights() const { return w_; }
 
+ private:
   explicit Eagle3Head(Eagle3Config config) : config_(std::move(config)) {}
   absl::Status LoadWeights(const std::string& dir, const std::string& target_dir);
   absl::Status LoadDraftMap(const std::string& dir);

@@ -98,6 +98,7 @@ class TpLeaderRunner final : public ModelRunner {
   std::span<const float> captured_hidden_states() const override {
     return local_->captured_hidden_states();
   }
+  Eagle3Compute* eagle3() override { return local_->eagle3(); }
 
   absl::Status GroupStatus() const override {
     std::lock_guard lock(mu_);

@@ -35,6 +35,11 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(const RunnerOptions
   runner->num_threads_ = options.num_threads > 0
                              ? options.num_threads
                              : static_cast<int32_t>(std::thread::hardware_concurrency());
+  if (!options.eagle3_head.empty() && options.tp.rank == 0) {
+    SPECD_ASSIGN_OR_RETURN(
+        runner->eagle3_,
+        CreateCpuEagle3Compute(options.eagle3_head, options.model_dir, runner.get()));
+  }
   return runner;
 }
 

@@ -52,6 +52,7 @@ class CpuRunner : public ModelRunner {
     return model_->SetAuxHiddenLayers(layer_ids);
   }
   std::span<const float> captured_hidden_states() const override { return model_->aux_hidden(); }
+  Eagle3Compute* eagle3() override { return eagle3_.get(); }
 
  private:
   CpuRunner() = default;
@@ -67,6 +68,7 @@ class CpuRunner : public ModelRunner {
 
   std::unique_ptr<Model> model_;
   std::unique_ptr<CpuKvCache> kv_;
+  std::unique_ptr<Eagle3Compute> eagle3_;  // RunnerOptions::eagle3_head (rank 0)
   int32_t max_model_len_ = 0;
   int32_t num_threads_ = 0;
   int32_t rank_ = 0;                  // tensor-parallel rank; 0 samples

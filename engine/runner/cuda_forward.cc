@@ -20,8 +20,6 @@
 namespace specd {
 namespace {
 
-constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;  // what PyTorch gives cuBLASLt on Hopper
-
 // Launch failures name the kernel and the layer.
 absl::Status Launch(cudaError_t e, const char* kernel, int32_t layer = -1) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -35,6 +33,31 @@ __nv_bfloat16* Offset(__nv_bfloat16* p, int64_t elems) {
 }
 
 }  // namespace
+
+absl::StatusOr<cuda::DeviceMemory> MakeRopeTable(const RopeConfig& rope, int32_t head_dim,
+                                                 int32_t max_positions) {
+  const std::vector<float> inv_freq = RopeInvFreq(rope, head_dim);
+  SPECD_ASSIGN_OR_RETURN(cuda::DeviceMemory inv,
+                         cuda::DeviceMemory::Allocate(inv_freq.size() * 4, "RoPE frequencies"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpy(inv.as(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
+      "upload of RoPE frequencies"));
+  SPECD_ASSIGN_OR_RETURN(
+      cuda::DeviceMemory table,
+      cuda::DeviceMemory::Allocate(size_t{4} * max_positions * head_dim, "RoPE table"));
+  SPECD_RETURN_IF_ERROR(Launch(
+      kernels::BuildRopeCache(inv.as<float>(), head_dim, max_positions, table.as<float>(), nullptr),
+      "BuildRopeCache"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(nullptr), "BuildRopeCache"));
+  return table;
+}
+
+absl::StatusOr<std::unique_ptr<kernels::Gemm>> MakeGemm() {
+  std::string error;
+  std::unique_ptr<kernels::Gemm> gemm = kernels::Gemm::Create(kGemmWorkspaceBytes, &error);
+  if (gemm == nullptr) return absl::InternalError(absl::StrCat("cuBLASLt: ", error));
+  return gemm;
+}
 
 CudaForward::CudaForward(const ModelConfig& config, const TpShard& shard, Communicator* comm,
                          const CudaWeights* weights, const ForwardLimits& limits)
@@ -131,22 +154,10 @@ absl::Status CudaForward::AllocateBuffers(int32_t num_sms) {
   }
   SPECD_RETURN_IF_ERROR(alloc(workspace_, static_cast<int64_t>(workspace), "attention workspace"));
   // RoPE table, built once from the model's (scaled) inverse frequencies as the CPU path does.
-  const std::vector<float> inv_freq = RopeInvFreq(config_.rope, config_.head_dim);
-  SPECD_ASSIGN_OR_RETURN(cuda::DeviceMemory inv,
-                         cuda::DeviceMemory::Allocate(inv_freq.size() * 4, "RoPE frequencies"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      cudaMemcpy(inv.as(), inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
-      "upload of RoPE frequencies"));
-  SPECD_RETURN_IF_ERROR(
-      alloc(rope_, int64_t{limits_.max_model_len} * config_.head_dim * 4, "RoPE table"));
-  SPECD_RETURN_IF_ERROR(
-      Launch(kernels::BuildRopeCache(inv.as<float>(), config_.head_dim, limits_.max_model_len,
-                                     rope_.as<float>(), nullptr),
-             "BuildRopeCache"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(nullptr), "BuildRopeCache"));
-  std::string error;
-  gemm_ = kernels::Gemm::Create(kGemmWorkspaceBytes, &error);
-  if (gemm_ == nullptr) return absl::InternalError(absl::StrCat("cuBLASLt: ", error));
+  SPECD_ASSIGN_OR_RETURN(rope_,
+                         MakeRopeTable(config_.rope, config_.head_dim, limits_.max_model_len));
+  buffer_bytes_ += static_cast<int64_t>(rope_.bytes());
+  SPECD_ASSIGN_OR_RETURN(gemm_, MakeGemm());
   buffer_bytes_ += static_cast<int64_t>(kGemmWorkspaceBytes);
   return absl::OkStatus();
 }
@@ -327,7 +338,18 @@ absl::Status CudaForward::Run(const ForwardArgs& a, cudaStream_t stream) {
       kernels::RmsNorm(x_.as<__nv_bfloat16>(), weights_->layers[0].input_norm, a.num_tokens, hidden,
                        static_cast<float>(config_.rms_norm_eps), h_.as<__nv_bfloat16>(), stream),
       "RmsNorm", 0));
-  for (int32_t l = 0; l < config_.num_layers; ++l) SPECD_RETURN_IF_ERROR(Layer(l, a, stream));
+  const auto num_captured = static_cast<int64_t>(capture_layers_.size());
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    for (int64_t i = 0; i < num_captured && capture_ != nullptr; ++i) {
+      if (capture_layers_[i] != l) continue;
+      SPECD_RETURN_IF_ERROR(cuda::Check(
+          cudaMemcpy2DAsync(Offset(capture_, i * hidden), size_t(2 * num_captured * hidden),
+                            x_.as<__nv_bfloat16>(), size_t(2 * hidden), size_t(2 * hidden),
+                            size_t(a.num_tokens), cudaMemcpyDeviceToDevice, stream),
+          absl::StrCat("capture of layer ", l, "'s input")));
+    }
+    SPECD_RETURN_IF_ERROR(Layer(l, a, stream));
+  }
   return absl::OkStatus();  // h holds the final norm's output (the last Layer's AllReduceAddNorm)
 }
 

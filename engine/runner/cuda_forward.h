@@ -91,6 +91,14 @@ struct ForwardArgs {
   const ForwardVegas* vegas = nullptr;
 };
 
+// The RoPE table of RopeInvFreq(rope, head_dim) for positions [0, max_positions): [max_positions,
+// head_dim] f32 cos | sin on the current device (kernels::BuildRopeCache), built synchronously.
+absl::StatusOr<cuda::DeviceMemory> MakeRopeTable(const RopeConfig& rope, int32_t head_dim,
+                                                 int32_t max_positions);
+// A cuBLASLt GEMM with kGemmWorkspaceBytes of workspace (what PyTorch gives it on Hopper).
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+absl::StatusOr<std::unique_ptr<kernels::Gemm>> MakeGemm();
+
 class CudaForward {
  public:
   // Allocates activations, workspaces, the RoPE table and the cuBLASLt handle on the current
@@ -128,6 +136,14 @@ class CudaForward {
   absl::Status LmHead(const int32_t* rows, int32_t num_rows, int64_t num_tokens, bool gather,
                       int32_t merge_k, cudaStream_t stream);
   float* logits() const { return logits_.as<float>(); }  // [max_rows, vocab] f32, device
+
+  // EAGLE-3: every Run also copies the residual stream at the input of layers `layer_ids` (0:
+  // the embedding output) into `buffer`, [max_tokens, layer_ids.size() * hidden] bf16 (row t:
+  // token t of the step, the layers side by side). Kept in graphs captured afterwards.
+  void SetCapture(std::vector<int32_t> layer_ids, __nv_bfloat16* buffer) {
+    capture_layers_ = std::move(layer_ids);
+    capture_ = buffer;
+  }
 
   int64_t buffer_bytes() const { return buffer_bytes_; }
   int64_t kv_bytes() const { return static_cast<int64_t>(kv_.bytes()); }
@@ -197,6 +213,8 @@ class CudaForward {
   std::vector<__nv_bfloat16*> k_cache_;  // [num_layers]
   std::vector<__nv_bfloat16*> v_cache_;  // [num_layers]
   int64_t buffer_bytes_ = 0;
+  std::vector<int32_t> capture_layers_;  // SetCapture
+  __nv_bfloat16* capture_ = nullptr;
 };
 
 }  // namespace specd

@@ -32,6 +32,7 @@ CudaRunner::State::~State() {
   cudaSetDevice(device);
   if (stream != nullptr) cudaStreamSynchronize(stream);
   for (auto& [bucket, exec] : graphs) cudaGraphExecDestroy(exec);
+  eagle3.reset();
   sampler.reset();
   forward.reset();
   weights = CudaWeights();
@@ -96,10 +97,40 @@ absl::Status CudaRunner::State::AllocateBuffers() {
   return absl::OkStatus();
 }
 
+absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
+  if (o.eagle3_head.empty() || worker) return absl::OkStatus();
+  CudaEagle3Compute::Options e;
+  e.dir = o.eagle3_head;
+  e.target_dir = o.model_dir;
+  e.dummy = o.load_format == "dummy";
+  e.target = &config;
+  e.max_tokens = static_cast<int32_t>(limits.max_tokens);
+  e.max_seqs = limits.max_seqs;
+  e.max_model_len = max_model_len;
+  e.block_size = block_size;
+  e.num_sms = num_sms;
+  e.stream = stream;
+  SPECD_ASSIGN_OR_RETURN(eagle3, CudaEagle3Compute::Create(e));
+  const std::vector<int32_t>& ids = eagle3->config().aux_layer_ids;
+  SPECD_ASSIGN_OR_RETURN(
+      capture, cuda::DeviceMemory::Allocate(
+                   static_cast<size_t>(limits.max_tokens * static_cast<int64_t>(ids.size()) *
+                                       config.hidden_size * 2),
+                   "EAGLE-3 hidden-state capture"));
+  forward->SetCapture(ids, capture.as<__nv_bfloat16>());
+  eagle3->set_capture(capture.as<__nv_bfloat16>(), limits.max_tokens);
+  SPECD_LOG_INFO("{}: EAGLE-3 head {}: weights {}, buffers {}, capture {}", name, o.eagle3_head,
+                 cuda::FormatBytes(eagle3->weight_bytes()),
+                 cuda::FormatBytes(eagle3->buffer_bytes()),
+                 cuda::FormatBytes(static_cast<int64_t>(capture.bytes())));
+  return absl::OkStatus();
+}
+
 absl::Status CudaRunner::State::SizeAndAllocateKv(const RunnerOptions& o) {
-  // A rank's cache holds its KV heads only.
+  // A rank's cache holds its KV heads only (and rank 0 the EAGLE-3 head's layer beside it).
   const int64_t block_bytes =
-      CudaForward::KvBlockBytes(LocalModelConfig(config, shard), block_size);
+      CudaForward::KvBlockBytes(LocalModelConfig(config, shard), block_size) +
+      (eagle3 != nullptr ? eagle3->KvBlockBytes() : 0);
   const int64_t blocks_per_seq = forward->max_blocks_per_seq();
   const int64_t reserve = eager ? 0 : kGraphReserveBytes;
   SPECD_ASSIGN_OR_RETURN(cuda::MemoryInfo mem, cuda::GetMemoryInfo());
@@ -135,6 +166,7 @@ absl::Status CudaRunner::State::SizeAndAllocateKv(const RunnerOptions& o) {
   num_kv_blocks =
       static_cast<int32_t>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() - 1));
   SPECD_ASSIGN_OR_RETURN(num_kv_blocks, MinOverRanks(num_kv_blocks));
+  if (eagle3 != nullptr) SPECD_RETURN_IF_ERROR(eagle3->AllocateKv(num_kv_blocks + 1));
   return forward->AllocateKv(num_kv_blocks + 1);
 }
 
@@ -251,6 +283,7 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   l.block_size = o.block_size;
   l.max_decode_batch = max_decode;  // a decode step has at most this many sequences
   SPECD_RETURN_IF_ERROR(s->AllocateBuffers());
+  SPECD_RETURN_IF_ERROR(s->CreateEagle3(o));
   SPECD_RETURN_IF_ERROR(s->SizeAndAllocateKv(o));
   SPECD_ASSIGN_OR_RETURN(const cuda::MemoryInfo before, cuda::GetMemoryInfo());
   SPECD_RETURN_IF_ERROR(ShapeError(s->WarmUpAndCapture(), s->config, s->block_size));
@@ -407,5 +440,17 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
   }
   return absl::OkStatus();
 }
+
+absl::Status CudaRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids) {
+  if (layer_ids.empty()) return absl::OkStatus();
+  if (s_->eagle3 != nullptr &&
+      std::equal(layer_ids.begin(), layer_ids.end(), s_->eagle3->config().aux_layer_ids.begin(),
+                 s_->eagle3->config().aux_layer_ids.end())) {
+    return absl::OkStatus();  // captured on the device for the head this runner holds
+  }
+  return ModelRunner::CaptureHiddenStates(layer_ids);
+}
+
+Eagle3Compute* CudaRunner::eagle3() { return s_->eagle3.get(); }
 
 }  // namespace specd

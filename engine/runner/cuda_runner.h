@@ -53,6 +53,11 @@ class CudaRunner : public ModelRunner {
                                 std::span<const std::span<const int32_t>> drafts,
                                 std::vector<GreedyVerifyResult>* out) override;
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
+  // EAGLE-3: the head of RunnerOptions::eagle3_head runs on this GPU (cuda_eagle3.h) and reads
+  // the hidden states on the device; CaptureHiddenStates accepts only its layers, and nothing
+  // is kept on the host (captured_hidden_states() is empty).
+  absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override;
+  Eagle3Compute* eagle3() override;
 
   // Speculation with p and q on this GPU: GpuSampler::EnqueueProbs builds the processed rows in
   // the logits buffer, kernels::VerifyStochastic accepts and draws (a draft step is the

@@ -21,6 +21,7 @@
 #include "engine/base/communicator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tensor_parallel.h"
+#include "engine/runner/cuda_eagle3.h"
 #include "engine/runner/cuda_forward.h"
 #include "engine/runner/cuda_runner.h"
 #include "engine/runner/cuda_sampling.h"
@@ -159,6 +160,12 @@ struct CudaRunner::State {
 
   cudaStream_t stream = nullptr;
   CudaWeights weights;
+  // RunnerOptions::eagle3_head (rank 0): the head, and the residual stream it reads, captured by
+  // every forward pass ([max_tokens, 3 * hidden] bf16, CudaForward::SetCapture).
+  std::unique_ptr<CudaEagle3Compute> eagle3;
+  cuda::DeviceMemory capture;
+  // cuda_runner.cc: loads the head and allocates its buffers and the capture (before the KV).
+  absl::Status CreateEagle3(const RunnerOptions& o);
   std::unique_ptr<CudaForward> forward;
   std::unique_ptr<GpuSampler> sampler;
   cuda::PinnedMemory inputs_host;  // the input region's staging twin

@@ -268,8 +268,8 @@ absl::Status ModelRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids
   if (layer_ids.empty()) return absl::OkStatus();
   return absl::UnimplementedError(
       absl::StrCat(device_name(),
-                   ": this runner cannot export the target's hidden states "
-                   "(EAGLE-3 heads run on the CPU backend only, as yet)"));
+                   ": this runner exports the target's hidden states only for the EAGLE-3 head "
+                   "it holds (RunnerOptions::eagle3_head)"));
 }
 
 }  // namespace specd

@@ -23,6 +23,7 @@
 #include "engine/base/communicator.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
+#include "engine/runner/eagle3_compute.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 
@@ -50,6 +51,10 @@ struct RunnerOptions {
   // runner holds 1/world_size of the sharded weights and its KV heads; rank 0 samples.
   TensorParallel tp;
   Communicator* comm = nullptr;
+  // An EAGLE-3 head's folder (engine/runner/eagle3_compute.h): the runner holds the head beside
+  // the model (on rank 0 of a tensor-parallel group: workers ignore it) and captures the hidden
+  // states it reads. Empty: none.
+  std::string eagle3_head;
 };
 
 // One token drawn this step: from the logits of batch chunk `chunk` at its last token (the
@@ -205,9 +210,12 @@ class ModelRunner {
   // output, j the output of layer j - 1), concatenated: captured_hidden_states() is the last
   // pass's [num_new_tokens, ids.size() * hidden] f32, host memory, valid until the next pass.
   // Empty ids stop it. InvalidArgument for ids outside [0, num_layers) or repeated;
-  // Unimplemented where the runner cannot (the CUDA runner, as yet).
+  // Unimplemented where the runner cannot (the CUDA runner captures on its device, for the head
+  // of RunnerOptions::eagle3_head only).
   virtual absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids);
   virtual std::span<const float> captured_hidden_states() const { return {}; }
+  // The EAGLE-3 head of RunnerOptions::eagle3_head, or null.
+  virtual Eagle3Compute* eagle3() { return nullptr; }
 
   // Tensor parallelism: OK while every rank of the runner's group is alive and in step; once a
   // rank died, stopped answering or failed, the reason (Unavailable naming the rank), for good.

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
 
 namespace specd {
@@ -16,75 +16,160 @@ constexpr uint64_t kEagle3SeedSalt = 0x3c6ef372fe94f82bULL;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Eagle3Speculator>> Eagle3Speculator::Create(
-    std::unique_ptr<Eagle3Head> head) {
-  if (head == nullptr) return absl::InvalidArgumentError("eagle3: no head");
-  return std::unique_ptr<Eagle3Speculator>(new Eagle3Speculator(std::move(head)));
+absl::StatusOr<std::unique_ptr<Eagle3Speculator>> Eagle3Speculator::Create(Eagle3Compute* compute) {
+  if (compute == nullptr) return absl::InvalidArgumentError("eagle3: no head");
+  return std::unique_ptr<Eagle3Speculator>(new Eagle3Speculator(compute));
+}
+
+Eagle3Speculator::Eagle3Speculator(Eagle3Compute* compute) : compute_(compute) {
+  for (int32_t r = compute_->num_pool_regions() - 1; r >= 0; --r) free_regions_.push_back(r);
 }
 
 int32_t Eagle3Speculator::cache_size(uint64_t seq_id) const {
+  return std::max(0, compute_->cache_size(static_cast<int64_t>(seq_id)));
+}
+
+Eagle3Speculator::State& Eagle3Speculator::StateOf(uint64_t seq_id) {
+  std::unique_ptr<State>& slot = states_[seq_id];
+  if (slot == nullptr) slot = std::make_unique<State>();
+  return *slot;
+}
+
+int32_t Eagle3Speculator::PoolRow(const State& s, int32_t position) const {
+  return s.region * kEagle3PoolWindow + position % kEagle3PoolWindow;
+}
+
+void Eagle3Speculator::FreeRegion(State& s) {
+  s.pending_positions.clear();
+  s.pending_tokens.clear();
+  if (s.region >= 0) free_regions_.push_back(s.region);
+  s.region = -1;
+}
+
+void Eagle3Speculator::Release(uint64_t seq_id) {
   auto it = states_.find(seq_id);
-  return it == states_.end() ? 0 : it->second->kv.size();
+  if (it == states_.end()) return;
+  FreeRegion(*it->second);
+  states_.erase(it);
+  compute_->Release(static_cast<int64_t>(seq_id));
 }
 
 absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch,
-                                            std::span<const float> hidden,
                                             std::span<const uint8_t> wanted) {
-  const int64_t width = head_->fc_input_size(), h = head_->hidden_size();
-  int64_t num_tokens = 0;
-  for (const SequenceInput& in : batch) num_tokens += static_cast<int64_t>(in.tokens.size());
-  if (wanted.size() != batch.size() || static_cast<int64_t>(hidden.size()) != num_tokens * width) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "eagle3: the target pass captured ", hidden.size(), " values for ", num_tokens,
-        " tokens of width ", width, " (", wanted.size(), " flags for ", batch.size(), " chunks)"));
+  if (wanted.size() != batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("eagle3: ", wanted.size(), " flags for ",
+                                                   batch.size(), " chunks of the target pass"));
   }
-  int64_t row = 0;
+  // Rows older than a sequence's window run at once (rows_), from their pool row or, for rows
+  // of this pass, from a scratch row; the window's rows of this pass are fused into their ring
+  // rows after that pass (which may still read the rows they replace).
+  rows_.clear();
+  fuse_from_.clear();
+  fuse_to_.clear();
+  std::vector<int32_t> keep_from, keep_to;
+  int32_t row = 0, scratch = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    if (!wanted[i] || in.seq_id < 0) {
-      row += n;
-      continue;
-    }
-    std::unique_ptr<State>& slot = states_[static_cast<uint64_t>(in.seq_id)];
-    if (slot == nullptr) slot = std::make_unique<State>();
-    State& s = *slot;
+    const auto n = static_cast<int32_t>(in.tokens.size());
+    const int32_t first_row = row;
+    row += n;
+    if (!wanted[i] || in.seq_id < 0) continue;
+    const auto seq = static_cast<uint64_t>(in.seq_id);
+    State& s = StateOf(seq);
     // The target recomputed from start_pos: what the sequence held from there on is stale.
+    const int32_t start = in.start_pos;
     size_t keep = 0;
-    while (keep < s.pending_positions.size() && s.pending_positions[keep] < in.start_pos) ++keep;
+    while (keep < s.pending_positions.size() && s.pending_positions[keep] < start) ++keep;
     s.pending_positions.resize(keep);
     s.pending_tokens.resize(keep);
-    s.pending_hidden.resize(keep * h);
-    s.pending_hidden.resize((keep + n) * h);
-    head_->Fuse(&hidden[row * width], n, &s.pending_hidden[keep * h]);
-    for (int64_t t = 0; t < n; ++t) {
-      s.pending_positions.push_back(in.start_pos + static_cast<int32_t>(t));
-      s.pending_tokens.push_back(in.tokens[t]);
+    if (keep > 0 && s.pending_positions.back() != start - 1) {  // not contiguous: drop them
+      s.pending_positions.clear();
+      s.pending_tokens.clear();
     }
-    row += n;
+    s.num_target_positions = std::min(s.num_target_positions, start);
+    s.kv_tokens.resize(start, -1);
+    s.kv_tokens.insert(s.kv_tokens.end(), in.tokens.begin(), in.tokens.end());
+    if (s.region < 0) {
+      if (free_regions_.empty()) {
+        s.pending_positions.clear();
+        s.pending_tokens.clear();
+        continue;  // more sequences than regions: this one drafts less
+      }
+      s.region = free_regions_.back();
+      free_regions_.pop_back();
+    }
+    const auto old = static_cast<int32_t>(s.pending_positions.size());
+    const int32_t total = old + n;
+    const int32_t evict = std::max(0, total - kEagle3PoolWindow);
+    bool truncated = false;
+    for (int32_t e = 0; e < evict; ++e) {  // entry e of (old pending, then this chunk's rows)
+      const int32_t p = e < old ? s.pending_positions[e] : start + (e - old);
+      Eagle3Compute::Row r;
+      r.seq = static_cast<int64_t>(seq);
+      r.token = s.kv_tokens[p + 1];  // known: a later row of the window holds position p + 1
+      r.position = p;
+      r.block_table = in.block_table;
+      if (e < old) {
+        r.hidden = PoolRow(s, p);
+      } else {
+        r.hidden = compute_->scratch_row(scratch);
+        fuse_from_.push_back(first_row + (e - old));
+        fuse_to_.push_back(r.hidden);
+        ++scratch;
+      }
+      if (!truncated) {
+        compute_->Truncate(r.seq, p);
+        truncated = true;
+      }
+      rows_.push_back(r);
+      s.num_target_positions = p + 1;
+    }
+    // The window: the last kEagle3PoolWindow entries.
+    std::vector<int32_t> positions, tokens;
+    for (int32_t e = evict; e < total; ++e) {
+      if (e < old) {
+        positions.push_back(s.pending_positions[e]);
+        tokens.push_back(s.pending_tokens[e]);
+        continue;
+      }
+      const int32_t t = e - old;
+      positions.push_back(start + t);
+      tokens.push_back(in.tokens[t]);
+      keep_from.push_back(first_row + t);
+      keep_to.push_back(PoolRow(s, start + t));
+    }
+    s.pending_positions = std::move(positions);
+    s.pending_tokens = std::move(tokens);
   }
-  return absl::OkStatus();
+  if (!rows_.empty()) {
+    SPECD_RETURN_IF_ERROR(compute_->Fuse(fuse_from_, fuse_to_));
+    host_flags_.clear();
+    SPECD_RETURN_IF_ERROR(compute_->Forward(rows_, host_flags_, &ids_, &logits_));
+  }
+  return compute_->Fuse(keep_from, keep_to);
 }
 
 bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
   const auto num_tokens = static_cast<int32_t>(in.tokens.size());
-  const auto common = static_cast<int32_t>(
-      std::mismatch(s.kv_tokens.begin(), s.kv_tokens.end(), in.tokens.begin(), in.tokens.end())
-          .first -
-      s.kv_tokens.begin());
+  int32_t common = 0;
+  const auto known = static_cast<int32_t>(std::min(s.kv_tokens.size(), in.tokens.size()));
+  while (common < known &&
+         (s.kv_tokens[common] == -1 || s.kv_tokens[common] == in.tokens[common])) {
+    ++common;
+  }
   // Position p's entry read tokens up to p + 1: valid while they are still the sequence's.
   const int32_t valid = std::max(0, std::min(s.num_target_positions, common - 1));
-  s.kv.Truncate(valid);  // also the entries of last round's drafts
+  compute_->Truncate(static_cast<int64_t>(a->seq), valid);  // also last round's drafted entries
   int32_t last = -1;
-  const int64_t h = head_->hidden_size();
   for (size_t e = 0; e < s.pending_positions.size(); ++e) {
     const int32_t p = s.pending_positions[e];
     if (p < valid || p >= num_tokens - 1 || s.pending_tokens[e] != in.tokens[p]) continue;
-    Eagle3Head::Row row;
+    Eagle3Compute::Row row;
+    row.seq = static_cast<int64_t>(a->seq);
     row.token = in.tokens[p + 1];
     row.position = p;
-    row.hidden = &s.pending_hidden[e * h];
-    row.kv = &s.kv;
+    row.hidden = PoolRow(s, p);
+    row.block_table = in.block_table;
     rows_.push_back(row);
     last = p;
   }
@@ -93,14 +178,24 @@ bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
   // Draft 1 comes from position L - 2, which needs the target's hidden state there.
   if (last != num_tokens - 2 || in.num_draft_tokens <= 0) return false;
   rows_.back().logits = true;
-  a->prenorm_row = static_cast<int32_t>(rows_.size()) - 1;
   a->next_position = num_tokens - 1;
   return true;
 }
 
-bool Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, std::span<const float> logits,
-                                 Draft& draft) {
+bool Eagle3Speculator::DrawsOnHost(const DraftInput& in, int32_t j) {
+  return !in.params->greedy() || in.params->has_penalties() ||
+         (j < in.num_banned_positions && !in.banned.empty());
+}
+
+bool Eagle3Speculator::DrawDraft(const DraftInput& in, State& s, int32_t argmax,
+                                 std::span<const float> logits, Draft& draft) {
   const auto j = static_cast<int32_t>(draft.tokens.size());
+  if (logits.empty()) {  // greedy, nothing to apply: the compute's argmax
+    const int32_t token =
+        replay_ != nullptr ? replay_->Draft(in.tokens, draft.tokens, argmax) : argmax;
+    draft.tokens.push_back(token);
+    return true;
+  }
   std::span<const int32_t> banned =
       j < in.num_banned_positions ? in.banned : std::span<const int32_t>();
   probs_.resize(logits.size());
@@ -130,60 +225,58 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
   active_.clear();
   rows_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::unique_ptr<State>& slot = states_[inputs[i].seq_id];
-    if (slot == nullptr) slot = std::make_unique<State>();
-    if (!slot->seeded) {
-      slot->rng.seed(inputs[i].seed ^ kEagle3SeedSalt);  // the same request, the same drafts
-      slot->seeded = true;
+    State& s = StateOf(inputs[i].seq_id);
+    if (!s.seeded) {
+      s.rng.seed(inputs[i].seed ^ kEagle3SeedSalt);  // the same request, the same drafts
+      s.seeded = true;
     }
     Active a;
     a.input = i;
-    a.state = slot.get();
+    a.seq = inputs[i].seq_id;
+    a.state = &s;
     a.num_wanted = inputs[i].num_draft_tokens;
-    if (PlanCatchUp(inputs[i], *slot, &a)) active_.push_back(a);
+    if (PlanCatchUp(inputs[i], s, &a)) active_.push_back(a);
   }
-  const int32_t vocab = head_->vocab_size();
-  const int64_t h = head_->hidden_size();
+  const int64_t vocab = compute_->config().layer.vocab_size;
   absl::Status status = absl::OkStatus();
-  while (!rows_.empty()) {
+  while (!rows_.empty()) {  // the catch-up runs even when no sequence drafts (it fills caches)
     // Logits rows come back in row order: the k-th active sequence's is the k-th.
-    for (size_t k = 0; k < active_.size(); ++k) active_[k].logits_row = static_cast<int32_t>(k);
-    status = head_->Forward(rows_, &prenorm_, &logits_);
-    if (!status.ok()) break;
-    // The hidden states of the next step, before rows_ (which points into them) is rebuilt.
-    hidden_in_.resize(active_.size() * h);
-    size_t kept = 0;
-    for (Active& a : active_) {
+    host_flags_.clear();
+    for (const Active& a : active_) {
       const DraftInput& in = inputs[a.input];
-      Draft& draft = (*drafts)[a.input];
-      const bool drawn = DrawDraft(
-          in, *a.state,
-          std::span<const float>(logits_).subspan(int64_t{a.logits_row} * vocab, vocab), draft);
+      host_flags_.push_back(
+          DrawsOnHost(in, static_cast<int32_t>((*drafts)[a.input].tokens.size())) ? 1 : 0);
+    }
+    status = compute_->Forward(rows_, host_flags_, &ids_, &logits_);
+    if (!status.ok()) break;
+    size_t kept = 0;
+    int64_t host_row = 0;
+    for (size_t k = 0; k < active_.size(); ++k) {
+      Active a = active_[k];
+      const DraftInput& in = inputs[a.input];
+      std::span<const float> row;
+      if (host_flags_[k]) row = std::span<const float>(logits_).subspan(host_row++ * vocab, vocab);
+      const bool drawn = DrawDraft(in, *a.state, ids_[k], row, (*drafts)[a.input]);
       if (!drawn || --a.num_wanted == 0) continue;
-      std::memcpy(&hidden_in_[kept * h], &prenorm_[int64_t{a.prenorm_row} * h], sizeof(float) * h);
+      a.prenorm_row = -static_cast<int32_t>(k) - 1;  // the next pass reads its logits row's prenorm
       active_[kept++] = a;
     }
     active_.resize(kept);
     rows_.clear();
     for (size_t k = 0; k < active_.size(); ++k) {
       Active& a = active_[k];
-      Eagle3Head::Row row;
+      Eagle3Compute::Row row;
+      row.seq = static_cast<int64_t>(a.seq);
       row.token = (*drafts)[a.input].tokens.back();
       row.position = a.next_position++;
-      row.hidden = &hidden_in_[k * h];
-      row.kv = &a.state->kv;
+      row.hidden = a.prenorm_row;
       row.logits = true;
-      a.prenorm_row = static_cast<int32_t>(k);
+      row.block_table = inputs[a.input].block_table;
       rows_.push_back(row);
     }
   }
   // The target hidden states are in the cache now (or were stale): drop them.
-  for (const DraftInput& in : inputs) {
-    State& s = *states_[in.seq_id];
-    s.pending_positions.clear();
-    s.pending_tokens.clear();
-    s.pending_hidden.clear();
-  }
+  for (const DraftInput& in : inputs) FreeRegion(*states_[in.seq_id]);
   return status;
 }
 

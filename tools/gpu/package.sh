@@ -57,7 +57,9 @@ fi
 [[ ${#tests[@]} -gt 0 ]] || die "ctest lists no gpu-labelled test in $BUILD"
 for t in "${tests[@]}"; do [[ -x "$t" ]] || die "$t not built"; done
 bins=()
-for name in kernel_check specd "${BENCHES[@]}"; do
+# $SPECD_GPU_PROGRAMS: the programs packed besides the benchmarks (default kernel_check specd).
+read -r -a PROGRAMS <<<"${SPECD_GPU_PROGRAMS-kernel_check specd}"
+for name in "${PROGRAMS[@]}" "${BENCHES[@]}"; do
   path=$(find_binary "$name")
   if [[ -n "$path" ]]; then
     bins+=("$path")

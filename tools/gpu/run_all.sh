@@ -372,6 +372,17 @@ else
     --specd "$WORK/bin/specd" --speculator-device cuda:0 --fan-out 3 --gpu-memory-utilization 0.45 \
     --speculator-gpu-memory-utilization 0.9
 fi
+# EAGLE-3 (issue 33): an EAGLE3-LLaMA3.1-8B-shaped head (models/shapes, random weights) on the
+# Llama-3.1-8B-shaped target's GPU, beside plain decoding and the Llama-3.2-1B-shaped draft model;
+# controlled acceptance alpha 0.8 (both drafters replay the same trajectories), K 7, greedy.
+for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-qwen3-8b qwen3-0.6b"; do
+  read -r target head draft <<<"$shapes"
+  run_step "eagle3_replay_bench $target" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+    --model "$DIR/models/shapes/$target" --draft "$DIR/models/shapes/$draft" \
+    --eagle3 "models/shapes/$head" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
+    --replay-alpha 0.8
+done
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"

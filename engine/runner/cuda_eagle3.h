@@ -1,0 +1,128 @@
+// The EAGLE-3 head on the target's GPU (Eagle3Compute for CudaRunner,
+// engine/runner/eagle3_compute.h): bf16 weights (uploaded from the exact loader's,
+// engine/model/eagle3_head.h, or random on the device for load_format "dummy", with the identity
+// draft map), the head's one-layer paged KV cache with as many blocks as the target's (a head
+// position uses the target's block table and slot: prefix-cached blocks then share the head's
+// entries too), and its passes queued on the target's stream, between the target's passes, through
+// the forward pass's kernels:
+//   Fuse:    gather the captured rows ([tokens, 3 target hidden] bf16, CudaForward's capture),
+//            fc GEMM into pool rows (one contiguous copy per run of rows).
+//   Forward: embedding and hidden-input gathers, input_norm / hidden_norm side by side, the
+//            2 * hidden wide qkv GEMM, RoPE + KV write, paged causal attention, o_proj, add +
+//            norm, SiLU MLP, add + final norm, LM head over the draft vocabulary for the rows that
+//            draw, argmax on the device; ids (and the rows the host processes) copied back once.
+// Passes larger than the buffers run in pieces (a sequence's later rows see its earlier rows'
+// KV). Engine thread only.
+#pragma once
+
+#include <driver_types.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "engine/runner/cuda_util.h"
+#include "engine/runner/eagle3_compute.h"
+#include "kernels/cuda/attention.h"
+
+struct __nv_bfloat16;
+
+namespace specd {
+
+namespace kernels {
+class Gemm;
+}
+
+class CudaEagle3Compute : public Eagle3Compute {
+ public:
+  struct Options {
+    std::string dir;         // the head's folder
+    std::string target_dir;  // the target's (its embedding when the head has none)
+    bool dummy = false;      // random weights from config.json alone
+    const ModelConfig* target = nullptr;
+    int32_t max_tokens = 0;  // the target's step: captured rows, one Fuse, one piece of a pass
+    int32_t max_seqs = 0;    // sequences of one pass: draft rows, pool regions
+    int32_t max_model_len = 0;
+    int32_t block_size = 16;
+    int32_t num_sms = 0;
+    cudaStream_t stream = nullptr;  // the target's
+  };
+  // On the current device. InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot
+  // draft for the target; ResourceExhausted when its weights or buffers do not fit.
+  static absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> Create(const Options& options);
+  ~CudaEagle3Compute() override;
+
+  // Bytes of one KV block of the head's layer; AllocateKv(n) takes n of them.
+  int64_t KvBlockBytes() const;
+  absl::Status AllocateKv(int32_t num_blocks);
+  // The target's capture: [rows, fc input] bf16 on the device (CudaForward::SetCapture).
+  void set_capture(const __nv_bfloat16* capture, int64_t rows) {
+    capture_ = capture;
+    capture_rows_ = rows;
+  }
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t buffer_bytes() const { return buffer_bytes_; }
+
+  const Eagle3Config& config() const override { return config_; }
+  std::span<const int32_t> draft_to_target() const override { return d2t_; }
+  int32_t num_pool_regions() const override { return options_.max_seqs; }
+  int32_t num_scratch_rows() const override { return options_.max_tokens; }
+  absl::Status Fuse(std::span<const int32_t> capture_rows,
+                    std::span<const int32_t> pool_rows) override;
+  absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
+                       std::vector<int32_t>* ids, std::vector<float>* logits) override;
+
+ private:
+  struct Weights {
+    const __nv_bfloat16 *embed = nullptr, *fc = nullptr, *input_norm = nullptr,
+                        *hidden_norm = nullptr, *qkv = nullptr, *o = nullptr, *post_norm = nullptr,
+                        *gate_up = nullptr, *down = nullptr, *norm = nullptr, *lm_head = nullptr;
+  };
+  explicit CudaEagle3Compute(const Options& options) : options_(options) {}
+  absl::Status LoadWeights();
+  absl::Status AllocateBuffers();
+  // One piece of a pass: rows [begin, end) of `rows`; logits rows from logits_base on.
+  absl::Status RunPiece(std::span<const Row> rows, size_t begin, size_t end, int32_t logits_base,
+                        int32_t* num_logits);
+  absl::Status Gemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t m,
+                    int64_t n, int64_t k, void* y, int64_t ldy, bool f32_out);
+
+  Options options_;
+  Eagle3Config config_;
+  std::vector<int32_t> d2t_;  // draft id -> target id
+  Weights w_;
+  cuda::DeviceMemory weights_;
+  int64_t weight_bytes_ = 0, buffer_bytes_ = 0;
+  std::unique_ptr<kernels::Gemm> gemm_;
+  kernels::AttentionShape shape_;
+  int32_t max_blocks_per_seq_ = 0;
+  int32_t max_rows_ = 0;  // rows of one piece
+  const __nv_bfloat16* capture_ = nullptr;
+  int64_t capture_rows_ = 0;
+  // table_: [pool rows | prenorm of the logits rows, two halves alternating by pass] x hidden.
+  cuda::DeviceMemory table_;
+  int64_t pool_rows_ = 0;
+  int32_t prenorm_half_ = 0;                       // the half the last pass wrote
+  cuda::DeviceMemory features_;                    // [max_tokens, fc input] bf16
+  cuda::DeviceMemory fused_;                       // [max_tokens, hidden] bf16
+  cuda::DeviceMemory e_, hin_, resid_, h_;         // [max_rows, hidden] bf16
+  cuda::DeviceMemory cat_;                         // [max_rows, 2 hidden] bf16
+  cuda::DeviceMemory qkv_, attn_, gate_up_, act_;  // [max_rows, ...] bf16
+  cuda::DeviceMemory gathered_;                    // [max_seqs, hidden] bf16
+  cuda::DeviceMemory logits_;                      // [max_seqs, draft vocab] f32
+  cuda::DeviceMemory ids_;                         // [max_seqs] int32
+  cuda::PinnedMemory ids_host_;                    // [max_seqs] int32
+  cuda::PinnedMemory logits_host_;                 // [max_seqs, draft vocab] f32
+  cuda::DeviceMemory rope_, workspace_, kv_;
+  __nv_bfloat16* k_cache_ = nullptr;
+  __nv_bfloat16* v_cache_ = nullptr;
+  cuda::UploadArena arena_;           // Forward's inputs
+  cuda::UploadArena fuse_arena_;      // Fuse's
+  std::vector<int32_t> tables_host_;  // scratch
+};
+
+}  // namespace specd

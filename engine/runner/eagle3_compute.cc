@@ -1,0 +1,139 @@
+#include "engine/runner/eagle3_compute.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/node_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/runner/model_runner.h"
+
+namespace specd {
+namespace {
+
+// The CPU compute's pool (host rows allocated as the speculator touches them).
+constexpr int32_t kCpuPoolRegions = 1024;
+constexpr int32_t kCpuScratchRows = 1 << 16;
+constexpr int64_t kCpuPoolRows = int64_t{kCpuPoolRegions} * kEagle3PoolWindow + kCpuScratchRows;
+
+class CpuEagle3Compute : public Eagle3Compute {
+ public:
+  CpuEagle3Compute(std::unique_ptr<Eagle3Head> head, ModelRunner* target)
+      : head_(std::move(head)), target_(target) {}
+
+  const Eagle3Config& config() const override { return head_->config(); }
+  std::span<const int32_t> draft_to_target() const override { return head_->draft_to_target(); }
+  int32_t num_pool_regions() const override { return kCpuPoolRegions; }
+  int32_t num_scratch_rows() const override { return kCpuScratchRows; }
+
+  absl::Status Fuse(std::span<const int32_t> capture_rows,
+                    std::span<const int32_t> pool_rows) override {
+    const std::span<const float> captured = target_->captured_hidden_states();
+    const int64_t width = head_->fc_input_size(), h = head_->hidden_size();
+    const int64_t captured_rows = static_cast<int64_t>(captured.size()) / width;
+    if (capture_rows.size() != pool_rows.size()) {
+      return absl::InvalidArgumentError("eagle3: Fuse of mismatched row lists");
+    }
+    for (size_t i = 0; i < capture_rows.size(); ++i) {
+      if (capture_rows[i] < 0 || capture_rows[i] >= captured_rows || pool_rows[i] < 0 ||
+          pool_rows[i] >= kCpuPoolRows) {
+        return absl::InvalidArgumentError(absl::StrCat("eagle3: Fuse of captured row ",
+                                                       capture_rows[i], " (", captured_rows,
+                                                       " captured) into pool row ", pool_rows[i]));
+      }
+      const auto need = static_cast<size_t>((int64_t{pool_rows[i]} + 1) * h);
+      if (pool_.size() < need) pool_.resize(need);
+      head_->Fuse(&captured[int64_t{capture_rows[i]} * width], 1, &pool_[pool_rows[i] * h]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
+                       std::vector<int32_t>* ids, std::vector<float>* logits) override {
+    const int64_t h = head_->hidden_size();
+    // The previous pass's prenorm rows are read before this pass overwrites them.
+    inputs_.resize(rows.size() * h);
+    head_rows_.clear();
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const Row& row = rows[r];
+      const float* src = nullptr;
+      if (row.hidden >= 0 && static_cast<size_t>((int64_t{row.hidden} + 1) * h) <= pool_.size()) {
+        src = &pool_[row.hidden * h];
+      } else if (row.hidden < 0 &&
+                 -int64_t{row.hidden} * h <= static_cast<int64_t>(logits_prenorm_.size())) {
+        src = &logits_prenorm_[(-int64_t{row.hidden} - 1) * h];
+      }
+      if (src == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("eagle3: row ", r, " reads hidden row ", row.hidden, ", which is empty"));
+      }
+      std::memcpy(&inputs_[r * h], src, sizeof(float) * h);
+      Eagle3Head::Row hr;
+      hr.token = row.token;
+      hr.position = row.position;
+      hr.hidden = &inputs_[r * h];
+      hr.kv = &kv_[row.seq];
+      hr.logits = row.logits;
+      head_rows_.push_back(hr);
+    }
+    SPECD_RETURN_IF_ERROR(head_->Forward(head_rows_, &prenorm_, &scratch_logits_));
+    logits_prenorm_.clear();
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!rows[r].logits) continue;
+      logits_prenorm_.insert(logits_prenorm_.end(), &prenorm_[r * h], &prenorm_[(r + 1) * h]);
+    }
+    const int64_t vocab = head_->vocab_size();
+    const int64_t m = static_cast<int64_t>(scratch_logits_.size()) / vocab;
+    if (static_cast<int64_t>(host_logits.size()) != m) {
+      return absl::InvalidArgumentError(absl::StrCat("eagle3: ", host_logits.size(),
+                                                     " host-logits flags for ", m, " logits rows"));
+    }
+    ids->clear();
+    logits->clear();
+    for (int64_t k = 0; k < m; ++k) {
+      const float* row = &scratch_logits_[k * vocab];
+      ids->push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      if (host_logits[k]) logits->insert(logits->end(), row, row + vocab);
+    }
+    return absl::OkStatus();
+  }
+
+  void Truncate(int64_t seq, int32_t position) override {
+    auto it = kv_.find(seq);
+    if (it != kv_.end()) it->second.Truncate(position);
+  }
+  void Release(int64_t seq) override { kv_.erase(seq); }
+  int32_t cache_size(int64_t seq) const override {
+    auto it = kv_.find(seq);
+    return it == kv_.end() ? 0 : it->second.size();
+  }
+
+ private:
+  std::unique_ptr<Eagle3Head> head_;
+  ModelRunner* target_;
+  absl::node_hash_map<int64_t, Eagle3Head::Kv> kv_;  // stable: rows point into it
+  std::vector<float> pool_;                          // [touched rows, hidden]
+  std::vector<float> prenorm_;                       // the last pass's prenorm rows
+  std::vector<float> logits_prenorm_;                // those of its logits rows
+  std::vector<float> inputs_, scratch_logits_;
+  std::vector<Eagle3Head::Row> head_rows_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateCpuEagle3Compute(const std::string& dir,
+                                                                      const std::string& target_dir,
+                                                                      ModelRunner* target) {
+  absl::StatusOr<std::unique_ptr<Eagle3Head>> head =
+      Eagle3Head::Load(dir, target_dir, target->config());
+  if (!head.ok()) {
+    return absl::Status(head.status().code(),
+                        absl::StrCat("EAGLE-3 head: ", head.status().message()));
+  }
+  if (absl::Status s = target->CaptureHiddenStates((*head)->config().aux_layer_ids); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
+  }
+  return std::make_unique<CpuEagle3Compute>(*std::move(head), target);
+}
+
+}  // namespace specd

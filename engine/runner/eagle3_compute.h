@@ -1,0 +1,85 @@
+// The compute of an EAGLE-3 head held beside its target (RunnerOptions::eagle3_head): what the
+// speculator (engine/speculation/eagle3.h, which plans every row) asks the backend to run.
+//   CPU:  the exact fp32 Eagle3Head (engine/model/eagle3_head.h), the target's captured hidden
+//         states read from the host (ModelRunner::captured_hidden_states), a cache per sequence.
+//   CUDA: cuda_eagle3.h: bf16 weights and the head's paged KV on the target's GPU (the KV shares
+//         the target's block tables), the captured hidden states read where the target's pass
+//         left them on the device, greedy drafts drawn there.
+// Fused target hidden states wait in a pool of rows (fc's outputs) that the speculator assigns;
+// a pass's prenorm outputs (the next draft step's hidden inputs) stay in the compute until the
+// next pass. Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/eagle3_head.h"
+
+namespace specd {
+
+class ModelRunner;
+
+// Pool rows a sequence may keep pending (target hidden states the head has not run): a
+// verification chunk's K + 1 positions at the largest K (kMaxSpeculativeTokens, 64).
+inline constexpr int32_t kEagle3PoolWindow = 65;
+
+class Eagle3Compute {
+ public:
+  virtual ~Eagle3Compute() = default;
+
+  virtual const Eagle3Config& config() const = 0;
+  // Draft id -> target id ([draft_vocab_size]).
+  virtual std::span<const int32_t> draft_to_target() const = 0;
+  // The pool: num_pool_regions() regions of kEagle3PoolWindow rows (one per sequence with
+  // pending rows), then num_scratch_rows() rows for one target pass's rows that are run at once.
+  virtual int32_t num_pool_regions() const = 0;
+  virtual int32_t num_scratch_rows() const = 0;
+  int32_t scratch_row(int32_t i) const { return num_pool_regions() * kEagle3PoolWindow + i; }
+
+  // fc over rows of the target's last pass (its new tokens in batch order, as captured):
+  // pool row pool_rows[i] = fc(captured row capture_rows[i]).
+  virtual absl::Status Fuse(std::span<const int32_t> capture_rows,
+                            std::span<const int32_t> pool_rows) = 0;
+
+  struct Row {
+    int64_t seq = -1;      // the sequence whose cache the row joins
+    int32_t token = 0;     // its input embedding's id (target vocabulary)
+    int32_t position = 0;  // RoPE position and cache slot
+    // >= 0: the pool row holding its hidden input; < 0: the prenorm output of logits row
+    // -hidden - 1 of the previous Forward (its rows with logits, in order).
+    int32_t hidden = 0;
+    bool logits = false;  // draw from this row
+    // The target's block table of the sequence (paged caches), covering `position`.
+    std::span<const int32_t> block_table = {};
+  };
+  // Runs `rows` (a sequence's rows consecutive, positions ascending). For the rows with logits,
+  // in order: (*ids)[k] the argmax over the draft vocabulary as a target id (lowest on ties);
+  // and when host_logits[k] (one flag per logits row), the row's logits over the target
+  // vocabulary (-inf outside the draft vocabulary) appended to *logits. Rows before a row's
+  // position that the cache does not hold are absent (the CPU cache) or stale (a paged cache):
+  // drafts accept less, verification keeps the output exact.
+  virtual absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
+                               std::vector<int32_t>* ids, std::vector<float>* logits) = 0;
+
+  // Drops the sequence's cache entries at `position` and later (a cache whose rows must
+  // ascend); a paged cache overwrites them instead.
+  virtual void Truncate(int64_t /*seq*/, int32_t /*position*/) {}
+  // The sequence ended.
+  virtual void Release(int64_t /*seq*/) {}
+  // Entries the sequence's cache holds (tests); -1 where the cache is paged.
+  virtual int32_t cache_size(int64_t /*seq*/) const { return -1; }
+};
+
+// The CPU compute over `target`'s captured hidden states: loads the head from `dir` (its
+// embedding from `target_dir` when it has none) and makes `target` capture its layers.
+// InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot draft for the target.
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateCpuEagle3Compute(const std::string& dir,
+                                                                      const std::string& target_dir,
+                                                                      ModelRunner* target);
+
+}  // namespace specd
