@@ -238,7 +238,12 @@ absl::Status Engine::CreateSpeculators(const RunnerOptions& target) {
   if (spec.draft_model.empty()) return absl::OkStatus();
   RunnerOptions draft = target;
   draft.eagle3_head.clear();
-  draft.max_sample_rows = 0;  // the draft draws one row per sequence
+  // The draft draws one row per sequence; a parallel draft K rows per sequence in one pass.
+  draft.max_sample_rows = spec.parallel_drafting
+                              ? static_cast<int32_t>(std::min<int64_t>(
+                                    options_.max_num_batched_tokens,
+                                    int64_t{options_.max_num_seqs} * spec.num_speculative_tokens))
+                              : 0;
   draft.model_dir = spec.draft_model;
   draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
   if (!spec.speculator_device.empty()) draft.device = spec.speculator_device;

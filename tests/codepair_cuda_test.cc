@@ -221,6 +221,20 @@ TEST_F(CodepairCudaTest, Eagle3OnTheGpuEqualsPlainDecoding) {
   }
 }
 
+// Parallel drafting on the GPU (the PARD-style draft the project trained for codepair,
+// models/codepair/pard): the catch-up and K - 1 mask tokens in one draft pass, the K drafts drawn
+// on the device (StepDraft rows at the mask positions): plain decoding's output up to bf16 flips.
+TEST_F(CodepairCudaTest, ParallelDraftOnTheGpuEqualsPlainDecoding) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.draft_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
+  o.speculative.parallel_drafting = true;
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kDraftModel,
+                               "parallel draft on the GPU");
+}
+
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
 // what the host scan over the same step's ids gives, for drafts that are all right, wrong at
 // the first or the last position, and a draftless row, in one ragged batch.
@@ -580,6 +594,24 @@ TEST_F(CodepairCudaSamplingTest, Eagle3SecondTokenFollowsTheTarget) {
   runner_internal::verify_accepts_every_draft_for_test = true;
   const auto [broken, critical2] =
       speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
+  EXPECT_GT(broken, critical2);
+}
+
+// Sampled parallel drafts on the GPU (q of all K positions left in the draft runner's slots by
+// one StepDraft): the second token follows the target; a verifier accepting every draft is caught.
+TEST_F(CodepairCudaSamplingTest, ParallelDraftSecondTokenFollowsTheTarget) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.draft_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
+  o.speculative.parallel_drafting = true;
+  o.speculative.draft_kv_cache_bytes = int64_t{64} << 20;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  const auto [stat, critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500);
+  EXPECT_LT(stat, critical);
+  runner_internal::verify_accepts_every_draft_for_test = true;
+  const auto [broken, critical2] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500);
   EXPECT_GT(broken, critical2);
 }
 

@@ -52,6 +52,7 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 
 CudaEagle3Compute::~CudaEagle3Compute() {
   if (options_.stream != nullptr) cudaStreamSynchronize(options_.stream);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
 }
 
 absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> CudaEagle3Compute::Create(
@@ -188,12 +189,48 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(
       workspace_, static_cast<int64_t>(kernels::PagedPrefillWorkspaceBytes(r, max_rows_, shape_)),
       "EAGLE-3 attention workspace"));
+  // Draft-step graphs: buckets as the target's decode graphs, inputs as GraphLayout says.
+  for (int32_t b = 1; b < seqs; b = b < 8 ? 2 * b : b + 8) buckets_.push_back(b);
+  buckets_.push_back(static_cast<int32_t>(seqs));
+  const size_t in_bytes = GraphInBytes(seqs);
+  SPECD_RETURN_IF_ERROR(alloc(graph_in_, static_cast<int64_t>(in_bytes), "EAGLE-3 graph inputs"));
+  SPECD_ASSIGN_OR_RETURN(graph_in_host_,
+                         cuda::PinnedMemory::Allocate(in_bytes, "EAGLE-3 graph inputs"));
+  const int64_t table_bytes = seqs * max_blocks_per_seq_ * 4;
+  SPECD_RETURN_IF_ERROR(alloc(graph_tables_, table_bytes, "EAGLE-3 graph block tables"));
+  SPECD_ASSIGN_OR_RETURN(
+      graph_tables_host_,
+      cuda::PinnedMemory::Allocate(static_cast<size_t>(table_bytes), "EAGLE-3 graph block tables"));
   SPECD_ASSIGN_OR_RETURN(rope_, MakeRopeTable(l.rope, l.head_dim, options_.max_model_len));
   buffer_bytes_ += static_cast<int64_t>(rope_.bytes());
   SPECD_ASSIGN_OR_RETURN(gemm_, MakeGemm());
   buffer_bytes_ += static_cast<int64_t>(kGemmWorkspaceBytes);
   return absl::OkStatus();
 }
+
+namespace {
+
+// A draft-step graph's inputs for `seqs` rows, one region each (int32 unless said):
+// tokens, positions, hidden, seq_lens, rows, cu_q_lens [seqs + 1], slots [seqs] int64.
+struct GraphLayout {
+  size_t tokens, positions, hidden, seq_lens, rows, cu, slots, bytes;
+  explicit GraphLayout(int64_t seqs) {
+    const auto n = static_cast<size_t>(seqs);
+    const size_t ints = (4 * n + 15) / 16 * 16;
+    tokens = 0;
+    positions = ints;
+    hidden = 2 * ints;
+    seq_lens = 3 * ints;
+    rows = 4 * ints;
+    cu = 5 * ints;
+    slots = cu + (4 * (n + 1) + 15) / 16 * 16;
+    bytes = slots + 8 * n;
+  }
+};
+
+}  // namespace
+
+size_t CudaEagle3Compute::GraphInBytes(int64_t seqs) { return GraphLayout(seqs).bytes; }
 
 int64_t CudaEagle3Compute::KvBlockBytes() const {
   const ModelConfig& l = config_.layer;
@@ -206,6 +243,7 @@ absl::Status CudaEagle3Compute::AllocateKv(int32_t num_blocks) {
                                         "EAGLE-3 KV cache"));
   SPECD_RETURN_IF_ERROR(
       cuda::Check(cudaMemset(kv_.as(), 0, kv_.bytes()), "EAGLE-3 KV cache zero-fill"));
+  scratch_block_ = num_blocks - 1;  // the target's scratch block (CudaRunner's last)
   k_cache_ = kv_.as<__nv_bfloat16>();
   v_cache_ = Offset(k_cache_, int64_t{num_blocks} * KvBlockBytes() / 4);
   return absl::OkStatus();
@@ -276,9 +314,6 @@ absl::Status CudaEagle3Compute::Fuse(std::span<const int32_t> capture_rows,
 absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin, size_t end,
                                          int32_t logits_base, int32_t* num_logits) {
   const ModelConfig& l = config_.layer;
-  const int64_t h = l.hidden_size, q = l.q_size(), kvs = l.kv_size(), qw = q + 2 * kvs;
-  const int64_t inter = l.intermediate_size, dv = config_.draft_vocab_size;
-  const auto eps = static_cast<float>(l.rms_norm_eps);
   const auto n = static_cast<int64_t>(end - begin);
   const int32_t bs = options_.block_size;
   const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * options_.max_seqs;
@@ -347,6 +382,32 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
                a_lens = arena_.Push(seq_lens), a_cu = arena_.Push(cu),
                a_tables = arena_.Push(tables_host_), a_rows = arena_.Push(logit_rows);
   SPECD_RETURN_IF_ERROR(arena_.Upload(options_.stream));
+  Pass p;
+  p.tokens = arena_.At<int32_t>(a_tokens);
+  p.positions = arena_.At<int32_t>(a_pos);
+  p.slots = arena_.At<int64_t>(a_slots);
+  p.hidden = arena_.At<int32_t>(a_hidden);
+  p.seq_lens = arena_.At<int32_t>(a_lens);
+  p.cu_q_lens = arena_.At<int32_t>(a_cu);
+  p.tables = arena_.At<int32_t>(a_tables);
+  p.rows = arena_.At<int32_t>(a_rows);
+  p.table_stride = width;
+  p.num_groups = num_groups;
+  p.max_q_len = max_q_len;
+  p.n = n;
+  p.m = m;
+  p.prenorm_dst = write_base + logits_base;
+  p.logits_base = logits_base;
+  return Body(p);
+}
+
+absl::Status CudaEagle3Compute::Body(const Pass& p) {
+  const ModelConfig& l = config_.layer;
+  const int64_t h = l.hidden_size, q = l.q_size(), kvs = l.kv_size(), qw = q + 2 * kvs;
+  const int64_t inter = l.intermediate_size, dv = config_.draft_vocab_size;
+  const auto eps = static_cast<float>(l.rms_norm_eps);
+  const int64_t n = p.n;
+  const int32_t m = p.m;
   cudaStream_t st = options_.stream;
   auto* table = table_.as<__nv_bfloat16>();
   auto* e = e_.as<__nv_bfloat16>();
@@ -355,11 +416,11 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   auto* hb = h_.as<__nv_bfloat16>();
   auto* cat = cat_.as<__nv_bfloat16>();
   auto* qkv = qkv_.as<__nv_bfloat16>();
-  SPECD_RETURN_IF_ERROR(Launch(kernels::EmbeddingGather(arena_.At<int32_t>(a_tokens), n, w_.embed,
-                                                        0, l.vocab_size, h, e, st),
-                               "EmbeddingGather (tokens)"));
   SPECD_RETURN_IF_ERROR(
-      Launch(kernels::EmbeddingGather(arena_.At<int32_t>(a_hidden), n, table, 0,
+      Launch(kernels::EmbeddingGather(p.tokens, n, w_.embed, 0, l.vocab_size, h, e, st),
+             "EmbeddingGather (tokens)"));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::EmbeddingGather(p.hidden, n, table, 0,
                                       pool_rows_ + 2 * int64_t{options_.max_seqs}, h, hin, st),
              "EmbeddingGather (hidden inputs)"));
   SPECD_RETURN_IF_ERROR(Launch(kernels::RmsNorm(e, w_.input_norm, n, h, eps, e, st), "RmsNorm"));
@@ -378,18 +439,17 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
                                   cudaMemcpyDeviceToDevice, st),
                   "EAGLE-3 head: residual"));
   SPECD_RETURN_IF_ERROR(Gemm(cat, 2 * h, w_.qkv, n, qw, 2 * h, qkv, qw, false));
-  SPECD_RETURN_IF_ERROR(
-      Launch(kernels::RopeAndWriteKvCache(arena_.At<int32_t>(a_pos), n, qkv, qw, Offset(qkv, q), qw,
-                                          Offset(qkv, q + kvs), qw, l.head_dim, rope_.as<float>(),
-                                          nullptr, nullptr, eps, arena_.At<int64_t>(a_slots),
-                                          shape_, k_cache_, v_cache_, st),
-             "RopeAndWriteKvCache"));
   SPECD_RETURN_IF_ERROR(Launch(
-      kernels::PagedPrefillAttention(qkv, qw, k_cache_, v_cache_, arena_.At<int32_t>(a_tables),
-                                     width, arena_.At<int32_t>(a_cu), arena_.At<int32_t>(a_lens),
-                                     num_groups, n, max_q_len, shape_, attn_.as<__nv_bfloat16>(), q,
-                                     workspace_.as(), workspace_.bytes(), st),
-      "PagedPrefillAttention"));
+      kernels::RopeAndWriteKvCache(p.positions, n, qkv, qw, Offset(qkv, q), qw,
+                                   Offset(qkv, q + kvs), qw, l.head_dim, rope_.as<float>(), nullptr,
+                                   nullptr, eps, p.slots, shape_, k_cache_, v_cache_, st),
+      "RopeAndWriteKvCache"));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::PagedPrefillAttention(qkv, qw, k_cache_, v_cache_, p.tables, p.table_stride,
+                                            p.cu_q_lens, p.seq_lens, p.num_groups, n, p.max_q_len,
+                                            shape_, attn_.as<__nv_bfloat16>(), q, workspace_.as(),
+                                            workspace_.bytes(), st),
+             "PagedPrefillAttention"));
   SPECD_RETURN_IF_ERROR(Gemm(attn_.as<__nv_bfloat16>(), q, w_.o, n, h, q, hb, h, false));
   SPECD_RETURN_IF_ERROR(Launch(kernels::FusedAddRmsNorm(hb, resid, w_.post_norm, n, h, eps, hb, st),
                                "FusedAddRmsNorm"));
@@ -402,17 +462,16 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::FusedAddRmsNorm(hb, resid, w_.norm, n, h, eps, hb, st), "FusedAddRmsNorm"));
   if (m == 0) return absl::OkStatus();
-  const int32_t* rows_dev = arena_.At<int32_t>(a_rows);
+  const int32_t* rows_dev = p.rows;
   // The next pass's hidden inputs: the prenorm rows of the rows that draw.
-  SPECD_RETURN_IF_ERROR(
-      Launch(kernels::EmbeddingGather(rows_dev, m, resid, 0, n, h,
-                                      Offset(table, (write_base + logits_base) * h), st),
-             "EmbeddingGather (prenorm rows)"));
+  SPECD_RETURN_IF_ERROR(Launch(
+      kernels::EmbeddingGather(rows_dev, m, resid, 0, n, h, Offset(table, p.prenorm_dst * h), st),
+      "EmbeddingGather (prenorm rows)"));
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::EmbeddingGather(rows_dev, m, hb, 0, n, h, gathered_.as<__nv_bfloat16>(), st),
              "EmbeddingGather (logits rows)"));
   return Gemm(gathered_.as<__nv_bfloat16>(), h, w_.lm_head, m, dv, h,
-              logits_.as<float>() + int64_t{logits_base} * dv, dv, true);
+              logits_.as<float>() + int64_t{p.logits_base} * dv, dv, true);
 }
 
 absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
@@ -428,6 +487,18 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
                                                    " host-logits flags"));
   }
   if (rows.empty()) return absl::OkStatus();
+  const int64_t dv = config_.draft_vocab_size;
+  const int64_t vocab = config_.layer.vocab_size;
+  bool any_host = false;
+  for (uint8_t f : host_logits) any_host = any_host || f != 0;
+  if (!any_host && m == static_cast<int64_t>(rows.size())) {
+    bool ran = false;
+    SPECD_RETURN_IF_ERROR(RunStepGraph(rows, &ran));
+    if (ran) {
+      for (int64_t k = 0; k < m; ++k) ids->push_back(d2t_[ids_host_.as<int32_t>()[k]]);
+      return absl::OkStatus();
+    }
+  }
   int32_t done = 0;
   for (size_t begin = 0; begin < rows.size(); begin += max_rows_) {
     const size_t end = std::min(rows.size(), begin + static_cast<size_t>(max_rows_));
@@ -441,10 +512,7 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
     }
   }
   prenorm_half_ = 1 - prenorm_half_;
-  const int64_t dv = config_.draft_vocab_size;
   cudaStream_t st = options_.stream;
-  bool any_host = false;
-  for (uint8_t f : host_logits) any_host = any_host || f != 0;
   if (m > 0) {
     SPECD_RETURN_IF_ERROR(
         Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, static_cast<int32_t>(m),
@@ -461,7 +529,6 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
     }
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 head pass"));
-  const int64_t vocab = config_.layer.vocab_size;
   for (int64_t k = 0; k < m; ++k) {
     ids->push_back(d2t_[ids_host_.as<int32_t>()[k]]);
     if (!host_logits[k]) continue;
@@ -470,6 +537,132 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
     const float* src = logits_host_.as<float>() + k * dv;
     for (int64_t d = 0; d < dv; ++d) (*logits)[at + d2t_[d]] = src[d];
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ran) {
+  *ran = false;
+  const auto num = static_cast<int32_t>(rows.size());
+  if (options_.eager || k_cache_ == nullptr || num > options_.max_seqs) return absl::OkStatus();
+  for (size_t i = 1; i < rows.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (rows[j].seq == rows[i].seq) return absl::OkStatus();  // not one row per sequence
+    }
+  }
+  const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
+  const int32_t bs = options_.block_size;
+  const GraphLayout g(options_.max_seqs);
+  auto* in = graph_in_host_.as<uint8_t>();
+  auto* tokens = reinterpret_cast<int32_t*>(in + g.tokens);
+  auto* positions = reinterpret_cast<int32_t*>(in + g.positions);
+  auto* hidden = reinterpret_cast<int32_t*>(in + g.hidden);
+  auto* seq_lens = reinterpret_cast<int32_t*>(in + g.seq_lens);
+  auto* out_rows = reinterpret_cast<int32_t*>(in + g.rows);
+  auto* cu = reinterpret_cast<int32_t*>(in + g.cu);
+  auto* slots = reinterpret_cast<int64_t*>(in + g.slots);
+  int32_t* tables = graph_tables_host_.as<int32_t>();
+  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * options_.max_seqs;
+  int32_t width = 1;
+  cu[0] = 0;
+  for (int32_t i = 0; i < bucket; ++i) {
+    cu[i + 1] = i + 1;
+    out_rows[i] = i;
+    int32_t* table = tables + int64_t{i} * max_blocks_per_seq_;
+    if (i >= num) {  // padding: writes no KV, reads the scratch block
+      tokens[i] = 0;
+      positions[i] = 0;
+      hidden[i] = 0;
+      seq_lens[i] = 1;
+      slots[i] = -1;
+      table[0] = scratch_block_;
+      continue;
+    }
+    const Row& r = rows[i];
+    const int32_t used = r.position / bs + 1;
+    if (r.position < 0 || r.position >= options_.max_model_len || r.token < 0 ||
+        r.token >= config_.layer.vocab_size || static_cast<int32_t>(r.block_table.size()) < used ||
+        (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > options_.max_seqs)) {
+      return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: draft row ", i, " (position ",
+                                                     r.position, ", token ", r.token, ", hidden ",
+                                                     r.hidden, ") is malformed"));
+    }
+    tokens[i] = r.token;
+    positions[i] = r.position;
+    hidden[i] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
+    seq_lens[i] = r.position + 1;
+    slots[i] = int64_t{r.block_table[r.position / bs]} * bs + r.position % bs;
+    std::copy_n(r.block_table.begin(), used, table);
+    width = std::max(width, used);
+  }
+  cudaStream_t st = options_.stream;
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(graph_in_.as(), in, g.bytes, cudaMemcpyHostToDevice, st),
+                  "EAGLE-3 graph inputs"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpy2DAsync(graph_tables_.as(), size_t{4} * max_blocks_per_seq_, tables,
+                                    size_t{4} * max_blocks_per_seq_, size_t{4} * width,
+                                    size_t(bucket), cudaMemcpyHostToDevice, st),
+                  "EAGLE-3 graph block tables"));
+  const int32_t half = 1 - prenorm_half_;  // the half this pass writes
+  const std::pair<int32_t, int32_t> key{bucket, half};
+  if (!graphs_.contains(key)) {
+    Pass p;
+    const auto* base = graph_in_.as<uint8_t>();
+    p.tokens = reinterpret_cast<const int32_t*>(base + g.tokens);
+    p.positions = reinterpret_cast<const int32_t*>(base + g.positions);
+    p.hidden = reinterpret_cast<const int32_t*>(base + g.hidden);
+    p.seq_lens = reinterpret_cast<const int32_t*>(base + g.seq_lens);
+    p.rows = reinterpret_cast<const int32_t*>(base + g.rows);
+    p.cu_q_lens = reinterpret_cast<const int32_t*>(base + g.cu);
+    p.slots = reinterpret_cast<const int64_t*>(base + g.slots);
+    p.tables = graph_tables_.as<int32_t>();
+    p.table_stride = max_blocks_per_seq_;
+    p.num_groups = bucket;
+    p.max_q_len = 1;
+    p.n = bucket;
+    p.m = bucket;
+    p.prenorm_dst = pool_rows_ + int64_t{half} * options_.max_seqs;
+    SPECD_RETURN_IF_ERROR(CaptureStepGraph(bucket, half, p));
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(graphs_.at(key), st), "EAGLE-3 graph launch"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft step"));
+  prenorm_half_ = half;
+  ++graph_launches_;
+  *ran = true;
+  return absl::OkStatus();
+}
+
+// The step's kernels, the argmax and the copy of the ids to the host: run once eagerly (cuBLASLt
+// chooses its algorithms outside capture; the inputs are the real step's), then captured.
+absl::Status CudaEagle3Compute::CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p) {
+  cudaStream_t st = options_.stream;
+  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
+  auto enqueue = [&]() -> absl::Status {
+    SPECD_RETURN_IF_ERROR(Body(p));
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
+               "ArgmaxRows"));
+    return cuda::Check(
+        cudaMemcpyAsync(ids_host_.as(), ids_.as(), size_t(bucket) * 4, cudaMemcpyDeviceToHost, st),
+        "EAGLE-3 head: ids");
+  };
+  SPECD_RETURN_IF_ERROR(enqueue());
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 graph warm-up"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal),
+                                    "EAGLE-3 graph capture"));
+  const absl::Status body = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(st, &graph);
+  if (!body.ok() || end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    SPECD_RETURN_IF_ERROR(body);
+    return cuda::Check(end, "EAGLE-3 graph capture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SPECD_RETURN_IF_ERROR(cuda::Check(inst, "EAGLE-3 graph instantiate"));
+  graphs_[{bucket, half}] = exec;
   return absl::OkStatus();
 }
 

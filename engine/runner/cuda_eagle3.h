@@ -18,9 +18,11 @@
 #include <driver_types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +52,7 @@ class CudaEagle3Compute : public Eagle3Compute {
     int32_t block_size = 16;
     int32_t num_sms = 0;
     cudaStream_t stream = nullptr;  // the target's
+    bool eager = false;             // no graphs (enforce_eager)
   };
   // On the current device. InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot
   // draft for the target; ResourceExhausted when its weights or buffers do not fit.
@@ -66,6 +69,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   }
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t buffer_bytes() const { return buffer_bytes_; }
+  // Draft steps replayed from graphs so far (tests, benchmarks).
+  int64_t graph_launches() const { return graph_launches_; }
 
   const Eagle3Config& config() const override { return config_; }
   std::span<const int32_t> draft_to_target() const override { return d2t_; }
@@ -82,7 +87,23 @@ class CudaEagle3Compute : public Eagle3Compute {
                         *hidden_norm = nullptr, *qkv = nullptr, *o = nullptr, *post_norm = nullptr,
                         *gate_up = nullptr, *down = nullptr, *norm = nullptr, *lm_head = nullptr;
   };
+  // One piece's device inputs (Forward's arena, or a graph's fixed buffers).
+  struct Pass {
+    const int32_t *tokens = nullptr, *positions = nullptr, *hidden = nullptr;
+    const int32_t *seq_lens = nullptr, *cu_q_lens = nullptr, *tables = nullptr, *rows = nullptr;
+    const int64_t* slots = nullptr;
+    int32_t table_stride = 0, num_groups = 0, max_q_len = 0, m = 0, logits_base = 0;
+    int64_t n = 0;
+    int64_t prenorm_dst = 0;  // table row of the first logits row's prenorm
+  };
   explicit CudaEagle3Compute(const Options& options) : options_(options) {}
+  // The kernels of one piece: embedding through the LM head of its rows that draw.
+  absl::Status Body(const Pass& p);
+  // A draft step (every row its sequence's only one, every row drawing on the device) through
+  // the graph of its bucket; false in *ran when it must run eagerly.
+  absl::Status RunStepGraph(std::span<const Row> rows, bool* ran);
+  absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
+  static size_t GraphInBytes(int64_t seqs);
   absl::Status LoadWeights();
   absl::Status AllocateBuffers();
   // One piece of a pass: rows [begin, end) of `rows`; logits rows from logits_base on.
@@ -120,6 +141,14 @@ class CudaEagle3Compute : public Eagle3Compute {
   cuda::DeviceMemory rope_, workspace_, kv_;
   __nv_bfloat16* k_cache_ = nullptr;
   __nv_bfloat16* v_cache_ = nullptr;
+  // Draft-step graphs, by (bucket, the prenorm half they write): fixed inputs (graph_in_, its
+  // staging twin; tables [max_seqs, max_blocks_per_seq_]) and the executables.
+  std::vector<int32_t> buckets_;
+  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  cuda::DeviceMemory graph_in_, graph_tables_;
+  cuda::PinnedMemory graph_in_host_, graph_tables_host_;
+  int32_t scratch_block_ = 0;  // the KV block padding rows point at
+  int64_t graph_launches_ = 0;
   cuda::UploadArena arena_;           // Forward's inputs
   cuda::UploadArena fuse_arena_;      // Fuse's
   std::vector<int32_t> tables_host_;  // scratch

@@ -110,6 +110,7 @@ absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
   e.block_size = block_size;
   e.num_sms = num_sms;
   e.stream = stream;
+  e.eager = eager;
   SPECD_ASSIGN_OR_RETURN(eagle3, CudaEagle3Compute::Create(e));
   const std::vector<int32_t>& ids = eagle3->config().aux_layer_ids;
   SPECD_ASSIGN_OR_RETURN(

@@ -454,10 +454,54 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     s.all_logits = finishing;
     batch_.push_back(s);
   }
-  if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) {
+  // On a device that samples (the CUDA runner), the finishing chunks' K rows are drawn there
+  // (StepDraft: q stays in the probability slots) and only ids come back, unless a row has
+  // penalties (draft j's would count drafts 0..j-1, drawn in the same pass).
+  bool device = runner_->SamplesSpeculationOnDevice();
+  int32_t num_slots = 0;
+  for (const Active& a : active_) {
+    if (a.num_running == 0 || a.row < 0) continue;
+    device = device && !inputs[a.input].params->has_penalties();
+    num_slots += a.num_wanted;
+  }
+  device = device && num_slots > 0 && runner_->ReserveProbSlots(num_slots).ok();
+  absl::Status status;
+  if (device) {
+    rows_.clear();
+    slots_.clear();
+    slot_base_.assign(inputs.size(), -1);
+    int32_t chunk = 0;
+    for (Active& a : active_) {
+      if (a.num_running == 0) continue;
+      const int32_t c = chunk++;
+      batch_[c].all_logits = false;
+      if (a.row < 0) continue;
+      const DraftInput& in = inputs[a.input];
+      if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
+      a.row = static_cast<int32_t>(rows_.size());
+      slot_base_[a.input] = static_cast<int32_t>(slots_.size());
+      for (int32_t j = 0; j < a.num_wanted; ++j) {
+        SampleRow row;
+        row.chunk = c;
+        row.token = static_cast<int32_t>(a.num_running) - 1 + j;
+        row.sampler = a.state->sampler.get();
+        row.params = in.params;
+        row.history = in.history;
+        if (j < in.num_banned_positions) row.banned = in.banned;
+        row.seed = in.seed;
+        row.num_generated = in.num_generated + j;
+        rows_.push_back(row);
+        slots_.push_back(static_cast<int32_t>(slots_.size()));
+      }
+    }
+    status = runner_->StepDraft(batch_, rows_, slots_, &drawn_);
+  } else {
+    status = runner_->Forward(batch_, &logits_);
+  }
+  if (!status.ok()) {
     for (const Active& a : active_) Release(inputs[a.input].seq_id);
     active_.clear();
-    return absl::InternalError(absl::StrCat("draft model forward failed: ", s.message()));
+    return absl::InternalError(absl::StrCat("draft model forward failed: ", status.message()));
   }
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   size_t row = 0;  // the pass's first logits row of the chunk at hand
@@ -481,6 +525,17 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     }
     const DraftInput& in = inputs[a.input];
     Draft& draft = (*drafts)[a.input];
+    if (device) {
+      for (int32_t j = 0; j < a.num_wanted; ++j) {
+        int32_t token = drawn_[a.row + j].id;
+        if (in.params->greedy() && replay_ != nullptr) {
+          token = replay_->Draft(in.tokens, draft.tokens, token);
+        }
+        draft.tokens.push_back(token);
+      }
+      if (!in.params->greedy()) draft.device_probs = runner_->prob_slot(slot_base_[a.input]);
+      continue;
+    }
     const size_t first = row + a.num_running - 1;  // the context's last token
     for (int32_t j = 0; j < a.num_wanted; ++j) {
       DrawDraft(in, {}, *a.state, std::span<const float>(&logits_[(first + j) * vocab], vocab),

@@ -383,6 +383,12 @@ for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-q
     --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
     --replay-alpha 0.8
 done
+# Parallel drafting (issue 33): a PARD-style Llama-3.2-1B-shaped draft (models/shapes, random
+# weights, its pard_token) drafts K 7 in one pass for the 8B-shaped target; same replay.
+run_step "pard_replay_bench llama-3.1-8b" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+  --model "$DIR/models/shapes/llama-3.1-8b" --draft "models/shapes/pard-llama-3.2-1b" --parallel \
+  --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+  --batches 1,16 --k 7 --max-tokens 128 --repeats 2 --replay-alpha 0.8
 decode_args=(--model-dir "$DIR/models/shapes/llama-3.1-8b")
 [[ $QUICK -eq 1 ]] && decode_args+=(--quick)
 run_step "decode_bench" 300 "${OURS[@]}" "$WORK/bin/decode_bench" "${decode_args[@]}"
