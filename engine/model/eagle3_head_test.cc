@@ -190,7 +190,8 @@ TEST(TargetCaptureTest, KeepsTheResidualStreamAtLayerInputs) {
 TEST(Eagle3ShapeTest, PublicHeadShapesParseAgainstTheirTargets) {
   const std::string mine = std::string(SPECD_SOURCE_DIR) + "/models/shapes/";
   const std::pair<const char*, const char*> pairs[] = {{"eagle3-llama-3.1-8b", "llama-3.1-8b"},
-                                                       {"eagle3-qwen3-8b", "qwen3-8b"}};
+                                                       {"eagle3-qwen3-8b", "qwen3-8b"},
+                                                       {"eagle3-qwen3-32b", "qwen3-32b"}};
   for (const auto& [head, target] : pairs) {
     auto target_config = LoadModelConfig(model_test::ModelPath(std::string("shapes/") + target));
     ASSERT_TRUE(target_config.ok()) << target_config.status();
@@ -199,7 +200,7 @@ TEST(Eagle3ShapeTest, PublicHeadShapesParseAgainstTheirTargets) {
     auto c = ParseEagle3Config(*text, head, *target_config);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->draft_vocab_size, 32000) << head;
-    EXPECT_EQ(c->target_hidden_size, 4096) << head;
+    EXPECT_EQ(c->target_hidden_size, target_config->hidden_size) << head;
     const int32_t layers = target_config->num_layers;
     EXPECT_EQ(c->aux_layer_ids, (std::vector<int32_t>{2, layers / 2, layers - 3})) << head;
     EXPECT_EQ(c->layer.head_dim, 128) << head;

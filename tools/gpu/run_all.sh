@@ -375,7 +375,8 @@ fi
 # EAGLE-3 (issue 33): an EAGLE3-LLaMA3.1-8B-shaped head (models/shapes, random weights) on the
 # Llama-3.1-8B-shaped target's GPU, beside plain decoding and the Llama-3.2-1B-shaped draft model;
 # controlled acceptance alpha 0.8 (both drafters replay the same trajectories), K 7, greedy.
-for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-qwen3-8b qwen3-0.6b"; do
+for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-qwen3-8b qwen3-0.6b" \
+  "qwen3-32b eagle3-qwen3-32b qwen3-0.6b"; do
   read -r target head draft <<<"$shapes"
   run_step "eagle3_replay_bench $target" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
     --model "$DIR/models/shapes/$target" --draft "$DIR/models/shapes/$draft" \
@@ -420,6 +421,13 @@ if [[ $(nvidia-smi -L 2>/dev/null | wc -l) -ge 2 ]]; then
   # against the two GPUs' roofline (issue 21, point 4; 141 GB of bf16 weights: H200s only).
   run_step "spec_bench tp=2" 150 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda --batches 1,16 \
     --k 4 --max-tokens 128 -tp 2 --specd "$WORK/bin/specd"
+  # EAGLE-3 under tensor parallelism (issue 33): the head on rank 0 reads the all-reduced
+  # residual stream; 8B shapes at TP 2, controlled acceptance as eagle3_replay_bench.
+  run_step "eagle3_replay_bench tp=2" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --eagle3 "models/shapes/eagle3-llama-3.1-8b" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
+    --replay-alpha 0.8 -tp 2 --specd "$WORK/bin/specd"
   run_step "decode_bench 70b tp=2" 300 "${OURS[@]}" "$WORK/bin/decode_bench" \
     --model-dir "$DIR/models/shapes/llama-3.1-70b" --contexts 512 --batches 1,16 --ttft 1024 \
     --prefill-tokens 4096 --decode-steps 16 --repeats 1 --max-model-len 8192 \
