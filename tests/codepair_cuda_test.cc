@@ -221,6 +221,29 @@ TEST_F(CodepairCudaTest, Eagle3OnTheGpuEqualsPlainDecoding) {
   }
 }
 
+// EAGLE-3 beside a draft model in the same batches (the draft on the second GPU when there is
+// one: the head must select its own device after the draft's calls), every prompt alternating
+// between the two and n-gram: plain decoding's output up to bf16 flips.
+TEST_F(CodepairCudaTest, Eagle3BesideADraftModelOnAnotherDevice) {
+  EngineOptions o = EngineOn("cuda:0");
+  o.speculative.draft_model = ModelDir("codepair/draft");
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  o.speculative.speculator_device = CudaDeviceCount() > 1 ? "cuda:1" : "cuda:0";
+  o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  std::vector<GenerateRequest> requests = GoldenRequests();
+  const auto plain = Batch(*engine, requests);
+  const SpeculationMethod methods[] = {SpeculationMethod::kEagle3, SpeculationMethod::kDraftModel,
+                                       SpeculationMethod::kNgram};
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].speculation = {methods[i % 3], 4};
+  const auto mixed = Batch(*engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(GreedyAgrees("mixed batch prompt " + std::to_string(i), requests[i].prompt_ids,
+                             plain[i], mixed[i], *cpu_, *gpu_));
+  }
+}
+
 // Parallel drafting on the GPU (the PARD-style draft the project trained for codepair,
 // models/codepair/pard): the catch-up and K - 1 mask tokens in one draft pass, the K drafts drawn
 // on the device (StepDraft rows at the mask positions): plain decoding's output up to bf16 flips.

@@ -51,6 +51,7 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 }  // namespace
 
 CudaEagle3Compute::~CudaEagle3Compute() {
+  cudaSetDevice(options_.device);
   if (options_.stream != nullptr) cudaStreamSynchronize(options_.stream);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
 }
@@ -268,6 +269,7 @@ absl::Status CudaEagle3Compute::Fuse(std::span<const int32_t> capture_rows,
     return absl::InvalidArgumentError("EAGLE-3 head: Fuse of mismatched row lists");
   }
   if (capture_rows.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
   if (capture_ == nullptr) return absl::FailedPreconditionError("EAGLE-3 head: no capture");
   for (size_t i = 0; i < capture_rows.size(); ++i) {
     if (capture_rows[i] < 0 || capture_rows[i] >= capture_rows_ || pool_rows[i] < 0 ||
@@ -487,6 +489,7 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
                                                    " host-logits flags"));
   }
   if (rows.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
   const int64_t dv = config_.draft_vocab_size;
   const int64_t vocab = config_.layer.vocab_size;
   bool any_host = false;

@@ -51,6 +51,8 @@ class CudaEagle3Compute : public Eagle3Compute {
     int32_t max_model_len = 0;
     int32_t block_size = 16;
     int32_t num_sms = 0;
+    int32_t device = 0;             // the target's GPU (selected on every call: the engine
+                                    // thread also drives runners on other GPUs)
     cudaStream_t stream = nullptr;  // the target's
     bool eager = false;             // no graphs (enforce_eager)
   };

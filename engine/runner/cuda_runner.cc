@@ -109,6 +109,7 @@ absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
   e.max_model_len = max_model_len;
   e.block_size = block_size;
   e.num_sms = num_sms;
+  e.device = device;
   e.stream = stream;
   e.eager = eager;
   SPECD_ASSIGN_OR_RETURN(eagle3, CudaEagle3Compute::Create(e));

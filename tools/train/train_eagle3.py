@@ -583,6 +583,20 @@ def init_head_params(hcfg, tg, vm, init_lm_head, seed, device):
     return {n: params[n].float().to(device).requires_grad_() for n in HEAD_WEIGHTS}
 
 
+def load_init(head_dir, params, vm):
+    """Continues training from a head this script saved: its weights replace the initial ones.
+    Its draft vocabulary must be the one derived from this run's data."""
+    w = load_weights(head_dir)
+    d2t = [int(x) for x in w["d2t"].tolist()]
+    if [i + d for i, d in enumerate(d2t)] != [int(x) for x in vm.target_ids.tolist()]:
+        raise SystemExit(f"--init {head_dir}: its draft vocabulary is not this run's")
+    for name, p in params.items():
+        if name not in w or tuple(w[name].shape) != tuple(p.shape):
+            raise SystemExit(f"--init {head_dir}: {name} missing or of another shape")
+        with torch.no_grad():
+            p.copy_(w[name].float().to(p.device))
+
+
 def amp(device):
     """bf16 autocast for the head on CUDA; float32 elsewhere."""
     if device.type == "cuda":
@@ -881,6 +895,8 @@ def setup(args):
     vm = VocabMap(draft_ids, tg.vocab, device)
     hcfg = head_config(tg.cfg, args.draft_vocab_size, args.aux_layer_ids)
     params = init_head_params(hcfg, tg, vm, args.lm_head_init == "target", args.seed, device)
+    if args.init:
+        load_init(args.init, params, vm)
     head = Head(hcfg, params, tg.embed.float(), tg.cos, tg.sin)
     corpus["draft_vocab_train_coverage"] = covered
     return device, tg, vm, hcfg, head, train_ids, held_ids, corpus
@@ -939,6 +955,8 @@ def parse_args(argv=None):
     a("--draft-vocab-size", type=int, default=4096)
     a("--aux-layer-ids", type=parse_int_list, default=[1, 3, 5],
       help="target layers whose input residual stream feeds fc (vLLM convention)")
+    a("--init", default="", help="continue from this head's weights (a folder this script "
+      "wrote; same data, so the same draft vocabulary)")
     a("--lm-head-init", choices=["target", "random"], default="target",
       help="start lm_head / norm from the target's output embedding rows / final norm")
     a("--target-dtype", choices=["bf16", "fp32"], default="bf16")
