@@ -117,8 +117,10 @@ chmod -R u+w "$DEST"  # ../shared is read-only; the next package.sh must be able
 # What the device tool would carry: the working tree (tracked and untracked-not-ignored files)
 # plus this folder.
 carry_kib=$(du -sk "$DEST" | cut -f1)
-tree_kib=$(( $(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null |
-  tail -n 1 | cut -f1) / 1024 ))
+# (Files moved aside for a run are listed but absent: du skips them, and its status is ignored.)
+tree_bytes=$( (git ls-files -z --cached --others --exclude-standard |
+  du -cb --files0-from=- 2>/dev/null || true) | tail -n 1 | cut -f1)
+tree_kib=$(( ${tree_bytes:-0} / 1024 ))
 unpacked_kib=$(du -sk "$STAGE" | cut -f1)
 echo "package.sh: $DEST: ${#tests[@]} gpu test(s), ${#bins[@]} program(s)," \
      "$(find "$STAGE/lib" -type f | wc -l) libraries ($((unpacked_kib / 1024)) MiB unpacked)"
