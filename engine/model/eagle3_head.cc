@@ -338,6 +338,7 @@ absl::Status Eagle3Head::LoadWeights(const std::string& dir, const std::string& 
     return absl::OkStatus();
   }
   // The head shares the target's embedding (its hidden size must then be the target's).
+  shares_target_embedding_ = true;
   SPECD_ASSIGN_OR_RETURN(SafetensorsCheckpoint target, SafetensorsCheckpoint::OpenDir(target_dir));
   SPECD_ASSIGN_OR_RETURN(w_.embed,
                          ReadAny(target, target_dir, {"model.embed_tokens.weight"}, embed_shape));

@@ -113,6 +113,8 @@ class Eagle3Head {
   };
   // A device backend uploads them (engine/runner/cuda_eagle3.h).
   const Weights& weights() const { return w_; }
+  // Whether the checkpoint has no embedding of its own (weights().embed is the target's).
+  bool shares_target_embedding() const { return shares_target_embedding_; }
 
  private:
   explicit Eagle3Head(Eagle3Config config) : config_(std::move(config)) {}
@@ -124,7 +126,8 @@ class Eagle3Head {
   Eagle3Config config_;
   Weights w_;
   std::vector<int32_t> draft_to_target_;  // [draft_vocab]
-  std::vector<float> inv_freq_;           // [head_dim / 2] RoPE
+  bool shares_target_embedding_ = false;
+  std::vector<float> inv_freq_;  // [head_dim / 2] RoPE
   // Scratch, [rows, ...] f32.
   std::vector<float> x_, qkv_, attn_, proj_, residual_, gate_up_, act_, normed_, scores_;
   std::vector<float> cos_, sin_;

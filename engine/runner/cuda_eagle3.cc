@@ -93,12 +93,14 @@ absl::Status CudaEagle3Compute::LoadWeights() {
     const std::vector<float>* host;
   };
   const Eagle3Head::Weights* hw = head != nullptr ? &head->weights() : nullptr;
+  const bool share_embed = options_.target_embed != nullptr && h == target.hidden_size &&
+                           (head == nullptr || head->shares_target_embedding());
   auto host = [hw](const std::vector<float> Eagle3Head::Weights::*m) {
     return hw != nullptr ? &(hw->*m) : nullptr;
   };
   using W = Eagle3Head::Weights;
   const std::vector<Tensor> tensors = {
-      {&w_.embed, vocab * h, false, host(&W::embed)},
+      {&w_.embed, share_embed ? 0 : vocab * h, false, share_embed ? nullptr : host(&W::embed)},
       {&w_.fc, h * f, false, host(&W::fc)},
       {&w_.input_norm, h, true, host(&W::input_norm)},
       {&w_.hidden_norm, h, true, host(&W::hidden_norm)},
@@ -128,6 +130,7 @@ absl::Status CudaEagle3Compute::LoadWeights() {
     const Tensor& t = tensors[i];
     auto* dst = reinterpret_cast<__nv_bfloat16*>(weights_.as<uint8_t>() + offsets[i]);
     *t.dest = dst;
+    if (t.count == 0) continue;  // the shared embedding, set below
     if (t.host == nullptr) {
       SPECD_RETURN_IF_ERROR(
           Launch(t.norm ? kernels::FillBf16(dst, t.count, 1.0f, options_.stream)
@@ -144,6 +147,7 @@ absl::Status CudaEagle3Compute::LoadWeights() {
     SPECD_RETURN_IF_ERROR(
         cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head: weight upload"));
   }
+  if (share_embed) w_.embed = options_.target_embed;
   return cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head: weights");
 }
 

@@ -46,6 +46,10 @@ class CudaEagle3Compute : public Eagle3Compute {
     std::string target_dir;  // the target's (its embedding when the head has none)
     bool dummy = false;      // random weights from config.json alone
     const ModelConfig* target = nullptr;
+    // The target's whole token embedding on this device ([vocab, hidden] bf16), or null (a
+    // tensor-parallel rank holds a shard): a head without an embedding of its own, and a dummy
+    // head, use it instead of a copy.
+    const __nv_bfloat16* target_embed = nullptr;
     int32_t max_tokens = 0;  // the target's step: captured rows, one Fuse, one piece of a pass
     int32_t max_seqs = 0;    // sequences of one pass: draft rows, pool regions
     int32_t max_model_len = 0;

@@ -104,6 +104,7 @@ absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
   e.target_dir = o.model_dir;
   e.dummy = o.load_format == "dummy";
   e.target = &config;
+  e.target_embed = shard.world_size == 1 ? weights.embed : nullptr;
   e.max_tokens = static_cast<int32_t>(limits.max_tokens);
   e.max_seqs = limits.max_seqs;
   e.max_model_len = max_model_len;
