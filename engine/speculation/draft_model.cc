@@ -464,7 +464,9 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     device = device && !inputs[a.input].params->has_penalties();
     num_slots += a.num_wanted;
   }
-  device = device && num_slots > 0 && runner_->ReserveProbSlots(num_slots).ok();
+  // (More rows than the draft runner draws at once, a request's K above the server's: the host.)
+  device = device && num_slots > 0 && num_slots <= runner_->max_sample_rows() &&
+           runner_->ReserveProbSlots(num_slots).ok();
   absl::Status status;
   if (device) {
     rows_.clear();
