@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/float16.h"
+#include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/runner/cuda_forward.h"
 #include "kernels/cuda/activation.h"
@@ -40,14 +39,6 @@ __nv_bfloat16* Offset(__nv_bfloat16* p, int64_t elems) {
   return reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint16_t*>(p) + elems);
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 CudaEagle3Compute::~CudaEagle3Compute() {
@@ -73,7 +64,7 @@ absl::Status CudaEagle3Compute::LoadWeights() {
   std::unique_ptr<Eagle3Head> head;
   if (options_.dummy) {
     const std::string file = options_.dir + "/config.json";
-    SPECD_ASSIGN_OR_RETURN(const std::string text, ReadText(file));
+    SPECD_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
     SPECD_ASSIGN_OR_RETURN(config_, ParseEagle3Config(text, file, target));
     d2t_.resize(config_.draft_vocab_size);
     for (int32_t d = 0; d < config_.draft_vocab_size; ++d) d2t_[d] = d;
@@ -634,7 +625,6 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(graphs_.at(key), st), "EAGLE-3 graph launch"));
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft step"));
   prenorm_half_ = half;
-  ++graph_launches_;
   *ran = true;
   return absl::OkStatus();
 }

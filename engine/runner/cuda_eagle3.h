@@ -75,13 +75,10 @@ class CudaEagle3Compute : public Eagle3Compute {
   }
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t buffer_bytes() const { return buffer_bytes_; }
-  // Draft steps replayed from graphs so far (tests, benchmarks).
-  int64_t graph_launches() const { return graph_launches_; }
 
   const Eagle3Config& config() const override { return config_; }
   std::span<const int32_t> draft_to_target() const override { return d2t_; }
   int32_t num_pool_regions() const override { return options_.max_seqs; }
-  int32_t num_scratch_rows() const override { return options_.max_tokens; }
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override;
   absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
@@ -153,8 +150,7 @@ class CudaEagle3Compute : public Eagle3Compute {
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
   cuda::DeviceMemory graph_in_, graph_tables_;
   cuda::PinnedMemory graph_in_host_, graph_tables_host_;
-  int32_t scratch_block_ = 0;  // the KV block padding rows point at
-  int64_t graph_launches_ = 0;
+  int32_t scratch_block_ = 0;         // the KV block padding rows point at
   cuda::UploadArena arena_;           // Forward's inputs
   cuda::UploadArena fuse_arena_;      // Fuse's
   std::vector<int32_t> tables_host_;  // scratch

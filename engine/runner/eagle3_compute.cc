@@ -24,7 +24,6 @@ class CpuEagle3Compute : public Eagle3Compute {
   const Eagle3Config& config() const override { return head_->config(); }
   std::span<const int32_t> draft_to_target() const override { return head_->draft_to_target(); }
   int32_t num_pool_regions() const override { return kCpuPoolRegions; }
-  int32_t num_scratch_rows() const override { return kCpuScratchRows; }
 
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override {
@@ -103,10 +102,6 @@ class CpuEagle3Compute : public Eagle3Compute {
     if (it != kv_.end()) it->second.Truncate(position);
   }
   void Release(int64_t seq) override { kv_.erase(seq); }
-  int32_t cache_size(int64_t seq) const override {
-    auto it = kv_.find(seq);
-    return it == kv_.end() ? 0 : it->second.size();
-  }
 
  private:
   std::unique_ptr<Eagle3Head> head_;

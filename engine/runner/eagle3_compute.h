@@ -36,9 +36,9 @@ class Eagle3Compute {
   // Draft id -> target id ([draft_vocab_size]).
   virtual std::span<const int32_t> draft_to_target() const = 0;
   // The pool: num_pool_regions() regions of kEagle3PoolWindow rows (one per sequence with
-  // pending rows), then num_scratch_rows() rows for one target pass's rows that are run at once.
+  // pending rows), then scratch rows for one target pass's rows that are run at once (as many
+  // as the target's step has tokens).
   virtual int32_t num_pool_regions() const = 0;
-  virtual int32_t num_scratch_rows() const = 0;
   int32_t scratch_row(int32_t i) const { return num_pool_regions() * kEagle3PoolWindow + i; }
 
   // fc over rows of the target's last pass (its new tokens in batch order, as captured):
@@ -71,8 +71,6 @@ class Eagle3Compute {
   virtual void Truncate(int64_t /*seq*/, int32_t /*position*/) {}
   // The sequence ended.
   virtual void Release(int64_t /*seq*/) {}
-  // Entries the sequence's cache holds (tests); -1 where the cache is paged.
-  virtual int32_t cache_size(int64_t /*seq*/) const { return -1; }
 };
 
 // The CPU compute over `target`'s captured hidden states: loads the head from `dir` (its

@@ -25,10 +25,6 @@ Eagle3Speculator::Eagle3Speculator(Eagle3Compute* compute) : compute_(compute) {
   for (int32_t r = compute_->num_pool_regions() - 1; r >= 0; --r) free_regions_.push_back(r);
 }
 
-int32_t Eagle3Speculator::cache_size(uint64_t seq_id) const {
-  return std::max(0, compute_->cache_size(static_cast<int64_t>(seq_id)));
-}
-
 Eagle3Speculator::State& Eagle3Speculator::StateOf(uint64_t seq_id) {
   std::unique_ptr<State>& slot = states_[seq_id];
   if (slot == nullptr) slot = std::make_unique<State>();
@@ -66,7 +62,8 @@ absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch
   rows_.clear();
   fuse_from_.clear();
   fuse_to_.clear();
-  std::vector<int32_t> keep_from, keep_to;
+  keep_from_.clear();
+  keep_to_.clear();
   int32_t row = 0, scratch = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
@@ -82,19 +79,15 @@ absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch
     while (keep < s.pending_positions.size() && s.pending_positions[keep] < start) ++keep;
     s.pending_positions.resize(keep);
     s.pending_tokens.resize(keep);
+    s.num_target_positions = std::min(s.num_target_positions, start);
+    s.kv_tokens.resize(start, -1);
+    s.kv_tokens.insert(s.kv_tokens.end(), in.tokens.begin(), in.tokens.end());
     if (keep > 0 && s.pending_positions.back() != start - 1) {  // not contiguous: drop them
       s.pending_positions.clear();
       s.pending_tokens.clear();
     }
-    s.num_target_positions = std::min(s.num_target_positions, start);
-    s.kv_tokens.resize(start, -1);
-    s.kv_tokens.insert(s.kv_tokens.end(), in.tokens.begin(), in.tokens.end());
     if (s.region < 0) {
-      if (free_regions_.empty()) {
-        s.pending_positions.clear();
-        s.pending_tokens.clear();
-        continue;  // more sequences than regions: this one drafts less
-      }
+      if (free_regions_.empty()) continue;  // more sequences than regions: this one drafts less
       s.region = free_regions_.back();
       free_regions_.pop_back();
     }
@@ -125,28 +118,22 @@ absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch
       s.num_target_positions = p + 1;
     }
     // The window: the last kEagle3PoolWindow entries.
-    std::vector<int32_t> positions, tokens;
-    for (int32_t e = evict; e < total; ++e) {
-      if (e < old) {
-        positions.push_back(s.pending_positions[e]);
-        tokens.push_back(s.pending_tokens[e]);
-        continue;
-      }
-      const int32_t t = e - old;
-      positions.push_back(start + t);
-      tokens.push_back(in.tokens[t]);
-      keep_from.push_back(first_row + t);
-      keep_to.push_back(PoolRow(s, start + t));
+    const auto dropped = static_cast<std::ptrdiff_t>(std::min(evict, old));
+    s.pending_positions.erase(s.pending_positions.begin(), s.pending_positions.begin() + dropped);
+    s.pending_tokens.erase(s.pending_tokens.begin(), s.pending_tokens.begin() + dropped);
+    for (int32_t t = std::max(0, evict - old); t < n; ++t) {
+      s.pending_positions.push_back(start + t);
+      s.pending_tokens.push_back(in.tokens[t]);
+      keep_from_.push_back(first_row + t);
+      keep_to_.push_back(PoolRow(s, start + t));
     }
-    s.pending_positions = std::move(positions);
-    s.pending_tokens = std::move(tokens);
   }
   if (!rows_.empty()) {
     SPECD_RETURN_IF_ERROR(compute_->Fuse(fuse_from_, fuse_to_));
     host_flags_.clear();
     SPECD_RETURN_IF_ERROR(compute_->Forward(rows_, host_flags_, &ids_, &logits_));
   }
-  return compute_->Fuse(keep_from, keep_to);
+  return compute_->Fuse(keep_from_, keep_to_);
 }
 
 bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
@@ -159,13 +146,13 @@ bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
   }
   // Position p's entry read tokens up to p + 1: valid while they are still the sequence's.
   const int32_t valid = std::max(0, std::min(s.num_target_positions, common - 1));
-  compute_->Truncate(static_cast<int64_t>(a->seq), valid);  // also last round's drafted entries
+  compute_->Truncate(static_cast<int64_t>(in.seq_id), valid);  // also last round's drafted entries
   int32_t last = -1;
   for (size_t e = 0; e < s.pending_positions.size(); ++e) {
     const int32_t p = s.pending_positions[e];
     if (p < valid || p >= num_tokens - 1 || s.pending_tokens[e] != in.tokens[p]) continue;
     Eagle3Compute::Row row;
-    row.seq = static_cast<int64_t>(a->seq);
+    row.seq = static_cast<int64_t>(in.seq_id);
     row.token = in.tokens[p + 1];
     row.position = p;
     row.hidden = PoolRow(s, p);
@@ -232,7 +219,6 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     }
     Active a;
     a.input = i;
-    a.seq = inputs[i].seq_id;
     a.state = &s;
     a.num_wanted = inputs[i].num_draft_tokens;
     if (PlanCatchUp(inputs[i], s, &a)) active_.push_back(a);
@@ -266,7 +252,7 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     for (size_t k = 0; k < active_.size(); ++k) {
       Active& a = active_[k];
       Eagle3Compute::Row row;
-      row.seq = static_cast<int64_t>(a.seq);
+      row.seq = static_cast<int64_t>(inputs[a.input].seq_id);
       row.token = (*drafts)[a.input].tokens.back();
       row.position = a.next_position++;
       row.hidden = a.prenorm_row;

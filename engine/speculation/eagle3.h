@@ -56,8 +56,6 @@ class Eagle3Speculator : public Speculator {
   void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   const Eagle3Config& config() const { return compute_->config(); }
-  // Positions in the head's cache for `seq_id` (tests; CPU compute); 0 for an unknown sequence.
-  int32_t cache_size(uint64_t seq_id) const;
 
  private:
   // What the speculator knows of one sequence.
@@ -77,7 +75,6 @@ class Eagle3Speculator : public Speculator {
   // One sequence drafting this round.
   struct Active {
     size_t input = 0;
-    uint64_t seq = 0;
     State* state = nullptr;
     int32_t num_wanted = 0;
     int32_t next_position = 0;  // position of its next head row
@@ -107,7 +104,8 @@ class Eagle3Speculator : public Speculator {
   std::vector<uint8_t> host_flags_;           // scratch: per logits row
   std::vector<int32_t> ids_;                  // scratch: the pass's argmax ids
   std::vector<float> logits_, probs_;         // scratch
-  std::vector<int32_t> fuse_from_, fuse_to_;  // scratch: Fuse's rows
+  std::vector<int32_t> fuse_from_, fuse_to_;  // scratch: Fuse's rows (run at once)
+  std::vector<int32_t> keep_from_, keep_to_;  // scratch: Fuse's rows (the windows)
 };
 
 }  // namespace specd
