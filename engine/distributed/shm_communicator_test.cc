@@ -339,7 +339,7 @@ TEST(ShmCommunicatorTest, AbortFromAnotherThreadUnblocksACollective) {
   watchdog.join();
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_GE(waited_ms, 90);
-  EXPECT_LT(waited_ms, 1000);
+  EXPECT_LT(waited_ms, 10000);  // it returns (no hang); a loaded CI core can wake it late
   EXPECT_EQ(comms[0]->Barrier(nullptr), s);
   // The peer learns of it from the segment's flag, with the reason. Its first call may complete:
   // rank 0 had published its part of that step before the abort.
