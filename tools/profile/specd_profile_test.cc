@@ -121,9 +121,11 @@ TEST(SpecdProfileTest, FourTokenVerifyIsNotCheaperThanOne) {
   for (int attempt = 1; attempt <= 5; ++attempt) {
     std::remove(path.c_str());
     std::string output;
-    const int rc = RunTool("--model " + kModels + "/target --device cpu --threads 2 --batch 1,2 "
+    const int rc = RunTool("--model " + kModels +
+                               "/target --device cpu --threads 2 --batch 1,2 "
                                "--context 64,200 --tokens 1,4 --warmup 1 --repeats 3 "
-                               "--budget-seconds 60 --output " + path,
+                               "--budget-seconds 60 --output " +
+                               path,
                            &output);
     ASSERT_EQ(rc, 0) << output;
     absl::StatusOr<CostProfile> profile = CostProfile::Load(path);
@@ -134,8 +136,7 @@ TEST(SpecdProfileTest, FourTokenVerifyIsNotCheaperThanOne) {
     log += "attempt " + std::to_string(attempt) + ": t1 sum " + std::to_string(one) +
            " ms, t4 sum " + std::to_string(four) + " ms\n" + output;
   }
-  ADD_FAILURE() << "four-token verify passes were cheaper than one-token passes in 5 runs\n"
-                << log;
+  ADD_FAILURE() << "four-token verify passes were cheaper than one-token passes in 5 runs\n" << log;
 }
 
 TEST(SpecdProfileTest, RefusesBadFlagsAndSaysWhatItSkips) {
