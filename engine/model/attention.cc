@@ -22,6 +22,9 @@ struct HeadTask {
   std::span<const int32_t> block_table;
   // Sparse attention: positions below `first` attended before the run (ascending).
   std::span<const int32_t> gathered;
+  // Token trees: slots attended after the run (the token's ancestors and itself, ascending); the
+  // run is then the prefix and may be empty (last = first - 1).
+  std::span<const int32_t> tail;
   // Raw-score capture: scores of keys [first, min(capture_end, last + 1)) go to
   // capture[key]; null: none.
   float* capture = nullptr;
@@ -49,7 +52,9 @@ void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuK
   const int64_t head_offset = int64_t{task.kv_head} * head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const int32_t num_gathered = static_cast<int32_t>(task.gathered.size());
-  const int32_t n = num_gathered + task.last - task.first + 1;
+  const int32_t num_run = task.last - task.first + 1;
+  const int32_t num_tail = static_cast<int32_t>(task.tail.size());
+  const int32_t n = num_gathered + num_run + num_tail;
   scores.resize(n);
   const int32_t bs = spec.block_size;
   for (int32_t i = 0; i < num_gathered; ++i) {
@@ -63,6 +68,12 @@ void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuK
     cblas_sgemv(CblasRowMajor, CblasNoTrans, count, head_dim, scale, keys, lda, task.q, 1, 0.0f,
                 run_scores + offset, 1);
   });
+  float* tail_scores = run_scores + num_run;
+  for (int32_t i = 0; i < num_tail; ++i) {
+    const int32_t p = task.tail[i];
+    const float* key = kv.KeySlot(layer, task.block_table[p / bs], p % bs) + head_offset;
+    tail_scores[i] = scale * cblas_sdot(head_dim, key, 1, task.q, 1);
+  }
   if (task.capture != nullptr) {
     for (int32_t p = task.first; p < std::min(task.capture_end, task.last + 1); ++p) {
       task.capture[p] = run_scores[p - task.first];
@@ -87,6 +98,11 @@ void AttendOneHead(const HeadTask& task, const AttentionShape& shape, const CpuK
     cblas_sgemv(CblasRowMajor, CblasTrans, count, head_dim, 1.0f, values, lda, run_scores + offset,
                 1, 1.0f, task.out, 1);
   });
+  for (int32_t i = 0; i < num_tail; ++i) {
+    const int32_t p = task.tail[i];
+    const float* value = kv.ValueSlot(layer, task.block_table[p / bs], p % bs) + head_offset;
+    cblas_saxpy(head_dim, tail_scores[i], value, 1, task.out, 1);
+  }
 }
 
 // The first attended position of the contiguous run, and the gathered positions before it, of a
@@ -104,6 +120,19 @@ void PlanKeys(const AttentionShape& shape, const SparseKeys* sparse, int32_t pos
   task->gathered = std::span<const int32_t>(lo, hi);
 }
 
+// A tree token at `pos`: the prefix [window_first, prefix) as the run, then the tree keys whose
+// positions (prefix + their index) are inside the window.
+void PlanTreeKeys(const AttentionShape& shape, int32_t pos, int32_t prefix,
+                  std::span<const int32_t> keys, HeadTask* task) {
+  const int32_t window_first =
+      shape.sliding_window > 0 ? std::max(0, pos - shape.sliding_window + 1) : 0;
+  task->gathered = {};
+  task->first = std::min(window_first, prefix);
+  task->last = prefix - 1;
+  const int32_t skip = std::clamp(window_first - prefix, 0, static_cast<int32_t>(keys.size()));
+  task->tail = keys.subspan(static_cast<size_t>(skip));
+}
+
 }  // namespace
 
 void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t row_stride,
@@ -111,10 +140,10 @@ void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t 
   const int32_t block_size = kv.spec().block_size;
   const size_t bytes = sizeof(float) * kv.spec().slot_floats();
   for (size_t t = 0; t < layout.positions.size(); ++t) {
-    const int32_t pos = layout.positions[t];
-    const int32_t block = layout.block_tables[layout.seq_of_token[t]][pos / block_size];
-    std::memcpy(kv.KeySlot(layer, block, pos % block_size), k + t * row_stride, bytes);
-    std::memcpy(kv.ValueSlot(layer, block, pos % block_size), v + t * row_stride, bytes);
+    const int32_t slot = layout.slot(t);
+    const int32_t block = layout.block_tables[layout.seq_of_token[t]][slot / block_size];
+    std::memcpy(kv.KeySlot(layer, block, slot % block_size), k + t * row_stride, bytes);
+    std::memcpy(kv.ValueSlot(layer, block, slot % block_size), v + t * row_stride, bytes);
   }
 }
 
@@ -125,6 +154,10 @@ void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLa
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t out_stride = int64_t{shape.num_heads} * shape.head_dim;
   auto keys_of = [&](int64_t t, HeadTask* task) {
+    if (layout.is_tree(t)) {
+      PlanTreeKeys(shape, layout.positions[t], layout.tree_prefix[t], layout.tree_keys[t], task);
+      return;
+    }
     const int32_t s = layout.seq_of_token[t];
     PlanKeys(shape, sparse.empty() ? nullptr : &sparse[s], layout.positions[t], task);
   };
@@ -153,7 +186,8 @@ void PagedAttention(ThreadPool& pool, const AttentionShape& shape, const TokenLa
   for (int64_t t = 0; t < num_tokens; ++t) {
     HeadTask task;
     keys_of(t, &task);
-    attended += static_cast<int64_t>(task.gathered.size()) + task.last - task.first + 1;
+    attended +=
+        static_cast<int64_t>(task.gathered.size() + task.tail.size()) + task.last - task.first + 1;
   }
   const int64_t num_tasks = num_tokens * shape.num_heads;
   if (attended * shape.num_heads * shape.head_dim < kMinParallelMacs || pool.num_threads() == 1) {

@@ -26,6 +26,15 @@ struct TokenLayout {
   std::span<const int32_t> positions;                      // [num_tokens]
   std::span<const int32_t> seq_of_token;                   // [num_tokens] index into tables
   std::span<const std::span<const int32_t>> block_tables;  // [num_seqs][num_blocks]
+  // Token trees (engine/model/token_tree.h): each token's KV slot (empty: its position), and
+  // for a tree token the keys it attends: the prefix [0, tree_prefix[t]) and the slots
+  // tree_keys[t] (its ancestors and itself, ascending; a key's position is tree_prefix[t] plus
+  // its index there). tree_prefix[t] < 0, or both empty: causal.
+  std::span<const int32_t> slots = {};                       // [num_tokens] or empty
+  std::span<const int32_t> tree_prefix = {};                 // [num_tokens] or empty
+  std::span<const std::span<const int32_t>> tree_keys = {};  // [num_tokens] or empty
+  int32_t slot(size_t t) const { return slots.empty() ? positions[t] : slots[t]; }
+  bool is_tree(size_t t) const { return !tree_prefix.empty() && tree_prefix[t] >= 0; }
 };
 
 // One sequence's keys under sparse attention (Vegas drafting): `indices` (strictly ascending,
@@ -46,12 +55,13 @@ struct ScoreCapture {
   int64_t stride = 0;
 };
 
-// Stores each new token's K and V at its position's (block, slot) in `layer`.
+// Stores each new token's K and V at its slot's (block, offset) in `layer`.
 // k, v: [num_tokens, row_stride] f32, heads at columns [g * head_dim, (g + 1) * head_dim).
 void WriteKv(const TokenLayout& layout, const float* k, const float* v, int64_t row_stride,
              int32_t layer, CpuKvCache& kv);
 
-// out[t, h] = softmax(q[t, h] · K[seq(t), lo..pos(t)] / sqrt(head_dim)) · V[...].
+// out[t, h] = softmax(q[t, h] · K[seq(t), lo..pos(t)] / sqrt(head_dim)) · V[...]; a tree token
+// attends its tree's keys instead (TokenLayout), under the same window rule by position.
 // q: [num_tokens, q_stride] f32 (heads at columns [h * head_dim, ...));
 // out: [num_tokens, num_heads * head_dim] f32. K/V of every attended position must be in
 // the cache already (WriteKv first). sparse: [num_seqs] or empty (all dense); capture: null or

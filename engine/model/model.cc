@@ -123,12 +123,34 @@ absl::Status Model::ValidateBatch(std::span<const SequenceInput> batch,
       }
     }
     if (seq.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, seq));
+    if (seq.tree != nullptr) SPECD_RETURN_IF_ERROR(ValidateTree(s, seq));
     if (seq.ssv != nullptr) {
       if (nsa_ == nullptr) return SequenceError(s, "an SSV strategy needs an NSA model");
       const absl::Status st = ValidateSsvStrategy(*seq.ssv, "ssv.");
       if (!st.ok()) return SequenceError(s, std::string(st.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ValidateTree(size_t s, const SequenceInput& seq) const {
+  const TokenTree& tree = *seq.tree;
+  if (nsa_ != nullptr) return SequenceError(s, "token trees are not supported by NSA models");
+  if (seq.attention != nullptr || seq.ssv != nullptr) {
+    return SequenceError(s, "a token tree takes no attention options or SSV strategy");
+  }
+  if (tree.start < 0 || tree.start > seq.start_pos) {
+    return SequenceError(
+        s, absl::StrCat("tree start ", tree.start, " outside [0, start_pos ", seq.start_pos, "]"));
+  }
+  const int64_t nodes =
+      int64_t{seq.start_pos} - tree.start + static_cast<int64_t>(seq.tokens.size());
+  if (static_cast<int64_t>(tree.parents.size()) != nodes) {
+    return SequenceError(s, absl::StrCat("tree has ", tree.parents.size(), " parents for slots ",
+                                         tree.start, "..", tree.start + nodes - 1));
+  }
+  const absl::Status st = ValidateTreeParents(tree.parents);
+  if (!st.ok()) return SequenceError(s, std::string(st.message()));
   return absl::OkStatus();
 }
 
@@ -250,17 +272,49 @@ void Model::PlanBatch(std::span<const SequenceInput> batch) {
   ws_.seq_of_token.clear();
   ws_.logit_rows.clear();
   ws_.block_tables.clear();
+  const bool any_tree = std::any_of(batch.begin(), batch.end(),
+                                    [](const SequenceInput& seq) { return seq.tree != nullptr; });
+  ws_.slots.clear();
+  ws_.tree_prefix.clear();
+  ws_.tree_key_data.clear();
+  ws_.tree_keys.clear();
+  std::vector<size_t> key_offsets;  // [T + 1] when any_tree
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceInput& seq = batch[s];
     const int64_t first = static_cast<int64_t>(ws_.tokens.size());
+    if (seq.tree != nullptr) TreeDepths(seq.tree->parents, &ws_.depths);
     for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      const int32_t slot = seq.start_pos + static_cast<int32_t>(i);
       ws_.tokens.push_back(seq.tokens[i]);
-      ws_.positions.push_back(seq.start_pos + static_cast<int32_t>(i));
       ws_.seq_of_token.push_back(static_cast<int32_t>(s));
+      if (!any_tree) {
+        ws_.positions.push_back(slot);
+        continue;
+      }
+      ws_.slots.push_back(slot);
+      key_offsets.push_back(ws_.tree_key_data.size());
+      if (seq.tree == nullptr) {
+        ws_.positions.push_back(slot);
+        ws_.tree_prefix.push_back(-1);
+        continue;
+      }
+      const int32_t node = slot - seq.tree->start;
+      ws_.positions.push_back(seq.tree->start + ws_.depths[node]);
+      ws_.tree_prefix.push_back(seq.tree->start);
+      ws_.path.clear();
+      AppendTreePath(seq.tree->parents, node, &ws_.path);
+      for (int32_t n : ws_.path) ws_.tree_key_data.push_back(seq.tree->start + n);
     }
     const int64_t last = static_cast<int64_t>(ws_.tokens.size()) - 1;
     for (int64_t t = seq.all_logits ? first : last; t <= last; ++t) ws_.logit_rows.push_back(t);
     ws_.block_tables.push_back(seq.block_table);
+  }
+  if (any_tree) {  // spans into tree_key_data once it stopped growing
+    key_offsets.push_back(ws_.tree_key_data.size());
+    for (size_t t = 0; t + 1 < key_offsets.size(); ++t) {
+      ws_.tree_keys.push_back(std::span<const int32_t>(ws_.tree_key_data)
+                                  .subspan(key_offsets[t], key_offsets[t + 1] - key_offsets[t]));
+    }
   }
   PlanAttentionOptions(batch);
   const int64_t n = static_cast<int64_t>(ws_.tokens.size());
@@ -330,7 +384,8 @@ absl::Status Model::AttentionBlock(int32_t layer, CpuKvCache& kv) {
   Linear(ws_.h.data(), n, hidden, w.qkv.data(), stride,
          w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(), ws_.qkv.data());
   QkNormAndRope(w);
-  const TokenLayout layout{ws_.positions, ws_.seq_of_token, ws_.block_tables};
+  const TokenLayout layout{ws_.positions, ws_.seq_of_token, ws_.block_tables,
+                           ws_.slots,     ws_.tree_prefix,  ws_.tree_keys};
   const float* k = ws_.qkv.data() + local_.q_size();
   WriteKv(layout, k, k + local_.kv_size(), stride, layer, kv);
   Attend(layer, layout, kv);

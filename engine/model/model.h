@@ -27,6 +27,7 @@
 #include "engine/model/model_weights.h"
 #include "engine/model/nsa_attention.h"
 #include "engine/model/tensor_parallel.h"
+#include "engine/model/token_tree.h"
 
 namespace specd {
 
@@ -77,6 +78,13 @@ struct SequenceInput {
   // blocks (engine/model/ssv.h). Null: every query its own, every layer (the model's attention).
   // Caller-owned; outlives the Forward call.
   const SsvStrategy* ssv = nullptr;
+  // A token tree (engine/model/token_tree.h): the chunk's tokens are the tree's nodes in slots
+  // [start_pos, start_pos + tokens.size()), tree->parents covering [tree->start, start_pos +
+  // tokens.size()) (tree->start <= start_pos: nodes below start_pos were written by earlier
+  // passes). Each token is at position tree->start + its depth and attends the prefix
+  // [0, tree->start) and its ancestors. Dense models without attention options or SSV only.
+  // Null: causal. Caller-owned; outlives the Forward call.
+  const TokenTree* tree = nullptr;
 };
 
 class Model {
@@ -128,15 +136,22 @@ class Model {
     std::vector<int32_t> seq_of_token;  // [T]
     std::vector<int64_t> logit_rows;    // [num_rows] token indices whose logits are returned
     std::vector<std::span<const int32_t>> block_tables;  // [num_seqs]
-    std::vector<float> x;                                // [T, hidden] residual stream
-    std::vector<float> h;                                // [T, hidden] normed input of a sublayer
-    std::vector<float> qkv;                              // [T, qkv_stride()] q, k, v, NSA gates
-    std::vector<float> attn;                             // [T, q_size] attention output
-    std::vector<float> proj;                             // [T, hidden] o_proj / down_proj output
-    std::vector<float> gate_up;                          // [T, 2 * intermediate]
-    std::vector<float> act;                              // [T, intermediate]
-    std::vector<float> cos;                              // [T, head_dim / 2] RoPE
-    std::vector<float> sin;                              // [T, head_dim / 2] RoPE
+    // Token trees (empty when no chunk has one): TokenLayout's slots, tree_prefix, tree_keys.
+    std::vector<int32_t> slots;                       // [T]
+    std::vector<int32_t> tree_prefix;                 // [T]
+    std::vector<int32_t> tree_key_data;               // every tree token's keys, concatenated
+    std::vector<std::span<const int32_t>> tree_keys;  // [T] into tree_key_data
+    std::vector<int32_t> depths;                      // scratch: one tree's node depths
+    std::vector<int32_t> path;                        // scratch: one node's path
+    std::vector<float> x;                             // [T, hidden] residual stream
+    std::vector<float> h;                             // [T, hidden] normed input of a sublayer
+    std::vector<float> qkv;                           // [T, qkv_stride()] q, k, v, NSA gates
+    std::vector<float> attn;                          // [T, q_size] attention output
+    std::vector<float> proj;                          // [T, hidden] o_proj / down_proj output
+    std::vector<float> gate_up;                       // [T, 2 * intermediate]
+    std::vector<float> act;                           // [T, intermediate]
+    std::vector<float> cos;                           // [T, head_dim / 2] RoPE
+    std::vector<float> sin;                           // [T, head_dim / 2] RoPE
     // Tensor parallelism only: [world_size, num_rows, vocab_shard] every rank's LM-head columns.
     std::vector<float> gathered;
     std::vector<int32_t> pairs;  // [world, rows, k, 2] vocabulary-merge candidates
@@ -159,6 +174,7 @@ class Model {
 
   absl::Status ValidateBatch(std::span<const SequenceInput> batch, const CpuKvCache& kv) const;
   absl::Status ValidateAttention(size_t s, const SequenceInput& seq) const;
+  absl::Status ValidateTree(size_t s, const SequenceInput& seq) const;
   void PlanBatch(std::span<const SequenceInput> batch);
   void PlanAttentionOptions(std::span<const SequenceInput> batch);
   absl::Status Embed();
