@@ -9,9 +9,13 @@
 // sequence, knee = 64 on a GPU (memory-bound: up to ~64 tokens ride on the weights' read) and 2
 // on the CPU (compute-bound: every token costs about half a weights pass more). A draft pass of
 // the draft model costs the same times its parameter count over the target's. Context length is
-// not modelled. It is conservative on the CPU (speculation must be well accepted to pay) and
-// optimistic about large GPU batches; measure with specd_profile for real numbers. Vegas,
-// streaming and SSD are absent from it, so `auto` picks only plain, n-gram and the draft model.
+// not modelled. A parallel draft model (PARD) drafts K tokens in one pass of batch x K tokens at
+// the same per-token rule, and an EAGLE-3 head's step costs the same times the head's weights
+// (fc, its decoder layer, its LM head over the draft vocabulary) over the target's. It is
+// conservative on the CPU (speculation must be well accepted to pay) and optimistic about large
+// GPU batches; measure with specd_profile for real numbers. Vegas, streaming and SSD are absent
+// from it, so `auto` picks only plain, n-gram, the draft model and the EAGLE-3 head. A profile
+// from a file prices what it measured: without an "eagle3" entry `auto` never picks the head.
 // A measured profile times the model's passes only; the policy scales it online by the step times
 // it observes (FinishPolicyStep: StrategyPolicy::NoteStepSeconds), and searches only every few
 // steps when its own search would otherwise weigh on short steps. On a hold step whose decodes
@@ -32,6 +36,7 @@
 #include "engine/policy/strategy_policy.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
+#include "engine/speculation/eagle3.h"
 
 namespace specd {
 namespace {
@@ -54,6 +59,8 @@ std::optional<PolicyMethod> ToPolicy(SpeculationMethod m) {
       return PolicyMethod::kVegas;
     case SpeculationMethod::kStreaming:
       return PolicyMethod::kStreaming;
+    case SpeculationMethod::kEagle3:
+      return PolicyMethod::kEagle3;
     default:
       return std::nullopt;
   }
@@ -71,6 +78,8 @@ SpeculationMethod FromPolicy(PolicyMethod m) {
       return SpeculationMethod::kVegas;
     case PolicyMethod::kStreaming:
       return SpeculationMethod::kStreaming;
+    case PolicyMethod::kEagle3:
+      return SpeculationMethod::kEagle3;
     default:
       return SpeculationMethod::kNone;  // plain (SSV is not built)
   }
@@ -84,21 +93,34 @@ double ParamCount(const ModelConfig& c) {
   return c.num_layers * per_layer + (c.tie_word_embeddings ? 1.0 : 2.0) * c.vocab_size * h;
 }
 
-// ms = base * (1 + batch * tokens / knee) is bilinear in (batch, tokens): a 2 x 2 grid holds
-// it exactly, and CostGrid extends it linearly past the corners.
-CostGrid Bilinear(double base, double knee, bool plain, double scale = 1) {
+// An EAGLE-3 head's weights a draft step reads: fc over the three target hidden states, one
+// decoder layer whose attention reads [embedding, hidden] (twice the width), the LM head over the
+// draft vocabulary (its embedding is a lookup).
+double HeadParamCount(const Eagle3Config& c) {
+  const ModelConfig& l = c.layer;
+  const double h = l.hidden_size;
+  return 3.0 * c.target_hidden_size * h + 2 * h * (l.q_size() + 2.0 * l.kv_size()) +
+         static_cast<double>(l.q_size()) * h + 3.0 * h * l.intermediate_size +
+         static_cast<double>(c.draft_vocab_size) * h;
+}
+
+// One pass of `batch` rows of `tokens` each of a model `scale` times the target's size:
+// ms = scale * base * (1 + batch * tokens / knee), bilinear in (batch, tokens), so a 2 x 2 grid
+// holds it exactly and CostGrid extends it linearly past the corners. `max_tokens` 1: a plain
+// step's grid (tokens axis [1]).
+CostGrid PassGrid(double base, double knee, int32_t max_tokens, double scale = 1) {
   const std::vector<int32_t> batch = {1, 64};
   const std::vector<int32_t> tokens =
-      plain ? std::vector<int32_t>{1} : std::vector<int32_t>{1, kMaxPolicyK + 1};
+      max_tokens == 1 ? std::vector<int32_t>{1} : std::vector<int32_t>{1, max_tokens};
   std::vector<double> ms;
   for (int32_t b : batch) {
-    for (int32_t t : tokens) ms.push_back(scale * base * (1 + b * (plain ? 1 : t) / knee));
+    for (int32_t t : tokens) ms.push_back(scale * base * (1 + b * t / knee));
   }
   return *CostGrid::Create(batch, tokens, {1}, std::move(ms));
 }
 
-// A draft pass of K tokens: K one-token steps of a model `ratio` times the target's size.
-CostGrid DraftGrid(double base, double knee, double ratio) {
+// A draft of K tokens in K one-token steps of a model `ratio` times the target's size.
+CostGrid StepwiseDraftGrid(double base, double knee, double ratio) {
   const std::vector<int32_t> batch = {1, 64};
   const std::vector<int32_t> ks = {1, kMaxPolicyK};
   std::vector<double> ms;
@@ -108,20 +130,60 @@ CostGrid DraftGrid(double base, double knee, double ratio) {
   return *CostGrid::Create(batch, ks, {1}, std::move(ms));
 }
 
-CostProfile DefaultCostProfile(bool cuda, const ModelConfig& target, const ModelConfig* draft) {
+double SizeRatio(double drafter, const ModelConfig& target) {
+  return std::clamp(drafter / ParamCount(target), 0.01, 1.0);
+}
+
+// What DefaultCostProfile prices beside the target: the draft model (and whether it drafts in
+// parallel) and the EAGLE-3 head, each when the server has it.
+struct Drafters {
+  const ModelConfig* draft = nullptr;
+  bool parallel = false;
+  const Eagle3Config* eagle3 = nullptr;
+};
+
+CostProfile DefaultCostProfile(bool cuda, const ModelConfig& target, const Drafters& drafters) {
   const double knee = cuda ? kGpuKnee : kCpuKnee;
-  CostProfile profile(Bilinear(kDefaultBaseMs, knee, true));
-  profile.SetVerify(Bilinear(kDefaultBaseMs, knee, false));
+  CostProfile profile(PassGrid(kDefaultBaseMs, knee, 1));
+  profile.SetVerify(PassGrid(kDefaultBaseMs, knee, kMaxPolicyK + 1));
   profile.SetMethod(PolicyMethod::kNgram, {});
-  if (draft != nullptr) {
-    const double ratio = std::clamp(ParamCount(*draft) / ParamCount(target), 0.01, 1.0);
+  if (drafters.draft != nullptr) {
+    const double ratio = SizeRatio(ParamCount(*drafters.draft), target);
     MethodCosts costs;
-    costs.draft = DraftGrid(kDefaultBaseMs, knee, ratio);
+    costs.draft = drafters.parallel ? PassGrid(kDefaultBaseMs, knee, kMaxPolicyK, ratio)
+                                    : StepwiseDraftGrid(kDefaultBaseMs, knee, ratio);
+    costs.parallel = drafters.parallel;
     profile.SetMethod(PolicyMethod::kDraftModel, std::move(costs));
+  }
+  if (drafters.eagle3 != nullptr) {
+    MethodCosts costs;
+    costs.draft = StepwiseDraftGrid(kDefaultBaseMs, knee,
+                                    SizeRatio(HeadParamCount(*drafters.eagle3), target));
+    profile.SetMethod(PolicyMethod::kEagle3, std::move(costs));
   }
   profile.device = absl::StrCat("default rule (", cuda ? "gpu" : "cpu", ", knee ", knee,
                                 " tokens; nominal times)");
   return profile;
+}
+
+// A profile that does not describe this server's drafters: said once, at start-up.
+void WarnOfProfileMismatch(const CostProfile& profile, const DraftModelSpeculator* draft,
+                           bool has_eagle3) {
+  const MethodCosts* costs = profile.Costs(PolicyMethod::kDraftModel);
+  if (draft != nullptr && costs != nullptr && costs->parallel != draft->parallel()) {
+    const auto kind = [](bool parallel) { return parallel ? "parallel" : "sequential"; };
+    SPECD_LOG_WARN(
+        "engine: the cost profile's draft_model entry times {} drafting, this server's draft "
+        "model drafts {}: `auto` misprices it (measure it with specd_profile{})",
+        kind(costs->parallel), kind(draft->parallel()), draft->parallel() ? " --parallel" : "");
+  }
+  for (const auto& [method, loaded] : {std::pair{PolicyMethod::kDraftModel, draft != nullptr},
+                                       {PolicyMethod::kEagle3, has_eagle3}}) {
+    if (loaded && !profile.Has(method)) {
+      SPECD_LOG_INFO("engine: the cost profile has no {} entry: `auto` will not choose it",
+                     PolicyMethodName(method));
+    }
+  }
 }
 
 }  // namespace
@@ -141,14 +203,19 @@ absl::Status Engine::CreatePolicy() {
     SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(options_.device));
     const auto* draft = static_cast<const DraftModelSpeculator*>(draft_.get());
     profile = DefaultCostProfile(device.cuda, runner_->config(),
-                                 draft != nullptr ? &draft->runner().config() : nullptr);
+                                 {.draft = draft != nullptr ? &draft->runner().config() : nullptr,
+                                  .parallel = draft != nullptr && draft->parallel(),
+                                  .eagle3 = eagle3_ != nullptr ? &eagle3_->config() : nullptr});
     cost_profile_source_ = absl::StrCat("default: ", profile->device);
   }
+  WarnOfProfileMismatch(*profile, static_cast<const DraftModelSpeculator*>(draft_.get()),
+                        eagle3_ != nullptr);
   PolicyOptions options;
   options.max_k = std::clamp(options_.speculative.num_speculative_tokens, 1, kMaxPolicyK);
   options.sync_paused_drafters = false;  // the draft model catches up when it resumes
   SPECD_ASSIGN_OR_RETURN(policy_, StrategyPolicy::Create(*std::move(profile), options));
   policy_->SetEnvironment({.draft_model_loaded = draft_ != nullptr,
+                           .eagle3_loaded = eagle3_ != nullptr,
                            .speculator_connected = ssd_ != nullptr,
                            .target_is_nsa = runner_->config().is_nsa()});
   cost_profile_json_ = policy_->profile().ToJson();

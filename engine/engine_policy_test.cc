@@ -35,6 +35,23 @@ constexpr char kLosesAtFourProfile[] = R"({
                                         "ms": [[[1], [4]], [[2], [8]]]}}}
 })";
 
+// A head step of 0.1 ms against a draft-model step of 1 ms (both at batch 1): at the prior
+// acceptance both pay at batch 1, the head more. No n-gram entry: `auto` weighs the two
+// drafters and plain only.
+constexpr char kCheapHeadProfile[] = R"({
+  "version": 1, "device": "synthetic", "models": "codepair", "calibrate": false,
+  "plain": {"batch": [1, 16], "context": [1], "ms": [[[10]], [[14]]]},
+  "verify": {"batch": [1, 16], "tokens": [1, 5], "context": [1], "ms": [[[10], [11]], [[14], [30]]]},
+  "methods": {
+    "draft_model": {"draft": {"batch": [1, 16], "tokens": [1, 4], "context": [1],
+                              "ms": [[[1], [4]], [[2], [8]]]}},
+    "eagle3": {"draft": {"batch": [1, 16], "tokens": [1, 4], "context": [1],
+                         "ms": [[[0.1], [0.4]], [[0.2], [0.8]]]}}}
+})";
+
+const std::string kTrainedHead = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+const std::string kParallelDraft = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
+
 std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -49,6 +66,7 @@ class PolicyObserver : public SpecObserver {
   struct StepRecord {
     int32_t num_rows = 0;
     int32_t num_speculating = 0;
+    std::vector<std::string> methods;  // the methods the policy gave rows, one per method
     int64_t draft_tokens = 0;
     int64_t accepted = 0;
     double estimated = 0;
@@ -68,6 +86,7 @@ class PolicyObserver : public SpecObserver {
     pending_ = {};
     for (const auto& r : m.rows) {
       s.num_rows += r.num_rows;
+      s.methods.push_back(r.method);
       if (std::string(r.method) != "none") s.num_speculating += r.num_rows;
     }
     s.estimated = m.estimated_tokens_per_second;
@@ -84,14 +103,17 @@ class PolicyObserver : public SpecObserver {
   std::vector<StepRecord> steps_;
 };
 
-EngineOptions AutoOptions(const std::string& profile, std::shared_ptr<EngineObserver> observer) {
+// `auto` with the codepair draft model; `drafters` adds to the speculative config (e.g. an
+// EAGLE-3 head: `"eagle3_model": DIR, `).
+EngineOptions AutoOptions(const std::string& profile, std::shared_ptr<EngineObserver> observer,
+                          const std::string& drafters = "", const std::string& draft = kDraft) {
   EngineOptions o;
   o.model_dir = kTarget;
   o.device = "cpu";
   o.num_threads = 2;
   o.max_model_len = 1024;
   o.observer = std::move(observer);
-  auto spec = ParseSpeculativeConfig(R"({"method": "auto", "model": ")" + kDraft +
+  auto spec = ParseSpeculativeConfig(R"({"method": "auto", )" + drafters + R"("model": ")" + draft +
                                      R"(", "num_speculative_tokens": 4})");
   EXPECT_TRUE(spec.ok()) << spec.status();
   o.speculative = *spec;
@@ -314,6 +336,82 @@ TEST_F(PolicyTest, CostProfileComesFromTheFileOrTheDefaultRuleAndBadFilesFailCre
       << refused.status();
   auto missing = Engine::Create(AutoOptions(::testing::TempDir() + "/no_such.json", nullptr));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// With an EAGLE-3 head beside the draft model and a profile in which the head's steps are
+// cheap, `auto` gives a lone request the head; the output is plain decoding's either way.
+TEST_F(PolicyTest, AutoChoosesTheEagle3HeadWhenTheProfileSaysItsStepsAreCheap) {
+  const std::string profile = WriteFile("cheap_head.json", kCheapHeadProfile);
+  auto observer = std::make_shared<PolicyObserver>();
+  auto created = Engine::Create(
+      AutoOptions(profile, observer, R"("eagle3_model": ")" + kTrainedHead + R"(", )"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& engine = **created;
+  ASSERT_TRUE(engine.has_eagle3());
+  auto parsed = CostProfile::FromJson(engine.cost_profile_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->Has(PolicyMethod::kEagle3));
+
+  const GenerateRequest request = Request((*prompts_)[3], 24, {SpeculationMethod::kAuto, 0});
+  auto got = engine.Generate(request);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->ids(), Plain({request})[0]);
+  const std::vector<PolicyObserver::StepRecord> steps = observer->Steps();
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0].methods, std::vector<std::string>{"eagle3"});
+  int32_t eagle3_steps = 0;
+  for (const PolicyObserver::StepRecord& s : steps) eagle3_steps += s.methods[0] == "eagle3";
+  std::string drafted;
+  for (const RequestUsage::MethodUsage& m : got->usage.by_method) {
+    drafted += std::string(" ") + m.method + " " + std::to_string(m.num_drafts);
+  }
+  std::printf("auto with a cheap head: %d of %zu steps eagle3; rounds drafted:%s\n", eagle3_steps,
+              steps.size(), drafted.c_str());
+  // A request that forbids the head gets the draft model (it still pays at batch 1), and one
+  // that pins the head runs it: its rounds are reported per method.
+  SpeculationParams no_head{SpeculationMethod::kAuto, 0};
+  no_head.policy_forbid = {SpeculationMethod::kEagle3};
+  auto forbidden = engine.Generate(Request((*prompts_)[4], 16, no_head));
+  ASSERT_TRUE(forbidden.ok()) << forbidden.status();
+  ASSERT_GT(observer->Steps().size(), steps.size());
+  EXPECT_EQ(observer->Steps()[steps.size()].methods, std::vector<std::string>{"draft_model"});
+  auto pinned = engine.Generate(Request((*prompts_)[5], 16, {SpeculationMethod::kEagle3, 3}));
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ(pinned->usage.by_method.size(), 1u);
+  EXPECT_STREQ(pinned->usage.by_method[0].method, "eagle3");
+  EXPECT_GT(pinned->usage.by_method[0].num_drafts, 0);
+}
+
+// Without --cost-profile the default rule prices what the server has: a parallel draft model's
+// K drafts as one pass, and the EAGLE-3 head's K drafts as K steps of its weights.
+TEST_F(PolicyTest, DefaultProfilePricesAParallelDraftsPassAndTheHeadsSteps) {
+  auto created = Engine::Create(
+      AutoOptions("", nullptr, R"("parallel": true, "eagle3_model": ")" + kTrainedHead + R"(", )",
+                  kParallelDraft));
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto p = CostProfile::FromJson((*created)->cost_profile_json());
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->Has(PolicyMethod::kEagle3));
+  ASSERT_NE(p->Costs(PolicyMethod::kDraftModel), nullptr);
+  EXPECT_TRUE(p->Costs(PolicyMethod::kDraftModel)->parallel);
+  EXPECT_FALSE(p->Costs(PolicyMethod::kEagle3)->parallel);
+  for (double b : {1.0, 16.0}) {
+    const double draft_one = p->DraftMs(PolicyMethod::kDraftModel, b, 1, 1);
+    EXPECT_LT(p->DraftMs(PolicyMethod::kDraftModel, b, 4, 1), 4 * draft_one) << b;
+    EXPECT_GE(p->DraftMs(PolicyMethod::kDraftModel, b, 4, 1), draft_one) << b;
+    EXPECT_NEAR(p->DraftMs(PolicyMethod::kEagle3, b, 4, 1),
+                4 * p->DraftMs(PolicyMethod::kEagle3, b, 1, 1), 1e-9)
+        << b;
+  }
+  // The same server with its draft drafting stepwise: K drafts cost K steps.
+  auto stepwise = Engine::Create(AutoOptions("", nullptr));
+  ASSERT_TRUE(stepwise.ok()) << stepwise.status();
+  p = CostProfile::FromJson((*stepwise)->cost_profile_json());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->Has(PolicyMethod::kEagle3));
+  EXPECT_FALSE(p->Costs(PolicyMethod::kDraftModel)->parallel);
+  EXPECT_NEAR(p->DraftMs(PolicyMethod::kDraftModel, 1, 4, 1),
+              4 * p->DraftMs(PolicyMethod::kDraftModel, 1, 1, 1), 1e-9);
 }
 
 }  // namespace

@@ -16,7 +16,18 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kNames[kNumPolicyMethods] = {"plain", "draft_model", "ngram", "ssd",
-                                                   "vegas", "streaming",   "ssv"};
+                                                   "vegas", "streaming",   "ssv",   "eagle3"};
+
+// The grids of a method's JSON entry, by field name: ReadMethods and ToJson walk this table, so
+// a new kind of pass (tree verification) is one more MethodCosts field and one more row here.
+struct GridField {
+  const char* name;
+  std::optional<CostGrid> MethodCosts::*grid;
+};
+constexpr GridField kGridFields[] = {{"draft", &MethodCosts::draft},
+                                     {"verify", &MethodCosts::verify}};
+// Only the draft model may draft in parallel (MethodCosts::parallel).
+constexpr const char kParallelField[] = "parallel";
 
 absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("cost profile: ", path, ": ", what));
@@ -95,7 +106,7 @@ absl::StatusOr<std::vector<double>> ReadMs(const json& j, const std::string& pat
 }
 
 absl::Status CheckKeys(const json& j, const std::string& path,
-                       std::initializer_list<const char*> known) {
+                       const std::vector<const char*>& known) {
   if (!j.is_object()) return Bad(path, "must be an object");
   for (const auto& [key, value] : j.items()) {
     if (std::find(known.begin(), known.end(), key) == known.end()) {
@@ -175,23 +186,49 @@ absl::StatusOr<json> ParseJson(std::string_view text) {
   }
 }
 
+// The speculating methods' names, for errors.
+std::string SpeculatingNames() {
+  return absl::StrJoin(std::begin(kNames) + 1, std::end(kNames), ", ");
+}
+
+absl::StatusOr<MethodCosts> ReadMethod(const json& value, const std::string& path,
+                                       PolicyMethod method) {
+  std::vector<const char*> known;
+  for (const GridField& field : kGridFields) known.push_back(field.name);
+  known.push_back(kParallelField);
+  if (absl::Status s = CheckKeys(value, path, known); !s.ok()) return s;
+  MethodCosts costs;
+  for (const GridField& field : kGridFields) {
+    if (!value.contains(field.name)) continue;
+    auto grid = ReadGrid(value[field.name], absl::StrCat(path, ".", field.name), false);
+    if (!grid.ok()) return grid.status();
+    costs.*field.grid = *std::move(grid);
+  }
+  if (value.contains(kParallelField)) {
+    const std::string where = absl::StrCat(path, ".", kParallelField);
+    if (method != PolicyMethod::kDraftModel) {
+      return Bad(where, "only draft_model drafts in parallel (a parallel draft model's entry)");
+    }
+    if (!value[kParallelField].is_boolean()) return Bad(where, "must be true or false");
+    costs.parallel = value[kParallelField].get<bool>();
+    if (costs.parallel && !costs.draft) {
+      return Bad(where, "a parallel draft model needs its \"draft\" grid (the pass's times)");
+    }
+  }
+  return costs;
+}
+
 absl::Status ReadMethods(const json& j, CostProfile* profile) {
   if (!j.is_object()) return Bad("methods", "must be an object keyed by method name");
   for (const auto& [name, value] : j.items()) {
     const std::string path = absl::StrCat("methods.", name);
     auto method = ParsePolicyMethod(name);
     if (!method.ok() || *method == PolicyMethod::kPlain) {
-      return Bad(path, "unknown method (expected draft_model, ngram, ssd, vegas, streaming, ssv)");
+      return Bad(path, absl::StrCat("unknown method (expected ", SpeculatingNames(), ")"));
     }
-    if (absl::Status s = CheckKeys(value, path, {"draft", "verify"}); !s.ok()) return s;
-    MethodCosts costs;
-    for (const auto& [field, out] : {std::pair{"draft", &costs.draft}, {"verify", &costs.verify}}) {
-      if (!value.contains(field)) continue;
-      auto grid = ReadGrid(value[field], absl::StrCat(path, ".", field), false);
-      if (!grid.ok()) return grid.status();
-      *out = *std::move(grid);
-    }
-    profile->SetMethod(*method, std::move(costs));
+    auto costs = ReadMethod(value, path, *method);
+    if (!costs.ok()) return costs.status();
+    profile->SetMethod(*method, *std::move(costs));
   }
   return absl::OkStatus();
 }
@@ -284,6 +321,11 @@ bool CostProfile::Has(PolicyMethod method) const {
   return method == PolicyMethod::kPlain || methods_[static_cast<int>(method)].has_value();
 }
 
+const MethodCosts* CostProfile::Costs(PolicyMethod method) const {
+  const auto& m = methods_[static_cast<int>(method)];
+  return method != PolicyMethod::kPlain && m ? &*m : nullptr;
+}
+
 int32_t CostProfile::MaxK(PolicyMethod method) const {
   if (method == PolicyMethod::kPlain || !Has(method)) return 0;
   const MethodCosts& m = *methods_[static_cast<int>(method)];
@@ -363,8 +405,10 @@ std::string CostProfile::ToJson() const {
     const auto& costs = methods_[static_cast<int>(m)];
     if (!costs) continue;
     json entry = json::object();
-    if (costs->draft) entry["draft"] = GridToJson(*costs->draft);
-    if (costs->verify) entry["verify"] = GridToJson(*costs->verify);
+    for (const GridField& field : kGridFields) {
+      if (const auto& grid = (*costs).*field.grid) entry[field.name] = GridToJson(*grid);
+    }
+    if (costs->parallel) entry[kParallelField] = true;
     methods[PolicyMethodName(m)] = std::move(entry);
   }
   j["methods"] = std::move(methods);

@@ -27,13 +27,20 @@ enum class PolicyMethod : int8_t {
   kVegas,       // self-speculation with sparse attention chosen by verification scores
   kStreaming,   // self-speculation with a streaming (sink + window) attention
   kSsv,         // sparse verification of NSA models
+  kEagle3,      // an EAGLE-3 head drafts K tokens from the target's own hidden states
 };
-inline constexpr int kNumPolicyMethods = 7;
+// Parallel drafting (PARD) is not a method of its own: it is how the server's one draft model
+// drafts (`"parallel": true` in --speculative-config, never a request's choice), its requests
+// run and report "draft_model", and its acceptance and KV are the draft model's. Only the cost
+// of drafting K tokens differs (one pass over K tokens per row instead of K one-token passes),
+// and the draft grid's tokens axis already says what K costs: a parallel draft's profile
+// measures that pass there (MethodCosts::parallel records it).
+inline constexpr int kNumPolicyMethods = 8;
 inline constexpr std::array<PolicyMethod, kNumPolicyMethods> kAllPolicyMethods = {
     PolicyMethod::kPlain, PolicyMethod::kDraftModel, PolicyMethod::kNgram, PolicyMethod::kSsd,
-    PolicyMethod::kVegas, PolicyMethod::kStreaming,  PolicyMethod::kSsv};
+    PolicyMethod::kVegas, PolicyMethod::kStreaming,  PolicyMethod::kSsv,   PolicyMethod::kEagle3};
 
-// "plain", "draft_model", "ngram", "ssd", "vegas", "streaming", "ssv".
+// "plain", "draft_model", "ngram", "ssd", "vegas", "streaming", "ssv", "eagle3".
 const char* PolicyMethodName(PolicyMethod method);
 // The inverse of PolicyMethodName; InvalidArgument naming the accepted values.
 absl::StatusOr<PolicyMethod> ParsePolicyMethod(std::string_view name);
@@ -86,12 +93,19 @@ class CostGrid {
 };
 
 // One speculating method's costs. draft: time to draft K tokens (the tokens axis) for a batch of
-// rows of this method, the whole Speculate stage for them (for SSD: the time the verifier waits);
-// absent: drafting is free (n-gram). verify: the target pass over a batch whose rows carry
-// K + 1 tokens (the tokens axis); absent: the profile's dense verification.
+// rows of this method, the whole Speculate stage for them (for SSD: the time the verifier waits;
+// for EAGLE-3: the head's K steps); absent: drafting is free (n-gram). verify: the target pass
+// over a batch whose rows carry K + 1 tokens (the tokens axis); absent: the profile's dense
+// verification. Each grid is one named field of the method's JSON entry (kGridFields in
+// cost_profile.cc), so a later kind of pass (tree verification: [batch] x [tree nodes] x
+// [context]) is one more optional grid here and one more row of that table.
 struct MethodCosts {
   std::optional<CostGrid> draft;
   std::optional<CostGrid> verify;
+  // draft_model only: the draft grid times one parallel (PARD) pass of K tokens per row, not K
+  // one-token passes. The profile says so, so that a server whose draft model drafts the other
+  // way can tell that the profile does not describe it (Engine::CreatePolicy warns).
+  bool parallel = false;
 };
 
 // The whole profile: the plain decode step (tokens axis [1]), the dense verification pass, and
@@ -102,14 +116,17 @@ class CostProfile {
 
   // Parses the JSON written by ToJson:
   //   {"version": 1, "device": "...", "models": "...",
-  //    "plain": GRID, "verify": GRID, "methods": {"draft_model": {"draft": GRID}, "ngram": {}},
-  //    "calibrate": false}   (optional; default true)
+  //    "plain": GRID, "verify": GRID,
+  //    "methods": {"draft_model": {"draft": GRID, "parallel": true}, "ngram": {},
+  //                "eagle3": {"draft": GRID}},
+  //    "calibrate": false}   (optional; default true; "parallel" too, default false)
   //   GRID = {"batch": [1, 8], "tokens": [1, 5], "context": [512, 8192],
   //           "ms": [[[b0t0c0, b0t0c1], [b0t1c0, b0t1c1]], [[...], [...]]]}   //
   //           [batch][tokens][context]
   // "tokens" may be omitted (then [1]). InvalidArgument naming the line and column of a syntax
   // error, or the field path (e.g. "methods.vegas.verify.ms[1][0]") of a bad value, an unknown
-  // field or method, a missing "verify" while methods are listed.
+  // field or method, a missing "verify" while methods are listed, a "parallel" that is not a
+  // boolean or is on a method other than draft_model.
   static absl::StatusOr<CostProfile> FromJson(std::string_view text);
   static absl::StatusOr<CostProfile> Load(const std::string& path);
   std::string ToJson() const;
@@ -120,6 +137,8 @@ class CostProfile {
   void SetMethod(PolicyMethod method, MethodCosts costs);
 
   bool Has(PolicyMethod method) const;  // kPlain always; others when measured
+  // The method's costs as measured; null for kPlain and methods the profile lacks.
+  const MethodCosts* Costs(PolicyMethod method) const;
   // Longest K the profile measured for `method` (its verification and draft grids), 0 for plain.
   int32_t MaxK(PolicyMethod method) const;
 

@@ -39,6 +39,21 @@ CostProfile SampleProfile() {
   return profile;
 }
 
+// SampleProfile with an EAGLE-3 head (K head steps of 0.2 ms at batch 1) and its draft model
+// drafting in parallel (one pass: 2 ms at K 1, 2.5 ms at K 4).
+CostProfile HeadAndParallelProfile() {
+  CostProfile profile = SampleProfile();
+  MethodCosts head;
+  head.draft =
+      *CostGrid::Create({1, 8}, {1, 4}, {512, 4096}, {0.2, 0.25, 0.8, 1, 0.3, 0.4, 1.2, 1.6});
+  profile.SetMethod(PolicyMethod::kEagle3, head);
+  MethodCosts parallel;
+  parallel.draft = *CostGrid::Create({1, 8}, {1, 4}, {512}, {2, 2.5, 3, 6});
+  parallel.parallel = true;
+  profile.SetMethod(PolicyMethod::kDraftModel, parallel);
+  return profile;
+}
+
 TEST(CostGridTest, InterpolatesLinearlyBetweenSamples) {
   const CostGrid g = Affine();
   EXPECT_DOUBLE_EQ(g.Ms(4, 5, 1000), 10 + 4 + 10 + 1);     // a sample
@@ -70,6 +85,7 @@ TEST(CostProfileTest, MethodNamesRoundTrip) {
     EXPECT_EQ(*parsed, m);
   }
   EXPECT_EQ(ParsePolicyMethod("eagle").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParsePolicyMethod("eagle3"), PolicyMethod::kEagle3);
 }
 
 TEST(CostProfileTest, AnswersPerMethod) {
@@ -114,6 +130,28 @@ TEST(CostProfileTest, RoundTripsThroughItsFile) {
   EXPECT_FALSE(reparsed->calibrate);
 }
 
+TEST(CostProfileTest, RoundTripsTheHeadAndAParallelDraftModel) {
+  const CostProfile p = HeadAndParallelProfile();
+  auto loaded = CostProfile::FromJson(p.ToJson());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->ToJson(), p.ToJson());
+  ASSERT_TRUE(loaded->Has(PolicyMethod::kEagle3));
+  EXPECT_EQ(loaded->MaxK(PolicyMethod::kEagle3), 4);  // min(verify 5 - 1, draft 4)
+  EXPECT_DOUBLE_EQ(loaded->DraftMs(PolicyMethod::kEagle3, 8, 4, 4096), 1.6);
+  EXPECT_DOUBLE_EQ(loaded->VerifyMs(PolicyMethod::kEagle3, 4, 5, 1000),
+                   p.VerifyMs(PolicyMethod::kNgram, 4, 5, 1000));  // dense verification
+  EXPECT_FALSE(loaded->Costs(PolicyMethod::kEagle3)->parallel);
+  ASSERT_NE(loaded->Costs(PolicyMethod::kDraftModel), nullptr);
+  EXPECT_TRUE(loaded->Costs(PolicyMethod::kDraftModel)->parallel);
+  EXPECT_EQ(loaded->Costs(PolicyMethod::kPlain), nullptr);
+  EXPECT_EQ(loaded->Costs(PolicyMethod::kSsd), nullptr);
+  // The parallel pass costs what it measured (2.5 ms for four drafts), not four passes.
+  EXPECT_DOUBLE_EQ(loaded->DraftMs(PolicyMethod::kDraftModel, 1, 4, 512), 2.5);
+  // "parallel" is written only when true: a sequential draft's entry is as before.
+  EXPECT_NE(p.ToJson().find("\"parallel\": true"), std::string::npos);
+  EXPECT_EQ(SampleProfile().ToJson().find("parallel"), std::string::npos);
+}
+
 // Returns the error message FromJson gives for `text` (or "ok").
 std::string ErrorOf(std::string_view text) {
   auto p = CostProfile::FromJson(text);
@@ -156,6 +194,32 @@ TEST(CostProfileTest, RefusesMalformedFilesNamingWhere) {
                     R"(, "methods": {"vegas": {"verify": {"batch": [1], "context": [1],)",
                     R"( "ms": [[[0]]]}}}})"),
        "methods.vegas.verify.ms[0][0][0]: must be a positive number"},
+      // The new entries: the head's grid, and "parallel" only as the draft model's boolean.
+      {absl::StrCat(R"({"version": 1, )", plain,
+                    R"(, "verify": {"batch": [1], "context": [1], "ms": [[[1]]]},)",
+                    R"( "methods": {"eagle3": {"draft": {"batch": [1], "tokens": [1, 2],)",
+                    R"( "context": [1], "ms": [[[1]]]}}}})"),
+       "methods.eagle3.draft.ms[0]: expected an array of 2 (one per tokens value), got 1"},
+      {absl::StrCat(R"({"version": 1, )", plain,
+                    R"(, "verify": {"batch": [1], "context": [1], "ms": [[[1]]]},)",
+                    R"( "methods": {"eagle3": {"steps": {}}}})"),
+       "methods.eagle3.steps: unknown field (expected one of: draft, verify, parallel)"},
+      {absl::StrCat(R"({"version": 1, )", plain,
+                    R"(, "verify": {"batch": [1], "context": [1], "ms": [[[1]]]},)",
+                    R"( "methods": {"eagle3": {"parallel": true}}})"),
+       "methods.eagle3.parallel: only draft_model drafts in parallel"},
+      {absl::StrCat(R"({"version": 1, )", plain,
+                    R"(, "verify": {"batch": [1], "context": [1], "ms": [[[1]]]},)",
+                    R"( "methods": {"draft_model": {"parallel": "yes"}}})"),
+       "methods.draft_model.parallel: must be true or false"},
+      {absl::StrCat(R"({"version": 1, )", plain,
+                    R"(, "verify": {"batch": [1], "context": [1], "ms": [[[1]]]},)",
+                    R"( "methods": {"draft_model": {"parallel": true}}})"),
+       "methods.draft_model.parallel: a parallel draft model needs its \"draft\" grid"},
+      {absl::StrCat(R"({"version": 1, )", plain, R"(, "methods": {"eagle3": {}}})"),
+       "methods.eagle3.verify: is missing"},
+      {absl::StrCat(R"({"version": 1, )", plain, R"(, "methods": {"eagle": {}}})"),
+       "expected draft_model, ngram, ssd, vegas, streaming, ssv, eagle3"},
   };
   for (const auto& [text, want] : cases) {
     EXPECT_NE(ErrorOf(text).find(want), std::string::npos)

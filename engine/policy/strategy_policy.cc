@@ -15,8 +15,10 @@
 //                 tokens per round)   (a one-time cost spread over the request's rounds)
 //           + target pass
 // A drafter runs as many passes as its longest draft, so a method's drafting costs the max K of
-// its rows at its batch. The target pass is padded to the longest row (the CUDA runner's
-// verification graphs are keyed by the longest chunk, and every row runs that many positions):
+// its rows at its batch (an EAGLE-3 head: K head steps; a parallel draft model: one pass of K
+// tokens per row; either way what the method's draft grid says K costs). The target pass is padded
+// to the longest row (the CUDA runner's verification graphs are keyed by the longest chunk, and
+// every row runs that many positions):
 //   no row speculates:  PlainMs(B, mean context)
 //   otherwise:          sum over methods m (plain rows count as dense verification)
 //                       of (n_m / B) * VerifyMs(m, B, T, mean context),  T = 1 + max K
@@ -123,6 +125,7 @@ MethodSet ApplicableMethods(const PolicyEnvironment& env, const PolicyOptions& o
                             int64_t context_len) {
   MethodSet s = {PolicyMethod::kPlain, PolicyMethod::kNgram};
   if (env.draft_model_loaded) s.Add(PolicyMethod::kDraftModel);
+  if (env.eagle3_loaded) s.Add(PolicyMethod::kEagle3);
   if (env.speculator_connected) s.Add(PolicyMethod::kSsd);
   if (env.target_is_nsa) {
     s.Add(PolicyMethod::kSsv);

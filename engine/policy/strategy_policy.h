@@ -52,7 +52,10 @@ class MethodSet {
 };
 
 // Drafters that keep per-sequence state (their own KV, the speculator's cache): paused, they
-// must be kept in sync or their acceptance collapses when they resume.
+// must be kept in sync or their acceptance collapses when they resume. Not EAGLE-3: its head's
+// state is built from the target's own passes (the engine hands it their hidden states), so it
+// has no catch-up pass of its own to price; what it missed it drafts without (accepting less for
+// a round, which the acceptance estimate sees).
 inline constexpr MethodSet kStatefulDrafters = {PolicyMethod::kDraftModel, PolicyMethod::kSsd};
 
 // What one request runs in a step.
@@ -65,6 +68,7 @@ struct Strategy {
 // What the server has right now (the engine updates it when a speculator joins or leaves).
 struct PolicyEnvironment {
   bool draft_model_loaded = false;
+  bool eagle3_loaded = false;         // an EAGLE-3 head drafts for the target
   bool speculator_connected = false;  // an SSD speculator process is joined
   bool target_is_nsa = false;         // NSA architecture: SSV applies, Vegas / streaming do not
 };
@@ -95,7 +99,8 @@ struct PolicyOptions {
   absl::Status Validate() const;
 };
 
-// Applicability: plain and n-gram always; the draft model when loaded; SSD with a speculator
+// Applicability: plain and n-gram always; the draft model and EAGLE-3 when loaded; SSD with a
+// speculator
 // joined; SSV on NSA targets; Vegas and streaming on dense targets from
 // options.min_sparse_draft_context tokens of context on.
 MethodSet ApplicableMethods(const PolicyEnvironment& env, const PolicyOptions& options,

@@ -41,6 +41,19 @@ PolicyEnvironment Env(bool draft_model, bool speculator = false, bool nsa = fals
   return env;
 }
 
+// Profile(per_token, draft_per_k) with an EAGLE-3 head whose step costs `head_per_k` ms.
+CostProfile WithHead(CostProfile p, double head_per_k) {
+  MethodCosts head;
+  head.draft = Grid([=](int, int k) { return k * head_per_k; }, {1, 2, 3, 4, 5, 6, 7, 8});
+  p.SetMethod(PolicyMethod::kEagle3, head);
+  return p;
+}
+
+PolicyEnvironment WithHeadLoaded(PolicyEnvironment env) {
+  env.eagle3_loaded = true;
+  return env;
+}
+
 PolicyOptions Options(double prior = 0.8) {
   PolicyOptions o;
   o.acceptance.prior = prior;
@@ -239,6 +252,8 @@ TEST(StrategyPolicyTest, AppliesMethodsOnlyWhereTheyFit) {
   EXPECT_TRUE(has({}, 10, PolicyMethod::kPlain));
   EXPECT_FALSE(has({}, 10, PolicyMethod::kDraftModel));
   EXPECT_TRUE(has(Env(true), 10, PolicyMethod::kDraftModel));
+  EXPECT_FALSE(has(Env(true), 10, PolicyMethod::kEagle3));
+  EXPECT_TRUE(has(WithHeadLoaded({}), 10, PolicyMethod::kEagle3));
   EXPECT_FALSE(has({}, 10, PolicyMethod::kSsd));
   EXPECT_TRUE(has(Env(false, true), 10, PolicyMethod::kSsd));
   EXPECT_FALSE(has({}, 1000, PolicyMethod::kVegas));
@@ -256,6 +271,51 @@ TEST(StrategyPolicyTest, AppliesMethodsOnlyWhereTheyFit) {
   policy->SetEnvironment(Env(true, true));
   policy->Forget(100);
   EXPECT_EQ(policy->Decide(Requests(1)).rows[0].strategy.method, PolicyMethod::kSsd);
+}
+
+TEST(StrategyPolicyTest, ChoosesTheEagle3HeadWhenItsStepsAreCheap) {
+  // The draft model's step costs 3 ms, the head's 0.2 ms; both accept 0.8 (n-gram 0.3).
+  const CostProfile profile = WithHead(Profile(/*per_token=*/0.1, /*draft_per_k=*/3), 0.2);
+  auto policy = Make(profile, Options(0.8), WithHeadLoaded(Env(true)));
+  policy->acceptance().SetGlobalRate(PolicyMethod::kNgram, 0.3);
+  PolicyDecision d = policy->Decide(Requests(1));
+  EXPECT_EQ(d.rows[0].strategy, (Strategy{PolicyMethod::kEagle3, 8}));  // K 8: steps are cheap
+  // Without the head loaded (or the request forbidding it) the draft model, at a shorter K.
+  auto unloaded = Make(profile, Options(0.8), Env(true));
+  unloaded->acceptance().SetGlobalRate(PolicyMethod::kNgram, 0.3);
+  d = unloaded->Decide(Requests(1));
+  EXPECT_EQ(d.rows[0].strategy.method, PolicyMethod::kDraftModel);
+  EXPECT_LT(d.rows[0].strategy.k, 8);
+  auto requests = Requests(1);
+  requests[0].forbidden = {PolicyMethod::kEagle3};
+  policy->Forget(100);
+  EXPECT_EQ(policy->Decide(requests).rows[0].strategy.method, PolicyMethod::kDraftModel);
+  // A head that accepts little loses to the draft model however cheap its steps.
+  auto poor = Make(profile, Options(0.8), WithHeadLoaded(Env(true)));
+  poor->acceptance().SetGlobalRate(PolicyMethod::kNgram, 0.3);
+  poor->acceptance().SetGlobalRate(PolicyMethod::kEagle3, 0.2);
+  EXPECT_EQ(poor->Decide(Requests(1)).rows[0].strategy.method, PolicyMethod::kDraftModel);
+  // Its rounds are counted per method.
+  EXPECT_EQ(policy->stats().rows_by_method[static_cast<int>(PolicyMethod::kEagle3)], 1);
+}
+
+TEST(StrategyPolicyTest, AParallelDraftModelsOnePassMakesLongDraftsPay) {
+  // A 3 ms draft step: stepwise, K drafts cost 3 K ms; in parallel, one pass costs 3 + 0.1 K.
+  const CostProfile stepwise = Profile(/*per_token=*/0.1, /*draft_per_k=*/3);
+  CostProfile parallel = stepwise;
+  MethodCosts pass;
+  pass.draft = Grid([](int, int k) { return 3 + 0.1 * k; }, {1, 2, 3, 4, 5, 6, 7, 8});
+  pass.parallel = true;
+  parallel.SetMethod(PolicyMethod::kDraftModel, pass);
+  Strategy chosen[2];
+  for (int i = 0; i < 2; ++i) {
+    auto policy = Make(i == 0 ? stepwise : parallel);
+    policy->acceptance().SetGlobalRate(PolicyMethod::kNgram, 0.3);
+    chosen[i] = policy->Decide(Requests(1)).rows[0].strategy;
+  }
+  EXPECT_EQ(chosen[0].method, PolicyMethod::kDraftModel);
+  EXPECT_LE(chosen[0].k, 4);  // each draft costs a step: K stops where acceptance fades
+  EXPECT_EQ(chosen[1], (Strategy{PolicyMethod::kDraftModel, 8}));  // the pass barely grows
 }
 
 TEST(StrategyPolicyTest, ModelsAMixedStepExplicitly) {
