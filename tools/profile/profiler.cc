@@ -13,6 +13,7 @@
 #include "engine/base/status.h"
 #include "engine/model/model_config.h"
 #include "engine/parallel/tp_group.h"
+#include "engine/runner/eagle3_compute.h"
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
@@ -115,6 +116,16 @@ class Probe {
   // One greedy verification step of `tokens` per sequence (tokens - 1 drafts).
   absl::StatusOr<double> VerifyMs(int32_t tokens) { return Call(tokens, /*verify=*/true); }
 
+  // The runner's EAGLE-3 head (RunnerOptions::eagle3_head), after SetBatch: a plain step whose
+  // captured hidden states are fused into the head's scratch pool rows (one per sequence), then
+  // each sequence's positions before the context through the head, so that its cache holds the
+  // context as a drafting head's does (a paged cache would read stale slots anyway; the CPU's
+  // holds only what ran).
+  absl::Status PrepareHead();
+  // One head draft step: a row per sequence at position `context`, argmax drawn, its hidden
+  // input the previous step's prenorm output (the first call: the fused rows).
+  absl::StatusOr<double> HeadStepMs();
+
  private:
   struct Seq {
     explicit Seq(uint64_t seed) : seed(seed), sampler(Greedy(), seed) {}
@@ -198,7 +209,69 @@ class Probe {
   std::vector<std::span<const int32_t>> drafts_;
   std::vector<SampleResult> out_;
   std::vector<GreedyVerifyResult> verified_;
+  std::vector<Eagle3Compute::Row> head_rows_;
+  std::vector<int32_t> head_ids_;
+  std::vector<float> head_logits_;
+  bool head_primed_ = false;  // the last head pass drew a row per sequence (HeadStepMs)
 };
+
+absl::Status Probe::PrepareHead() {
+  Eagle3Compute* head = runner_->eagle3();
+  if (head == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(runner_->device_name(), " did not load the EAGLE-3 head"));
+  }
+  const auto batch = static_cast<int32_t>(seqs_.size());
+  for (int32_t i = 0; i < batch; ++i) head->Release(i);  // a previous batch's caches
+  SPECD_RETURN_IF_ERROR(DecodeMs().status());            // captures one hidden state per sequence
+  std::vector<int32_t> captured(batch), pool(batch);
+  for (int32_t i = 0; i < batch; ++i) {
+    captured[i] = i;
+    pool[i] = head->scratch_row(i);
+  }
+  SPECD_RETURN_IF_ERROR(head->Fuse(captured, pool));
+  head_primed_ = false;
+  head_rows_.clear();
+  for (int32_t i = 0; i < batch; ++i) {
+    const std::vector<int32_t> ids = RandomIds(context_);
+    for (int32_t p = 0; p < context_; ++p) {
+      head_rows_.push_back({.seq = i,
+                            .token = ids[p],
+                            .position = p,
+                            .hidden = pool[i],
+                            .logits = false,
+                            .block_table = seqs_[i]->table});
+      if (static_cast<int32_t>(head_rows_.size()) == max_step_tokens_) {
+        SPECD_RETURN_IF_ERROR(head->Forward(head_rows_, {}, &head_ids_, &head_logits_));
+        head_rows_.clear();
+      }
+    }
+  }
+  if (head_rows_.empty()) return absl::OkStatus();
+  return head->Forward(head_rows_, {}, &head_ids_, &head_logits_);
+}
+
+absl::StatusOr<double> Probe::HeadStepMs() {
+  Eagle3Compute* head = runner_->eagle3();
+  const auto batch = static_cast<int32_t>(seqs_.size());
+  head_rows_.clear();
+  const std::vector<int32_t> ids = RandomIds(batch);
+  for (int32_t i = 0; i < batch; ++i) {
+    head->Truncate(i, context_);  // the step writes position `context` again
+    head_rows_.push_back({.seq = i,
+                          .token = ids[i],
+                          .position = context_,
+                          .hidden = head_primed_ ? -i - 1 : head->scratch_row(i),
+                          .logits = true,
+                          .block_table = seqs_[i]->table});
+  }
+  const std::vector<uint8_t> on_device(batch, 0);  // greedy: only the argmax comes back
+  const Clock::time_point start = Clock::now();
+  SPECD_RETURN_IF_ERROR(head->Forward(head_rows_, on_device, &head_ids_, &head_logits_));
+  const double ms = 1e3 * SecondsSince(start);
+  head_primed_ = true;
+  return ms;
+}
 
 // Warm-up and timed calls per measurement within the budget: the mean call so far times the
 // measurements left says how many calls each may still have.
@@ -274,11 +347,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const ProfileOptions& 
   r.max_model_len = max_context + max_tokens;
   r.max_num_seqs = max_batch;
   r.max_num_batched_tokens = std::max(o.max_num_batched_tokens, max_batch * max_tokens);
-  r.max_sample_rows = draft ? 0 : max_batch * max_tokens;
+  // A parallel draft draws K rows per sequence in its pass, as verification does.
+  r.max_sample_rows = draft && !o.parallel_draft ? 0 : max_batch * max_tokens;
   r.gpu_memory_utilization = o.gpu_memory_utilization;
-  // A pool sized for the largest point (f32 bytes: an upper bound for every runner), so that the
-  // target leaves the GPU's memory to the draft model.
-  const int64_t token_bytes = int64_t{2} * config.num_layers * config.kv_size() * 4;
+  if (!draft) r.eagle3_head = o.eagle3_dir;
+  // A pool sized for the largest point (f32 bytes: an upper bound for every runner; the head's
+  // layer counted as one more), so that the target leaves the GPU's memory to the draft model.
+  const int32_t num_layers = config.num_layers + (r.eagle3_head.empty() ? 0 : 1);
+  const int64_t token_bytes = int64_t{2} * num_layers * config.kv_size() * 4;
   r.kv_cache_bytes =
       int64_t{PlanBlocks(max_context, max_tokens, r.block_size).Total(max_batch) + 2} *
       r.block_size * token_bytes;
@@ -299,13 +375,21 @@ std::string Folder(std::string dir) {
 
 std::string FormatLine(int32_t batch, int32_t context, double plain,
                        const std::vector<int32_t>& tokens, const std::vector<double>& verify,
-                       double draft) {
+                       const std::string& drafters) {
   std::string line = absl::StrFormat("b=%d ctx=%d: plain %.3f ms, verify", batch, context, plain);
   for (size_t t = 0; t < tokens.size(); ++t) {
     absl::StrAppendFormat(&line, " t=%d %.3f", tokens[t], verify[t]);
   }
-  if (draft > 0) absl::StrAppendFormat(&line, ", draft step %.3f ms", draft);
-  return line;
+  return line + drafters;
+}
+
+// The drafters' K axis: 1 and the drafts of every verified length (tokens - 1 > 1).
+std::vector<int32_t> DraftKs(const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> ks = {1};
+  for (int32_t t : tokens) {
+    if (t - 1 > 1) ks.push_back(t - 1);
+  }
+  return ks;
 }
 
 }  // namespace
@@ -325,13 +409,20 @@ absl::Status ProfileOptions::Validate() {
   if (max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError("--max-num-batched-tokens must be >= 1");
   }
+  if (parallel_draft && draft_dir.empty()) {
+    return absl::InvalidArgumentError("--parallel needs --draft DIR (the parallel draft)");
+  }
   return absl::OkStatus();
 }
 
 std::string DescribeModels(const ProfileOptions& o) {
   const std::string random = o.load_format == "dummy" ? " (random weights)" : "";
   std::string text = Folder(o.model_dir) + random;
-  if (!o.draft_dir.empty()) absl::StrAppend(&text, " / ", Folder(o.draft_dir), random);
+  if (!o.draft_dir.empty()) {
+    absl::StrAppend(&text, " / ", Folder(o.draft_dir), random,
+                    o.parallel_draft ? " (parallel)" : "");
+  }
+  if (!o.eagle3_dir.empty()) absl::StrAppend(&text, " / EAGLE-3 ", Folder(o.eagle3_dir), random);
   return text;
 }
 
@@ -339,46 +430,86 @@ namespace {
 
 // Milliseconds at every grid point, row-major as CostGrid takes them.
 struct GridTimes {
-  std::vector<double> plain;       // [batch][context]
-  std::vector<double> verify;      // [batch][tokens][context]
-  std::vector<double> draft_step;  // [batch][context]; zeros without a draft model
+  std::vector<double> plain;   // [batch][context]
+  std::vector<double> verify;  // [batch][tokens][context]
+  std::vector<double> draft;   // [batch][K][context] drafting K tokens (DraftKs); empty: none
+  std::vector<double> head;    // [batch][K][context] the EAGLE-3 head's K steps; empty: none
 };
 
+// The runners a point is measured on: the target (holding the head, if any) and the draft.
+struct Probes {
+  Probe* target = nullptr;
+  Probe* draft = nullptr;  // null: no draft model
+  bool parallel = false;   // the draft drafts in one pass
+  bool head = false;       // the target holds an EAGLE-3 head
+  std::vector<int32_t> ks;
+};
+
+// The drafters at batch index b, context index c (the target's batch is set): K drafts' time
+// at every K into times, and a progress note.
+absl::StatusOr<std::string> MeasureDrafters(const ProfileOptions& o, const Probes& p, size_t b,
+                                            size_t c, GridTimes& times, Budget& budget) {
+  const size_t nk = p.ks.size(), nc = o.contexts.size();
+  auto at = [&](size_t k) { return (b * nk + k) * nc + c; };
+  std::string note;
+  if (p.head) {
+    SPECD_RETURN_IF_ERROR(p.target->PrepareHead());
+    SPECD_ASSIGN_OR_RETURN(const double step,
+                           budget.Measure([&] { return p.target->HeadStepMs(); }));
+    for (size_t k = 0; k < nk; ++k) times.head[at(k)] = p.ks[k] * step;
+    absl::StrAppendFormat(&note, ", head step %.3f ms", step);
+  }
+  if (p.draft == nullptr) return note;
+  SPECD_RETURN_IF_ERROR(p.draft->SetBatch(o.batch_sizes[b]));
+  // Drafting K tokens stepwise: K one-token passes (the first also catches up on the committed
+  // tokens, one chunk per sequence, which costs about as much while the step is memory-bound).
+  if (!p.parallel) {
+    SPECD_ASSIGN_OR_RETURN(const double step, budget.Measure([&] { return p.draft->DecodeMs(); }));
+    for (size_t k = 0; k < nk; ++k) times.draft[at(k)] = p.ks[k] * step;
+    absl::StrAppendFormat(&note, ", draft step %.3f ms", step);
+    return note;
+  }
+  absl::StrAppend(&note, ", parallel draft pass");
+  for (size_t k = 0; k < nk; ++k) {
+    SPECD_ASSIGN_OR_RETURN(times.draft[at(k)],
+                           budget.Measure([&] { return p.draft->VerifyMs(p.ks[k]); }));
+    absl::StrAppendFormat(&note, " K=%d %.3f", p.ks[k], times.draft[at(k)]);
+  }
+  return note;
+}
+
 // Every point, context by context (one prefix prefill per context and runner).
-absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, Probe& target, Probe* draft,
-                                      Budget& budget) {
+absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, const Probes& p, Budget& budget) {
   const std::vector<int32_t>&batches = o.batch_sizes, &contexts = o.contexts, &tokens = o.tokens;
   const size_t nb = batches.size(), nt = tokens.size(), nc = contexts.size();
+  const size_t drafted = nb * p.ks.size() * nc;
   GridTimes times{std::vector<double>(nb * nc), std::vector<double>(nb * nt * nc),
-                  std::vector<double>(nb * nc)};
+                  std::vector<double>(p.draft ? drafted : 0),
+                  std::vector<double>(p.head ? drafted : 0)};
   for (size_t c = 0; c < nc; ++c) {
-    SPECD_RETURN_IF_ERROR(target.SetContext(contexts[c]));
-    if (draft) SPECD_RETURN_IF_ERROR(draft->SetContext(contexts[c]));
+    SPECD_RETURN_IF_ERROR(p.target->SetContext(contexts[c]));
+    if (p.draft) SPECD_RETURN_IF_ERROR(p.draft->SetContext(contexts[c]));
     for (size_t b = 0; b < nb; ++b) {
       const size_t at = b * nc + c;
-      SPECD_RETURN_IF_ERROR(target.SetBatch(batches[b]));
-      SPECD_ASSIGN_OR_RETURN(times.plain[at], budget.Measure([&] { return target.DecodeMs(); }));
+      SPECD_RETURN_IF_ERROR(p.target->SetBatch(batches[b]));
+      SPECD_ASSIGN_OR_RETURN(times.plain[at], budget.Measure([&] { return p.target->DecodeMs(); }));
       std::vector<double> line(nt);
       for (size_t t = 0; t < nt; ++t) {
-        SPECD_ASSIGN_OR_RETURN(line[t], budget.Measure([&] { return target.VerifyMs(tokens[t]); }));
+        SPECD_ASSIGN_OR_RETURN(line[t],
+                               budget.Measure([&] { return p.target->VerifyMs(tokens[t]); }));
         times.verify[(b * nt + t) * nc + c] = line[t];
       }
-      if (draft) {
-        SPECD_RETURN_IF_ERROR(draft->SetBatch(batches[b]));
-        SPECD_ASSIGN_OR_RETURN(times.draft_step[at],
-                               budget.Measure([&] { return draft->DecodeMs(); }));
-      }
-      if (o.log) {
-        o.log(FormatLine(batches[b], contexts[c], times.plain[at], tokens, line,
-                         times.draft_step[at]));
-      }
+      SPECD_ASSIGN_OR_RETURN(const std::string drafters,
+                             MeasureDrafters(o, p, b, c, times, budget));
+      if (o.log)
+        o.log(FormatLine(batches[b], contexts[c], times.plain[at], tokens, line, drafters));
     }
   }
   return times;
 }
 
-absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const GridTimes& times,
-                                         bool has_draft) {
+absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const Probes& p,
+                                         const GridTimes& times) {
   const std::vector<int32_t>&batches = o.batch_sizes, &contexts = o.contexts;
   SPECD_ASSIGN_OR_RETURN(CostGrid plain, CostGrid::Create(batches, {1}, contexts, times.plain));
   CostProfile profile(std::move(plain));
@@ -386,56 +517,78 @@ absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const GridTime
                          CostGrid::Create(batches, o.tokens, contexts, times.verify));
   profile.SetVerify(std::move(verify));
   profile.SetMethod(PolicyMethod::kNgram, MethodCosts{});  // free drafts, dense verification
-  if (!has_draft) return profile;
-  // Drafting K tokens: K one-token passes (the first also catches up on the committed tokens,
-  // one chunk per sequence, which costs about as much while the step is memory-bound).
-  std::vector<int32_t> ks = {1};
-  for (int32_t t : o.tokens) {
-    if (t - 1 > 1) ks.push_back(t - 1);
+  if (p.draft) {
+    MethodCosts costs;
+    SPECD_ASSIGN_OR_RETURN(costs.draft, CostGrid::Create(batches, p.ks, contexts, times.draft));
+    costs.parallel = p.parallel;
+    profile.SetMethod(PolicyMethod::kDraftModel, std::move(costs));
   }
-  const size_t nb = batches.size(), nk = ks.size(), nc = contexts.size();
-  std::vector<double> ms(nb * nk * nc);
-  for (size_t b = 0; b < nb; ++b) {
-    for (size_t k = 0; k < nk; ++k) {
-      for (size_t c = 0; c < nc; ++c)
-        ms[(b * nk + k) * nc + c] = ks[k] * times.draft_step[b * nc + c];
-    }
+  if (p.head) {
+    MethodCosts costs;
+    SPECD_ASSIGN_OR_RETURN(costs.draft, CostGrid::Create(batches, p.ks, contexts, times.head));
+    profile.SetMethod(PolicyMethod::kEagle3, std::move(costs));
   }
-  SPECD_ASSIGN_OR_RETURN(CostGrid draft, CostGrid::Create(batches, ks, contexts, std::move(ms)));
-  profile.SetMethod(PolicyMethod::kDraftModel, MethodCosts{std::move(draft), std::nullopt});
   return profile;
+}
+
+}  // namespace
+
+namespace {
+
+// The target (holding the EAGLE-3 head, when asked for) and the draft model (null: none).
+struct Runners {
+  std::unique_ptr<ModelRunner> target, draft;
+};
+
+absl::StatusOr<Runners> LoadRunners(const ProfileOptions& o) {
+  Runners r;
+  SPECD_ASSIGN_OR_RETURN(r.target, CreateRunner(o, o.model_dir, false));
+  if (!o.eagle3_dir.empty() && r.target->eagle3() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "EAGLE-3 head: the runner on ", r.target->device_name(), " did not load ", o.eagle3_dir));
+  }
+  if (o.draft_dir.empty()) return r;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> d = CreateRunner(o, o.draft_dir, true);
+  if (!d.ok()) {
+    return absl::Status(d.status().code(), absl::StrCat("draft model: ", d.status().message()));
+  }
+  r.draft = *std::move(d);
+  return r;
 }
 
 }  // namespace
 
 absl::StatusOr<ProfileReport> MeasureProfile(ProfileOptions o) {
   SPECD_RETURN_IF_ERROR(o.Validate());
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> target, CreateRunner(o, o.model_dir, false));
-  std::unique_ptr<ModelRunner> draft;
-  if (!o.draft_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<ModelRunner>> d = CreateRunner(o, o.draft_dir, true);
-    if (!d.ok()) {
-      return absl::Status(d.status().code(), absl::StrCat("draft model: ", d.status().message()));
-    }
-    draft = *std::move(d);
-  }
+  SPECD_ASSIGN_OR_RETURN(Runners runners, LoadRunners(o));
+  ModelRunner* target = runners.target.get();
+  ModelRunner* draft = runners.draft.get();
   const int32_t max_batch = o.batch_sizes.back(), max_tokens = o.tokens.back();
   const int32_t step_tokens = std::max(o.max_num_batched_tokens, max_batch * max_tokens);
-  Probe target_probe(target.get(), step_tokens, max_tokens, o.seed);
+  Probe target_probe(target, step_tokens, max_tokens, o.seed);
   SPECD_RETURN_IF_ERROR(target_probe.CheckCapacity(max_batch, o.contexts.back()));
   std::unique_ptr<Probe> draft_probe;
   if (draft) {
-    draft_probe = std::make_unique<Probe>(draft.get(), step_tokens, max_tokens, o.seed + 1);
+    draft_probe = std::make_unique<Probe>(draft, step_tokens, max_tokens, o.seed + 1);
     SPECD_RETURN_IF_ERROR(draft_probe->CheckCapacity(max_batch, o.contexts.back()));
   }
   if (o.log) {
     o.log(absl::StrCat("target on ", target->device_name(),
-                       draft ? absl::StrCat(", draft on ", draft->device_name()) : ""));
+                       o.eagle3_dir.empty() ? "" : " (with its EAGLE-3 head)",
+                       draft ? absl::StrCat(", draft on ", draft->device_name()) : "",
+                       o.parallel_draft ? " (parallel)" : ""));
   }
+  const Probes probes{.target = &target_probe,
+                      .draft = draft_probe.get(),
+                      .parallel = o.parallel_draft,
+                      .head = !o.eagle3_dir.empty(),
+                      .ks = DraftKs(o.tokens)};
+  const size_t draft_measurements = !draft ? 0 : o.parallel_draft ? probes.ks.size() : 1;
   const size_t points = o.batch_sizes.size() * o.contexts.size();
-  Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() + (draft ? 1 : 0))));
-  SPECD_ASSIGN_OR_RETURN(GridTimes times, MeasureGrid(o, target_probe, draft_probe.get(), budget));
-  SPECD_ASSIGN_OR_RETURN(CostProfile profile, BuildProfile(o, times, draft != nullptr));
+  Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() + draft_measurements +
+                                                  (probes.head ? 1 : 0))));
+  SPECD_ASSIGN_OR_RETURN(GridTimes times, MeasureGrid(o, probes, budget));
+  SPECD_ASSIGN_OR_RETURN(CostProfile profile, BuildProfile(o, probes, times));
   profile.device = target->device_name();
   if (o.tensor_parallel_size > 1) {
     absl::StrAppend(&profile.device, ", tensor parallel ", o.tensor_parallel_size);

@@ -21,6 +21,8 @@ namespace specd::profile {
 struct ProfileOptions {
   std::string model_dir;             // the target
   std::string draft_dir;             // "": no draft model (no draft_model entry)
+  bool parallel_draft = false;       // the draft drafts a round in one pass (PARD; needs draft_dir)
+  std::string eagle3_dir;            // an EAGLE-3 head for the target; "": none (no eagle3 entry)
   std::string device = "auto";       // "cpu", "cuda", "cuda:N", "auto" (the draft: the same)
   std::string load_format = "auto";  // "dummy": random weights from config.json (CUDA)
   int32_t num_threads = 0;           // CPU threads (0: one per core)
@@ -59,8 +61,14 @@ struct ProfileReport {
 //   verify  [batch] x [tokens] x [context]: one StepGreedyVerify, each sequence's last token plus
 //           tokens - 1 random drafts (a row at every position)
 //   methods ngram {} (drafting costs nothing; dense verification) and, with a draft model,
-//           draft_model {draft: [batch] x [K] x [context]}, K = 1 and every tokens - 1 > 0: K
-//           times the draft runner's one-token Step (its catch-up chunk is not measured)
+//           draft_model {draft: [batch] x [K] x [context]}, K = 1 and every tokens - 1 > 1: K
+//           times the draft runner's one-token Step (its catch-up chunk is not measured); with
+//           parallel_draft, "parallel": true and one StepGreedyVerify of K tokens per sequence on
+//           the draft runner at each K (the parallel pass: K positions, K rows drawn);
+//           with an EAGLE-3 head, eagle3 {draft: [batch] x [K] x [context]}: K times one head
+//           step (a row per sequence at the context's end, its cache holding the context, the
+//           previous step's prenorm as its hidden input), dense verification (the target's
+//           passes capture the head's hidden states throughout, as a server with the head does)
 // Each time is the median of `repeats` calls after `warmup`. Sequences share one prefilled
 // prefix of `context` tokens (blocks shared, as prefix caching shares them) and own the blocks
 // their new tokens go to; each call writes the same positions again, so contexts stay fixed.

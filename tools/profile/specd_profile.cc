@@ -18,7 +18,9 @@
 namespace specd::profile {
 namespace {
 
-constexpr char kUsage[] = R"(usage: specd_profile --model DIR [--draft DIR] [--output FILE]
+constexpr char kUsage[] =
+    R"(usage: specd_profile --model DIR [--draft DIR [--parallel]] [--eagle3 DIR]
+         [--output FILE]
          [--device auto|cpu|cuda|cuda:N] [--load-format auto|dummy] [--threads N]
          [-tp N --specd PATH] [--batch 1,4,16,64] [--context 512,4096,16384]
          [--tokens 1,2,5,9] [--warmup 2] [--repeats 5] [--budget-seconds 300]
@@ -32,7 +34,11 @@ them as a cost profile (JSON, engine/policy/cost_profile.h; default FILE cost_pr
            drafts, StepGreedyVerify), per --batch x --tokens x --context point
   methods  ngram: drafting is free (no draft entry), dense verification;
            draft_model (with --draft): drafting K tokens = K one-token steps of the draft
-           model at (B, C), K = 1 and every T - 1 > 1 (its catch-up chunk is not measured)
+           model at (B, C), K = 1 and every T - 1 > 1 (its catch-up chunk is not measured);
+           with --parallel (a PARD draft, as "parallel": true in --speculative-config): one
+           pass of K tokens per sequence drawing K rows, measured at every such K
+           eagle3 (with --eagle3, the head's folder): drafting K tokens = K steps of the head
+           (a row per sequence at context C, its cache holding the context), dense verification
 Not measured (their methods are absent, so `auto` never picks them): ssd (needs a speculator
 process), vegas, streaming and ssv (not built yet).
 Each time is the median of --repeats calls after --warmup calls, on random token ids; the
@@ -74,6 +80,7 @@ bool ParseFlags(int argc, char** argv, Flags* f, bool* help) {
   const std::vector<std::pair<std::string, Setter>> flags = {
       {"--model", text(&o.model_dir)},
       {"--draft", text(&o.draft_dir)},
+      {"--eagle3", text(&o.eagle3_dir)},
       {"--output", text(&f->output)},
       {"-o", text(&f->output)},
       {"--device", text(&o.device)},
@@ -103,6 +110,10 @@ bool ParseFlags(int argc, char** argv, Flags* f, bool* help) {
       *help = true;
       return false;
     }
+    if (arg == "--parallel") {  // the one switch (no value)
+      o.parallel_draft = true;
+      continue;
+    }
     auto flag = std::find_if(flags.begin(), flags.end(), [&](auto& e) { return e.first == arg; });
     if (flag == flags.end() || i + 1 >= argc || !flag->second(argv[++i])) {
       std::fprintf(stderr, "specd_profile: bad or unknown flag %s\n", argv[i]);
@@ -114,7 +125,11 @@ bool ParseFlags(int argc, char** argv, Flags* f, bool* help) {
 
 void PrintTable(const ProfileOptions& o, const ProfileReport& r) {
   const CostProfile& p = r.profile;
-  const bool draft = p.Has(PolicyMethod::kDraftModel);
+  // Drafting K = 1 and the longest K measured, per drafter in the profile.
+  std::vector<PolicyMethod> drafters;
+  for (PolicyMethod m : {PolicyMethod::kDraftModel, PolicyMethod::kEagle3}) {
+    if (p.Has(m)) drafters.push_back(m);
+  }
   std::printf(
       "\nspecd_profile: %s; %s; %.1f s, median of %d%s calls per point\n", p.device.c_str(),
       p.models.c_str(), r.seconds, o.repeats,
@@ -122,7 +137,11 @@ void PrintTable(const ProfileOptions& o, const ProfileReport& r) {
   std::string header = absl::StrFormat("%6s %8s %10s", "batch", "context", "plain_ms");
   for (int32_t t : o.tokens)
     absl::StrAppendFormat(&header, " %10s", absl::StrFormat("verify_t%d", t));
-  if (draft) absl::StrAppendFormat(&header, " %13s", "draft_step_ms");
+  for (PolicyMethod m : drafters) {
+    for (int32_t k : {1, p.MaxK(m)}) {
+      absl::StrAppendFormat(&header, " %16s", absl::StrFormat("%s_k%d", PolicyMethodName(m), k));
+    }
+  }
   std::printf("%s\n", header.c_str());
   for (int32_t b : o.batch_sizes) {
     for (int32_t c : o.contexts) {
@@ -130,8 +149,10 @@ void PrintTable(const ProfileOptions& o, const ProfileReport& r) {
       for (int32_t t : o.tokens) {
         absl::StrAppendFormat(&line, " %10.3f", p.VerifyMs(PolicyMethod::kPlain, b, t, c));
       }
-      if (draft)
-        absl::StrAppendFormat(&line, " %13.3f", p.DraftMs(PolicyMethod::kDraftModel, b, 1, c));
+      for (PolicyMethod m : drafters) {
+        for (int32_t k : {1, p.MaxK(m)})
+          absl::StrAppendFormat(&line, " %16.3f", p.DraftMs(m, b, k, c));
+      }
       std::printf("%s\n", line.c_str());
     }
   }

@@ -20,6 +20,8 @@ namespace {
 using json = nlohmann::json;
 
 const std::string kModels = std::string(SPECD_SHARED_DIR) + "/models/codepair";
+// The project's trained codepair drafters: an EAGLE-3 head and a parallel (PARD) draft.
+const std::string kOwnModels = std::string(SPECD_SOURCE_DIR) + "/models/codepair";
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -98,6 +100,65 @@ TEST(SpecdProfileTest, WritesAProfileTheLoaderReads) {
   }
 }
 
+// The EAGLE-3 head and a parallel draft: the head's K steps and the draft's one pass per K,
+// each an entry the loader reads. (No timing is compared: CI's two cores are shared.)
+TEST(SpecdProfileTest, MeasuresTheEagle3HeadAndAParallelDraftsPass) {
+  const std::string path = ::testing::TempDir() + "/specd_profile_eagle3_test.json";
+  std::remove(path.c_str());
+  std::string output;
+  const int rc =
+      RunTool("--model " + kModels + "/target --draft " + kOwnModels +
+                  "/pard --parallel --eagle3 " + kOwnModels +
+                  "/eagle3 --device cpu --threads 2 --batch 1,2 --context 16,40 "
+                  "--tokens 1,3,5 --warmup 0 --repeats 1 --budget-seconds 120 --output " +
+                  path,
+              &output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("head step"), std::string::npos) << output;  // progress lines
+  EXPECT_NE(output.find("parallel draft pass K=1"), std::string::npos) << output;
+  EXPECT_NE(output.find("eagle3_k4"), std::string::npos) << output;  // the table
+
+  absl::StatusOr<CostProfile> profile = CostProfile::Load(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->models, "target / pard (parallel) / EAGLE-3 eagle3");
+  ASSERT_TRUE(profile->Has(PolicyMethod::kEagle3));
+  ASSERT_TRUE(profile->Has(PolicyMethod::kDraftModel));
+  EXPECT_FALSE(profile->Costs(PolicyMethod::kEagle3)->parallel);
+  EXPECT_TRUE(profile->Costs(PolicyMethod::kDraftModel)->parallel);
+  EXPECT_EQ(profile->MaxK(PolicyMethod::kEagle3), 4);
+  EXPECT_EQ(profile->MaxK(PolicyMethod::kDraftModel), 4);
+
+  const json j = json::parse(ReadFile(path));
+  const json& head = j["methods"]["eagle3"];
+  const json& draft = j["methods"]["draft_model"];
+  EXPECT_FALSE(head.contains("verify"));  // dense verification
+  EXPECT_EQ(draft["parallel"], true);
+  for (const json* grid : {&head["draft"], &draft["draft"]}) {
+    EXPECT_EQ((*grid)["batch"], json({1, 2}));
+    EXPECT_EQ((*grid)["tokens"], json({1, 2, 4}));  // K: 1 and every tokens - 1 > 1
+    EXPECT_EQ((*grid)["context"], json({16, 40}));
+    for (double ms : Times(*grid)) EXPECT_TRUE(std::isfinite(ms) && ms > 0) << ms;
+  }
+  for (int32_t b : {1, 2}) {
+    for (int32_t c : {16, 40}) {
+      // Drafting K tokens with the head is K head steps.
+      EXPECT_NEAR(profile->DraftMs(PolicyMethod::kEagle3, b, 4, c),
+                  4 * profile->DraftMs(PolicyMethod::kEagle3, b, 1, c), 1e-9);
+    }
+  }
+  // The parallel draft's K are separate measurements of one pass each, not multiples of one
+  // step (its times are whatever the passes took; only their independence is checked).
+  const std::vector<double> pass = Times(draft["draft"]);  // [batch][K][context]
+  bool all_multiples = true;
+  for (size_t b = 0; b < 2; ++b) {
+    for (size_t c = 0; c < 2; ++c) {
+      const double k1 = pass[(b * 3 + 0) * 2 + c], k4 = pass[(b * 3 + 2) * 2 + c];
+      all_multiples = all_multiples && std::abs(k4 - 4 * k1) < 1e-9;
+    }
+  }
+  EXPECT_FALSE(all_multiples);
+}
+
 // Verify times over the grid: the sum over (batch, context) of four-token and one-token passes.
 void SumVerifyMs(const CostProfile& profile, double* one, double* four) {
   *one = *four = 0;
@@ -145,6 +206,8 @@ TEST(SpecdProfileTest, RefusesBadFlagsAndSaysWhatItSkips) {
   EXPECT_NE(output.find("--model is required"), std::string::npos) << output;
   EXPECT_EQ(RunTool("--model x --batch 0,4", &output), 2) << output;
   EXPECT_EQ(RunTool("--model x --no-such-flag 1", &output), 2) << output;
+  EXPECT_EQ(RunTool("--model x --parallel", &output), 2) << output;  // no --draft
+  EXPECT_NE(output.find("--parallel needs --draft"), std::string::npos) << output;
   EXPECT_EQ(RunTool("--help", &output), 0);
   for (const char* skipped : {"vegas", "streaming", "ssv", "ssd"}) {
     EXPECT_NE(output.find(skipped), std::string::npos) << skipped;
