@@ -173,6 +173,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     SPECD_ASSIGN_OR_RETURN(engine->tokenizer_, Tokenizer::FromDir(options.model_dir));
   }
   engine->max_model_len_ = engine->runner_->max_model_len();
+  engine->trees_ok_ = engine->runner_->SupportsTokenTrees();
+  if (options.speculative.tree.enabled && !engine->trees_ok_) {
+    SPECD_LOG_WARN(
+        "engine: {} verifies no token trees yet; tree requests draft chains of the "
+        "tree's depth",
+        engine->runner_->device_name());
+  }
   engine->eos_ids_ = config.generation.eos_token_ids;
   if (engine->tokenizer_) {
     for (int32_t id : engine->tokenizer_->eos_ids()) {

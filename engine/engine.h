@@ -399,6 +399,9 @@ class Engine {
   // After a successful target pass: the EAGLE-3 head gets the pass's hidden states of the
   // sequences that draft with it.
   void FeedEagle3();
+  // Moves each verified tree's accepted path's KV to consecutive slots (before Apply marks it
+  // computed). The runner's error, when it fails.
+  absl::Status CompactTreeKv();
   // Speculator::OnVerified for each speculator's verified rows; adds the positions each of
   // kSpeculatorMethods' rows verified (drafts + 1 per drafted row).
   void TellSpeculators(double (&positions)[kNumSpeculatorSlots]);
@@ -427,6 +430,9 @@ class Engine {
   std::unique_ptr<Speculator> vegas_;
   // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
   std::unique_ptr<Eagle3Speculator> eagle3_;
+  // The target runner verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree
+  // request drafts a chain of its tree's depth.
+  bool trees_ok_ = false;
   // The Verify stage's implementations in the order they are tried: greedy on the runner,
   // sampled on the device, exact on the host (takes anything).
   std::vector<std::unique_ptr<Verifier>> verifiers_;

@@ -104,15 +104,20 @@ struct Engine::Core {
   // verification), and what verification gave.
   std::vector<Draft> drafts;                      // [num_rows]
   std::vector<std::vector<int32_t>> spec_tokens;  // [num_rows]
-  std::vector<Acceptor*> acceptors;               // [num_rows]
-  std::vector<RowOutcome> outcomes;               // [num_rows]
-  std::vector<int32_t> chunk_row;                 // [num_chunks] its drafted row, or -1
-  std::vector<DraftInput> draft_inputs;           // [num_inputs] one speculator's batch
-  std::vector<int32_t> draft_rows;                // [num_inputs] their sample rows
-  std::vector<Draft> proposed;                    // [num_inputs]
-  std::vector<VerifiedRound> rounds;              // one speculator's outcomes
-  double verify_seconds = 0;                      // this step's verification pass
-  double draft_seconds = 0;                       // this step's Propose time
+  // Tree rows' chunks: the tree's parents over the chunk (the root, then the drafts) and the
+  // chunk's TokenTree (SequenceInput::tree points at it).
+  std::vector<std::vector<int32_t>> spec_parents;  // [num_rows]
+  std::vector<TokenTree> spec_trees;               // [num_rows]
+  std::vector<KvSlotMove> kv_moves;                // scratch: trees' accepted paths
+  std::vector<Acceptor*> acceptors;                // [num_rows]
+  std::vector<RowOutcome> outcomes;                // [num_rows]
+  std::vector<int32_t> chunk_row;                  // [num_chunks] its drafted row, or -1
+  std::vector<DraftInput> draft_inputs;            // [num_inputs] one speculator's batch
+  std::vector<int32_t> draft_rows;                 // [num_inputs] their sample rows
+  std::vector<Draft> proposed;                     // [num_inputs]
+  std::vector<VerifiedRound> rounds;               // one speculator's outcomes
+  double verify_seconds = 0;                       // this step's verification pass
+  double draft_seconds = 0;                        // this step's Propose time
   SsvLoadStats ssv_reported;  // the runner's SSV totals as the last step's metrics had them
   // Draft model, n-gram, SSD, vegas, streaming.
   SpeculationStepMetrics::MethodSeconds method_seconds[kNumSpeculatorSlots];

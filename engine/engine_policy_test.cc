@@ -367,6 +367,13 @@ TEST_F(PolicyTest, AutoChoosesTheEagle3HeadWhenTheProfileSaysItsStepsAreCheap) {
   }
   std::printf("auto with a cheap head: %d of %zu steps eagle3; rounds drafted:%s\n", eagle3_steps,
               steps.size(), drafted.c_str());
+  // The head had the request's hidden states from its prefill on (FeedEagle3 feeds auto
+  // requests), so the steps the policy gave it drafted.
+  int64_t head_rounds = 0;
+  for (const RequestUsage::MethodUsage& m : got->usage.by_method) {
+    if (std::string(m.method) == "eagle3") head_rounds += m.num_drafts;
+  }
+  EXPECT_GT(head_rounds, 0) << drafted;
   // A request that forbids the head gets the draft model (it still pays at batch 1), and one
   // that pins the head runs it: its rounds are reported per method.
   SpeculationParams no_head{SpeculationMethod::kAuto, 0};

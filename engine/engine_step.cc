@@ -34,6 +34,20 @@ constexpr SpeculationMethod kSpeculatorMethods[kNumSpeculatorSlots] = {
 
 }  // namespace
 
+// A tree a speculator proposed fits what was asked: a parent per draft, each -1 or earlier, no
+// more nodes than asked and no path deeper than the tree's depth.
+bool ValidTreeDraft(const Draft& d, const DraftInput& in) {
+  if (d.parents.size() != d.tokens.size() ||
+      d.tokens.size() > static_cast<size_t>(in.num_draft_tokens) || !in.wants_tree() ||
+      !ValidateTreeParents(d.parents).ok()) {
+    return false;
+  }
+  std::vector<int32_t> depths;
+  TreeDepths(d.parents, &depths);
+  return std::all_of(depths.begin(), depths.end(),
+                     [&](int32_t depth) { return depth < in.tree_depth; });
+}
+
 int SpeculatorSlot(SpeculationMethod m) {
   for (int i = 0; i < kNumSpeculatorSlots; ++i) {
     if (kSpeculatorMethods[i] == m) return i;
@@ -74,10 +88,37 @@ absl::StatusOr<bool> Engine::RunStep() {
     }
     return failed;
   }
+  if (const absl::Status moved = CompactTreeKv(); !moved.ok()) {
+    const absl::Status failed =
+        absl::InternalError(absl::StrCat("token tree KV compaction failed: ", moved.message()));
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      auto it = c.live.find(chunk.seq->id().value);
+      if (it != c.live.end()) FinishRequest(*it->second, FinishReason::kAbort, failed, absl::Now());
+    }
+    return failed;
+  }
   FeedEagle3();
   // Apply.
   Apply(plan);
   return true;
+}
+
+absl::Status Engine::CompactTreeKv() {
+  Core& c = *core_;
+  c.kv_moves.clear();
+  for (size_t k = 0; k < c.rows.size(); ++k) {
+    const std::vector<int32_t>& path = c.outcomes[k].path;
+    if (path.empty() || c.drafts[k].parents.empty()) continue;
+    const SequenceInput& chunk = c.batch[c.rows[k].chunk];
+    // Draft j sat in slot start_pos + 1 + j; the i-th accepted one belongs in start_pos + 1 + i.
+    for (size_t i = 0; i < path.size(); ++i) {
+      const int32_t from = chunk.start_pos + 1 + path[i];
+      const int32_t to = chunk.start_pos + 1 + static_cast<int32_t>(i);
+      if (from != to) c.kv_moves.push_back(KvSlotMove{chunk.block_table, from, to});
+    }
+  }
+  if (c.kv_moves.empty()) return absl::OkStatus();
+  return runner_->MoveKv(c.kv_moves);
 }
 
 void Engine::FeedEagle3() {
@@ -87,7 +128,15 @@ void Engine::FeedEagle3() {
   bool any = false;
   for (size_t i = 0; i < c.batch.size(); ++i) {
     auto it = c.live.find(static_cast<RequestId>(c.batch[i].seq_id));
-    if (it == c.live.end() || it->second->spec.method != SpeculationMethod::kEagle3) continue;
+    // Tree chunks (draft model and n-gram trees) are not the head's: its rows are chains.
+    if (it == c.live.end() || c.batch[i].tree != nullptr) continue;
+    // Requests pinned to the head, and `auto` requests the policy may move to it: hidden states
+    // a pass does not hand over cannot be had later.
+    const ResolvedSpeculation& spec = it->second->spec;
+    const bool head_may_draft =
+        spec.method == SpeculationMethod::kEagle3 ||
+        (spec.method == SpeculationMethod::kAuto && !spec.Forbids(SpeculationMethod::kEagle3));
+    if (!head_may_draft) continue;
     c.eagle3_wanted[i] = 1;
     it->second->used_speculators |= 1u << SpeculatorSlot(SpeculationMethod::kEagle3);
     any = true;
@@ -154,14 +203,25 @@ void Engine::Speculate(const StepPlan& plan) {
       const int32_t num_tokens = r.seq.num_tokens();
       // Drafts sit at positions num_tokens .. num_tokens + k - 1; a round commits at most
       // k + 1 tokens, so no more than max_tokens - generated - 1 drafts are useful.
-      const int32_t k_max =
-          std::min({r.step.num_speculative_tokens, chunk.num_lookahead_tokens,
-                    max_model_len_ - num_tokens, p.max_tokens - r.seq.num_generated() - 1});
-      if (k_max <= 0) continue;
+      const int32_t useful = p.max_tokens - r.seq.num_generated() - 1;
+      int32_t k_max = std::min(
+          {r.step.num_speculative_tokens, chunk.num_lookahead_tokens, max_model_len_ - num_tokens});
+      // A tree: up to k_max nodes in the lookahead slots, paths no longer than useful. A runner
+      // without trees verifies a chain of the tree's depth instead.
+      const TreeShape& tree = r.step.tree;
+      int32_t depth = 0;
+      if (tree.enabled && trees_ok_) {
+        depth = std::min({tree.depth, useful, k_max});
+      } else {
+        k_max = std::min({k_max, useful, tree.enabled ? tree.depth : k_max});
+      }
+      if (k_max <= 0 || (tree.enabled && trees_ok_ && depth <= 0)) continue;
       DraftInput in;
       in.seq_id = r.id;
       in.tokens = r.seq.tokens();
       in.num_draft_tokens = k_max;
+      in.tree_depth = depth;
+      in.tree_top_k = depth > 0 ? tree.top_k : 0;
       in.params = &p;
       in.history = &r.history;
       in.banned = c.rows[k].banned;
@@ -187,6 +247,11 @@ void Engine::Speculate(const StepPlan& plan) {
     for (size_t i = 0; i < c.draft_inputs.size(); ++i) {
       Draft& d = c.proposed[i];
       if (d.tokens.empty()) continue;
+      if (!d.parents.empty() && !ValidTreeDraft(d, c.draft_inputs[i])) {
+        SPECD_LOG_WARN("engine: {} proposed a malformed tree; decoding without drafts",
+                       SpeculationMethodName(kSpeculatorMethods[m]));
+        continue;
+      }
       d.tokens.resize(std::min<size_t>(d.tokens.size(), c.draft_inputs[i].num_draft_tokens));
       std::swap(c.drafts[c.draft_rows[i]], d);
       ++c.num_spec_rows;
@@ -211,6 +276,8 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
     if (!c.drafts[k].tokens.empty()) c.chunk_row[c.rows[k].chunk] = static_cast<int32_t>(k);
   }
   if (c.spec_tokens.size() < c.rows.size()) c.spec_tokens.resize(c.rows.size());
+  if (c.spec_parents.size() < c.rows.size()) c.spec_parents.resize(c.rows.size());
+  c.spec_trees.assign(c.rows.size(), TokenTree{});  // pointers into it are taken below
   c.acceptors.assign(c.rows.size(), nullptr);
   // Pointers into these are taken below: sized once, before.
   c.row_attention.assign(c.rows.size(), ChunkAttention{});
@@ -233,6 +300,14 @@ void Engine::BuildBatch(const StepPlan& plan, bool all_logits) {
       tokens.insert(tokens.end(), c.drafts[k].tokens.begin(), c.drafts[k].tokens.end());
       in.tokens = tokens;
       in.all_logits = all_logits;
+      if (!c.drafts[k].parents.empty()) {
+        // The tree rooted at the last committed token: draft j is chunk token j + 1.
+        std::vector<int32_t>& parents = c.spec_parents[k];
+        parents.assign(1, -1);
+        for (int32_t p : c.drafts[k].parents) parents.push_back(p + 1);
+        c.spec_trees[k] = TokenTree{in.start_pos, parents};
+        in.tree = &c.spec_trees[k];
+      }
       Request& r = *c.row_requests[k];
       if (r.acceptor) c.acceptors[k] = &*r.acceptor;
       if (nsa) in.ssv = &r.spec.ssv;  // how the NSA target's verification queries attend
@@ -329,6 +404,7 @@ void Engine::TellSpeculators(double (&positions)[kNumSpeculatorSlots]) {
       round.num_drafts = o.num_drafts;
       round.num_accepted = o.num_accepted;
       round.next_token = o.tokens.back().id;
+      round.path = o.path;
       if (c.scored_len[k] >= 0) {
         round.scores = c.row_scores[k];
         round.num_scored = c.scored_len[k];

@@ -1,5 +1,7 @@
 #include "engine/kv/kv_cache.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace specd {
@@ -36,6 +38,31 @@ CpuKvCache::CpuKvCache(const KvCacheSpec& spec) : spec_(spec) {
   const size_t layer_floats = static_cast<size_t>(spec.num_blocks) * spec.block_floats();
   keys_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
   values_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
+}
+
+absl::Status CpuKvCache::MoveSlots(std::span<const KvSlotMove> moves) {
+  const int32_t bs = spec_.block_size;
+  auto block_of = [&](const KvSlotMove& m, int32_t slot) -> int32_t {
+    if (slot < 0 || slot / bs >= static_cast<int32_t>(m.block_table.size())) return -1;
+    const int32_t block = m.block_table[slot / bs];
+    return block >= 0 && block < spec_.num_blocks ? block : -1;
+  };
+  for (const KvSlotMove& m : moves) {
+    if (block_of(m, m.from) < 0 || block_of(m, m.to) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV move ", m.from, " -> ", m.to, ": slot outside the sequence's blocks"));
+    }
+  }
+  const size_t bytes = sizeof(float) * spec_.slot_floats();
+  for (const KvSlotMove& m : moves) {
+    if (m.from == m.to) continue;
+    const int32_t from = block_of(m, m.from), to = block_of(m, m.to);
+    for (int32_t layer = 0; layer < spec_.num_layers; ++layer) {
+      std::memmove(KeySlot(layer, to, m.to % bs), KeySlot(layer, from, m.from % bs), bytes);
+      std::memmove(ValueSlot(layer, to, m.to % bs), ValueSlot(layer, from, m.from % bs), bytes);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -38,6 +38,15 @@ struct KvCacheSpec {
 
 bool operator==(const KvCacheSpec& a, const KvCacheSpec& b);
 
+// One token's K/V moving between two slots of a sequence (positions in its block table): a
+// token tree's accepted path moving to consecutive slots after verification
+// (engine/model/token_tree.h).
+struct KvSlotMove {
+  std::span<const int32_t> block_table;
+  int32_t from = 0;
+  int32_t to = 0;
+};
+
 class CpuKvCache {
  public:
   static absl::StatusOr<std::unique_ptr<CpuKvCache>> Create(const KvCacheSpec& spec);
@@ -58,6 +67,11 @@ class CpuKvCache {
   const float* ValueSlot(int32_t layer, int32_t block, int32_t slot) const {
     return values_[layer].data() + Offset(block, slot);
   }
+
+  // Copies every layer's K and V of each move's `from` slot to its `to` slot, moves in order.
+  // InvalidArgument (before copying anything) for a slot past the block table or a block id
+  // outside the cache.
+  absl::Status MoveSlots(std::span<const KvSlotMove> moves);
 
   // A whole layer: [num_blocks, block_size, num_kv_heads, head_dim] f32.
   std::span<float> keys(int32_t layer) { return keys_[layer]; }

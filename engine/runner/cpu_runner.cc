@@ -143,4 +143,11 @@ absl::Status CpuRunner::Forward(std::span<const SequenceInput> batch, std::vecto
   return absl::OkStatus();
 }
 
+bool CpuRunner::SupportsTokenTrees() const { return model_->shard().world_size == 1; }
+
+absl::Status CpuRunner::MoveKv(std::span<const KvSlotMove> moves) {
+  if (!SupportsTokenTrees()) return ModelRunner::MoveKv(moves);
+  return kv_->MoveSlots(moves);
+}
+
 }  // namespace specd

@@ -264,6 +264,10 @@ absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::MoveKv(std::span<const KvSlotMove>) {
+  return absl::UnimplementedError(absl::StrCat("MoveKv: ", device_name(), " runs no token trees"));
+}
+
 absl::Status ModelRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids) {
   if (layer_ids.empty()) return absl::OkStatus();
   return absl::UnimplementedError(

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/communicator.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/runner/eagle3_compute.h"
@@ -202,6 +203,15 @@ class ModelRunner {
   virtual absl::Status StepDraft(std::span<const SequenceInput> batch,
                                  std::span<const SampleRow> rows, std::span<const int32_t> slots,
                                  std::vector<SampleResult>* out);
+
+  // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
+  // the verify calls take chunks with a tree, and MoveKv works.
+  virtual bool SupportsTokenTrees() const { return false; }
+  // After a tree's verification the accepted path's K/V move to consecutive slots: every
+  // layer's K and V at slot `from` of each move's sequence are copied to slot `to`, in order.
+  // InvalidArgument for a slot outside a move's blocks (nothing moved); Unimplemented unless
+  // SupportsTokenTrees().
+  virtual absl::Status MoveKv(std::span<const KvSlotMove> moves);
 
   // EAGLE-3 heads (engine/speculation/eagle3.h) read the target's own hidden states. After
   // CaptureHiddenStates(ids), every pass that runs the model (Step, StepGreedyVerify,

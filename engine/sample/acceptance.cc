@@ -203,6 +203,77 @@ AcceptResult Acceptor::Verify(std::span<const float> target_logits,
                       acceptance_internal::acceptor_rule_for_test);
 }
 
+AcceptResult Acceptor::VerifyTree(std::span<const float> target_logits,
+                                  std::span<const int32_t> draft_tokens,
+                                  std::span<const int32_t> parents, const TokenHistory& history,
+                                  const BannedIds& banned, std::vector<int32_t>* path) {
+  const size_t num_nodes = draft_tokens.size() + 1;
+  const auto vocab = static_cast<int32_t>(target_logits.size() / num_nodes);
+  row_.resize(vocab);
+  if (children_.size() < num_nodes) children_.resize(num_nodes);
+  for (size_t n = 0; n < num_nodes; ++n) children_[n].clear();
+  for (size_t j = 0; j < draft_tokens.size(); ++j) {
+    children_[static_cast<size_t>(parents[j] + 1)].push_back(static_cast<int32_t>(j));
+  }
+  path->clear();
+  path_tokens_.clear();
+  // The processed target row at node `node` (0: the root; j + 1: draft j), whose path is *path.
+  auto target_row = [&](int32_t node) {
+    const int32_t depth = static_cast<int32_t>(path->size());
+    const auto ids = depth < banned.num_positions ? banned.ids : std::span<const int32_t>();
+    ProcessedProbs(params_, target_logits.subspan(static_cast<size_t>(node) * vocab, vocab),
+                   history, path_tokens_, ids, row_);
+  };
+  auto descend = [&](int32_t child) {
+    path->push_back(child);
+    path_tokens_.push_back(draft_tokens[child]);
+    return child + 1;
+  };
+  const Rule rule = acceptance_internal::acceptor_rule_for_test;
+  for (int32_t node = 0;;) {
+    target_row(node);
+    const std::vector<int32_t>& kids = children_[static_cast<size_t>(node)];
+    if (params_.greedy()) {
+      const int32_t target = Argmax(row_);  // the one-hot row's id
+      const auto hit = std::find_if(kids.begin(), kids.end(),
+                                    [&](int32_t c) { return draft_tokens[c] == target; });
+      if (hit == kids.end()) return {static_cast<int32_t>(path->size()), target};
+      node = descend(*hit);
+      continue;
+    }
+    // row_ is p; `left` its mass not yet rejected (siblings' tokens zeroed as they fail).
+    double left = 0;
+    for (float x : row_) left += x;
+    int32_t kept = -1;
+    for (int32_t c : kids) {
+      const int32_t x = draft_tokens[c];
+      const bool valid = x >= 0 && x < vocab;
+      const double p = valid ? row_[x] : 0.0;
+      const double u = Uniform01(rng_);
+      // One-hot q: keep with probability p(x) / left (kDraftOverTargetForTest: always).
+      const bool accept = rule == Rule::kSpeculativeSampling ? u * left < p : u * p < left;
+      if (valid && accept) {
+        kept = c;
+        break;
+      }
+      if (valid) {
+        left -= p;
+        row_[x] = 0.0f;
+      }
+    }
+    if (kept >= 0) {
+      node = descend(kept);
+      continue;
+    }
+    int32_t next = left > 0 ? DrawFromProbs(row_, rng_) : -1;
+    if (next < 0 || row_[next] <= 0.0f) {  // every id rejected through rounding: p itself
+      target_row(node);
+      next = DrawFromProbs(row_, rng_);
+    }
+    return {static_cast<int32_t>(path->size()), next};
+  }
+}
+
 namespace acceptance_internal {
 
 Rule acceptor_rule_for_test = Rule::kSpeculativeSampling;

@@ -78,10 +78,30 @@ class Acceptor {
                       std::span<const float> draft_probs, const TokenHistory& history,
                       const BannedIds& banned = {});
 
+  // Verification of a token tree (engine/model/token_tree.h): draft j's parent is parents[j]
+  // (-1: the last committed token, the root; else an earlier draft), siblings best first, every
+  // node chosen deterministically by the drafter (its best candidates: q one-hot), and
+  // target_logits [K + 1, vocab] has the root's row first, then draft j's at row j + 1. Greedy:
+  // from the root, descend to the first child whose token is the target's choice there, until
+  // no child is. Sampled: recursive rejection over siblings (SpecInfer's multi-draft speculative
+  // sampling with one-hot proposals, lossless): at a node whose processed distribution is p,
+  // child c is kept with probability p(x_c); when it is not, p loses x_c (renormalised) and the
+  // next sibling is tried; once every child failed, the next token is drawn from what is left of
+  // p; at a kept leaf the bonus token is drawn from its p. Penalties count the path's tokens; a
+  // node at depth d (the root 0) is banned while d < banned.num_positions. *path gets the kept
+  // drafts, root side first; num_accepted is its length.
+  AcceptResult VerifyTree(std::span<const float> target_logits,
+                          std::span<const int32_t> draft_tokens, std::span<const int32_t> parents,
+                          const TokenHistory& history, const BannedIds& banned,
+                          std::vector<int32_t>* path);
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> row_;  // [vocab] scratch: one processed target row
+  // VerifyTree's scratch: children of each node (node j + 1; the root 0), and the path's tokens.
+  std::vector<std::vector<int32_t>> children_;
+  std::vector<int32_t> path_tokens_;
 };
 
 namespace acceptance_internal {

@@ -1,5 +1,6 @@
 #include "engine/sample/acceptance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -399,6 +400,130 @@ TEST(AcceptStochasticTest, DraftTheTargetRulesOutIsRejectedAndNeverRedrawn) {
     EXPECT_EQ(r.num_accepted, 0);
     EXPECT_NE(r.next_token, 1);
   }
+}
+
+// ---- token trees ------------------------------------------------------------------------
+
+// A tree over a vocabulary of 6: the root's children 2, 0, 5 (best first); 2's children 1, 3;
+// 0's child 4. parents index the drafts; target rows: the root's, then each draft's.
+const std::vector<int32_t> kTreeTokens = {2, 0, 5, 1, 3, 4};
+const std::vector<int32_t> kTreeParents = {-1, -1, -1, 0, 0, 1};
+constexpr int32_t kTreeVocab = 6;
+
+std::vector<float> TreeLogits() {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits((kTreeTokens.size() + 1) * kTreeVocab);
+  for (float& x : logits) x = normal(rng);
+  return logits;
+}
+
+std::vector<double> Softmax(std::span<const float> row) {
+  const float max = *std::max_element(row.begin(), row.end());
+  std::vector<double> p(row.size());
+  double sum = 0;
+  for (size_t i = 0; i < row.size(); ++i) sum += p[i] = std::exp(double{row[i]} - max);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+TEST(AcceptTreeTest, GreedyDescendsThroughTheChildTheTargetChooses) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Acceptor acceptor(greedy, 1);
+  TokenHistory history;
+  history.AddPrompt(std::vector<int32_t>{1});
+  // Rows as one-hot-ish logits: the root picks 0 (draft 1), draft 1 picks 4 (draft 5), draft 5
+  // picks 3 (a leaf: the bonus token).
+  std::vector<float> logits((kTreeTokens.size() + 1) * kTreeVocab, 0.0f);
+  auto pick = [&](int32_t row, int32_t id) { logits[row * kTreeVocab + id] = 5.0f; };
+  pick(0, 0);
+  pick(2, 4);
+  pick(6, 3);
+  for (int32_t row : {1, 3, 4, 5}) pick(row, 1);
+  std::vector<int32_t> path;
+  AcceptResult r =
+      acceptor.VerifyTree(logits, kTreeTokens, kTreeParents, history, BannedIds{}, &path);
+  EXPECT_EQ(path, (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(r.num_accepted, 2);
+  EXPECT_EQ(r.next_token, 3);
+  // The root choosing 3 (no child has it): nothing accepted, 3 is the correction.
+  logits[0 * kTreeVocab + 0] = 0.0f;
+  pick(0, 3);
+  r = acceptor.VerifyTree(logits, kTreeTokens, kTreeParents, history, BannedIds{}, &path);
+  EXPECT_TRUE(path.empty());
+  EXPECT_EQ(r.num_accepted, 0);
+  EXPECT_EQ(r.next_token, 3);
+  // min_tokens: the root may not emit 3, so it takes its next best, 2 (draft 0), whose row
+  // picks 1 (draft 3), a leaf whose row picks 1 again.
+  const std::vector<int32_t> banned = {3};
+  logits[0 * kTreeVocab + 2] = 4.0f;
+  r = acceptor.VerifyTree(logits, kTreeTokens, kTreeParents, history, BannedIds{banned, 1}, &path);
+  EXPECT_EQ(path, (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(r.next_token, 1);
+}
+
+// The first committed token must follow the root's p, and the second, given a first that is a
+// drafted child, that child's p: chi-square over 60,000 rounds each.
+struct TreeChi {
+  double first = 0, second = 0, critical_first = 0, critical_second = 0;
+};
+
+TreeChi TreeChiSquare(Rule rule) {
+  acceptance_internal::acceptor_rule_for_test = rule;
+  SamplingParams params;  // temperature 1, nothing filtered: p = softmax(logits)
+  Acceptor acceptor(params, 11);
+  TokenHistory history;
+  history.AddPrompt(std::vector<int32_t>{1});
+  const std::vector<float> logits = TreeLogits();
+  auto row_p = [&](int32_t row) {
+    return Softmax(std::span<const float>(logits).subspan(row * kTreeVocab, kTreeVocab));
+  };
+  constexpr int kRounds = 60000;
+  std::vector<int> first(kTreeVocab, 0);
+  std::map<int32_t, std::vector<int>> second;  // draft -> counts of the token after it
+  std::vector<int32_t> path;
+  for (int i = 0; i < kRounds; ++i) {
+    const AcceptResult r =
+        acceptor.VerifyTree(logits, kTreeTokens, kTreeParents, history, BannedIds{}, &path);
+    const int32_t t1 = path.empty() ? r.next_token : kTreeTokens[path[0]];
+    ++first[t1];
+    if (!path.empty()) {
+      std::vector<int>& c = second[path[0]];
+      c.resize(kTreeVocab, 0);
+      ++c[path.size() > 1 ? kTreeTokens[path[1]] : r.next_token];
+    }
+  }
+  acceptance_internal::acceptor_rule_for_test = Rule::kSpeculativeSampling;
+  auto chi = [](const std::vector<int>& counts, const std::vector<double>& p) {
+    const double n = std::accumulate(counts.begin(), counts.end(), 0.0);
+    double stat = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double e = n * p[i];
+      stat += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    return stat;
+  };
+  TreeChi out;
+  out.first = chi(first, row_p(0));
+  out.critical_first = ChiSquareCritical999(kTreeVocab - 1);
+  for (const auto& [draft, counts] : second) {
+    out.second += chi(counts, row_p(draft + 1));
+    out.critical_second += kTreeVocab - 1;  // degrees of freedom, for now
+  }
+  out.critical_second = ChiSquareCritical999(static_cast<int>(out.critical_second));
+  return out;
+}
+
+TEST(AcceptTreeTest, SampledTokensFollowTheTargetThroughTheTree) {
+  const TreeChi chi = TreeChiSquare(Rule::kSpeculativeSampling);
+  EXPECT_LT(chi.first, chi.critical_first);
+  EXPECT_LT(chi.second, chi.critical_second);
+}
+
+TEST(AcceptTreeTest, BrokenRuleIsRejected) {
+  const TreeChi chi = TreeChiSquare(Rule::kDraftOverTargetForTest);
+  EXPECT_GT(chi.first, chi.critical_first);
 }
 
 }  // namespace

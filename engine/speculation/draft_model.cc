@@ -231,16 +231,22 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
   }
   drafts->resize(inputs.size());
   for (Draft& d : *drafts) d.Reset();
+  const bool trees = cache.empty() && TreesHere();
+  if (trees) SPECD_RETURN_IF_ERROR(ProposeTrees(inputs, drafts));
   active_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const DraftInput& in = inputs[i];
     if (in.num_draft_tokens <= 0 || in.params == nullptr || in.history == nullptr) continue;
+    if (in.wants_tree() && trees) continue;  // drafted by ProposeTrees
+    // A tree this runner cannot grow: a chain of the tree's depth.
+    const int32_t num_drafts =
+        in.wants_tree() ? std::min(in.num_draft_tokens, in.tree_depth) : in.num_draft_tokens;
     std::unique_ptr<State>& state = states_[in.seq_id];
     if (state == nullptr) state = std::make_unique<State>(runner_->block_size());
     Active a;
     a.input = i;
     if (!cache.empty()) a.cache = cache[i];
-    if (Prepare(in, *state, in.num_draft_tokens, &a)) active_.push_back(std::move(a));
+    if (Prepare(in, *state, num_drafts, &a)) active_.push_back(std::move(a));
   }
   if (parallel() && cache.empty()) {
     device_round_ = false;  // q rows come back with the logits

@@ -14,6 +14,9 @@
 // to the host); its penalties then see the committed tokens but not the round's earlier drafts,
 // which only affects how good a draft is, never the output. A sequence whose KV does not fit the
 // pool gets no drafts that round (the target decodes it plainly). Engine thread only.
+// Token trees (DraftInput::wants_tree) grow a level at a time where the runner takes trees
+// (DraftTreeBuilder); elsewhere, and in parallel drafting, such inputs draft a chain of the
+// tree's depth.
 // For SSD's speculation cache (engine/speculation/ssd_worker.h) it also forks sequences without
 // copying KV (shared blocks, reference counted), reports the top candidates at each drafted
 // position (greedy rows: ranked by the runner, SampleRow::num_candidates; sampled rows: from
@@ -33,6 +36,7 @@
 #include "engine/kv/block_allocator.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_replay.h"
+#include "engine/speculation/draft_tree.h"
 #include "engine/speculation/speculator.h"
 
 namespace specd {
@@ -161,6 +165,13 @@ class DraftModelSpeculator : public Speculator {
   // A device round's pass: rows for the sequences whose pending tokens all run, drawn by the
   // runner's StepDraft, which keeps each row's q in slot slot_base_[input] + j.
   absl::Status DevicePass(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // Token trees (DraftInput::wants_tree, on a runner with trees; draft_model_tree.cc): the
+  // inputs that want one get a tree grown a level at a time (DraftTreeBuilder): their catch-up
+  // chunks, then one pass per level running the nodes to expand as a tree chunk in the draft's
+  // own KV (slots after the context; never kept: the state's KV ends at the context and the
+  // next round catches up on what was accepted).
+  absl::Status ProposeTrees(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  bool TreesHere() const { return runner_->SupportsTokenTrees() && !parallel(); }
   // Parallel drafting's pass: each sequence's pending tokens, then its masks when they fit the
   // token budget (its drafts are drawn then); longer catch-ups run first without masks.
   absl::Status RunParallelPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
@@ -202,6 +213,19 @@ class DraftModelSpeculator : public Speculator {
   bool device_round_ = false;
   std::vector<int32_t> slot_base_;
   std::vector<int32_t> slots_;  // scratch: the pass's slots
+  // ProposeTrees' sequences: the tree growing, and the draft KV's tree region (the root, the
+  // context's last token, at slot context - 1, then each node run, in order): parents over the
+  // region and each builder node's region index (-1: not run).
+  struct TreeActive {
+    Active active;
+    DraftTreeBuilder builder;
+    std::vector<int32_t> region_parents;
+    std::vector<int32_t> region_of_node;
+    std::vector<int32_t> level;   // the nodes this pass runs
+    std::vector<int32_t> tokens;  // their tokens
+    TokenTree tree;
+  };
+  std::vector<TreeActive> tree_active_;
 };
 
 }  // namespace specd

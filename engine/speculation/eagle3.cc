@@ -220,7 +220,10 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     Active a;
     a.input = i;
     a.state = &s;
-    a.num_wanted = inputs[i].num_draft_tokens;
+    // A tree asked for: a chain of its depth (the head grows no trees yet).
+    a.num_wanted = inputs[i].wants_tree()
+                       ? std::min(inputs[i].num_draft_tokens, inputs[i].tree_depth)
+                       : inputs[i].num_draft_tokens;
     if (PlanCatchUp(inputs[i], s, &a)) active_.push_back(a);
   }
   const int64_t vocab = compute_->config().layer.vocab_size;

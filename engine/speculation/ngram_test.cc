@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "engine/speculation/draft_tree.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -54,6 +55,62 @@ TEST(NgramSpeculatorTest, ProposesPerSequenceWithItsOwnK) {
   EXPECT_EQ(drafts[0].tokens, std::vector<int32_t>{3});
   EXPECT_TRUE(drafts[0].probs.empty());  // deterministic: q is one-hot
   EXPECT_TRUE(drafts[1].tokens.empty());
+}
+
+}  // namespace
+}  // namespace specd
+
+namespace specd {
+namespace {
+
+TEST(NgramTreeTest, MergesEarlierContinuationsIntoATrie) {
+  // "1 2" occurs three times before the end; its continuations are 3 4 5 (most recent), 3 6
+  // and 7 8.
+  const std::vector<int32_t> tokens = {1, 2, 7, 8, 0, 1, 2, 3, 6, 0, 1, 2, 3, 4, 5, 0, 1, 2};
+  std::vector<int32_t> out, parents;
+  NgramTree(tokens, 1, 2, /*depth=*/3, /*top_k=*/2, /*max_nodes=*/16, &out, &parents);
+  // Breadth first: 3, 7 (the root's children, most recent first); 4, 6 (3's), 8 (7's); then
+  // 5 (after 3 4), 0 (after 3 6) and 0 (after 7 8). The n = 1 matches add nothing new.
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 7, 4, 6, 8, 5, 0, 0}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, -1, 0, 0, 1, 2, 3, 4}));
+  // top_k 1: a chain of the most recent continuation; max_nodes cuts the trie.
+  NgramTree(tokens, 1, 2, 3, 1, 16, &out, &parents);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1}));
+  NgramTree(tokens, 1, 2, 3, 2, 3, &out, &parents);
+  EXPECT_EQ(out, (std::vector<int32_t>{3, 4, 5}));
+  // Nothing matches: no tree.
+  NgramTree(std::vector<int32_t>{1, 2, 3}, 1, 2, 3, 2, 16, &out, &parents);
+  EXPECT_TRUE(out.empty());
+  EXPECT_TRUE(parents.empty());
+}
+
+TEST(DraftTreeBuilderTest, GrowsTheBestPathsAndKeepsTheBestNodes) {
+  DraftTreeBuilder b;
+  b.Reset(/*depth=*/3, /*top_k=*/2, /*max_nodes=*/4);
+  // Vocabulary 4. The root: ids 1 (best), 3.
+  b.Expand(-1, std::vector<float>{0, 3, -1, 2}, {});
+  ASSERT_EQ(b.num_nodes(), 2);
+  EXPECT_EQ(b.token(0), 1);
+  EXPECT_EQ(b.token(1), 3);
+  std::vector<int32_t> level = b.NextLevel();
+  EXPECT_EQ(level, (std::vector<int32_t>{0, 1}));
+  b.Expand(0, std::vector<float>{5, 0, 0, 0}, {});                       // 1 -> 0, almost surely
+  b.Expand(1, std::vector<float>{0, 0, 1, 1}, std::vector<int32_t>{3});  // 3 -> 2 (3 banned), 0
+  EXPECT_EQ(b.num_nodes(), 6);
+  std::vector<int32_t> path;
+  b.AppendPathTokens(2, &path);
+  EXPECT_EQ(path, (std::vector<int32_t>{1, 0}));
+  level = b.NextLevel();  // the top 2 of level 1 by path score: 1 -> 0, then 3 -> 2
+  EXPECT_EQ(level, (std::vector<int32_t>{2, 4}));
+  b.Expand(2, std::vector<float>{0, 0, 9, 0}, {});
+  b.Expand(4, std::vector<float>{0, 0, 9, 0}, {});
+  EXPECT_TRUE(b.NextLevel().empty());  // depth 3 reached
+  std::vector<int32_t> tokens, parents;
+  b.Finish(&tokens, &parents);
+  // The 4 best: 1, 1 -> 0, 1 -> 0 -> 2, 3; breadth first.
+  EXPECT_EQ(tokens, (std::vector<int32_t>{1, 3, 0, 2}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, -1, 0, 2}));
 }
 
 }  // namespace

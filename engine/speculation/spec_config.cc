@@ -166,6 +166,32 @@ absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
   return absl::OkStatus();
 }
 
+// "tree": {"depth": D, "top_k": T, "num_nodes": N} (each optional; null or absent: chains).
+absl::Status ReadTreeShape(const json& j, TreeShape* o) {
+  auto it = j.find("tree");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError("tree", "must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "depth" && key != "top_k" && key != "num_nodes") {
+      return FieldError(absl::StrCat("tree.", key),
+                        "is not a known field (depth, top_k, num_nodes)");
+    }
+  }
+  for (auto [field, out, hi] : {std::tuple{"depth", &o->depth, kMaxSpeculativeTokens},
+                                std::tuple{"top_k", &o->top_k, kMaxTreeTopK},
+                                std::tuple{"num_nodes", &o->num_nodes, kMaxSpeculativeTokens}}) {
+    if (auto v = it->find(field); v != it->end() && !v->is_null()) {
+      if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > hi) {
+        return FieldError(absl::StrCat("tree.", field),
+                          absl::StrCat("must be an integer in [1, ", hi, "]"));
+      }
+      *out = static_cast<int32_t>(v->get<int64_t>());
+    }
+  }
+  o->enabled = true;  // unset fields take the defaults once the round's K is known
+  return absl::OkStatus();
+}
+
 // "ssv": {"group_size": C, "mode": "exact" | "shared", "refresh_every": R}.
 absl::Status ReadSsvStrategy(const json& j, SsvStrategy* o) {
   auto it = j.find("ssv");
@@ -293,7 +319,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "sparsity_ratio",
                                            "min_tokens",
                                            "max_tokens",
-                                           "ssv"};
+                                           "ssv",
+                                           "tree"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
@@ -371,6 +398,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (absl::Status s = ReadReplayOptions(j, &config.replay); !s.ok()) return s;
   if (absl::Status s = ReadSparseOptions(j, &config.sparse); !s.ok()) return s;
   if (absl::Status s = ReadSsvStrategy(j, &config.ssv); !s.ok()) return s;
+  if (absl::Status s = ReadTreeShape(j, &config.tree); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return FieldError("model", "is required for method draft_model");
   }
@@ -424,6 +452,13 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["sparsity_ratio"] = c.sparse.sparsity_ratio;
   j["min_tokens"] = c.sparse.min_tokens;
   j["max_tokens"] = c.sparse.max_tokens;
+  if (c.tree.enabled) {
+    json tree = json::object();
+    if (c.tree.depth > 0) tree["depth"] = c.tree.depth;
+    if (c.tree.top_k > 0) tree["top_k"] = c.tree.top_k;
+    if (c.tree.num_nodes > 0) tree["num_nodes"] = c.tree.num_nodes;
+    j["tree"] = tree;
+  }
   j["ssv"] = {{"group_size", c.ssv.group_size},
               {"mode", std::string(SsvModeName(c.ssv.mode))},
               {"refresh_every", c.ssv.refresh_every}};
@@ -582,6 +617,13 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
         absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
   }
   SPECD_ASSIGN_OR_RETURN(const SsvStrategy ssv, ResolveSsv(request, server, target_is_nsa));
+  SPECD_RETURN_IF_ERROR(ValidateTreeShape(request.tree, "speculation.tree."));
+  if (request.tree.enabled && !request.tree_off && !DraftsTrees(method)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculation.tree needs a pinned method that drafts trees (draft_model, eagle3, ngram); "
+        "this request's is ",
+        SpeculationMethodName(method)));
+  }
   ResolvedSpeculation out;
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
@@ -596,7 +638,45 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
     out.num_speculative_tokens = std::min(out.num_speculative_tokens, request.policy_max_k);
   }
   if (out.num_speculative_tokens == 0) return ResolvedSpeculation{};  // max_k 0: plain
+  if (request.tree_off || !DraftsTrees(method) || !(request.tree.enabled || server.tree.enabled)) {
+    return out;
+  }
+  // The request's fields over the server's over the defaults; num_nodes is the round's K.
+  auto pick = [](int32_t mine, int32_t server_value, int32_t fallback) {
+    return mine > 0 ? mine : server_value > 0 ? server_value : fallback;
+  };
+  TreeShape& t = out.tree;
+  t.enabled = true;
+  t.depth = pick(request.tree.depth, server.tree.depth, out.num_speculative_tokens);
+  t.top_k = pick(request.tree.top_k, server.tree.top_k, kDefaultTreeTopK);
+  t.num_nodes = pick(request.tree.num_nodes, server.tree.num_nodes, kDefaultTreeNodes);
+  if (request.policy_max_k >= 0) t.num_nodes = std::min(t.num_nodes, request.policy_max_k);
+  t.depth = std::min(t.depth, t.num_nodes);
+  out.num_speculative_tokens = t.num_nodes;
+  out.k_pinned = true;
   return out;
+}
+
+bool DraftsTrees(SpeculationMethod m) {
+  return m == SpeculationMethod::kDraftModel || m == SpeculationMethod::kEagle3 ||
+         m == SpeculationMethod::kNgram;
+}
+
+absl::Status ValidateTreeShape(const TreeShape& t, std::string_view prefix) {
+  const struct {
+    const char* name;
+    int32_t value;
+    int32_t hi;
+  } fields[] = {{"depth", t.depth, kMaxSpeculativeTokens},
+                {"top_k", t.top_k, kMaxTreeTopK},
+                {"num_nodes", t.num_nodes, kMaxSpeculativeTokens}};
+  for (const auto& f : fields) {
+    if (f.value < 0 || f.value > f.hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(prefix), f.name, " must be in [1, ", f.hi, "], got ", f.value));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specd

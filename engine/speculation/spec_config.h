@@ -48,6 +48,25 @@ const char* SpeculationMethodName(SpeculationMethod m);  // "none", "draft_model
 // Longest draft one round may carry (requests and config alike).
 inline constexpr int32_t kMaxSpeculativeTokens = 64;
 
+// Token-tree drafts (Draft::parents, engine/model/token_tree.h): the drafter expands the top_k
+// best children of the best paths into a tree of at most num_nodes drafts, no path longer than
+// depth, and the target verifies the whole tree in one pass. Methods draft_model, eagle3 and
+// ngram. Zero fields are unset: a request's take the server's, the server's the defaults below.
+struct TreeShape {
+  bool enabled = false;   // trees at all (false: chains)
+  int32_t depth = 0;      // longest path (drafts); default: the request's K
+  int32_t top_k = 0;      // children a node expands at most; default 2
+  int32_t num_nodes = 0;  // drafts in the whole tree; default 16
+};
+inline constexpr int32_t kDefaultTreeTopK = 2;
+inline constexpr int32_t kDefaultTreeNodes = 16;
+inline constexpr int32_t kMaxTreeTopK = 16;
+// Whether `m` drafts trees (draft_model, eagle3, ngram).
+bool DraftsTrees(SpeculationMethod m);
+// InvalidArgument naming `prefix`.field for a set field out of range: depth and num_nodes in
+// [1, kMaxSpeculativeTokens], top_k in [1, kMaxTreeTopK].
+absl::Status ValidateTreeShape(const TreeShape& t, std::string_view prefix);
+
 // Per-request options.
 struct SpeculationParams {
   SpeculationMethod method = SpeculationMethod::kDefault;
@@ -67,6 +86,10 @@ struct SpeculationParams {
   std::optional<SsvMode> ssv_mode = {};  // unset: the server's
   int32_t ssv_refresh_every = 0;         // 0: unset
   bool ssv_strict = false;  // only lossless strategies (mode exact, every layer refreshes)
+  // speculation.tree: a tree object (enabled; unset fields: the server's, else the defaults),
+  // or "tree": false (tree_off: chains even where the server drafts trees).
+  TreeShape tree = {};
+  bool tree_off = false;
   bool has_ssv() const {
     return ssv_group_size != 0 || ssv_mode.has_value() || ssv_refresh_every != 0 || ssv_strict;
   }
@@ -151,6 +174,9 @@ struct SpeculativeConfig {
   DraftReplayOptions replay;           // benchmarks only: controlled acceptance of the draft
   SparseDraftOptions sparse;           // methods vegas and streaming: the default budget
   SsvStrategy ssv;                     // NSA targets: the default verification strategy ("ssv")
+  // Token trees for the tree-drafting methods ("tree": {"depth", "top_k", "num_nodes"}); not
+  // enabled: chains unless a request asks.
+  TreeShape tree = {};
 
   bool enabled() const {
     return method != SpeculationMethod::kNone || !draft_model.empty() || !eagle3_model.empty();
@@ -179,6 +205,9 @@ struct ResolvedSpeculation {
   SparseDraftOptions sparse;  // vegas / streaming: the request's budget, else the server's
   uint32_t forbidden_bits = 0;  // speculation.policy.forbid: bit i is SpeculationMethod i
   SsvStrategy ssv;              // NSA targets: how the request's verification chunks attend
+  // A pinned tree-drafting method's tree (every field set), or none: chains. With a tree,
+  // num_speculative_tokens is its num_nodes (the lookahead slots a round verifies).
+  TreeShape tree = {};
   bool enabled() const { return method != SpeculationMethod::kNone; }
   bool Forbids(SpeculationMethod m) const {
     return (forbidden_bits >> static_cast<int>(m) & 1u) != 0;
@@ -200,6 +229,10 @@ struct ResolvedSpeculation {
 // target is not an NSA model (`target_is_nsa`), for values out of range, or for a lossy value the
 // request asks for beside "strict": true. A strict request demotes a lossy server default to
 // mode exact with every layer refreshing (the group size stays).
+// speculation.tree: the request's fields over the server's tree over the defaults, for a pinned
+// tree-drafting method (InvalidArgument for a request's tree with another method, auto included,
+// or a field out of range; a server tree applies to those methods only); num_nodes is capped by
+// policy max_k.
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd = false,

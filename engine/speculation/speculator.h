@@ -40,6 +40,12 @@ struct DraftInput {
   // the tokens whose KV is computed (the last committed token's is not).
   std::span<const int32_t> block_table;  // [num_blocks]
   int32_t num_computed = 0;
+  // A token tree wanted instead of a chain (Draft::parents): at most num_draft_tokens nodes, no
+  // path longer than tree_depth, each node expanding at most tree_top_k children. tree_depth 0:
+  // a chain. A speculator without trees drafts a chain of up to min(K, tree_depth) then.
+  int32_t tree_depth = 0;
+  int32_t tree_top_k = 0;
+  bool wants_tree() const { return tree_depth > 0; }
 };
 
 // Where an SSD draft came from (metrics split acceptance by it); kDefault for other speculators.
@@ -48,6 +54,10 @@ enum class DraftOrigin : uint8_t { kDefault, kCacheHit, kPrimary, kBackup, kLoca
 // What a speculator proposes for one sequence.
 struct Draft {
   std::vector<int32_t> tokens;  // [k], k <= num_draft_tokens
+  // A token tree (engine/model/token_tree.h) instead of a chain: parents[j] is draft j's parent,
+  // -1 for a child of the last committed token, else an earlier draft; siblings best first,
+  // every node the drafter's deterministic choice (q one-hot: probs stays empty). Empty: a chain.
+  std::vector<int32_t> parents;
   // [k, vocab] f32: q_j, the distribution draft j was drawn from (processed under the
   // request's params, as acceptance needs for sampled requests). Empty for deterministic
   // proposals (n-gram) and for greedy requests: acceptance then treats q as one-hot.
@@ -67,6 +77,7 @@ struct Draft {
   // Back to an empty draft, keeping the vectors' capacity (drafts are reused every step).
   void Reset() {
     tokens.clear();
+    parents.clear();
     probs.clear();
     device_probs = nullptr;
     candidates.clear();
@@ -81,6 +92,9 @@ struct VerifiedRound {
   int32_t num_drafts = 0;    // drafts verified: those Propose returned (cut to the K asked)
   int32_t num_accepted = 0;  // 0..num_drafts: the accepted prefix
   int32_t next_token = 0;    // the target's token after them: the correction or the bonus token
+  // A tree's accepted drafts (indices into the draft, root side first; num_accepted of them);
+  // empty for chains (drafts 0..num_accepted - 1). Valid during OnVerified only.
+  std::span<const int32_t> path = {};
   // Vegas: what the verification pass scored, [num_layers, 2, num_scored] f32 (ChunkAttention's
   // scores of the chunk's first and last query rows over the prefix [0, num_scored)); empty for
   // other methods. Valid during OnVerified only.

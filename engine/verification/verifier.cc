@@ -13,6 +13,12 @@ int64_t NumPositions(std::span<const Draft> drafts) {
   return n;
 }
 
+// Trees verify on the host for now (HostVerifier): the device verifiers take chains.
+bool AnyTree(std::span<const Draft> drafts) {
+  return std::any_of(drafts.begin(), drafts.end(),
+                     [](const Draft& d) { return !d.parents.empty(); });
+}
+
 bool AnyDrafts(std::span<const Draft> drafts) {
   return std::any_of(drafts.begin(), drafts.end(),
                      [](const Draft& d) { return !d.tokens.empty(); });
@@ -37,6 +43,7 @@ void ToOutcomes(std::span<const Draft> drafts, std::vector<GreedyVerifyResult>& 
     o.num_drafts = static_cast<int32_t>(tokens.size());
     o.num_accepted = v.num_accepted;
     o.tokens.clear();
+    o.path.clear();
     if (!v.accepted.empty()) {  // with their logprobs
       for (SampleResult& a : v.accepted) o.tokens.push_back(std::move(a));
     } else {
@@ -51,6 +58,7 @@ void ToOutcomes(std::span<const Draft> drafts, std::vector<GreedyVerifyResult>& 
 // ---- GreedyVerifier ----
 
 bool GreedyVerifier::Fits(std::span<const SampleRow> rows, std::span<const Draft> drafts) const {
+  if (AnyTree(drafts)) return false;
   for (size_t k = 0; k < rows.size() && k < drafts.size(); ++k) {
     if (drafts[k].tokens.empty()) continue;
     const SamplingParams& p = *rows[k].params;
@@ -71,6 +79,7 @@ absl::Status GreedyVerifier::Verify(const VerifyInput& in, std::vector<RowOutcom
       o.num_drafts = 0;
       o.num_accepted = 0;
       o.tokens.clear();
+      o.path.clear();
       o.tokens.push_back(std::move(sampled_[k]));
     }
     return absl::OkStatus();
@@ -88,7 +97,9 @@ absl::Status GreedyVerifier::Verify(const VerifyInput& in, std::vector<RowOutcom
 // ---- SampledVerifier ----
 
 bool SampledVerifier::Fits(std::span<const SampleRow> rows, std::span<const Draft> drafts) const {
-  if (!runner_->SamplesSpeculationOnDevice() || rows.size() != drafts.size()) return false;
+  if (!runner_->SamplesSpeculationOnDevice() || rows.size() != drafts.size() || AnyTree(drafts)) {
+    return false;
+  }
   return NumPositions(drafts) <= runner_->max_sample_rows();
 }
 
@@ -124,6 +135,14 @@ absl::Status HostVerifier::Verify(const VerifyInput& in, std::vector<RowOutcome>
                        " needs an all_logits chunk of its last token and drafts, and an acceptor"));
     }
   }
+  for (size_t k = 0; k < in.rows.size(); ++k) {
+    const Draft& d = in.drafts[k];
+    if (d.parents.empty()) continue;
+    if (d.parents.size() != d.tokens.size() || in.batch[in.rows[k].chunk].tree == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host verification: tree row ", k, " needs a parent per draft and a chunk with a tree"));
+    }
+  }
   if (absl::Status s = runner_->Forward(in.batch, &logits_); !s.ok()) return s;
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   // First logits row of each chunk: one row per chunk, one per token for drafted decodes.
@@ -147,6 +166,7 @@ absl::Status HostVerifier::Verify(const VerifyInput& in, std::vector<RowOutcome>
     o.num_drafts = static_cast<int32_t>(d.tokens.size());
     o.num_accepted = 0;
     o.tokens.clear();
+    o.path.clear();
     if (d.tokens.empty()) {
       o.tokens.push_back(r.sampler->Sample(row_logits(row, 1), *r.history, r.banned));
       continue;
@@ -155,6 +175,19 @@ absl::Status HostVerifier::Verify(const VerifyInput& in, std::vector<RowOutcome>
     banned.ids = r.banned;
     banned.num_positions =
         static_cast<int32_t>(std::max<int64_t>(0, int64_t{r.params->min_tokens} - r.num_generated));
+    if (!d.parents.empty()) {
+      const AcceptResult a = in.acceptors[k]->VerifyTree(
+          row_logits(row, d.tokens.size() + 1), d.tokens, d.parents, *r.history, banned, &o.path);
+      // Each committed token's logprobs are its parent node's row's (the root's: row 0).
+      int32_t node = 0;
+      for (int32_t j = 0; j <= a.num_accepted; ++j) {
+        const int32_t id = j < a.num_accepted ? d.tokens[o.path[j]] : a.next_token;
+        o.tokens.push_back(RawTokenLogprobs(row_logits(row + node, 1), id, r.params->logprobs));
+        if (j < a.num_accepted) node = o.path[j] + 1;
+      }
+      o.num_accepted = a.num_accepted;
+      continue;
+    }
     const AcceptResult a = in.acceptors[k]->Verify(row_logits(row, d.tokens.size() + 1), d.tokens,
                                                    d.probs, *r.history, banned);
     // The target's raw logprobs for every committed token.

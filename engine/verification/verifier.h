@@ -50,6 +50,8 @@ struct RowOutcome {
   // The tokens to commit, in order: the accepted drafts, then the correction or bonus token (a
   // plain row: its one token). Logprobs are the target's raw ones, where the request asks.
   std::vector<SampleResult> tokens;
+  // A tree's accepted drafts (indices, root side first); empty for chains and plain rows.
+  std::vector<int32_t> path;
 };
 
 class Verifier {

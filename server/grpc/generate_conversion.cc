@@ -5,6 +5,7 @@
 #include <span>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -122,6 +123,30 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptio
     params.ssv_mode = mode;
   }
   params.ssv_strict = ssv.strict();
+  const v1::TreeOptions& tree = options.tree();
+  for (auto [field, has, value, hi, out] :
+       {std::tuple{"depth", tree.has_depth(), tree.depth(), kMaxSpeculativeTokens,
+                   &params.tree.depth},
+        std::tuple{"top_k", tree.has_top_k(), tree.top_k(), kMaxTreeTopK, &params.tree.top_k},
+        std::tuple{"num_nodes", tree.has_num_nodes(), tree.num_nodes(), kMaxSpeculativeTokens,
+                   &params.tree.num_nodes}}) {
+    if (!has) continue;
+    if (value < 1 || value > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation.tree.", field, " must be in [1, ", hi, "], got ", value));
+    }
+    *out = value;
+    params.tree.enabled = true;
+  }
+  if (tree.has_enabled()) {
+    if (tree.enabled()) {
+      params.tree.enabled = true;
+    } else if (params.tree.enabled) {
+      return absl::InvalidArgumentError("speculation.tree: enabled false with tree fields set");
+    } else {
+      params.tree_off = true;
+    }
+  }
   return params;
 }
 

@@ -166,6 +166,24 @@ TEST_F(GenerateConversionTest, BadRequestsNameTheField) {
          r->mutable_speculation()->mutable_policy()->add_forbid("warp");
        },
        absl::StatusCode::kInvalidArgument, "speculation.policy.forbid"},
+      {"tree depth",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_method("ngram");
+         r->mutable_speculation()->mutable_tree()->set_depth(0);
+       },
+       absl::StatusCode::kInvalidArgument, "speculation.tree.depth"},
+      {"tree top_k",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_method("ngram");
+         r->mutable_speculation()->mutable_tree()->set_top_k(17);
+       },
+       absl::StatusCode::kInvalidArgument, "speculation.tree.top_k"},
+      {"tree off with fields",
+       [](v1::GenerateRequest* r) {
+         r->mutable_speculation()->mutable_tree()->set_enabled(false);
+         r->mutable_speculation()->mutable_tree()->set_num_nodes(8);
+       },
+       absl::StatusCode::kInvalidArgument, "speculation.tree"},
       {"skip special", [](v1::GenerateRequest* r) { r->set_skip_special_tokens(false); },
        absl::StatusCode::kUnimplemented, "skip_special_tokens"},
   };

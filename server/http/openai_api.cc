@@ -1,5 +1,7 @@
 #include "server/http/openai_api.h"
 
+#include <algorithm>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 
@@ -150,6 +152,27 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
   return prompts;
 }
 
+// The fields of the object `speculation.<name>` under their full names ("speculation.<name>.
+// <field>": value, null when absent), so that errors name them so; unknown fields are 400.
+absl::StatusOr<Json> NamedFields(const Json& object, const char* name,
+                                 std::initializer_list<const char*> fields) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::none_of(fields.begin(), fields.end(), [&](const char* f) { return key == f; })) {
+      std::string known;
+      for (const char* f : fields) {
+        absl::StrAppend(&known, known.empty() ? "" : f == *(fields.end() - 1) ? " and " : ", ", f);
+      }
+      return InvalidParam(
+          absl::StrCat("speculation.", name, ".", key),
+          absl::StrCat("unknown speculation.", name, " field '", key, "'; use ", known));
+    }
+  }
+  Json named = Json::object();
+  for (const char* f : fields)
+    named[absl::StrCat("speculation.", name, ".", f)] = object.value(f, Json());
+  return named;
+}
+
 // speculation.policy: {"max_k": 0..64, "forbid": ["draft_model", "ngram", "ssd", "vegas",
 // "streaming"]}. Wrong JSON types 422, unknown fields and bad values 400, naming the field.
 absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* out) {
@@ -194,21 +217,13 @@ absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out)
   if (ssv == nullptr) return absl::OkStatus();
   if (!ssv->is_object())
     return SchemaError("speculation.ssv", "'speculation.ssv' must be an object");
-  for (const auto& [key, value] : ssv->items()) {
-    if (key != "group_size" && key != "mode" && key != "refresh_every" && key != "strict") {
-      return InvalidParam(absl::StrCat("speculation.ssv.", key),
-                          absl::StrCat("unknown speculation.ssv field '", key,
-                                       "'; use group_size, mode, refresh_every and strict"));
-    }
-  }
   constexpr char kGroup[] = "speculation.ssv.group_size";
   constexpr char kMode[] = "speculation.ssv.mode";
   constexpr char kRefresh[] = "speculation.ssv.refresh_every";
   constexpr char kStrict[] = "speculation.ssv.strict";
-  const Json named = {{kGroup, ssv->value("group_size", Json())},
-                      {kMode, ssv->value("mode", Json())},
-                      {kRefresh, ssv->value("refresh_every", Json())},
-                      {kStrict, ssv->value("strict", Json())}};
+  SPECD_ASSIGN_OR_RETURN(
+      const Json named,
+      NamedFields(*ssv, "ssv", {"group_size", "mode", "refresh_every", "strict"}));
   SPECD_RETURN_IF_ERROR(ReadInt32(named, kGroup, 1, kMaxSsvGroupSize, &out->ssv_group_size));
   SPECD_RETURN_IF_ERROR(ReadInt32(named, kRefresh, 1, 1 << 16, &out->ssv_refresh_every));
   std::string mode;
@@ -221,6 +236,35 @@ absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out)
     out->ssv_mode = m;
   }
   return ReadBool(named, kStrict, &out->ssv_strict);
+}
+
+// speculation.tree: {"depth": 1..64, "top_k": 1..16, "num_nodes": 1..64} (each optional: the
+// server's, else the defaults), or false (chains even where the server drafts trees). Wrong JSON
+// types 422, unknown fields and bad values 400, naming the field.
+absl::Status ReadSpeculationTree(const Json& speculation, SpeculationParams* out) {
+  const Json* tree = FindField(speculation, "tree");
+  if (tree == nullptr) return absl::OkStatus();
+  if (tree->is_boolean()) {
+    if (tree->get<bool>()) {
+      out->tree.enabled = true;
+    } else {
+      out->tree_off = true;
+    }
+    return absl::OkStatus();
+  }
+  if (!tree->is_object()) {
+    return SchemaError("speculation.tree", "'speculation.tree' must be an object or a boolean");
+  }
+  constexpr char kDepth[] = "speculation.tree.depth";
+  constexpr char kTopK[] = "speculation.tree.top_k";
+  constexpr char kNodes[] = "speculation.tree.num_nodes";
+  SPECD_ASSIGN_OR_RETURN(const Json named,
+                         NamedFields(*tree, "tree", {"depth", "top_k", "num_nodes"}));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kDepth, 1, kMaxSpeculativeTokens, &out->tree.depth));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kTopK, 1, kMaxTreeTopK, &out->tree.top_k));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNodes, 1, kMaxSpeculativeTokens, &out->tree.num_nodes));
+  out->tree.enabled = true;
+  return absl::OkStatus();
 }
 
 // The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd|vegas|
@@ -242,15 +286,16 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   for (const auto& [key, value] : v->items()) {
     if (key != "method" && key != "num_speculative_tokens" && key != "saguaro_c" &&
         key != "sparsity_ratio" && key != "min_tokens" && key != "max_tokens" && key != "policy" &&
-        key != "ssv") {
+        key != "ssv" && key != "tree") {
       return InvalidParam(
           absl::StrCat("speculation.", key),
           absl::StrCat("unknown speculation field '", key,
                        "'; use method, num_speculative_tokens, saguaro_c, sparsity_ratio, "
-                       "min_tokens, max_tokens, policy and ssv"));
+                       "min_tokens, max_tokens, policy, ssv and tree"));
     }
   }
   SPECD_RETURN_IF_ERROR(ReadSpeculationPolicy(*v, &spec->speculation));
+  SPECD_RETURN_IF_ERROR(ReadSpeculationTree(*v, &spec->speculation));
   SPECD_RETURN_IF_ERROR(ReadSpeculationSsv(*v, &spec->speculation));
   // The fields under their full names, so that errors name them so.
   constexpr char kSaguaroC[] = "speculation.saguaro_c";
@@ -291,10 +336,11 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
     const char* field = m.find("sparsity_ratio") != std::string::npos  ? kRatio
                         : m.find("policy.forbid") != std::string::npos ? "speculation.policy.forbid"
                         : m.find("policy.max_k") != std::string::npos  ? "speculation.policy.max_k"
-                        : m.find("speculation.ssv") != std::string::npos ? "speculation.ssv"
-                        : m.find("max_tokens") != std::string::npos      ? kMaxTokens
-                        : m.find("min_tokens") != std::string::npos      ? kMinTokens
-                                                                         : kMethod;
+                        : m.find("speculation.ssv") != std::string::npos  ? "speculation.ssv"
+                        : m.find("speculation.tree") != std::string::npos ? "speculation.tree"
+                        : m.find("max_tokens") != std::string::npos       ? kMaxTokens
+                        : m.find("min_tokens") != std::string::npos       ? kMinTokens
+                                                                          : kMethod;
     return InvalidParam(field, m);
   }
   spec->report_ssd = resolved->method == SpeculationMethod::kSsd;

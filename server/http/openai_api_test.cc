@@ -316,6 +316,45 @@ TEST_F(OpenAiApiTest, BadSpeculationNamesTheFieldAndStatus) {
       << no_draft.status();
 }
 
+TEST_F(OpenAiApiTest, SpeculationTreeIsParsedWithClearErrors) {
+  auto ok = Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                          "tree": {"depth": 3, "top_k": 2, "num_nodes": 10}}})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  const TreeShape& t = ok->requests[0].speculation.tree;
+  EXPECT_TRUE(t.enabled);
+  EXPECT_EQ(t.depth, 3);
+  EXPECT_EQ(t.top_k, 2);
+  EXPECT_EQ(t.num_nodes, 10);
+  auto partial = Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                               "tree": {"top_k": 4}}})");
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_TRUE(partial->requests[0].speculation.tree.enabled);
+  EXPECT_EQ(partial->requests[0].speculation.tree.depth, 0);  // the server's, else K
+  auto off = Completion(R"({"prompt": "x", "speculation": {"tree": false}})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->requests[0].speculation.tree_off);
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                             "tree": {"depth": 0}}})"),
+              400, "speculation.tree.depth");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                             "tree": {"top_k": 17}}})"),
+              400, "speculation.tree.top_k");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                             "tree": {"num_nodes": 2.5}}})"),
+              422, "speculation.tree.num_nodes");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "ngram",
+                             "tree": {"width": 2}}})"),
+              400, "speculation.tree.width");
+  ExpectError(Completion(R"({"prompt": "x", "speculation": {"method": "ngram", "tree": 3}})"), 422,
+              "speculation.tree");
+  // A method that drafts no trees.
+  auto vegas = Completion(R"({"prompt": "x", "speculation": {"method": "vegas",
+                             "tree": {"num_nodes": 8}}})");
+  ExpectError(vegas, 400, "speculation.tree");
+  EXPECT_NE(vegas.status().message().find("draft_model, eagle3, ngram"), std::string::npos)
+      << vegas.status();
+}
+
 TEST_F(OpenAiApiTest, SpeculationPolicyCapsKAndForbidsMethodsWithClearErrors) {
   auto ok = Completion(R"({"prompt": "x", "speculation": {"method": "auto",
                           "policy": {"max_k": 2, "forbid": ["ngram", "draft"]}}})");

@@ -1,0 +1,101 @@
+#include "engine/speculation/draft_tree.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace specd {
+
+void DraftTreeBuilder::Reset(int32_t depth, int32_t top_k, int32_t max_nodes) {
+  depth_ = depth;
+  top_k_ = top_k;
+  max_nodes_ = max_nodes;
+  level_ = 0;
+  level_begin_ = 0;
+  nodes_.clear();
+}
+
+void DraftTreeBuilder::Expand(int32_t node, std::span<const float> logits,
+                              std::span<const int32_t> banned) {
+  const auto vocab = static_cast<int32_t>(logits.size());
+  scratch_.assign(logits.begin(), logits.end());
+  for (int32_t id : banned) {
+    if (id >= 0 && id < vocab) scratch_[id] = -std::numeric_limits<float>::infinity();
+  }
+  const float max = *std::max_element(scratch_.begin(), scratch_.end());
+  if (!std::isfinite(max)) return;  // everything banned
+  double sum = 0;
+  for (float x : scratch_) sum += std::exp(static_cast<double>(x) - max);
+  const double log_sum = max + std::log(sum);
+  const double base = node < 0 ? 0.0 : nodes_[node].score;
+  const int32_t depth = node < 0 ? 0 : nodes_[node].depth + 1;
+  // The top_k ids by logit, ties to the lower id.
+  const int32_t k = std::min(top_k_, vocab);
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
+  });
+  for (int32_t i = 0; i < k; ++i) {
+    if (!std::isfinite(scratch_[ids[i]])) break;
+    nodes_.push_back(Node{ids[i], node, depth, base + scratch_[ids[i]] - log_sum});
+  }
+}
+
+std::vector<int32_t> DraftTreeBuilder::NextLevel() {
+  std::vector<int32_t> best;
+  if (level_ + 1 >= depth_) return best;
+  for (size_t n = level_begin_; n < nodes_.size(); ++n) best.push_back(static_cast<int32_t>(n));
+  std::stable_sort(best.begin(), best.end(),
+                   [&](int32_t a, int32_t b) { return nodes_[a].score > nodes_[b].score; });
+  if (static_cast<int32_t>(best.size()) > top_k_) best.resize(top_k_);
+  std::sort(best.begin(), best.end());
+  level_begin_ = nodes_.size();
+  ++level_;
+  return best;
+}
+
+void DraftTreeBuilder::AppendPathTokens(int32_t node, std::vector<int32_t>* out) const {
+  const size_t first = out->size();
+  for (int32_t n = node; n >= 0; n = nodes_[n].parent) out->push_back(nodes_[n].token);
+  std::reverse(out->begin() + static_cast<std::ptrdiff_t>(first), out->end());
+}
+
+void DraftTreeBuilder::Finish(std::vector<int32_t>* tokens, std::vector<int32_t>* parents) const {
+  tokens->clear();
+  parents->clear();
+  // The best max_nodes by score; on equal scores the shallower (then earlier) node first, so a
+  // parent always comes before a child that ties with it.
+  std::vector<int32_t> order(nodes_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    if (nodes_[a].score != nodes_[b].score) return nodes_[a].score > nodes_[b].score;
+    return nodes_[a].depth < nodes_[b].depth;
+  });
+  std::vector<char> kept(nodes_.size(), 0);
+  int32_t count = 0;
+  for (int32_t n : order) {
+    if (count == max_nodes_) break;
+    // Ancestors are kept already (they score at least as high); a node whose parent was cut by
+    // the budget on a tie is skipped rather than orphaned.
+    if (nodes_[n].parent >= 0 && !kept[nodes_[n].parent]) continue;
+    kept[n] = 1;
+    ++count;
+  }
+  // Breadth first, siblings in the order Expand added them (best first).
+  std::vector<int32_t> bfs, index(nodes_.size(), -1);
+  for (int32_t d = 0; d < depth_; ++d) {
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (kept[n] && nodes_[n].depth == d) bfs.push_back(static_cast<int32_t>(n));
+    }
+  }
+  for (size_t i = 0; i < bfs.size(); ++i) {
+    const Node& node = nodes_[bfs[i]];
+    index[bfs[i]] = static_cast<int32_t>(i);
+    tokens->push_back(node.token);
+    parents->push_back(node.parent < 0 ? -1 : index[node.parent]);
+  }
+}
+
+}  // namespace specd

@@ -1,0 +1,56 @@
+// Token trees for drafters that run a model (the draft model, an EAGLE-3 head): the tree grows
+// a level at a time from the drafter's logits, as EAGLE-2's dynamic draft tree does. Each node
+// scores the sum of its path's log-probabilities under the drafter (log-softmax of the raw
+// logits; banned ids excluded while the request is below min_tokens). Level 1 is the root's
+// top_k children; each later level expands the top_k best nodes of the level before by their
+// top_k children; the tree verified is the num_nodes best nodes of all (a child never scores
+// above its parent, so the best nodes include their ancestors), breadth first, siblings best
+// first. Nodes are deterministic choices: verification treats q as one-hot at each, which keeps
+// sampled requests lossless (Acceptor::VerifyTree). Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace specd {
+
+class DraftTreeBuilder {
+ public:
+  // depth >= 1 levels, top_k >= 1, max_nodes >= 1 nodes in the tree verified.
+  void Reset(int32_t depth, int32_t top_k, int32_t max_nodes);
+
+  // Adds node `node`'s top_k children (node -1: the root) from the drafter's raw logits after
+  // it; ids in `banned` are never children.
+  void Expand(int32_t node, std::span<const float> logits, std::span<const int32_t> banned);
+  // The nodes whose logits expand the tree next: the top_k best of the deepest level, while
+  // a deeper level is allowed (empty once the tree is complete). Each call moves one level on.
+  std::vector<int32_t> NextLevel();
+
+  int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()); }
+  int32_t token(int32_t node) const { return nodes_[node].token; }
+  int32_t parent(int32_t node) const { return nodes_[node].parent; }
+  int32_t depth(int32_t node) const { return nodes_[node].depth; }  // the root's children: 0
+  // The path's tokens from the root's child down to `node`, appended to *out.
+  void AppendPathTokens(int32_t node, std::vector<int32_t>* out) const;
+
+  // The tree verified: the max_nodes best nodes, breadth first (Draft::tokens and parents).
+  void Finish(std::vector<int32_t>* tokens, std::vector<int32_t>* parents) const;
+
+ private:
+  struct Node {
+    int32_t token;
+    int32_t parent;  // -1: a child of the root
+    int32_t depth;
+    double score;  // the path's summed log-probabilities
+  };
+  int32_t depth_ = 0;
+  int32_t top_k_ = 0;
+  int32_t max_nodes_ = 0;
+  int32_t level_ = 0;       // the deepest level added (0: the root's children)
+  size_t level_begin_ = 0;  // nodes of the deepest level: [level_begin_, nodes_.size())
+  std::vector<Node> nodes_;
+  std::vector<float> scratch_;  // [vocab] log-softmax of one row
+};
+
+}  // namespace specd
