@@ -216,6 +216,8 @@ struct SpeculationStepMetrics {
   double draft_seconds = 0;               // the speculators' Propose calls
   double verify_seconds = 0;              // the target's verification pass and acceptance
   std::vector<uint8_t> from_cache;        // [num_rounds] 1: SSD drafts from the cache
+  std::vector<const char*> methods;       // [num_rounds] SpeculationMethodName of each round
+  std::vector<uint8_t> trees;             // [num_rounds] 1: a token tree (its drafts: nodes)
   // [num_sparse_rounds] vegas / streaming rounds: prefix tokens each draft step attended per
   // layer (the selection plus the tokens committed since it was scored); dense rounds not listed.
   std::vector<int32_t> sparse_kept_tokens;

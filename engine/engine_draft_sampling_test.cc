@@ -1,6 +1,7 @@
 // Sampled output of the cheap drafters (issue 33) keeps the target's distribution: the chi-square
 // test of the first token a verification round decides, for the EAGLE-3 head and the parallel
-// draft the project trained, each with its negative control (a broken acceptance rule the test
+// draft the project trained, and for token trees of the codepair draft model (recursive
+// rejection over siblings), each with its negative control (a broken acceptance rule the test
 // must reject). 1,000 sampled requests per test (the negative controls scored 287 and 300 at
 // 2,000 against a critical value of 45): its own binary, left out of the ASan stage as
 // engine_spec_test is (engine_eagle3_test and engine_parallel_draft_test run there).
@@ -24,11 +25,16 @@ const std::string kPard = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard
 class DraftSamplingTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    const bool eagle3 = std::string(GetParam()) == "eagle3";
+    const std::string drafter = GetParam();
+    const bool eagle3 = drafter == "eagle3";
     engine_ = MakeEngine(kTarget, eagle3 ? R"({"method": "eagle3", "model": ")" + kHead + R"("})"
-                                         : R"({"model": ")" + kPard + R"(", "parallel": true})");
+                                  : drafter == "tree"
+                                      ? R"({"model": ")" + kDraft + R"("})"
+                                      : R"({"model": ")" + kPard + R"(", "parallel": true})");
     ASSERT_NE(engine_, nullptr);
     spec_ = {eagle3 ? SpeculationMethod::kEagle3 : SpeculationMethod::kDraftModel, 2};
+    // A tree of 9 nodes, 3 children a node: the second token is kept among the root's three.
+    if (drafter == "tree") spec_.tree = TreeShape{true, 3, 3, 9};
     // The first token is "," with p 0.79; the second is uncertain (engine_spec_test's prompt).
     prompt_ = *engine_->tokenizer()->Encode("class Foo:\n    def __init__(self", true);
   }
@@ -52,7 +58,7 @@ TEST_P(DraftSamplingTest, BrokenAcceptanceRuleIsCaught) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CheapDrafters, DraftSamplingTest,
-                         ::testing::Values("eagle3", "parallel_draft"));
+                         ::testing::Values("eagle3", "parallel_draft", "tree"));
 
 }  // namespace
 }  // namespace specd

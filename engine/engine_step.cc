@@ -355,6 +355,8 @@ void Engine::Apply(const StepPlan& plan) {
       }
       const bool hit = c.drafts[k].origin == DraftOrigin::kCacheHit;
       metrics.from_cache.push_back(hit ? 1 : 0);
+      metrics.methods.push_back(SpeculationMethodName(r.step.method));
+      metrics.trees.push_back(c.drafts[k].parents.empty() ? 0 : 1);
       if (runner_->config().is_nsa()) metrics.ssv_strategies.push_back(SsvStrategyName(r.spec.ssv));
       if (c.drafts[k].num_kept_tokens >= 0) {
         metrics.sparse_kept_tokens.push_back(c.drafts[k].num_kept_tokens);

@@ -1,16 +1,14 @@
 // Token trees on the CPU engine (issue 33): greedy output of tree rounds equals plain decoding
 // for the draft model and n-gram, with every greedy option (penalties over the tree's path,
 // min_tokens, stop strings, logprobs, n > 1) and in a batch mixing trees, chains and plain
-// rows; sampled tree rounds keep the target's distribution (the chi-square test of the first
-// token a round decides, with its negative control); trees accept more per round than chains of
-// the same depth; malformed tree options are refused. The exact path (HostVerifier,
+// rows; trees accept more per round than chains of the same depth; malformed tree options are
+// refused. Sampled tree rounds: engine_draft_sampling_test. The exact path (HostVerifier,
 // Acceptor::VerifyTree) is the oracle for the GPU's.
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/engine_spec_test_util.h"
-#include "engine/sample/acceptance.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -41,10 +39,6 @@ class TreeTest : public ::testing::Test {
     delete prompts_;
     delete plain_;
   }
-  void TearDown() override {
-    acceptance_internal::acceptor_rule_for_test = acceptance_internal::Rule::kSpeculativeSampling;
-  }
-
   static Engine* engine_;
   static std::vector<std::vector<int32_t>>* prompts_;
   static std::vector<GenerateResult>* plain_;
@@ -104,23 +98,6 @@ TEST_F(TreeTest, TreesAcceptMoreThanChainsOfTheirDepth) {
   std::printf("codepair draft model, greedy: chain K 4 %.2f, tree 4/3/16 %.2f tokens per round\n",
               chain, tree);
   EXPECT_GT(tree, chain);
-}
-
-TEST_F(TreeTest, SampledTreeRoundsFollowTheTargetDistribution) {
-  const std::vector<int32_t> prompt =
-      *engine_->tokenizer()->Encode("class Foo:\n    def __init__(self", true);
-  const auto [stat, critical] =
-      SecondTokenChiSquare(*engine_, prompt, 1000, Tree(SpeculationMethod::kDraftModel, 3, 3, 9));
-  EXPECT_LT(stat, critical);
-}
-
-TEST_F(TreeTest, BrokenAcceptanceRuleIsCaught) {
-  acceptance_internal::acceptor_rule_for_test = acceptance_internal::Rule::kDraftOverTargetForTest;
-  const std::vector<int32_t> prompt =
-      *engine_->tokenizer()->Encode("class Foo:\n    def __init__(self", true);
-  const auto [stat, critical] =
-      SecondTokenChiSquare(*engine_, prompt, 1000, Tree(SpeculationMethod::kDraftModel, 3, 3, 9));
-  EXPECT_GT(stat, critical);
 }
 
 TEST(TreeConfigTest, TreeOptionsAreCheckedAndResolved) {

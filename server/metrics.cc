@@ -105,6 +105,30 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
       NewHistogram(r, "specd_spec_decode_accepted_length",
                    "Speculative decoding: draft tokens accepted per verification round.",
                    kAcceptedLengthBuckets);
+  spec_method_rounds_ = &prometheus::BuildCounter()
+                             .Name("specd_spec_decode_rounds_by_method_total")
+                             .Help(
+                                 "Speculative decoding: verification rounds that carried drafts, "
+                                 "by method and shape (chain or tree).")
+                             .Register(r);
+  spec_method_drafted_ = &prometheus::BuildCounter()
+                              .Name("specd_spec_decode_draft_tokens_by_method_total")
+                              .Help(
+                                  "Speculative decoding: draft tokens verified (a tree's nodes), "
+                                  "by method and shape.")
+                              .Register(r);
+  spec_method_accepted_ = &prometheus::BuildCounter()
+                               .Name("specd_spec_decode_accepted_tokens_by_method_total")
+                               .Help(
+                                   "Speculative decoding: draft tokens accepted (a tree's "
+                                   "accepted path), by method and shape.")
+                               .Register(r);
+  spec_tree_nodes_ =
+      NewHistogram(r, "specd_spec_decode_tree_nodes", "Token trees: draft nodes per verified tree.",
+                   kAcceptedLengthBuckets);
+  spec_tree_accepted_ =
+      NewHistogram(r, "specd_spec_decode_tree_accepted_length",
+                   "Token trees: accepted path length per verified tree.", kAcceptedLengthBuckets);
   spec_sparse_kept_tokens_ = NewHistogram(
       r, "specd_spec_decode_sparse_kept_tokens",
       "Vegas / streaming speculation: prefix tokens each sparse draft step attended per layer, "
@@ -244,6 +268,19 @@ void Metrics::OnSpeculation(const SpeculationStepMetrics& m) {
       prometheus::Counter*& at = spec_accepted_at_[pos];
       if (at == nullptr) at = &spec_accepted_per_pos_->Add({{"position", std::to_string(pos)}});
       at->Increment();
+    }
+  }
+  for (size_t i = 0; i < m.num_draft_tokens.size() && i < m.methods.size(); ++i) {
+    const bool tree = i < m.trees.size() && m.trees[i] != 0;
+    const prometheus::Labels labels = {{"method", m.methods[i]},
+                                       {"shape", tree ? "tree" : "chain"}};
+    const int32_t accepted = i < m.num_accepted.size() ? m.num_accepted[i] : 0;
+    spec_method_rounds_->Add(labels).Increment();
+    spec_method_drafted_->Add(labels).Increment(m.num_draft_tokens[i]);
+    spec_method_accepted_->Add(labels).Increment(accepted);
+    if (tree) {
+      spec_tree_nodes_->Observe(m.num_draft_tokens[i]);
+      spec_tree_accepted_->Observe(accepted);
     }
   }
   spec_drafts_->Increment(static_cast<double>(m.num_draft_tokens.size()));

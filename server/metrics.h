@@ -83,6 +83,12 @@ class Metrics : public EngineObserver {
   prometheus::Histogram* spec_draft_seconds_ = nullptr;
   prometheus::Histogram* spec_verify_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* spec_seconds_ = nullptr;  // {method, phase}
+  // Per method and shape (chain or tree): rounds, draft tokens (a tree's nodes), accepted.
+  prometheus::Family<prometheus::Counter>* spec_method_rounds_ = nullptr;    // {method, shape}
+  prometheus::Family<prometheus::Counter>* spec_method_drafted_ = nullptr;   // {method, shape}
+  prometheus::Family<prometheus::Counter>* spec_method_accepted_ = nullptr;  // {method, shape}
+  prometheus::Histogram* spec_tree_nodes_ = nullptr;
+  prometheus::Histogram* spec_tree_accepted_ = nullptr;
   // SSV (NSA targets): what verification read, per query x layer x KV head.
   prometheus::Counter* ssv_queries_ = nullptr;
   prometheus::Family<prometheus::Counter>* ssv_keys_ = nullptr;    // {load}

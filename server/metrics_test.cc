@@ -128,6 +128,27 @@ TEST(MetricsTest, SpeculationTimeByMethodAndPhase) {
   EXPECT_EQ(text.find("method=\"ssd\""), std::string::npos);
 }
 
+TEST(MetricsTest, RoundsByMethodAndShapeAndTreeSizes) {
+  Metrics m;
+  SpeculationStepMetrics step;
+  step.num_draft_tokens = {16, 4, 9};
+  step.num_accepted = {5, 2, 3};
+  step.methods = {"draft_model", "draft_model", "ngram"};
+  step.trees = {1, 0, 1};
+  m.OnSpeculation(step);
+  const std::string text = m.Render();
+  auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  };
+  has("specd_spec_decode_rounds_by_method_total{method=\"draft_model\",shape=\"tree\"} 1");
+  has("specd_spec_decode_rounds_by_method_total{method=\"draft_model\",shape=\"chain\"} 1");
+  has("specd_spec_decode_draft_tokens_by_method_total{method=\"draft_model\",shape=\"tree\"} 16");
+  has("specd_spec_decode_accepted_tokens_by_method_total{method=\"ngram\",shape=\"tree\"} 3");
+  has("specd_spec_decode_tree_nodes_count 2");
+  has("specd_spec_decode_tree_nodes_sum 25");
+  has("specd_spec_decode_tree_accepted_length_sum 8");
+}
+
 TEST(MetricsTest, SsvLoadsOverlapAndStrategies) {
   Metrics m;
   SpeculationStepMetrics step;

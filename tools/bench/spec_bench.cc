@@ -1,7 +1,8 @@
 // spec_bench: end-to-end decoding throughput with and without speculation, side by side in one
 // process: the engine's offline GenerateBatch over the codepair prompts at several batch sizes,
 // plain decoding against the draft model (and an EAGLE-3 head, --eagle3) and n-gram lookup at each
-// K of --ks (or the one --k), on
+// K of --ks (or the one --k), and token trees (--trees depth/top_k/num_nodes,...: the draft model
+// and n-gram), on
 // the CPU or a GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy
 // unless --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
 // decoding, tokens per verification round and per-position acceptance. With --ssd it then runs
@@ -30,7 +31,7 @@
 //
 //   spec_bench [--model DIR] [--draft DIR [--parallel]] [--eagle3 HEAD_DIR] [--device cpu|cuda]
 //              [--batches 1,16]
-//              [--k 4 | --ks 1,2,4,8] [--auto [--cost-profile FILE]]
+//              [--k 4 | --ks 1,2,4,8] [--trees D/T/N,...] [--auto [--cost-profile FILE]]
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
@@ -201,9 +202,16 @@ SpeculativeConfig DraftConfig(const Flags& f) {
 }
 
 // A row's method: the name alone when one K runs (the output of --k), else with its K.
-std::string MethodLabel(const Flags& f, SpeculationMethod m, int k) {
-  if (m == SpeculationMethod::kAuto || f.ks.size() == 1) return SpeculationMethodName(m);
-  return absl::StrCat(SpeculationMethodName(m), " k=", k);
+std::string MethodLabel(const Flags& f, const SpeculationParams& spec) {
+  const SpeculationMethod m = spec.method;
+  if (spec.tree.enabled) {
+    return absl::StrCat(SpeculationMethodName(m), " tree ", spec.tree.depth, "/", spec.tree.top_k,
+                        "/", spec.tree.num_nodes);
+  }
+  if (m == SpeculationMethod::kAuto || (f.ks.size() == 1 && f.trees.empty())) {
+    return SpeculationMethodName(m);
+  }
+  return absl::StrCat(SpeculationMethodName(m), " k=", spec.num_speculative_tokens);
 }
 
 void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
@@ -232,14 +240,14 @@ void PrintPlainRow(int batch, double tokens_per_s) {
 
 // Prints a speculative point's row and adds it to the batch's sweep.
 void Record(const Flags& f, BatchSweep& sweep, SpeculationParams spec, const Run& r) {
-  PrintRow(sweep.batch, MethodLabel(f, spec.method, spec.num_speculative_tokens), r,
-           sweep.plain_tokens_per_s);
+  PrintRow(sweep.batch, MethodLabel(f, spec), r, sweep.plain_tokens_per_s);
   if (spec.method == SpeculationMethod::kAuto) {
     sweep.auto_tokens_per_s = r.tokens_per_s;
     sweep.auto_used = r.auto_used;
   } else {
     sweep.fixed.push_back(
-        {SpeculationMethodName(spec.method), spec.num_speculative_tokens, r.tokens_per_s});
+        {spec.tree.enabled ? MethodLabel(f, spec) : SpeculationMethodName(spec.method),
+         spec.tree.enabled ? 0 : spec.num_speculative_tokens, r.tokens_per_s});
   }
 }
 
@@ -250,6 +258,15 @@ std::vector<SpeculationParams> Points(const Flags& f,
   std::vector<SpeculationParams> points;
   for (int k : f.ks) {
     for (SpeculationMethod m : methods) points.push_back({m, k});
+  }
+  // Trees: the methods that grow them (an EAGLE-3 head drafts chains of the depth for now).
+  for (const SpecBenchFlags::Tree& t : f.trees) {
+    for (SpeculationMethod m : methods) {
+      if (m != SpeculationMethod::kDraftModel && m != SpeculationMethod::kNgram) continue;
+      SpeculationParams p{m, 0};
+      p.tree = TreeShape{true, t.depth, t.top_k, t.num_nodes};
+      points.push_back(p);
+    }
   }
   if (with_auto) points.push_back({SpeculationMethod::kAuto, 0});  // K up to the engine's
   return points;

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "tools/bench/flag_parse.h"
 
 namespace specd {
@@ -21,8 +23,13 @@ struct SpecBenchFlags {
   std::string prompts = "models/codepair/prompts.jsonl";
   std::vector<int> batches = {1, 16};
   std::vector<int> ks = {4};  // --ks (or --k): the fixed methods run at each
-  bool run_auto = false;      // --auto: also method auto (K up to the largest of ks)
-  std::string cost_profile;   // --cost-profile: auto's profile; "": the engine's default rule
+  // --trees D/T/N,...: token trees (depth, top_k, num_nodes) the draft model and n-gram also run
+  struct Tree {
+    int depth = 0, top_k = 0, num_nodes = 0;
+  };
+  std::vector<Tree> trees;
+  bool run_auto = false;     // --auto: also method auto (K up to the largest of ks)
+  std::string cost_profile;  // --cost-profile: auto's profile; "": the engine's default rule
   int max_tokens = 128;
   float temperature = 0;
   float top_p = 1;
@@ -48,7 +55,7 @@ struct SpecBenchFlags {
 
   int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
   // Whether the run ends with the sweep summary (several K, or auto beside the fixed choices).
-  bool sweeps() const { return run_auto || ks.size() > 1; }
+  bool sweeps() const { return run_auto || ks.size() > 1 || !trees.empty(); }
 };
 
 inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
@@ -71,6 +78,15 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       ok = absl::SimpleAtoi(value(), &f->ks[0]) && f->ks[0] >= 1 && f->ks[0] <= 64;
     } else if (a == "--ks") {
       ok = ParseIntList(value(), 1, 64, &f->ks);
+    } else if (a == "--trees") {
+      f->trees.clear();
+      const std::vector<std::string> items = absl::StrSplit(value(), ',');
+      for (const std::string& item : items) {
+        std::vector<int> v;
+        ok = ok && ParseIntList(absl::StrReplaceAll(item, {{"/", ","}}), 1, 64, &v) &&
+             v.size() == 3 && v[1] <= 16;
+        if (ok) f->trees.push_back({v[0], v[1], v[2]});
+      }
     } else if (a == "--auto") {
       f->run_auto = true;
     } else if (a == "--cost-profile") {
