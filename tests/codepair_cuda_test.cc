@@ -89,9 +89,13 @@ class CodepairCudaTest : public ::testing::Test {
   // The golden prompts with `method` at K = 4 give plain decoding's output on `engine`.
   void ExpectSpeculationEqualsPlain(Engine& engine, SpeculationMethod method,
                                     const std::string& label) {
+    ExpectSpeculationEqualsPlain(engine, SpeculationParams{method, 4}, label);
+  }
+  void ExpectSpeculationEqualsPlain(Engine& engine, const SpeculationParams& spec,
+                                    const std::string& label) {
     std::vector<GenerateRequest> requests = GoldenRequests();
     const auto plain = Batch(engine, requests);
-    for (GenerateRequest& r : requests) r.speculation = {method, 4};
+    for (GenerateRequest& r : requests) r.speculation = spec;
     auto results = engine.GenerateBatch(requests);
     ASSERT_TRUE(results.ok()) << results.status();
     int64_t rounds = 0, accepted = 0;
@@ -256,6 +260,28 @@ TEST_F(CodepairCudaTest, ParallelDraftOnTheGpuEqualsPlainDecoding) {
   ASSERT_TRUE(engine);
   ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kDraftModel,
                                "parallel draft on the GPU");
+}
+
+// Token trees do not run on the GPU yet: a tree request drafts a chain of the tree's depth there
+// (the draft model and n-gram), with plain decoding's output, and never more than depth drafts
+// a round.
+TEST_F(CodepairCudaTest, TreeRequestsDraftChainsOfTheirDepthOnTheGpu) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.draft_model = ModelDir("codepair/draft");
+  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
+    SpeculationParams spec{m, 0};
+    spec.tree = TreeShape{true, 3, 2, 12};
+    ExpectSpeculationEqualsPlain(*engine, spec,
+                                 SpeculationMethodName(m) + std::string(" tree on the GPU"));
+    GenerateRequest r = GoldenRequests()[0];
+    r.speculation = spec;
+    auto got = engine->Generate(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_LE(got->usage.num_draft_tokens, 3 * got->usage.num_drafts);
+  }
 }
 
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
