@@ -173,6 +173,12 @@ TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
   ngram.speculation.method = SpeculationMethod::kNgram;
   auto ngram_id = engine->Submit(ngram, c.Callback());
   ASSERT_TRUE(ngram_id.ok()) << ngram_id.status();
+  // A token tree asked of an NSA target: its attention takes no tree mask, so the draft model
+  // drafts a chain of the tree's depth (verified with SSV as any chain).
+  GenerateRequest tree = SsvRequest(goldens[2], SsvMode::kExact, 2);
+  tree.speculation.tree = TreeShape{true, 3, 2, 8};
+  auto tree_id = engine->Submit(tree, c.Callback());
+  ASSERT_TRUE(tree_id.ok()) << tree_id.status();
   int64_t drafts = 0, accepted = 0;
   for (size_t e = 0; e < goldens.size(); ++e) {
     ASSERT_TRUE(c.WaitFinished(ids[e]));
@@ -189,6 +195,10 @@ TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
   ASSERT_TRUE(auto_id.ok()) << auto_id.status();
   ASSERT_TRUE(c.WaitFinished(*ngram_id));
   EXPECT_EQ(c.Get(*ngram_id).ids, goldens[1].greedy);
+  ASSERT_TRUE(c.WaitFinished(*tree_id));
+  EXPECT_TRUE(c.Get(*tree_id).status.ok()) << c.Get(*tree_id).status;
+  EXPECT_EQ(c.Get(*tree_id).ids, goldens[2].greedy);
+  EXPECT_LE(c.Get(*tree_id).usage.num_draft_tokens, 3 * c.Get(*tree_id).usage.num_drafts);
   ASSERT_TRUE(c.WaitFinished(*auto_id));
   EXPECT_TRUE(c.Get(*auto_id).status.ok()) << c.Get(*auto_id).status;
   EXPECT_EQ(c.Get(*auto_id).ids, goldens[4].greedy);

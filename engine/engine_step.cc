@@ -32,8 +32,6 @@ constexpr SpeculationMethod kSpeculatorMethods[kNumSpeculatorSlots] = {
     SpeculationMethod::kDraftModel, SpeculationMethod::kNgram,     SpeculationMethod::kSsd,
     SpeculationMethod::kVegas,      SpeculationMethod::kStreaming, SpeculationMethod::kEagle3};
 
-}  // namespace
-
 // A tree a speculator proposed fits what was asked: a parent per draft, each -1 or earlier, no
 // more nodes than asked and no path deeper than the tree's depth.
 bool ValidTreeDraft(const Draft& d, const DraftInput& in) {
@@ -47,6 +45,8 @@ bool ValidTreeDraft(const Draft& d, const DraftInput& in) {
   return std::all_of(depths.begin(), depths.end(),
                      [&](int32_t depth) { return depth < in.tree_depth; });
 }
+
+}  // namespace
 
 int SpeculatorSlot(SpeculationMethod m) {
   for (int i = 0; i < kNumSpeculatorSlots; ++i) {

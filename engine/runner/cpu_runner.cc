@@ -143,7 +143,9 @@ absl::Status CpuRunner::Forward(std::span<const SequenceInput> batch, std::vecto
   return absl::OkStatus();
 }
 
-bool CpuRunner::SupportsTokenTrees() const { return model_->shard().world_size == 1; }
+bool CpuRunner::SupportsTokenTrees() const {
+  return model_->shard().world_size == 1 && !model_->config().is_nsa();
+}
 
 absl::Status CpuRunner::MoveKv(std::span<const KvSlotMove> moves) {
   if (!SupportsTokenTrees()) return ModelRunner::MoveKv(moves);

@@ -53,7 +53,8 @@ class CpuRunner : public ModelRunner {
   }
   std::span<const float> captured_hidden_states() const override { return model_->aux_hidden(); }
   Eagle3Compute* eagle3() override { return eagle3_.get(); }
-  // One rank only: a tensor-parallel group's workers get no trees.
+  // One rank (a tensor-parallel group's workers get no trees) and a dense model (NSA attention
+  // takes no tree mask).
   bool SupportsTokenTrees() const override;
   absl::Status MoveKv(std::span<const KvSlotMove> moves) override;
 
