@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace specd {
 namespace {
 
@@ -36,6 +38,35 @@ TEST(CpuKvCacheTest, SlotsAreDisjointAndLaidOutBlockMajor) {
   EXPECT_EQ(kv.KeySlot(0, 2, 3)[0], 0.0f);    // layers are separate storage
   EXPECT_EQ(kv.KeySlot(1, 2, 4)[0], 0.0f);    // the next slot starts after this one
   EXPECT_EQ(spec.total_bytes(), 2 * 2 * 6 * 5 * 12 * 4);
+}
+
+TEST(CpuKvCacheTest, MoveSlotsCopiesEveryLayerInOrderAndChecksFirst) {
+  auto cache = CpuKvCache::Create(SmallSpec());
+  ASSERT_TRUE(cache.ok());
+  CpuKvCache& kv = **cache;
+  const std::vector<int32_t> table = {4, 1};  // slots 0-4 in block 4, 5-9 in block 1
+  auto mark = [&](int32_t slot, float value) {
+    for (int32_t layer = 0; layer < 2; ++layer) {
+      kv.KeySlot(layer, table[slot / 5], slot % 5)[0] = value + layer;
+      kv.ValueSlot(layer, table[slot / 5], slot % 5)[11] = -value - layer;
+    }
+  };
+  mark(7, 70.0f);
+  mark(9, 90.0f);
+  // A tree's path at slots 7 and 9 moves to 3 and 4 (across the block boundary).
+  const std::vector<KvSlotMove> moves = {{table, 7, 3}, {table, 9, 4}};
+  ASSERT_TRUE(kv.MoveSlots(moves).ok());
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    EXPECT_EQ(kv.KeySlot(layer, 4, 3)[0], 70.0f + layer);
+    EXPECT_EQ(kv.ValueSlot(layer, 4, 3)[11], -70.0f - layer);
+    EXPECT_EQ(kv.KeySlot(layer, 4, 4)[0], 90.0f + layer);
+  }
+  // A slot past the table: nothing moves.
+  mark(3, 1.0f);
+  const std::vector<KvSlotMove> bad = {{table, 9, 3}, {table, 10, 4}};
+  const absl::Status s = kv.MoveSlots(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(kv.KeySlot(0, 4, 3)[0], 1.0f);
 }
 
 }  // namespace
