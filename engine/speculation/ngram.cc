@@ -51,9 +51,11 @@ void NgramTree(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n, in
           static_cast<int32_t>(trie.size()) >= max_nodes) {
         return;
       }
-      kids.push_back(static_cast<int32_t>(trie.size()));
+      // `kids` may live in `trie`: use it before trie grows (which moves it).
+      const auto node = static_cast<int32_t>(trie.size());
+      kids.push_back(node);
       trie.push_back(Node{tokens[i], parent, {}});
-      parent = kids.back();
+      parent = node;
     }
   };
   for (int64_t n = std::min<int64_t>(max_n, size - 1); n >= std::max(1, min_n); --n) {

@@ -1,5 +1,7 @@
 #include "engine/speculation/ngram.h"
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 #include "engine/speculation/draft_tree.h"
@@ -83,6 +85,28 @@ TEST(NgramTreeTest, MergesEarlierContinuationsIntoATrie) {
   NgramTree(std::vector<int32_t>{1, 2, 3}, 1, 2, 3, 2, 16, &out, &parents);
   EXPECT_TRUE(out.empty());
   EXPECT_TRUE(parents.empty());
+}
+
+TEST(NgramTreeTest, LargeTriesAreTopologicalAndFollowTheText) {
+  // A text of few distinct ids repeats its suffix often: tries of up to 64 nodes.
+  std::mt19937 rng(3);
+  std::vector<int32_t> tokens(600);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 5);
+  std::vector<int32_t> out, parents, path;
+  NgramTree(tokens, 1, 3, /*depth=*/8, /*top_k=*/4, /*max_nodes=*/64, &out, &parents);
+  ASSERT_EQ(out.size(), 64u);
+  ASSERT_EQ(parents.size(), out.size());
+  std::vector<int32_t> children(out.size() + 1, 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_LT(parents[i], static_cast<int32_t>(i));
+    ASSERT_LE(++children[static_cast<size_t>(parents[i] + 1)], 4);
+    // Every path is a continuation of some earlier occurrence: it appears in the text.
+    path.clear();
+    for (int32_t n = static_cast<int32_t>(i); n >= 0; n = parents[n])
+      path.insert(path.begin(), out[n]);
+    EXPECT_LE(path.size(), 8u);
+    EXPECT_NE(std::search(tokens.begin(), tokens.end(), path.begin(), path.end()), tokens.end());
+  }
 }
 
 TEST(DraftTreeBuilderTest, GrowsTheBestPathsAndKeepsTheBestNodes) {
