@@ -156,7 +156,8 @@ absl::StatusOr<Prompts> ParsePrompts(const Json& body, const ModelContext& model
 // <field>": value, null when absent), so that errors name them so; unknown fields are 400.
 absl::StatusOr<Json> NamedFields(const Json& object, const char* name,
                                  std::initializer_list<const char*> fields) {
-  for (const auto& [key, value] : object.items()) {
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
     if (std::none_of(fields.begin(), fields.end(), [&](const char* f) { return key == f; })) {
       std::string known;
       for (const char* f : fields) {
