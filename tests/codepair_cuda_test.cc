@@ -150,7 +150,8 @@ TEST_F(CodepairCudaTest, BatchedRunEqualsSingleRunsAndGraphsEqualEager) {
 // Speculation on the GPU (draft model on the same GPU, greedy rows verified by the runner's own
 // argmax at every drafted position; n-gram too): the output is plain decoding's, up to bf16
 // flips at near-ties (a verification pass computes a position in a multi-token chunk, the
-// decode step alone).
+// decode step alone). Token trees do not run on the GPU yet: a tree request drafts a chain of
+// the tree's depth there, with the same output and never more than depth drafts a round.
 TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
   EngineOptions o = EngineOn("cuda");
   o.speculative.draft_model = ModelDir("codepair/draft");
@@ -159,6 +160,15 @@ TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
   ASSERT_TRUE(engine);
   for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
     ExpectSpeculationEqualsPlain(*engine, m, SpeculationMethodName(m) + std::string(" on the GPU"));
+    SpeculationParams tree{m, 0};
+    tree.tree = TreeShape{true, 3, 2, 12};
+    ExpectSpeculationEqualsPlain(*engine, tree,
+                                 SpeculationMethodName(m) + std::string(" tree on the GPU"));
+    GenerateRequest r = GoldenRequests()[0];
+    r.speculation = tree;
+    auto got = engine->Generate(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_LE(got->usage.num_draft_tokens, 3 * got->usage.num_drafts);
   }
 }
 
@@ -260,28 +270,6 @@ TEST_F(CodepairCudaTest, ParallelDraftOnTheGpuEqualsPlainDecoding) {
   ASSERT_TRUE(engine);
   ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kDraftModel,
                                "parallel draft on the GPU");
-}
-
-// Token trees do not run on the GPU yet: a tree request drafts a chain of the tree's depth there
-// (the draft model and n-gram), with plain decoding's output, and never more than depth drafts
-// a round.
-TEST_F(CodepairCudaTest, TreeRequestsDraftChainsOfTheirDepthOnTheGpu) {
-  EngineOptions o = EngineOn("cuda");
-  o.speculative.draft_model = ModelDir("codepair/draft");
-  o.speculative.draft_kv_cache_bytes = int64_t{16} << 20;
-  auto engine = MakeEngine(o);
-  ASSERT_TRUE(engine);
-  for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
-    SpeculationParams spec{m, 0};
-    spec.tree = TreeShape{true, 3, 2, 12};
-    ExpectSpeculationEqualsPlain(*engine, spec,
-                                 SpeculationMethodName(m) + std::string(" tree on the GPU"));
-    GenerateRequest r = GoldenRequests()[0];
-    r.speculation = spec;
-    auto got = engine->Generate(r);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_LE(got->usage.num_draft_tokens, 3 * got->usage.num_drafts);
-  }
 }
 
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives
