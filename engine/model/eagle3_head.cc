@@ -5,6 +5,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -111,11 +112,11 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(std::string_view json_text, std::
   return c;
 }
 
-void Eagle3Head::Kv::Truncate(int32_t position) {
-  const auto it = std::lower_bound(positions.begin(), positions.end(), position);
-  const size_t n = static_cast<size_t>(it - positions.begin());
-  const size_t width = positions.empty() ? 0 : k.size() / positions.size();
-  positions.resize(n);
+void Eagle3Head::Kv::Truncate(int32_t slot) {
+  const auto it = std::lower_bound(slots.begin(), slots.end(), slot);
+  const size_t n = static_cast<size_t>(it - slots.begin());
+  const size_t width = slots.empty() ? 0 : k.size() / slots.size();
+  slots.resize(n);
   k.resize(n * width);
   v.resize(n * width);
 }
@@ -128,9 +129,24 @@ void Eagle3Head::Attend(const Row& row, const float* q, float* out) {
   const ModelConfig& c = config_.layer;
   const int32_t hd = c.head_dim, kvs = c.kv_size();
   const int32_t group = c.num_heads / c.num_kv_heads;
-  const auto end =
-      std::upper_bound(row.kv->positions.begin(), row.kv->positions.end(), row.position);
-  const int64_t n = end - row.kv->positions.begin();
+  const std::vector<int32_t>& slots = row.kv->slots;
+  // A chain row sees every entry up to its slot; a tree row those before the region, then its
+  // path's (the cache holds them: they ran before it).
+  const int32_t bound = row.tree == nullptr ? row.cache_slot() + 1 : row.tree->start;
+  const auto below = std::lower_bound(slots.begin(), slots.end(), bound) - slots.begin();
+  keys_.resize(static_cast<size_t>(below));
+  std::iota(keys_.begin(), keys_.end(), 0);
+  if (row.tree != nullptr) {
+    path_.clear();
+    AppendTreePath(row.tree->parents, row.cache_slot() - row.tree->start, &path_);
+    for (int32_t node : path_) {
+      const auto it = std::lower_bound(slots.begin(), slots.end(), row.tree->start + node);
+      if (it != slots.end() && *it == row.tree->start + node) {
+        keys_.push_back(static_cast<int32_t>(it - slots.begin()));
+      }
+    }
+  }
+  const auto n = static_cast<int64_t>(keys_.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   scores_.resize(n);
   for (int32_t h = 0; h < c.num_heads; ++h) {
@@ -138,7 +154,7 @@ void Eagle3Head::Attend(const Row& row, const float* q, float* out) {
     const int64_t kv_off = int64_t{h / group} * hd;
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
-      const float* kj = &row.kv->k[j * kvs + kv_off];
+      const float* kj = &row.kv->k[int64_t{keys_[j]} * kvs + kv_off];
       float dot = 0;
       for (int32_t d = 0; d < hd; ++d) dot += qh[d] * kj[d];
       scores_[j] = dot * scale;
@@ -153,10 +169,40 @@ void Eagle3Head::Attend(const Row& row, const float* q, float* out) {
     std::fill(oh, oh + hd, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
       const float p = static_cast<float>(scores_[j] / sum);
-      const float* vj = &row.kv->v[j * kvs + kv_off];
+      const float* vj = &row.kv->v[int64_t{keys_[j]} * kvs + kv_off];
       for (int32_t d = 0; d < hd; ++d) oh[d] += p * vj[d];
     }
   }
+}
+
+absl::Status Eagle3Head::CheckRow(std::span<const Row> rows, size_t r, int32_t vocab) {
+  const Row& row = rows[r];
+  if (row.token < 0 || row.token >= vocab || row.hidden == nullptr || row.kv == nullptr ||
+      row.position < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("eagle3 head: row ", r, " is malformed"));
+  }
+  // The cache's last slot, counting the rows before this one in the same call.
+  int32_t last = row.kv->slots.empty() ? -1 : row.kv->slots.back();
+  for (size_t e = r; e-- > 0;) {
+    if (rows[e].kv == row.kv) {
+      last = std::max(last, rows[e].cache_slot());
+      break;
+    }
+  }
+  const int32_t slot = row.cache_slot();
+  if (slot <= last) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eagle3 head: row ", r, " at slot ", slot, " is not after ", last));
+  }
+  if (row.tree == nullptr) return absl::OkStatus();
+  const TokenTree& tree = *row.tree;
+  if (slot < tree.start || slot - tree.start >= static_cast<int64_t>(tree.parents.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("eagle3 head: tree row ", r, " at slot ", slot,
+                                                   " is outside its tree's slots [", tree.start,
+                                                   ", ", tree.start + tree.parents.size(), ")"));
+  }
+  SPECD_RETURN_IF_ERROR(ValidateTreeParents(tree.parents.first(slot - tree.start + 1)));
+  return absl::OkStatus();
 }
 
 absl::Status Eagle3Head::Forward(std::span<const Row> rows, std::vector<float>* prenorm,
@@ -165,24 +211,8 @@ absl::Status Eagle3Head::Forward(std::span<const Row> rows, std::vector<float>* 
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t hidden = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
   const int64_t qkv_width = qs + 2 * kvs;
-  for (int64_t r = 0; r < n; ++r) {
-    const Row& row = rows[r];
-    if (row.token < 0 || row.token >= c.vocab_size || row.hidden == nullptr || row.kv == nullptr ||
-        row.position < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("eagle3 head: row ", r, " is malformed"));
-    }
-    // The cache's last position, counting the rows before this one in the same call.
-    int32_t last = row.kv->positions.empty() ? -1 : row.kv->positions.back();
-    for (int64_t e = r - 1; e >= 0; --e) {
-      if (rows[e].kv == row.kv) {
-        last = std::max(last, rows[e].position);
-        break;
-      }
-    }
-    if (row.position <= last) {
-      return absl::InvalidArgumentError(absl::StrCat("eagle3 head: row ", r, " at position ",
-                                                     row.position, " is not after ", last));
-    }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    SPECD_RETURN_IF_ERROR(CheckRow(rows, r, c.vocab_size));
   }
   // [embedding, hidden] normed side by side; the residual is the hidden input.
   x_.resize(n * 2 * hidden);
@@ -209,7 +239,7 @@ absl::Status Eagle3Head::Forward(std::span<const Row> rows, std::vector<float>* 
       ApplyRope(row + int64_t{h} * hd, cos_.data(), sin_.data(), hd);
     }
     Kv& kv = *rows[r].kv;
-    kv.positions.push_back(rows[r].position);
+    kv.slots.push_back(rows[r].cache_slot());
     kv.k.insert(kv.k.end(), row + qs, row + qs + kvs);
     kv.v.insert(kv.v.end(), row + qs + kvs, row + qs + 2 * kvs);
   }

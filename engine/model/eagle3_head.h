@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/model_config.h"
+#include "engine/model/token_tree.h"
 
 namespace specd {
 
@@ -47,25 +48,32 @@ absl::StatusOr<Eagle3Config> ParseEagle3Config(std::string_view json_text, std::
 
 class Eagle3Head {
  public:
-  // One sequence's cache of the head's layer: K and V of the positions it ran, ascending (there
-  // may be gaps: positions whose target hidden state the head never saw).
+  // One sequence's cache of the head's layer: K and V of the slots it ran, ascending (there may
+  // be gaps: positions whose target hidden state the head never saw). A chain's slot is its
+  // position; a draft tree's nodes sit in slots of their own (Row::tree).
   struct Kv {
-    std::vector<int32_t> positions;  // [n]
-    std::vector<float> k;            // [n, num_kv_heads * head_dim] after RoPE
-    std::vector<float> v;            // [n, num_kv_heads * head_dim]
-    int32_t size() const { return static_cast<int32_t>(positions.size()); }
-    // Drops every entry at `position` or later.
-    void Truncate(int32_t position);
+    std::vector<int32_t> slots;  // [n]
+    std::vector<float> k;        // [n, num_kv_heads * head_dim] after RoPE (at the row's position)
+    std::vector<float> v;        // [n, num_kv_heads * head_dim]
+    int32_t size() const { return static_cast<int32_t>(slots.size()); }
+    // Drops every entry at slot `slot` or later.
+    void Truncate(int32_t slot);
   };
 
-  // One position to run. Rows of one sequence are consecutive with ascending positions above
-  // every position its cache holds; each row's K/V joins the cache and later rows see it.
+  // One position to run. Rows of one sequence are consecutive with ascending slots above every
+  // slot its cache holds; each row's K/V joins the cache at its slot and later rows may see it.
   struct Row {
-    int32_t token = 0;              // the input embedding's id (target vocabulary)
-    int32_t position = 0;           // RoPE position
+    int32_t token = 0;     // the input embedding's id (target vocabulary)
+    int32_t position = 0;  // RoPE position
+    int32_t slot = -1;     // its cache slot; -1: `position`
+    // A tree row (engine/model/token_tree.h; not owned): node slot - tree->start of the tree
+    // region, attending the cache's slots before the region, its ancestors' and its own. nullptr:
+    // a chain row, attending every slot up to its own.
+    const TokenTree* tree = nullptr;
     const float* hidden = nullptr;  // [hidden] f32: fc's output, or the head's own prenorm
     Kv* kv = nullptr;               // the sequence's cache (not owned)
     bool logits = false;            // this row's logits are wanted
+    int32_t cache_slot() const { return slot < 0 ? position : slot; }
   };
 
   // Loads dir/config.json and dir/model.safetensors (or an index and shards). The token
@@ -93,7 +101,8 @@ class Eagle3Head {
   // Runs `rows`: prenorm gets [rows.size(), hidden] f32 (the next step's hidden inputs) and
   // logits [number of rows with .logits, vocab_size()] f32 over the TARGET vocabulary, -inf at
   // ids outside the draft vocabulary, in row order. InvalidArgument for a token outside the
-  // vocabulary, a null hidden state or cache, or a position not above its cache's last one.
+  // vocabulary, a null hidden state or cache, a slot not above its cache's last one, or a tree
+  // row outside its tree (nothing is written then).
   absl::Status Forward(std::span<const Row> rows, std::vector<float>* prenorm,
                        std::vector<float>* logits);
 
@@ -120,7 +129,9 @@ class Eagle3Head {
   explicit Eagle3Head(Eagle3Config config) : config_(std::move(config)) {}
   absl::Status LoadWeights(const std::string& dir, const std::string& target_dir);
   absl::Status LoadDraftMap(const std::string& dir);
-  // Attention of row r over its cache (the entries up to its position); q [q_size] -> out.
+  // Checks row r of `rows` as Forward's comment says.
+  static absl::Status CheckRow(std::span<const Row> rows, size_t r, int32_t vocab);
+  // Attention of row r over the entries of its cache it sees (Row); q [q_size] -> out.
   void Attend(const Row& row, const float* q, float* out);
 
   Eagle3Config config_;
@@ -131,6 +142,7 @@ class Eagle3Head {
   // Scratch, [rows, ...] f32.
   std::vector<float> x_, qkv_, attn_, proj_, residual_, gate_up_, act_, normed_, scores_;
   std::vector<float> cos_, sin_;
+  std::vector<int32_t> keys_, path_;  // Attend's cache entries and tree path
 };
 
 }  // namespace specd

@@ -1,7 +1,9 @@
 #include "engine/model/eagle3_head.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_test_util.h"
 #include "engine/model/safetensors.h"
+#include "engine/model/token_tree.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -124,6 +127,95 @@ TEST_F(Eagle3HeadTest, RowsOutOfOrderOrMalformedAreRefused) {
   b.position = 4;
   EXPECT_FALSE((*loaded)->Forward({&b, 1}, &prenorm, &logits).ok());
   EXPECT_EQ(kv.size(), 0) << "a refused pass writes nothing";
+}
+
+// Token trees: nodes in slots of their own (a level per pass, at their depth's position) see the
+// prefix, their ancestors and themselves only, so each node's row is the one its path gives run
+// as a chain after the same prefix.
+TEST_F(Eagle3HeadTest, TreeRowsEqualTheirPathRunAsAChain) {
+  auto loaded = Load("tree", {.draft_vocab_size = 2048, .aux_layer_ids = {1, 3, 5}});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Eagle3Head& head = **loaded;
+  const int64_t h = head.hidden_size(), vocab = head.vocab_size();
+  constexpr int32_t kPrefix = 5;
+  const std::vector<int32_t> parents = {-1, -1, 0, 0, 1, 2, 4};
+  const std::vector<std::vector<int32_t>> levels = {{0, 1}, {2, 3, 4}, {5, 6}};
+  const auto num_nodes = static_cast<int32_t>(parents.size());
+  std::vector<int32_t> depths;
+  TreeDepths(parents, &depths);
+  std::vector<float> hidden((kPrefix + num_nodes) * h);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : hidden) x = normal(rng);
+  auto token = [](int32_t i) { return 29 * i + 7; };
+  Eagle3Head::Kv prefix;
+  std::vector<Eagle3Head::Row> rows;
+  for (int32_t p = 0; p < kPrefix; ++p) {
+    rows.push_back({.token = token(p), .position = p, .hidden = &hidden[p * h], .kv = &prefix});
+  }
+  std::vector<float> prenorm, logits;
+  ASSERT_TRUE(head.Forward(rows, &prenorm, &logits).ok());
+  // The tree, a level per pass.
+  Eagle3Head::Kv tree_kv = prefix;
+  const TokenTree tree{kPrefix, parents};
+  std::vector<float> tree_prenorm(num_nodes * h), tree_logits(num_nodes * vocab);
+  for (const std::vector<int32_t>& level : levels) {
+    rows.clear();
+    for (int32_t node : level) {
+      rows.push_back({.token = token(kPrefix + node),
+                      .position = kPrefix + depths[node],
+                      .slot = kPrefix + node,
+                      .tree = &tree,
+                      .hidden = &hidden[(kPrefix + node) * h],
+                      .kv = &tree_kv,
+                      .logits = true});
+    }
+    ASSERT_TRUE(head.Forward(rows, &prenorm, &logits).ok());
+    for (size_t r = 0; r < level.size(); ++r) {
+      std::copy_n(&prenorm[r * h], h, &tree_prenorm[level[r] * h]);
+      std::copy_n(&logits[r * vocab], vocab, &tree_logits[level[r] * vocab]);
+    }
+  }
+  EXPECT_EQ(tree_kv.size(), kPrefix + num_nodes);
+  for (int32_t node = 0; node < num_nodes; ++node) {
+    std::vector<int32_t> path;
+    AppendTreePath(parents, node, &path);
+    Eagle3Head::Kv chain = prefix;
+    rows.clear();
+    for (size_t d = 0; d < path.size(); ++d) {
+      rows.push_back({.token = token(kPrefix + path[d]),
+                      .position = kPrefix + static_cast<int32_t>(d),
+                      .hidden = &hidden[(kPrefix + path[d]) * h],
+                      .kv = &chain,
+                      .logits = d + 1 == path.size()});
+    }
+    ASSERT_TRUE(head.Forward(rows, &prenorm, &logits).ok());
+    const float* want = &prenorm[(path.size() - 1) * h];
+    for (int64_t i = 0; i < h; ++i) {
+      ASSERT_NEAR(tree_prenorm[node * h + i], want[i], 1e-4 * (1 + std::abs(want[i])))
+          << "node " << node << ", column " << i;
+    }
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (std::isinf(logits[v])) continue;
+      ASSERT_NEAR(tree_logits[node * vocab + v], logits[v], 1e-4 * (1 + std::abs(logits[v])))
+          << "node " << node << ", id " << v;
+    }
+  }
+  // A row outside its tree's slots, or a slot not after the cache's, is refused, writing nothing.
+  Eagle3Head::Row outside{.token = 3,
+                          .position = kPrefix + 3,
+                          .slot = kPrefix + num_nodes,
+                          .tree = &tree,
+                          .hidden = hidden.data(),
+                          .kv = &tree_kv};
+  EXPECT_FALSE(head.Forward({&outside, 1}, &prenorm, &logits).ok());
+  Eagle3Head::Row before = outside;
+  before.tree = nullptr;
+  before.slot = kPrefix + 2;
+  EXPECT_FALSE(head.Forward({&before, 1}, &prenorm, &logits).ok());
+  EXPECT_EQ(tree_kv.size(), kPrefix + num_nodes);
+  tree_kv.Truncate(kPrefix);  // the tree's slots go, the prefix stays
+  EXPECT_EQ(tree_kv.slots, prefix.slots);
 }
 
 TEST_F(Eagle3HeadTest, MalformedHeadsAreRefusedWithTheReason) {

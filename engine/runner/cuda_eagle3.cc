@@ -476,6 +476,11 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
                                         std::vector<int32_t>* ids, std::vector<float>* logits) {
   ids->clear();
   logits->clear();
+  for (const Row& r : rows) {
+    if (r.tree != nullptr || (r.slot >= 0 && r.slot != r.position)) {
+      return absl::UnimplementedError("EAGLE-3 head: tree rows on the GPU (SupportsTrees)");
+    }
+  }
   int64_t m = 0;
   for (const Row& r : rows) m += r.logits ? 1 : 0;
   if (m > options_.max_seqs || static_cast<int64_t>(host_logits.size()) != m) {

@@ -24,6 +24,7 @@ class CpuEagle3Compute : public Eagle3Compute {
   const Eagle3Config& config() const override { return head_->config(); }
   std::span<const int32_t> draft_to_target() const override { return head_->draft_to_target(); }
   int32_t num_pool_regions() const override { return kCpuPoolRegions; }
+  bool SupportsTrees() const override { return true; }
 
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override {
@@ -70,6 +71,8 @@ class CpuEagle3Compute : public Eagle3Compute {
       Eagle3Head::Row hr;
       hr.token = row.token;
       hr.position = row.position;
+      hr.slot = row.slot;
+      hr.tree = row.tree;
       hr.hidden = &inputs_[r * h];
       hr.kv = &kv_[row.seq];
       hr.logits = row.logits;
@@ -97,9 +100,9 @@ class CpuEagle3Compute : public Eagle3Compute {
     return absl::OkStatus();
   }
 
-  void Truncate(int64_t seq, int32_t position) override {
+  void Truncate(int64_t seq, int32_t slot) override {
     auto it = kv_.find(seq);
-    if (it != kv_.end()) it->second.Truncate(position);
+    if (it != kv_.end()) it->second.Truncate(slot);
   }
   void Release(int64_t seq) override { kv_.erase(seq); }
 

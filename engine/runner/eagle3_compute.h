@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/eagle3_head.h"
+#include "engine/model/token_tree.h"
 
 namespace specd {
 
@@ -49,15 +50,30 @@ class Eagle3Compute {
   struct Row {
     int64_t seq = -1;      // the sequence whose cache the row joins
     int32_t token = 0;     // its input embedding's id (target vocabulary)
-    int32_t position = 0;  // RoPE position and cache slot
+    int32_t position = 0;  // RoPE position
+    // The cache slot its K/V is written to; -1: `position`. A chain row attends the slots up
+    // to its own that the cache holds.
+    int32_t slot = -1;
+    // A tree row (a node of a draft tree, engine/model/token_tree.h): caller-owned, valid during
+    // Forward. The row is node slot - tree->start of the tree region [tree->start, tree->start +
+    // tree->parents.size()), and attends the cache's slots before the region, its ancestors'
+    // slots (rows run before it: an earlier Forward or earlier in this one) and its own; never
+    // another branch's. Its position is its depth's, apart from its slot. On a paged cache the
+    // region lies in the slots the target reserved for the round (the speculator keeps it
+    // within the round's K lookahead slots after the last committed token's). nullptr: a chain.
+    const TokenTree* tree = nullptr;
     // >= 0: the pool row holding its hidden input; < 0: the prenorm output of logits row
     // -hidden - 1 of the previous Forward (its rows with logits, in order).
     int32_t hidden = 0;
     bool logits = false;  // draw from this row
-    // The target's block table of the sequence (paged caches), covering `position`.
+    // The target's block table of the sequence (paged caches), covering the row's slot.
     std::span<const int32_t> block_table = {};
   };
-  // Runs `rows` (a sequence's rows consecutive, positions ascending). For the rows with logits,
+  // Whether Forward runs tree rows (Row::tree, Row::slot apart from the position); a compute
+  // without them gets chains only (the speculator drafts a chain of the tree's depth).
+  virtual bool SupportsTrees() const { return false; }
+
+  // Runs `rows` (a sequence's rows consecutive, slots ascending). For the rows with logits,
   // in order: (*ids)[k] the argmax over the draft vocabulary as a target id (lowest on ties);
   // and when host_logits[k] (one flag per logits row), the row's logits over the target
   // vocabulary (-inf outside the draft vocabulary) appended to *logits. Rows before a row's
@@ -66,9 +82,9 @@ class Eagle3Compute {
   virtual absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
                                std::vector<int32_t>* ids, std::vector<float>* logits) = 0;
 
-  // Drops the sequence's cache entries at `position` and later (a cache whose rows must
+  // Drops the sequence's cache entries at slot `slot` and later (a cache whose rows must
   // ascend); a paged cache overwrites them instead.
-  virtual void Truncate(int64_t /*seq*/, int32_t /*position*/) {}
+  virtual void Truncate(int64_t /*seq*/, int32_t /*slot*/) {}
   // The sequence ended.
   virtual void Release(int64_t /*seq*/) {}
 };
