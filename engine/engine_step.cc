@@ -128,8 +128,9 @@ void Engine::FeedEagle3() {
   bool any = false;
   for (size_t i = 0; i < c.batch.size(); ++i) {
     auto it = c.live.find(static_cast<RequestId>(c.batch[i].seq_id));
-    // Tree chunks (draft model and n-gram trees) are not the head's: its rows are chains.
-    if (it == c.live.end() || c.batch[i].tree != nullptr) continue;
+    // Tree chunks too: the head keeps each node's hidden state until its next Propose finds
+    // the accepted path (draft-model and n-gram trees are pinned to their method: not wanted).
+    if (it == c.live.end()) continue;
     // Requests pinned to the head, and `auto` requests the policy may move to it: hidden states
     // a pass does not hand over cannot be had later.
     const ResolvedSpeculation& spec = it->second->spec;

@@ -1,9 +1,9 @@
 // Token trees on the CPU engine (issue 33): greedy output of tree rounds equals plain decoding
-// for the draft model and n-gram, with every greedy option (penalties over the tree's path,
-// min_tokens, stop strings, logprobs, n > 1) and in a batch mixing trees, chains and plain
-// rows; trees accept more per round than chains of the same depth; malformed tree options are
-// refused. Sampled tree rounds: engine_draft_sampling_test. The exact path (HostVerifier,
-// Acceptor::VerifyTree) is the oracle for the GPU's.
+// for the draft model, the EAGLE-3 head and n-gram, with every greedy option (penalties over the
+// tree's path, min_tokens, stop strings, logprobs, n > 1) and in a batch mixing trees, chains
+// and plain rows; trees accept more per round than chains of the same depth; malformed tree
+// options are refused. Sampled tree rounds: engine_draft_sampling_test. The exact path
+// (HostVerifier, Acceptor::VerifyTree) is the oracle for the GPU's.
 #include <string>
 #include <vector>
 
@@ -17,6 +17,8 @@ namespace {
 
 using namespace speculation_test;  // NOLINT: the shared fixtures of the speculation tests
 
+const std::string kHead = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+
 SpeculationParams Tree(SpeculationMethod method, int32_t depth, int32_t top_k, int32_t nodes) {
   SpeculationParams p;
   p.method = method;
@@ -27,7 +29,8 @@ SpeculationParams Tree(SpeculationMethod method, int32_t depth, int32_t top_k, i
 class TreeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    engine_ = MakeEngine(kTarget, R"({"model": ")" + kDraft + R"(", "num_speculative_tokens": 4})")
+    engine_ = MakeEngine(kTarget, R"({"model": ")" + kDraft + R"(", "eagle3_model": ")" + kHead +
+                                      R"(", "num_speculative_tokens": 4})")
                   .release();
     ASSERT_NE(engine_, nullptr);
     prompts_ = new std::vector<std::vector<int32_t>>(LoadPrompts(*engine_->tokenizer()));
@@ -66,18 +69,52 @@ TEST_F(TreeTest, GreedyTreesEqualPlainForTheDraftModelAndNgram) {
   }
 }
 
+// The head's trees: each level one head pass in tree slots of its own, the accepted path's
+// hidden states found at the next round (top_k 1: a chain grown as a tree; 8/4/64: the widest
+// the round allows).
+TEST_F(TreeTest, GreedyTreesEqualPlainForTheEagle3Head) {
+  for (const auto& [depth, top_k, nodes] : std::vector<std::tuple<int32_t, int32_t, int32_t>>{
+           {3, 2, 6}, {5, 3, 16}, {8, 4, 64}, {4, 1, 4}, {1, 4, 4}}) {
+    const SpeculationParams spec = Tree(SpeculationMethod::kEagle3, depth, top_k, nodes);
+    const auto got = RunGreedy(*engine_, *prompts_, spec, kLen);
+    ASSERT_EQ(got.size(), plain_->size());
+    int64_t drafts = 0, accepted = 0, undrafted = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].ids(), (*plain_)[i].ids())
+          << "eagle3 tree " << depth << "/" << top_k << "/" << nodes << ", prompt " << i;
+      const RequestUsage& u = got[i].usage;
+      drafts += u.num_draft_tokens;
+      accepted += u.num_accepted_tokens;
+      // Decode steps without drafts: the first (the head lacks the cached prompt's states) and
+      // the last (one token left). A round whose accepted path the head failed to find would
+      // leave the next round without its target hidden states, and undrafted.
+      undrafted += u.completion_tokens - 1 - u.num_drafts - u.num_accepted_tokens;
+    }
+    const std::string shape =
+        std::to_string(depth) + "/" + std::to_string(top_k) + "/" + std::to_string(nodes);
+    EXPECT_GT(drafts, 0) << "eagle3 tree " << shape;
+    EXPECT_GT(accepted, 0) << "eagle3 tree " << shape;
+    std::printf("eagle3 tree %s: %.2f tokens per round, %lld decode steps without drafts\n",
+                shape.c_str(), TokensPerRound(got), static_cast<long long>(undrafted));
+    EXPECT_LE(undrafted, 2 * static_cast<int64_t>(got.size())) << "eagle3 tree " << shape;
+  }
+}
+
 TEST_F(TreeTest, EveryGreedyOptionKeepsThePlainOutput) {
   std::vector<GenerateResult> plain = RunPrompts(*engine_, *prompts_, {}, kPlain);
   ExpectGreedyCasesLossless(
       *engine_, *prompts_, plain,
-      {Tree(SpeculationMethod::kDraftModel, 4, 2, 10), Tree(SpeculationMethod::kNgram, 4, 2, 10)});
+      {Tree(SpeculationMethod::kDraftModel, 4, 2, 10), Tree(SpeculationMethod::kNgram, 4, 2, 10),
+       Tree(SpeculationMethod::kEagle3, 4, 2, 10)});
 }
 
 TEST_F(TreeTest, MixedBatchOfTreesChainsAndPlainRowsEqualsPlain) {
   const std::vector<SpeculationParams> specs = {Tree(SpeculationMethod::kDraftModel, 4, 2, 8),
+                                                Tree(SpeculationMethod::kEagle3, 5, 3, 16),
                                                 {SpeculationMethod::kDraftModel, 3},
                                                 Tree(SpeculationMethod::kNgram, 3, 2, 6),
                                                 kPlain,
+                                                {SpeculationMethod::kEagle3, 4},
                                                 {SpeculationMethod::kNgram, 4}};
   std::vector<GenerateRequest> requests;
   for (size_t i = 0; i < prompts_->size(); ++i) {
@@ -91,13 +128,13 @@ TEST_F(TreeTest, MixedBatchOfTreesChainsAndPlainRowsEqualsPlain) {
 }
 
 TEST_F(TreeTest, TreesAcceptMoreThanChainsOfTheirDepth) {
-  const double chain =
-      TokensPerRound(RunGreedy(*engine_, *prompts_, {SpeculationMethod::kDraftModel, 4}, kLen));
-  const double tree = TokensPerRound(
-      RunGreedy(*engine_, *prompts_, Tree(SpeculationMethod::kDraftModel, 4, 3, 16), kLen));
-  std::printf("codepair draft model, greedy: chain K 4 %.2f, tree 4/3/16 %.2f tokens per round\n",
-              chain, tree);
-  EXPECT_GT(tree, chain);
+  for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kEagle3}) {
+    const double chain = TokensPerRound(RunGreedy(*engine_, *prompts_, {m, 4}, kLen));
+    const double tree = TokensPerRound(RunGreedy(*engine_, *prompts_, Tree(m, 4, 3, 16), kLen));
+    std::printf("codepair %s, greedy: chain K 4 %.2f, tree 4/3/16 %.2f tokens per round\n",
+                SpeculationMethodName(m), chain, tree);
+    EXPECT_GT(tree, chain) << SpeculationMethodName(m);
+  }
 }
 
 TEST(TreeConfigTest, TreeOptionsAreCheckedAndResolved) {

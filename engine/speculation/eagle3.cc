@@ -36,8 +36,8 @@ int32_t Eagle3Speculator::PoolRow(const State& s, int32_t position) const {
 }
 
 void Eagle3Speculator::FreeRegion(State& s) {
-  s.pending_positions.clear();
-  s.pending_tokens.clear();
+  s.pending.clear();
+  s.tree_start = -1;
   if (s.region >= 0) free_regions_.push_back(s.region);
   s.region = -1;
 }
@@ -67,66 +67,10 @@ absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch
   int32_t row = 0, scratch = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
-    const auto n = static_cast<int32_t>(in.tokens.size());
     const int32_t first_row = row;
-    row += n;
+    row += static_cast<int32_t>(in.tokens.size());
     if (!wanted[i] || in.seq_id < 0) continue;
-    const auto seq = static_cast<uint64_t>(in.seq_id);
-    State& s = StateOf(seq);
-    // The target recomputed from start_pos: what the sequence held from there on is stale.
-    const int32_t start = in.start_pos;
-    size_t keep = 0;
-    while (keep < s.pending_positions.size() && s.pending_positions[keep] < start) ++keep;
-    s.pending_positions.resize(keep);
-    s.pending_tokens.resize(keep);
-    s.num_target_positions = std::min(s.num_target_positions, start);
-    s.kv_tokens.resize(start, -1);
-    s.kv_tokens.insert(s.kv_tokens.end(), in.tokens.begin(), in.tokens.end());
-    if (keep > 0 && s.pending_positions.back() != start - 1) {  // not contiguous: drop them
-      s.pending_positions.clear();
-      s.pending_tokens.clear();
-    }
-    if (s.region < 0) {
-      if (free_regions_.empty()) continue;  // more sequences than regions: this one drafts less
-      s.region = free_regions_.back();
-      free_regions_.pop_back();
-    }
-    const auto old = static_cast<int32_t>(s.pending_positions.size());
-    const int32_t total = old + n;
-    const int32_t evict = std::max(0, total - kEagle3PoolWindow);
-    bool truncated = false;
-    for (int32_t e = 0; e < evict; ++e) {  // entry e of (old pending, then this chunk's rows)
-      const int32_t p = e < old ? s.pending_positions[e] : start + (e - old);
-      Eagle3Compute::Row r;
-      r.seq = static_cast<int64_t>(seq);
-      r.token = s.kv_tokens[p + 1];  // known: a later row of the window holds position p + 1
-      r.position = p;
-      r.block_table = in.block_table;
-      if (e < old) {
-        r.hidden = PoolRow(s, p);
-      } else {
-        r.hidden = compute_->scratch_row(scratch);
-        fuse_from_.push_back(first_row + (e - old));
-        fuse_to_.push_back(r.hidden);
-        ++scratch;
-      }
-      if (!truncated) {
-        compute_->Truncate(r.seq, p);
-        truncated = true;
-      }
-      rows_.push_back(r);
-      s.num_target_positions = p + 1;
-    }
-    // The window: the last kEagle3PoolWindow entries.
-    const auto dropped = static_cast<std::ptrdiff_t>(std::min(evict, old));
-    s.pending_positions.erase(s.pending_positions.begin(), s.pending_positions.begin() + dropped);
-    s.pending_tokens.erase(s.pending_tokens.begin(), s.pending_tokens.begin() + dropped);
-    for (int32_t t = std::max(0, evict - old); t < n; ++t) {
-      s.pending_positions.push_back(start + t);
-      s.pending_tokens.push_back(in.tokens[t]);
-      keep_from_.push_back(first_row + t);
-      keep_to_.push_back(PoolRow(s, start + t));
-    }
+    TakeChunk(in, first_row, StateOf(static_cast<uint64_t>(in.seq_id)), &scratch);
   }
   if (!rows_.empty()) {
     SPECD_RETURN_IF_ERROR(compute_->Fuse(fuse_from_, fuse_to_));
@@ -134,6 +78,77 @@ absl::Status Eagle3Speculator::OnTargetPass(std::span<const SequenceInput> batch
     SPECD_RETURN_IF_ERROR(compute_->Forward(rows_, host_flags_, &ids_, &logits_));
   }
   return compute_->Fuse(keep_from_, keep_to_);
+}
+
+void Eagle3Speculator::TakeChunk(const SequenceInput& in, int32_t first_row, State& s,
+                                 int32_t* scratch) {
+  const auto n = static_cast<int32_t>(in.tokens.size());
+  const auto seq = static_cast<int64_t>(in.seq_id);
+  // The target recomputed from start_pos: what the sequence held from there on is stale, and
+  // so is a tree whose path no Propose has walked (its nodes' rows are about to be reused).
+  const int32_t start = in.start_pos;
+  s.tree_start = -1;
+  size_t keep = 0;
+  while (keep < s.pending.size() && s.pending[keep].position < start) ++keep;
+  s.pending.resize(keep);
+  s.num_target_positions = std::min(s.num_target_positions, start);
+  s.kv_tokens.resize(start, -1);
+  // A tree chunk (the verification convention: the tree starts at the chunk, the root first):
+  // only the root's token is the sequence's; each node's row waits for the path. A malformed
+  // one, or one wider than the window, is not kept.
+  const TokenTree* tree = in.tree;
+  if (tree != nullptr && (tree->start != start || tree->parents.size() != in.tokens.size() ||
+                          n > kEagle3PoolWindow || n == 0)) {
+    s.pending.clear();
+    return;
+  }
+  s.kv_tokens.insert(s.kv_tokens.end(), in.tokens.begin(),
+                     tree != nullptr ? in.tokens.begin() + 1 : in.tokens.end());
+  if (keep > 0 && s.pending.back().position != start - 1) s.pending.clear();  // not contiguous
+  if (s.region < 0) {
+    if (free_regions_.empty()) return;  // more sequences than regions: this one drafts less
+    s.region = free_regions_.back();
+    free_regions_.pop_back();
+  }
+  const auto old = static_cast<int32_t>(s.pending.size());
+  const int32_t evict = std::max(0, old + n - kEagle3PoolWindow);  // a tree's: old ones only
+  bool truncated = false;
+  for (int32_t e = 0; e < evict; ++e) {  // entry e of (old pending, then this chunk's rows)
+    const int32_t p = e < old ? s.pending[e].position : start + (e - old);
+    Eagle3Compute::Row r;
+    r.seq = seq;
+    r.token = s.kv_tokens[p + 1];  // known: a later row of the window holds position p + 1
+    r.position = p;
+    r.block_table = in.block_table;
+    if (e < old) {
+      r.hidden = s.pending[e].pool_row;
+    } else {
+      r.hidden = compute_->scratch_row((*scratch)++);
+      fuse_from_.push_back(first_row + (e - old));
+      fuse_to_.push_back(r.hidden);
+    }
+    if (!truncated) {
+      compute_->Truncate(seq, p);
+      truncated = true;
+    }
+    rows_.push_back(r);
+    s.num_target_positions = p + 1;
+  }
+  // The window: the last kEagle3PoolWindow entries (a tree's nodes in the ring rows of their
+  // slots).
+  s.pending.erase(s.pending.begin(), s.pending.begin() + std::min(evict, old));
+  for (int32_t t = std::max(0, evict - old); t < n; ++t) {
+    keep_from_.push_back(first_row + t);
+    keep_to_.push_back(PoolRow(s, start + t));
+    if (tree == nullptr || t == 0) {
+      s.pending.push_back(Pending{start + t, in.tokens[t], PoolRow(s, start + t)});
+    }
+  }
+  if (tree != nullptr) {
+    s.tree_start = start;
+    s.tree_tokens.assign(in.tokens.begin(), in.tokens.end());
+    s.tree_parents.assign(tree->parents.begin(), tree->parents.end());
+  }
 }
 
 bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
@@ -147,15 +162,16 @@ bool Eagle3Speculator::PlanCatchUp(const DraftInput& in, State& s, Active* a) {
   // Position p's entry read tokens up to p + 1: valid while they are still the sequence's.
   const int32_t valid = std::max(0, std::min(s.num_target_positions, common - 1));
   compute_->Truncate(static_cast<int64_t>(in.seq_id), valid);  // also last round's drafted entries
+  ResolveTree(in, s);
   int32_t last = -1;
-  for (size_t e = 0; e < s.pending_positions.size(); ++e) {
-    const int32_t p = s.pending_positions[e];
-    if (p < valid || p >= num_tokens - 1 || s.pending_tokens[e] != in.tokens[p]) continue;
+  for (const Pending& e : s.pending) {
+    const int32_t p = e.position;
+    if (p < valid || p >= num_tokens - 1 || e.token != in.tokens[p]) continue;
     Eagle3Compute::Row row;
     row.seq = static_cast<int64_t>(in.seq_id);
     row.token = in.tokens[p + 1];
     row.position = p;
-    row.hidden = PoolRow(s, p);
+    row.hidden = e.pool_row;
     row.block_table = in.block_table;
     rows_.push_back(row);
     last = p;
@@ -211,62 +227,103 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
   for (Draft& d : *drafts) d.Reset();
   active_.clear();
   rows_.clear();
+  trees_.clear();
+  trees_.reserve(inputs.size());  // rows point into them: no reallocation this round
   for (size_t i = 0; i < inputs.size(); ++i) {
-    State& s = StateOf(inputs[i].seq_id);
+    const DraftInput& in = inputs[i];
+    State& s = StateOf(in.seq_id);
     if (!s.seeded) {
-      s.rng.seed(inputs[i].seed ^ kEagle3SeedSalt);  // the same request, the same drafts
+      s.rng.seed(in.seed ^ kEagle3SeedSalt);  // the same request, the same drafts
       s.seeded = true;
     }
     Active a;
     a.input = i;
     a.state = &s;
-    // A tree asked for: a chain of its depth (the head grows no trees yet).
-    a.num_wanted = inputs[i].wants_tree()
-                       ? std::min(inputs[i].num_draft_tokens, inputs[i].tree_depth)
-                       : inputs[i].num_draft_tokens;
-    if (PlanCatchUp(inputs[i], s, &a)) active_.push_back(a);
+    // A tree asked for where the compute runs none: a chain of its depth.
+    const bool tree = in.wants_tree() && compute_->SupportsTrees();
+    a.num_wanted = in.wants_tree() && !tree ? std::min(in.num_draft_tokens, in.tree_depth)
+                                            : in.num_draft_tokens;
+    if (!PlanCatchUp(in, s, &a)) continue;
+    if (tree) StartTree(in, &a);
+    active_.push_back(a);
   }
-  const int64_t vocab = compute_->config().layer.vocab_size;
   absl::Status status = absl::OkStatus();
   while (!rows_.empty()) {  // the catch-up runs even when no sequence drafts (it fills caches)
-    // Logits rows come back in row order: the k-th active sequence's is the k-th.
+    // Logits rows come back in row order: each active sequence's (a chain's one, a tree level's
+    // nodes) in turn.
     host_flags_.clear();
     for (const Active& a : active_) {
-      const DraftInput& in = inputs[a.input];
-      host_flags_.push_back(
-          DrawsOnHost(in, static_cast<int32_t>((*drafts)[a.input].tokens.size())) ? 1 : 0);
+      if (a.tree >= 0) {
+        host_flags_.insert(host_flags_.end(), trees_[a.tree].level.size(), 1);
+      } else {
+        const DraftInput& in = inputs[a.input];
+        host_flags_.push_back(
+            DrawsOnHost(in, static_cast<int32_t>((*drafts)[a.input].tokens.size())) ? 1 : 0);
+      }
     }
     status = compute_->Forward(rows_, host_flags_, &ids_, &logits_);
     if (!status.ok()) break;
-    size_t kept = 0;
-    int64_t host_row = 0;
-    for (size_t k = 0; k < active_.size(); ++k) {
-      Active a = active_[k];
-      const DraftInput& in = inputs[a.input];
-      std::span<const float> row;
-      if (host_flags_[k]) row = std::span<const float>(logits_).subspan(host_row++ * vocab, vocab);
-      const bool drawn = DrawDraft(in, *a.state, ids_[k], row, (*drafts)[a.input]);
-      if (!drawn || --a.num_wanted == 0) continue;
-      a.prenorm_row = -static_cast<int32_t>(k) - 1;  // the next pass reads its logits row's prenorm
-      active_[kept++] = a;
-    }
-    active_.resize(kept);
-    rows_.clear();
-    for (size_t k = 0; k < active_.size(); ++k) {
-      Active& a = active_[k];
-      Eagle3Compute::Row row;
-      row.seq = static_cast<int64_t>(inputs[a.input].seq_id);
-      row.token = (*drafts)[a.input].tokens.back();
-      row.position = a.next_position++;
-      row.hidden = a.prenorm_row;
-      row.logits = true;
-      row.block_table = inputs[a.input].block_table;
-      rows_.push_back(row);
-    }
+    TakeDrafts(inputs, drafts);
+    PlanNextRows(inputs, *drafts);
+  }
+  for (TreeActive& t : trees_) {
+    Draft& d = (*drafts)[t.input];
+    t.builder.Finish(&d.tokens, &d.parents);
+    if (d.tokens.empty()) d.parents.clear();
   }
   // The target hidden states are in the cache now (or were stale): drop them.
   for (const DraftInput& in : inputs) FreeRegion(*states_[in.seq_id]);
   return status;
+}
+
+void Eagle3Speculator::TakeDrafts(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) {
+  const int64_t vocab = compute_->config().layer.vocab_size;
+  size_t kept = 0;
+  int32_t row = 0;  // the pass's logits row
+  int64_t host_row = 0;
+  for (size_t k = 0; k < active_.size(); ++k) {
+    Active a = active_[k];
+    const DraftInput& in = inputs[a.input];
+    if (a.tree >= 0) {
+      ExpandLevel(in, trees_[a.tree], &row, &host_row);
+      active_[kept++] = a;
+      continue;
+    }
+    std::span<const float> logits;
+    if (host_flags_[row]) {
+      logits = std::span<const float>(logits_).subspan(host_row++ * vocab, vocab);
+    }
+    const bool drawn = DrawDraft(in, *a.state, ids_[row], logits, (*drafts)[a.input]);
+    a.prenorm_row = -row - 1;  // the next pass reads its logits row's prenorm
+    ++row;
+    if (!drawn || --a.num_wanted == 0) continue;
+    active_[kept++] = a;
+  }
+  active_.resize(kept);
+}
+
+void Eagle3Speculator::PlanNextRows(std::span<const DraftInput> inputs,
+                                    const std::vector<Draft>& drafts) {
+  rows_.clear();
+  size_t kept = 0;
+  for (size_t k = 0; k < active_.size(); ++k) {
+    Active& a = active_[k];
+    const DraftInput& in = inputs[a.input];
+    if (a.tree >= 0) {
+      if (PlanLevel(in, trees_[a.tree])) active_[kept++] = a;
+      continue;
+    }
+    Eagle3Compute::Row row;
+    row.seq = static_cast<int64_t>(in.seq_id);
+    row.token = drafts[a.input].tokens.back();
+    row.position = a.next_position++;
+    row.hidden = a.prenorm_row;
+    row.logits = true;
+    row.block_table = in.block_table;
+    rows_.push_back(row);
+    active_[kept++] = a;
+  }
+  active_.resize(kept);
 }
 
 }  // namespace specd

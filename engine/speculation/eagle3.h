@@ -20,7 +20,13 @@
 // it as q, over the target's vocabulary (zero outside the head's draft vocabulary), so
 // speculative sampling stays lossless. Positions whose target hidden state the head never saw
 // (a prompt served from the prefix cache) are absent from its cache (CPU) or stale (paged):
-// drafts then accept less, the output is unchanged. Engine thread only.
+// drafts then accept less, the output is unchanged.
+// Token trees (DraftInput::wants_tree, on a compute with trees; eagle3_tree.cc) grow as the
+// draft model's do (DraftTreeBuilder, EAGLE-2's dynamic tree): the catch-up's last row gives the
+// root's children, then each level is one head pass whose rows are the nodes to expand (each
+// reading its parent's prenorm output), in tree slots of their own after the committed
+// positions. A verified tree chunk's hidden states wait per node until the next Propose walks
+// the tree along the committed tokens and runs the accepted path's positions. Engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,7 @@
 #include "engine/model/model.h"
 #include "engine/runner/eagle3_compute.h"
 #include "engine/speculation/draft_replay.h"
+#include "engine/speculation/draft_tree.h"
 #include "engine/speculation/speculator.h"
 
 namespace specd {
@@ -45,7 +52,9 @@ class Eagle3Speculator : public Speculator {
 
   // One target pass: `batch` as run (its hidden states are the compute's to read) and which
   // chunks' sequences draft with the head (`wanted[i]` for batch[i]). A chunk starting at
-  // position s replaces what the sequence held from s on.
+  // position s replaces what the sequence held from s on. A tree chunk (SequenceInput::tree
+  // from the chunk's first slot: the root, the last committed token, then the drafts) keeps
+  // every node's hidden state until the next Propose finds the accepted path.
   absl::Status OnTargetPass(std::span<const SequenceInput> batch, std::span<const uint8_t> wanted);
 
   absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
@@ -53,21 +62,32 @@ class Eagle3Speculator : public Speculator {
 
   // Benchmarks only: greedy drafts follow `replay` (controlled acceptance,
   // engine/speculation/draft_replay.h); the head's passes still run. nullptr turns it off.
+  // Trees are grown from the head's own logits for now.
   void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   const Eagle3Config& config() const { return compute_->config(); }
 
  private:
+  // A target hidden state the head has not run: its position, the token there, its fused row.
+  struct Pending {
+    int32_t position = 0;
+    int32_t token = 0;
+    int32_t pool_row = 0;
+  };
   // What the speculator knows of one sequence.
   struct State {
     // The sequence's tokens as the cache saw them (-1: unknown, a position the head never saw):
     // position p's entry read token p + 1.
     std::vector<int32_t> kv_tokens;
     int32_t num_target_positions = 0;  // head positions [0, n) are done (target hidden states)
-    // Target hidden states not yet run by the head, positions ascending and contiguous: the
-    // fused row of position p is pool row region * kEagle3PoolWindow + p % kEagle3PoolWindow.
-    std::vector<int32_t> pending_positions;
-    std::vector<int32_t> pending_tokens;
+    // Target hidden states not yet run by the head, positions ascending and contiguous. A
+    // chunk's row of slot q is fused into pool row PoolRow(q) (the region's ring by slot).
+    std::vector<Pending> pending;
+    // A verified tree chunk whose accepted path is not known yet (its root is pending): its
+    // tokens and parents (root first, parents as chunk indices), node j fused into
+    // PoolRow(tree_start + j). The next Propose walks it; the next target pass drops it.
+    int32_t tree_start = -1;
+    std::vector<int32_t> tree_tokens, tree_parents;
     int32_t region = -1;  // its pool region while it has pending rows
     std::mt19937_64 rng;  // sampled drafts
     bool seeded = false;
@@ -79,8 +99,21 @@ class Eagle3Speculator : public Speculator {
     int32_t num_wanted = 0;
     int32_t next_position = 0;  // position of its next head row
     int32_t prenorm_row = -1;   // Eagle3Compute::Row::hidden of its next row
+    int32_t tree = -1;          // its tree in trees_, or -1 (a chain)
   };
-
+  // A tree growing this round (eagle3_tree.cc). Its region in the head's cache: the nodes run
+  // (expanded), in run order, in slots root_slot + i at position root_slot + depth.
+  struct TreeActive {
+    size_t input = 0;
+    DraftTreeBuilder builder;
+    int32_t root_slot = 0;       // L - 1: the head position after the catch-up's last
+    int32_t max_region = 0;      // nodes run at most: the round's K (the target's lookahead slots)
+    std::vector<int32_t> level;  // the nodes of the pass (-1: the root, the catch-up row)
+    std::vector<int32_t> level_rows;      // their logits rows in that pass
+    std::vector<int32_t> region_parents;  // [region] parents as region indices (-1: the prefix)
+    std::vector<int32_t> region_of_node;  // [builder nodes] region index, -1 if not run
+    TokenTree tree;                       // {root_slot, region_parents}: the rows' Row::tree
+  };
   explicit Eagle3Speculator(Eagle3Compute* compute);
   State& StateOf(uint64_t seq_id);
   int32_t PoolRow(const State& s, int32_t position) const;
@@ -94,12 +127,30 @@ class Eagle3Speculator : public Speculator {
   bool DrawDraft(const DraftInput& in, State& state, int32_t argmax, std::span<const float> logits,
                  Draft& draft);
   void FreeRegion(State& s);
+  // OnTargetPass for one chunk whose captured rows start at first_row.
+  void TakeChunk(const SequenceInput& in, int32_t first_row, State& s, int32_t* scratch);
+  // After a pass: each chain's next draft (finished chains leave active_) and each tree's level
+  // expanded from its logits rows.
+  void TakeDrafts(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // The next pass's rows: one per chain, a tree's next level (finished trees leave active_).
+  void PlanNextRows(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // Trees (eagle3_tree.cc). The tree chunk's accepted path (walked along the committed tokens)
+  // joins the pending rows.
+  void ResolveTree(const DraftInput& in, State& s) const;
+  // A tree for `a`, whose catch-up row gives the root's children.
+  void StartTree(const DraftInput& in, Active* a);
+  // Expands the tree's level from its host logits rows [*host_row, ...) of the pass whose first
+  // logits row for it is *row; advances both.
+  void ExpandLevel(const DraftInput& in, TreeActive& t, int32_t* row, int64_t* host_row);
+  // Appends the next level's rows; false when the tree is complete.
+  bool PlanLevel(const DraftInput& in, TreeActive& t);
 
   Eagle3Compute* compute_;
   std::shared_ptr<const DraftReplay> replay_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;
   std::vector<int32_t> free_regions_;
   std::vector<Active> active_;                // scratch
+  std::vector<TreeActive> trees_;             // scratch: this round's trees (rows point in)
   std::vector<Eagle3Compute::Row> rows_;      // scratch: one head pass
   std::vector<uint8_t> host_flags_;           // scratch: per logits row
   std::vector<int32_t> ids_;                  // scratch: the pass's argmax ids
