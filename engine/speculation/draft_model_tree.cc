@@ -25,6 +25,8 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
     const int32_t slots = 1 + (in.tree_depth - 1) * in.tree_top_k;
     if (!Prepare(in, *state, slots, &t.active)) continue;
     t.builder.Reset(in.tree_depth, in.tree_top_k, in.num_draft_tokens);
+    // Controlled acceptance, as AppendGreedyDraft does for chains: greedy requests only.
+    if (replay_ != nullptr && in.params->greedy()) t.builder.set_replay(replay_.get(), in.tokens);
     tree_active_.push_back(std::move(t));
   }
   if (tree_active_.empty()) return absl::OkStatus();

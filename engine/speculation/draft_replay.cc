@@ -156,14 +156,44 @@ void DraftReplay::Candidates(std::span<const int32_t> context, std::span<const i
       continue;
     }
     // Fill with tokens that are neither the draft nor the recorded one (nor already there).
-    int32_t fill = Other(index, p, right, kOtherSalt + i);
-    while (fill == candidates[0] || std::find(candidates.begin() + 1, candidates.begin() + at,
-                                              fill) != candidates.begin() + at) {
-      fill = (fill + 1) % vocab_;
-      if (fill == right) fill = (fill + 1) % vocab_;
-    }
-    candidates[at++] = fill;
+    candidates[at] = Fill(index, p, right, i, candidates.first(at));
+    ++at;
   }
+}
+
+void DraftReplay::Children(std::span<const int32_t> context, std::span<const int32_t> path,
+                           std::span<int32_t> children) const {
+  size_t index = 0, p = 0;
+  const std::vector<int32_t>* t = OnTrack(context, path, &index, &p);
+  // A row as long as the vocabulary could not keep the recorded token out: left alone.
+  if (t == nullptr || children.empty() || children.size() >= static_cast<size_t>(vocab_)) return;
+  const int32_t right = (*t)[p];
+  const int32_t best = Draft(context, path, children[0]);  // the same draw as the chain's
+  std::vector<int32_t> rest;  // the model's children after the best, in order
+  for (int32_t c : children) {
+    if (c != right && c != best) rest.push_back(c);
+  }
+  children[0] = best;
+  size_t at = 1;
+  for (size_t i = 0; at < children.size(); ++i) {
+    if (i < rest.size()) {
+      children[at++] = rest[i];
+      continue;
+    }
+    // The model had both the recorded token and the miss's token: the row keeps its length.
+    children[at] = Fill(index, p, right, i - rest.size(), children.first(at));
+    ++at;
+  }
+}
+
+int32_t DraftReplay::Fill(size_t index, size_t position, int32_t right, size_t i,
+                          std::span<const int32_t> taken) const {
+  int32_t fill = Other(index, position, right, kOtherSalt + i);
+  while (std::find(taken.begin(), taken.end(), fill) != taken.end()) {
+    fill = (fill + 1) % vocab_;
+    if (fill == right) fill = (fill + 1) % vocab_;
+  }
+  return fill;
 }
 
 }  // namespace specd

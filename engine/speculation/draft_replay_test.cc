@@ -4,6 +4,10 @@
 // probability and never elsewhere; bad trajectory files are refused with the line named. Also
 // the "replay" object of --speculative-config, and a codepair draft model (CPU) whose greedy
 // drafts follow the replay in both of its paths (runner argmax, and host rows with candidates).
+// Token trees: a node on the trajectory has the recorded token among its children with
+// probability alpha (first, or not at all), at the same positions as the chain's hits, a
+// one-child row is the chain's draft, rows off the trajectory stand; the codepair draft's trees
+// follow the replay.
 #include "engine/speculation/draft_replay.h"
 
 #include <cstdio>
@@ -121,6 +125,115 @@ TEST(DraftReplayTest, CandidatesHoldTheRecordedTokenAfterAWrongDraft) {
   }
 }
 
+// The model's children for position p of `t`, best first: the recorded token at `rank` (none
+// when rank >= 3), the others fixed per position.
+std::vector<int32_t> ModelChildren(const std::vector<int32_t>& t, size_t p, size_t rank) {
+  std::vector<int32_t> row;
+  for (int32_t i = 1; row.size() < 3; ++i) {
+    if (row.size() == rank) row.push_back(t[p]);
+    const int32_t other = (t[p] + static_cast<int32_t>(p) * 3 + i) % kVocab;
+    if (row.size() < 3 && other != t[p]) row.push_back(other);
+  }
+  return row;
+}
+
+TEST(DraftReplayTest, TreeChildrenHoldTheRecordedTokenWithProbabilityAlpha) {
+  const auto traj = RandomTrajectories(4, 600, 6);
+  for (double alpha : {0.0, 0.8, 1.0}) {
+    auto r = Make(alpha, 0.9, traj);
+    int hits = 0, total = 0;
+    for (const auto& t : traj) {
+      for (size_t p = 11; p < t.size(); ++p) {  // a context of at least kKeyTokens
+        const std::vector<int32_t> model = ModelChildren(t, p, p % 4);
+        std::vector<int32_t> row = model;
+        r->Children(Prefix(t, p - 3), Prefix(t, p).subspan(p - 3), row);  // a node at depth 3
+        ASSERT_EQ(row.size(), model.size());
+        std::vector<int32_t> sorted = row;
+        std::sort(sorted.begin(), sorted.end());
+        ASSERT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "distinct";
+        const bool hit = row[0] == t[p];
+        ASSERT_EQ(std::count(row.begin(), row.end(), t[p]), hit ? 1 : 0)
+            << "the recorded token is the best child or absent";
+        if (hit) {  // the model's others keep their order after it
+          std::vector<int32_t> others;
+          for (int32_t c : model) {
+            if (c != t[p]) others.push_back(c);
+          }
+          others.resize(row.size() - 1);
+          ASSERT_EQ(std::vector<int32_t>(row.begin() + 1, row.end()), others);
+        }
+        hits += hit;
+        ++total;
+      }
+    }
+    EXPECT_NEAR(double(hits) / total, alpha, 0.03) << "alpha " << alpha << " over " << total;
+  }
+}
+
+TEST(DraftReplayTest, TreeChildrenHitWhereTheChainDraftHits) {
+  const auto traj = RandomTrajectories(3, 300, 7);
+  for (double alpha : {0.3, 0.8}) {
+    auto r = Make(alpha, 0.9, traj);
+    for (const auto& t : traj) {
+      for (size_t p = 10; p < t.size(); ++p) {
+        for (size_t depth : {size_t{0}, size_t{2}}) {  // the root's children, a node at depth 2
+          const auto context = Prefix(t, p - depth);
+          const auto path = Prefix(t, p).subspan(p - depth);
+          const int32_t draft = r->Draft(context, path, -1);
+          // One child (top_k 1): the chain's draft, token for token, whatever the model chose.
+          for (int32_t model : {t[p], (t[p] + 1) % kVocab}) {
+            std::vector<int32_t> one = {model};
+            r->Children(context, path, one);
+            ASSERT_EQ(one[0], draft) << p;
+          }
+          // More children: the same hit or miss, and the best child is still the chain's draft.
+          for (size_t rank : {0, 1, 2, 3}) {
+            std::vector<int32_t> row = ModelChildren(t, p, rank);
+            r->Children(context, path, row);
+            ASSERT_EQ(row[0], draft) << p;
+            ASSERT_EQ(std::find(row.begin(), row.end(), t[p]) != row.end(), draft == t[p]) << p;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DraftReplayTest, TreeChildrenOffTheTrajectoryStand) {
+  const auto traj = RandomTrajectories(1, 64, 8);
+  auto r = Make(1.0, 1.0, traj);
+  const std::vector<int32_t> model = {1, 2, 3};
+  auto children = [&](std::span<const int32_t> context, std::span<const int32_t> path) {
+    std::vector<int32_t> row = model;
+    r->Children(context, path, row);
+    return row;
+  };
+  const auto& t = traj[0];
+  EXPECT_EQ(children(Prefix(t, 20), {})[0], t[20]);  // on it: alpha 1 puts it first
+  const std::vector<int32_t> sibling = {(t[20] + 1) % kVocab};
+  EXPECT_EQ(children(Prefix(t, 20), sibling), model) << "a path that left the trajectory";
+  std::vector<int32_t> rejected(t.begin(), t.begin() + 20);
+  rejected[10] = (rejected[10] + 1) % kVocab;
+  EXPECT_EQ(children(rejected, {}), model) << "a context that left it";
+  EXPECT_EQ(children(t, {}), model) << "past its end";
+  EXPECT_EQ(children(Prefix(t, 5), {}), model) << "shorter than the key";
+  std::vector<int32_t> none;
+  r->Children(Prefix(t, 20), {}, none);  // no children (everything banned): nothing to do
+  EXPECT_TRUE(none.empty());
+  // The model had both the recorded token and the miss's token: a fill keeps the row's length.
+  auto miss = Make(0.0, 1.0, traj);
+  const int32_t wrong = miss->Draft(Prefix(t, 30), {}, -1);
+  std::vector<int32_t> row = {wrong, t[30], 5};
+  miss->Children(Prefix(t, 30), {}, row);
+  ASSERT_EQ(row.size(), 3u);
+  EXPECT_EQ(row[0], wrong);
+  EXPECT_NE(row[1], t[30]);
+  EXPECT_NE(row[2], t[30]);
+  EXPECT_NE(row[1], row[2]);
+  EXPECT_NE(row[1], wrong);
+  EXPECT_NE(row[2], wrong);
+}
+
 TEST(DraftReplayTest, LoadRefusesBadFilesNamingTheLine) {
   const std::string path = ::testing::TempDir() + "/replay.jsonl";
   auto load = [&](const std::string& text) {
@@ -231,6 +344,82 @@ TEST(DraftReplayTest, CodepairDraftFollowsTheReplayInBothPaths) {
   EXPECT_NE(out[0].tokens[0], traj[0][24]);
   ASSERT_EQ(out[0].candidates.size(), 3u);
   EXPECT_EQ(out[0].candidates[1], traj[0][24]) << "candidate_hit 1: the truth comes second";
+}
+
+// A tree's nodes whose path from the root follows `t` (after its first `n` tokens): each one's
+// children (best first), -1 for the root.
+std::vector<std::pair<int32_t, std::vector<int32_t>>> OnTrackChildren(const Draft& d,
+                                                                      const std::vector<int32_t>& t,
+                                                                      size_t n) {
+  std::vector<std::pair<int32_t, std::vector<int32_t>>> out;
+  std::vector<int32_t> depth(d.tokens.size(), 0);
+  std::vector<char> on(d.tokens.size(), 0);
+  for (int32_t node = -1; node < static_cast<int32_t>(d.tokens.size()); ++node) {
+    if (node >= 0) {
+      const int32_t parent = d.parents[node];
+      depth[node] = parent < 0 ? 0 : depth[parent] + 1;
+      on[node] = (parent < 0 || on[parent]) && d.tokens[node] == t[n + depth[node]];
+      if (!on[node]) continue;
+    }
+    std::vector<int32_t> children;
+    for (size_t c = 0; c < d.tokens.size(); ++c) {
+      if (d.parents[c] == node) children.push_back(d.tokens[c]);
+    }
+    out.emplace_back(node, children);
+  }
+  return out;
+}
+
+TEST(DraftReplayTest, CodepairDraftTreesFollowTheReplay) {
+  RunnerOptions o;
+  o.model_dir = std::string(SPECD_SHARED_DIR) + "/models/codepair/draft";
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 256;
+  auto runner = CreateModelRunner(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->SupportsTokenTrees());
+  auto draft = DraftModelSpeculator::Create(*std::move(runner), kVocab, 64);
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  const auto traj = RandomTrajectories(1, 64, 10);  // nothing the model would draft itself
+  SamplingParams params;
+  params.temperature = 0;
+  TokenHistory history;
+  const std::vector<int32_t> ctx(traj[0].begin(), traj[0].begin() + 24);
+  history.AddPrompt(ctx);
+  for (double alpha : {1.0, 0.0}) {
+    (*draft)->set_replay(Make(alpha, 1.0, traj));
+    DraftInput in;
+    in.seq_id = alpha > 0 ? 1 : 2;
+    in.tokens = ctx;
+    in.num_draft_tokens = 21;  // every node grown: 3, then 3 x 3, then the best 3 x 3
+    in.tree_depth = 3;
+    in.tree_top_k = 3;
+    in.params = &params;
+    in.history = &history;
+    std::vector<Draft> out(1);
+    ASSERT_TRUE((*draft)->Propose({&in, 1}, &out).ok());
+    const Draft& d = out[0];
+    ASSERT_EQ(d.parents.size(), d.tokens.size());
+    ASSERT_GE(d.tokens.size(), 4u) << "a tree, not a chain";
+    const auto on = OnTrackChildren(d, traj[0], 24);
+    ASSERT_EQ(on[0].first, -1);
+    ASSERT_EQ(on[0].second.size(), 3u) << "the root's top_k children";
+    size_t depth = 0;
+    for (const auto& [node, children] : on) {
+      if (children.empty()) continue;  // not expanded, or its children not kept
+      const int32_t want = traj[0][24 + depth];
+      if (alpha > 0) {
+        EXPECT_EQ(children[0], want) << "alpha 1: the recorded token is the best child";
+      } else {
+        EXPECT_EQ(std::count(children.begin(), children.end(), want), 0) << "alpha 0: never";
+      }
+      ++depth;
+    }
+    // alpha 1: the recorded node at depth 2 is among its level's 3 best here (the slot scores
+    // favour it: each of its path's slots is its row's best), so the recorded path is whole.
+    EXPECT_EQ(depth, alpha > 0 ? 3u : 1u);
+  }
 }
 
 }  // namespace

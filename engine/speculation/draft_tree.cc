@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "engine/speculation/draft_replay.h"
+
 namespace specd {
 
 void DraftTreeBuilder::Reset(int32_t depth, int32_t top_k, int32_t max_nodes) {
@@ -14,6 +16,13 @@ void DraftTreeBuilder::Reset(int32_t depth, int32_t top_k, int32_t max_nodes) {
   level_ = 0;
   level_begin_ = 0;
   nodes_.clear();
+  replay_ = nullptr;
+  context_ = {};
+}
+
+void DraftTreeBuilder::set_replay(const DraftReplay* replay, std::span<const int32_t> context) {
+  replay_ = replay;
+  context_ = replay != nullptr ? context : std::span<const int32_t>();
 }
 
 void DraftTreeBuilder::Expand(int32_t node, std::span<const float> logits,
@@ -37,10 +46,19 @@ void DraftTreeBuilder::Expand(int32_t node, std::span<const float> logits,
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
     return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
   });
-  for (int32_t i = 0; i < k; ++i) {
-    if (!std::isfinite(scratch_[ids[i]])) break;
+  int32_t num_children = 0;
+  while (num_children < k && std::isfinite(scratch_[ids[num_children]])) ++num_children;
+  // Scores by rank, taken before the replay rewrites the ids: slot i keeps the model's i-th.
+  const size_t first = nodes_.size();
+  for (int32_t i = 0; i < num_children; ++i) {
     nodes_.push_back(Node{ids[i], node, depth, base + scratch_[ids[i]] - log_sum});
   }
+  if (replay_ == nullptr || num_children == 0) return;
+  path_.clear();
+  if (node >= 0) AppendPathTokens(node, &path_);
+  std::span<int32_t> children = std::span<int32_t>(ids).first(num_children);
+  replay_->Children(context_, path_, children);
+  for (int32_t i = 0; i < num_children; ++i) nodes_[first + i].token = children[i];
 }
 
 std::vector<int32_t> DraftTreeBuilder::NextLevel() {

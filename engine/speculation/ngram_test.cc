@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/speculation/draft_replay.h"
 #include "engine/speculation/draft_tree.h"
 #include "gtest/gtest.h"
 
@@ -57,6 +58,62 @@ TEST(NgramSpeculatorTest, ProposesPerSequenceWithItsOwnK) {
   EXPECT_EQ(drafts[0].tokens, std::vector<int32_t>{3});
   EXPECT_TRUE(drafts[0].probs.empty());  // deterministic: q is one-hot
   EXPECT_TRUE(drafts[1].tokens.empty());
+}
+
+TEST(DraftTreeBuilderTest, ReplayRewritesChildrenAndKeepsTheSlotsScores) {
+  // Vocabulary 16; the recording: the context 0..7, then 9, 4.
+  const std::vector<int32_t> recorded = {0, 1, 2, 3, 4, 5, 6, 7, 9, 4};
+  const std::span<const int32_t> context = std::span<const int32_t>(recorded).first(8);
+  auto replay_with = [&](double alpha) {
+    DraftReplayOptions o;
+    o.file = "(memory)";
+    o.alpha = alpha;
+    auto r = DraftReplay::Create(o, 16, {recorded});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *std::move(r);
+  };
+  const std::unique_ptr<DraftReplay> always = replay_with(1.0), never = replay_with(0.0);
+  std::vector<float> logits(16, 0.0f);
+  logits[2] = 3;  // the model: 2, then 5, then 9
+  logits[5] = 2;
+  logits[9] = 1;
+  DraftTreeBuilder b, plain;
+  b.Reset(/*depth=*/2, /*top_k=*/2, /*max_nodes=*/6);
+  plain.Reset(2, 2, 6);
+  b.set_replay(always.get(), context);
+  b.Expand(-1, logits, {});
+  plain.Expand(-1, logits, {});
+  ASSERT_EQ(b.num_nodes(), 2);
+  // The recorded token first, the model's best after it; each slot keeps the model's score.
+  EXPECT_EQ(b.token(0), 9);
+  EXPECT_EQ(b.token(1), 2);
+  EXPECT_EQ(b.score(0), plain.score(0));
+  EXPECT_EQ(b.score(1), plain.score(1));
+  EXPECT_EQ(b.NextLevel(), (std::vector<int32_t>{0, 1}));
+  b.Expand(0, logits, {});  // on the recording (path 9): 4 comes first
+  b.Expand(1, logits, {});  // off it (path 2): the model's own children
+  ASSERT_EQ(b.num_nodes(), 6);
+  EXPECT_EQ(b.token(2), 4);
+  EXPECT_EQ(b.token(3), 2);
+  EXPECT_EQ(b.token(4), 2);
+  EXPECT_EQ(b.token(5), 5);
+  std::vector<int32_t> tokens, parents;
+  b.Finish(&tokens, &parents);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{9, 2, 4, 2, 2, 5}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, -1, 0, 0, 1, 1}));
+  // alpha 0: never among the children, even where the model ranks it first.
+  logits[9] = 5;
+  b.Reset(2, 2, 6);
+  b.set_replay(never.get(), context);
+  b.Expand(-1, logits, {});
+  ASSERT_EQ(b.num_nodes(), 2);
+  EXPECT_NE(b.token(0), 9);
+  EXPECT_NE(b.token(1), 9);
+  // Reset turns the replay off: the model's children again.
+  b.Reset(2, 2, 6);
+  b.Expand(-1, logits, {});
+  EXPECT_EQ(b.token(0), 9);
+  EXPECT_EQ(b.token(1), 2);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // spec_bench: end-to-end decoding throughput with and without speculation, side by side in one
 // process: the engine's offline GenerateBatch over the codepair prompts at several batch sizes,
 // plain decoding against the draft model (and an EAGLE-3 head, --eagle3) and n-gram lookup at each
-// K of --ks (or the one --k), and token trees (--trees depth/top_k/num_nodes,...: the draft model
-// and n-gram), on
-// the CPU or a GPU. Every request generates exactly --max-tokens tokens (EOS ignored), greedy
-// unless --temperature is given. Prints, per batch size and method: tokens/s, its ratio to plain
-// decoding, tokens per verification round and per-position acceptance. With --ssd it then runs
+// K of --ks (or the one --k), and token trees (--trees depth/top_k/num_nodes,...: the draft model,
+// n-gram and --eagle3), on the CPU or a GPU. Every request generates exactly --max-tokens tokens
+// (EOS ignored), greedy unless --temperature is given. Prints, per batch size and method:
+// tokens/s, its ratio to plain decoding, tokens per verification round, per-position acceptance
+// (a tree's up to its depth) and the speculative step's draft / verify / rest milliseconds
+// (spec_bench_row.h). With --ssd it then runs
 // SSD too (a second engine, after the first is gone: the verifier on --device, the `specd
 // speculator` process it launches on --speculator-device) and reports its speculation-cache
 // hit rate.
@@ -21,7 +22,10 @@
 // model (and SSD's) runs every forward pass but drafts the recorded next token with probability A
 // (and puts it among its cache candidates with probability --replay-hit), so draft speculation
 // and SSD are compared at a set acceptance with real costs (n-gram drafts as it always does; an
-// EAGLE-3 head, --eagle3, replays as the draft model does). With
+// EAGLE-3 head, --eagle3, replays as the draft model does). Trees replay too: a node on the
+// recorded path has the recorded next token among its children with probability A, at the same
+// positions as a chain's hits (DraftReplay::Children), so a tree of depth D accepts about
+// A + A^2 + ... + A^D drafts per round when its selection keeps the recorded path. With
 // --load-format dummy (random weights from config.json, CUDA) and --random-prompts N (prompts of N
 // random ids; also the default when the model has no tokenizer) any shapes run without weights on
 // disk.
@@ -50,7 +54,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,6 +63,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/spec_bench_flags.h"
+#include "tools/bench/spec_bench_row.h"
 #include "tools/bench/sweep_summary.h"
 #include "tools/bench/timed_batch.h"
 
@@ -69,26 +73,11 @@ namespace {
 using Flags = SpecBenchFlags;
 using Prompts = std::vector<std::vector<int32_t>>;
 
-struct Run {
-  double tokens_per_s = 0;
-  double tokens_per_round = 0;  // 0 without speculation
-  std::string acceptance;
-  double hit_rate = -1;  // SSD: drafts served from the speculation cache; < 0 otherwise
-  double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
-  double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
-  double cache_ms = 0;   // SSD: ... of which cache construction, per round
-  double step_draft_ms = 0, step_verify_ms = 0;  // per speculative step (engine's timers)
-  int equal = -1;  // replay: requests whose output equals their trajectory
-  int requests = 0;
-  int settle_runs = 0;    // replay: runs until the output equalled the trajectories (< 0: never)
-  std::string auto_used;  // method auto: what it ran (DescribeAutoUse)
-};
-
 // Replay: the trajectory (prompt + the target's greedy output) of each prompt in force.
 Prompts g_recorded;
 
 // Best of `repeats` runs of `batch` prompts (cycling through the file) with `spec`.
-Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
+Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch,
             SpeculationParams spec, const Flags& f) {
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < batch; ++i) {
@@ -105,7 +94,7 @@ Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
   Run best;
   for (int rep = 0; rep < f.repeats; ++rep) {
     acc.Take();
-    acc.TakeStepTimes();
+    acc.TakeStepSplit();
     acc.TakePolicyRows();
     acc.TakePolicyCost();
     const SsdStats before = acc.ssd();
@@ -125,7 +114,12 @@ Run Measure(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
     }
     run.tokens_per_round = batch_run.tokens_per_round();
     run.acceptance = acc.Take();
-    std::tie(run.step_draft_ms, run.step_verify_ms) = acc.TakeStepTimes();
+    // A tree's drafts are its nodes; no path is longer than its depth.
+    if (spec.tree.enabled) run.acceptance = FirstPositions(run.acceptance, spec.tree.depth);
+    const StepObserver::StepSplit split = acc.TakeStepSplit();
+    run.step_draft_ms = split.draft_ms;
+    run.step_verify_ms = split.verify_ms;
+    run.step_rest_ms = split.rest_ms;
     if (spec.method == SpeculationMethod::kAuto) {
       run.auto_used =
           DescribeAutoUse(acc.TakePolicyRows(), batch_run.results) + "; " + acc.TakePolicyCost();
@@ -158,14 +152,14 @@ Flags WarmUp(const Flags& f) {
 // Measure, after one untimed run of the same point when a single repeat would otherwise time
 // the first run of its shapes (round graphs captured on first use) and its prompts' prefill (the
 // runs after it hit the prefix cache).
-Run MeasurePoint(Engine& engine, Acceptance& acc, const Prompts& prompts, int batch,
+Run MeasurePoint(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch,
                  SpeculationParams spec, const Flags& f) {
   if (f.repeats == 1) Measure(engine, acc, prompts, batch, spec, f);
   return Measure(engine, acc, prompts, batch, spec, f);
 }
 
 std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec,
-                                   std::shared_ptr<Acceptance> acc) {
+                                   std::shared_ptr<StepObserver> acc) {
   EngineOptions o;
   o.model_dir = f.model;
   o.device = f.device;
@@ -214,30 +208,6 @@ std::string MethodLabel(const Flags& f, const SpeculationParams& spec) {
   return absl::StrCat(SpeculationMethodName(m), " k=", spec.num_speculative_tokens);
 }
 
-void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
-  char hits[160] = "";
-  if (r.hit_rate >= 0) {
-    std::snprintf(hits, sizeof(hits),
-                  "  (cache hits %.1f%%; per round: verifier waits %.3f ms, speculator answers "
-                  "in %.3f ms and builds the cache in %.3f ms)",
-                  100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
-  }
-  char equal[128] = "";
-  if (r.equal >= 0) {
-    std::snprintf(equal, sizeof(equal), "  [output = trajectory: %d of %d; settled %s %d runs]",
-                  r.equal, r.requests, r.settle_runs > 0 ? "after" : "NOT after",
-                  std::abs(r.settle_runs));
-  }
-  std::printf(
-      "%-6d %-16s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms}%s%s\n", batch,
-      method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
-      r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, hits, equal);
-}
-
-void PrintPlainRow(int batch, double tokens_per_s) {
-  std::printf("%-6d %-16s %12.1f %9s %10s  %s\n", batch, "none", tokens_per_s, "1.00x", "-", "-");
-}
-
 // Prints a speculative point's row and adds it to the batch's sweep.
 void Record(const Flags& f, BatchSweep& sweep, SpeculationParams spec, const Run& r) {
   PrintRow(sweep.batch, MethodLabel(f, spec), r, sweep.plain_tokens_per_s);
@@ -259,10 +229,11 @@ std::vector<SpeculationParams> Points(const Flags& f,
   for (int k : f.ks) {
     for (SpeculationMethod m : methods) points.push_back({m, k});
   }
-  // Trees: the methods that grow them (an EAGLE-3 head drafts chains of the depth for now).
+  // Trees: the methods that grow them (an EAGLE-3 head drafts a chain of the depth until it
+  // grows trees with DraftTreeBuilder; its rows then measure its trees, replayed included).
   for (const SpecBenchFlags::Tree& t : f.trees) {
     for (SpeculationMethod m : methods) {
-      if (m != SpeculationMethod::kDraftModel && m != SpeculationMethod::kNgram) continue;
+      if (!DraftsTrees(m)) continue;
       SpeculationParams p{m, 0};
       p.tree = TreeShape{true, t.depth, t.top_k, t.num_nodes};
       points.push_back(p);
@@ -297,11 +268,6 @@ Prompts LoadPrompts(const Flags& f, const Engine& engine) {
   return prompts;
 }
 
-void PrintHeader() {
-  std::printf("%-6s %-16s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
-              "tok/round", "acceptance by position");
-}
-
 // "K 4" or "K 1,2,4" (plus auto's cap with --auto).
 std::string DescribeKs(const Flags& f) {
   std::string out = "K ";
@@ -326,7 +292,7 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   return ssd;
 }
 
-void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Acceptance> acc,
+void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<StepObserver> acc,
             const Prompts& prompts, std::vector<BatchSweep>& sweeps) {
   std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
   std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
@@ -377,7 +343,7 @@ bool WriteTrajectories(const std::string& path, const Prompts& t) {
 // warm-up (its round graphs).
 class Replayer {
  public:
-  Replayer(const Flags& f, std::shared_ptr<Acceptance> acc, const Prompts& prompts,
+  Replayer(const Flags& f, std::shared_ptr<StepObserver> acc, const Prompts& prompts,
            Prompts recorded, std::string path)
       : f_(f),
         acc_(std::move(acc)),
@@ -425,7 +391,7 @@ class Replayer {
   }
 
   // Trajectories a round's worth longer than the timed runs, so their last rounds follow too.
-  int SettleTokens() const { return f_.max_tokens + f_.max_k() + 2; }
+  int SettleTokens() const { return f_.max_tokens + f_.max_round() + 2; }
 
  private:
   bool Remake(const SpeculativeConfig& config, SpeculationParams spec) {
@@ -442,7 +408,7 @@ class Replayer {
   }
 
   const Flags& f_;
-  std::shared_ptr<Acceptance> acc_;
+  std::shared_ptr<StepObserver> acc_;
   const Prompts& prompts_;
   Prompts trajectories_;  // [prompt] prompt + the target's greedy continuation
   std::string path_;      // the replay file the engine reads them from
@@ -452,7 +418,7 @@ class Replayer {
 };
 
 int MainReplay(const Flags& f) {
-  auto acc = std::make_shared<Acceptance>();
+  auto acc = std::make_shared<StepObserver>();
   std::unique_ptr<Engine> engine = MakeEngine(f, SpeculativeConfig(), acc);
   const Prompts prompts = LoadPrompts(f, *engine);
   if (prompts.empty()) {
@@ -484,7 +450,7 @@ int MainReplay(const Flags& f) {
   const SpeculativeConfig ssd = SsdConfig(f, draft);
   Prompts recorded;
   {
-    const int tokens = f.max_tokens + f.max_k() + 2;  // Replayer::SettleTokens
+    const int tokens = f.max_tokens + f.max_round() + 2;  // Replayer::SettleTokens
     auto plain_out = engine->GenerateBatch(GreedyRequests(prompts, static_cast<int>(prompts.size()),
                                                           tokens, {SpeculationMethod::kNone, 0}));
     if (!plain_out.ok()) {
@@ -538,7 +504,7 @@ int Main(int argc, char** argv) {
     }
     return MainReplay(f);
   }
-  auto acc = std::make_shared<Acceptance>();
+  auto acc = std::make_shared<StepObserver>();
   const SpeculativeConfig draft = DraftConfig(f);
   std::unique_ptr<Engine> engine = MakeEngine(f, draft, acc);
   const Prompts prompts = LoadPrompts(f, *engine);

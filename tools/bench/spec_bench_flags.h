@@ -54,6 +54,12 @@ struct SpecBenchFlags {
   std::string replay_file;  // "": a file in /tmp
 
   int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
+  // The most drafts one round may accept: the largest K or tree depth.
+  int max_round() const {
+    int most = max_k();
+    for (const Tree& t : trees) most = std::max(most, t.depth);
+    return most;
+  }
   // Whether the run ends with the sweep summary (several K, or auto beside the fixed choices).
   bool sweeps() const { return run_auto || ks.size() > 1 || !trees.empty(); }
 };

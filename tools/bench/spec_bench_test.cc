@@ -1,8 +1,10 @@
 // spec_bench end to end on the CPU (codepair pair, a few tokens per request): the K sweep and
 // `auto` end with the summary table, controlled acceptance settles every point on one engine,
-// --cost-profile reaches the engine, and a single --k keeps the plain output (no summary).
+// --cost-profile reaches the engine, a single --k keeps the plain output (no summary), and
+// replayed token trees accept what alpha predicts, printing acceptance up to their depth.
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -78,6 +80,49 @@ TEST(SpecBenchTest, ControlledAcceptanceSettlesEveryPoint) {
             2)
       << out;
   EXPECT_EQ(CountLines(out, "^2 +[0-9.]+ +.* (PASS|MISS)$"), 1) << out;
+}
+
+// The row of `method` at `batch`: tokens per round and acceptance by position (false: none).
+bool ParseRow(const std::string& output, const std::string& batch, const std::string& method,
+              double* tokens_per_round, std::string* acceptance) {
+  const std::regex re("^" + batch + " +" + method +
+                      " +[0-9.]+ +[0-9.]+x +([0-9.]+)  ([0-9. ]+)  \\{per step: draft [0-9.]+ ms, "
+                      "verify [0-9.]+ ms, rest [0-9.]+ ms\\}.*");
+  std::istringstream lines(output);
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);) {
+    if (!std::regex_match(line, m, re)) continue;
+    *tokens_per_round = std::stod(m[1].str());
+    *acceptance = m[2].str();
+    return true;
+  }
+  return false;
+}
+
+TEST(SpecBenchTest, ReplayedTreesAcceptWhatAlphaPredicts) {
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 4 --k 5 --trees 5/3/16 --max-tokens 48 --replay-alpha 0.8", &out),
+            0)
+      << out;
+  // Alpha a per position, depth 5: about 1 + a + a^2 + ... + a^5 tokens per round, fewer when a
+  // request's last round is cut by max_tokens (here about 15 rounds a request) and, for the tree,
+  // when its selection drops the recorded path. The hits are drawn per position, the same for
+  // the chain and the tree, so the tree's count follows the chain's closely.
+  double expected = 1;
+  for (int d = 1; d <= 5; ++d) expected += std::pow(0.8, d);
+  double chain = 0, tree = 0;
+  std::string chain_acceptance, tree_acceptance;
+  ASSERT_TRUE(ParseRow(out, "4", "draft_model k=5", &chain, &chain_acceptance)) << out;
+  ASSERT_TRUE(ParseRow(out, "4", "draft_model tree 5/3/16", &tree, &tree_acceptance)) << out;
+  EXPECT_NEAR(chain, expected - 0.2, 0.5) << out;
+  EXPECT_NEAR(tree, chain, 0.3) << out;
+  // Acceptance by position up to the tree's depth only (its 16 nodes are not positions).
+  EXPECT_EQ(CountLines(tree_acceptance, "^[0-9.]+( [0-9.]+){4} *$"), 1) << tree_acceptance;
+  EXPECT_EQ(CountLines(out,
+                       "^4 +draft_model (k=5|tree 5/3/16) .*output = trajectory: 4 of 4; "
+                       "settled after [1-5] runs.*"),
+            2)
+      << out;
 }
 
 TEST(SpecBenchTest, OneKKeepsTheOutputWithoutSummaryAndFlagsAreChecked) {

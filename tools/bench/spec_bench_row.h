@@ -1,0 +1,111 @@
+// spec_bench's rows: what one measured point reports (Run), the engine observer it is read from
+// (StepObserver: Acceptance plus the rest of each speculative step), and the printing of a row.
+// A row carries tokens per round, acceptance by position (a tree's up to its depth: the engine
+// counts a tree's nodes as its drafts, so positions past the depth would only print zeros) and
+// the speculative step's split into drafting, verification and the rest (scheduling, batch
+// building, commit), chains and trees alike. Plain values and printing on the main thread; the
+// observer is called on the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "engine/engine.h"
+#include "tools/bench/timed_batch.h"
+
+namespace specd {
+
+struct Run {
+  double tokens_per_s = 0;
+  double tokens_per_round = 0;  // 0 without speculation
+  std::string acceptance;
+  double hit_rate = -1;  // SSD: drafts served from the speculation cache; < 0 otherwise
+  double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
+  double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
+  double cache_ms = 0;   // SSD: ... of which cache construction, per round
+  // Per speculative step (one verification round of every speculating request; the engine's
+  // timers): the speculators' Propose calls, the verification pass, and the rest of the step.
+  double step_draft_ms = 0, step_verify_ms = 0, step_rest_ms = 0;
+  int equal = -1;  // replay: requests whose output equals their trajectory
+  int requests = 0;
+  int settle_runs = 0;    // replay: runs until the output equalled the trajectories (< 0: never)
+  std::string auto_used;  // method auto: what it ran (DescribeAutoUse)
+};
+
+// Acceptance, plus each speculative step's wall time past drafting and verification (the sum of
+// SpeculationStepMetrics::by_method's `other`).
+class StepObserver : public Acceptance {
+ public:
+  void OnSpeculation(const SpeculationStepMetrics& m) override {
+    Acceptance::OnSpeculation(m);
+    std::lock_guard lock(mu_);
+    ++steps_;
+    for (const SpeculationStepMetrics::MethodSeconds& t : m.by_method) rest_s_ += t.other;
+  }
+  struct StepSplit {
+    double draft_ms = 0, verify_ms = 0, rest_ms = 0;
+  };
+  // Mean milliseconds per speculative step since the last call: drafting, verification and the
+  // rest.
+  StepSplit TakeStepSplit() {
+    StepSplit split;
+    std::tie(split.draft_ms, split.verify_ms) = TakeStepTimes();
+    std::lock_guard lock(mu_);
+    split.rest_ms = steps_ > 0 ? 1e3 * rest_s_ / static_cast<double>(steps_) : 0.0;
+    steps_ = 0;
+    rest_s_ = 0;
+    return split;
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t steps_ = 0;
+  double rest_s_ = 0;
+};
+
+// The first `n` positions of an acceptance-by-position string ("0.80 0.64 ..." or "-").
+inline std::string FirstPositions(const std::string& acceptance, int n) {
+  std::vector<std::string> positions = absl::StrSplit(acceptance, ' ', absl::SkipEmpty());
+  if (static_cast<int>(positions.size()) <= n) return acceptance;
+  positions.resize(static_cast<size_t>(n));
+  return absl::StrJoin(positions, " ");
+}
+
+inline void PrintHeader() {
+  std::printf("%-6s %-16s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
+              "tok/round", "acceptance by position");
+}
+
+inline void PrintPlainRow(int batch, double tokens_per_s) {
+  std::printf("%-6d %-16s %12.1f %9s %10s  %s\n", batch, "none", tokens_per_s, "1.00x", "-", "-");
+}
+
+inline void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
+  char hits[160] = "";
+  if (r.hit_rate >= 0) {
+    std::snprintf(hits, sizeof(hits),
+                  "  (cache hits %.1f%%; per round: verifier waits %.3f ms, speculator answers "
+                  "in %.3f ms and builds the cache in %.3f ms)",
+                  100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
+  }
+  char equal[128] = "";
+  if (r.equal >= 0) {
+    std::snprintf(equal, sizeof(equal), "  [output = trajectory: %d of %d; settled %s %d runs]",
+                  r.equal, r.requests, r.settle_runs > 0 ? "after" : "NOT after",
+                  std::abs(r.settle_runs));
+  }
+  std::printf(
+      "%-6d %-16s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms, rest %.2f "
+      "ms}%s%s\n",
+      batch, method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
+      r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, r.step_rest_ms, hits, equal);
+}
+
+}  // namespace specd
