@@ -1,5 +1,7 @@
 // Attention ops of the check table (kernels/cuda/attention.h): write_kv_cache,
-// paged_decode_attention, paged_prefill_attention. Attention shapes use OpShape's named fields --
+// paged_decode_attention, paged_prefill_attention, paged_tree_attention (the prefill op with each
+// sequence's queries a token tree of random topology: its slots are the last q_len, its mask
+// rows ancestors and self). Attention shapes use OpShape's named fields --
 // batch (sequences), num_heads, num_kv_heads, head_dim, block_size, window -- and:
 //   context     the longest sequence's length (keys, the queries' own included)
 //   table_rows  the shortest's (lengths spread linearly from `context` down to it; 0: all equal)
@@ -353,9 +355,40 @@ class PagedDecodeCase : public OpCase {
   DeviceBuffer workspace_;
 };
 
+// Each sequence's q_len queries as one token tree (random parents, topological order) in their
+// slots [seq_len - q_len, seq_len): mask rows of ancestors and self, words for the longest run.
+struct QueryTrees {
+  std::vector<int32_t> tree_starts;
+  std::vector<uint64_t> masks;  // [num_tokens, mask_words]
+  int32_t mask_words = 1;
+
+  QueryTrees(const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& cu_q_lens,
+             std::mt19937_64& rng) {
+    int32_t longest = 1;
+    for (size_t s = 0; s < seq_lens.size(); ++s) {
+      longest = std::max(longest, cu_q_lens[s + 1] - cu_q_lens[s]);
+    }
+    mask_words = static_cast<int32_t>(CeilDiv(longest, 64));
+    for (size_t s = 0; s < seq_lens.size(); ++s) {
+      const int32_t q_len = cu_q_lens[s + 1] - cu_q_lens[s];
+      tree_starts.push_back(seq_lens[s] - q_len);
+      std::vector<int32_t> parents(q_len, -1);
+      for (int32_t i = 1; i < q_len; ++i) {
+        parents[i] = std::uniform_int_distribution<int32_t>(std::max(-1, i - 4), i - 1)(rng);
+      }
+      for (int32_t i = 0; i < q_len; ++i) {
+        std::vector<uint64_t> row(mask_words, 0);
+        for (int32_t a = i; a >= 0; a = parents[a]) row[a / 64] |= uint64_t{1} << (a % 64);
+        masks.insert(masks.end(), row.begin(), row.end());
+      }
+    }
+  }
+};
+
+// paged_prefill_attention, and paged_tree_attention with `tree`.
 class PagedPrefillCase : public OpCase {
  public:
-  explicit PagedPrefillCase(const OpShape& shape)
+  explicit PagedPrefillCase(const OpShape& shape, bool tree = false)
       : shape_(shape),
         attn_(KernelShape(shape)),
         seq_lens_(SeqLens(shape)),
@@ -375,6 +408,14 @@ class PagedPrefillCase : public OpCase {
     for (size_t s = 0; s + 1 < cu_q_lens_.size(); ++s) {
       max_q_len_ = std::max(max_q_len_, cu_q_lens_[s + 1] - cu_q_lens_[s]);
     }
+    if (tree) {
+      trees_ = std::make_unique<QueryTrees>(seq_lens_, cu_q_lens_, rng_);
+      tree_starts_ = DeviceBuffer(trees_->tree_starts.size() * sizeof(int32_t));
+      tree_masks_ = DeviceBuffer(trees_->masks.size() * sizeof(uint64_t));
+      tree_starts_.Upload(trees_->tree_starts);
+      tree_masks_.Upload(trees_->masks);
+      tree_ = {tree_starts_.as<int32_t>(), tree_masks_.as<uint64_t>(), trees_->mask_words};
+    }
     Reset();
   }
 
@@ -386,14 +427,14 @@ class PagedPrefillCase : public OpCase {
           cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(),
           static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_,
           static_cast<int32_t>(shape_.width), attn_, Bf16(out_), OutStride(attn_),
-          workspace_.as<void>(), workspace_.bytes(), stream);
+          workspace_.as<void>(), workspace_.bytes(), stream, Tree());
     }
     return PagedPrefillAttention(
         Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
         device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
         cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(),
         static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_, attn_, Bf16(out_),
-        OutStride(attn_), workspace_.as<void>(), workspace_.bytes(), stream);
+        OutStride(attn_), workspace_.as<void>(), workspace_.bytes(), stream, Tree());
   }
 
   int64_t BytesMoved() const override {
@@ -411,15 +452,21 @@ class PagedPrefillCase : public OpCase {
     std::vector<double> out64(n);
     std::vector<float> out32(n);
     const ref::AttentionShape r = RefShape(attn_);
+    ref::AttentionTreeMask ref_tree;
+    if (trees_ != nullptr) {
+      ref_tree = {trees_->tree_starts.data(), trees_->masks.data(), trees_->mask_words};
+    }
+    const ref::AttentionTreeMask* tree = trees_ != nullptr ? &ref_tree : nullptr;
     ref::PagedPrefillAttention(WidenToDouble(q_bits_).data(), QkvStride(attn_),
                                WidenToDouble(kv_.k_bits).data(), WidenToDouble(kv_.v_bits).data(),
                                kv_.block_tables.data(), kv_.max_blocks_per_seq, cu_q_lens_.data(),
-                               seq_lens_.data(), shape_.batch, r, out64.data(), OutStride(attn_));
+                               seq_lens_.data(), shape_.batch, r, out64.data(), OutStride(attn_),
+                               ref::ProbRounding::kExact, tree);
     ref::PagedPrefillAttention(WidenToFloat(q_bits_).data(), QkvStride(attn_),
                                WidenToFloat(kv_.k_bits).data(), WidenToFloat(kv_.v_bits).data(),
                                kv_.block_tables.data(), kv_.max_blocks_per_seq, cu_q_lens_.data(),
                                seq_lens_.data(), shape_.batch, r, out32.data(), OutStride(attn_),
-                               ref::ProbRounding::kBf16);
+                               ref::ProbRounding::kBf16, tree);
     return {CompareWithReference("out", WidenToDouble(out_.Download<uint16_t>()),
                                  RoundToBf16(out32), out64)};
   }
@@ -454,12 +501,17 @@ class PagedPrefillCase : public OpCase {
     workspace_.Poison();
   }
 
+  const AttentionTreeMask* Tree() const { return trees_ != nullptr ? &tree_ : nullptr; }
+
   OpShape shape_;
   AttentionShape attn_;
   std::vector<int32_t> seq_lens_;
   std::vector<int32_t> cu_q_lens_;
   int64_t num_tokens_;
   int32_t max_q_len_ = 0;
+  std::unique_ptr<QueryTrees> trees_;  // paged_tree_attention only
+  DeviceBuffer tree_starts_{1}, tree_masks_{1};
+  AttentionTreeMask tree_;
   std::mt19937_64 rng_;
   PagedKv kv_;
   DeviceKv device_kv_;
@@ -592,6 +644,29 @@ std::vector<OpShape> PrefillCheckShapes() {
   };
 }
 
+// paged_tree_attention: every sequence's queries a tree (no window). The last column forces a
+// verification split count as for prefill (0: PagedPrefillAttention's choice).
+std::vector<OpShape> TreeCheckShapes() {
+  //        batch tokens hq hkv d  bs  ctx shortest window splits
+  return {
+      Attn(1, 8, 32, 8, 128, 16, 3000, 0, 0, 0),     // an 8-node tree, Llama-3 8B heads
+      Attn(3, 48, 32, 8, 128, 16, 2000, 700, 0, 5),  // 16-node trees, 5 splits
+      Attn(2, 10, 8, 8, 64, 16, 1500, 900, 0, 1),    // MHA, one split (direct output)
+      Attn(2, 66, 32, 8, 128, 16, 1200, 500, 0, 0),  // 33-node trees (prefill kernel)
+      Attn(1, 65, 8, 2, 64, 32, 900, 0, 0, 0),       // 65 nodes: two mask words
+      Attn(2, 40, 8, 4, 256, 16, 600, 300, 0, 0),    // head_dim 256 (prefill kernel)
+      Attn(2, 12, 4, 2, 16, 16, 300, 100, 0, 0),     // head_dim 16 (tiny test models)
+  };
+}
+
+// The prefill perf shapes a tree fits (up to 1024 nodes), for a direct comparison.
+std::vector<OpShape> TreePerfShapes() {
+  return {Attn(1, 512, 32, 8, 128, 16, 8192, 0, 0, 0),   // a 512-node tree at 8K context
+          Attn(8, 40, 32, 8, 128, 16, 4096, 0, 0, 0),    // 5-node trees, batch 8
+          Attn(1, 8, 32, 8, 128, 16, 32768, 0, 0, 0),    // an 8-node tree over 32K keys
+          Attn(8, 64, 32, 8, 128, 16, 32768, 0, 0, 0)};  // the same, batch 8
+}
+
 std::vector<OpShape> PrefillPerfShapes() {
   return {Attn(1, 4096, 32, 8, 128, 16, 4096, 0, 0, 0),  // 4K prompt, Llama-3 8B heads
           Attn(1, 512, 32, 8, 128, 16, 8192, 0, 0, 0),   // 512-token chunk at 8K context
@@ -614,6 +689,8 @@ void AddAttentionOps(std::vector<OpSpec>* table) {
                     [](const OpShape& s) { return std::make_unique<PagedDecodeCase>(s); }});
   table->push_back({"paged_prefill_attention", PrefillCheckShapes(), PrefillPerfShapes(),
                     [](const OpShape& s) { return std::make_unique<PagedPrefillCase>(s); }});
+  table->push_back({"paged_tree_attention", TreeCheckShapes(), TreePerfShapes(),
+                    [](const OpShape& s) { return std::make_unique<PagedPrefillCase>(s, true); }});
 }
 
 }  // namespace specd::kernels::check

@@ -14,6 +14,9 @@ using attention::DecodeConfig;
 using attention::DecodeParams;
 using attention::PrefillConfig;
 using attention::PrefillParams;
+using attention::PrefillTreeParams;
+using attention::TreeMaskParams;
+using attention::TreeVerifyParams;
 using attention::VerifyParams;
 
 using attention::kMaxDecodeSplits;
@@ -182,11 +185,12 @@ int CurrentDeviceSms() {
   return num_sms;
 }
 
-template <int kHeadDim, int kWarps>
-cudaError_t LaunchVerifyAndCombine(const VerifyParams& params, int64_t num_ctas, int64_t num_tokens,
-                                   cudaStream_t stream) {
+template <int kHeadDim, int kWarps, typename Variant>
+cudaError_t LaunchVerifyAndCombine(const typename Variant::Params& params, int64_t num_ctas,
+                                   int64_t num_tokens, cudaStream_t stream) {
   constexpr int kSmem = attention::VerifySmemBytes<kHeadDim, kVerifyStages<kHeadDim>>();
-  const auto kernel = attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages<kHeadDim>>;
+  const auto kernel =
+      attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages<kHeadDim>, Variant>;
   if constexpr (kSmem > 48 * 1024) {
     // Over the 48 KiB default; set on every launch (cheap, host only: the attribute belongs to
     // the current device).
@@ -202,11 +206,43 @@ cudaError_t LaunchVerifyAndCombine(const VerifyParams& params, int64_t num_ctas,
                                  params.pre.out, params.pre.out_stride, stream);
 }
 
-template <int kHeadDim>
-cudaError_t LaunchVerify(const VerifyParams& params, int warps, int64_t num_ctas,
+template <typename Variant, int kHeadDim>
+cudaError_t LaunchVerify(const typename Variant::Params& params, int warps, int64_t num_ctas,
                          int64_t num_tokens, cudaStream_t stream) {
-  if (warps == 1) return LaunchVerifyAndCombine<kHeadDim, 1>(params, num_ctas, num_tokens, stream);
-  return LaunchVerifyAndCombine<kHeadDim, 2>(params, num_ctas, num_tokens, stream);
+  if (warps == 1) {
+    return LaunchVerifyAndCombine<kHeadDim, 1, Variant>(params, num_ctas, num_tokens, stream);
+  }
+  return LaunchVerifyAndCombine<kHeadDim, 2, Variant>(params, num_ctas, num_tokens, stream);
+}
+
+// The verification kernel of `Variant` (dense or tree) for the shape's head_dim (VerifyShape).
+template <typename Variant>
+cudaError_t DispatchVerify(const typename Variant::Params& params, int head_dim, int warps,
+                           int64_t num_ctas, int64_t num_tokens, cudaStream_t stream) {
+  switch (head_dim) {
+    case 16:
+      return LaunchVerify<Variant, 16>(params, warps, num_ctas, num_tokens, stream);
+    case 32:
+      return LaunchVerify<Variant, 32>(params, warps, num_ctas, num_tokens, stream);
+    case 64:
+      return LaunchVerify<Variant, 64>(params, warps, num_ctas, num_tokens, stream);
+    default:  // 128 (VerifyShape)
+      return LaunchVerify<Variant, 128>(params, warps, num_ctas, num_tokens, stream);
+  }
+}
+
+// Checks a tree mask argument (null: none) and fills its kernel fields; false for an invalid
+// one.
+bool TreeArgs(const AttentionTreeMask* tree, const AttentionShape& shape, TreeMaskParams* params) {
+  if (tree == nullptr) return true;
+  if (tree->tree_starts == nullptr || tree->masks == nullptr || !IsAligned(tree->masks, 8) ||
+      tree->mask_words < 1 || tree->mask_words > kMaxTreeMaskWords || shape.sliding_window > 0) {
+    return false;
+  }
+  params->tree_starts = tree->tree_starts;
+  params->masks = tree->masks;
+  params->mask_words = tree->mask_words;
+  return true;
 }
 
 // Checks PagedPrefillAttention's arguments (shared by PagedVerifyAttention) and fills the
@@ -242,14 +278,35 @@ bool PrefillArgs(const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* 
   return true;
 }
 
-template <int kHeadDim>
-cudaError_t LaunchPrefill(const PrefillParams& params, int32_t max_q_len, int32_t num_q_heads,
-                          int32_t num_seqs, cudaStream_t stream) {
+template <int kHeadDim, bool kTreeMask>
+cudaError_t LaunchPrefill(const attention::PrefillKernelParams<kTreeMask>& params,
+                          int32_t max_q_len, int32_t num_q_heads, int32_t num_seqs,
+                          cudaStream_t stream) {
   using Cfg = PrefillConfig<kHeadDim>;
   const dim3 grid(static_cast<unsigned>(CeilDiv(max_q_len, Cfg::kBlockM)),
                   static_cast<unsigned>(num_q_heads), static_cast<unsigned>(num_seqs));
-  attention::PagedPrefillKernel<kHeadDim><<<grid, Cfg::kThreads, 0, stream>>>(params);
+  attention::PagedPrefillKernel<kHeadDim, kTreeMask><<<grid, Cfg::kThreads, 0, stream>>>(params);
   return cudaGetLastError();
+}
+
+// The prefill kernel (dense or tree) for the shape's head_dim (ValidShape).
+template <bool kTreeMask>
+cudaError_t DispatchPrefill(const attention::PrefillKernelParams<kTreeMask>& params,
+                            int32_t max_q_len, const AttentionShape& shape, int32_t num_seqs,
+                            cudaStream_t stream) {
+  const int32_t heads = shape.num_q_heads;
+  switch (shape.head_dim) {
+    case 16:
+      return LaunchPrefill<16, kTreeMask>(params, max_q_len, heads, num_seqs, stream);
+    case 32:
+      return LaunchPrefill<32, kTreeMask>(params, max_q_len, heads, num_seqs, stream);
+    case 64:
+      return LaunchPrefill<64, kTreeMask>(params, max_q_len, heads, num_seqs, stream);
+    case 128:
+      return LaunchPrefill<128, kTreeMask>(params, max_q_len, heads, num_seqs, stream);
+    default:
+      return LaunchPrefill<256, kTreeMask>(params, max_q_len, heads, num_seqs, stream);
+  }
 }
 
 }  // namespace
@@ -425,14 +482,16 @@ cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
                                  int32_t num_splits, const AttentionShape& shape,
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream) {
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 const AttentionTreeMask* tree) {
+  TreeVerifyParams params = {};  // the dense kernel takes its VerifyParams part
   if (!VerifyShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
       num_tokens > INT_MAX || max_q_len < 0 || max_q_len > kMaxVerifyQueryLen ||
-      shape.num_q_heads > 65535 || num_splits < 1 || num_splits > kMaxDecodeSplits) {
+      shape.num_q_heads > 65535 || num_splits < 1 || num_splits > kMaxDecodeSplits ||
+      !TreeArgs(tree, shape, &params.tree)) {
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
-  VerifyParams params = {};
   if (!PrefillArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
                    seq_lens, shape, out, out_stride, &params.pre)) {
     return cudaErrorInvalidValue;
@@ -457,16 +516,12 @@ cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
     params.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                                   PartialOutBytes(num_tokens, num_splits, shape));
   }
-  switch (shape.head_dim) {
-    case 16:
-      return LaunchVerify<16>(params, warps, num_ctas, num_tokens, stream);
-    case 32:
-      return LaunchVerify<32>(params, warps, num_ctas, num_tokens, stream);
-    case 64:
-      return LaunchVerify<64>(params, warps, num_ctas, num_tokens, stream);
-    default:  // 128 (VerifyShape)
-      return LaunchVerify<128>(params, warps, num_ctas, num_tokens, stream);
+  if (tree != nullptr) {
+    return DispatchVerify<attention::TreeVerifyVariant>(params, shape.head_dim, warps, num_ctas,
+                                                        num_tokens, stream);
   }
+  return DispatchVerify<attention::DenseVerifyVariant>(params, shape.head_dim, warps, num_ctas,
+                                                       num_tokens, stream);
 }
 
 size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
@@ -498,9 +553,11 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
                                   const AttentionShape& shape, __nv_bfloat16* out,
                                   int64_t out_stride, void* workspace, size_t workspace_bytes,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, const AttentionTreeMask* tree) {
+  PrefillTreeParams params = {};  // the dense kernel takes its PrefillParams part
   if (!ValidShape(shape) || num_seqs < 0 || num_seqs > 65535 || num_tokens < 0 ||
-      num_tokens > INT_MAX || max_q_len < 0 || shape.num_q_heads > 65535) {
+      num_tokens > INT_MAX || max_q_len < 0 || shape.num_q_heads > 65535 ||
+      !TreeArgs(tree, shape, &params.tree)) {
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
@@ -515,25 +572,14 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
     }
     return PagedVerifyAttention(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq,
                                 cu_q_lens, seq_lens, num_seqs, num_tokens, max_q_len, splits, shape,
-                                out, out_stride, workspace, workspace_bytes, stream);
+                                out, out_stride, workspace, workspace_bytes, stream, tree);
   }
-  PrefillParams params;
   if (!PrefillArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
                    seq_lens, shape, out, out_stride, &params)) {
     return cudaErrorInvalidValue;
   }
-  switch (shape.head_dim) {
-    case 16:
-      return LaunchPrefill<16>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
-    case 32:
-      return LaunchPrefill<32>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
-    case 64:
-      return LaunchPrefill<64>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
-    case 128:
-      return LaunchPrefill<128>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
-    default:
-      return LaunchPrefill<256>(params, max_q_len, shape.num_q_heads, num_seqs, stream);
-  }
+  if (tree != nullptr) return DispatchPrefill<true>(params, max_q_len, shape, num_seqs, stream);
+  return DispatchPrefill<false>(params, max_q_len, shape, num_seqs, stream);
 }
 
 }  // namespace specd::kernels

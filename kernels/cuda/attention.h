@@ -89,6 +89,22 @@ cudaError_t PagedDecodeAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  int64_t out_stride, void* workspace, size_t workspace_bytes,
                                  cudaStream_t stream);
 
+// Token-tree masks (speculative tree verification; engine/model/token_tree.h) for
+// PagedPrefillAttention and PagedVerifyAttention. Sequence s's keys at slots >= tree_starts[s]
+// are visible to query token t only where bit (key - tree_starts[s]) of its mask row is set
+// (word (key - start) / 64, bit (key - start) % 64 of masks[t * mask_words ...]); keys before the
+// start keep the causal rule (and every query still sees no key after its own slot). A sequence
+// without a tree has tree_starts[s] >= its seq_len (e.g. INT32_MAX); its mask rows are not read.
+// Bits past mask_words * 64 are invalid keys; a negative start counts as 0. The starts and masks
+// are read on the device during the run, so a captured graph replays with new trees written to
+// the same buffers.
+struct AttentionTreeMask {
+  const int32_t* tree_starts = nullptr;  // [num_seqs] int32, device
+  const uint64_t* masks = nullptr;       // [num_tokens, mask_words] uint64, device
+  int32_t mask_words = 0;                // 1 .. kMaxTreeMaskWords
+};
+inline constexpr int32_t kMaxTreeMaskWords = 16;  // trees of up to 1024 slots
+
 // Longest query run (max_q_len) PagedPrefillAttention sends to the split-KV verification kernel
 // (PagedVerifyAttention); longer runs take the prefill kernel.
 inline constexpr int32_t kMaxVerifyQueryLen = 16;
@@ -121,9 +137,13 @@ size_t PagedPrefillWorkspaceBytes(int64_t max_num_tokens, int32_t max_num_seqs,
 // Longer runs: grid (ceil(max_q_len / 64), num_q_heads, num_seqs); each CTA reads only the keys
 // its 64 queries can see (causal tiles past the last query and tiles before the window are
 // skipped); the workspace is unused.
+//   tree          host pointer to a token-tree mask (above), or null: the causal mask alone.
+//                 Both kernels honour it (the dispatch is the same); their tree variants mask
+//                 the tiles that reach a tree, the dense ones run as without the argument.
 // cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, or
-// num_seqs / num_q_heads > 65535; nothing to do (no tokens, sequences or queries) launches
-// nothing.
+// num_seqs / num_q_heads > 65535, and for a tree with a null pointer, masks not 8-byte aligned,
+// mask_words outside [1, kMaxTreeMaskWords], or a sliding_window > 0; nothing to do (no tokens,
+// sequences or queries) launches nothing.
 cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                   const int32_t* block_tables, int32_t max_blocks_per_seq,
@@ -131,7 +151,7 @@ cudaError_t PagedPrefillAttention(const __nv_bfloat16* q, int64_t q_stride,
                                   int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
                                   const AttentionShape& shape, __nv_bfloat16* out,
                                   int64_t out_stride, void* workspace, size_t workspace_bytes,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const AttentionTreeMask* tree = nullptr);
 
 // Bytes of workspace PagedVerifyAttention needs for num_tokens query tokens with num_splits KV
 // splits (partial outputs and log-sum-exps in fp32); 0 for one split, which writes `out` directly.
@@ -157,8 +177,9 @@ int32_t ChooseVerifySplits(int32_t num_seqs, int32_t max_q_len, int32_t max_seq_
 //   workspace     >= PagedVerifyWorkspaceBytes(num_tokens, num_splits, shape) bytes, device,
 //                 16-byte aligned (ignored, may be null, with one split)
 // head_dim 16 to 128 (the head_dim 256 variants spilled registers: PagedPrefillAttention takes
-// those to the prefill kernel). cudaErrorInvalidValue as PagedPrefillAttention, and for head_dim
-// 256, max_q_len > kMaxVerifyQueryLen, num_splits < 1 or > 256, or a workspace too small.
+// those to the prefill kernel). `tree` as for PagedPrefillAttention (a row's mask row is its
+// query token's). cudaErrorInvalidValue as PagedPrefillAttention, and for head_dim 256,
+// max_q_len > kMaxVerifyQueryLen, num_splits < 1 or > 256, or a workspace too small.
 cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
                                  const int32_t* block_tables, int32_t max_blocks_per_seq,
@@ -166,6 +187,25 @@ cudaError_t PagedVerifyAttention(const __nv_bfloat16* q, int64_t q_stride,
                                  int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
                                  int32_t num_splits, const AttentionShape& shape,
                                  __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream);
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 const AttentionTreeMask* tree = nullptr);
+
+// Moves KV rows between slots of the paged cache, every layer and kv head: for each move i in
+// order, slot to_slots[i] gets the K and V of slot from_slots[i] (later moves see earlier moves'
+// writes, as the CPU's CpuKvCache::MoveSlots does). One allocation holds every layer:
+// layer l's K cache at kv + l * layer_stride, its V cache at kv + l * layer_stride + v_offset
+// (elements), each [num_blocks, num_kv_heads, block_size, head_dim] bf16 (the layout above).
+//   from_slots, to_slots [num_moves] int64, device
+// After tree verification, the accepted path's nodes move to the slots right after the prefix.
+// A move with a negative slot is skipped; slots are the caller's to keep inside the cache. One
+// launch of num_layers * num_kv_heads * 2 * head_dim / 8 threads, each owning one 16-byte
+// column of one (layer, kv head, K or V) and copying it for every move in order, so a move sees
+// earlier moves' writes without a barrier; graph-capturable, no allocation (kv_move.cuh).
+// cudaErrorInvalidValue for an unsupported shape, num_moves or num_layers < 0, a null or
+// misaligned (16-byte) kv, null slot arrays with moves, or a layer_stride / v_offset that is not
+// a multiple of 8 elements; num_moves == 0 or num_layers == 0 launches nothing.
+cudaError_t MoveKvSlots(const int64_t* from_slots, const int64_t* to_slots, int32_t num_moves,
+                        __nv_bfloat16* kv, int32_t num_layers, int64_t layer_stride,
+                        int64_t v_offset, const AttentionShape& shape, cudaStream_t stream);
 
 }  // namespace specd::kernels

@@ -2,7 +2,9 @@
 // per sequence) and the tile helpers the verification kernel shares. Include from .cu files only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 
@@ -15,7 +17,9 @@ namespace specd::kernels::attention {
 // memory with cp.async, double buffered, each 16-byte chunk placed at column chunk ^ (row % 8)
 // so ldmatrix reads are bank-conflict free; every chunk looks up its own block, so a tile may
 // span blocks or sit inside one. Tokens outside the CTA's key range are zero-filled and never
-// read from the cache. Reference: Tri Dao, "FlashAttention-2" (2023), Algorithm 1.
+// read from the cache. The token-tree variant (kTreeMask) also applies each row's tree mask on
+// the tiles that reach its sequence's tree. Reference: Tri Dao, "FlashAttention-2" (2023),
+// Algorithm 1.
 
 struct PrefillParams {
   const __nv_bfloat16* q;  // [num_tokens, num_q_heads, head_dim], row stride q_stride
@@ -34,6 +38,71 @@ struct PrefillParams {
   __nv_bfloat16* out;  // [num_tokens, num_q_heads, head_dim], row stride out_stride
   int64_t out_stride;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Token-tree masks (speculative tree verification; attention.h, AttentionTreeMask): sequence s's
+// keys at slots >= tree_starts[s] are visible to query token t only where bit (key - start) of
+// t's mask row is set; keys before the start keep the causal rule alone. The tree variants of the
+// prefill and verification kernels load their sequence's start once per CTA and, for each KV
+// tile that reaches it, each row's mask bits for the tile's keys (kBlockN / 32 + 1 read-only
+// 4-byte loads per row and tile; a tree is a few tiles at the end of the context).
+
+struct TreeMaskParams {
+  const int32_t* tree_starts;  // [num_seqs] int32, device; >= seq_len: no tree
+  const uint64_t* masks;       // [num_tokens, mask_words] uint64, device
+  int32_t mask_words;          // 1 .. kMaxTreeMaskWords
+};
+
+// The prefill kernel's parameters with a tree mask (PagedPrefillKernel<kHeadDim, true>).
+struct PrefillTreeParams : PrefillParams {
+  TreeMaskParams tree;
+};
+template <bool kTreeMask>
+using PrefillKernelParams = std::conditional_t<kTreeMask, PrefillTreeParams, PrefillParams>;
+
+// Sequence `seq`'s first tree slot (clipped to >= 0), or INT_MAX where it has no tree (a start
+// at or past seq_len), so a tile reaches it only if the sequence has a tree and no mask row of a
+// sequence without one is read.
+__device__ __forceinline__ int TreeStart(const TreeMaskParams& tree, int seq, int seq_len) {
+  const int start = __ldg(tree.tree_starts + seq);
+  return start < seq_len ? max(start, 0) : INT_MAX;
+}
+
+// 32-bit word w of a mask row (bit b of the row is bit b % 32 of word b / 32: the uint64 words
+// little-endian), extended: all ones before the row (keys before the tree start, which the
+// causal rule alone decides), zeros past its mask_words (invalid keys).
+__device__ __forceinline__ uint32_t TreeMaskWord32(const uint32_t* row, int words32, int w) {
+  return w < 0 ? ~0u : w < words32 ? __ldg(row + w) : 0u;
+}
+
+// Hides the keys the tree does not show query row `token` (its mask row) in one tile's scores:
+// s[nt][2 h + c] (C fragments: row g + 8 h of the warp, key key0 + 8 nt + 2 t + c) becomes -inf
+// where the extended mask bit (key - start) is clear. The tile's bits are funnel-shifted out of
+// the kBlockN / 32 + 1 words they span, one 32-bit window per 32 keys.
+template <int kBlockN>
+__device__ __forceinline__ void ApplyTreeMaskRow(float (&s)[kBlockN / 8][4], int h,
+                                                 const TreeMaskParams& tree, int64_t token,
+                                                 int start, int key0, int t) {
+  constexpr int kWindows = (kBlockN + 31) / 32;
+  const uint32_t* row = reinterpret_cast<const uint32_t*>(tree.masks + token * tree.mask_words);
+  const int rel = key0 - start;
+  const int w0 = rel >> 5, shift = rel & 31;  // floor division and its remainder, rel < 0 too
+  uint32_t words[kWindows + 1];
+#pragma unroll
+  for (int i = 0; i <= kWindows; ++i) words[i] = TreeMaskWord32(row, 2 * tree.mask_words, w0 + i);
+#pragma unroll
+  for (int i = 0; i < kWindows; ++i) {
+    const uint32_t window = __funnelshift_r(words[i], words[i + 1], shift);  // keys 32 i ...
+#pragma unroll
+    for (int nt = 4 * i; nt < 4 * i + 4 && nt < kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const bool visible = (window >> (8 * (nt - 4 * i) + 2 * t + c)) & 1u;
+        s[nt][2 * h + c] = visible ? s[nt][2 * h + c] : kNegInf;
+      }
+    }
+  }
+}
 
 template <int kHeadDim>
 struct PrefillConfig {
@@ -161,9 +230,11 @@ __device__ __forceinline__ void SoftmaxAndAccumulatePV(
   }
 }
 
-template <int kHeadDim>
+// kTreeMask: the token-tree variant (parameters PrefillTreeParams); false compiles to the dense
+// causal kernel, every tree step sitting under `if constexpr`.
+template <int kHeadDim, bool kTreeMask = false>
 __global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
-    PagedPrefillKernel(const PrefillParams p) {
+    PagedPrefillKernel(const PrefillKernelParams<kTreeMask> p) {
   using Cfg = PrefillConfig<kHeadDim>;
   __shared__ alignas(128) __nv_bfloat16 k_smem[2][Cfg::kTileElems];
   __shared__ alignas(128) __nv_bfloat16 v_smem[2][Cfg::kTileElems];
@@ -176,6 +247,8 @@ __global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
   const int seq_len = min(p.seq_lens[seq], p.max_blocks_per_seq << p.log2_block_size);
   const int ctx = seq_len - q_len;  // position of query 0 (the cached context before the chunk)
   const int kv_head = head / p.group;
+  [[maybe_unused]] int tree_start = INT_MAX;  // the tree variant's first tree slot
+  if constexpr (kTreeMask) tree_start = TreeStart(p.tree, seq, seq_len);
   // Keys any row of this CTA may see: [kv_lo, kv_hi).
   const int kv_hi = min(seq_len, ctx + min(m0 + Cfg::kBlockM, q_len));
   const int kv_lo = p.sliding_window > 0 ? max(0, ctx + m0 - p.sliding_window + 1) : 0;
@@ -245,9 +318,13 @@ __global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
     }
     // Causal and window mask (only where the tile reaches past a row's visible keys), scale.
     const int key0 = tile * Cfg::kBlockN;
+    // Tree variant: a tile that reaches the tree (CTA-uniform) takes the causal mask, then each
+    // row's tree bits; rows past q_len read the last query's row (their output is never written).
+    [[maybe_unused]] bool tree_tile = false;
+    if constexpr (kTreeMask) tree_tile = key0 + Cfg::kBlockN > tree_start;
     const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
                             (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
-                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi;
+                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi || tree_tile;
 #pragma unroll
     for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
 #pragma unroll
@@ -257,6 +334,15 @@ __global__ void __launch_bounds__(PrefillConfig<kHeadDim>::kThreads)
         const bool valid = !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
                                            (p.sliding_window == 0 || key > pos - p.sliding_window));
         s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+      }
+    }
+    if constexpr (kTreeMask) {
+      if (tree_tile) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = min(m0 + 16 * warp + g + 8 * h, q_len - 1);
+          ApplyTreeMaskRow<Cfg::kBlockN>(s, h, p.tree, q_begin + qi, tree_start, key0, t);
+        }
       }
     }
     SoftmaxAndAccumulatePV<kHeadDim>(s, m, l, o, v_smem[stage], lane);

@@ -3,7 +3,9 @@
 // with the decode combine kernel. Include from .cu files only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/attention_prefill.cuh"
@@ -23,9 +25,11 @@ namespace specd::kernels::attention {
 // i of q_len sees keys <= seq_len - q_len + i) and window. One split writes bf16 rows of `out`;
 // more write fp32 partial rows and their log2-sum-exps for the combine (attention_combine.cuh),
 // whose rows are (token, q head) here. A row that sees no key of its split (an empty split, or keys
-// all past its causal limit) gets lse -inf (weight 0) and no partial row. Dynamic shared memory:
-// VerifySmemBytes. References: Tri Dao et al., "Flash-Decoding for long-context inference" (2023);
-// FlashInfer's batch decode with GQA group folding.
+// all past its causal limit) gets lse -inf (weight 0) and no partial row. The token-tree variant
+// (TreeVerifyVariant) also hides, on the tiles that reach a sequence's tree, each row's keys its
+// query token's mask row leaves clear (attention_prefill.cuh, ApplyTreeMaskRow). Dynamic shared
+// memory: VerifySmemBytes. References: Tri Dao et al., "Flash-Decoding for long-context inference"
+// (2023); FlashInfer's batch decode with GQA group folding.
 
 struct VerifyParams {
   PrefillParams pre;  // q, caches, tables, cu_q_lens, seq_lens, out: as for the prefill kernel
@@ -55,9 +59,12 @@ constexpr int VerifySmemBytes() {
 //   kMinCtasPerSm        __launch_bounds__' CTAs per SM; 0 leaves ptxas its own register choice
 //                        (the dense kernel's; 1 lets a variant with more live state use up to 255
 //                        registers instead of spilling)
+//   kTreeMask            optional (VerifyTreeMask: false where absent): whether Params holds a
+//                        token-tree mask (`tree`, TreeMaskParams) that each row's keys pass too
 struct DenseVerifyVariant {
   using Params = VerifyParams;
   static constexpr bool kScoreHook = false;
+  static constexpr bool kTreeMask = false;
   static constexpr int kMinCtasPerSm = 0;
   struct Keys {
     template <typename AnyParams>
@@ -73,12 +80,37 @@ struct DenseVerifyVariant {
   };
 };
 
+// Token-tree verification (attention.h, AttentionTreeMask): the dense keys and mask, plus each
+// row's tree-mask bits -- the row of its query token (rows fold queries and q heads) -- on the
+// tiles that reach its sequence's tree.
+struct TreeVerifyParams : VerifyParams {
+  TreeMaskParams tree;
+};
+struct TreeVerifyVariant {
+  using Params = TreeVerifyParams;
+  using Keys = DenseVerifyVariant::Keys;
+  static constexpr bool kScoreHook = false;
+  static constexpr bool kTreeMask = true;
+  // The tree pass spilled at head_dim 16 and 64 (one warp) under ptxas' default register choice
+  // (168); one CTA per SM as the floor lets it take up to 255, which still fits the 4 CTAs per
+  // SM the grid is sized for.
+  static constexpr int kMinCtasPerSm = 1;
+};
+
+// Variant::kTreeMask, false for variants without the member (the Vegas variants).
+template <typename Variant, typename = void>
+struct VerifyTreeMask : std::false_type {};
+template <typename Variant>
+struct VerifyTreeMask<Variant, std::void_t<decltype(Variant::kTreeMask)>>
+    : std::bool_constant<Variant::kTreeMask> {};
+
 template <int kHeadDim, int kWarps, int kStages, typename Variant = DenseVerifyVariant>
 __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     PagedVerifyKernel(const typename Variant::Params vp) {
   using Cfg = PrefillConfig<kHeadDim>;
   constexpr int kThreads = kWarps * kWarpSize;
   constexpr int kCtaRows = 16 * kWarps;
+  constexpr bool kTreeMask = VerifyTreeMask<Variant>::value;
   static_assert(kStages >= 2);
   extern __shared__ uint4 verify_smem[];  // K stages, then V stages
   __nv_bfloat16* k_smem = reinterpret_cast<__nv_bfloat16*>(verify_smem);
@@ -104,7 +136,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   const int r0 = row_tile * kCtaRows;
   if (r0 >= num_rows) return;  // CTA-uniform; no token owns these rows
   const int seq_len = keys.Count(min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size));
-  const int ctx = seq_len - q_len;  // position of query 0
+  const int ctx = seq_len - q_len;            // position of query 0
+  [[maybe_unused]] int tree_start = INT_MAX;  // the tree variant's first tree slot
+  if constexpr (kTreeMask) tree_start = TreeStart(vp.tree, seq, seq_len);
   // Keys any row of this CTA may see: [kv_lo, kv_hi), then this split's share of its tiles.
   const int q_first = r0 / group, q_last = (min(num_rows, r0 + kCtaRows) - 1) / group;
   const int kv_hi = max(0, min(seq_len, ctx + q_last + 1));
@@ -218,9 +252,13 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     }
     // Causal and window mask per row (only where the tile reaches past some row's visible keys).
     const int key0 = tile * Cfg::kBlockN;
+    // Tree variant: a tile that reaches the tree (CTA-uniform) takes the causal mask, then the
+    // tree bits of rows g and g + 8 (their query tokens' mask rows).
+    [[maybe_unused]] bool tree_tile = false;
+    if constexpr (kTreeMask) tree_tile = key0 + Cfg::kBlockN > tree_start;
     const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
                             (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
-                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi;
+                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi || tree_tile;
 #pragma unroll
     for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
 #pragma unroll
@@ -230,6 +268,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
         const bool valid = !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
                                            (p.sliding_window == 0 || key > pos - p.sliding_window));
         s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+      }
+    }
+    if constexpr (kTreeMask) {
+      if (tree_tile) {
+        ApplyTreeMaskRow<Cfg::kBlockN>(s, 0, vp.tree, row_token[0], tree_start, key0, t);
+        ApplyTreeMaskRow<Cfg::kBlockN>(s, 1, vp.tree, row_token[1], tree_start, key0, t);
       }
     }
     SoftmaxAndAccumulatePV<kHeadDim>(s, m, l, o, v_stage, lane);

@@ -31,6 +31,18 @@ struct AttentionShape {
 // the input dtype before P.V).
 enum class ProbRounding { kExact, kBf16 };
 
+// Token-tree mask (speculative tree verification), as kernels::AttentionTreeMask with host
+// arrays: sequence s's keys at slots >= tree_starts[s] are visible to query token t only where
+// bit (key - start) % 64 of word (key - start) / 64 of masks[t * mask_words ...] is set; bits
+// past mask_words * 64 are invalid keys. Keys before the start keep the causal rule, and no
+// query sees a key after its own slot. tree_starts[s] >= seq_lens[s]: no tree (its mask rows are
+// not read); a negative start counts as 0.
+struct AttentionTreeMask {
+  const int32_t* tree_starts = nullptr;  // [num_seqs] int32
+  const uint64_t* masks = nullptr;       // [num_tokens, mask_words] uint64
+  int64_t mask_words = 0;
+};
+
 // Copies each token's K and V rows to its slot; a negative slot skips the token.
 //   key, value   [num_tokens, num_kv_heads, head_dim] T, in; row strides key_stride, value_stride
 //   slot_mapping [num_tokens] int64, in
@@ -54,17 +66,31 @@ void PagedDecodeAttention(const T* q, int64_t q_stride, const T* k_cache, const 
 
 // Ragged causal attention: sequence s has q_len = cu_q_lens[s+1] - cu_q_lens[s] queries at
 // positions seq_lens[s] - q_len ... seq_lens[s] - 1 (rows cu_q_lens[s] ... of q and out); query
-// at position p sees cached keys at positions <= p, inside the sliding window.
+// at position p sees cached keys at positions <= p, inside the sliding window, and with a tree
+// mask only the tree keys its mask row sets (a query seeing no key gets zeros).
 //   q             [num_tokens, num_q_heads, head_dim] T, in; row stride q_stride
 //   cu_q_lens     [num_seqs + 1] int32, in
 //   seq_lens      [num_seqs] int32, in: context length after this step (>= q_len)
 //   out           [num_tokens, num_q_heads, head_dim] T, out; row stride out_stride
+//   tree          the token-tree mask above, or null (causal only)
 template <typename T>
 void PagedPrefillAttention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                            const int32_t* block_tables, int64_t max_blocks_per_seq,
                            const int32_t* cu_q_lens, const int32_t* seq_lens, int64_t num_seqs,
                            const AttentionShape& shape, T* out, int64_t out_stride,
-                           ProbRounding rounding = ProbRounding::kExact);
+                           ProbRounding rounding = ProbRounding::kExact,
+                           const AttentionTreeMask* tree = nullptr);
+
+// Moves KV rows between slots of every layer's paged cache (kernels::MoveKvSlots): for each move
+// i in order, slot to_slots[i] of every kv head gets the K and V of slot from_slots[i] (later
+// moves see earlier moves' writes); a move with a negative slot is skipped. Layer l's K cache
+// starts at kv + l * layer_stride, its V cache at kv + l * layer_stride + v_offset (elements),
+// each in the layout above. T = uint16_t moves bf16 bits.
+//   from_slots, to_slots  [num_moves] int64, in
+template <typename T>
+void MoveKvSlots(const int64_t* from_slots, const int64_t* to_slots, int64_t num_moves, T* kv,
+                 int64_t num_layers, int64_t layer_stride, int64_t v_offset,
+                 const AttentionShape& shape);
 
 extern template void WriteKvCache<float>(const float*, int64_t, const float*, int64_t,
                                          const int64_t*, int64_t, const AttentionShape&, float*,
@@ -83,11 +109,18 @@ extern template void PagedDecodeAttention<double>(const double*, int64_t, const 
 extern template void PagedPrefillAttention<float>(const float*, int64_t, const float*, const float*,
                                                   const int32_t*, int64_t, const int32_t*,
                                                   const int32_t*, int64_t, const AttentionShape&,
-                                                  float*, int64_t, ProbRounding);
+                                                  float*, int64_t, ProbRounding,
+                                                  const AttentionTreeMask*);
 extern template void PagedPrefillAttention<double>(const double*, int64_t, const double*,
                                                    const double*, const int32_t*, int64_t,
                                                    const int32_t*, const int32_t*, int64_t,
                                                    const AttentionShape&, double*, int64_t,
-                                                   ProbRounding);
+                                                   ProbRounding, const AttentionTreeMask*);
+extern template void MoveKvSlots<float>(const int64_t*, const int64_t*, int64_t, float*, int64_t,
+                                        int64_t, int64_t, const AttentionShape&);
+extern template void MoveKvSlots<double>(const int64_t*, const int64_t*, int64_t, double*, int64_t,
+                                         int64_t, int64_t, const AttentionShape&);
+extern template void MoveKvSlots<uint16_t>(const int64_t*, const int64_t*, int64_t, uint16_t*,
+                                           int64_t, int64_t, int64_t, const AttentionShape&);
 
 }  // namespace specd::kernels::ref

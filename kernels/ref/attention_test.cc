@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -66,22 +68,22 @@ struct PagedSequences {
   }
 };
 
-// Dense causal attention of one sequence's q_len last positions on contiguous K/V, written
-// independently of the paged reference: a full score matrix with an explicit mask.
+// Dense attention of one sequence's q_len last positions on contiguous K/V with an explicit
+// mask, written independently of the paged reference: a full score matrix where key j enters
+// query i's softmax iff visible(i, j).
 //   q  [q_len, num_q_heads, d];  k, v  [seq_len, num_kv_heads, d];  returns [q_len, num_q_heads, d]
-std::vector<double> DenseCausalAttention(const std::vector<double>& q, const std::vector<double>& k,
+std::vector<double> DenseMaskedAttention(const std::vector<double>& q, const std::vector<double>& k,
                                          const std::vector<double>& v, int64_t q_len,
-                                         int64_t seq_len, const AttentionShape& s) {
+                                         int64_t seq_len, const AttentionShape& s,
+                                         const std::function<bool(int64_t, int64_t)>& visible) {
   const int64_t d = s.head_dim, hq = s.num_q_heads, hkv = s.num_kv_heads;
   std::vector<double> out(q_len * hq * d, 0.0);
   for (int64_t i = 0; i < q_len; ++i) {
-    const int64_t pos = seq_len - q_len + i;
     for (int64_t h = 0; h < hq; ++h) {
       const int64_t kvh = h / (hq / hkv);
       std::vector<double> scores(seq_len, -std::numeric_limits<double>::infinity());
       for (int64_t j = 0; j < seq_len; ++j) {
-        const bool visible = j <= pos && (s.sliding_window == 0 || pos - j < s.sliding_window);
-        if (!visible) continue;
+        if (!visible(i, j)) continue;
         double dot = 0;
         for (int64_t x = 0; x < d; ++x) dot += q[(i * hq + h) * d + x] * k[(j * hkv + kvh) * d + x];
         scores[j] = dot * s.scale;
@@ -97,6 +99,16 @@ std::vector<double> DenseCausalAttention(const std::vector<double>& q, const std
     }
   }
   return out;
+}
+
+// The causal (and sliding-window) mask: query i at position seq_len - q_len + i.
+std::vector<double> DenseCausalAttention(const std::vector<double>& q, const std::vector<double>& k,
+                                         const std::vector<double>& v, int64_t q_len,
+                                         int64_t seq_len, const AttentionShape& s) {
+  return DenseMaskedAttention(q, k, v, q_len, seq_len, s, [&](int64_t i, int64_t j) {
+    const int64_t pos = seq_len - q_len + i;
+    return j <= pos && (s.sliding_window == 0 || pos - j < s.sliding_window);
+  });
 }
 
 // Runs the paged prefill reference over all sequences with the given query counts and checks
@@ -296,6 +308,195 @@ TEST(PagedDecodeRefTest, Bf16ProbabilitiesStayWithinTheirRoundingOfExact) {
     max_diff = std::max<double>(max_diff, std::abs(exact[i] - rounded[i]));
   EXPECT_GT(max_diff, 0.0);
   EXPECT_LE(max_diff, std::ldexp(1.0, -8) + 1e-5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token-tree masks.
+
+// Random parents in topological order (parents[i] in [-1, i)): mostly the previous few nodes,
+// sometimes a new root.
+std::vector<int32_t> RandomParents(int32_t n, std::mt19937_64& rng) {
+  std::vector<int32_t> parents(n, -1);
+  for (int32_t i = 1; i < n; ++i) {
+    std::uniform_int_distribution<int32_t> pick(std::max(-1, i - 5), i - 1);
+    parents[i] = pick(rng);
+  }
+  return parents;
+}
+
+bool IsAncestorOrSelf(const std::vector<int32_t>& parents, int32_t a, int32_t node) {
+  for (; node >= 0; node = parents[node]) {
+    if (node == a) return true;
+  }
+  return false;
+}
+
+// One sequence of a tree test: `prefix` committed slots, then a tree of `parents.size()` nodes
+// (none: causal queries), of which the last q_len slots are the queries.
+struct TreeSeq {
+  int32_t prefix;
+  std::vector<int32_t> parents;
+  int32_t q_len;
+  int32_t seq_len() const {
+    return prefix + (parents.empty() ? q_len : static_cast<int32_t>(parents.size()));
+  }
+};
+
+// The tree mask of `seqs` with mask_words words per row: each tree query's row sets its
+// ancestors and itself, plus random bits after its own slot (the causal rule must drop them);
+// rows of sequences without a tree are random (never read), their start INT32_MAX or seq_len.
+struct TreeMasks {
+  std::vector<int32_t> tree_starts;
+  std::vector<uint64_t> masks;
+  int64_t mask_words;
+
+  TreeMasks(const std::vector<TreeSeq>& seqs, int64_t words, std::mt19937_64& rng)
+      : mask_words(words) {
+    std::uniform_int_distribution<uint64_t> bits;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const TreeSeq& seq = seqs[s];
+      const bool tree = !seq.parents.empty();
+      tree_starts.push_back(tree         ? seq.prefix
+                            : s % 2 == 0 ? std::numeric_limits<int32_t>::max()
+                                         : seq.seq_len());
+      for (int32_t i = 0; i < seq.q_len; ++i) {
+        std::vector<uint64_t> row(words);
+        for (uint64_t& w : row) w = bits(rng);
+        if (tree) {
+          const int32_t node = static_cast<int32_t>(seq.parents.size()) - seq.q_len + i;
+          for (int32_t b = 0; b <= node; ++b) {
+            const uint64_t bit = uint64_t{1} << (b % 64);
+            row[b / 64] =
+                IsAncestorOrSelf(seq.parents, b, node) ? row[b / 64] | bit : row[b / 64] & ~bit;
+          }
+        }
+        masks.insert(masks.end(), row.begin(), row.end());
+      }
+    }
+  }
+  AttentionTreeMask View() const { return {tree_starts.data(), masks.data(), mask_words}; }
+};
+
+// Paged reference over `seqs` with their tree mask, and without one; outputs [tokens, hq, d].
+struct TreeRun {
+  std::vector<int32_t> seq_lens, cu_q_lens = {0};
+  std::vector<double> q, tree_out, causal_out;
+};
+TreeRun RunTreeReference(const AttentionShape& shape, const std::vector<TreeSeq>& seqs,
+                         const PagedSequences& paged, const TreeMasks& masks,
+                         std::mt19937_64& rng) {
+  TreeRun run;
+  for (const TreeSeq& seq : seqs) {
+    run.seq_lens.push_back(seq.seq_len());
+    run.cu_q_lens.push_back(run.cu_q_lens.back() + seq.q_len);
+  }
+  const int64_t row = shape.num_q_heads * shape.head_dim, tokens = run.cu_q_lens.back();
+  run.q = RandomValues(tokens * row, rng);
+  run.tree_out.assign(tokens * row, kNaN);
+  run.causal_out.assign(tokens * row, kNaN);
+  const AttentionTreeMask view = masks.View();
+  for (auto [tree, out] :
+       {std::pair{&view, &run.tree_out},
+        std::pair{static_cast<const AttentionTreeMask*>(nullptr), &run.causal_out}}) {
+    PagedPrefillAttention(run.q.data(), row, paged.k_cache.data(), paged.v_cache.data(),
+                          paged.block_tables.data(), paged.max_blocks_per_seq, run.cu_q_lens.data(),
+                          run.seq_lens.data(), static_cast<int64_t>(seqs.size()), shape,
+                          out->data(), row, ProbRounding::kExact, tree);
+  }
+  return run;
+}
+
+// STYLE.md: a tree kernel checked against the dense one with the equivalent mask written out.
+// The written-out mask comes from the parents (ancestor walks), not from the mask bits.
+TEST(PagedPrefillRefTest, TreeMaskEqualsDenseAttentionWithTheMaskWrittenOut) {
+  std::mt19937_64 rng(20);
+  const AttentionShape shape = Shape(4, 2, 8, 4, 0);
+  const std::vector<TreeSeq> seqs = {
+      {9, RandomParents(7, rng), 7},   // the whole tree queried
+      {12, {}, 3},                     // no tree: start INT32_MAX
+      {5, RandomParents(70, rng), 4},  // a tree begun before the chunk, over two words
+      {6, {}, 2},                      // no tree: start == seq_len
+      {0, RandomParents(5, rng), 5},   // a tree at slot 0 (no prefix)
+  };
+  std::vector<int32_t> lens;
+  for (const TreeSeq& seq : seqs) lens.push_back(seq.seq_len());
+  const PagedSequences paged(shape, lens, rng);
+  const TreeMasks masks(seqs, 3, rng);  // one word more than the largest tree needs
+  const TreeRun run = RunTreeReference(shape, seqs, paged, masks, rng);
+  EXPECT_NE(run.tree_out, run.causal_out);  // the trees branch: the mask matters
+  const int64_t row = shape.num_q_heads * shape.head_dim;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const TreeSeq& seq = seqs[s];
+    const int32_t seq_len = seq.seq_len(), first = seq_len - seq.q_len;
+    const std::vector<double> seq_q(run.q.begin() + run.cu_q_lens[s] * row,
+                                    run.q.begin() + run.cu_q_lens[s + 1] * row);
+    const auto dense = DenseMaskedAttention(seq_q, paged.keys[s], paged.values[s], seq.q_len,
+                                            seq_len, shape, [&](int64_t i, int64_t j) {
+                                              const int64_t slot = first + i;
+                                              if (j > slot) return false;
+                                              if (seq.parents.empty() || j < seq.prefix)
+                                                return true;
+                                              return IsAncestorOrSelf(
+                                                  seq.parents, static_cast<int32_t>(j - seq.prefix),
+                                                  static_cast<int32_t>(slot - seq.prefix));
+                                            });
+    for (int64_t x = 0; x < seq.q_len * row; ++x) {
+      ASSERT_NEAR(run.tree_out[run.cu_q_lens[s] * row + x], dense[x], 1e-12)
+          << "seq " << s << " element " << x;
+      if (seq.parents.empty()) {  // sequences without a tree: exactly the causal output
+        ASSERT_EQ(run.tree_out[run.cu_q_lens[s] * row + x],
+                  run.causal_out[run.cu_q_lens[s] * row + x]);
+      }
+    }
+  }
+}
+
+// A chain (parents -1, 0, 1, ...) puts every node at its slot's position with all earlier nodes
+// as ancestors: the causal mask, so the outputs are exactly the causal ones, for a whole chain
+// and for the last queries of a chain begun earlier.
+TEST(PagedPrefillRefTest, ChainTreeEqualsCausalAttention) {
+  std::mt19937_64 rng(21);
+  const AttentionShape shape = Shape(6, 2, 8, 4, 0);
+  std::vector<int32_t> chain(80);
+  std::iota(chain.begin(), chain.end(), -1);
+  const std::vector<TreeSeq> seqs = {{11, {chain.begin(), chain.begin() + 9}, 9},
+                                     {3, chain, 5},
+                                     {20, {chain.begin(), chain.begin() + 1}, 1}};
+  std::vector<int32_t> lens;
+  for (const TreeSeq& seq : seqs) lens.push_back(seq.seq_len());
+  const PagedSequences paged(shape, lens, rng);
+  const TreeMasks masks(seqs, 2, rng);
+  const TreeRun run = RunTreeReference(shape, seqs, paged, masks, rng);
+  EXPECT_EQ(run.tree_out, run.causal_out);
+}
+
+// Every layer, kv head, K and V of slot `to` gets slot `from`'s row, moves in order: 1 -> 4, then
+// 4 -> 0 reads the row the first move wrote; negative slots and from == to change nothing, nor
+// does anything outside the caches (the gap between layers and between K and V).
+TEST(MoveKvSlotsRefTest, MovesEveryLayerAndHeadInOrder) {
+  const AttentionShape shape = Shape(4, 2, 2, 2, 0);
+  const int64_t num_blocks = 3, cache = num_blocks * 2 * 2 * 2;  // blocks x heads x rows x d
+  const int64_t v_offset = cache + 2, layer_stride = 2 * cache + 6, num_layers = 2;
+  std::vector<double> kv(num_layers * layer_stride);
+  std::iota(kv.begin(), kv.end(), 0.0);
+  const std::vector<double> before = kv;
+  const std::vector<int64_t> from = {1, 4, -1, 5, 3}, to = {4, 0, 2, 5, -1};
+  MoveKvSlots(from.data(), to.data(), 5, kv.data(), num_layers, layer_stride, v_offset, shape);
+  const int64_t source[6] = {1, 1, 2, 3, 1, 5};  // slot s now holds slot source[s]'s row
+  std::vector<double> expected = before;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    for (int64_t base : {layer * layer_stride, layer * layer_stride + v_offset}) {
+      for (int64_t slot = 0; slot < 6; ++slot) {
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t x = 0; x < 2; ++x) {
+            auto at = [&](int64_t sl) { return base + ((sl / 2 * 2 + h) * 2 + sl % 2) * 2 + x; };
+            expected[at(slot)] = before[at(source[slot])];
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(kv, expected);
 }
 
 }  // namespace
