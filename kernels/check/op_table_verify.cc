@@ -1,9 +1,11 @@
 // Verification ops of the table: greedy acceptance (ballot and serial scans), fused
-// verify-and-pack (both paths) and stochastic acceptance, each against kernels/ref/verify.h.
+// verify-and-pack (both paths), stochastic acceptance and the token-tree walks (greedy and
+// sampled), each against kernels/ref/verify.h.
 // Every output is an integer or a copied byte, so "within tolerance" here means equal: the
 // reference is its own baseline and the atol of CompareWithReference stays below 1.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -408,6 +410,172 @@ class StochasticCase : public OpCase {
   DeviceBuffer next_;      // [batch] int32
 };
 
+// verify_tree_greedy and verify_tree_stochastic inputs. Sequence i's tree: a chain (i % 3 == 0),
+// 4 beams (draft j under draft j - 4, the first 4 under the root), or a random recursive tree.
+// Drafts mostly follow the target: greedy, draft j copies the target token at its parent's
+// position with probability 0.7 (else a random token); sampled, it is the parent row's spike
+// (0.6), a draw from that row (0.2) or a random token (0.2). Sampled rows: verify_stochastic's
+// random distributions with 30-95% of the mass moved to one token (the spike, targets[r]).
+struct TreeInputs {
+  std::vector<int32_t> cu, drafts, parents, targets;
+  std::vector<float> p, uniforms;  // sampled only
+};
+
+TreeInputs MakeTreeInputs(const VerifyParams& v) {
+  TreeInputs in;
+  in.cu = CuDraftLens(v);
+  const int64_t positions = in.cu.back() + v.batch;
+  const bool sampled = v.vocab > 0;
+  const int64_t vocab = sampled ? v.vocab : kGreedyVocab;
+  std::mt19937_64 rng(0x7ee + v.batch * 7919 + v.max_draft_len * 31 + vocab + v.ragged);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  in.targets.resize(positions);
+  if (sampled) {
+    in.p.resize(positions * vocab);
+    for (int64_t r = 0; r < positions; ++r) {  // a random row with a spike of 30-95% at targets[r]
+      auto row = RandomDistribution(vocab, rng);
+      const float spike = 0.3f + 0.65f * uniform(rng);
+      in.targets[r] = token(rng);
+      for (float& x : row) x *= 1.0f - spike;
+      row[in.targets[r]] += spike;
+      std::copy(row.begin(), row.end(), in.p.begin() + r * vocab);
+    }
+    in.uniforms.resize(positions);
+    for (float& u : in.uniforms) u = uniform(rng);
+  } else {
+    for (int32_t& t : in.targets) t = token(rng);
+  }
+  in.drafts.resize(in.cu.back());
+  in.parents.resize(in.cu.back());
+  for (int64_t i = 0; i < v.batch; ++i) {
+    const int64_t start = in.cu[i], k = in.cu[i + 1] - start;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t parent = static_cast<int32_t>(j) - 1;
+      if (i % 3 == 1) parent = j < 4 ? -1 : static_cast<int32_t>(j) - 4;
+      if (i % 3 == 2) parent = static_cast<int32_t>(rng() % (j + 1)) - 1;
+      in.parents[start + j] = parent;
+      const int64_t from = start + i + parent + 1;  // the parent's position
+      const float pick = uniform(rng);
+      int32_t& d = in.drafts[start + j];
+      if (!sampled) {
+        d = pick < 0.7f ? in.targets[from] : token(rng);
+      } else if (pick < 0.6f) {
+        d = in.targets[from];
+      } else if (pick < 0.8f) {
+        const float* row = in.p.data() + from * vocab;
+        float u = uniform(rng);
+        d = static_cast<int32_t>(vocab - 1);
+        for (int64_t x = 0; x < vocab; ++x) {
+          if ((u -= row[x]) < 0) {
+            d = static_cast<int32_t>(x);
+            break;
+          }
+        }
+      } else {
+        d = token(rng);
+      }
+    }
+  }
+  return in;
+}
+
+// Output poison: no token, length or draft index (and not -1, the draw of a row without mass).
+constexpr int kTreePoisonByte = 0x5a;
+
+class TreeCase : public OpCase {
+ public:
+  explicit TreeCase(const VerifyParams& v)
+      : params_(v),
+        in_(MakeTreeInputs(v)),
+        cu_(Uploaded(in_.cu)),
+        drafts_(Uploaded(in_.drafts)),
+        parents_(Uploaded(in_.parents)),
+        targets_(Uploaded(in_.targets)),
+        p_(Uploaded(in_.p)),
+        uniforms_(Uploaded(in_.uniforms)),
+        accepted_(v.batch * sizeof(int32_t)),
+        next_(v.batch * sizeof(int32_t)),
+        paths_(std::max<size_t>(in_.drafts.size(), 1) * sizeof(int32_t)) {}
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    const DraftLayout layout{params_.ragged ? cu_.as<int32_t>() : nullptr, params_.batch,
+                             params_.max_draft_len};
+    if (params_.vocab == 0) {
+      return VerifyTreeGreedy(layout, drafts_.as<int32_t>(), parents_.as<int32_t>(),
+                              targets_.as<int32_t>(), accepted_.as<int32_t>(), next_.as<int32_t>(),
+                              paths_.as<int32_t>(), stream);
+    }
+    return VerifyTreeStochastic(layout, drafts_.as<int32_t>(), parents_.as<int32_t>(),
+                                p_.as<float>(), params_.vocab, uniforms_.as<float>(),
+                                accepted_.as<int32_t>(), next_.as<int32_t>(), paths_.as<int32_t>(),
+                                stream);
+  }
+
+  // Greedy: the tokens, parents and outputs; sampled: at least one row of p per sequence.
+  int64_t BytesMoved() const override {
+    if (params_.vocab > 0) return params_.batch * params_.vocab * int64_t{sizeof(float)};
+    return static_cast<int64_t>((2 * in_.drafts.size() + in_.targets.size() + 2 * params_.batch) *
+                                sizeof(int32_t));
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    for (DeviceBuffer* out : {&accepted_, &next_, &paths_}) {
+      SPECD_CUDA_CHECK(cudaMemset(out->as<void>(), kTreePoisonByte, out->bytes()));
+    }
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    int32_t poison;
+    std::memset(&poison, kTreePoisonByte, sizeof(poison));
+    std::vector<int32_t> accepted(params_.batch, poison), next(params_.batch, poison);
+    std::vector<int32_t> paths(paths_.bytes() / sizeof(int32_t), poison);
+    const ref::DraftLayout layout{params_.ragged ? in_.cu.data() : nullptr, params_.batch,
+                                  params_.max_draft_len};
+    if (params_.vocab == 0) {
+      ref::VerifyTreeGreedy(layout, in_.drafts.data(), in_.parents.data(), in_.targets.data(),
+                            accepted.data(), next.data(), paths.data());
+    } else {
+      ref::VerifyTreeStochastic(layout, in_.drafts.data(), in_.parents.data(), in_.p.data(),
+                                params_.vocab, in_.uniforms.data(), accepted.data(), next.data(),
+                                paths.data());
+    }
+    return {Exact("accepted_lens", accepted_.Download<int32_t>(), accepted),
+            Exact("next_tokens", next_.Download<int32_t>(), next),
+            Exact("paths", paths_.Download<int32_t>(), paths)};
+  }
+
+ private:
+  VerifyParams params_;
+  TreeInputs in_;
+  DeviceBuffer cu_;        // [batch + 1] int32
+  DeviceBuffer drafts_;    // [num_drafts] int32
+  DeviceBuffer parents_;   // [num_drafts] int32
+  DeviceBuffer targets_;   // [num_drafts + batch] int32
+  DeviceBuffer p_;         // [num_drafts + batch, vocab] f32 (sampled)
+  DeviceBuffer uniforms_;  // [num_drafts + batch] f32 (sampled)
+  DeviceBuffer accepted_;  // [batch] int32
+  DeviceBuffer next_;      // [batch] int32
+  DeviceBuffer paths_;     // [max(num_drafts, 1)] int32
+};
+
+std::vector<VerifyParams> TreeGreedyCheckParams() {
+  return {{1, 8, false, 0, 0, false},   {3, 64, true, 0, 0, false},   {32, 16, true, 0, 0, false},
+          {32, 64, false, 0, 0, false}, {100, 64, true, 0, 0, false}, {4, 300, true, 0, 0, false}};
+}
+
+std::vector<VerifyParams> TreeStochasticCheckParams() {
+  return {{1, 8, false, 0, 32000, false},  {3, 64, true, 0, 1001, false},
+          {32, 16, true, 0, 4096, false},  {4, 64, true, 0, 128256, false},
+          {32, 64, false, 0, 1000, false}, {2, 0, false, 0, 50000, false}};
+}
+
+std::vector<VerifyParams> TreePerfParams(bool sampled) {
+  const int64_t vocab = sampled ? 128256 : 0;
+  return {{1, 16, false, 0, vocab, false},
+          {32, 8, false, 0, vocab, false},
+          {8, 64, true, 0, vocab, false}};
+}
+
 // batch {1, 3, 32, 100} x K {1, 4, 8, 31, 32, 33, 128}, uniform; ragged at batch 3, 32, 100.
 std::vector<VerifyParams> GreedyCheckParams(bool with_kv) {
   // Row sizes cycle over the copy units: 16-byte, 4-byte, 1-byte and none.
@@ -486,6 +654,11 @@ void AddVerifyOps(std::vector<OpSpec>* table) {
   table->push_back(
       MakeSpec("verify_stochastic", StochasticCheckParams(), StochasticPerfParams(),
                [](const VerifyParams& v) { return std::make_unique<StochasticCase>(v); }));
+  table->push_back(MakeSpec("verify_tree_greedy", TreeGreedyCheckParams(), TreePerfParams(false),
+                            [](const VerifyParams& v) { return std::make_unique<TreeCase>(v); }));
+  table->push_back(MakeSpec("verify_tree_stochastic", TreeStochasticCheckParams(),
+                            TreePerfParams(true),
+                            [](const VerifyParams& v) { return std::make_unique<TreeCase>(v); }));
 }
 
 }  // namespace specd::kernels::check

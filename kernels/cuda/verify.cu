@@ -12,6 +12,7 @@ namespace {
 static_assert(kMaxFusedVerifyBatch == kFusedMaxBatch);
 static_assert(kMaxFusedVerifyBatch <= kFusedThreads, "the block scan takes one length per thread");
 static_assert(kMaxVerifyVocab == ref::kMaxVerifyVocab);
+static_assert(kMaxTreeVerifyDrafts == kTreeMaxDrafts);
 
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kFusedMaxAutoBatch = 128;
@@ -103,6 +104,25 @@ cudaError_t LaunchStochastic(const DraftLayout& layout, const int32_t* draft_tok
           View(layout), draft_tokens, draft_probs, target_probs, static_cast<int>(vocab), uniforms,
           accepted_lens, next_tokens);
   return cudaGetLastError();
+}
+
+template <int kVec>
+cudaError_t LaunchTreeStochastic(const DraftLayout& layout, const int32_t* draft_tokens,
+                                 const int32_t* parents, const float* target_probs, int64_t vocab,
+                                 const float* uniforms, int32_t* accepted_lens,
+                                 int32_t* next_tokens, int32_t* paths, cudaStream_t stream) {
+  VerifyTreeStochasticKernel<kVec>
+      <<<static_cast<unsigned>(layout.batch), kTreeStochasticThreads, 0, stream>>>(
+          View(layout), draft_tokens, parents, target_probs, static_cast<int>(vocab), uniforms,
+          accepted_lens, next_tokens, paths);
+  return cudaGetLastError();
+}
+
+// The vocabulary and row-count checks of the stochastic launchers.
+bool ValidVocab(const DraftLayout& layout, int64_t vocab) {
+  if (vocab < 1 || vocab > kMaxVerifyVocab) return false;
+  const int64_t max_rows = layout.batch * (layout.max_draft_len + 1);
+  return max_rows <= (int64_t{1} << 62) / vocab;
 }
 
 bool ValidGreedyArgs(const DraftLayout& layout, const int32_t* draft_tokens,
@@ -202,9 +222,7 @@ cudaError_t VerifyStochastic(const DraftLayout& layout, const int32_t* draft_tok
       uniforms == nullptr || accepted_lens == nullptr || next_tokens == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (vocab < 1 || vocab > kMaxVerifyVocab) return cudaErrorInvalidValue;
-  const int64_t max_rows = layout.batch * (layout.max_draft_len + 1);
-  if (max_rows > (int64_t{1} << 62) / vocab) return cudaErrorInvalidValue;
+  if (!ValidVocab(layout, vocab)) return cudaErrorInvalidValue;
   if (layout.batch == 0) return cudaSuccess;
   const bool vectorize = vocab % 4 == 0 && IsAligned(target_probs, 16) &&
                          (draft_probs == nullptr || IsAligned(draft_probs, 16));
@@ -214,6 +232,43 @@ cudaError_t VerifyStochastic(const DraftLayout& layout, const int32_t* draft_tok
   }
   return LaunchStochastic<1>(layout, draft_tokens, draft_probs, target_probs, vocab, uniforms,
                              accepted_lens, next_tokens, stream);
+}
+
+cudaError_t VerifyTreeGreedy(const DraftLayout& layout, const int32_t* draft_tokens,
+                             const int32_t* parents, const int32_t* target_tokens,
+                             int32_t* accepted_lens, int32_t* next_tokens, int32_t* paths,
+                             cudaStream_t stream) {
+  if (!ValidGreedyArgs(layout, draft_tokens, target_tokens, accepted_lens, next_tokens) ||
+      parents == nullptr || paths == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (layout.batch == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(CeilDiv(layout.batch, kTreeGreedyWarpsPerBlock));
+  VerifyTreeGreedyKernel<<<blocks, kTreeGreedyWarpsPerBlock * kWarpSize, 0, stream>>>(
+      View(layout), static_cast<int>(layout.batch), draft_tokens, parents, target_tokens,
+      accepted_lens, next_tokens, paths);
+  return cudaGetLastError();
+}
+
+cudaError_t VerifyTreeStochastic(const DraftLayout& layout, const int32_t* draft_tokens,
+                                 const int32_t* parents, const float* target_probs, int64_t vocab,
+                                 const float* uniforms, int32_t* accepted_lens,
+                                 int32_t* next_tokens, int32_t* paths, cudaStream_t stream) {
+  if (!ValidLayout(layout) || draft_tokens == nullptr || parents == nullptr ||
+      target_probs == nullptr || uniforms == nullptr || accepted_lens == nullptr ||
+      next_tokens == nullptr || paths == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (layout.max_draft_len > kMaxTreeVerifyDrafts || !ValidVocab(layout, vocab)) {
+    return cudaErrorInvalidValue;
+  }
+  if (layout.batch == 0) return cudaSuccess;
+  if (vocab % 4 == 0 && IsAligned(target_probs, 16)) {
+    return LaunchTreeStochastic<4>(layout, draft_tokens, parents, target_probs, vocab, uniforms,
+                                   accepted_lens, next_tokens, paths, stream);
+  }
+  return LaunchTreeStochastic<1>(layout, draft_tokens, parents, target_probs, vocab, uniforms,
+                                 accepted_lens, next_tokens, paths, stream);
 }
 
 }  // namespace specd::kernels

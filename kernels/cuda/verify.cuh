@@ -3,6 +3,7 @@
 // kernels and the reference agree bit for bit. Include from .cu files only.
 #pragma once
 
+#include <climits>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -333,29 +334,43 @@ __device__ __forceinline__ void DrawWeights(const float* p_row, const float* q_r
   for (int v = 0; v < kVec; ++v) w[v] = ref::ResidualWeight(p.v[v], q.v[v], residual);
 }
 
-// Inverse-CDF draw over the row's weights by the whole block (ref::VerifyStochastic's Draw):
-// a block sum, then chunks of blockDim * kVec ids scanned until the chunk holding the threshold.
-// Returns the id (-1 when the weights sum to zero) to every thread.
-template <int kVec>
-__device__ int BlockDraw(const float* p_row, const float* q_row, int32_t draft, bool residual,
-                         int vocab, float u, uint64_t* scratch, int* s_found) {
+// Block-wide passes over a row's fixed-point weights. `weights(base, w)` fills w[0, kVec) with
+// the weights of ids [base, base + kVec) (0 past the vocabulary); every thread visits the bases
+// threadIdx.x * kVec, + blockDim.x * kVec, ... in increasing order.
+
+// Sum of the weights over the vocabulary (exact, uint64), to every thread. Every thread of the
+// block must call it; scratch as BlockSum.
+template <int kVec, typename Weights>
+__device__ uint64_t BlockTotalWeight(const Weights& weights, int vocab, uint64_t* scratch) {
   const int stride = static_cast<int>(blockDim.x) * kVec;
-  const int first = static_cast<int>(threadIdx.x) * kVec;
   uint64_t w[kVec];
   uint64_t local = 0;
-  for (int base = first; base < vocab; base += stride) {
-    DrawWeights<kVec>(p_row, q_row, draft, residual, vocab, base, w);
+  for (int base = static_cast<int>(threadIdx.x) * kVec; base < vocab; base += stride) {
+    weights(base, w);
 #pragma unroll
     for (int v = 0; v < kVec; ++v) local += w[v];
   }
-  if (threadIdx.x == 0) *s_found = -1;
-  const uint64_t total = BlockSum(local, scratch);  // its barriers publish *s_found
+  return BlockSum(local, scratch);
+}
+
+// Inverse-CDF draw of u over the weights, whose exact sum is `total` (ref::VerifyStochastic's
+// Draw): chunks of blockDim * kVec ids scanned until the chunk holding
+// ref::DrawThreshold(total, u). Returns the id (-1 when total is zero) to every thread; every
+// thread must call it with the same total. No thread may still be reading *s_found from an
+// earlier call (a barrier must separate the calls).
+template <int kVec, typename Weights>
+__device__ int BlockInverseCdf(const Weights& weights, int vocab, uint64_t total, float u,
+                               uint64_t* scratch, int* s_found) {
   if (total == 0) return -1;
+  const int stride = static_cast<int>(blockDim.x) * kVec;
+  const int first = static_cast<int>(threadIdx.x) * kVec;
+  if (threadIdx.x == 0) *s_found = -1;  // the first scan's barriers publish it
   const uint64_t threshold = ref::DrawThreshold(total, ref::UniformToFixed(u));
+  uint64_t w[kVec];
   uint64_t carry = 0;
   for (int chunk = 0; chunk < vocab; chunk += stride) {
     const int base = chunk + first;
-    DrawWeights<kVec>(p_row, q_row, draft, residual, vocab, base, w);
+    weights(base, w);
     uint64_t mine = 0;
 #pragma unroll
     for (int v = 0; v < kVec; ++v) mine += w[v];
@@ -377,6 +392,19 @@ __device__ int BlockDraw(const float* p_row, const float* q_row, int32_t draft, 
     if (found >= 0) return found;  // block-uniform
   }
   return -1;  // unreachable: threshold < total
+}
+
+// Inverse-CDF draw over the row's weights by the whole block (ref::VerifyStochastic's Draw): a
+// block sum, then BlockInverseCdf. Returns the id (-1 when the weights sum to zero) to every
+// thread.
+template <int kVec>
+__device__ int BlockDraw(const float* p_row, const float* q_row, int32_t draft, bool residual,
+                         int vocab, float u, uint64_t* scratch, int* s_found) {
+  const auto weights = [=](int base, uint64_t* w) {
+    DrawWeights<kVec>(p_row, q_row, draft, residual, vocab, base, w);
+  };
+  const uint64_t total = BlockTotalWeight<kVec>(weights, vocab, scratch);
+  return BlockInverseCdf<kVec>(weights, vocab, total, u, scratch, s_found);
 }
 
 // One block per sequence: all draft tests at once (first rejection by a shared atomicMin), then
@@ -425,6 +453,192 @@ __global__ void __launch_bounds__(kStochasticThreads)
     next = BlockDraw<kVec>(p_row, nullptr, -1, /*residual=*/false, vocab, u, scratch, &s_found);
   }
   if (threadIdx.x == 0) {
+    accepted_lens[seq] = k;
+    next_tokens[seq] = next;
+  }
+}
+
+// ---- token trees ---------------------------------------------------------------------------
+
+constexpr int kTreeGreedyWarpsPerBlock = 4;  // one warp per sequence
+constexpr int kTreeStochasticThreads = kMaxBlockThreads;
+constexpr int kTreeMaxDrafts = 1024;  // shared lists of a node's rejected tokens
+
+// Greedy tree walk, one warp per sequence (ref::VerifyTreeGreedy's single scan, 32 drafts per
+// ballot): lane l tests draft base + l for "child of the current node whose token is the
+// target's there"; the first vote is the next node, and the scan goes on after it (a node's
+// children have larger indices). ceil(K / 32) + depth ballots at most; warp-uniform control.
+__global__ void __launch_bounds__(kTreeGreedyWarpsPerBlock* kWarpSize)
+    VerifyTreeGreedyKernel(LayoutView layout, int batch, const int32_t* __restrict__ drafts,
+                           const int32_t* __restrict__ parents, const int32_t* __restrict__ targets,
+                           int32_t* __restrict__ accepted_lens, int32_t* __restrict__ next_tokens,
+                           int32_t* __restrict__ paths) {
+  const int seq = static_cast<int>(blockIdx.x) * kTreeGreedyWarpsPerBlock + WarpId();
+  if (seq >= batch) return;  // warp-uniform
+  const int lane = LaneId();
+  const int start = layout.DraftStart(seq);
+  const int num_drafts = layout.DraftStart(seq + 1) - start;
+  const int32_t* d = drafts + start;
+  const int32_t* par = parents + start;
+  const int32_t* t = targets + start + seq;
+  int node = -1, k = 0;
+  int32_t target = __ldg(t);
+  for (int base = 0; base < num_drafts;) {
+    const int j = base + lane;
+    const bool hit = j < num_drafts && __ldg(par + j) == node && __ldg(d + j) == target;
+    const unsigned votes = __ballot_sync(kFullWarp, hit);
+    if (votes == 0) {
+      base += kWarpSize;
+      continue;
+    }
+    node = base + __ffs(static_cast<int>(votes)) - 1;
+    if (lane == 0) paths[start + k] = node;
+    ++k;
+    target = __ldg(t + node + 1);
+    base = node + 1;
+  }
+  if (lane == 0) {
+    accepted_lens[seq] = k;
+    next_tokens[seq] = target;
+  }
+}
+
+// The weights of a tree node's row for the block passes: ProbToFixed(p(x)), 0 for the ids in
+// excluded[0, num_excluded) (shared, sorted ascending, distinct: the node's rejected tokens).
+template <int kVec>
+struct TreeRowWeights {
+  const float* p_row;
+  const int32_t* excluded;
+  int num_excluded;
+  int vocab;
+
+  __device__ __forceinline__ void operator()(int base, uint64_t* w) const {
+    if (base >= vocab) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) w[v] = 0;
+      return;
+    }
+    const FloatVec<kVec> p = *reinterpret_cast<const FloatVec<kVec>*>(p_row + base);
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) w[v] = ref::ProbToFixed(p.v[v]);
+    if (num_excluded == 0) return;
+    int lo = 0, hi = num_excluded;  // the first excluded id >= base
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (excluded[mid] < base)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      if (lo < num_excluded && excluded[lo] == base + v) {
+        w[v] = 0;
+        ++lo;
+      }
+    }
+  }
+};
+
+// Sampled tree walk (ref::VerifyTreeStochastic), one block of kTreeStochasticThreads per
+// sequence. Per node on the path: a block sum of the row's weights (`total`); then the children
+// are tested all at once, blockDim drafts per round: thread t takes draft j = node + 1 + t, and a
+// child's effective weight w_j (0 for an invalid id or a token an earlier sibling had) enters a
+// block exclusive scan, so left_j = total - (sum of the earlier siblings' w) is the mass left
+// when j is tried, every earlier sibling rejected; the kept child is the first j with
+// AcceptTreeChild(u_j, left_j, w_j) (shared atomicMin). Without one, the node's counted tokens
+// are gathered in shared memory, sorted by rank, and one block-wide inverse-CDF pass draws the
+// next token from the residual (total `left`) or from p. Arguments as VerifyTreeStochastic in
+// verify.h; K_i <= kTreeMaxDrafts (checked by the launcher against max_draft_len).
+template <int kVec>
+__global__ void __launch_bounds__(kTreeStochasticThreads, 1)
+    VerifyTreeStochasticKernel(LayoutView layout, const int32_t* __restrict__ drafts,
+                               const int32_t* __restrict__ parents,
+                               const float* __restrict__ target_probs, int vocab,
+                               const float* __restrict__ uniforms,
+                               int32_t* __restrict__ accepted_lens,
+                               int32_t* __restrict__ next_tokens, int32_t* __restrict__ paths) {
+  __shared__ uint64_t scratch[kWarpSize];
+  __shared__ int int_scratch[kWarpSize];
+  __shared__ int s_found;
+  __shared__ int s_kept;
+  __shared__ int32_t s_rejected[kTreeMaxDrafts];  // the node's counted tokens, sibling order
+  __shared__ int32_t s_excluded[kTreeMaxDrafts];  // the same, sorted
+  const int seq = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const int start = layout.DraftStart(seq);
+  const int num_drafts = layout.DraftStart(seq + 1) - start;
+  const int position = start + seq;
+  const int32_t* d = drafts + start;
+  const int32_t* par = parents + start;
+  int node = -1, k = 0, num_rejected = 0;
+  const float* p_row = nullptr;
+  uint64_t total = 0, left = 0;
+  for (;;) {
+    p_row = target_probs + static_cast<int64_t>(position + node + 1) * vocab;
+    total = BlockTotalWeight<kVec>(TreeRowWeights<kVec>{p_row, nullptr, 0, vocab}, vocab, scratch);
+    if (tid == 0) s_kept = INT_MAX;  // published by the scans' barriers below
+    uint64_t carry = 0;
+    num_rejected = 0;
+    int kept = INT_MAX;
+    for (int base = node + 1; base < num_drafts; base += threads) {
+      const int j = base + tid;
+      bool child = false, counted = false;
+      int32_t x = -1;
+      uint64_t w = 0;
+      if (j < num_drafts && __ldg(par + j) == node) {
+        child = true;
+        x = __ldg(d + j);
+        counted = x >= 0 && x < vocab;
+        // An earlier sibling with the same token took its mass when it was rejected.
+        for (int e = node + 1; counted && e < j; ++e) {
+          if (__ldg(par + e) == node && __ldg(d + e) == x) counted = false;
+        }
+        if (counted) w = ref::ProbToFixed(__ldg(p_row + x));
+      }
+      uint64_t round_w = 0;
+      const uint64_t before = carry + BlockExclusiveScan(w, scratch, &round_w);
+      if (child && ref::AcceptTreeChild(__ldg(uniforms + position + j), total - before, w)) {
+        atomicMin(&s_kept, j);
+      }
+      int round_count = 0;
+      const int slot =
+          num_rejected + BlockExclusiveScan(counted ? 1 : 0, int_scratch, &round_count);
+      if (counted && slot < kTreeMaxDrafts) s_rejected[slot] = x;
+      __syncthreads();
+      kept = s_kept;
+      if (kept != INT_MAX) break;  // block-uniform
+      carry += round_w;
+      num_rejected += round_count;
+    }
+    if (kept == INT_MAX) {
+      left = total - carry;
+      break;
+    }
+    if (tid == 0) paths[start + k] = kept;
+    ++k;
+    node = kept;
+  }
+  // Sort the rejected tokens (distinct) by rank for the draw's binary searches.
+  num_rejected = min(num_rejected, kTreeMaxDrafts);
+  for (int e = tid; e < num_rejected; e += threads) {
+    const int32_t x = s_rejected[e];
+    int rank = 0;
+    for (int f = 0; f < num_rejected; ++f) rank += s_rejected[f] < x ? 1 : 0;
+    s_excluded[rank] = x;
+  }
+  __syncthreads();
+  const float u = __ldg(uniforms + position + num_drafts);
+  int next = -1;
+  if (left > 0) {
+    next = BlockInverseCdf<kVec>(TreeRowWeights<kVec>{p_row, s_excluded, num_rejected, vocab},
+                                 vocab, left, u, scratch, &s_found);
+  } else {
+    next = BlockInverseCdf<kVec>(TreeRowWeights<kVec>{p_row, nullptr, 0, vocab}, vocab, total, u,
+                                 scratch, &s_found);
+  }
+  if (tid == 0) {
     accepted_lens[seq] = k;
     next_tokens[seq] = next;
   }

@@ -1,11 +1,12 @@
 // Speculative-decoding verification launchers for the CUDA backend: greedy acceptance (a
 // warp-ballot scan and the per-thread serial scan it replaces), packing of what each sequence
 // commits (tokens, KV slots, KV rows), a fused verify-and-pack kernel with a multi-block
-// fallback, and stochastic acceptance (speculative sampling). Algorithms from the
-// batched-verification study (Kolawole 2026, "Batched Speculative Decoding Verification
-// Kernels": Opt A, fused verify-and-pack). References: kernels/ref/verify.h, which also defines
-// the ragged layout. Any host thread; work is queued on `stream`, nothing is allocated and no
-// device value is read back, so every launch can be captured in a CUDA graph.
+// fallback, stochastic acceptance (speculative sampling), and greedy and sampled acceptance of
+// token trees (SpecInfer, Miao et al. 2024). Algorithms from the batched-verification study
+// (Kolawole 2026, "Batched Speculative Decoding Verification Kernels": Opt A, fused
+// verify-and-pack). References: kernels/ref/verify.h, which also defines the ragged layout. Any
+// host thread; work is queued on `stream`, nothing is allocated and no device value is read
+// back, so every launch can be captured in a CUDA graph.
 #pragma once
 
 #include <driver_types.h>  // cudaError_t, cudaStream_t; no runtime functions
@@ -115,5 +116,54 @@ cudaError_t VerifyStochastic(const DraftLayout& layout, const int32_t* draft_tok
                              const float* draft_probs, const float* target_probs, int64_t vocab,
                              const float* uniforms, int32_t* accepted_lens, int32_t* next_tokens,
                              cudaStream_t stream);
+
+// Most drafts per sequence VerifyTreeStochastic takes (its shared lists of a node's rejected
+// tokens); VerifyTreeGreedy has no such limit.
+constexpr int64_t kMaxTreeVerifyDrafts = 1024;
+
+// Greedy acceptance of token trees (SpecInfer tree verification at temperature 0), one warp per
+// sequence: from the root, descend to the first child (lowest index) whose token equals the
+// target's argmax at the current node, until no child does. One scan over the drafts with a
+// ballot per 32 (a node's children follow it), restarted after each descent: ceil(K_i / 32) +
+// depth ballots. Exactly ref::VerifyTreeGreedy, whose comment defines the tree layout.
+//   draft_tokens   [num_drafts] int32, device, in
+//   parents        [num_drafts] int32, device, in: row-local parent indices, -1 the root; a
+//                  draft whose parent is neither -1 nor an earlier draft is never visited
+//   target_tokens  [num_drafts + batch] int32, device, in: the target's argmax per position
+//                  (position 0 of a sequence the root, position j + 1 draft j)
+//   accepted_lens  [batch] int32, device, out: k_i, the accepted path's length
+//   next_tokens    [batch] int32, device, out: the target's token at the path's last node
+//   paths          [num_drafts] int32, device, out: sequence i's accepted draft indices
+//                  (row-local, root side first) at paths[cu_draft_lens[i] + t] (i *
+//                  max_draft_len + t without offsets), t < k_i; the other entries untouched
+// cudaErrorInvalidValue as VerifyGreedyBallot, or for a null parents or paths; batch == 0
+// launches nothing.
+cudaError_t VerifyTreeGreedy(const DraftLayout& layout, const int32_t* draft_tokens,
+                             const int32_t* parents, const int32_t* target_tokens,
+                             int32_t* accepted_lens, int32_t* next_tokens, int32_t* paths,
+                             cudaStream_t stream);
+
+// Sampled acceptance of token trees with deterministic (one-hot) drafts: recursive rejection over
+// siblings (SpecInfer's multi-draft rule), one 1024-thread block per sequence. Per node on the
+// path: a block sum of the row's fixed-point weights, then all children tested at once (a block
+// exclusive scan of their weights gives each child the mass left when it is tried, the first
+// child passing ref::AcceptTreeChild is kept); at the last node one block-wide inverse-CDF pass
+// draws the next token from the residual (the rejected children's tokens excluded) or from p.
+// depth + 2 passes over the vocabulary at most. Exactly ref::VerifyTreeStochastic, whose comment
+// defines the rule and the uniforms' layout.
+//   draft_tokens   [num_drafts] int32, device, in
+//   parents        [num_drafts] int32, device, in: as VerifyTreeGreedy
+//   target_probs   [num_drafts + batch, vocab] f32, device, in: processed p per position
+//   uniforms       [num_drafts + batch] f32 in [0, 1), device, in: at sequence i's row
+//                  cu_draft_lens[i] + i + j the test of draft j (j < K_i), at + K_i the final draw
+//   accepted_lens, next_tokens, paths: as VerifyTreeGreedy; next token -1 when the drawn row has
+//                  no mass
+// 16-byte loads when vocab % 4 == 0 and target_probs is 16-byte aligned.
+// cudaErrorInvalidValue as VerifyStochastic (draft_probs aside), or for a null parents or paths,
+// or max_draft_len > kMaxTreeVerifyDrafts.
+cudaError_t VerifyTreeStochastic(const DraftLayout& layout, const int32_t* draft_tokens,
+                                 const int32_t* parents, const float* target_probs, int64_t vocab,
+                                 const float* uniforms, int32_t* accepted_lens,
+                                 int32_t* next_tokens, int32_t* paths, cudaStream_t stream);
 
 }  // namespace specd::kernels

@@ -1,9 +1,9 @@
 // References for the speculative-decoding verification kernels (kernels/cuda/verify.h): greedy
-// first-mismatch acceptance, packing of the committed tokens / KV slots / KV rows, and
-// stochastic acceptance (speculative sampling). They define what the kernels compute, bit for
-// bit: every output is an integer or a copied byte, and the few float operations on the way
-// (one product and one difference per token) are shared with the kernels through the
-// host/device helpers below. Pure functions, any thread.
+// first-mismatch acceptance, packing of the committed tokens / KV slots / KV rows, stochastic
+// acceptance (speculative sampling), and greedy and sampled acceptance of token trees. They define
+// what the kernels compute, bit for bit: every output is an integer or a copied byte, and the few
+// float operations on the way (one product and one difference per token) are shared with the
+// kernels through the host/device helpers below. Pure functions, any thread.
 #pragma once
 
 #include <cstdint>
@@ -93,6 +93,61 @@ void VerifyStochastic(const DraftLayout& layout, const int32_t* draft_tokens,
                       const float* draft_probs, const float* target_probs, int64_t vocab,
                       const float* uniforms, int32_t* accepted_lens, int32_t* next_tokens);
 
+// Greedy acceptance of token trees (tree verification, SpecInfer, Miao et al. 2024, with
+// temperature 0; the CPU oracle is Acceptor::VerifyTree in engine/sample/acceptance.cc).
+// Sequence i's K_i drafts form a tree: draft j's parent is parents[j], -1 for the root (the
+// sequence's last committed token) or an earlier draft of the same sequence; siblings are ordered
+// best first (increasing index). The node of draft j is verified position j + 1 (position 0 the
+// root). From the root, descend to the first child (lowest index) whose token equals the target's
+// token at the current node, until no child does. A draft whose parent is neither -1 nor in
+// [0, j) is nobody's child: never visited. A chain is parents {-1, 0, 1, ...}: VerifyGreedy.
+//   draft_tokens   [num_drafts] int32, host, in
+//   parents        [num_drafts] int32, host, in: row-local draft indices, -1 the root
+//   target_tokens  [num_drafts + batch] int32, host, in: the target's argmax per position
+//   accepted_lens  [batch] int32, host, out: k_i, the accepted path's length
+//   next_tokens    [batch] int32, host, out: the target's token at the path's last node (the
+//                  correction, or the bonus token at a leaf)
+//   paths          [num_drafts] int32, host, out: sequence i's accepted drafts (row-local
+//                  indices, root side first) at paths[DraftStart(i) + t], t < k_i; the other
+//                  entries untouched
+void VerifyTreeGreedy(const DraftLayout& layout, const int32_t* draft_tokens,
+                      const int32_t* parents, const int32_t* target_tokens, int32_t* accepted_lens,
+                      int32_t* next_tokens, int32_t* paths);
+
+// Sampled acceptance of token trees with deterministic (one-hot) drafts: recursive rejection
+// over siblings (SpecInfer's multi-draft rule, Miao et al. 2024; Acceptor::VerifyTree is the CPU
+// oracle). Tree layout as VerifyTreeGreedy. At a node whose position has the target row p, with
+// fixed-point weights w(x) = ProbToFixed(p(x)), `left` starts as the row's total sum_x w(x); the
+// node's children are tried best first: child c with token x and effective weight w_c (w(x), or
+// 0 when x is out of [0, vocab) or an earlier sibling with the same token was rejected, its
+// mass already gone) is kept when AcceptTreeChild(u_c, left, w_c) (probability w_c / left up to
+// 2^-32); a rejected child removes w_c from `left` and x from the row. A kept child becomes the
+// node. When every child of the node is rejected, the next token is drawn from what is left of p
+// (the residual: p with the rejected tokens zeroed, total `left`), or from p itself when the
+// residual has no mass (in this exact arithmetic only when p has none: a child holding all the
+// mass left is always kept); at a kept node without children the bonus token is drawn from its p.
+// Draws as VerifyStochastic's: inverse-CDF over token ids in order, fixed-point weights summed
+// exactly in uint64 (GPU = CPU bit for bit).
+// A chain of drafts (parents {-1, 0, 1, ...}) gives VerifyStochastic's result with draft_probs ==
+// nullptr (its rule u * 1 < p(d)) whenever every tested row's fixed-point total is exactly 2^40,
+// every tested u a multiple of 2^-32 (each float u >= 2^-8 is) and every tested p(d) a multiple
+// of 2^-40 (each float p >= 2^-17 is): then floor(2^40 floor(u 2^32) / 2^32) = u 2^40 and
+// w(d) = p(d) 2^40, so the test is u < p(d). Otherwise the two can differ only for u within
+// about p(d) |2^40 / total - 1| + 2^-32 of p(d): this rule divides by the row's actual total,
+// the chain's by 1. The residual and fallback draws are the same (p without the draft's token).
+//   draft_tokens   [num_drafts] int32, host, in
+//   parents        [num_drafts] int32, host, in: as VerifyTreeGreedy
+//   target_probs   [num_drafts + batch, vocab] f32, host, in: the processed p per position
+//   uniforms       [num_drafts + batch] f32 in [0, 1), host, in: at sequence i's index
+//                  PositionStart(i) + j (j < K_i) the test of draft j, at PositionStart(i) + K_i
+//                  the final draw (a uniform of its own)
+//   accepted_lens, next_tokens, paths: as VerifyTreeGreedy; next token -1 when the drawn row
+//                  has no mass
+void VerifyTreeStochastic(const DraftLayout& layout, const int32_t* draft_tokens,
+                          const int32_t* parents, const float* target_probs, int64_t vocab,
+                          const float* uniforms, int32_t* accepted_lens, int32_t* next_tokens,
+                          int32_t* paths);
+
 // Fixed-point weights of the draws: 40 fractional bits, so a row of up to kMaxVerifyVocab
 // weights sums below 2^63.
 constexpr int kProbFixedBits = 40;
@@ -126,6 +181,14 @@ SPECD_VERIFY_HOST_DEVICE inline uint64_t DrawThreshold(uint64_t total, uint32_t 
 // q_x: the draft's probability of x (ignored unless residual).
 SPECD_VERIFY_HOST_DEVICE inline uint64_t ResidualWeight(float p_x, float q_x, bool residual) {
   return ProbToFixed(residual ? p_x - q_x : p_x);
+}
+
+// The tree's accept test (VerifyTreeStochastic), shared with the kernel: a child of effective
+// weight w against the remaining mass `left` (both fixed-point, w <= left) is kept when the
+// inverse-CDF draw of u from the remaining row, with the child's token placed first, lands on it:
+// floor(left * floor(u 2^32) / 2^32) < w. Exact integer arithmetic; w == 0 never keeps.
+SPECD_VERIFY_HOST_DEVICE inline bool AcceptTreeChild(float u, uint64_t left, uint64_t w) {
+  return DrawThreshold(left, UniformToFixed(u)) < w;
 }
 
 }  // namespace specd::kernels::ref
