@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/engine_spec_test_util.h"
 #include "engine/kv/block_allocator.h"
@@ -150,8 +151,9 @@ TEST_F(CodepairCudaTest, BatchedRunEqualsSingleRunsAndGraphsEqualEager) {
 // Speculation on the GPU (draft model on the same GPU, greedy rows verified by the runner's own
 // argmax at every drafted position; n-gram too): the output is plain decoding's, up to bf16
 // flips at near-ties (a verification pass computes a position in a multi-token chunk, the
-// decode step alone). Token trees do not run on the GPU yet: a tree request drafts a chain of
-// the tree's depth there, with the same output and never more than depth drafts a round.
+// decode step alone). Token trees too: the tree verified in one pass with the attention's tree
+// masks and walked on the device, the accepted path's KV moved in place; never more than
+// num_nodes drafts a round, and more tokens a round than a chain of the tree's depth.
 TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
   EngineOptions o = EngineOn("cuda");
   o.speculative.draft_model = ModelDir("codepair/draft");
@@ -164,11 +166,29 @@ TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
     tree.tree = TreeShape{true, 3, 2, 12};
     ExpectSpeculationEqualsPlain(*engine, tree,
                                  SpeculationMethodName(m) + std::string(" tree on the GPU"));
+    // Trees of more nodes than the verification attention's short runs (the prefill kernel).
+    tree.tree = TreeShape{true, 6, 4, 32};
+    ExpectSpeculationEqualsPlain(*engine, tree,
+                                 SpeculationMethodName(m) + std::string(" tree 6/4/32 on the GPU"));
     GenerateRequest r = GoldenRequests()[0];
     r.speculation = tree;
     auto got = engine->Generate(r);
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_LE(got->usage.num_draft_tokens, 3 * got->usage.num_drafts);
+    EXPECT_LE(got->usage.num_draft_tokens, 32 * got->usage.num_drafts);
+    if (m == SpeculationMethod::kDraftModel) {
+      EXPECT_GT(got->usage.num_draft_tokens, 6 * got->usage.num_drafts) << "drafted chains";
+      r.speculation = SpeculationParams{m, 6};
+      auto chain = engine->Generate(r);
+      ASSERT_TRUE(chain.ok()) << chain.status();
+      const auto per_round = [](const GenerateResult& g) {
+        return double(g.usage.num_accepted_tokens) / std::max<int64_t>(1, g.usage.num_drafts);
+      };
+      std::printf(
+          "[ codepair draft model on the GPU ] accepted per round: tree 6/4/32 %.2f, "
+          "chain K 6 %.2f\n",
+          per_round(*got), per_round(*chain));
+      EXPECT_GT(per_round(*got), per_round(*chain));
+    }
   }
 }
 
@@ -232,6 +252,38 @@ TEST_F(CodepairCudaTest, Eagle3OnTheGpuEqualsPlainDecoding) {
     }
     ASSERT_GT(rounds, 0);
     EXPECT_GT(1.0 + double(accepted) / rounds, 1.8);
+    // Token trees of the head on the GPU (tree rows in its paged KV with the attention's tree
+    // masks, children ranked on the device): plain decoding's output, and more tokens a round
+    // than a chain of the tree's depth.
+    for (const TreeShape& shape : {TreeShape{true, 3, 2, 6}, TreeShape{true, 6, 4, 32}}) {
+      SpeculationParams tree{SpeculationMethod::kEagle3, 0};
+      tree.tree = shape;
+      ExpectSpeculationEqualsPlain(*engine, tree,
+                                   absl::StrCat("eagle3 tree ", shape.depth, "/", shape.top_k, "/",
+                                                shape.num_nodes, eager ? " (eager)" : ""));
+    }
+    auto per_round = [&](const SpeculationParams& spec) {
+      std::vector<GenerateRequest> rs = GoldenRequests();
+      for (GenerateRequest& r : rs) r.speculation = spec;
+      auto got = engine->GenerateBatch(rs);
+      EXPECT_TRUE(got.ok()) << got.status();
+      int64_t n = 0, a = 0;
+      if (got.ok()) {
+        for (const GenerateResult& r : *got) {
+          n += r.usage.num_drafts;
+          a += r.usage.num_accepted_tokens;
+        }
+      }
+      return n > 0 ? 1.0 + double(a) / n : 0.0;
+    };
+    SpeculationParams tree{SpeculationMethod::kEagle3, 0};
+    tree.tree = TreeShape{true, 6, 4, 32};
+    const double tree_rate = per_round(tree);
+    const double chain_rate = per_round({SpeculationMethod::kEagle3, 6});
+    std::printf(
+        "[ codepair eagle3 on the GPU%s ] tokens per round: tree 6/4/32 %.2f, chain K 6 %.2f\n",
+        eager ? ", eager" : "", tree_rate, chain_rate);
+    EXPECT_GT(tree_rate, chain_rate);
   }
 }
 
@@ -628,10 +680,42 @@ TEST_F(CodepairCudaSamplingTest, Eagle3SecondTokenFollowsTheTarget) {
   const auto [stat, critical] =
       speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
   EXPECT_LT(stat, critical);
+  // The head's token trees (nodes one-hot, recursive rejection over siblings on the device).
+  SpeculationParams tree{SpeculationMethod::kEagle3, 0};
+  tree.tree = TreeShape{true, 3, 3, 9};
+  const auto [tree_stat, tree_critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, tree);
+  std::printf("[ sampled eagle3 tree on the GPU ] chi-square %.2f, critical %.2f\n", tree_stat,
+              tree_critical);
+  EXPECT_LT(tree_stat, tree_critical);
   runner_internal::verify_accepts_every_draft_for_test = true;
   const auto [broken, critical2] =
       speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
   EXPECT_GT(broken, critical2);
+}
+
+// Sampled token trees on the GPU (draft model and n-gram nodes, one-hot q; recursive rejection
+// over siblings on the device, kernels::VerifyTreeStochastic): the second token follows the
+// target; a verifier accepting every child with mass is caught.
+TEST_F(CodepairCudaSamplingTest, TreeSecondTokenFollowsTheTarget) {
+  auto engine = DraftEngine();
+  ASSERT_TRUE(engine);
+  for (SpeculationMethod m : {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}) {
+    SpeculationParams spec{m, 0};
+    spec.tree = TreeShape{true, 3, 3, 9};
+    const auto [stat, critical] =
+        speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 2000, spec);
+    std::printf("[ sampled %s tree on the GPU ] chi-square %.2f, critical %.2f\n",
+                SpeculationMethodName(m), stat, critical);
+    EXPECT_LT(stat, critical) << SpeculationMethodName(m);
+  }
+  SpeculationParams spec{SpeculationMethod::kDraftModel, 0};
+  spec.tree = TreeShape{true, 3, 3, 9};
+  runner_internal::verify_accepts_every_draft_for_test = true;
+  const auto [broken, critical] =
+      speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 2000, spec);
+  std::printf("[ sampled tree, a verifier accepting every child ] chi-square %.2f\n", broken);
+  EXPECT_GT(broken, critical);
 }
 
 // Sampled parallel drafts on the GPU (q of all K positions left in the draft runner's slots by

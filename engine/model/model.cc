@@ -139,17 +139,7 @@ absl::Status Model::ValidateTree(size_t s, const SequenceInput& seq) const {
   if (seq.attention != nullptr || seq.ssv != nullptr) {
     return SequenceError(s, "a token tree takes no attention options or SSV strategy");
   }
-  if (tree.start < 0 || tree.start > seq.start_pos) {
-    return SequenceError(
-        s, absl::StrCat("tree start ", tree.start, " outside [0, start_pos ", seq.start_pos, "]"));
-  }
-  const int64_t nodes =
-      int64_t{seq.start_pos} - tree.start + static_cast<int64_t>(seq.tokens.size());
-  if (static_cast<int64_t>(tree.parents.size()) != nodes) {
-    return SequenceError(s, absl::StrCat("tree has ", tree.parents.size(), " parents for slots ",
-                                         tree.start, "..", tree.start + nodes - 1));
-  }
-  const absl::Status st = ValidateTreeParents(tree.parents);
+  const absl::Status st = ValidateChunkTree(tree, seq.start_pos, seq.tokens.size());
   if (!st.ok()) return SequenceError(s, std::string(st.message()));
   return absl::OkStatus();
 }

@@ -16,6 +16,20 @@ absl::Status ValidateTreeParents(std::span<const int32_t> parents) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateChunkTree(const TokenTree& tree, int32_t start_pos, size_t num_tokens) {
+  if (tree.start < 0 || tree.start > start_pos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tree start ", tree.start, " outside [0, start_pos ", start_pos, "]"));
+  }
+  const int64_t nodes = int64_t{start_pos} - tree.start + static_cast<int64_t>(num_tokens);
+  if (static_cast<int64_t>(tree.parents.size()) != nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("tree has ", tree.parents.size(),
+                                                   " parents for slots ", tree.start, "..",
+                                                   tree.start + nodes - 1));
+  }
+  return ValidateTreeParents(tree.parents);
+}
+
 void TreeDepths(std::span<const int32_t> parents, std::vector<int32_t>* depths) {
   depths->resize(parents.size());
   for (size_t i = 0; i < parents.size(); ++i) {

@@ -27,6 +27,11 @@ struct TokenTree {
 // InvalidArgument (naming the node) unless every parents[i] is -1 or in [0, i).
 absl::Status ValidateTreeParents(std::span<const int32_t> parents);
 
+// InvalidArgument (saying what is wrong) unless `tree` fits a chunk of num_tokens tokens from
+// slot start_pos: tree.start in [0, start_pos], one parent per slot of [tree.start, start_pos +
+// num_tokens), and valid parents.
+absl::Status ValidateChunkTree(const TokenTree& tree, int32_t start_pos, size_t num_tokens);
+
 // depths[i] = depth of node i (roots 0); parents must be valid.
 void TreeDepths(std::span<const int32_t> parents, std::vector<int32_t>* depths);
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -11,6 +12,7 @@
 #include "engine/base/float16.h"
 #include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
+#include "engine/model/token_tree.h"
 #include "engine/runner/cuda_forward.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/embedding.h"
@@ -149,6 +151,9 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   const int64_t qw = l.q_size() + 2 * int64_t{l.kv_size()}, inter = l.intermediate_size;
   const int64_t dv = config_.draft_vocab_size;
   const int64_t seqs = std::max(1, options_.max_seqs), tokens = std::max(1, options_.max_tokens);
+  // Rows that draw in one pass: a sequence's one (chains), or a tree level's nodes.
+  max_logit_rows_ = static_cast<int32_t>(std::min<int64_t>(4 * seqs, std::max<int64_t>(seqs, 256)));
+  const int64_t rows = max_logit_rows_;
   max_rows_ = kMaxPieceRows;
   shape_.num_q_heads = l.num_heads;
   shape_.num_kv_heads = l.num_kv_heads;
@@ -163,7 +168,7 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
     return absl::OkStatus();
   };
   pool_rows_ = seqs * kEagle3PoolWindow + tokens;
-  SPECD_RETURN_IF_ERROR(alloc(table_, (pool_rows_ + 2 * seqs) * h * 2, "EAGLE-3 pool"));
+  SPECD_RETURN_IF_ERROR(alloc(table_, (pool_rows_ + 2 * rows) * h * 2, "EAGLE-3 pool"));
   SPECD_RETURN_IF_ERROR(alloc(features_, tokens * f * 2, "EAGLE-3 features"));
   SPECD_RETURN_IF_ERROR(alloc(fused_, tokens * h * 2, "EAGLE-3 features"));
   const int64_t r = max_rows_;
@@ -175,13 +180,24 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(attn_, r * l.q_size() * 2, "EAGLE-3 activations"));
   SPECD_RETURN_IF_ERROR(alloc(gate_up_, r * 2 * inter * 2, "EAGLE-3 activations"));
   SPECD_RETURN_IF_ERROR(alloc(act_, r * inter * 2, "EAGLE-3 activations"));
-  SPECD_RETURN_IF_ERROR(alloc(gathered_, seqs * h * 2, "EAGLE-3 activations"));
-  SPECD_RETURN_IF_ERROR(alloc(logits_, seqs * dv * 4, "EAGLE-3 logits"));
-  SPECD_RETURN_IF_ERROR(alloc(ids_, seqs * 4, "EAGLE-3 ids"));
+  SPECD_RETURN_IF_ERROR(alloc(gathered_, rows * h * 2, "EAGLE-3 activations"));
+  SPECD_RETURN_IF_ERROR(alloc(logits_, rows * dv * 4, "EAGLE-3 logits"));
+  SPECD_RETURN_IF_ERROR(alloc(ids_, rows * 4, "EAGLE-3 ids"));
+  const int64_t cands = rows * kernels::kMaxTopK;
+  SPECD_RETURN_IF_ERROR(alloc(cand_ids_, cands * 4, "EAGLE-3 tree candidates"));
+  SPECD_RETURN_IF_ERROR(alloc(cand_logprobs_, cands * 4, "EAGLE-3 tree candidates"));
+  SPECD_RETURN_IF_ERROR(
+      alloc(topk_workspace_,
+            std::max<int64_t>(
+                16, static_cast<int64_t>(kernels::TopKWorkspaceBytes(
+                        static_cast<int32_t>(rows), static_cast<int32_t>(dv), kernels::kMaxTopK))),
+            "EAGLE-3 top-k workspace"));
+  SPECD_ASSIGN_OR_RETURN(cand_host_, cuda::PinnedMemory::Allocate(static_cast<size_t>(cands) * 8,
+                                                                  "EAGLE-3 tree candidates"));
   SPECD_ASSIGN_OR_RETURN(
-      ids_host_, cuda::PinnedMemory::Allocate(static_cast<size_t>(seqs) * 4, "EAGLE-3 ids"));
+      ids_host_, cuda::PinnedMemory::Allocate(static_cast<size_t>(rows) * 4, "EAGLE-3 ids"));
   SPECD_ASSIGN_OR_RETURN(logits_host_, cuda::PinnedMemory::Allocate(
-                                           static_cast<size_t>(seqs * dv * 4), "EAGLE-3 logits"));
+                                           static_cast<size_t>(rows * dv * 4), "EAGLE-3 logits"));
   SPECD_RETURN_IF_ERROR(alloc(
       workspace_, static_cast<int64_t>(kernels::PagedPrefillWorkspaceBytes(r, max_rows_, shape_)),
       "EAGLE-3 attention workspace"));
@@ -313,29 +329,39 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   const ModelConfig& l = config_.layer;
   const auto n = static_cast<int64_t>(end - begin);
   const int32_t bs = options_.block_size;
-  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * options_.max_seqs;
-  const int64_t write_base = pool_rows_ + int64_t{1 - prenorm_half_} * options_.max_seqs;
+  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
+  const int64_t write_base = pool_rows_ + int64_t{1 - prenorm_half_} * max_logit_rows_;
   std::vector<int32_t> tokens, positions, hidden, seq_lens, cu = {0}, logit_rows;
   std::vector<int64_t> slots;
-  // Groups: runs of one sequence's consecutive positions (the attention's "sequences").
+  // Groups: runs of one sequence's consecutive slots in one tree or none (the attention's
+  // "sequences").
   std::vector<size_t> group_first;
   int32_t width = 1, max_q_len = 1;
+  bool any_tree = false;
+  auto slot_of = [](const Row& r) { return r.slot >= 0 ? r.slot : r.position; };
   for (size_t i = begin; i < end; ++i) {
     const Row& r = rows[i];
-    const bool new_group =
-        i == begin || r.seq != rows[i - 1].seq || r.position != rows[i - 1].position + 1;
+    const int32_t slot = slot_of(r);
+    const bool new_group = i == begin || r.seq != rows[i - 1].seq ||
+                           slot != slot_of(rows[i - 1]) + 1 || r.tree != rows[i - 1].tree;
     if (new_group) group_first.push_back(i);
-    const int64_t block = r.position / bs;
-    if (r.position < 0 || r.position >= options_.max_model_len ||
-        block >= static_cast<int64_t>(r.block_table.size()) || r.token < 0 ||
-        r.token >= l.vocab_size) {
+    any_tree = any_tree || r.tree != nullptr;
+    const int64_t block = slot / bs;
+    const bool tree_ok =
+        r.tree == nullptr ||
+        (slot >= r.tree->start &&
+         slot - int64_t{r.tree->start} < static_cast<int64_t>(r.tree->parents.size()) &&
+         r.tree->parents.size() <= size_t{64} * kernels::kMaxTreeMaskWords);
+    if (r.position < 0 || r.position >= options_.max_model_len || slot < 0 ||
+        slot >= options_.max_model_len || block >= static_cast<int64_t>(r.block_table.size()) ||
+        r.token < 0 || r.token >= l.vocab_size || !tree_ok) {
       return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: row ", i, " (position ",
-                                                     r.position, ", token ", r.token,
-                                                     ") is malformed"));
+                                                     r.position, ", slot ", slot, ", token ",
+                                                     r.token, ") is malformed"));
     }
     tokens.push_back(r.token);
     positions.push_back(r.position);
-    slots.push_back(int64_t{r.block_table[block]} * bs + r.position % bs);
+    slots.push_back(int64_t{r.block_table[block]} * bs + slot % bs);
     if (r.hidden >= 0) {
       if (r.hidden >= pool_rows_) {
         return absl::InvalidArgumentError(
@@ -344,7 +370,7 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
       hidden.push_back(r.hidden);
     } else {
       const int64_t k = -int64_t{r.hidden} - 1;
-      if (k >= options_.max_seqs) {
+      if (k >= max_logit_rows_) {
         return absl::InvalidArgumentError(
             absl::StrCat("EAGLE-3 head: row ", i, " reads logits row ", k));
       }
@@ -356,7 +382,7 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   for (int32_t g = 0; g < num_groups; ++g) {
     const size_t first = group_first[g];
     const size_t last = (g + 1 < num_groups ? group_first[g + 1] : end) - 1;
-    const int32_t len = rows[last].position + 1;
+    const int32_t len = slot_of(rows[last]) + 1;
     seq_lens.push_back(len);
     cu.push_back(cu.back() + static_cast<int32_t>(last - first + 1));
     max_q_len = std::max(max_q_len, static_cast<int32_t>(last - first + 1));
@@ -373,11 +399,39 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   }
   const auto m = static_cast<int32_t>(logit_rows.size());
   *num_logits = m;
+  // Tree rows: each group's tree start (INT32_MAX: none) and each row's mask (its node's
+  // ancestors and itself, bits of the slots after the start).
+  std::vector<int32_t> tree_starts;
+  std::vector<uint64_t> masks;
+  size_t words = 1;
+  if (any_tree) {
+    for (size_t i = begin; i < end; ++i) {
+      if (rows[i].tree != nullptr)
+        words = std::max(words, (rows[i].tree->parents.size() + 63) / 64);
+    }
+    tree_starts.assign(static_cast<size_t>(num_groups), INT32_MAX);
+    masks.assign(static_cast<size_t>(n) * words, 0);
+    std::vector<int32_t> path;
+    for (int32_t g = 0; g < num_groups; ++g) {
+      const TokenTree* tree = rows[group_first[g]].tree;
+      if (tree != nullptr) tree_starts[g] = tree->start;
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const Row& r = rows[i];
+      if (r.tree == nullptr) continue;
+      path.clear();
+      AppendTreePath(r.tree->parents, slot_of(r) - r.tree->start, &path);
+      uint64_t* mask = masks.data() + (i - begin) * words;
+      for (int32_t a : path) mask[a / 64] |= uint64_t{1} << (a % 64);
+    }
+  }
   arena_.Reset();
   const size_t a_tokens = arena_.Push(tokens), a_pos = arena_.Push(positions),
                a_slots = arena_.Push(slots), a_hidden = arena_.Push(hidden),
                a_lens = arena_.Push(seq_lens), a_cu = arena_.Push(cu),
                a_tables = arena_.Push(tables_host_), a_rows = arena_.Push(logit_rows);
+  const size_t a_starts = any_tree ? arena_.Push(tree_starts) : 0;
+  const size_t a_masks = any_tree ? arena_.Push(masks) : 0;
   SPECD_RETURN_IF_ERROR(arena_.Upload(options_.stream));
   Pass p;
   p.tokens = arena_.At<int32_t>(a_tokens);
@@ -395,6 +449,12 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
   p.m = m;
   p.prenorm_dst = write_base + logits_base;
   p.logits_base = logits_base;
+  if (any_tree) {
+    tree_mask_.tree_starts = arena_.At<int32_t>(a_starts);
+    tree_mask_.masks = arena_.At<uint64_t>(a_masks);
+    tree_mask_.mask_words = static_cast<int32_t>(words);
+    p.tree = &tree_mask_;
+  }
   return Body(p);
 }
 
@@ -418,7 +478,7 @@ absl::Status CudaEagle3Compute::Body(const Pass& p) {
              "EmbeddingGather (tokens)"));
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::EmbeddingGather(p.hidden, n, table, 0,
-                                      pool_rows_ + 2 * int64_t{options_.max_seqs}, h, hin, st),
+                                      pool_rows_ + 2 * int64_t{max_logit_rows_}, h, hin, st),
              "EmbeddingGather (hidden inputs)"));
   SPECD_RETURN_IF_ERROR(Launch(kernels::RmsNorm(e, w_.input_norm, n, h, eps, e, st), "RmsNorm"));
   SPECD_RETURN_IF_ERROR(
@@ -445,7 +505,7 @@ absl::Status CudaEagle3Compute::Body(const Pass& p) {
       Launch(kernels::PagedPrefillAttention(qkv, qw, k_cache_, v_cache_, p.tables, p.table_stride,
                                             p.cu_q_lens, p.seq_lens, p.num_groups, n, p.max_q_len,
                                             shape_, attn_.as<__nv_bfloat16>(), q, workspace_.as(),
-                                            workspace_.bytes(), st),
+                                            workspace_.bytes(), st, p.tree),
              "PagedPrefillAttention"));
   SPECD_RETURN_IF_ERROR(Gemm(attn_.as<__nv_bfloat16>(), q, w_.o, n, h, q, hb, h, false));
   SPECD_RETURN_IF_ERROR(Launch(kernels::FusedAddRmsNorm(hb, resid, w_.post_norm, n, h, eps, hb, st),
@@ -476,16 +536,11 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
                                         std::vector<int32_t>* ids, std::vector<float>* logits) {
   ids->clear();
   logits->clear();
-  for (const Row& r : rows) {
-    if (r.tree != nullptr || (r.slot >= 0 && r.slot != r.position)) {
-      return absl::UnimplementedError("EAGLE-3 head: tree rows on the GPU (SupportsTrees)");
-    }
-  }
   int64_t m = 0;
   for (const Row& r : rows) m += r.logits ? 1 : 0;
-  if (m > options_.max_seqs || static_cast<int64_t>(host_logits.size()) != m) {
+  if (m > max_logit_rows_ || static_cast<int64_t>(host_logits.size()) != m) {
     return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", m, " rows draw (at most ",
-                                                   options_.max_seqs, ") with ", host_logits.size(),
+                                                   max_logit_rows_, ") with ", host_logits.size(),
                                                    " host-logits flags"));
   }
   if (rows.empty()) return absl::OkStatus();
@@ -497,11 +552,13 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
   if (!any_host && m == static_cast<int64_t>(rows.size())) {
     bool ran = false;
     SPECD_RETURN_IF_ERROR(RunStepGraph(rows, &ran));
+    last_logit_rows_ = static_cast<int32_t>(m);
     if (ran) {
       for (int64_t k = 0; k < m; ++k) ids->push_back(d2t_[ids_host_.as<int32_t>()[k]]);
       return absl::OkStatus();
     }
   }
+  last_logit_rows_ = static_cast<int32_t>(m);
   int32_t done = 0;
   for (size_t begin = 0; begin < rows.size(); begin += max_rows_) {
     const size_t end = std::min(rows.size(), begin + static_cast<size_t>(max_rows_));
@@ -543,11 +600,47 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
   return absl::OkStatus();
 }
 
+absl::Status CudaEagle3Compute::TopCandidates(int32_t k, std::vector<int32_t>* ids,
+                                              std::vector<float>* logprobs) {
+  const int32_t m = last_logit_rows_;
+  if (k < 1 || k > kernels::kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", k, " candidates a row"));
+  }
+  if (m == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
+  const size_t n = static_cast<size_t>(m) * k;
+  cudaStream_t st = options_.stream;
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::TopKRows(logits_.as<float>(), dv, m, dv, k, cand_ids_.as<int32_t>(),
+                               topk_workspace_.as(), topk_workspace_.bytes(), st),
+             "TopKRows (tree candidates)"));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::LogSoftmaxAt(logits_.as<float>(), dv, m, dv, cand_ids_.as<int32_t>(), k,
+                                   cand_logprobs_.as<float>(), st),
+             "LogSoftmaxAt (tree candidates)"));
+  auto* host_ids = cand_host_.as<int32_t>();
+  auto* host_lp = reinterpret_cast<float*>(host_ids + n);
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host_ids, cand_ids_.as(), n * 4, cudaMemcpyDeviceToHost, st),
+                  "EAGLE-3 head: candidates"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host_lp, cand_logprobs_.as(), n * 4, cudaMemcpyDeviceToHost, st),
+                  "EAGLE-3 head: candidates"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 head candidates"));
+  for (size_t i = 0; i < n; ++i) ids->push_back(d2t_[host_ids[i]]);
+  logprobs->insert(logprobs->end(), host_lp, host_lp + n);
+  return absl::OkStatus();
+}
+
 absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ran) {
   *ran = false;
   const auto num = static_cast<int32_t>(rows.size());
   if (options_.eager || k_cache_ == nullptr || num > options_.max_seqs) return absl::OkStatus();
-  for (size_t i = 1; i < rows.size(); ++i) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].tree != nullptr || (rows[i].slot >= 0 && rows[i].slot != rows[i].position)) {
+      return absl::OkStatus();  // tree rows run eagerly, with their masks
+    }
     for (size_t j = 0; j < i; ++j) {
       if (rows[j].seq == rows[i].seq) return absl::OkStatus();  // not one row per sequence
     }
@@ -564,7 +657,7 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
   auto* cu = reinterpret_cast<int32_t*>(in + g.cu);
   auto* slots = reinterpret_cast<int64_t*>(in + g.slots);
   int32_t* tables = graph_tables_host_.as<int32_t>();
-  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * options_.max_seqs;
+  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
   int32_t width = 1;
   cu[0] = 0;
   for (int32_t i = 0; i < bucket; ++i) {
@@ -584,7 +677,7 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
     const int32_t used = r.position / bs + 1;
     if (r.position < 0 || r.position >= options_.max_model_len || r.token < 0 ||
         r.token >= config_.layer.vocab_size || static_cast<int32_t>(r.block_table.size()) < used ||
-        (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > options_.max_seqs)) {
+        (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
       return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: draft row ", i, " (position ",
                                                      r.position, ", token ", r.token, ", hidden ",
                                                      r.hidden, ") is malformed"));
@@ -624,7 +717,7 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
     p.max_q_len = 1;
     p.n = bucket;
     p.m = bucket;
-    p.prenorm_dst = pool_rows_ + int64_t{half} * options_.max_seqs;
+    p.prenorm_dst = pool_rows_ + int64_t{half} * max_logit_rows_;
     SPECD_RETURN_IF_ERROR(CaptureStepGraph(bucket, half, p));
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(graphs_.at(key), st), "EAGLE-3 graph launch"));

@@ -78,6 +78,14 @@ class CudaEagle3Compute : public Eagle3Compute {
 
   const Eagle3Config& config() const override { return config_; }
   std::span<const int32_t> draft_to_target() const override { return d2t_; }
+  // Tree rows run eagerly with the attention's tree masks (kernels::AttentionTreeMask): a row's
+  // KV goes to its slot, its RoPE position is its depth's.
+  bool SupportsTrees() const override { return true; }
+  int32_t max_logit_rows() const override { return max_logit_rows_; }
+  // kernels::TopKRows and kernels::LogSoftmaxAt over the draft vocabulary's logits rows.
+  bool RanksOnDevice() const override { return true; }
+  absl::Status TopCandidates(int32_t k, std::vector<int32_t>* ids,
+                             std::vector<float>* logprobs) override;
   int32_t num_pool_regions() const override { return options_.max_seqs; }
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override;
@@ -98,6 +106,7 @@ class CudaEagle3Compute : public Eagle3Compute {
     int32_t table_stride = 0, num_groups = 0, max_q_len = 0, m = 0, logits_base = 0;
     int64_t n = 0;
     int64_t prenorm_dst = 0;  // table row of the first logits row's prenorm
+    const kernels::AttentionTreeMask* tree = nullptr;  // tree rows' masks (eager pieces)
   };
   explicit CudaEagle3Compute(const Options& options) : options_(options) {}
   // The kernels of one piece: embedding through the LM head of its rows that draw.
@@ -127,7 +136,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   int32_t max_rows_ = 0;  // rows of one piece
   const __nv_bfloat16* capture_ = nullptr;
   int64_t capture_rows_ = 0;
-  // table_: [pool rows | prenorm of the logits rows, two halves alternating by pass] x hidden.
+  // table_: [pool rows | prenorm of the logits rows, two halves of max_logit_rows_ alternating
+  // by pass] x hidden.
   cuda::DeviceMemory table_;
   int64_t pool_rows_ = 0;
   int32_t prenorm_half_ = 0;                       // the half the last pass wrote
@@ -136,11 +146,11 @@ class CudaEagle3Compute : public Eagle3Compute {
   cuda::DeviceMemory e_, hin_, resid_, h_;         // [max_rows, hidden] bf16
   cuda::DeviceMemory cat_;                         // [max_rows, 2 hidden] bf16
   cuda::DeviceMemory qkv_, attn_, gate_up_, act_;  // [max_rows, ...] bf16
-  cuda::DeviceMemory gathered_;                    // [max_seqs, hidden] bf16
-  cuda::DeviceMemory logits_;                      // [max_seqs, draft vocab] f32
-  cuda::DeviceMemory ids_;                         // [max_seqs] int32
-  cuda::PinnedMemory ids_host_;                    // [max_seqs] int32
-  cuda::PinnedMemory logits_host_;                 // [max_seqs, draft vocab] f32
+  cuda::DeviceMemory gathered_;                    // [max_logit_rows_, hidden] bf16
+  cuda::DeviceMemory logits_;                      // [max_logit_rows_, draft vocab] f32
+  cuda::DeviceMemory ids_;                         // [max_logit_rows_] int32
+  cuda::PinnedMemory ids_host_;                    // [max_logit_rows_] int32
+  cuda::PinnedMemory logits_host_;                 // [max_logit_rows_, draft vocab] f32
   cuda::DeviceMemory rope_, workspace_, kv_;
   __nv_bfloat16* k_cache_ = nullptr;
   __nv_bfloat16* v_cache_ = nullptr;
@@ -150,10 +160,16 @@ class CudaEagle3Compute : public Eagle3Compute {
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
   cuda::DeviceMemory graph_in_, graph_tables_;
   cuda::PinnedMemory graph_in_host_, graph_tables_host_;
-  int32_t scratch_block_ = 0;         // the KV block padding rows point at
-  cuda::UploadArena arena_;           // Forward's inputs
-  cuda::UploadArena fuse_arena_;      // Fuse's
-  std::vector<int32_t> tables_host_;  // scratch
+  int32_t scratch_block_ = 0;             // the KV block padding rows point at
+  cuda::UploadArena arena_;               // Forward's inputs
+  cuda::UploadArena fuse_arena_;          // Fuse's
+  std::vector<int32_t> tables_host_;      // scratch
+  kernels::AttentionTreeMask tree_mask_;  // a piece's tree masks, in arena_
+  int32_t last_logit_rows_ = 0;           // the last Forward's logits rows
+  int32_t max_logit_rows_ = 0;            // rows one Forward may draw from (max_logit_rows())
+  // TopCandidates: [max_seqs, kMaxTreeTopK] ids and log-probabilities, the top-k workspace.
+  cuda::DeviceMemory cand_ids_, cand_logprobs_, topk_workspace_;
+  cuda::PinnedMemory cand_host_;  // ids then log-probabilities
 };
 
 }  // namespace specd

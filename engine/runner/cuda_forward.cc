@@ -212,12 +212,20 @@ absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cu
     const int32_t* tables = a.block_tables + int64_t{seg.first_seq} * max_blocks_per_seq_;
     const int32_t* seq_lens = a.seq_lens + seg.first_seq;
     if (seg.kind == Kind::kDense) {
-      SPECD_RETURN_IF_ERROR(
-          Launch(kernels::PagedPrefillAttention(
-                     q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
-                     seg.cu_q_lens, seq_lens, seg.num_seqs, seg.num_tokens, seg.max_q_len, shape_,
-                     out, config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
-                 "PagedPrefillAttention (Vegas step)", layer));
+      // Token trees beside Vegas chunks: the segment's own rows of the step's masks.
+      kernels::AttentionTreeMask tree;
+      if (a.tree != nullptr) {
+        tree = *a.tree;
+        tree.tree_starts += seg.first_seq;
+        tree.masks += seg.first_token * tree.mask_words;
+      }
+      SPECD_RETURN_IF_ERROR(Launch(
+          kernels::PagedPrefillAttention(q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables,
+                                         max_blocks_per_seq_, seg.cu_q_lens, seq_lens, seg.num_seqs,
+                                         seg.num_tokens, seg.max_q_len, shape_, out,
+                                         config_.q_size(), workspace_.as(), workspace_.bytes(),
+                                         stream, a.tree != nullptr ? &tree : nullptr),
+          "PagedPrefillAttention (Vegas step)", layer));
       continue;
     }
     int32_t splits = std::max(1, kernels::ChooseVerifySplits(seg.num_seqs, seg.max_q_len,
@@ -263,11 +271,21 @@ absl::Status CudaForward::Attention(int32_t layer, const ForwardArgs& a, cudaStr
                   "PagedDecodeAttention", layer);
   }
   return Launch(
-      kernels::PagedPrefillAttention(qkv, qkv_stride_, k_cache_[layer], v_cache_[layer],
-                                     a.block_tables, max_blocks_per_seq_, a.cu_q_lens, a.seq_lens,
-                                     a.num_seqs, a.num_tokens, a.max_q_len, shape_, attn,
-                                     config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
-      "PagedPrefillAttention", layer);
+      kernels::PagedPrefillAttention(
+          qkv, qkv_stride_, k_cache_[layer], v_cache_[layer], a.block_tables, max_blocks_per_seq_,
+          a.cu_q_lens, a.seq_lens, a.num_seqs, a.num_tokens, a.max_q_len, shape_, attn,
+          config_.q_size(), workspace_.as(), workspace_.bytes(), stream, a.tree),
+      a.tree != nullptr ? "PagedPrefillAttention (token trees)" : "PagedPrefillAttention", layer);
+}
+
+absl::Status CudaForward::MoveKv(const int64_t* from, const int64_t* to, int32_t n,
+                                 cudaStream_t stream) {
+  if (n <= 0 || k_cache_.empty()) return absl::OkStatus();
+  // AllocateKv's layout: layer l's K at 2 l layer elements, its V one layer later.
+  const int64_t layer_elems = static_cast<int64_t>(kv_.bytes()) / 2 / (2 * config_.num_layers);
+  return Launch(kernels::MoveKvSlots(from, to, n, k_cache_[0], config_.num_layers, 2 * layer_elems,
+                                     layer_elems, shape_, stream),
+                "MoveKvSlots");
 }
 
 absl::Status CudaForward::Layer(int32_t l, const ForwardArgs& a, cudaStream_t stream) {

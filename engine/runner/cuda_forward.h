@@ -89,6 +89,8 @@ struct ForwardArgs {
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   // Vegas options (eager steps only; null: every sequence dense). Overrides `decode`.
   const ForwardVegas* vegas = nullptr;
+  // Token trees (eager steps, never `decode`): the attention's tree masks; null: none.
+  const kernels::AttentionTreeMask* tree = nullptr;
 };
 
 // The RoPE table of RopeInvFreq(rope, head_dim) for positions [0, max_positions): [max_positions,
@@ -144,6 +146,10 @@ class CudaForward {
     capture_layers_ = std::move(layer_ids);
     capture_ = buffer;
   }
+
+  // Token trees: every layer's K and V at slot from[i] copied to slot to[i], in order
+  // (kernels::MoveKvSlots). from, to: [n] int64, device.
+  absl::Status MoveKv(const int64_t* from, const int64_t* to, int32_t n, cudaStream_t stream);
 
   int64_t buffer_bytes() const { return buffer_bytes_; }
   int64_t kv_bytes() const { return static_cast<int64_t>(kv_.bytes()); }

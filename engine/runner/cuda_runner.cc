@@ -93,7 +93,7 @@ absl::Status CudaRunner::State::AllocateBuffers() {
   SPECD_ASSIGN_OR_RETURN(verify_out,
                          cuda::DeviceMemory::Allocate(4 * (4 * rows + 1), "verification results"));
   SPECD_ASSIGN_OR_RETURN(verify_host,
-                         cuda::PinnedMemory::Allocate(4 * 2 * rows, "verification results"));
+                         cuda::PinnedMemory::Allocate(4 * 3 * rows, "verification results"));
   return absl::OkStatus();
 }
 
@@ -206,6 +206,7 @@ absl::Status CudaRunner::State::Validate(std::span<const SequenceInput> batch) c
     };
     if (in.tokens.empty() || in.start_pos < 0) return bad("no tokens or a negative start_pos");
     if (in.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, in));
+    if (in.tree != nullptr) SPECD_RETURN_IF_ERROR(ValidateTree(s, in));
     if (end > max_model_len) {
       return bad(
           absl::StrCat("positions up to ", end - 1, " exceed max_model_len ", max_model_len));
@@ -374,13 +375,14 @@ absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
   // Captures a round graph on first use, before Prepare fills the staging buffers. Steps with
   // attention options (Vegas) run eagerly.
   State::GraphKey key;
-  if (!State::HasAttention(batch)) {
+  if (!State::HasAttention(batch) && !State::HasTree(batch)) {
     SPECD_ASSIGN_OR_RETURN(
         key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks, merge_k)));
   }
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, logit_rows, key));
   launch.merge_k = merge_k;  // also when the step runs eagerly
   SPECD_RETURN_IF_ERROR(s_->PrepareVegas(batch, &launch));
+  SPECD_RETURN_IF_ERROR(s_->PrepareTrees(batch, &launch));
   SPECD_RETURN_IF_ERROR(s_->Execute(launch));
   SPECD_RETURN_IF_ERROR(s_->EnqueueScoreWeights());
   if (s_->worker) return absl::OkStatus();  // a tensor-parallel worker stops after the logits
@@ -407,12 +409,13 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
   // Rows in chunk order, at least one per chunk: as many as chunks means one each, the last.
   // Attention options (Vegas draft steps, scored verification) run eagerly.
   State::GraphKey key;
-  if (!State::HasAttention(batch)) {
+  if (!State::HasAttention(batch) && !State::HasTree(batch)) {
     SPECD_ASSIGN_OR_RETURN(
         key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows.size() == batch.size())));
   }
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, rows, key));
   SPECD_RETURN_IF_ERROR(s_->PrepareVegas(batch, &launch));
+  SPECD_RETURN_IF_ERROR(s_->PrepareTrees(batch, &launch));
   const size_t vocab = static_cast<size_t>(s_->config.vocab_size);
   const bool copy = !s_->worker;  // a tensor-parallel worker runs the same launches, returns none
   if (copy) logits->assign(rows.size() * vocab, 0.0f);

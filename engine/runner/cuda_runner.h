@@ -73,6 +73,13 @@ class CudaRunner : public ModelRunner {
   absl::Status StepDraft(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                          std::span<const int32_t> slots, std::vector<SampleResult>* out) override;
 
+  // Token trees (cuda_runner_trees.cc) at world size 1 on a model without a sliding window:
+  // tree chunks run eagerly with the attention's tree masks (kernels::AttentionTreeMask);
+  // verification walks the trees on the device (kernels::VerifyTreeGreedy / VerifyTreeStochastic)
+  // and MoveKv is kernels::MoveKvSlots.
+  bool SupportsTokenTrees() const override;
+  absl::Status MoveKv(std::span<const KvSlotMove> moves) override;
+
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
   std::vector<int32_t> graph_batch_sizes() const;
   // Graph replays so far and the round graphs captured (tests and benchmarks check that

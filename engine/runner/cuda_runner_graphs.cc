@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/model/token_tree.h"
 #include "engine/runner/cuda_runner_state.h"
 
 namespace specd {
@@ -158,13 +159,19 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   At<int32_t>(h, l.cu_q_lens)[0] = 0;
   // Real chunks first, as an eager step lays them out, so every real row sees what it would see
   // eagerly (the attention and every other kernel are row-independent).
+  bool tree = false;
+  std::vector<int32_t> depths;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const SequenceInput& in = batch[s];
     const int32_t n = static_cast<int32_t>(in.tokens.size()), len = in.start_pos + n;
+    // A token tree's node sits in its own slot at the position of its depth.
+    if (in.tree != nullptr) TreeDepths(in.tree->parents, &depths);
+    tree = tree || in.tree != nullptr;
     for (int32_t i = 0; i < n; ++i, ++t) {
       const int32_t pos = in.start_pos + i;
       At<int32_t>(h, l.token_ids)[t] = in.tokens[i];
-      At<int32_t>(h, l.positions)[t] = pos;
+      At<int32_t>(h, l.positions)[t] =
+          in.tree == nullptr ? pos : in.tree->start + depths[pos - in.tree->start];
       At<int64_t>(h, l.slots)[t] =
           int64_t{in.block_table[pos / block_size]} * block_size + pos % block_size;
     }
@@ -205,7 +212,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   ForwardArgs& a = launch.args;
   a.num_tokens = padded_tokens;
   a.num_seqs = padded_seqs;
-  a.decode = graph ? key.q_len == 1 : decode;
+  a.decode = graph ? key.q_len == 1 : decode && !tree;  // trees need the masked kernels
   // Graphs replay for every context length up to max_model_len: their split count is fixed (the
   // verification attention fixes its own from the table width).
   a.num_splits =

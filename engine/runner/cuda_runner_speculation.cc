@@ -33,6 +33,8 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
     return s_->Sync("verification step");
   }
   SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
+  std::vector<int32_t> parents;  // token trees: every row's, in layout order
+  SPECD_ASSIGN_OR_RETURN(const bool trees, State::LayoutParents(batch, rows, drafts, &parents));
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
   // The ragged layout of kernels::DraftLayout is the expansion's: row i's K_i + 1 ids follow
   // the previous rows' (a draftless row is K_i = 0, its one id the drawn token).
@@ -48,23 +50,33 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   arena.Reset();
   const size_t cu_at = arena.Push(cu);
   const size_t drafts_at = draft_tokens.empty() ? 0 : arena.Push(draft_tokens);
+  const size_t parents_at = trees ? arena.Push(parents) : 0;
   SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
+  const int32_t max_rows = s_->limits.max_rows;
   int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, then packing
-  int32_t* next = accepted + s_->limits.max_rows;
-  kernels::PackArgs pack;
-  pack.cu_committed = next + s_->limits.max_rows;                       // [n + 1]
-  pack.committed_tokens = pack.cu_committed + s_->limits.max_rows + 1;  // [<= rows]
+  int32_t* next = accepted + max_rows;
   const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(kernels::VerifyGreedyAndPack(layout, arena.At<int32_t>(drafts_at),
-                                               s_->sampler->device_ids(), accepted, next, pack,
-                                               kernels::VerifyPackPath::kAuto, s_->stream),
-                  "VerifyGreedyAndPack"));
+  if (trees) {  // paths after next: [num_drafts] (<= max_rows)
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::VerifyTreeGreedy(layout, arena.At<int32_t>(drafts_at),
+                                  arena.At<int32_t>(parents_at), s_->sampler->device_ids(),
+                                  accepted, next, next + max_rows, s_->stream),
+        "VerifyTreeGreedy"));
+  } else {
+    kernels::PackArgs pack;
+    pack.cu_committed = next + max_rows;                       // [n + 1]
+    pack.committed_tokens = pack.cu_committed + max_rows + 1;  // [<= rows]
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::VerifyGreedyAndPack(layout, arena.At<int32_t>(drafts_at),
+                                                 s_->sampler->device_ids(), accepted, next, pack,
+                                                 kernels::VerifyPackPath::kAuto, s_->stream),
+                    "VerifyGreedyAndPack"));
+  }
   int32_t* host = s_->verify_host.as<int32_t>();
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, s_->stream),
-                  "copy of verification results"));
+  const size_t results = size_t{2} * max_rows + (trees ? static_cast<size_t>(cu[n]) : 0);
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host, accepted, results * sizeof(int32_t),
+                                                    cudaMemcpyDeviceToHost, s_->stream),
+                                    "copy of verification results"));
   SPECD_RETURN_IF_ERROR(s_->SyncStep("verification step"));
   std::vector<SampleResult> sampled;  // meaningful for logprobs rows only
   s_->sampler->Finish(expanded, &sampled);
@@ -76,7 +88,11 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
       continue;
     }
     r.num_accepted = host[i];
-    r.next.id = host[s_->limits.max_rows + i];
+    r.next.id = host[max_rows + i];
+    if (trees && !parents.empty() && batch[rows[i].chunk].tree != nullptr) {
+      const int32_t* path = host + 2 * max_rows + cu[i];
+      r.path.assign(path, path + r.num_accepted);
+    }
   }
   return absl::OkStatus();
 }
@@ -95,8 +111,20 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
     SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
     return s_->Sync("sampled verification step");
   }
-  SPECD_RETURN_IF_ERROR(
-      runner_internal::ExpandSampledVerifyRows(batch, rows, drafts, probs, vocab, &expanded));
+  std::vector<int32_t> path_tokens;
+  SPECD_RETURN_IF_ERROR(runner_internal::ExpandSampledVerifyRows(batch, rows, drafts, probs, vocab,
+                                                                 &expanded, &path_tokens));
+  std::vector<int32_t> parents;  // token trees: every row's, in layout order
+  SPECD_ASSIGN_OR_RETURN(const bool trees, State::LayoutParents(batch, rows, drafts, &parents));
+  if (trees) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!drafts[i].empty() && (probs[i].device != nullptr || !probs[i].host.empty())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StepSampledVerify: row ", i,
+                         " carries draft probabilities in a step with token trees"));
+      }
+    }
+  }
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
   // The ragged layout (kernels::DraftLayout) is the expansion's, as in StepGreedyVerify; the
   // logits buffer now holds p for every expanded row.
@@ -111,7 +139,15 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
     max_draft_len = std::max(max_draft_len, k);
     draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
     any_q = any_q || (k > 0 && (probs[i].device != nullptr || !probs[i].host.empty()));
-    for (int32_t j = 0; j < k; ++j) {
+    const bool tree = trees && batch[rows[i].chunk].tree != nullptr;
+    if (tree) {
+      State::TreeTestUniforms(rows[i], std::span<const int32_t>(parents).subspan(cu[i], k),
+                              &uniforms);
+      if (runner_internal::verify_accepts_every_draft_for_test) {
+        std::fill(uniforms.end() - k, uniforms.end(), 0.0f);
+      }
+    }
+    for (int32_t j = 0; j < k && !tree; ++j) {
       uniforms.push_back(runner_internal::verify_accepts_every_draft_for_test
                              ? 0.0f
                              : SpeculationUniform(rows[i].seed, rows[i].num_generated + j,
@@ -182,6 +218,7 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
   const size_t uniforms_at = arena.Push(uniforms);
   const size_t onehot_at = onehot_rows.empty() ? 0 : arena.Push(onehot_rows);
   const size_t onehot_cols_at = onehot_rows.empty() ? 0 : arena.Push(onehot_cols);
+  const size_t parents_at = trees ? arena.Push(parents) : 0;
   SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
   if (!onehot_rows.empty()) {
     SPECD_RETURN_IF_ERROR(
@@ -190,37 +227,56 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
                                         static_cast<int64_t>(onehot_rows.size()), 1.0f, s_->stream),
                     "ScatterF32 (one-hot q rows)"));
   }
-  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next
-  int32_t* next = accepted + s_->limits.max_rows;
+  const int32_t max_rows = s_->limits.max_rows;
+  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, tree paths
+  int32_t* next = accepted + max_rows;
   const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      kernels::VerifyStochastic(layout, arena.At<int32_t>(drafts_at), q, s_->forward->logits(),
-                                vocab, arena.At<float>(uniforms_at), accepted, next, s_->stream),
-      "VerifyStochastic"));
+  if (trees) {
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::VerifyTreeStochastic(layout, arena.At<int32_t>(drafts_at),
+                                      arena.At<int32_t>(parents_at), s_->forward->logits(), vocab,
+                                      arena.At<float>(uniforms_at), accepted, next, next + max_rows,
+                                      s_->stream),
+        "VerifyTreeStochastic"));
+  } else {
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::VerifyStochastic(layout, arena.At<int32_t>(drafts_at), q, s_->forward->logits(),
+                                  vocab, arena.At<float>(uniforms_at), accepted, next, s_->stream),
+        "VerifyStochastic"));
+  }
   int32_t* host = s_->verify_host.as<int32_t>();
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpyAsync(host, accepted, 2 * s_->limits.max_rows * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, s_->stream),
-                  "copy of verification results"));
+  const size_t results = size_t{2} * max_rows + (trees ? static_cast<size_t>(cu[n]) : 0);
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host, accepted, results * sizeof(int32_t),
+                                                    cudaMemcpyDeviceToHost, s_->stream),
+                                    "copy of verification results"));
   SPECD_RETURN_IF_ERROR(s_->SyncStep("sampled verification step"));
   out->resize(rows.size());
   for (int32_t i = 0; i < n; ++i) {
     GreedyVerifyResult& r = (*out)[i];
     r.num_accepted = host[i];
-    r.next.id = host[s_->limits.max_rows + i];
+    r.next.id = host[max_rows + i];
+    const bool tree = trees && batch[rows[i].chunk].tree != nullptr;
     if (r.next.id < 0 || r.num_accepted < 0 || r.num_accepted > cu[i + 1] - cu[i]) {
       return absl::InternalError(absl::StrCat("sampled verification: row ", i, " accepted ",
                                               r.num_accepted, " drafts and drew token ", r.next.id,
                                               " (a distribution without mass?)"));
     }
+    if (tree) {
+      const int32_t* path = host + 2 * max_rows + cu[i];
+      r.path.assign(path, path + r.num_accepted);
+    }
     const int32_t num_logprobs = rows[i].params->logprobs;
     if (num_logprobs < 0) continue;
+    // Each committed token's logprobs are the row of the node before it (the root's first).
     const size_t first = static_cast<size_t>(cu[i]) + i;  // row i's first expanded row
+    size_t node = 0;
     for (int32_t j = 0; j < r.num_accepted; ++j) {
+      const int32_t draft = tree ? r.path[j] : j;
       r.accepted.push_back(
-          RawTokenLogprobs(s_->sampler->RawRow(first + j), drafts[i][j], num_logprobs));
+          RawTokenLogprobs(s_->sampler->RawRow(first + node), drafts[i][draft], num_logprobs));
+      node = static_cast<size_t>(draft) + 1;
     }
-    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + r.num_accepted), r.next.id, num_logprobs);
+    r.next = RawTokenLogprobs(s_->sampler->RawRow(first + node), r.next.id, num_logprobs);
   }
   return absl::OkStatus();
 }

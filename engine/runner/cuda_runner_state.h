@@ -1,7 +1,8 @@
-// The CUDA runner's private state, shared by its three source files: cuda_runner.cc (creation,
-// buffers, plain steps), cuda_runner_graphs.cc (step inputs, CUDA-graph capture and replay) and
-// cuda_runner_speculation.cc (verification, draft steps, probability slots). Not part of the
-// runner's API: only those files include it. Engine thread only (as CudaRunner).
+// The CUDA runner's private state, shared by its source files: cuda_runner.cc (creation,
+// buffers, plain steps), cuda_runner_graphs.cc (step inputs, CUDA-graph capture and replay),
+// cuda_runner_speculation.cc (verification, draft steps, probability slots),
+// cuda_runner_trees.cc (token trees) and cuda_runner_vegas.cc (Vegas attention options). Not part
+// of the runner's API: only those files include it. Engine thread only (as CudaRunner).
 #pragma once
 
 #include <driver_types.h>
@@ -115,6 +116,27 @@ struct CudaRunner::State {
   // The end of a step: Sync, then the weights copied into their chunks' spans.
   absl::Status SyncStep(const char* what);
 
+  // cuda_runner_trees.cc: token trees (SequenceInput::tree) of eager steps.
+  bool TreesSupported() const;
+  static bool HasTree(std::span<const SequenceInput> batch);
+  // Validate's checks of chunk s's tree: the CPU Model's, plus what the tree masks hold.
+  absl::Status ValidateTree(size_t s, const SequenceInput& in) const;
+  // Plans the tree masks of an eager step's batch (tree_mask, uploaded through tree_arena) and
+  // points launch->args at them. Nothing without trees.
+  absl::Status PrepareTrees(std::span<const SequenceInput> batch, Launch* launch);
+  // Tree verification: every row's draft parents in kernels::DraftLayout order (a chain's -1,
+  // 0, 1, ...) and whether any row has a tree (*parents is left empty when none has). Rows and
+  // drafts are the verify call's, already expanded (their chunks checked).
+  static absl::StatusOr<bool> LayoutParents(std::span<const SequenceInput> batch,
+                                            std::span<const SampleRow> rows,
+                                            std::span<const std::span<const int32_t>> drafts,
+                                            std::vector<int32_t>* parents);
+  // The accept tests' uniforms of one tree row's drafts (`parents`: its drafts' parents),
+  // appended: TreeSpeculationUniform at the position of each draft's depth and its rank among
+  // its siblings.
+  static void TreeTestUniforms(const SampleRow& row, std::span<const int32_t> parents,
+                               std::vector<float>* uniforms);
+
   // cuda_runner_graphs.cc
   absl::Status WarmUpAndCapture();
   // The graph a validated batch with `num_rows` logits rows can replay, or an eager key: decode
@@ -184,12 +206,17 @@ struct CudaRunner::State {
   // Greedy verification (StepGreedyVerify): uploads, results on the device and read back.
   cuda::UploadArena verify_arena;
   cuda::DeviceMemory verify_out;   // [4 * max_rows + 1] int32, see StepGreedyVerify
-  cuda::PinnedMemory verify_host;  // [2 * max_rows] int32
+  cuda::PinnedMemory verify_host;  // [3 * max_rows] int32: accepted, next, tree paths
   // Device speculation: the draft rows' q for StepSampledVerify (gathered, grown on demand), and
   // StepDraft's probability slots.
   cuda::DeviceMemory verify_q;    // [num drafts, vocab] f32
   cuda::DeviceMemory prob_slots;  // [num_prob_slots, vocab] f32
   int32_t num_prob_slots = 0;
+  // Token trees (cuda_runner_trees.cc): the step's masks and their uploads; MoveKv's slots;
+  // tree verification's parents and paths.
+  kernels::AttentionTreeMask tree_mask;
+  cuda::UploadArena tree_arena;
+  cuda::UploadArena move_arena;
   // Vegas (cuda_runner_vegas.cc): the step's plan, its uploads, the collected scores on the
   // device, their head-averaged weights on the device (followed, at vegas_workspace_at, by the
   // reduction's workspace) and the weights' host copy (all grown on demand), and the chunks

@@ -10,6 +10,7 @@
 // next pass. Engine thread only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -72,6 +73,19 @@ class Eagle3Compute {
   // Whether Forward runs tree rows (Row::tree, Row::slot apart from the position); a compute
   // without them gets chains only (the speculator drafts a chain of the tree's depth).
   virtual bool SupportsTrees() const { return false; }
+  // Token trees on a device: TopCandidates ranks the last Forward's logits rows where they are
+  // (a tree level then copies k ids and log-probabilities per node, not whole rows).
+  virtual bool RanksOnDevice() const { return false; }
+  // Most rows with logits one Forward takes (a tree level's nodes count one each).
+  virtual int32_t max_logit_rows() const { return INT32_MAX; }
+  // For each logits row of the last Forward, in order: its k (<= 16) best draft-vocabulary
+  // tokens as target ids, best first (ties to the lower draft id), and their log-softmax over
+  // the draft vocabulary, appended to *ids and *logprobs (k per row). Unimplemented unless
+  // RanksOnDevice().
+  virtual absl::Status TopCandidates(int32_t /*k*/, std::vector<int32_t>* /*ids*/,
+                                     std::vector<float>* /*logprobs*/) {
+    return absl::UnimplementedError("EAGLE-3 head: candidates are ranked on the host");
+  }
 
   // Runs `rows` (a sequence's rows consecutive, slots ascending). For the rows with logits,
   // in order: (*ids)[k] the argmax over the draft vocabulary as a target id (lowest on ties);

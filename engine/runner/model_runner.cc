@@ -10,6 +10,7 @@
 #include "engine/runner/cpu_runner.h"
 #include "engine/sample/acceptance.h"
 #include "kernels/ref/sampling.h"
+#include "kernels/ref/verify.h"
 #ifdef SPECD_HAS_CUDA
 #include "engine/runner/cuda_runner.h"
 #endif
@@ -107,19 +108,69 @@ float SpeculationUniform(uint64_t seed, int64_t num_generated, SpeculationDraw k
   return std::min(u, 0x1.fffffep-1f);  // rounding to f32 may reach 1
 }
 
+float TreeSpeculationUniform(uint64_t seed, int64_t num_generated, int32_t sibling) {
+  // Bits 63 and 62 set: apart from SpeculationUniform's counters (bit 62 is never reached by
+  // their num_generated << 2) and the plain draws'.
+  const uint64_t counter = (uint64_t{3} << 62) | (static_cast<uint64_t>(num_generated) << 8) |
+                           static_cast<uint64_t>(sibling & 0xff);
+  const auto u = static_cast<float>(kernels::ref::PhiloxUniform(seed, counter));
+  return std::min(u, 0x1.fffffep-1f);
+}
+
 namespace runner_internal {
+
+absl::Status TreeDraftParents(const SequenceInput& chunk, size_t k, size_t row,
+                              std::vector<int32_t>* parents) {
+  parents->clear();
+  if (chunk.tree == nullptr) return absl::OkStatus();
+  const TokenTree& t = *chunk.tree;
+  if (t.start != chunk.start_pos || t.parents.size() != k + 1 || chunk.tokens.size() != k + 1 ||
+      t.parents[0] != -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verification: row ", row, "'s tree must cover its chunk (", k,
+                     " drafts after the root) from the chunk's first slot, the root first"));
+  }
+  for (size_t j = 0; j < k; ++j) {
+    const int32_t p = t.parents[j + 1];
+    if (p < 0 || static_cast<size_t>(p) > j) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verification: row ", row, "'s draft ", j, " has parent node ", p));
+    }
+    parents->push_back(p - 1);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
                                      std::span<const SampleRow> rows,
                                      std::span<const std::span<const int32_t>> drafts,
                                      std::span<const DraftProbs> probs, int64_t vocab,
-                                     std::vector<SampleRow>* expanded) {
+                                     std::vector<SampleRow>* expanded,
+                                     std::vector<int32_t>* path_tokens) {
   if (drafts.size() != rows.size() || probs.size() != rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat("StepSampledVerify: ", drafts.size(),
                                                    " drafts and ", probs.size(),
                                                    " probability sets for ", rows.size(), " rows"));
   }
   expanded->clear();
+  path_tokens->clear();
+  // Tree rows' paths: sized first (every node's depth), so the spans taken below stay valid.
+  std::vector<int32_t> parents, depths;
+  size_t path_total = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t k = drafts[i].size();
+    if (k == 0 || rows[i].chunk < 0 || static_cast<size_t>(rows[i].chunk) >= batch.size()) continue;
+    SPECD_RETURN_IF_ERROR(TreeDraftParents(batch[rows[i].chunk], k, i, &parents));
+    if (parents.empty()) continue;
+    if (probs[i].device != nullptr || !probs[i].host.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepSampledVerify: tree row ", i,
+                       " carries draft probabilities (trees take one-hot q)"));
+    }
+    TreeDepths(parents, &depths);
+    for (int32_t d : depths) path_total += static_cast<size_t>(d) + 1;
+  }
+  path_tokens->reserve(path_total);
   for (size_t i = 0; i < rows.size(); ++i) {
     const SampleRow& r = rows[i];
     const size_t k = drafts[i].size();
@@ -141,11 +192,21 @@ absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
           absl::StrCat("StepSampledVerify: row ", i, " has ", probs[i].host.size(),
                        " draft probabilities for ", k, " drafts of vocabulary ", vocab));
     }
+    SPECD_RETURN_IF_ERROR(TreeDraftParents(batch[r.chunk], k, i, &parents));
+    std::vector<int32_t> path;
     for (size_t j = 0; j <= k; ++j) {
       SampleRow row = r;
       row.token = static_cast<int32_t>(j);
-      row.pending = drafts[i].first(j);
-      row.num_generated = r.num_generated + static_cast<int64_t>(j);
+      if (parents.empty()) {
+        row.pending = drafts[i].first(j);
+      } else if (j > 0) {  // node j - 1's path: its ancestors' tokens and its own
+        path.clear();
+        AppendTreePath(parents, static_cast<int32_t>(j - 1), &path);
+        const size_t at = path_tokens->size();
+        for (int32_t node : path) path_tokens->push_back(drafts[i][node]);
+        row.pending = std::span<const int32_t>(*path_tokens).subspan(at, path.size());
+      }
+      row.num_generated = r.num_generated + static_cast<int64_t>(row.pending.size());
       if (row.num_generated >= r.params->min_tokens) row.banned = {};
       expanded->push_back(row);
     }
@@ -246,7 +307,7 @@ absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   std::vector<SampleResult> sampled;
   SPECD_RETURN_IF_ERROR(Step(batch, expanded, &sampled));
   out->assign(rows.size(), GreedyVerifyResult{});
-  std::vector<int32_t> target;
+  std::vector<int32_t> target, parents;
   size_t at = 0;  // first expanded row of rows[i]
   for (size_t i = 0; i < rows.size(); ++i) {
     GreedyVerifyResult& r = (*out)[i];
@@ -256,10 +317,21 @@ absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
     }
     target.clear();
     for (size_t j = 0; j <= drafts[i].size(); ++j) target.push_back(sampled[at + j].id);
+    at += drafts[i].size() + 1;
+    SPECD_RETURN_IF_ERROR(
+        runner_internal::TreeDraftParents(batch[rows[i].chunk], drafts[i].size(), i, &parents));
+    if (!parents.empty()) {  // the tree's walk (kernels::ref, the device kernel's reference)
+      const int32_t cu[2] = {0, static_cast<int32_t>(drafts[i].size())};
+      const kernels::ref::DraftLayout layout{cu, 1, cu[1]};
+      r.path.assign(drafts[i].size(), -1);
+      kernels::ref::VerifyTreeGreedy(layout, drafts[i].data(), parents.data(), target.data(),
+                                     &r.num_accepted, &r.next.id, r.path.data());
+      r.path.resize(static_cast<size_t>(r.num_accepted));
+      continue;
+    }
     const AcceptResult a = AcceptGreedy(drafts[i], target);
     r.num_accepted = a.num_accepted;
     r.next.id = a.next_token;
-    at += drafts[i].size() + 1;
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,9 @@ struct GreedyVerifyResult {
                              // (StepSampledVerify: for every row that asks)
   // StepSampledVerify, rows that ask for logprobs: the accepted drafts with theirs; else empty.
   std::vector<SampleResult> accepted;
+  // A token tree's row: the accepted drafts (indices into the row's drafts, root side first,
+  // num_accepted of them); empty for chains.
+  std::vector<int32_t> path;
 };
 
 // The distribution a row's drafts were drawn from, for StepSampledVerify: [k, vocab] f32 rows
@@ -128,6 +131,10 @@ enum class SpeculationDraw : uint32_t {
 };
 // The uniform in [0, 1) (as f32, below 1) of one such draw (kernels::ref::PhiloxUniform).
 float SpeculationUniform(uint64_t seed, int64_t num_generated, SpeculationDraw kind);
+// A token tree's accept test of the `sibling`-th child (best first, < 256) of a node whose
+// children sit at position num_generated (the tokens generated before them): siblings share a
+// position, so the sibling's rank is part of the counter (apart from every SpeculationUniform).
+float TreeSpeculationUniform(uint64_t seed, int64_t num_generated, int32_t sibling);
 
 class ModelRunner {
  public:
@@ -163,6 +170,11 @@ class ModelRunner {
   // drafts[i].size() + 1 is at most max_sample_rows(). The default runs Step over every drafted
   // position and compares on the host; the CUDA runner keeps the argmax ids on the device and
   // runs the ballot-scan verify-and-pack kernel, reading back two ints per row.
+  // Token trees (where SupportsTokenTrees()): a row whose chunk has a tree (SequenceInput::tree
+  // starting at the chunk's first slot, parents[0] == -1 the last committed token, parents[1 + j]
+  // draft j's parent + 1; runner_internal::TreeDraftParents) verifies the tree: the drafts kept
+  // are the path from the root that follows the target's choice (Acceptor::VerifyTree), in
+  // GreedyVerifyResult::path.
   virtual absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
                                         std::span<const SampleRow> rows,
                                         std::span<const std::span<const int32_t>> drafts,
@@ -184,6 +196,11 @@ class ModelRunner {
   // max_sample_rows(). Only accepted lengths and next tokens come back, and the raw logits rows
   // of rows that ask for logprobs (their committed tokens' logprobs are the host's, as Step's).
   // Unimplemented unless SamplesSpeculationOnDevice().
+  // Token trees (where SupportsTokenTrees(), chunks as StepGreedyVerify's): every node is a
+  // deterministic choice (probs[i] empty: q one-hot), verified by recursive rejection over
+  // siblings (Acceptor::VerifyTree's rule; kernels::VerifyTreeStochastic); p at a node counts
+  // its path's tokens as pending, and its accept tests' uniforms are TreeSpeculationUniform's.
+  // A batch with a tree takes only deterministic drafts (InvalidArgument for a row with q).
   virtual absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
                                          std::span<const SampleRow> rows,
                                          std::span<const std::span<const int32_t>> drafts,
@@ -268,12 +285,15 @@ inline bool verify_accepts_every_draft_for_test = false;
 
 // StepSampledVerify's argument checks and expansion: rows[i] becomes drafts[i].size() + 1 rows
 // (token j of its chunk, pending = drafts[i][0, j), num_generated + j, banned only while the
-// request is below min_tokens at that position), or stays one row.
+// request is below min_tokens at that position), or stays one row. A tree row's node (the root,
+// then draft j) gets its path's tokens as pending and num_generated + its depth (the root 0, a
+// root's child 1); those paths are kept in *path_tokens, which must outlive the expansion.
 absl::Status ExpandSampledVerifyRows(std::span<const SequenceInput> batch,
                                      std::span<const SampleRow> rows,
                                      std::span<const std::span<const int32_t>> drafts,
                                      std::span<const DraftProbs> probs, int64_t vocab,
-                                     std::vector<SampleRow>* expanded);
+                                     std::vector<SampleRow>* expanded,
+                                     std::vector<int32_t>* path_tokens);
 
 // The expansion alone, checking only the rows' shape against their chunks (a tensor-parallel
 // worker's rows carry no sampling state): each row with k drafts becomes k + 1 copies of it with
@@ -285,6 +305,13 @@ absl::Status ExpandDraftRows(std::span<const SequenceInput> batch, std::span<con
 absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                               std::span<const std::span<const int32_t>> drafts,
                               std::vector<SampleRow>* expanded);
+
+// The drafts' parents (-1: the root) of a verification chunk holding a tree of k drafts
+// (the verify calls' convention: chunk.tree starts at chunk.start_pos, covers the chunk,
+// parents[0] == -1 and no other root), into *parents; cleared for a chunk without a tree.
+// InvalidArgument naming `row` for a tree that breaks the convention.
+absl::Status TreeDraftParents(const SequenceInput& chunk, size_t k, size_t row,
+                              std::vector<int32_t>* parents);
 
 }  // namespace runner_internal
 

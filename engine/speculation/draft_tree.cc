@@ -37,8 +37,6 @@ void DraftTreeBuilder::Expand(int32_t node, std::span<const float> logits,
   double sum = 0;
   for (float x : scratch_) sum += std::exp(static_cast<double>(x) - max);
   const double log_sum = max + std::log(sum);
-  const double base = node < 0 ? 0.0 : nodes_[node].score;
-  const int32_t depth = node < 0 ? 0 : nodes_[node].depth + 1;
   // The top_k ids by logit, ties to the lower id.
   const int32_t k = std::min(top_k_, vocab);
   std::vector<int32_t> ids(vocab);
@@ -46,12 +44,32 @@ void DraftTreeBuilder::Expand(int32_t node, std::span<const float> logits,
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
     return scratch_[a] > scratch_[b] || (scratch_[a] == scratch_[b] && a < b);
   });
+  ids.resize(static_cast<size_t>(k));
+  logprobs_.clear();
+  for (int32_t id : ids) logprobs_.push_back(scratch_[id] - log_sum);
+  AddChildren(node, ids, logprobs_);
+}
+
+void DraftTreeBuilder::ExpandCandidates(int32_t node, std::span<const int32_t> ids,
+                                        std::span<const float> logprobs) {
+  const size_t k = std::min({static_cast<size_t>(top_k_), ids.size(), logprobs.size()});
+  candidates_.assign(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(k));
+  logprobs_.assign(logprobs.begin(), logprobs.begin() + static_cast<ptrdiff_t>(k));
+  AddChildren(node, candidates_, logprobs_);
+}
+
+void DraftTreeBuilder::AddChildren(int32_t node, std::vector<int32_t>& ids,
+                                   std::span<const double> logprobs) {
+  const double base = node < 0 ? 0.0 : nodes_[node].score;
+  const int32_t depth = node < 0 ? 0 : nodes_[node].depth + 1;
   int32_t num_children = 0;
-  while (num_children < k && std::isfinite(scratch_[ids[num_children]])) ++num_children;
+  while (num_children < std::ssize(logprobs) && std::isfinite(logprobs[num_children])) {
+    ++num_children;
+  }
   // Scores by rank, taken before the replay rewrites the ids: slot i keeps the model's i-th.
   const size_t first = nodes_.size();
   for (int32_t i = 0; i < num_children; ++i) {
-    nodes_.push_back(Node{ids[i], node, depth, base + scratch_[ids[i]] - log_sum});
+    nodes_.push_back(Node{ids[i], node, depth, base + logprobs[i]});
   }
   if (replay_ == nullptr || num_children == 0) return;
   path_.clear();

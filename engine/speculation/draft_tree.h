@@ -38,6 +38,11 @@ class DraftTreeBuilder {
   // it; ids in `banned` are never children (the replay's may be: it places the recorded token
   // as the chain's Draft does).
   void Expand(int32_t node, std::span<const float> logits, std::span<const int32_t> banned);
+  // Expand from candidates the drafter already ranked (on its device: Eagle3Compute::
+  // TopCandidates): `ids` best first with their log-probabilities under the drafter; the first
+  // top_k with a finite log-probability become the children (replayed as Expand's are).
+  void ExpandCandidates(int32_t node, std::span<const int32_t> ids,
+                        std::span<const float> logprobs);
   // The nodes whose logits expand the tree next: the top_k best of the deepest level, while
   // a deeper level is allowed (empty once the tree is complete). Each call moves one level on.
   std::vector<int32_t> NextLevel();
@@ -54,6 +59,10 @@ class DraftTreeBuilder {
   void Finish(std::vector<int32_t>* tokens, std::vector<int32_t>* parents) const;
 
  private:
+  // The children of `node`: ids[i] with log-probability logprobs[i], best first, up to the first
+  // non-finite one; the replay (set_replay) may rewrite ids.
+  void AddChildren(int32_t node, std::vector<int32_t>& ids, std::span<const double> logprobs);
+
   struct Node {
     int32_t token;
     int32_t parent;  // -1: a child of the root
@@ -70,6 +79,8 @@ class DraftTreeBuilder {
   const DraftReplay* replay_ = nullptr;  // set_replay
   std::span<const int32_t> context_;     // [num_tokens] the replayed sequence's tokens
   std::vector<int32_t> path_;            // scratch: a node's path for the replay
+  std::vector<int32_t> candidates_;      // scratch: ExpandCandidates' ids
+  std::vector<double> logprobs_;         // scratch: the children's log-probabilities
 };
 
 }  // namespace specd

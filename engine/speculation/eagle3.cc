@@ -1,6 +1,7 @@
 #include "engine/speculation/eagle3.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <numeric>
 
@@ -252,9 +253,15 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     // Logits rows come back in row order: each active sequence's (a chain's one, a tree level's
     // nodes) in turn.
     host_flags_.clear();
+    int32_t top_k = 0;  // candidates ranked on the device: the most any tree level takes
     for (const Active& a : active_) {
       if (a.tree >= 0) {
-        host_flags_.insert(host_flags_.end(), trees_[a.tree].level.size(), 1);
+        const DraftInput& in = inputs[a.input];
+        for (int32_t node : trees_[a.tree].level) {
+          const bool host = TreeRanksOnHost(in, trees_[a.tree], node);
+          host_flags_.push_back(host ? 1 : 0);
+          if (!host) top_k = std::max(top_k, std::max(in.tree_top_k, 1));
+        }
       } else {
         const DraftInput& in = inputs[a.input];
         host_flags_.push_back(
@@ -263,6 +270,13 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     }
     status = compute_->Forward(rows_, host_flags_, &ids_, &logits_);
     if (!status.ok()) break;
+    candidates_k_ = top_k;
+    candidate_ids_.clear();
+    candidate_logprobs_.clear();
+    if (top_k > 0) {
+      status = compute_->TopCandidates(top_k, &candidate_ids_, &candidate_logprobs_);
+      if (!status.ok()) break;
+    }
     TakeDrafts(inputs, drafts);
     PlanNextRows(inputs, *drafts);
   }
@@ -305,12 +319,19 @@ void Eagle3Speculator::TakeDrafts(std::span<const DraftInput> inputs, std::vecto
 void Eagle3Speculator::PlanNextRows(std::span<const DraftInput> inputs,
                                     const std::vector<Draft>& drafts) {
   rows_.clear();
+  // The pass draws from every chain's row and every tree level's nodes: trees share what the
+  // compute takes beyond the chains' rows.
+  int64_t num_trees = 0;
+  for (const Active& a : active_) num_trees += a.tree >= 0 ? 1 : 0;
+  const int64_t chains = static_cast<int64_t>(active_.size()) - num_trees;
+  const auto level_cap = static_cast<int32_t>(std::clamp<int64_t>(
+      num_trees > 0 ? (compute_->max_logit_rows() - chains) / num_trees : 1, 1, INT32_MAX));
   size_t kept = 0;
   for (size_t k = 0; k < active_.size(); ++k) {
     Active& a = active_[k];
     const DraftInput& in = inputs[a.input];
     if (a.tree >= 0) {
-      if (PlanLevel(in, trees_[a.tree])) active_[kept++] = a;
+      if (PlanLevel(in, trees_[a.tree], level_cap)) active_[kept++] = a;
       continue;
     }
     Eagle3Compute::Row row;

@@ -142,17 +142,25 @@ class Eagle3Speculator : public Speculator {
   // Expands the tree's level from its host logits rows [*host_row, ...) of the pass whose first
   // logits row for it is *row; advances both.
   void ExpandLevel(const DraftInput& in, TreeActive& t, int32_t* row, int64_t* host_row);
-  // Appends the next level's rows; false when the tree is complete.
-  bool PlanLevel(const DraftInput& in, TreeActive& t);
+  // Whether `node`'s children are chosen from its whole logits row on the host (bans apply, or
+  // the compute ranks none on its device) rather than from TopCandidates.
+  bool TreeRanksOnHost(const DraftInput& in, const TreeActive& t, int32_t node) const;
+  // Appends the next level's rows, at most `cap` (the compute's logits rows shared by the
+  // pass's trees); false when the tree is complete.
+  bool PlanLevel(const DraftInput& in, TreeActive& t, int32_t cap);
 
   Eagle3Compute* compute_;
   std::shared_ptr<const DraftReplay> replay_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;
   std::vector<int32_t> free_regions_;
-  std::vector<Active> active_;                // scratch
-  std::vector<TreeActive> trees_;             // scratch: this round's trees (rows point in)
-  std::vector<Eagle3Compute::Row> rows_;      // scratch: one head pass
-  std::vector<uint8_t> host_flags_;           // scratch: per logits row
+  std::vector<Active> active_;            // scratch
+  std::vector<TreeActive> trees_;         // scratch: this round's trees (rows point in)
+  std::vector<Eagle3Compute::Row> rows_;  // scratch: one head pass
+  std::vector<uint8_t> host_flags_;       // scratch: per logits row
+  // scratch: the pass's device-ranked candidates (Eagle3Compute::TopCandidates), k per row.
+  int32_t candidates_k_ = 0;
+  std::vector<int32_t> candidate_ids_;
+  std::vector<float> candidate_logprobs_;
   std::vector<int32_t> ids_;                  // scratch: the pass's argmax ids
   std::vector<float> logits_, probs_;         // scratch
   std::vector<int32_t> fuse_from_, fuse_to_;  // scratch: Fuse's rows (run at once)

@@ -36,6 +36,10 @@ void Eagle3Speculator::StartTree(const DraftInput& in, Active* a) {
   TreeActive& t = trees_.emplace_back();
   t.input = a->input;
   t.builder.Reset(in.tree_depth, std::max(in.tree_top_k, 1), in.num_draft_tokens);
+  // Controlled acceptance (benchmarks): greedy trees follow the recording, as chains do.
+  if (replay_ != nullptr && in.params != nullptr && in.params->greedy()) {
+    t.builder.set_replay(replay_.get(), in.tokens);
+  }
   // Node slots start after the catch-up's last row (position L - 2): the round's K slots from
   // the last committed token's on, which the target reserved (a head KV on its block tables).
   t.root_slot = static_cast<int32_t>(in.tokens.size()) - 1;
@@ -43,24 +47,38 @@ void Eagle3Speculator::StartTree(const DraftInput& in, Active* a) {
   t.level.assign(1, -1);  // the catch-up's logits row expands the root
 }
 
+bool Eagle3Speculator::TreeRanksOnHost(const DraftInput& in, const TreeActive& t,
+                                       int32_t node) const {
+  // Children of a node at depth d are drafts at depth d + 1 (the root's at 0); bans need the
+  // whole row.
+  const int32_t depth = node < 0 ? 0 : t.builder.depth(node) + 1;
+  return !compute_->RanksOnDevice() || depth < in.num_banned_positions;
+}
+
 void Eagle3Speculator::ExpandLevel(const DraftInput& in, TreeActive& t, int32_t* row,
                                    int64_t* host_row) {
   const int64_t vocab = compute_->config().layer.vocab_size;
   t.level_rows.clear();
   for (int32_t node : t.level) {
-    // Children of a node at depth d are drafts at depth d + 1 (the root's at 0).
-    const int32_t depth = node < 0 ? 0 : t.builder.depth(node) + 1;
-    const std::span<const int32_t> banned =
-        depth < in.num_banned_positions ? in.banned : std::span<const int32_t>();
-    t.builder.Expand(node, std::span<const float>(logits_).subspan((*host_row)++ * vocab, vocab),
-                     banned);
+    if (host_flags_[*row]) {
+      const int32_t depth = node < 0 ? 0 : t.builder.depth(node) + 1;
+      const std::span<const int32_t> banned =
+          depth < in.num_banned_positions ? in.banned : std::span<const int32_t>();
+      t.builder.Expand(node, std::span<const float>(logits_).subspan((*host_row)++ * vocab, vocab),
+                       banned);
+    } else {  // ranked on the device (TopCandidates)
+      const auto at = static_cast<size_t>(*row) * candidates_k_;
+      t.builder.ExpandCandidates(
+          node, std::span<const int32_t>(candidate_ids_).subspan(at, candidates_k_),
+          std::span<const float>(candidate_logprobs_).subspan(at, candidates_k_));
+    }
     t.level_rows.push_back((*row)++);
   }
 }
 
-bool Eagle3Speculator::PlanLevel(const DraftInput& in, TreeActive& t) {
+bool Eagle3Speculator::PlanLevel(const DraftInput& in, TreeActive& t, int32_t cap) {
   std::vector<int32_t> next = t.builder.NextLevel();
-  const auto room = static_cast<int32_t>(t.max_region - t.region_parents.size());
+  const auto room = std::min(cap, static_cast<int32_t>(t.max_region - t.region_parents.size()));
   if (static_cast<int32_t>(next.size()) > room) next.resize(std::max(room, 0));
   t.region_of_node.resize(t.builder.num_nodes(), -1);
   const std::vector<int32_t> expanded = std::move(t.level);  // the pass's, as t.level_rows

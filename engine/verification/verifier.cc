@@ -13,10 +13,16 @@ int64_t NumPositions(std::span<const Draft> drafts) {
   return n;
 }
 
-// Trees verify on the host for now (HostVerifier): the device verifiers take chains.
 bool AnyTree(std::span<const Draft> drafts) {
   return std::any_of(drafts.begin(), drafts.end(),
                      [](const Draft& d) { return !d.parents.empty(); });
+}
+
+// Sampled trees verify on the device only beside deterministic drafts (one-hot q everywhere).
+bool AnyDraftProbs(std::span<const Draft> drafts) {
+  return std::any_of(drafts.begin(), drafts.end(), [](const Draft& d) {
+    return !d.tokens.empty() && (d.device_probs != nullptr || !d.probs.empty());
+  });
 }
 
 bool AnyDrafts(std::span<const Draft> drafts) {
@@ -47,9 +53,13 @@ void ToOutcomes(std::span<const Draft> drafts, std::vector<GreedyVerifyResult>& 
     if (!v.accepted.empty()) {  // with their logprobs
       for (SampleResult& a : v.accepted) o.tokens.push_back(std::move(a));
     } else {
-      for (int32_t j = 0; j < v.num_accepted; ++j) o.tokens.push_back({tokens[j], 0.0f, {}, {}});
+      for (int32_t j = 0; j < v.num_accepted; ++j) {
+        const int32_t draft = v.path.empty() ? j : v.path[j];
+        o.tokens.push_back({tokens[draft], 0.0f, {}, {}});
+      }
     }
     o.tokens.push_back(std::move(v.next));
+    o.path = std::move(v.path);
   }
 }
 
@@ -58,7 +68,7 @@ void ToOutcomes(std::span<const Draft> drafts, std::vector<GreedyVerifyResult>& 
 // ---- GreedyVerifier ----
 
 bool GreedyVerifier::Fits(std::span<const SampleRow> rows, std::span<const Draft> drafts) const {
-  if (AnyTree(drafts)) return false;
+  if (AnyTree(drafts) && !runner_->SupportsTokenTrees()) return false;
   for (size_t k = 0; k < rows.size() && k < drafts.size(); ++k) {
     if (drafts[k].tokens.empty()) continue;
     const SamplingParams& p = *rows[k].params;
@@ -97,9 +107,8 @@ absl::Status GreedyVerifier::Verify(const VerifyInput& in, std::vector<RowOutcom
 // ---- SampledVerifier ----
 
 bool SampledVerifier::Fits(std::span<const SampleRow> rows, std::span<const Draft> drafts) const {
-  if (!runner_->SamplesSpeculationOnDevice() || rows.size() != drafts.size() || AnyTree(drafts)) {
-    return false;
-  }
+  if (!runner_->SamplesSpeculationOnDevice() || rows.size() != drafts.size()) return false;
+  if (AnyTree(drafts) && (!runner_->SupportsTokenTrees() || AnyDraftProbs(drafts))) return false;
   return NumPositions(drafts) <= runner_->max_sample_rows();
 }
 

@@ -17,6 +17,9 @@
 // - HostVerifier: every drafted position's logits come to the host and the request's Acceptor
 //   verifies them (processed distributions, rejection sampling, logprobs): the exact path, and
 //   the oracle the others are tested against.
+// Token trees (Draft::parents) go to the first two where the runner takes trees
+// (ModelRunner::SupportsTokenTrees; SampledVerifier only when no drafted row of the step carries
+// q, as tree nodes are one-hot); RowOutcome::path names the drafts kept.
 // Engine thread only.
 #pragma once
 

@@ -1,9 +1,9 @@
-// Sampling ops of the table: "argmax", "top_k_rows", "penalties", "sample", "processed_probs" and
-// "scatter_rows", against kernels/ref/sampling.h. Ids and copies are compared exactly. "sample"
-// draws with the same Philox uniforms as the reference (checked bit for bit as the "uniforms"
-// output), so its ids must equal the reference's except where the fp32 kernel and the fp64
-// reference may legitimately round differently: a draw within kCdfEps of a CDF boundary (the
-// kernel's token must then be a kept neighbour whose interval lies that close), or a filter
+// Sampling ops of the table: "argmax", "top_k_rows", "log_softmax_at", "penalties", "sample",
+// "processed_probs" and "scatter_rows", against kernels/ref/sampling.h. Ids and copies are compared
+// exactly. "sample" draws with the same Philox uniforms as the reference (checked bit for bit as
+// the "uniforms" output), so its ids must equal the reference's except where the fp32 kernel and
+// the fp64 reference may legitimately round differently: a draw within kCdfEps of a CDF boundary
+// (the kernel's token must then be a kept neighbour whose interval lies that close), or a filter
 // decision within kFilterMargin of its threshold. Such rows are counted as "baseline" (tolerated)
 // mismatches; any other mismatch fails. "processed_probs" is judged the same way: a row with a
 // filter decision within kFilterMargin of its threshold is tolerated; elsewhere greedy rows must
@@ -188,6 +188,64 @@ class TopKCase : public OpCase {
   DeviceBuffer logits_;     // [num_rows, stride] f32
   DeviceBuffer ids_;        // [num_rows, k] int32
   DeviceBuffer workspace_;  // TopKWorkspaceBytes
+};
+
+// The tree drafters' child scores: ids from the reference's top-k (the kernel's inputs), values
+// within kLogSoftmaxTolerance of the fp64 log-softmax (fp32 sums of __expf over up to 152K
+// logits), -inf exactly where the reference has it.
+constexpr double kLogSoftmaxTolerance = 1e-4;
+
+class LogSoftmaxAtCase : public OpCase {
+ public:
+  explicit LogSoftmaxAtCase(const SamplingParams& p)
+      : p_(p),
+        logits_(p.num_rows * Stride(p) * sizeof(float)),
+        ids_(p.num_rows * p.k * sizeof(int32_t)),
+        out_(p.num_rows * p.k * sizeof(float)) {
+    std::mt19937_64 rng = RngFor(p, 7);
+    host_logits_ = MakeLogits(p, rng);
+    logits_.Upload(host_logits_);
+    host_ids_.resize(p.num_rows * p.k);
+    ref::TopKRows(host_logits_.data(), Stride(p), static_cast<int32_t>(p.num_rows), p.vocab, p.k,
+                  host_ids_.data());
+    if (p.num_rows > 1) host_ids_[p.k] = p.vocab;  // an id outside the row: -inf
+    ids_.Upload(host_ids_);
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return LogSoftmaxAt(logits_.as<float>(), Stride(p_), static_cast<int32_t>(p_.num_rows),
+                        p_.vocab, ids_.as<int32_t>(), p_.k, out_.as<float>(), stream);
+  }
+
+  // Every logit read twice (the second pass from L2 at these sizes), k values written.
+  int64_t BytesMoved() const override {
+    return p_.num_rows * (p_.vocab + 2 * p_.k) * static_cast<int64_t>(sizeof(float));
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    out_.Poison();
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<double> wide = Widen(host_logits_);
+    std::vector<double> expected(p_.num_rows * p_.k);
+    ref::LogSoftmaxAt(wide.data(), Stride(p_), static_cast<int32_t>(p_.num_rows), p_.vocab,
+                      host_ids_.data(), p_.k, expected.data());
+    const std::vector<float> got = out_.Download<float>();
+    int64_t failures = got.size() == expected.size() ? 0 : 1;
+    for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+      const bool both_inf = std::isinf(expected[i]) && got[i] == expected[i];
+      if (!both_inf && !(std::abs(got[i] - expected[i]) <= kLogSoftmaxTolerance)) ++failures;
+    }
+    return {CountCheck("log_softmax", failures, 0)};
+  }
+
+ private:
+  SamplingParams p_;
+  std::vector<float> host_logits_;
+  std::vector<int32_t> host_ids_;
+  DeviceBuffer logits_;  // [num_rows, stride] f32
+  DeviceBuffer ids_;     // [num_rows, k] int32
+  DeviceBuffer out_;     // [num_rows, k] f32
 };
 
 class PenaltiesCase : public OpCase {
@@ -618,6 +676,15 @@ void AddSamplingOps(std::vector<OpSpec>* table) {
                              {64, 151936, 0, 0, 0, 16},
                              {64, 128256, 0, 0, 0, 1}},
                             [](const SamplingParams& p) { return std::make_unique<TopKCase>(p); }));
+  table->push_back(
+      MakeSpec("log_softmax_at",
+               {{1, 128256, 4, 0, 0, 16},
+                {4, 32000, 0, 0, 0, 4},
+                {7, 1001, 3, 0, 0, 8},
+                {16, 151936, 0, 0, 0, 4},
+                {5, 50, 1, 0, 0, 2}},
+               {{64, 32000, 0, 0, 0, 4}, {16, 128256, 0, 0, 0, 4}},
+               [](const SamplingParams& p) { return std::make_unique<LogSoftmaxAtCase>(p); }));
   table->push_back(
       MakeSpec("penalties",
                {{4, 128256, 0, 2000, 500},

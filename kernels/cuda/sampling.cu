@@ -32,6 +32,15 @@ cudaError_t ArgmaxRows(const float* logits, int64_t stride, int32_t num_rows, in
   return cudaGetLastError();
 }
 
+cudaError_t LogSoftmaxAt(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                         const int32_t* ids, int32_t k, float* out, cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) || k < 1 || k > kMaxTopK) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  LogSoftmaxAtKernel<<<static_cast<unsigned>(num_rows), kArgmaxThreads, 0, stream>>>(
+      logits, stride, vocab, RowsVec4(logits, stride), ids, k, out);
+  return cudaGetLastError();
+}
+
 size_t TopKWorkspaceBytes(int32_t num_rows, int32_t vocab, int32_t k) {
   if (num_rows <= 0 || vocab <= kTopKChunk || k <= 0) return 0;  // one chunk: no merge
   return static_cast<size_t>(num_rows) * static_cast<size_t>(TopKChunks(vocab)) *

@@ -537,6 +537,30 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (threadIdx.x == 0) out_ids[blockIdx.x] = best.index;
 }
 
+// One block per row: the row's max, the sum of exp(logit - max), then k gathered values.
+__global__ void __launch_bounds__(kArgmaxThreads)
+    LogSoftmaxAtKernel(const float* __restrict__ logits, int64_t stride, int vocab, bool vec4,
+                       const int32_t* __restrict__ ids, int k, float* __restrict__ out) {
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * stride;
+  ArgmaxPair best{-INFINITY, INT32_MAX};
+  ForEachLogit(row, vocab, vec4, [&](int i, float logit) { best.Merge(NanAsNegInf(logit), i); });
+  const float max = BlockArgmax(best).value;
+  float sum = 0.0f;
+  if (max > -INFINITY) {
+    ForEachLogit(row, vocab, vec4, [&](int, float logit) {
+      const float v = NanAsNegInf(logit);
+      sum += v > -INFINITY ? __expf(v - max) : 0.0f;
+    });
+  }
+  const float lse = max + __logf(BlockReduceSum(sum));
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int64_t at = static_cast<int64_t>(blockIdx.x) * k + threadIdx.x;
+    const int32_t id = ids[at];
+    const float v = id >= 0 && id < vocab ? NanAsNegInf(row[id]) : -INFINITY;
+    out[at] = max > -INFINITY && v > -INFINITY ? v - lse : -INFINITY;
+  }
+}
+
 constexpr uint32_t kClaimedBit = 0x80000000u;
 
 // One block per row. counts is the row's [vocab] uint32 slice of the workspace; only the entries

@@ -48,6 +48,17 @@ cudaError_t TopKRows(const float* logits, int64_t stride, int32_t num_rows, int3
                      int32_t k, int32_t* out_ids, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);
 
+// The log-softmax of each row at k given ids (a token tree's children scores, engine/speculation/
+// draft_tree.h): out[r, j] = logits[r, ids[r, j]] - log(sum_v exp(logits[r, v])), max-subtracted
+// with fp32 sums; NaN counts as -inf; an id outside [0, vocab), or a row without a finite logit,
+// gives -inf. One block per row.
+//   logits  [num_rows, vocab] f32, device, in; row stride `stride` elements
+//   ids     [num_rows, k] int32, device, in
+//   out     [num_rows, k] f32, device, out
+// cudaErrorInvalidValue unless 1 <= vocab <= stride, num_rows >= 0 and 1 <= k <= kMaxTopK.
+cudaError_t LogSoftmaxAt(const float* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                         const int32_t* ids, int32_t k, float* out, cudaStream_t stream);
+
 // Repetition, presence and frequency penalties in place (vLLM's apply_penalties):
 // for every token t that occurs in the row's prompt or output: repetition penalty r divides a
 // positive logit by r and multiplies a negative one by r; for tokens in the output with count c:

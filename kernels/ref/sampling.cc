@@ -108,6 +108,28 @@ void TopKRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab, 
 }
 
 template <typename T>
+void LogSoftmaxAt(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                  const int32_t* ids, int32_t k, T* out) {
+  const T inf = std::numeric_limits<T>::infinity();
+  for (int32_t r = 0; r < num_rows; ++r) {
+    const T* row = logits + r * stride;
+    T max = -inf;
+    for (int32_t v = 0; v < vocab; ++v) max = std::max(max, NanAsNegInf(row[v]));
+    T sum = 0;
+    for (int32_t v = 0; v < vocab && max > -inf; ++v) {
+      const T x = NanAsNegInf(row[v]);
+      if (x > -inf) sum += std::exp(x - max);
+    }
+    const T lse = max + std::log(sum);
+    for (int32_t j = 0; j < k; ++j) {
+      const int32_t id = ids[static_cast<int64_t>(r) * k + j];
+      const T x = id >= 0 && id < vocab ? NanAsNegInf(row[id]) : -inf;
+      out[static_cast<int64_t>(r) * k + j] = max > -inf && x > -inf ? x - lse : -inf;
+    }
+  }
+}
+
+template <typename T>
 void ApplyPenalties(T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
                     const int32_t* prompt_ids, const int32_t* prompt_offsets,
                     const int32_t* output_ids, const int32_t* output_offsets,
@@ -229,17 +251,18 @@ T RawLogprob(const T* logits, int32_t vocab, int32_t id) {
   return NanAsNegInf(logits[id]) - m - std::log(sum);
 }
 
-#define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                         \
-  template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);                     \
-  template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);              \
-  template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*, const int32_t*,  \
-                                  const int32_t*, const int32_t*, const float*);                  \
-  template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);                   \
-  template int32_t InverseCdf<T>(const T*, int32_t, double);                                      \
-  template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);                  \
-  template void ProcessedProbs<T>(const T*, int64_t, int32_t, int32_t, const SampleParams*, T*,   \
-                                  int64_t);                                                       \
-  template void ScatterRows<T>(const T*, int64_t, int32_t, int32_t, const int32_t*, T*, int64_t); \
+#define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                          \
+  template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);                      \
+  template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);               \
+  template void LogSoftmaxAt<T>(const T*, int64_t, int32_t, int32_t, const int32_t*, int32_t, T*); \
+  template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*, const int32_t*,   \
+                                  const int32_t*, const int32_t*, const float*);                   \
+  template FilteredRow<T> FilterRow<T>(const T*, int32_t, const SampleParams&);                    \
+  template int32_t InverseCdf<T>(const T*, int32_t, double);                                       \
+  template int32_t SampleRow<T>(const T*, int32_t, const SampleParams&, double);                   \
+  template void ProcessedProbs<T>(const T*, int64_t, int32_t, int32_t, const SampleParams*, T*,    \
+                                  int64_t);                                                        \
+  template void ScatterRows<T>(const T*, int64_t, int32_t, int32_t, const int32_t*, T*, int64_t);  \
   template T RawLogprob<T>(const T*, int32_t, int32_t);
 SPECD_SAMPLING_REF_INSTANTIATE(float)
 SPECD_SAMPLING_REF_INSTANTIATE(double)

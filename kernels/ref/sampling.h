@@ -88,6 +88,15 @@ template <typename T>
 void TopKRows(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab, int32_t k,
               int32_t* out_ids);
 
+// The log-softmax of each row at k given ids (kernels/cuda/sampling.h LogSoftmaxAt): out[r, j] =
+// logits[r, ids[r, j]] - log(sum_v exp(logits[r, v])), max-subtracted; NaN counts as -inf; an
+// id outside [0, vocab), or a row without a finite logit, gives -inf.
+//   logits [num_rows, vocab] T, host, in; row stride `stride`
+//   ids    [num_rows, k] int32, host, in;   out [num_rows, k] T, host, out
+template <typename T>
+void LogSoftmaxAt(const T* logits, int64_t stride, int32_t num_rows, int32_t vocab,
+                  const int32_t* ids, int32_t k, T* out);
+
 // Repetition, presence and frequency penalties in place (vLLM's apply_penalties, the CPU
 // Sampler's order): every distinct in-range token of the row's prompt or output once gets
 // v = v > 0 ? v / repetition : v * repetition; then a token with c > 0 output occurrences gets
@@ -154,6 +163,8 @@ T RawLogprob(const T* logits, int32_t vocab, int32_t id);
 #define SPECD_SAMPLING_REF_EXTERN(T)                                                               \
   extern template void ArgmaxRows<T>(const T*, int64_t, int32_t, int32_t, int32_t*);               \
   extern template void TopKRows<T>(const T*, int64_t, int32_t, int32_t, int32_t, int32_t*);        \
+  extern template void LogSoftmaxAt<T>(const T*, int64_t, int32_t, int32_t, const int32_t*,        \
+                                       int32_t, T*);                                               \
   extern template void ApplyPenalties<T>(T*, int64_t, int32_t, int32_t, const int32_t*,            \
                                          const int32_t*, const int32_t*, const int32_t*,           \
                                          const float*);                                            \

@@ -171,6 +171,23 @@ TEST(TopKRowsTest, NanAndNegInfRankLastAmongThemselvesById) {
   EXPECT_EQ(TopK(banned, 4, 1, 4, 2), (std::vector<int32_t>{0, 1}));
 }
 
+TEST(LogSoftmaxAtTest, ExpOfEveryIdSumsToOneAndOutOfRangeOrEmptyRowsAreNegInf) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Row 0: four finite logits, one NaN (ignored) and -inf; row 1: nothing finite.
+  const std::vector<float> logits = {1.0f,  -2.0f, 3.5f,  0.25f, std::nanf(""), -kInf,
+                                     -kInf, -kInf, -kInf, -kInf, -kInf,         -kInf};
+  const std::vector<int32_t> ids = {0, 1, 2, 3, 4, 6, 0, 1, 2, 3, 4, 5};
+  std::vector<float> out(ids.size());
+  ref::LogSoftmaxAt(logits.data(), 6, 2, 6, ids.data(), 6, out.data());
+  double sum = 0;
+  for (int j = 0; j < 4; ++j) sum += std::exp(double{out[j]});
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  EXPECT_NEAR(out[2] - out[0], 2.5f, 1e-6);
+  EXPECT_EQ(out[4], -kInf);  // NaN
+  EXPECT_EQ(out[5], -kInf);  // id 6 is outside the row
+  for (int j = 6; j < 12; ++j) EXPECT_EQ(out[j], -kInf);
+}
+
 TEST(ApplyPenaltiesTest, RepetitionOncePerTokenFrequencyPerOccurrence) {
   // Row 0: prompt {1, 1, 3}, output {1, 2, 2, 2, 7 (out of range), -1}.
   // Row 1: penalties off. Row 2: repetition only, prompt {0}, no output.

@@ -384,6 +384,16 @@ for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-q
     --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
     --replay-alpha 0.8
 done
+# Token trees (issue 33 point 2): the same shapes and replay (each recorded token among a node's
+# children with probability alpha), the head's chain K 7 beside its trees and the draft model's.
+for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-qwen3-8b qwen3-0.6b"; do
+  read -r target head draft <<<"$shapes"
+  run_step "tree_replay_bench $target" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+    --model "$DIR/models/shapes/$target" --draft "$DIR/models/shapes/$draft" \
+    --eagle3 "models/shapes/$head" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --ks 7 --trees 4/2/8,7/2/14,8/4/24 \
+    --max-tokens 128 --repeats 1 --replay-alpha 0.8
+done
 # Parallel drafting (issue 33): a PARD-style Llama-3.2-1B-shaped draft (models/shapes, random
 # weights, its pard_token) drafts K 7 in one pass for the 8B-shaped target; same replay.
 run_step "pard_replay_bench llama-3.1-8b" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
