@@ -47,6 +47,7 @@ CudaEagle3Compute::~CudaEagle3Compute() {
   cudaSetDevice(options_.device);
   if (options_.stream != nullptr) cudaStreamSynchronize(options_.stream);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : chain_graphs_) cudaGraphExecDestroy(exec);
 }
 
 absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> CudaEagle3Compute::Create(
@@ -208,6 +209,17 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(graph_in_, static_cast<int64_t>(in_bytes), "EAGLE-3 graph inputs"));
   SPECD_ASSIGN_OR_RETURN(graph_in_host_,
                          cuda::PinnedMemory::Allocate(in_bytes, "EAGLE-3 graph inputs"));
+  const int64_t chain_ids = int64_t{kMaxChainSteps} * seqs;
+  SPECD_RETURN_IF_ERROR(alloc(chain_ids_, chain_ids * 4, "EAGLE-3 chain ids"));
+  SPECD_ASSIGN_OR_RETURN(chain_ids_host_, cuda::PinnedMemory::Allocate(
+                                              static_cast<size_t>(chain_ids) * 4, "EAGLE-3 ids"));
+  SPECD_RETURN_IF_ERROR(alloc(d2t_dev_, dv * 4, "EAGLE-3 draft map"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(d2t_dev_.as(), d2t_.data(), static_cast<size_t>(dv) * 4,
+                                  cudaMemcpyHostToDevice, options_.stream),
+                  "EAGLE-3 head: draft map"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head: draft map"));
   const int64_t table_bytes = seqs * max_blocks_per_seq_ * 4;
   SPECD_RETURN_IF_ERROR(alloc(graph_tables_, table_bytes, "EAGLE-3 graph block tables"));
   SPECD_ASSIGN_OR_RETURN(
@@ -219,30 +231,6 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   buffer_bytes_ += static_cast<int64_t>(kGemmWorkspaceBytes);
   return absl::OkStatus();
 }
-
-namespace {
-
-// A draft-step graph's inputs for `seqs` rows, one region each (int32 unless said):
-// tokens, positions, hidden, seq_lens, rows, cu_q_lens [seqs + 1], slots [seqs] int64.
-struct GraphLayout {
-  size_t tokens, positions, hidden, seq_lens, rows, cu, slots, bytes;
-  explicit GraphLayout(int64_t seqs) {
-    const auto n = static_cast<size_t>(seqs);
-    const size_t ints = (4 * n + 15) / 16 * 16;
-    tokens = 0;
-    positions = ints;
-    hidden = 2 * ints;
-    seq_lens = 3 * ints;
-    rows = 4 * ints;
-    cu = 5 * ints;
-    slots = cu + (4 * (n + 1) + 15) / 16 * 16;
-    bytes = slots + 8 * n;
-  }
-};
-
-}  // namespace
-
-size_t CudaEagle3Compute::GraphInBytes(int64_t seqs) { return GraphLayout(seqs).bytes; }
 
 int64_t CudaEagle3Compute::KvBlockBytes() const {
   const ModelConfig& l = config_.layer;
@@ -630,134 +618,6 @@ absl::Status CudaEagle3Compute::TopCandidates(int32_t k, std::vector<int32_t>* i
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 head candidates"));
   for (size_t i = 0; i < n; ++i) ids->push_back(d2t_[host_ids[i]]);
   logprobs->insert(logprobs->end(), host_lp, host_lp + n);
-  return absl::OkStatus();
-}
-
-absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ran) {
-  *ran = false;
-  const auto num = static_cast<int32_t>(rows.size());
-  if (options_.eager || k_cache_ == nullptr || num > options_.max_seqs) return absl::OkStatus();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i].tree != nullptr || (rows[i].slot >= 0 && rows[i].slot != rows[i].position)) {
-      return absl::OkStatus();  // tree rows run eagerly, with their masks
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (rows[j].seq == rows[i].seq) return absl::OkStatus();  // not one row per sequence
-    }
-  }
-  const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
-  const int32_t bs = options_.block_size;
-  const GraphLayout g(options_.max_seqs);
-  auto* in = graph_in_host_.as<uint8_t>();
-  auto* tokens = reinterpret_cast<int32_t*>(in + g.tokens);
-  auto* positions = reinterpret_cast<int32_t*>(in + g.positions);
-  auto* hidden = reinterpret_cast<int32_t*>(in + g.hidden);
-  auto* seq_lens = reinterpret_cast<int32_t*>(in + g.seq_lens);
-  auto* out_rows = reinterpret_cast<int32_t*>(in + g.rows);
-  auto* cu = reinterpret_cast<int32_t*>(in + g.cu);
-  auto* slots = reinterpret_cast<int64_t*>(in + g.slots);
-  int32_t* tables = graph_tables_host_.as<int32_t>();
-  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
-  int32_t width = 1;
-  cu[0] = 0;
-  for (int32_t i = 0; i < bucket; ++i) {
-    cu[i + 1] = i + 1;
-    out_rows[i] = i;
-    int32_t* table = tables + int64_t{i} * max_blocks_per_seq_;
-    if (i >= num) {  // padding: writes no KV, reads the scratch block
-      tokens[i] = 0;
-      positions[i] = 0;
-      hidden[i] = 0;
-      seq_lens[i] = 1;
-      slots[i] = -1;
-      table[0] = scratch_block_;
-      continue;
-    }
-    const Row& r = rows[i];
-    const int32_t used = r.position / bs + 1;
-    if (r.position < 0 || r.position >= options_.max_model_len || r.token < 0 ||
-        r.token >= config_.layer.vocab_size || static_cast<int32_t>(r.block_table.size()) < used ||
-        (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
-      return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: draft row ", i, " (position ",
-                                                     r.position, ", token ", r.token, ", hidden ",
-                                                     r.hidden, ") is malformed"));
-    }
-    tokens[i] = r.token;
-    positions[i] = r.position;
-    hidden[i] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
-    seq_lens[i] = r.position + 1;
-    slots[i] = int64_t{r.block_table[r.position / bs]} * bs + r.position % bs;
-    std::copy_n(r.block_table.begin(), used, table);
-    width = std::max(width, used);
-  }
-  cudaStream_t st = options_.stream;
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpyAsync(graph_in_.as(), in, g.bytes, cudaMemcpyHostToDevice, st),
-                  "EAGLE-3 graph inputs"));
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpy2DAsync(graph_tables_.as(), size_t{4} * max_blocks_per_seq_, tables,
-                                    size_t{4} * max_blocks_per_seq_, size_t{4} * width,
-                                    size_t(bucket), cudaMemcpyHostToDevice, st),
-                  "EAGLE-3 graph block tables"));
-  const int32_t half = 1 - prenorm_half_;  // the half this pass writes
-  const std::pair<int32_t, int32_t> key{bucket, half};
-  if (!graphs_.contains(key)) {
-    Pass p;
-    const auto* base = graph_in_.as<uint8_t>();
-    p.tokens = reinterpret_cast<const int32_t*>(base + g.tokens);
-    p.positions = reinterpret_cast<const int32_t*>(base + g.positions);
-    p.hidden = reinterpret_cast<const int32_t*>(base + g.hidden);
-    p.seq_lens = reinterpret_cast<const int32_t*>(base + g.seq_lens);
-    p.rows = reinterpret_cast<const int32_t*>(base + g.rows);
-    p.cu_q_lens = reinterpret_cast<const int32_t*>(base + g.cu);
-    p.slots = reinterpret_cast<const int64_t*>(base + g.slots);
-    p.tables = graph_tables_.as<int32_t>();
-    p.table_stride = max_blocks_per_seq_;
-    p.num_groups = bucket;
-    p.max_q_len = 1;
-    p.n = bucket;
-    p.m = bucket;
-    p.prenorm_dst = pool_rows_ + int64_t{half} * max_logit_rows_;
-    SPECD_RETURN_IF_ERROR(CaptureStepGraph(bucket, half, p));
-  }
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(graphs_.at(key), st), "EAGLE-3 graph launch"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft step"));
-  prenorm_half_ = half;
-  *ran = true;
-  return absl::OkStatus();
-}
-
-// The step's kernels, the argmax and the copy of the ids to the host: run once eagerly (cuBLASLt
-// chooses its algorithms outside capture; the inputs are the real step's), then captured.
-absl::Status CudaEagle3Compute::CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p) {
-  cudaStream_t st = options_.stream;
-  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
-  auto enqueue = [&]() -> absl::Status {
-    SPECD_RETURN_IF_ERROR(Body(p));
-    SPECD_RETURN_IF_ERROR(
-        Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
-               "ArgmaxRows"));
-    return cuda::Check(
-        cudaMemcpyAsync(ids_host_.as(), ids_.as(), size_t(bucket) * 4, cudaMemcpyDeviceToHost, st),
-        "EAGLE-3 head: ids");
-  };
-  SPECD_RETURN_IF_ERROR(enqueue());
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 graph warm-up"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal),
-                                    "EAGLE-3 graph capture"));
-  const absl::Status body = enqueue();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(st, &graph);
-  if (!body.ok() || end != cudaSuccess) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    SPECD_RETURN_IF_ERROR(body);
-    return cuda::Check(end, "EAGLE-3 graph capture");
-  }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  SPECD_RETURN_IF_ERROR(cuda::Check(inst, "EAGLE-3 graph instantiate"));
-  graphs_[{bucket, half}] = exec;
   return absl::OkStatus();
 }
 

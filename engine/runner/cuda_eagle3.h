@@ -18,10 +18,12 @@
 #include <driver_types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -29,6 +31,7 @@
 #include "engine/model/model_config.h"
 #include "engine/runner/cuda_util.h"
 #include "engine/runner/eagle3_compute.h"
+#include "engine/runner/model_runner.h"
 #include "kernels/cuda/attention.h"
 
 struct __nv_bfloat16;
@@ -41,6 +44,19 @@ class Gemm;
 
 class CudaEagle3Compute : public Eagle3Compute {
  public:
+  // The target runner's sampled draws (CudaRunner): rows() holds max_rows() rows over the target
+  // vocabulary ([rows, vocab] f32, device) that Draw turns into processed distributions and draws
+  // from as ModelRunner::StepDraft does, q into the runner's probability slots.
+  class DeviceDraws {
+   public:
+    virtual ~DeviceDraws() = default;
+    virtual float* rows() = 0;
+    virtual int32_t max_rows() const = 0;
+    virtual absl::Status Draw(std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                              std::vector<int32_t>* ids) = 0;
+    virtual absl::Status Reserve(int32_t n) = 0;
+    virtual const float* slot(int32_t slot) const = 0;
+  };
   struct Options {
     std::string dir;         // the head's folder
     std::string target_dir;  // the target's (its embedding when the head has none)
@@ -59,6 +75,7 @@ class CudaEagle3Compute : public Eagle3Compute {
                                     // thread also drives runners on other GPUs)
     cudaStream_t stream = nullptr;  // the target's
     bool eager = false;             // no graphs (enforce_eager)
+    DeviceDraws* draws = nullptr;   // sampled drafts on the device (not owned); null: none
   };
   // On the current device. InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot
   // draft for the target; ResourceExhausted when its weights or buffers do not fit.
@@ -86,6 +103,18 @@ class CudaEagle3Compute : public Eagle3Compute {
   bool RanksOnDevice() const override { return true; }
   absl::Status TopCandidates(int32_t k, std::vector<int32_t>* ids,
                              std::vector<float>* logprobs) override;
+  // Greedy chains: one captured graph runs a round's draft steps after the first (each step's
+  // argmax mapped to target ids on the device feeds the next), one read of the ids at the end.
+  bool ChainsOnDevice() const override { return true; }
+  absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
+                          std::vector<int32_t>* ids) override;
+  // Sampled drafts: kernels::ExpandColumns writes the rows over the target vocabulary into
+  // Options::draws, which draws them.
+  bool DrawsOnDevice() const override { return options_.draws != nullptr; }
+  absl::Status ReserveDrawSlots(int32_t n) override;
+  const float* draw_slot(int32_t slot) const override;
+  absl::Status DrawRows(std::span<const int32_t> logits_rows, std::span<const SampleRow> rows,
+                        std::span<const int32_t> slots, std::vector<int32_t>* ids) override;
   int32_t num_pool_regions() const override { return options_.max_seqs; }
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override;
@@ -108,6 +137,14 @@ class CudaEagle3Compute : public Eagle3Compute {
     int64_t prenorm_dst = 0;  // table row of the first logits row's prenorm
     const kernels::AttentionTreeMask* tree = nullptr;  // tree rows' masks (eager pieces)
   };
+  // Most steps one chained graph runs (DraftChain runs longer chains a Forward per step).
+  static constexpr int32_t kMaxChainSteps = 32;
+  // Byte offsets of a graph's inputs (cuda_eagle3_graphs.cc) for `steps` steps of `seqs` rows.
+  struct GraphLayout {
+    GraphLayout(int64_t seqs, int32_t steps);
+    int64_t seqs;
+    size_t tokens, positions, hidden, seq_lens, rows, cu, slots, bytes;
+  };
   explicit CudaEagle3Compute(const Options& options) : options_(options) {}
   // The kernels of one piece: embedding through the LM head of its rows that draw.
   absl::Status Body(const Pass& p);
@@ -115,6 +152,14 @@ class CudaEagle3Compute : public Eagle3Compute {
   // the graph of its bucket; false in *ran when it must run eagerly.
   absl::Status RunStepGraph(std::span<const Row> rows, bool* ran);
   absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
+  // Checks `rows` (one per sequence, chain rows that draw, `steps` positions each within their
+  // block tables) and queues the upload of a graph's inputs for them, padded to `bucket`.
+  absl::Status StageGraphInputs(std::span<const Row> rows, int32_t bucket, int32_t steps,
+                                const GraphLayout& g);
+  // Step `step` of a graph over graph_in_ (its tokens the previous step's mapped ids), writing
+  // prenorm half `half`.
+  Pass GraphPass(const GraphLayout& g, int32_t bucket, int32_t step, int32_t half) const;
+  absl::StatusOr<cudaGraphExec_t> Capture(const std::function<absl::Status()>& enqueue);
   static size_t GraphInBytes(int64_t seqs);
   absl::Status LoadWeights();
   absl::Status AllocateBuffers();
@@ -158,6 +203,12 @@ class CudaEagle3Compute : public Eagle3Compute {
   // staging twin; tables [max_seqs, max_blocks_per_seq_]) and the executables.
   std::vector<int32_t> buckets_;
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  // Chained graphs by (bucket, steps, the half step 0 writes); each step's ids as target ids
+  // ([kMaxChainSteps, max_seqs] int32, the next step's tokens) and their host copy.
+  std::map<std::tuple<int32_t, int32_t, int32_t>, cudaGraphExec_t> chain_graphs_;
+  cuda::DeviceMemory chain_ids_;
+  cuda::PinnedMemory chain_ids_host_;
+  cuda::DeviceMemory d2t_dev_;  // [draft vocab] int32: d2t_ on the device
   cuda::DeviceMemory graph_in_, graph_tables_;
   cuda::PinnedMemory graph_in_host_, graph_tables_host_;
   int32_t scratch_block_ = 0;             // the KV block padding rows point at

@@ -113,6 +113,8 @@ absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
   e.device = device;
   e.stream = stream;
   e.eager = eager;
+  eagle3_draws = MakeEagle3Draws();
+  e.draws = eagle3_draws.get();
   SPECD_ASSIGN_OR_RETURN(eagle3, CudaEagle3Compute::Create(e));
   const std::vector<int32_t>& ids = eagle3->config().aux_layer_ids;
   SPECD_ASSIGN_OR_RETURN(

@@ -281,24 +281,65 @@ absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::ReserveProbSlots(int32_t n) {
+absl::Status CudaRunner::State::ReserveProbSlots(int32_t n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ReserveProbSlots(", n, ")"));
-  if (n <= s_->num_prob_slots) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
-  SPECD_RETURN_IF_ERROR(s_->Sync("probability slots"));  // nothing may still read the old ones
-  s_->prob_slots = cuda::DeviceMemory();
-  s_->num_prob_slots = 0;
-  SPECD_ASSIGN_OR_RETURN(
-      s_->prob_slots,
-      cuda::DeviceMemory::Allocate(static_cast<size_t>(n) * s_->config.vocab_size * sizeof(float),
-                                   "draft probability slots"));
-  s_->num_prob_slots = n;
+  if (n <= num_prob_slots) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(Sync("probability slots"));  // nothing may still read the old ones
+  prob_slots = cuda::DeviceMemory();
+  num_prob_slots = 0;
+  SPECD_ASSIGN_OR_RETURN(prob_slots, cuda::DeviceMemory::Allocate(
+                                         static_cast<size_t>(n) * config.vocab_size * sizeof(float),
+                                         "draft probability slots"));
+  num_prob_slots = n;
   return absl::OkStatus();
 }
 
-const float* CudaRunner::prob_slot(int32_t slot) const {
-  if (slot < 0 || slot >= s_->num_prob_slots) return nullptr;
-  return s_->prob_slots.as<float>() + static_cast<size_t>(slot) * s_->config.vocab_size;
+const float* CudaRunner::State::ProbSlot(int32_t slot) const {
+  if (slot < 0 || slot >= num_prob_slots) return nullptr;
+  return prob_slots.as<float>() + static_cast<size_t>(slot) * config.vocab_size;
+}
+
+absl::Status CudaRunner::ReserveProbSlots(int32_t n) { return s_->ReserveProbSlots(n); }
+
+const float* CudaRunner::prob_slot(int32_t slot) const { return s_->ProbSlot(slot); }
+
+absl::Status CudaRunner::State::DrawProbRows(std::span<const SampleRow> rows,
+                                             std::span<const int32_t> slots,
+                                             std::vector<int32_t>* ids) {
+  const auto n = static_cast<int32_t>(rows.size());
+  ids->clear();
+  if (n == 0) return SyncStep("draft step");
+  std::vector<float> uniforms;
+  for (const SampleRow& r : rows) {
+    uniforms.push_back(SpeculationUniform(r.seed, r.num_generated, SpeculationDraw::kDraft));
+  }
+  std::vector<int32_t> slot_rows(slots.begin(), slots.end());
+  verify_arena.Reset();
+  const size_t uniforms_at = verify_arena.Push(uniforms);
+  const size_t slots_at = verify_arena.Push(slot_rows);
+  SPECD_RETURN_IF_ERROR(verify_arena.Upload(stream));
+  const int64_t vocab = config.vocab_size;
+  float* p = forward->logits();
+  int32_t* drawn = verify_out.as<int32_t>() + limits.max_rows;
+  // A layout without drafts: each row's token is drawn from its own distribution.
+  const kernels::DraftLayout layout{nullptr, n, 0};
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      kernels::VerifyStochastic(
+          layout, /*draft_tokens (none read)=*/verify_arena.At<int32_t>(slots_at), nullptr, p,
+          vocab, verify_arena.At<float>(uniforms_at), verify_out.as<int32_t>(), drawn, stream),
+      "VerifyStochastic (draft draw)"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(kernels::ScatterRows(p, vocab, n, static_cast<int32_t>(vocab),
+                                                         verify_arena.At<int32_t>(slots_at),
+                                                         prob_slots.as<float>(), vocab, stream),
+                                    "ScatterRows (draft probabilities)"));
+  int32_t* host = verify_host.as<int32_t>();
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host, drawn, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+                  "copy of draft ids"));
+  SPECD_RETURN_IF_ERROR(SyncStep("draft step"));
+  ids->assign(host, host + n);
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
@@ -317,46 +358,48 @@ absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
     }
   }
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kProbs));
-  const auto n = static_cast<int32_t>(rows.size());
-  if (n == 0) return s_->SyncStep("draft step");
-  std::vector<float> uniforms;
-  for (const SampleRow& r : rows) {
-    uniforms.push_back(SpeculationUniform(r.seed, r.num_generated, SpeculationDraw::kDraft));
-  }
-  std::vector<int32_t> slot_rows(slots.begin(), slots.end());
-  cuda::UploadArena& arena = s_->verify_arena;
-  arena.Reset();
-  const size_t uniforms_at = arena.Push(uniforms);
-  const size_t slots_at = arena.Push(slot_rows);
-  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
-  const int64_t vocab = s_->config.vocab_size;
-  float* p = s_->forward->logits();
-  int32_t* ids = s_->verify_out.as<int32_t>() + s_->limits.max_rows;
-  // A layout without drafts: each row's token is drawn from its own distribution.
-  const kernels::DraftLayout layout{nullptr, n, 0};
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      kernels::VerifyStochastic(layout, /*draft_tokens (none read)=*/arena.At<int32_t>(slots_at),
-                                nullptr, p, vocab, arena.At<float>(uniforms_at),
-                                s_->verify_out.as<int32_t>(), ids, s_->stream),
-      "VerifyStochastic (draft draw)"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      kernels::ScatterRows(p, vocab, n, static_cast<int32_t>(vocab), arena.At<int32_t>(slots_at),
-                           s_->prob_slots.as<float>(), vocab, s_->stream),
-      "ScatterRows (draft probabilities)"));
-  int32_t* host = s_->verify_host.as<int32_t>();
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      cudaMemcpyAsync(host, ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s_->stream),
-      "copy of draft ids"));
-  SPECD_RETURN_IF_ERROR(s_->SyncStep("draft step"));
+  std::vector<int32_t> ids;
+  SPECD_RETURN_IF_ERROR(s_->DrawProbRows(rows, slots, &ids));
   out->resize(rows.size());
-  for (int32_t i = 0; i < n; ++i) {
-    if (host[i] < 0) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0) {
       return absl::InternalError(
           absl::StrCat("draft step: row ", i, " has a distribution without mass"));
     }
-    (*out)[i].id = host[i];
+    (*out)[i].id = ids[i];
   }
   return absl::OkStatus();
+}
+
+// The EAGLE-3 head's sampled draws (CudaEagle3Compute::DeviceDraws): its rows over the target
+// vocabulary go into the forward pass's logits buffer, which the head's draws may reuse (they run
+// between the target's passes, after the last pass's logits were read), and are drawn as
+// StepDraft draws, q into the probability slots.
+class CudaRunner::State::Eagle3Draws : public CudaEagle3Compute::DeviceDraws {
+ public:
+  explicit Eagle3Draws(State* s) : s_(s) {}
+  float* rows() override { return s_->forward->logits(); }
+  int32_t max_rows() const override { return s_->limits.max_rows; }
+  absl::Status Draw(std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                    std::vector<int32_t>* ids) override {
+    for (int32_t slot : slots) {
+      if (slot < 0 || slot >= s_->num_prob_slots) {
+        return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: draw slot ", slot, " of ",
+                                                       s_->num_prob_slots, " reserved"));
+      }
+    }
+    SPECD_RETURN_IF_ERROR(s_->sampler->EnqueueProbs(s_->forward->logits(), rows, s_->stream));
+    return s_->DrawProbRows(rows, slots, ids);
+  }
+  absl::Status Reserve(int32_t n) override { return s_->ReserveProbSlots(n); }
+  const float* slot(int32_t slot) const override { return s_->ProbSlot(slot); }
+
+ private:
+  State* s_;
+};
+
+std::unique_ptr<CudaEagle3Compute::DeviceDraws> CudaRunner::State::MakeEagle3Draws() {
+  return std::make_unique<Eagle3Draws>(this);
 }
 
 // A draft model on another GPU leaves its q rows there: with peer access on, the copies into

@@ -212,6 +212,17 @@ struct CudaRunner::State {
   cuda::DeviceMemory verify_q;    // [num drafts, vocab] f32
   cuda::DeviceMemory prob_slots;  // [num_prob_slots, vocab] f32
   int32_t num_prob_slots = 0;
+  // cuda_runner_speculation.cc: ModelRunner::ReserveProbSlots / prob_slot; the draw of rows
+  // [0, rows.size()) of the logits buffer, processed already (GpuSampler::EnqueueProbs), as
+  // StepDraft draws them (q into slots; (*ids)[i] -1: no mass), synchronised.
+  absl::Status ReserveProbSlots(int32_t n);
+  const float* ProbSlot(int32_t slot) const;
+  absl::Status DrawProbRows(std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                            std::vector<int32_t>* ids);
+  // The EAGLE-3 head's sampled draws through the above (CudaEagle3Compute::Options::draws).
+  class Eagle3Draws;
+  std::unique_ptr<CudaEagle3Compute::DeviceDraws> eagle3_draws;
+  std::unique_ptr<CudaEagle3Compute::DeviceDraws> MakeEagle3Draws();
   // Token trees (cuda_runner_trees.cc): the step's masks and their uploads; MoveKv's slots;
   // tree verification's parents and paths.
   kernels::AttentionTreeMask tree_mask;

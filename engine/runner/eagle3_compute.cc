@@ -119,6 +119,42 @@ class CpuEagle3Compute : public Eagle3Compute {
 
 }  // namespace
 
+absl::Status Eagle3Compute::DraftChain(std::span<const Row> rows, int32_t steps,
+                                       std::vector<int32_t>* ids) {
+  ids->clear();
+  if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("eagle3: a chain of ", steps));
+  for (const Row& r : rows) {
+    if (!r.logits || r.tree != nullptr || r.slot >= 0) {
+      return absl::InvalidArgumentError("eagle3: DraftChain takes chain rows that draw");
+    }
+  }
+  std::vector<Row> step(rows.begin(), rows.end());
+  const std::vector<uint8_t> device(rows.size(), 0);
+  std::vector<int32_t> drawn;
+  std::vector<float> unused;
+  for (int32_t s = 0; s < steps; ++s) {
+    SPECD_RETURN_IF_ERROR(Forward(step, device, &drawn, &unused));
+    ids->insert(ids->end(), drawn.begin(), drawn.end());
+    for (size_t i = 0; i < step.size(); ++i) {
+      step[i].token = drawn[i];
+      step[i].position += 1;
+      step[i].hidden = -static_cast<int32_t>(i) - 1;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Eagle3Compute::ReserveDrawSlots(int32_t /*n*/) {
+  return absl::UnimplementedError("EAGLE-3 head: sampled drafts are drawn on the host");
+}
+
+absl::Status Eagle3Compute::DrawRows(std::span<const int32_t> /*logits_rows*/,
+                                     std::span<const SampleRow> /*rows*/,
+                                     std::span<const int32_t> /*slots*/,
+                                     std::vector<int32_t>* /*ids*/) {
+  return absl::UnimplementedError("EAGLE-3 head: sampled drafts are drawn on the host");
+}
+
 absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateCpuEagle3Compute(const std::string& dir,
                                                                       const std::string& target_dir,
                                                                       ModelRunner* target) {

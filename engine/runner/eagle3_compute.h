@@ -25,6 +25,7 @@
 namespace specd {
 
 class ModelRunner;
+struct SampleRow;
 
 // Pool rows a sequence may keep pending (target hidden states the head has not run): a
 // verification chunk's K + 1 positions at the largest K (kMaxSpeculativeTokens, 64).
@@ -95,6 +96,32 @@ class Eagle3Compute {
   // drafts accept less, verification keeps the output exact.
   virtual absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
                                std::vector<int32_t>* ids, std::vector<float>* logits) = 0;
+
+  // Greedy chains: runs `steps` (>= 1) draft steps after a Forward, one row per sequence
+  // (`rows`: chain rows, each its sequence's only one, all with logits, slot -1), and appends
+  // the argmax ids of every step to *ids ([steps, rows.size()], as Forward's ids). Step 0 runs
+  // `rows`; step s > 0 runs row i at position rows[i].position + s with the token step s - 1
+  // drew for it and that step's prenorm output as its hidden input. Afterwards the last step is
+  // "the previous Forward" (Row::hidden < 0 reads its rows). The default runs Forward `steps`
+  // times; the CUDA head replays one captured graph for all of them (ChainsOnDevice), reading
+  // the ids back once.
+  virtual bool ChainsOnDevice() const { return false; }
+  virtual absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
+                                  std::vector<int32_t>* ids);
+
+  // Sampled drafts whose distributions stay on the device (the CUDA head): DrawRows draws
+  // logits rows logits_rows[i] of the last Forward as ModelRunner::StepDraft draws a row
+  // (rows[i]'s processed distribution over the target vocabulary, zero outside the draft
+  // vocabulary; its uniform SpeculationUniform(seed, num_generated, kDraft)) and leaves that
+  // distribution in the target runner's probability slot slots[i] (ReserveDrawSlots,
+  // draw_slot). (*ids)[i]: the token drawn, or -1 where the distribution has no mass left.
+  // Unimplemented unless DrawsOnDevice().
+  virtual bool DrawsOnDevice() const { return false; }
+  virtual absl::Status ReserveDrawSlots(int32_t n);
+  virtual const float* draw_slot(int32_t /*slot*/) const { return nullptr; }
+  virtual absl::Status DrawRows(std::span<const int32_t> logits_rows,
+                                std::span<const SampleRow> rows, std::span<const int32_t> slots,
+                                std::vector<int32_t>* ids);
 
   // Drops the sequence's cache entries at slot `slot` and later (a cache whose rows must
   // ascend); a paged cache overwrites them instead.

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
 
@@ -248,6 +249,7 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     if (tree) StartTree(in, &a);
     active_.push_back(a);
   }
+  PlanDeviceDraws(inputs);
   absl::Status status = absl::OkStatus();
   while (!rows_.empty()) {  // the catch-up runs even when no sequence drafts (it fills caches)
     // Logits rows come back in row order: each active sequence's (a chain's one, a tree level's
@@ -264,11 +266,14 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
         }
       } else {
         const DraftInput& in = inputs[a.input];
-        host_flags_.push_back(
-            DrawsOnHost(in, static_cast<int32_t>((*drafts)[a.input].tokens.size())) ? 1 : 0);
+        const bool host = DrawsOnHost(in, static_cast<int32_t>((*drafts)[a.input].tokens.size()));
+        // Rows drawn on the device (DrawRows) need no logits on the host.
+        host_flags_.push_back(host && slot_base_[a.input] < 0 ? 1 : 0);
       }
     }
     status = compute_->Forward(rows_, host_flags_, &ids_, &logits_);
+    if (!status.ok()) break;
+    status = DrawOnDevice(inputs, *drafts);
     if (!status.ok()) break;
     candidates_k_ = top_k;
     candidate_ids_.clear();
@@ -278,7 +283,15 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
       if (!status.ok()) break;
     }
     TakeDrafts(inputs, drafts);
+    status = RunChains(inputs, drafts);
+    if (!status.ok()) break;
     PlanNextRows(inputs, *drafts);
+  }
+  for (size_t i = 0; i < inputs.size() && status.ok(); ++i) {
+    Draft& d = (*drafts)[i];
+    if (slot_base_[i] >= 0 && !d.tokens.empty() && !inputs[i].params->greedy()) {
+      d.device_probs = compute_->draw_slot(slot_base_[i]);
+    }
   }
   for (TreeActive& t : trees_) {
     Draft& d = (*drafts)[t.input];
@@ -307,7 +320,18 @@ void Eagle3Speculator::TakeDrafts(std::span<const DraftInput> inputs, std::vecto
     if (host_flags_[row]) {
       logits = std::span<const float>(logits_).subspan(host_row++ * vocab, vocab);
     }
-    const bool drawn = DrawDraft(in, *a.state, ids_[row], logits, (*drafts)[a.input]);
+    bool drawn;
+    if (const int32_t token = drawn_[row]; token != kNotDrawn) {  // drawn on the device
+      Draft& d = (*drafts)[a.input];
+      drawn = token >= 0;  // -1: no mass left
+      if (drawn) {
+        d.tokens.push_back(replay_ != nullptr && in.params->greedy()
+                               ? replay_->Draft(in.tokens, d.tokens, token)
+                               : token);
+      }
+    } else {
+      drawn = DrawDraft(in, *a.state, ids_[row], logits, (*drafts)[a.input]);
+    }
     a.prenorm_row = -row - 1;  // the next pass reads its logits row's prenorm
     ++row;
     if (!drawn || --a.num_wanted == 0) continue;
@@ -345,6 +369,104 @@ void Eagle3Speculator::PlanNextRows(std::span<const DraftInput> inputs,
     active_[kept++] = a;
   }
   active_.resize(kept);
+}
+
+void Eagle3Speculator::PlanDeviceDraws(std::span<const DraftInput> inputs) {
+  slot_base_.assign(inputs.size(), -1);
+  if (!compute_->DrawsOnDevice()) return;
+  int32_t num_slots = 0;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    if (a.tree >= 0 || (in.params->greedy() && !in.params->has_penalties() &&
+                        (in.num_banned_positions == 0 || in.banned.empty()))) {
+      continue;  // trees rank their candidates; plain greedy chains take the argmax
+    }
+    slot_base_[a.input] = num_slots;
+    num_slots += a.num_wanted;
+  }
+  if (num_slots == 0) return;
+  if (absl::Status s = compute_->ReserveDrawSlots(num_slots); !s.ok()) {
+    SPECD_LOG_WARN("eagle3: {}; drawing this round on the host", s.ToString());
+    slot_base_.assign(inputs.size(), -1);
+  }
+}
+
+absl::Status Eagle3Speculator::DrawOnDevice(std::span<const DraftInput> inputs,
+                                            const std::vector<Draft>& drafts) {
+  draw_logits_rows_.clear();
+  draw_rows_.clear();
+  draw_slots_.clear();
+  int32_t row = 0;  // the pass's logits row
+  for (const Active& a : active_) {
+    if (a.tree >= 0) {
+      row += static_cast<int32_t>(trees_[a.tree].level.size());
+      continue;
+    }
+    const DraftInput& in = inputs[a.input];
+    const auto j = static_cast<int32_t>(drafts[a.input].tokens.size());
+    if (slot_base_[a.input] >= 0 && DrawsOnHost(in, j)) {
+      SampleRow r;
+      r.params = in.params;
+      r.history = in.history;
+      r.pending = drafts[a.input].tokens;
+      if (j < in.num_banned_positions) r.banned = in.banned;
+      r.seed = in.seed;
+      r.num_generated = in.num_generated + j;
+      draw_logits_rows_.push_back(row);
+      draw_rows_.push_back(r);
+      draw_slots_.push_back(slot_base_[a.input] + j);
+    }
+    ++row;
+  }
+  drawn_.assign(static_cast<size_t>(row), kNotDrawn);
+  if (draw_rows_.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(
+      compute_->DrawRows(draw_logits_rows_, draw_rows_, draw_slots_, &ids_drawn_));
+  for (size_t i = 0; i < ids_drawn_.size(); ++i) drawn_[draw_logits_rows_[i]] = ids_drawn_[i];
+  return absl::OkStatus();
+}
+
+absl::Status Eagle3Speculator::RunChains(std::span<const DraftInput> inputs,
+                                         std::vector<Draft>* drafts) {
+  if (!compute_->ChainsOnDevice() || active_.empty()) return absl::OkStatus();
+  int32_t steps = INT32_MAX;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    const auto j = static_cast<int32_t>((*drafts)[a.input].tokens.size());
+    // Only chains whose every remaining draft is the head's argmax.
+    if (a.tree >= 0 || DrawsOnHost(in, j)) return absl::OkStatus();
+    steps = std::min(steps, a.num_wanted);
+  }
+  if (steps < 1) return absl::OkStatus();
+  rows_.clear();
+  for (Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    Eagle3Compute::Row row;
+    row.seq = static_cast<int64_t>(in.seq_id);
+    row.token = (*drafts)[a.input].tokens.back();
+    row.position = a.next_position;
+    row.hidden = a.prenorm_row;
+    row.logits = true;
+    row.block_table = in.block_table;
+    rows_.push_back(row);
+  }
+  SPECD_RETURN_IF_ERROR(compute_->DraftChain(rows_, steps, &ids_));
+  const size_t n = active_.size();
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Active a = active_[i];
+    const DraftInput& in = inputs[a.input];
+    for (int32_t s = 0; s < steps; ++s) {
+      DrawDraft(in, *a.state, ids_[s * n + i], {}, (*drafts)[a.input]);
+    }
+    a.num_wanted -= steps;
+    a.next_position += steps;
+    a.prenorm_row = -static_cast<int32_t>(i) - 1;  // its row of the last step
+    if (a.num_wanted > 0) active_[kept++] = a;
+  }
+  active_.resize(kept);
+  rows_.clear();
+  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -29,6 +29,7 @@
 // the tree along the committed tokens and runs the accepted path's positions. Engine thread only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/model.h"
 #include "engine/runner/eagle3_compute.h"
+#include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_replay.h"
 #include "engine/speculation/draft_tree.h"
 #include "engine/speculation/speculator.h"
@@ -62,7 +64,9 @@ class Eagle3Speculator : public Speculator {
 
   // Benchmarks only: greedy drafts follow `replay` (controlled acceptance,
   // engine/speculation/draft_replay.h); the head's passes still run. nullptr turns it off.
-  // Trees are grown from the head's own logits for now.
+  // Trees are grown from the head's own logits for now. A chained round (DraftChain) feeds the
+  // head its own argmax and the replay rewrites the drafts afterwards; a replayed chain keeps
+  // only the drafts up to its first miss either way, so acceptance is the replay's.
   void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   const Eagle3Config& config() const { return compute_->config(); }
@@ -129,6 +133,14 @@ class Eagle3Speculator : public Speculator {
   void FreeRegion(State& s);
   // OnTargetPass for one chunk whose captured rows start at first_row.
   void TakeChunk(const SequenceInput& in, int32_t first_row, State& s, int32_t* scratch);
+  // Sampled chains on a compute that draws on its device (Eagle3Compute::DrawsOnDevice): each
+  // such input's probability slots (slot_base_[input] + j for draft j; -1: drawn on the host).
+  void PlanDeviceDraws(std::span<const DraftInput> inputs);
+  // After a pass: the device draws of its chain rows that need more than the argmax (drawn_).
+  absl::Status DrawOnDevice(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // After a pass: where every active sequence is a chain drafting the head's argmax, the drafts
+  // all of them still want (the fewest) in one Eagle3Compute::DraftChain.
+  absl::Status RunChains(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
   // After a pass: each chain's next draft (finished chains leave active_) and each tree's level
   // expanded from its logits rows.
   void TakeDrafts(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
@@ -161,7 +173,13 @@ class Eagle3Speculator : public Speculator {
   int32_t candidates_k_ = 0;
   std::vector<int32_t> candidate_ids_;
   std::vector<float> candidate_logprobs_;
-  std::vector<int32_t> ids_;                  // scratch: the pass's argmax ids
+  std::vector<int32_t> ids_;  // scratch: the pass's argmax ids
+  // scratch: device draws (DrawOnDevice): each input's probability slots, the pass's draw
+  // requests, and per logits row the token drawn on the device (kNotDrawn: none).
+  static constexpr int32_t kNotDrawn = INT32_MIN;
+  std::vector<int32_t> slot_base_;
+  std::vector<int32_t> draw_logits_rows_, draw_slots_, ids_drawn_, drawn_;
+  std::vector<SampleRow> draw_rows_;
   std::vector<float> logits_, probs_;         // scratch
   std::vector<int32_t> fuse_from_, fuse_to_;  // scratch: Fuse's rows (run at once)
   std::vector<int32_t> keep_from_, keep_to_;  // scratch: Fuse's rows (the windows)

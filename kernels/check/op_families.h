@@ -14,5 +14,6 @@ void AddRopeOps(std::vector<OpSpec>* table);       // op_table_rope.cc: rope, he
 void AddSamplingOps(std::vector<OpSpec>* table);   // op_table_sampling.cc
 void AddGemmOps(std::vector<OpSpec>* table);       // op_table_gemm.cc
 void AddVerifyOps(std::vector<OpSpec>* table);     // op_table_verify.cc: speculation verification
+void AddDraftOps(std::vector<OpSpec>* table);      // op_table_draft.cc: draft-vocabulary maps
 
 }  // namespace specd::kernels::check

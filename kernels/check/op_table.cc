@@ -270,6 +270,7 @@ const std::vector<OpSpec>& OpTable() {
     AddSamplingOps(t);
     AddGemmOps(t);
     AddVerifyOps(t);
+    AddDraftOps(t);
     return t;
   }();
   return *table;
