@@ -92,9 +92,14 @@ class CodepairCudaTest : public ::testing::Test {
                                     const std::string& label) {
     ExpectSpeculationEqualsPlain(engine, SpeculationParams{method, 4}, label);
   }
+  // ban_eos false: the requests may stop at EOS (no min_tokens), so no draft position has bans
+  // (token trees then rank children on the device).
   void ExpectSpeculationEqualsPlain(Engine& engine, const SpeculationParams& spec,
-                                    const std::string& label) {
+                                    const std::string& label, bool ban_eos = true) {
     std::vector<GenerateRequest> requests = GoldenRequests();
+    if (!ban_eos) {
+      for (GenerateRequest& r : requests) r.params.min_tokens = 0;
+    }
     const auto plain = Batch(engine, requests);
     for (GenerateRequest& r : requests) r.speculation = spec;
     auto results = engine.GenerateBatch(requests);
@@ -170,6 +175,9 @@ TEST_F(CodepairCudaTest, GreedySpeculationEqualsPlainDecoding) {
     tree.tree = TreeShape{true, 6, 4, 32};
     ExpectSpeculationEqualsPlain(*engine, tree,
                                  SpeculationMethodName(m) + std::string(" tree 6/4/32 on the GPU"));
+    // Without bans the draft model's nodes are ranked on the device (ForwardCandidates).
+    ExpectSpeculationEqualsPlain(
+        *engine, tree, SpeculationMethodName(m) + std::string(" tree 6/4/32, EOS allowed"), false);
     GenerateRequest r = GoldenRequests()[0];
     r.speculation = tree;
     auto got = engine->Generate(r);
@@ -268,6 +276,11 @@ TEST_F(CodepairCudaTest, Eagle3OnTheGpuEqualsPlainDecoding) {
       ExpectSpeculationEqualsPlain(*engine, tree,
                                    absl::StrCat("eagle3 tree ", shape.depth, "/", shape.top_k, "/",
                                                 shape.num_nodes, eager ? " (eager)" : ""));
+      // Without bans the children are ranked on the device (TopCandidates).
+      ExpectSpeculationEqualsPlain(*engine, tree,
+                                   absl::StrCat("eagle3 tree ", shape.depth, "/", shape.top_k, "/",
+                                                shape.num_nodes, ", EOS allowed"),
+                                   false);
     }
     auto per_round = [&](const SpeculationParams& spec) {
       std::vector<GenerateRequest> rs = GoldenRequests();

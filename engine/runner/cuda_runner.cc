@@ -395,10 +395,8 @@ absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
                               /*copy_ids=*/mode == SampleMode::kIds);
 }
 
-absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
-  if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
-  logits->clear();
-  if (batch.empty()) return absl::OkStatus();
+absl::Status CudaRunner::ForwardRows(std::span<const SequenceInput> batch, size_t* num_rows,
+                                     const std::function<absl::Status(size_t, int32_t)>& take) {
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
   SPECD_RETURN_IF_ERROR(s_->Validate(batch));
   std::vector<int32_t> rows;
@@ -408,6 +406,7 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
     for (int32_t i = in.all_logits ? 0 : n - 1; i < n; ++i) rows.push_back(t + i);
     t += n;
   }
+  *num_rows = rows.size();
   // Rows in chunk order, at least one per chunk: as many as chunks means one each, the last.
   // Attention options (Vegas draft steps, scored verification) run eagerly.
   State::GraphKey key;
@@ -418,17 +417,9 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
   SPECD_ASSIGN_OR_RETURN(State::Launch launch, s_->Prepare(batch, rows, key));
   SPECD_RETURN_IF_ERROR(s_->PrepareVegas(batch, &launch));
   SPECD_RETURN_IF_ERROR(s_->PrepareTrees(batch, &launch));
-  const size_t vocab = static_cast<size_t>(s_->config.vocab_size);
-  const bool copy = !s_->worker;  // a tensor-parallel worker runs the same launches, returns none
-  if (copy) logits->assign(rows.size() * vocab, 0.0f);
   if (launch.key.graph()) {
     SPECD_RETURN_IF_ERROR(s_->Execute(launch));
-    if (copy) {
-      SPECD_RETURN_IF_ERROR(cuda::Check(
-          cudaMemcpyAsync(logits->data(), s_->forward->logits(), logits->size() * sizeof(float),
-                          cudaMemcpyDeviceToHost, s_->stream),
-          "copy of logits"));
-    }
+    SPECD_RETURN_IF_ERROR(take(0, static_cast<int32_t>(rows.size())));
     return s_->Sync("forward");
   }
   SPECD_RETURN_IF_ERROR(s_->forward->Run(launch.args, s_->stream));
@@ -438,14 +429,73 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
         static_cast<int32_t>(std::min<size_t>(s_->limits.max_rows, rows.size() - first));
     SPECD_RETURN_IF_ERROR(s_->forward->LmHead(launch.logit_rows + first, n, launch.args.num_tokens,
                                               /*gather=*/true, /*merge_k=*/0, s_->stream));
-    if (copy) {
-      SPECD_RETURN_IF_ERROR(cuda::Check(
-          cudaMemcpyAsync(logits->data() + first * vocab, s_->forward->logits(),
-                          n * vocab * sizeof(float), cudaMemcpyDeviceToHost, s_->stream),
-          "copy of logits"));
-    }
+    SPECD_RETURN_IF_ERROR(take(first, n));
     SPECD_RETURN_IF_ERROR(s_->SyncStep("forward"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
+  if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
+  logits->clear();
+  if (batch.empty()) return absl::OkStatus();
+  const size_t vocab = static_cast<size_t>(s_->config.vocab_size);
+  const bool copy = !s_->worker;  // a tensor-parallel worker runs the same launches, returns none
+  size_t num_rows = 0;
+  return ForwardRows(batch, &num_rows, [&](size_t first, int32_t n) -> absl::Status {
+    if (!copy) return absl::OkStatus();
+    if (first == 0) logits->assign(num_rows * vocab, 0.0f);
+    return cuda::Check(cudaMemcpyAsync(logits->data() + first * vocab, s_->forward->logits(),
+                                       n * vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                                       s_->stream),
+                       "copy of logits");
+  });
+}
+
+bool CudaRunner::RanksCandidatesOnDevice() const { return s_->shard.world_size == 1; }
+
+absl::Status CudaRunner::ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
+                                           std::vector<int32_t>* ids,
+                                           std::vector<float>* logprobs) {
+  ids->clear();
+  logprobs->clear();
+  if (!RanksCandidatesOnDevice()) return ModelRunner::ForwardCandidates(batch, k, ids, logprobs);
+  if (k < 1 || k > kernels::kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardCandidates: ", k, " a row"));
+  }
+  if (batch.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  int64_t total = 0;
+  for (const SequenceInput& in : batch) {
+    total += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
+  }
+  SPECD_RETURN_IF_ERROR(s_->ReserveCandidates(total));
+  const auto vocab = static_cast<int32_t>(s_->config.vocab_size);
+  auto* cand_ids = s_->cand_ids.as<int32_t>();
+  auto* cand_lp = s_->cand_logprobs.as<float>();
+  auto* host_ids = s_->cand_host.as<int32_t>();
+  auto* host_lp = reinterpret_cast<float*>(host_ids + s_->cand_rows * kernels::kMaxTopK);
+  size_t num_rows = 0;
+  SPECD_RETURN_IF_ERROR(
+      ForwardRows(batch, &num_rows, [&](size_t first, int32_t n) -> absl::Status {
+        const size_t at = first * k, count = static_cast<size_t>(n) * k;
+        SPECD_RETURN_IF_ERROR(cuda::Check(
+            kernels::TopKRows(s_->forward->logits(), vocab, n, vocab, k, cand_ids + at,
+                              s_->cand_workspace.as(), s_->cand_workspace.bytes(), s_->stream),
+            "TopKRows (candidates)"));
+        SPECD_RETURN_IF_ERROR(
+            cuda::Check(kernels::LogSoftmaxAt(s_->forward->logits(), vocab, n, vocab,
+                                              cand_ids + at, k, cand_lp + at, s_->stream),
+                        "LogSoftmaxAt (candidates)"));
+        SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host_ids + at, cand_ids + at, count * 4,
+                                                          cudaMemcpyDeviceToHost, s_->stream),
+                                          "copy of candidates"));
+        return cuda::Check(cudaMemcpyAsync(host_lp + at, cand_lp + at, count * 4,
+                                           cudaMemcpyDeviceToHost, s_->stream),
+                           "copy of candidates");
+      }));
+  ids->assign(host_ids, host_ids + num_rows * k);
+  logprobs->assign(host_lp, host_lp + num_rows * k);
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,10 @@ class CudaRunner : public ModelRunner {
                                 std::span<const std::span<const int32_t>> drafts,
                                 std::vector<GreedyVerifyResult>* out) override;
   absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
+  // kernels::TopKRows and kernels::LogSoftmaxAt over the logits buffer (one process).
+  bool RanksCandidatesOnDevice() const override;
+  absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
+                                 std::vector<int32_t>* ids, std::vector<float>* logprobs) override;
   // EAGLE-3: the head of RunnerOptions::eagle3_head runs on this GPU (cuda_eagle3.h) and reads
   // the hidden states on the device; CaptureHiddenStates accepts only its layers, and nothing
   // is kept on the host (captured_hidden_states() is empty).
@@ -104,6 +109,10 @@ class CudaRunner : public ModelRunner {
     kIdsOnDevice,  // draws, ids stay on the device (greedy verification)
     kProbs,        // processed distributions in the logits buffer, nothing drawn
   };
+  // Forward's pass: `take(first, n)` after the LM head wrote rows [first, first + n) of the
+  // pass's rows into the logits buffer (rows 0..n-1 there); the caller synchronises.
+  absl::Status ForwardRows(std::span<const SequenceInput> batch, size_t* num_rows,
+                           const std::function<absl::Status(size_t, int32_t)>& take);
   // Step up to the queued sampling; the caller synchronises.
   absl::Status EnqueueStep(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                            SampleMode mode);

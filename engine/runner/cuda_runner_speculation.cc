@@ -300,6 +300,26 @@ const float* CudaRunner::State::ProbSlot(int32_t slot) const {
   return prob_slots.as<float>() + static_cast<size_t>(slot) * config.vocab_size;
 }
 
+absl::Status CudaRunner::State::ReserveCandidates(int64_t rows) {
+  if (rows <= cand_rows) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(Sync("candidate buffers"));  // nothing may still use the old ones
+  const int64_t n = std::max<int64_t>(rows, limits.max_rows);
+  const auto count = static_cast<size_t>(n) * kernels::kMaxTopK;
+  cand_rows = 0;
+  SPECD_ASSIGN_OR_RETURN(cand_ids, cuda::DeviceMemory::Allocate(count * 4, "candidates"));
+  SPECD_ASSIGN_OR_RETURN(cand_logprobs, cuda::DeviceMemory::Allocate(count * 4, "candidates"));
+  SPECD_ASSIGN_OR_RETURN(cand_host, cuda::PinnedMemory::Allocate(count * 8, "candidates"));
+  if (cand_workspace.bytes() == 0) {
+    const size_t ws = kernels::TopKWorkspaceBytes(limits.max_rows,
+                                                  static_cast<int32_t>(config.vocab_size),
+                                                  kernels::kMaxTopK);
+    SPECD_ASSIGN_OR_RETURN(cand_workspace, cuda::DeviceMemory::Allocate(std::max<size_t>(ws, 16),
+                                                                        "top-k workspace"));
+  }
+  cand_rows = n;
+  return absl::OkStatus();
+}
+
 absl::Status CudaRunner::ReserveProbSlots(int32_t n) { return s_->ReserveProbSlots(n); }
 
 const float* CudaRunner::prob_slot(int32_t slot) const { return s_->ProbSlot(slot); }

@@ -219,6 +219,13 @@ struct CudaRunner::State {
   const float* ProbSlot(int32_t slot) const;
   absl::Status DrawProbRows(std::span<const SampleRow> rows, std::span<const int32_t> slots,
                             std::vector<int32_t>* ids);
+  // ForwardCandidates: [cand_rows, kMaxTopK] ids and log-probabilities on the device and their
+  // host copy (ids then log-probabilities), and the top-k workspace of one LM-head chunk; grown
+  // on demand (ReserveCandidates, in cuda_runner_speculation.cc).
+  cuda::DeviceMemory cand_ids, cand_logprobs, cand_workspace;
+  cuda::PinnedMemory cand_host;
+  int64_t cand_rows = 0;
+  absl::Status ReserveCandidates(int64_t rows);
   // The EAGLE-3 head's sampled draws through the above (CudaEagle3Compute::Options::draws).
   class Eagle3Draws;
   std::unique_ptr<CudaEagle3Compute::DeviceDraws> eagle3_draws;

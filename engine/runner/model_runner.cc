@@ -292,6 +292,12 @@ absl::Status ModelRunner::ReserveProbSlots(int32_t) {
 
 const float* ModelRunner::prob_slot(int32_t) const { return nullptr; }
 
+absl::Status ModelRunner::ForwardCandidates(std::span<const SequenceInput>, int32_t,
+                                            std::vector<int32_t>*, std::vector<float>*) {
+  return absl::UnimplementedError(
+      absl::StrCat("ForwardCandidates: ", device_name(), " ranks rows on the host"));
+}
+
 absl::Status ModelRunner::StepDraft(std::span<const SequenceInput>, std::span<const SampleRow>,
                                     std::span<const int32_t>, std::vector<SampleResult>*) {
   return absl::UnimplementedError(

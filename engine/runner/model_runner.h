@@ -254,6 +254,16 @@ class ModelRunner {
   // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
   virtual absl::Status Forward(std::span<const SequenceInput> batch,
                                std::vector<float>* logits) = 0;
+
+  // Forward's rows ranked where they are (a draft model's token trees on a GPU: k ids and
+  // log-probabilities per node instead of a row of the vocabulary): for each row of Forward, in
+  // order, its k (1..16) largest raw logits' ids, best first (ties to the lower id), appended to
+  // *ids, and their log-softmax over the row to *logprobs. Unimplemented unless
+  // RanksCandidatesOnDevice().
+  virtual bool RanksCandidatesOnDevice() const { return false; }
+  virtual absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
+                                         std::vector<int32_t>* ids,
+                                         std::vector<float>* logprobs);
 };
 
 // A device string ("cpu", "cuda", "cuda:N", "auto") resolved: auto is the first GPU when the build

@@ -15,8 +15,9 @@
 // which only affects how good a draft is, never the output. A sequence whose KV does not fit the
 // pool gets no drafts that round (the target decodes it plainly). Engine thread only.
 // Token trees (DraftInput::wants_tree) grow a level at a time where the runner takes trees
-// (DraftTreeBuilder); elsewhere, and in parallel drafting, such inputs draft a chain of the
-// tree's depth.
+// (DraftTreeBuilder; on a GPU each node's children are ranked there, ModelRunner::
+// ForwardCandidates, unless bans apply); elsewhere, and in parallel drafting, such inputs draft a
+// chain of the tree's depth.
 // For SSD's speculation cache (engine/speculation/ssd_worker.h) it also forks sequences without
 // copying KV (shared blocks, reference counted), reports the top candidates at each drafted
 // position (greedy rows: ranked by the runner, SampleRow::num_candidates; sampled rows: from
@@ -206,6 +207,9 @@ class DraftModelSpeculator : public Speculator {
   std::vector<Active> active_;        // scratch
   std::vector<SequenceInput> batch_;  // scratch
   std::vector<float> logits_;         // [num_active, vocab] scratch
+  // scratch: token trees' rows ranked on the draft's device (ModelRunner::ForwardCandidates).
+  std::vector<int32_t> cand_ids_;
+  std::vector<float> cand_lps_;
   std::vector<float> probs_;          // [vocab] scratch
   std::vector<SampleRow> rows_;       // scratch: greedy passes
   std::vector<SampleResult> drawn_;   // scratch: greedy passes

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
 #include "engine/speculation/draft_model.h"
+#include "engine/speculation/spec_config.h"
 
 namespace specd {
 
@@ -39,11 +40,34 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
   auto banned_at = [&](const DraftInput& in, int32_t position) {
     return position < in.num_banned_positions ? in.banned : std::span<const int32_t>();
   };
+  // A pass's rows ranked on the draft's device (k ids and log-probabilities per row, not a row
+  // of the vocabulary) unless a row's children need bans, which take the whole row on the host.
+  int32_t max_top_k = 1;
+  for (const TreeActive& t : tree_active_) {
+    max_top_k = std::max(max_top_k, inputs[t.active.input].tree_top_k);
+  }
+  max_top_k = std::min(max_top_k, kMaxTreeTopK);
+  bool on_device = false;
+  auto run = [&](bool any_banned) -> absl::Status {
+    on_device = runner_->RanksCandidatesOnDevice() && !any_banned;
+    if (on_device) return runner_->ForwardCandidates(batch_, max_top_k, &cand_ids_, &cand_lps_);
+    return runner_->Forward(batch_, &logits_);
+  };
+  auto expand = [&](TreeActive& t, int32_t node, size_t row, std::span<const int32_t> banned) {
+    if (on_device) {
+      const size_t k = static_cast<size_t>(max_top_k);
+      t.builder.ExpandCandidates(node, std::span<const int32_t>(cand_ids_).subspan(row * k, k),
+                                 std::span<const float>(cand_lps_).subspan(row * k, k));
+    } else {
+      t.builder.Expand(node, std::span<const float>(logits_).subspan(row * vocab, vocab), banned);
+    }
+  };
   // Catch-up chunks (causal, within the token budget); each finished one's last row gives the
   // root's children.
   for (bool left = true; left;) {
     batch_.clear();
     size_t budget = static_cast<size_t>(max_tokens_per_forward_);
+    bool any_banned = false;
     for (TreeActive& t : tree_active_) {
       Active& a = t.active;
       a.num_running = std::min(a.pending.size() - a.offset, budget);
@@ -54,8 +78,9 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
       s.start_pos = static_cast<int32_t>(a.state->kv_tokens.size());
       s.block_table = a.state->blocks.ids();
       batch_.push_back(s);
+      any_banned = any_banned || !banned_at(inputs[a.input], 0).empty();
     }
-    if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) return fail(s);
+    if (absl::Status s = run(any_banned); !s.ok()) return fail(s);
     left = false;
     size_t row = 0;
     for (TreeActive& t : tree_active_) {
@@ -68,20 +93,20 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
       a.state->kv_tokens.insert(a.state->kv_tokens.end(), ran,
                                 ran + static_cast<std::ptrdiff_t>(a.num_running));
       a.offset += a.num_running;
-      const std::span<const float> logits =
-          std::span<const float>(logits_).subspan(row++ * vocab, vocab);
+      const size_t r = row++;
       if (a.offset < a.pending.size()) {
         left = true;
         continue;
       }
       const DraftInput& in = inputs[a.input];
-      t.builder.Expand(-1, logits, banned_at(in, 0));
+      expand(t, -1, r, banned_at(in, 0));
       t.region_parents.assign(1, -1);  // the root
     }
   }
   // One pass per level: the nodes to expand, as a tree chunk after the ones run before.
   for (;;) {
     batch_.clear();
+    bool any_banned = false;
     for (TreeActive& t : tree_active_) {
       t.level = t.builder.NextLevel();
       const int32_t room = t.active.num_wanted - static_cast<int32_t>(t.region_parents.size());
@@ -94,6 +119,8 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
         t.region_of_node[node] = static_cast<int32_t>(t.region_parents.size());
         t.region_parents.push_back(parent < 0 ? 0 : t.region_of_node[parent]);
         t.tokens.push_back(t.builder.token(node));
+        any_banned =
+            any_banned || !banned_at(inputs[t.active.input], t.builder.depth(node) + 1).empty();
       }
       const int32_t root = static_cast<int32_t>(t.active.state->kv_tokens.size()) - 1;
       t.tree = TokenTree{root, t.region_parents};
@@ -107,14 +134,11 @@ absl::Status DraftModelSpeculator::ProposeTrees(std::span<const DraftInput> inpu
       batch_.push_back(s);
     }
     if (batch_.empty()) break;
-    if (absl::Status s = runner_->Forward(batch_, &logits_); !s.ok()) return fail(s);
+    if (absl::Status s = run(any_banned); !s.ok()) return fail(s);
     size_t row = 0;
     for (TreeActive& t : tree_active_) {
       const DraftInput& in = inputs[t.active.input];
-      for (int32_t node : t.level) {
-        t.builder.Expand(node, std::span<const float>(logits_).subspan(row++ * vocab, vocab),
-                         banned_at(in, t.builder.depth(node) + 1));
-      }
+      for (int32_t node : t.level) expand(t, node, row++, banned_at(in, t.builder.depth(node) + 1));
     }
   }
   for (TreeActive& t : tree_active_) {
