@@ -43,4 +43,8 @@ void AppendTreePath(std::span<const int32_t> parents, int32_t node, std::vector<
   std::reverse(out->begin() + static_cast<std::ptrdiff_t>(first), out->end());
 }
 
+void SetTreeMaskBits(std::span<const int32_t> parents, int32_t node, std::span<uint64_t> mask) {
+  for (int32_t n = node; n >= 0; n = parents[n]) mask[n / 64] |= uint64_t{1} << (n % 64);
+}
+
 }  // namespace specd

@@ -38,4 +38,9 @@ void TreeDepths(std::span<const int32_t> parents, std::vector<int32_t>* depths);
 // Node `node`'s ancestors and itself, root first (indices into parents), appended to *out.
 void AppendTreePath(std::span<const int32_t> parents, int32_t node, std::vector<int32_t>* out);
 
+// Node `node`'s row of a tree attention mask (kernels::AttentionTreeMask): bit a % 64 of
+// mask[a / 64] set for each of its ancestors and itself. `mask` holds at least
+// (parents.size() + 63) / 64 words; bits already set stay.
+void SetTreeMaskBits(std::span<const int32_t> parents, int32_t node, std::span<uint64_t> mask);
+
 }  // namespace specd

@@ -27,6 +27,17 @@ TEST(TokenTreeTest, DepthsPathsAndValidation) {
   std::vector<int32_t> path = {9};
   AppendTreePath(parents, 5, &path);
   EXPECT_EQ(path, (std::vector<int32_t>{9, 0, 2, 4, 5}));
+  // The mask row of node 5 (ancestors 0, 2, 4 and itself), across a word boundary too.
+  std::vector<uint64_t> mask(1, 0);
+  SetTreeMaskBits(parents, 5, mask);
+  EXPECT_EQ(mask[0], (uint64_t{1} << 0) | (uint64_t{1} << 2) | (uint64_t{1} << 4) |
+                         (uint64_t{1} << 5));
+  std::vector<int32_t> chain(70);
+  std::iota(chain.begin(), chain.end(), -1);  // node i's parent is i - 1
+  std::vector<uint64_t> wide(2, 0);
+  SetTreeMaskBits(chain, 66, wide);
+  EXPECT_EQ(wide[0], ~uint64_t{0});
+  EXPECT_EQ(wide[1], uint64_t{0b111});
   EXPECT_TRUE(ValidateTreeParents(parents).ok());
   EXPECT_TRUE(ValidateTreeParents(std::vector<int32_t>{-1, -1, 1}).ok());  // a forest
   for (const std::vector<int32_t>& bad :

@@ -399,7 +399,6 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
     }
     tree_starts.assign(static_cast<size_t>(num_groups), INT32_MAX);
     masks.assign(static_cast<size_t>(n) * words, 0);
-    std::vector<int32_t> path;
     for (int32_t g = 0; g < num_groups; ++g) {
       const TokenTree* tree = rows[group_first[g]].tree;
       if (tree != nullptr) tree_starts[g] = tree->start;
@@ -407,10 +406,8 @@ absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin
     for (size_t i = begin; i < end; ++i) {
       const Row& r = rows[i];
       if (r.tree == nullptr) continue;
-      path.clear();
-      AppendTreePath(r.tree->parents, slot_of(r) - r.tree->start, &path);
-      uint64_t* mask = masks.data() + (i - begin) * words;
-      for (int32_t a : path) mask[a / 64] |= uint64_t{1} << (a % 64);
+      SetTreeMaskBits(r.tree->parents, slot_of(r) - r.tree->start,
+                      std::span<uint64_t>(masks).subspan((i - begin) * words, words));
     }
   }
   arena_.Reset();

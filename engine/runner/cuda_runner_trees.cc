@@ -65,7 +65,6 @@ absl::Status CudaRunner::State::PrepareTrees(std::span<const SequenceInput> batc
   std::vector<int32_t> starts(batch.size(), INT32_MAX);
   std::vector<uint64_t> masks;
   masks.reserve(static_cast<size_t>(launch->args.num_tokens) * words);
-  std::vector<int32_t> path;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceInput& in = batch[s];
     const size_t first = masks.size();
@@ -73,11 +72,9 @@ absl::Status CudaRunner::State::PrepareTrees(std::span<const SequenceInput> batc
     if (in.tree == nullptr) continue;
     starts[s] = in.tree->start;
     for (size_t i = 0; i < in.tokens.size(); ++i) {
-      path.clear();
       const auto node = static_cast<int32_t>(in.start_pos - in.tree->start + i);
-      AppendTreePath(in.tree->parents, node, &path);
-      uint64_t* row = masks.data() + first + i * words;
-      for (int32_t a : path) row[a / 64] |= uint64_t{1} << (a % 64);
+      SetTreeMaskBits(in.tree->parents, node,
+                      std::span<uint64_t>(masks).subspan(first + i * words, words));
     }
   }
   tree_arena.Reset();
