@@ -30,8 +30,8 @@ TEST(TokenTreeTest, DepthsPathsAndValidation) {
   // The mask row of node 5 (ancestors 0, 2, 4 and itself), across a word boundary too.
   std::vector<uint64_t> mask(1, 0);
   SetTreeMaskBits(parents, 5, mask);
-  EXPECT_EQ(mask[0], (uint64_t{1} << 0) | (uint64_t{1} << 2) | (uint64_t{1} << 4) |
-                         (uint64_t{1} << 5));
+  EXPECT_EQ(mask[0],
+            (uint64_t{1} << 0) | (uint64_t{1} << 2) | (uint64_t{1} << 4) | (uint64_t{1} << 5));
   std::vector<int32_t> chain(70);
   std::iota(chain.begin(), chain.end(), -1);  // node i's parent is i - 1
   std::vector<uint64_t> wide(2, 0);

@@ -445,10 +445,10 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
   return ForwardRows(batch, &num_rows, [&](size_t first, int32_t n) -> absl::Status {
     if (!copy) return absl::OkStatus();
     if (first == 0) logits->assign(num_rows * vocab, 0.0f);
-    return cuda::Check(cudaMemcpyAsync(logits->data() + first * vocab, s_->forward->logits(),
-                                       n * vocab * sizeof(float), cudaMemcpyDeviceToHost,
-                                       s_->stream),
-                       "copy of logits");
+    return cuda::Check(
+        cudaMemcpyAsync(logits->data() + first * vocab, s_->forward->logits(),
+                        n * vocab * sizeof(float), cudaMemcpyDeviceToHost, s_->stream),
+        "copy of logits");
   });
 }
 
@@ -476,24 +476,23 @@ absl::Status CudaRunner::ForwardCandidates(std::span<const SequenceInput> batch,
   auto* host_ids = s_->cand_host.as<int32_t>();
   auto* host_lp = reinterpret_cast<float*>(host_ids + s_->cand_rows * kernels::kMaxTopK);
   size_t num_rows = 0;
-  SPECD_RETURN_IF_ERROR(
-      ForwardRows(batch, &num_rows, [&](size_t first, int32_t n) -> absl::Status {
-        const size_t at = first * k, count = static_cast<size_t>(n) * k;
-        SPECD_RETURN_IF_ERROR(cuda::Check(
-            kernels::TopKRows(s_->forward->logits(), vocab, n, vocab, k, cand_ids + at,
-                              s_->cand_workspace.as(), s_->cand_workspace.bytes(), s_->stream),
-            "TopKRows (candidates)"));
-        SPECD_RETURN_IF_ERROR(
-            cuda::Check(kernels::LogSoftmaxAt(s_->forward->logits(), vocab, n, vocab,
-                                              cand_ids + at, k, cand_lp + at, s_->stream),
-                        "LogSoftmaxAt (candidates)"));
-        SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host_ids + at, cand_ids + at, count * 4,
-                                                          cudaMemcpyDeviceToHost, s_->stream),
-                                          "copy of candidates"));
-        return cuda::Check(cudaMemcpyAsync(host_lp + at, cand_lp + at, count * 4,
-                                           cudaMemcpyDeviceToHost, s_->stream),
-                           "copy of candidates");
-      }));
+  SPECD_RETURN_IF_ERROR(ForwardRows(batch, &num_rows, [&](size_t first, int32_t n) -> absl::Status {
+    const size_t at = first * k, count = static_cast<size_t>(n) * k;
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::TopKRows(s_->forward->logits(), vocab, n, vocab, k, cand_ids + at,
+                          s_->cand_workspace.as(), s_->cand_workspace.bytes(), s_->stream),
+        "TopKRows (candidates)"));
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::LogSoftmaxAt(s_->forward->logits(), vocab, n, vocab, cand_ids + at, k,
+                                          cand_lp + at, s_->stream),
+                    "LogSoftmaxAt (candidates)"));
+    SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host_ids + at, cand_ids + at, count * 4,
+                                                      cudaMemcpyDeviceToHost, s_->stream),
+                                      "copy of candidates"));
+    return cuda::Check(
+        cudaMemcpyAsync(host_lp + at, cand_lp + at, count * 4, cudaMemcpyDeviceToHost, s_->stream),
+        "copy of candidates");
+  }));
   ids->assign(host_ids, host_ids + num_rows * k);
   logprobs->assign(host_lp, host_lp + num_rows * k);
   return absl::OkStatus();

@@ -310,11 +310,10 @@ absl::Status CudaRunner::State::ReserveCandidates(int64_t rows) {
   SPECD_ASSIGN_OR_RETURN(cand_logprobs, cuda::DeviceMemory::Allocate(count * 4, "candidates"));
   SPECD_ASSIGN_OR_RETURN(cand_host, cuda::PinnedMemory::Allocate(count * 8, "candidates"));
   if (cand_workspace.bytes() == 0) {
-    const size_t ws = kernels::TopKWorkspaceBytes(limits.max_rows,
-                                                  static_cast<int32_t>(config.vocab_size),
-                                                  kernels::kMaxTopK);
-    SPECD_ASSIGN_OR_RETURN(cand_workspace, cuda::DeviceMemory::Allocate(std::max<size_t>(ws, 16),
-                                                                        "top-k workspace"));
+    const size_t ws = kernels::TopKWorkspaceBytes(
+        limits.max_rows, static_cast<int32_t>(config.vocab_size), kernels::kMaxTopK);
+    SPECD_ASSIGN_OR_RETURN(
+        cand_workspace, cuda::DeviceMemory::Allocate(std::max<size_t>(ws, 16), "top-k workspace"));
   }
   cand_rows = n;
   return absl::OkStatus();

@@ -262,8 +262,7 @@ class ModelRunner {
   // RanksCandidatesOnDevice().
   virtual bool RanksCandidatesOnDevice() const { return false; }
   virtual absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
-                                         std::vector<int32_t>* ids,
-                                         std::vector<float>* logprobs);
+                                         std::vector<int32_t>* ids, std::vector<float>* logprobs);
 };
 
 // A device string ("cpu", "cuda", "cuda:N", "auto") resolved: auto is the first GPU when the build

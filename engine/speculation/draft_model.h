@@ -210,9 +210,9 @@ class DraftModelSpeculator : public Speculator {
   // scratch: token trees' rows ranked on the draft's device (ModelRunner::ForwardCandidates).
   std::vector<int32_t> cand_ids_;
   std::vector<float> cand_lps_;
-  std::vector<float> probs_;          // [vocab] scratch
-  std::vector<SampleRow> rows_;       // scratch: greedy passes
-  std::vector<SampleResult> drawn_;   // scratch: greedy passes
+  std::vector<float> probs_;         // [vocab] scratch
+  std::vector<SampleRow> rows_;      // scratch: greedy passes
+  std::vector<SampleResult> drawn_;  // scratch: greedy passes
   // Device rounds (PlanDeviceRound): the first probability slot of each input (-1: none).
   bool device_round_ = false;
   std::vector<int32_t> slot_base_;
