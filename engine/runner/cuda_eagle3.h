@@ -18,7 +18,6 @@
 #include <driver_types.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -159,7 +158,6 @@ class CudaEagle3Compute : public Eagle3Compute {
   // Step `step` of a graph over graph_in_ (its tokens the previous step's mapped ids), writing
   // prenorm half `half`.
   Pass GraphPass(const GraphLayout& g, int32_t bucket, int32_t step, int32_t half) const;
-  absl::StatusOr<cudaGraphExec_t> Capture(const std::function<absl::Status()>& enqueue);
   static size_t GraphInBytes(int64_t seqs);
   absl::Status LoadWeights();
   absl::Status AllocateBuffers();

@@ -194,29 +194,10 @@ absl::Status CudaEagle3Compute::CaptureStepGraph(int32_t bucket, int32_t half, c
   };
   SPECD_RETURN_IF_ERROR(enqueue());
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 graph warm-up"));
-  SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(enqueue));
+  SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                         cuda::CaptureGraph(st, enqueue, "EAGLE-3 draft-step graph"));
   graphs_[{bucket, half}] = exec;
   return absl::OkStatus();
-}
-
-absl::StatusOr<cudaGraphExec_t> CudaEagle3Compute::Capture(
-    const std::function<absl::Status()>& enqueue) {
-  cudaStream_t st = options_.stream;
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal),
-                                    "EAGLE-3 graph capture"));
-  const absl::Status body = enqueue();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(st, &graph);
-  if (!body.ok() || end != cudaSuccess) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    SPECD_RETURN_IF_ERROR(body);
-    return cuda::Check(end, "EAGLE-3 graph capture");
-  }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  SPECD_RETURN_IF_ERROR(cuda::Check(inst, "EAGLE-3 graph instantiate"));
-  return exec;
 }
 
 absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t steps,
@@ -262,7 +243,8 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
     // second run would not repeat the first, as step 1 overwrites the half step 0 read.
     SPECD_RETURN_IF_ERROR(enqueue());
     SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft chain"));
-    SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(enqueue));
+    SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                           cuda::CaptureGraph(st, enqueue, "EAGLE-3 chained draft graph"));
     chain_graphs_[key] = exec;
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft chain"));

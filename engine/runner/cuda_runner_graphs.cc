@@ -262,26 +262,9 @@ absl::Status CudaRunner::State::Capture(GraphKey key) {
   SPECD_ASSIGN_OR_RETURN(Launch launch, Prepare({}, {}, key));
   SPECD_RETURN_IF_ERROR(RunGraphBody(launch));
   SPECD_RETURN_IF_ERROR(Sync("graph warm-up"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
-  const absl::Status body = RunGraphBody(launch);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-  if (!body.ok() || end != cudaSuccess) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    SPECD_RETURN_IF_ERROR(body);
-    return cuda::Check(end, "graph capture");
-  }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (inst == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of GPU memory instantiating the ", Describe(key),
-                     "; lower gpu_memory_utilization or use enforce_eager"));
-  }
-  SPECD_RETURN_IF_ERROR(cuda::Check(inst, "cudaGraphInstantiate"));
+  SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                         cuda::CaptureGraph(
+                             stream, [&] { return RunGraphBody(launch); }, Describe(key)));
   graphs[key] = exec;
   return absl::OkStatus();
 }

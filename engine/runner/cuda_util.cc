@@ -39,6 +39,32 @@ absl::Status Check(cudaError_t error, std::string_view what) {
                                           cudaGetErrorString(error), ")"));
 }
 
+absl::StatusOr<cudaGraphExec_t> CaptureGraph(cudaStream_t stream,
+                                             const std::function<absl::Status()>& enqueue,
+                                             std::string_view what) {
+  SPECD_RETURN_IF_ERROR(Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              absl::StrCat(std::string(what), ": capture")));
+  const absl::Status body = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!body.ok() || end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    SPECD_RETURN_IF_ERROR(body);
+    return Check(end, absl::StrCat(std::string(what), ": capture"));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of GPU memory instantiating the ", std::string(what),
+                     "; lower gpu_memory_utilization or use enforce_eager"));
+  }
+  SPECD_RETURN_IF_ERROR(Check(inst, absl::StrCat(std::string(what), ": cudaGraphInstantiate")));
+  return exec;
+}
+
 int32_t DeviceCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,13 @@ namespace specd::cuda {
 
 // OK, or Internal("what: cudaErrorName (description)"). Clears a non-sticky error.
 absl::Status Check(cudaError_t error, std::string_view what);
+
+// Captures what `enqueue` queues on `stream` (thread-local capture mode) and instantiates it:
+// enqueue's error first, then the capture's; ResourceExhausted naming `what` when instantiation
+// runs out of device memory, Internal for other failures.
+absl::StatusOr<cudaGraphExec_t> CaptureGraph(cudaStream_t stream,
+                                             const std::function<absl::Status()>& enqueue,
+                                             std::string_view what);
 
 // Visible CUDA devices; 0 when there is none or no driver.
 int32_t DeviceCount();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,27 @@ struct OpSpec {
   std::vector<OpShape> perf_shapes;   // decode- and prefill-sized, most larger than L2
   std::function<std::unique_ptr<OpCase>(const OpShape&)> make;
 };
+
+// An op whose cases are described by parameters P: each check and perf entry becomes the shape
+// shape_of(p) (whose label must be unique within the op) and make(p) builds the case of a shape.
+template <class P>
+OpSpec MakeLabelledSpec(std::string name, const std::vector<P>& check, const std::vector<P>& perf,
+                        const std::function<OpShape(const P&)>& shape_of,
+                        std::function<std::unique_ptr<OpCase>(const P&)> make) {
+  auto by_label = std::make_shared<std::map<std::string, P>>();
+  OpSpec spec{std::move(name), {}, {}, nullptr};
+  for (const auto* list : {&check, &perf}) {
+    for (const P& p : *list) {
+      const OpShape shape = shape_of(p);
+      (*by_label)[shape.label] = p;
+      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
+    }
+  }
+  spec.make = [by_label, make = std::move(make)](const OpShape& s) {
+    return make(by_label->at(s.label));
+  };
+  return spec;
+}
 
 // Every op, in a fixed order. Building the table touches no CUDA state.
 const std::vector<OpSpec>& OpTable();

@@ -206,17 +206,7 @@ OpShape ShapeOf(const DraftParams& p) {
 OpSpec MakeSpec(std::string name, const std::vector<DraftParams>& check,
                 const std::vector<DraftParams>& perf,
                 std::function<std::unique_ptr<OpCase>(const DraftParams&)> make) {
-  auto by_label = std::make_shared<std::map<std::string, DraftParams>>();
-  OpSpec spec{std::move(name), {}, {}, nullptr};
-  for (const auto* list : {&check, &perf}) {
-    for (const DraftParams& p : *list) {
-      const OpShape shape = ShapeOf(p);
-      (*by_label)[shape.label] = p;
-      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
-    }
-  }
-  spec.make = [by_label, make](const OpShape& s) { return make(by_label->at(s.label)); };
-  return spec;
+  return MakeLabelledSpec<DraftParams>(std::move(name), check, perf, ShapeOf, std::move(make));
 }
 
 }  // namespace

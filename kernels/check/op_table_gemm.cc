@@ -220,19 +220,10 @@ OpShape ShapeOf(const GemmParams& p) {
 
 OpSpec MakeSpec(std::string name, GemmImpl impl, const std::vector<GemmParams>& check,
                 const std::vector<GemmParams>& perf) {
-  auto by_label = std::make_shared<std::map<std::string, GemmParams>>();
-  OpSpec spec{std::move(name), {}, {}, nullptr};
-  for (const auto* list : {&check, &perf}) {
-    for (const GemmParams& p : *list) {
-      const OpShape shape = ShapeOf(p);
-      (*by_label)[shape.label] = p;
-      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
-    }
-  }
-  spec.make = [by_label, impl](const OpShape& s) {
-    return std::make_unique<GemmCase>(by_label->at(s.label), impl);
-  };
-  return spec;
+  return MakeLabelledSpec<GemmParams>(std::move(name), check, perf, ShapeOf,
+                                      [impl](const GemmParams& p) -> std::unique_ptr<OpCase> {
+                                        return std::make_unique<GemmCase>(p, impl);
+                                      });
 }
 
 // Llama-3.1-8B projections (n, k) at decode, small-batch and prefill m (lm_head: f32 output).

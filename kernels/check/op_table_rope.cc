@@ -264,17 +264,7 @@ std::vector<RopeParams> HeadNormPerfParams() {
 OpSpec MakeSpec(std::string name, const std::vector<RopeParams>& check,
                 const std::vector<RopeParams>& perf, OpShape (*shape_of)(const RopeParams&),
                 std::function<std::unique_ptr<OpCase>(const RopeParams&)> make) {
-  auto by_label = std::make_shared<std::map<std::string, RopeParams>>();
-  OpSpec spec{std::move(name), {}, {}, nullptr};
-  for (const auto* list : {&check, &perf}) {
-    for (const RopeParams& p : *list) {
-      const OpShape shape = shape_of(p);
-      (*by_label)[shape.label] = p;
-      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
-    }
-  }
-  spec.make = [by_label, make](const OpShape& s) { return make(by_label->at(s.label)); };
-  return spec;
+  return MakeLabelledSpec<RopeParams>(std::move(name), check, perf, shape_of, std::move(make));
 }
 
 }  // namespace

@@ -631,17 +631,7 @@ OpShape ShapeOf(const SamplingParams& p) {
 OpSpec MakeSpec(std::string name, const std::vector<SamplingParams>& check,
                 const std::vector<SamplingParams>& perf,
                 std::function<std::unique_ptr<OpCase>(const SamplingParams&)> make) {
-  auto by_label = std::make_shared<std::map<std::string, SamplingParams>>();
-  OpSpec spec{std::move(name), {}, {}, nullptr};
-  for (const auto* list : {&check, &perf}) {
-    for (const SamplingParams& p : *list) {
-      const OpShape shape = ShapeOf(p);
-      (*by_label)[shape.label] = p;
-      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
-    }
-  }
-  spec.make = [by_label, make](const OpShape& s) { return make(by_label->at(s.label)); };
-  return spec;
+  return MakeLabelledSpec<SamplingParams>(std::move(name), check, perf, ShapeOf, std::move(make));
 }
 
 }  // namespace

@@ -626,17 +626,7 @@ std::vector<VerifyParams> StochasticPerfParams() {
 OpSpec MakeSpec(std::string name, const std::vector<VerifyParams>& check,
                 const std::vector<VerifyParams>& perf,
                 std::function<std::unique_ptr<OpCase>(const VerifyParams&)> make) {
-  auto by_label = std::make_shared<std::map<std::string, VerifyParams>>();
-  OpSpec spec{std::move(name), {}, {}, nullptr};
-  for (const auto* list : {&check, &perf}) {
-    for (const VerifyParams& v : *list) {
-      const OpShape shape = ShapeOf(v);
-      (*by_label)[shape.label] = v;
-      (list == &check ? spec.check_shapes : spec.perf_shapes).push_back(shape);
-    }
-  }
-  spec.make = [by_label, make](const OpShape& s) { return make(by_label->at(s.label)); };
-  return spec;
+  return MakeLabelledSpec<VerifyParams>(std::move(name), check, perf, ShapeOf, std::move(make));
 }
 
 }  // namespace
