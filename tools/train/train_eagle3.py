@@ -21,9 +21,15 @@ int64, t2d bool; no embed_tokens: the head shares the target's) and train_info.j
 hyperparameter, token counts, losses, and a held-out greedy chain-drafting evaluation: mean
 accepted length for K = 4 and 7).
 
+--init HEAD continues from a head this script wrote, and can grow it on the way: a larger draft
+vocabulary that contains the saved one (e.g. --draft-vocab-size 0, the target's whole vocabulary)
+and a wider FFN (--intermediate-size), both function-preserving (load_init).
+
 Usage:
   train_eagle3.py --target models/codepair/target --out models/codepair/eagle3
                   [--steps N] [--time-budget-s S] [--max-train-tokens N] [--quick]
+  train_eagle3.py --init models/codepair/eagle3 --draft-vocab-size 8192 --intermediate-size 3072
+                  --lr 2e-4 --steps 100000 --time-budget-s 500 --out OUT
   train_eagle3.py --self-test   (no torch needed; with torch also checks the model math)
 
 torch, tokenizers (and safetensors, when installed) are imported only when training.
@@ -55,9 +61,13 @@ HEAD_WEIGHTS = ("fc.weight", "midlayer.input_layernorm.weight", "midlayer.hidden
                 "midlayer.post_attention_layernorm.weight", "midlayer.mlp.gate_proj.weight",
                 "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "norm.weight",
                 "lm_head.weight")
+# The FFN tensors an --init head may be narrower in (gate / up rows, down_proj columns).
+FFN_IN_WEIGHTS = ("midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight")
+FFN_OUT_WEIGHT = "midlayer.mlp.down_proj.weight"
 TARGET_LAYER_WEIGHTS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                         "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+DEFAULT_DRAFT_VOCAB = 4096
 QUICK = dict(steps=20, time_budget_s=60.0, max_train_tokens=300_000, context=256, batch_size=8,
              warmup_steps=5, eval_windows=4, log_every=5)
 
@@ -189,6 +199,16 @@ def make_d2t_t2d(draft_ids, vocab):
     return d2t, t2d
 
 
+def draft_index_map(old_ids, new_ids):
+    """For each id of old_ids, its index in new_ids (both draft vocabularies as ascending target
+    ids): where an --init head's lm_head rows go in this run's. None when old_ids is not a subset
+    of new_ids."""
+    where = {tid: i for i, tid in enumerate(new_ids)}
+    if any(tid not in where for tid in old_ids):
+        return None
+    return [where[tid] for tid in old_ids]
+
+
 def rope_theta_of(cfg):
     """RoPE theta from a transformers-5 (`rope_parameters`) or -4 (`rope_theta`) config."""
     params = cfg.get("rope_parameters") or {}
@@ -199,15 +219,16 @@ def rope_theta_of(cfg):
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def head_config(tcfg, draft_vocab_size, aux_ids):
-    """config.json of the head (transformers-4 form, as vLLM / SGLang read EAGLE-3 heads)."""
+def head_config(tcfg, draft_vocab_size, aux_ids, intermediate_size=None):
+    """config.json of the head (transformers-4 form, as vLLM / SGLang read EAGLE-3 heads). The
+    FFN width is the target's unless `intermediate_size` is given."""
     heads = tcfg["num_attention_heads"]
     aux = [int(j) for j in aux_ids]
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_size": tcfg["hidden_size"],
-        "intermediate_size": tcfg["intermediate_size"],
+        "intermediate_size": int(intermediate_size or tcfg["intermediate_size"]),
         "num_hidden_layers": 1,
         "num_attention_heads": heads,
         "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
@@ -461,6 +482,7 @@ class VocabMap:
         self.d2t = torch.tensor(self.d2t_list, dtype=torch.long, device=device)
         self.t2d = torch.tensor(self.t2d_list, dtype=torch.bool, device=device)
         self.target_ids = torch.arange(self.size, device=device) + self.d2t  # as vLLM maps
+        self.full = self.size == vocab  # every id drafted: d2t all 0, t2d all true
         index = torch.full((vocab,), -1, dtype=torch.long, device=device)
         index[self.target_ids] = torch.arange(self.size, device=device)
         self.t2d_index = index  # target id -> draft index, -1 when not drafted
@@ -474,8 +496,11 @@ def target_batch(tg, tokens, aux_ids, vm):
         aux, h = tg.forward(tokens, aux_ids)
         feats = torch.cat(aux, dim=-1).float()
         logits = tg.logits(h)
-        probs = logits[..., vm.target_ids].softmax(-1)
-        top = vm.t2d_index[logits.argmax(-1)]
+        if vm.full:  # target_ids = arange(vocab): the same values without the gathers
+            probs, top = logits.softmax(-1), logits.argmax(-1)
+        else:
+            probs = logits[..., vm.target_ids].softmax(-1)
+            top = vm.t2d_index[logits.argmax(-1)]
     return feats, probs, top
 
 
@@ -583,18 +608,84 @@ def init_head_params(hcfg, tg, vm, init_lm_head, seed, device):
     return {n: params[n].float().to(device).requires_grad_() for n in HEAD_WEIGHTS}
 
 
-def load_init(head_dir, params, vm):
+def read_head_config(head_dir):
+    with open(os.path.join(head_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def fit_new_rows(target_rows, old_ids, old_lm_head, new_ids):
+    """lm_head rows for draft ids the saved head did not have: the target's output rows of those
+    ids times the least-squares map A (float64) that best takes the target's rows of the saved
+    head's ids to its trained lm_head rows (target_rows[old_ids] @ A ~ old_lm_head). Training
+    moved the rows away from the target's (and the head's final norm with them), so the raw
+    target rows are miscalibrated against the trained ones; the fitted map carries that shift."""
+    rows = target_rows.detach().double().cpu()
+    a = torch.linalg.lstsq(rows[old_ids], old_lm_head.detach().double().cpu()).solution
+    return (rows[new_ids] @ a).float()
+
+
+def load_init(head_dir, params, vm, target_rows=None):
     """Continues training from a head this script saved: its weights replace the initial ones.
-    Its draft vocabulary must be the one derived from this run's data."""
+
+    The saved head may be smaller than this run's in two ways, both grown so that the grown head
+    computes the saved head's logits on the saved head's draft ids (up to float rounding):
+    * draft vocabulary: the saved one must be a subset of this run's (e.g. the full vocabulary);
+      its lm_head rows go to their ids' new draft indices; the other rows are, with target_rows
+      (the target's output embedding [vocab, hidden]), fit_new_rows' least-squares extension of
+      the trained rows (--new-rows-init fit), else they keep their initial values (the target's
+      output rows with --lm-head-init target, as from scratch); norm.weight is the saved head's;
+    * FFN width (intermediate_size): the saved neurons are the first ones; the new neurons keep
+      their random gate / up rows (N(0, 0.02)) and get zero down_proj columns, so they add exactly
+      nothing until trained (down_proj's gradient is not zero, so they start learning at once).
+    Every other tensor must have the same shape. Returns a summary for train_info.json."""
     w = load_weights(head_dir)
-    d2t = [int(x) for x in w["d2t"].tolist()]
-    if [i + d for i, d in enumerate(d2t)] != [int(x) for x in vm.target_ids.tolist()]:
-        raise SystemExit(f"--init {head_dir}: its draft vocabulary is not this run's")
-    for name, p in params.items():
-        if name not in w or tuple(w[name].shape) != tuple(p.shape):
-            raise SystemExit(f"--init {head_dir}: {name} missing or of another shape")
-        with torch.no_grad():
-            p.copy_(w[name].float().to(p.device))
+    old_ids = [i + int(d) for i, d in enumerate(w["d2t"].tolist())]
+    ids = [int(x) for x in vm.target_ids.tolist()]
+    rows = draft_index_map(old_ids, ids)
+    added = sorted(set(ids) - set(old_ids))  # this run's draft ids the saved head lacks
+    if rows is None:
+        raise SystemExit(f"--init {head_dir}: its draft vocabulary ({len(old_ids)} ids) is not a "
+                         f"subset of this run's ({vm.size} ids)")
+    widths = {w[n].shape[0] for n in FFN_IN_WEIGHTS if n in w}
+    widths |= {w[FFN_OUT_WEIGHT].shape[1]} if FFN_OUT_WEIGHT in w else set()
+    if len(widths) != 1:
+        raise SystemExit(f"--init {head_dir}: FFN tensors of different widths {sorted(widths)}")
+    old_inter = widths.pop()
+    with torch.no_grad():
+        for name, p in params.items():
+            if name not in w:
+                raise SystemExit(f"--init {head_dir}: no {name}")
+            src = w[name].float().to(p.device)
+            if name == "lm_head.weight":
+                fits = tuple(src.shape) == (len(old_ids), p.shape[1])
+                if fits:
+                    p[torch.tensor(rows, dtype=torch.long, device=p.device)] = src
+                    if added and target_rows is not None:
+                        p[torch.tensor(draft_index_map(added, ids), device=p.device)] = (
+                            fit_new_rows(target_rows, torch.tensor(old_ids), src,
+                                         torch.tensor(added)).to(p.device))
+            elif name in FFN_IN_WEIGHTS:
+                fits = src.shape[1] == p.shape[1] and src.shape[0] <= p.shape[0]
+                if fits:
+                    p[:src.shape[0]] = src
+            elif name == FFN_OUT_WEIGHT:
+                fits = src.shape[0] == p.shape[0] and src.shape[1] <= p.shape[1]
+                if fits:
+                    p[:, :src.shape[1]] = src
+                    p[:, src.shape[1]:] = 0.0
+            else:
+                fits = tuple(src.shape) == tuple(p.shape)
+                if fits:
+                    p.copy_(src)
+            if not fits:
+                raise SystemExit(f"--init {head_dir}: {name} {list(src.shape)} does not fit this "
+                                 f"run's {list(p.shape)}")
+    new_inter = params[FFN_OUT_WEIGHT].shape[1]
+    return {"from": head_dir, "draft_vocab_size": [len(old_ids), vm.size],
+            "new_lm_head_rows": len(added),
+            "new_rows_init": ("none" if not added else "least-squares fit"
+                              if target_rows is not None else "initial values"),
+            "intermediate_size": [int(old_inter), int(new_inter)]}
 
 
 def amp(device):
@@ -890,26 +981,43 @@ def setup(args):
         raise SystemExit(f"need 3 aux layer ids in 0..{tg.n_layers}: {args.aux_layer_ids}")
     if args.context + args.ttt_steps > tg.max_positions:
         raise SystemExit("--context + --ttt-steps past max_position_embeddings")
+    resolve_head_sizes(args, tg.cfg)
     train_ids, held_ids, corpus = prepare_data(args, tg.vocab)
     draft_ids, covered = draft_vocab_from(train_ids, tg.vocab, args.draft_vocab_size)
     vm = VocabMap(draft_ids, tg.vocab, device)
-    hcfg = head_config(tg.cfg, args.draft_vocab_size, args.aux_layer_ids)
+    hcfg = head_config(tg.cfg, args.draft_vocab_size, args.aux_layer_ids, args.intermediate_size)
     params = init_head_params(hcfg, tg, vm, args.lm_head_init == "target", args.seed, device)
-    if args.init:
-        load_init(args.init, params, vm)
+    init = load_init(args.init, params, vm, tg.lm_head_f32 if args.new_rows_init == "fit"
+                     else None) if args.init else None
     head = Head(hcfg, params, tg.embed.float(), tg.cos, tg.sin)
     corpus["draft_vocab_train_coverage"] = covered
-    return device, tg, vm, hcfg, head, train_ids, held_ids, corpus
+    return device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init
+
+
+def resolve_head_sizes(args, tcfg):
+    """--draft-vocab-size and --intermediate-size when not given: the --init head's, else 4096
+    and the target's FFN width. --draft-vocab-size 0 means the target's whole vocabulary."""
+    icfg = read_head_config(args.init) if args.init else {}
+    if args.draft_vocab_size is None:
+        args.draft_vocab_size = int(icfg.get("draft_vocab_size") or DEFAULT_DRAFT_VOCAB)
+    elif args.draft_vocab_size == 0:
+        args.draft_vocab_size = int(tcfg["vocab_size"])
+    if args.intermediate_size is None:
+        args.intermediate_size = int(icfg.get("intermediate_size") or tcfg["intermediate_size"])
+    if not 0 < args.draft_vocab_size <= tcfg["vocab_size"] or args.intermediate_size <= 0:
+        raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} (at most "
+                         f"{tcfg['vocab_size']}) / --intermediate-size {args.intermediate_size}")
 
 
 def run(args):
     t_start = time.time()
-    device, tg, vm, hcfg, head, train_ids, held_ids, corpus = setup(args)
+    device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init = setup(args)
     n_params = sum(p.numel() for p in head.p.values())
     print(f"device {device}; target {args.target} ({args.target_dtype}); corpus {corpus}; "
           f"head {n_params} params; prep {time.time() - t_start:.1f}s", flush=True)
     info = {"what": "EAGLE-3 draft head (LlamaForCausalLMEagle3) for " + args.target,
-            "args": vars(args), "head_config": hcfg, "head_params": n_params, "corpus": corpus,
+            "args": vars(args), "head_config": hcfg, "head_params": n_params, "init": init,
+            "corpus": corpus,
             "optimizer": {"name": "AdamW", "betas": [0.9, 0.95], "fp32_master": True,
                           "autocast": "bf16" if device.type == "cuda" else "none"},
             "versions": versions(device), "timing": {"prep_s": round(time.time() - t_start, 1)}}
@@ -952,11 +1060,18 @@ def parse_args(argv=None):
     a("--grad-clip", type=float, default=0.5, help="max gradient norm")
     a("--ttt-steps", type=int, default=7, help="training-time-test draft steps")
     a("--step-weight", type=float, default=0.8, help="loss weight of step s: this^(s-1)")
-    a("--draft-vocab-size", type=int, default=4096)
+    a("--draft-vocab-size", type=int, default=None, help="draft vocabulary size (0: the "
+      "target's whole vocabulary; default: the --init head's, else %d)" % DEFAULT_DRAFT_VOCAB)
+    a("--intermediate-size", type=int, default=None, help="the head's FFN width (default: the "
+      "--init head's, else the target's); wider than the --init head's grows it")
     a("--aux-layer-ids", type=parse_int_list, default=[1, 3, 5],
       help="target layers whose input residual stream feeds fc (vLLM convention)")
     a("--init", default="", help="continue from this head's weights (a folder this script "
-      "wrote; same data, so the same draft vocabulary)")
+      "wrote); its draft vocabulary must be a subset of this run's and its FFN no wider")
+    a("--new-rows-init", choices=["fit", "target"], default="fit", help="with --init and a larger "
+      "draft vocabulary: lm_head rows of the new ids from the target's output rows through the "
+      "least-squares map of the target's rows onto the trained ones (fit), or as --lm-head-init "
+      "makes them (target)")
     a("--lm-head-init", choices=["target", "random"], default="target",
       help="start lm_head / norm from the target's output embedding rows / final norm")
     a("--target-dtype", choices=["bf16", "fp32"], default="bf16")
@@ -1042,7 +1157,34 @@ def test_vocab_and_config():
     cfg = head_config(tcfg, 4096, [1, 3, 5])
     check(cfg["rope_theta"] == 100000.0 and "rope_parameters" not in cfg
           and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
-          and cfg["architectures"] == ["LlamaForCausalLMEagle3"], "head config.json fields")
+          and cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+          and cfg["intermediate_size"] == 1024, "head config.json fields")
+    wide = head_config(tcfg, 8192, [1, 3, 5], 3072)
+    check(wide["intermediate_size"] == 3072 and wide["draft_vocab_size"] == 8192
+          and sorted(wide) == sorted(cfg), "head config.json: FFN width and full vocab, same keys")
+    check(draft_index_map([0, 1, 5], [0, 1, 2, 5, 7]) == [0, 1, 3]
+          and draft_index_map([0, 3], [0, 1, 2]) is None
+          and draft_index_map(ids, list(range(len(counts)))) == ids,
+          "draft_index_map: saved draft ids -> this run's draft indices (subset only)")
+    d2t, t2d = make_d2t_t2d(build_draft_vocab(counts, len(counts)), len(counts))
+    check(d2t == [0] * len(counts) and all(t2d), "full draft vocab: d2t all 0, t2d all true")
+
+
+def test_head_sizes(tmp):
+    """--draft-vocab-size / --intermediate-size: given, 0 (full vocab), or from --init."""
+    tcfg = {"vocab_size": 8192, "intermediate_size": 1024}
+    init = os.path.join(tmp, "init")
+    os.makedirs(init)
+    with open(os.path.join(init, "config.json"), "w") as f:
+        json.dump({"draft_vocab_size": 8192, "intermediate_size": 3072}, f)
+    got = []
+    for init_dir, dv, inter in [("", None, None), ("", 0, 2048), (init, None, None),
+                                (init, 4096, 1024)]:
+        a = argparse.Namespace(init=init_dir, draft_vocab_size=dv, intermediate_size=inter)
+        resolve_head_sizes(a, tcfg)
+        got.append((a.draft_vocab_size, a.intermediate_size))
+    check(got == [(4096, 1024), (8192, 2048), (8192, 3072), (4096, 1024)],
+          "head sizes: defaults, 0 = full vocab, --init head's when not given")
 
 
 def test_corpus(tmp):
@@ -1065,6 +1207,7 @@ def self_test(args):
     with tempfile.TemporaryDirectory() as tmp:
         test_safetensors(tmp)
         test_corpus(tmp)
+        test_head_sizes(tmp)
     test_vocab_and_config()
     try:
         import_torch()
@@ -1081,6 +1224,8 @@ def torch_self_test(args):
     torch.manual_seed(0)
     test_ttt_attention()
     test_chain_causality()
+    test_full_vocab_targets()
+    test_grow_init()
     with tempfile.TemporaryDirectory() as tmp:
         t = torch.randn(2, 3).to(torch.bfloat16)
         path = os.path.join(tmp, "b.safetensors")
@@ -1115,21 +1260,125 @@ def test_ttt_attention():
     check(torch.allclose(got, want, atol=1e-10), "torch: TTT attention = per-anchor chain")
 
 
-def tiny_head(vocab=40, draft=16, hidden=32, seed=0):
-    hcfg = {"hidden_size": hidden, "intermediate_size": 48, "num_attention_heads": 4,
+class FakeTarget:
+    """What init_head_params and target_batch read of a target: random output rows, a final norm
+    of ones, and a forward whose aux features are multiples of the embedding."""
+
+    def __init__(self, vocab, hidden):
+        self.lm_head_f32, self.norm = torch.randn(vocab, hidden), torch.ones(hidden)
+        self.embed = torch.randn(vocab, hidden)
+
+    def forward(self, ids, aux_ids=()):
+        h = F.embedding(ids, self.embed)
+        return [h * (j + 1) for j in aux_ids], h
+
+    def logits(self, h):
+        return F.linear(h.float(), self.lm_head_f32)
+
+
+def tiny_head(vocab=40, draft=16, hidden=32, seed=0, inter=48, tg=None, embed=None):
+    """A random head (draft ids 0, 2, 4, ... unless draft == vocab) and its VocabMap."""
+    hcfg = {"hidden_size": hidden, "intermediate_size": inter, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5,
             "target_hidden_size": hidden, "draft_vocab_size": draft}
-
-    class FakeTarget:
-        lm_head_f32 = torch.randn(vocab, hidden)
-        norm = torch.ones(hidden)
-    vm = VocabMap(list(range(0, 2 * draft, 2)), vocab, torch.device("cpu"))
-    params = init_head_params(hcfg, FakeTarget, vm, True, seed, torch.device("cpu"))
+    tg = tg or FakeTarget(vocab, hidden)
+    ids = list(range(vocab)) if draft == vocab else list(range(0, 2 * draft, 2))
+    vm = VocabMap(ids, vocab, torch.device("cpu"))
+    params = init_head_params(hcfg, tg, vm, True, seed, torch.device("cpu"))
     with torch.no_grad():
         for p in params.values():
             p.add_(0.1 * torch.randn_like(p))
     cos, sin = rope_tables(10000.0, 8, 64, "cpu")
-    return Head(hcfg, params, torch.randn(vocab, hidden), cos, sin), vm
+    return Head(hcfg, params, torch.randn(vocab, hidden) if embed is None else embed, cos, sin), vm
+
+
+def test_full_vocab_targets():
+    """A full draft vocabulary: d2t all 0, t2d all true, and target_batch's shortcut (no gathers)
+    gives what the gather path gives."""
+    vocab, cpu = 40, torch.device("cpu")
+    tg, tokens = FakeTarget(vocab, 32), torch.randint(0, vocab, (2, 9))
+    full, gathered = (VocabMap(list(range(vocab)), vocab, cpu) for _ in range(2))
+    gathered.full = False
+    a, b = target_batch(tg, tokens, [1, 3, 5], full), target_batch(tg, tokens, [1, 3, 5], gathered)
+    check(full.full and full.d2t_list == [0] * vocab and all(full.t2d_list)
+          and all(torch.equal(x, y) for x, y in zip(a, b)),
+          "torch: full draft vocab: d2t 0, t2d true, target_batch shortcut = gather path")
+
+
+def test_grow_init():
+    """--init of a smaller head into a larger one (draft vocabulary 16 of 40 ids -> all 40, FFN
+    48 -> 96): the grown head gives the saved head's logits on the saved ids and the same hidden
+    states at every draft step (function-preserving); the new FFN neurons add nothing but get a
+    gradient; the new lm_head rows are the least-squares extension; the grown head saves as a
+    full-vocabulary checkpoint. Also: the same sizes copy exactly, and misfits are refused."""
+    vocab, hidden, cpu = 40, 32, torch.device("cpu")
+    t_rows = torch.randn(vocab, 8, dtype=torch.float64)
+    a_true = torch.randn(8, 5, dtype=torch.float64)
+    old, new = torch.arange(0, 40, 3), torch.tensor([i for i in range(vocab) if i % 3])
+    fitted = fit_new_rows(t_rows, old, t_rows[old] @ a_true, new)
+    check(torch.allclose(fitted.double(), t_rows[new] @ a_true, atol=1e-4),
+          "torch: fit_new_rows recovers a linear map of the target's rows")
+    tg, embed = FakeTarget(vocab, hidden), torch.randn(vocab, hidden)
+    small, vm_small = tiny_head(vocab, 16, hidden, seed=0, inter=48, tg=tg, embed=embed)
+    small_cfg = {"hidden_size": hidden, "intermediate_size": 48, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5,
+                 "target_hidden_size": hidden, "draft_vocab_size": 16}
+    with tempfile.TemporaryDirectory() as tmp:
+        saved_dir, grown_dir = os.path.join(tmp, "saved"), os.path.join(tmp, "grown")
+        save_checkpoint(saved_dir, small, vm_small, small_cfg)
+        saved = {n: t.float() for n, t in load_weights(saved_dir).items()}
+        ref = Head(small_cfg, {n: saved[n] for n in HEAD_WEIGHTS}, embed, small.cos, small.sin)
+        same = init_head_params(small_cfg, tg, vm_small, True, 1, cpu)
+        info_same = load_init(saved_dir, same, vm_small, tg.lm_head_f32)
+        check(all(torch.equal(same[n], saved[n]) for n in HEAD_WEIGHTS)
+              and info_same["new_lm_head_rows"] == 0, "torch: --init of the same sizes copies")
+        vm = VocabMap(list(range(vocab)), vocab, cpu)
+        big_cfg = dict(small_cfg, draft_vocab_size=vocab, intermediate_size=96)
+        params = init_head_params(big_cfg, tg, vm, True, 1, cpu)
+        info = load_init(saved_dir, params, vm, tg.lm_head_f32)
+        big = Head(big_cfg, params, embed, small.cos, small.sin)
+        old_ids = vm_small.target_ids
+        added = torch.tensor([i for i in range(vocab) if not bool(vm_small.t2d[i])])
+        feats, tokens = torch.randn(2, 10, 3 * hidden), torch.randint(0, vocab, (2, 10))
+        ref_rows, big_rows = DraftRows(ref, feats), DraftRows(big, feats)
+        same_logits = same_hidden = True
+        with torch.no_grad():
+            for s in range(1, 5):
+                ids = shift_left(tokens, s)
+                lr, lb = ref_rows.step(ids), big_rows.step(ids)
+                same_logits = same_logits and torch.allclose(lb[..., old_ids], lr, atol=1e-5)
+                same_hidden = same_hidden and torch.allclose(big_rows.hid, ref_rows.hid, atol=1e-5)
+        check(same_logits and same_hidden and info["draft_vocab_size"] == [16, vocab]
+              and info["intermediate_size"] == [48, 96] and info["new_lm_head_rows"] == 24,
+              "torch: grown head (vocab 16 -> 40, FFN 48 -> 96) = saved head on its ids, "
+              "4 draft steps")
+        want = fit_new_rows(tg.lm_head_f32, old_ids, saved["lm_head.weight"], added)
+        check(torch.equal(params["lm_head.weight"][added], want)
+              and torch.equal(params["lm_head.weight"][old_ids], saved["lm_head.weight"]),
+              "torch: grown lm_head: saved rows at their ids, fitted rows at the new ids")
+        down, gate = params[FFN_OUT_WEIGHT], params["midlayer.mlp.gate_proj.weight"]
+        logits = DraftRows(big, feats).step(shift_left(tokens, 1))
+        (logits.float() ** 2).mean().backward()
+        check(bool((down[:, 48:] == 0).all()) and bool((gate[48:] != 0).any())
+              and bool((down.grad[:, 48:] != 0).any()) and bool((gate.grad[48:] == 0).all()),
+              "torch: new FFN neurons: zero down_proj columns, random gate rows, down_proj learns")
+        save_checkpoint(grown_dir, big, vm, big_cfg)
+        back = load_weights(grown_dir)
+        check(back["d2t"].tolist() == [0] * vocab and bool(back["t2d"].all())
+              and tuple(back["lm_head.weight"].shape) == (vocab, hidden)
+              and tuple(back[FFN_OUT_WEIGHT].shape) == (hidden, 96)
+              and read_head_config(grown_dir)["draft_vocab_size"] == vocab,
+              "torch: grown head saves with d2t 0, t2d true, lm_head [vocab, hidden]")
+        refused = []
+        for cfg, ids in [(dict(small_cfg, intermediate_size=32), list(range(0, 32, 2))),
+                         (small_cfg, list(range(1, 33, 2)))]:
+            try:
+                load_init(saved_dir, init_head_params(cfg, tg, VocabMap(ids, vocab, cpu), True, 1,
+                                                      cpu), VocabMap(ids, vocab, cpu))
+                refused.append(False)
+            except SystemExit:
+                refused.append(True)
+        check(refused == [True, True], "torch: --init refuses a wider FFN or a vocab not a subset")
 
 
 def test_chain_causality():
