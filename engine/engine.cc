@@ -316,6 +316,10 @@ std::optional<int32_t> Engine::model_bos_id() const {
 }
 
 absl::Status Engine::Validate(const GenerateRequest& request) const {
+  return Admit(request).status();
+}
+
+absl::StatusOr<ResolvedSpeculation> Engine::Admit(const GenerateRequest& request) const {
   const int32_t vocab = runner_->config().vocab_size;
   SPECD_RETURN_IF_ERROR(request.params.Validate(vocab));
   if (request.prompt_ids.empty()) return absl::InvalidArgumentError("prompt is empty");
@@ -334,19 +338,14 @@ absl::Status Engine::Validate(const GenerateRequest& request) const {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this model has none");
   }
   return ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
-                            ssd_ != nullptr, vegas_ != nullptr, runner_->config().is_nsa())
-      .status();
+                            ssd_ != nullptr, vegas_ != nullptr, runner_->config().is_nsa());
 }
 
 bool Engine::target_is_nsa() const { return runner_->config().is_nsa(); }
 
-Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
+Engine::Request& Engine::AddRequest(RequestId id, GenerateRequest request,
+                                    const ResolvedSpeculation& spec, OutputCallback on_output,
                                     absl::Time arrival) {
-  // Validate accepted the request, so its speculation resolves.
-  const ResolvedSpeculation spec =
-      ResolveSpeculation(request.speculation, options_.speculative, draft_ != nullptr,
-                         ssd_ != nullptr, vegas_ != nullptr, runner_->config().is_nsa())
-          .value_or(ResolvedSpeculation{});
   auto owned =
       std::make_unique<Request>(id, std::move(request), spec, block_size_, tokenizer_.get());
   Request& r = *owned;
@@ -400,6 +399,7 @@ RequestUsage Engine::Request::Usage() const {
   u.num_cache_hit_drafts = num_cache_hit_drafts;
   u.num_cache_hit_draft_tokens = num_cache_hit_draft_tokens;
   u.num_cache_hit_accepted_tokens = num_cache_hit_accepted_tokens;
+  u.ssd = spec.method == SpeculationMethod::kSsd;
   for (const RequestUsage::MethodUsage& m : by_method) {
     if (m.num_drafts > 0) u.by_method.push_back(m);
   }
@@ -507,12 +507,17 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
       return absl::FailedPreconditionError("the engine is serving: use Submit, not Generate");
     }
   }
-  for (const GenerateRequest& r : requests) SPECD_RETURN_IF_ERROR(Validate(r));
+  std::vector<ResolvedSpeculation> speculation;
+  speculation.reserve(requests.size());
+  for (const GenerateRequest& r : requests) {
+    SPECD_ASSIGN_OR_RETURN(ResolvedSpeculation s, Admit(r));
+    speculation.push_back(std::move(s));
+  }
   std::vector<GenerateResult> results(requests.size());
   core_->on_token = &on_token;
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < requests.size(); ++i) {
-    Request& r = AddRequest(core_->next_offline_id++, requests[i], {}, now);
+    Request& r = AddRequest(core_->next_offline_id++, requests[i], speculation[i], {}, now);
     r.sink = &results[i];
     r.index = i;
   }

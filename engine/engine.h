@@ -128,6 +128,7 @@ struct RequestUsage {
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  bool ssd = false;  // the request's speculation resolved to method ssd
   // The same three counts per method that drafted (`auto` may use several), in the order
   // draft_model, ngram, ssd, vegas, streaming, eagle3; methods without rounds are left out.
   struct MethodUsage {
@@ -308,7 +309,8 @@ class Engine {
   // us). Any thread (fault tests signal it).
   int32_t ssd_speculator_pid() const;
 
-  // Checks a request before any work is done: InvalidArgument for bad params or prompts.
+  // Checks a request before any work is done: InvalidArgument for bad params, prompts or
+  // speculation (naming the field: FieldOf, engine/base/status.h).
   absl::Status Validate(const GenerateRequest& request) const;
 
   absl::StatusOr<std::vector<GenerateResult>> GenerateBatch(
@@ -380,8 +382,11 @@ class Engine {
   void ReportToPolicy();
   // End of Apply: the step's policy metrics (`committed` tokens in the step).
   void FinishPolicyStep(int64_t committed);
-  Request& AddRequest(RequestId id, GenerateRequest request, OutputCallback on_output,
-                      absl::Time arrival);
+  // Validate's checks; the request's speculation resolved (the only place it is: Submit and
+  // GenerateBatch call it once per request).
+  absl::StatusOr<ResolvedSpeculation> Admit(const GenerateRequest& request) const;
+  Request& AddRequest(RequestId id, GenerateRequest request, const ResolvedSpeculation& spec,
+                      OutputCallback on_output, absl::Time arrival);
   // One step (engine_step.cc): Prepare (schedule, PlanSampling) -> Speculate -> Verify
   // (ChooseVerifier, BuildBatch) -> Apply. False when there was nothing to run.
   absl::StatusOr<bool> RunStep();

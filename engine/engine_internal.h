@@ -47,7 +47,7 @@ struct Engine::Request {
   Sequence seq;
   uint64_t seed;  // the request's, or drawn at arrival: CPU sampler RNG and GPU Philox key
   Sampler sampler;
-  ResolvedSpeculation spec;          // what this request speculates with (Validate resolved it)
+  ResolvedSpeculation spec;          // what this request speculates with (Admit resolved it)
   std::optional<Acceptor> acceptor;  // when spec.enabled(): verification, its own seeded RNG
   int64_t num_drafts = 0;            // speculation stats (RequestUsage)
   int64_t num_draft_tokens = 0;
@@ -148,6 +148,7 @@ struct Engine::Shared {
   struct Pending {
     RequestId id;
     GenerateRequest request;
+    ResolvedSpeculation speculation;  // Submit's Admit resolved it
     OutputCallback on_output;
     absl::Time arrival;
   };

@@ -28,7 +28,9 @@ absl::Status Engine::Start() {
 }
 
 absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request, OutputCallback on_output) {
-  SPECD_RETURN_IF_ERROR(Validate(request));
+  // The one place a served request's speculation is validated and resolved; the result rides
+  // the inbox to the engine thread.
+  SPECD_ASSIGN_OR_RETURN(ResolvedSpeculation speculation, Admit(request));
   const absl::Time arrival = absl::Now();
   RequestId id = 0;
   {
@@ -44,7 +46,8 @@ absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request, OutputCallback
           absl::StrCat("waiting queue full (", options_.max_waiting, " requests)"));
     }
     id = shared_->next_id++;
-    shared_->inbox.push_back({id, std::move(request), std::move(on_output), arrival});
+    shared_->inbox.push_back(
+        {id, std::move(request), std::move(speculation), std::move(on_output), arrival});
   }
   shared_->work_cv.notify_one();
   return id;
@@ -151,7 +154,7 @@ void Engine::ExpireDeadlines(absl::Time now) {
 // Applies what front ends asked since the last step: new requests, pauses, aborts.
 void Engine::ApplyInbox(Inbox& inbox, absl::Time now) {
   for (Shared::Pending& p : inbox.incoming) {
-    AddRequest(p.id, std::move(p.request), std::move(p.on_output), p.arrival);
+    AddRequest(p.id, std::move(p.request), p.speculation, std::move(p.on_output), p.arrival);
   }
   for (const auto& [id, paused] : inbox.pauses) {
     auto it = core_->live.find(id);

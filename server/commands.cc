@@ -131,11 +131,11 @@ absl::StatusOr<SpeculationParams> ToSpeculationParams(const GenerateFlags& f) {
         absl::StrCat("--speculation-method: ", method.status().message()));
   }
   s.method = *method;
-  if (f.num_speculative_tokens < 0 || f.num_speculative_tokens > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--num-speculative-tokens: must be in [0, ", kMaxSpeculativeTokens, "]"));
-  }
   s.num_speculative_tokens = f.num_speculative_tokens;
+  // The request's rules (SpeculationParams::Validate); K is the only value the flags set.
+  if (absl::Status v = s.Validate(); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--num-speculative-tokens: ", v.message()));
+  }
   return s;
 }
 

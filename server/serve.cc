@@ -100,10 +100,6 @@ http::ModelContext MakeModelContext(const ServeOptions& o, const Engine& engine,
   c.max_model_len = engine.max_model_len();
   c.vocab_size = c.tokenizer ? c.tokenizer->vocab_size() : std::numeric_limits<int32_t>::max();
   c.speculative = engine.speculative_config();
-  c.has_draft_model = engine.has_draft_model();
-  c.has_ssd = engine.has_ssd();
-  c.has_sparse_drafting = engine.has_sparse_drafting();
-  c.target_is_nsa = engine.target_is_nsa();
   c.allow_special_tokens_in_content = o.allow_special_tokens_in_content;
   return c;
 }

@@ -1,6 +1,7 @@
 #include "engine/model/ssv.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/field_status.h"
 
 namespace specd {
 
@@ -24,12 +25,15 @@ std::string SsvStrategyName(const SsvStrategy& s) {
 absl::Status ValidateSsvStrategy(const SsvStrategy& s, std::string_view prefix_view) {
   const std::string prefix(prefix_view);
   if (s.group_size < 1 || s.group_size > kMaxSsvGroupSize) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "group_size must be in [1, ",
-                                                   kMaxSsvGroupSize, "], got ", s.group_size));
+    return FieldError(absl::StrCat(prefix, "group_size"),
+                      absl::StrCat(prefix, "group_size must be in [1, ", kMaxSsvGroupSize,
+                                   "], got ", s.group_size));
   }
   if (s.refresh_every < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "refresh_every must be at least 1 (1: every layer), got ", s.refresh_every));
+    return FieldError(
+        absl::StrCat(prefix, "refresh_every"),
+        absl::StrCat(prefix, "refresh_every must be at least 1 (1: every layer), got ",
+                     s.refresh_every));
   }
   return absl::OkStatus();
 }

@@ -42,7 +42,8 @@ std::string_view SsvModeName(SsvMode mode);
 bool ParseSsvMode(std::string_view name, SsvMode* mode);
 // The strategy as metrics and logs show it, e.g. "exact/c4/r1".
 std::string SsvStrategyName(const SsvStrategy& s);
-// InvalidArgument naming `prefix`.field when C is outside [1, kMaxSsvGroupSize] or R < 1.
+// InvalidArgument naming `prefix`.field (message and field payload, engine/base/status.h) when C
+// is outside [1, kMaxSsvGroupSize] or R < 1.
 absl::Status ValidateSsvStrategy(const SsvStrategy& s, std::string_view prefix);
 
 // What the verification chunks that ran with a strategy read, counted per query, layer and KV

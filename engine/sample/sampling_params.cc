@@ -3,12 +3,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/field_status.h"
 
 namespace specd {
 namespace {
 
 absl::Status Bad(absl::string_view field, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(field, " ", why));
+  return FieldError(field, absl::StrCat(field, " ", why));
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ struct SamplingParams {
   bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
-  // InvalidArgument naming the field for out-of-range or non-finite values.
+  // InvalidArgument naming the field (the message's first word and the field payload, FieldOf
+  // in engine/base/status.h) for out-of-range or non-finite values.
   absl::Status Validate(int32_t vocab_size) const;
 };
 

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/field_status.h"
 #include "engine/base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -14,7 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status FieldError(std::string_view field, std::string_view what) {
+absl::Status ConfigFieldError(std::string_view field, std::string_view what) {
   return absl::InvalidArgumentError(
       absl::StrCat("--speculative-config: \"", std::string(field), "\" ", std::string(what)));
 }
@@ -23,10 +24,10 @@ absl::Status FieldError(std::string_view field, std::string_view what) {
 absl::Status ReadInt(const json& j, const char* field, int64_t lo, int64_t hi, int64_t* out) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number_integer()) return FieldError(field, "must be an integer");
+  if (!it->is_number_integer()) return ConfigFieldError(field, "must be an integer");
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) {
-    return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+    return ConfigFieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
   }
   *out = v;
   return absl::OkStatus();
@@ -44,7 +45,7 @@ absl::Status ReadString(const json& j, const char* field, bool allow_empty, std:
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_string() || (!allow_empty && it->get<std::string>().empty())) {
-    return FieldError(field, "must be a non-empty string");
+    return ConfigFieldError(field, "must be a non-empty string");
   }
   *out = it->get<std::string>();
   return absl::OkStatus();
@@ -61,12 +62,14 @@ absl::Status ReadSsdSecurity(const json& j, SsdOptions* o) {
   }
   const int num_tls = !o->tls_cert.empty() + !o->tls_key.empty() + !o->tls_ca.empty();
   if (num_tls != 0 && num_tls != 3) {
-    return FieldError("speculator_tls_cert",
-                      "speculator_tls_cert, speculator_tls_key and speculator_tls_ca go together");
+    return ConfigFieldError(
+        "speculator_tls_cert",
+        "speculator_tls_cert, speculator_tls_key and speculator_tls_ca go together");
   }
   if (num_tls == 3 && o->launch) {
-    return FieldError("speculator_tls_cert",
-                      "TLS is for a speculator on another host: set \"launch_speculator\": false");
+    return ConfigFieldError(
+        "speculator_tls_cert",
+        "TLS is for a speculator on another host: set \"launch_speculator\": false");
   }
   return absl::OkStatus();
 }
@@ -76,12 +79,12 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
   std::string mode = o->geometric_fan_out ? "geometric" : "constant";
   if (absl::Status s = ReadString(j, "fan_out_mode", false, &mode); !s.ok()) return s;
   if (mode != "geometric" && mode != "constant") {
-    return FieldError("fan_out_mode", "must be \"geometric\" or \"constant\"");
+    return ConfigFieldError("fan_out_mode", "must be \"geometric\" or \"constant\"");
   }
   o->geometric_fan_out = mode == "geometric";
   if (auto it = j.find("saguaro_c"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() < 0.0 || it->get<double>() > 1.0) {
-      return FieldError("saguaro_c", "must be a number in [0, 1]");
+      return ConfigFieldError("saguaro_c", "must be a number in [0, 1]");
     }
     o->saguaro_c = it->get<float>();
   }
@@ -91,26 +94,26 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
   }
   if (absl::Status s = ReadString(j, "backup", false, &o->backup); !s.ok()) return s;
   if (o->backup != "ngram" && o->backup != "random") {
-    return FieldError("backup", "must be \"ngram\" or \"random\"");
+    return ConfigFieldError("backup", "must be \"ngram\" or \"random\"");
   }
   if (absl::Status s = ReadString(j, "speculator_address", false, &o->address); !s.ok()) return s;
   if (o->address.rfind(':') == std::string::npos) {
-    return FieldError("speculator_address", "must be HOST:PORT");
+    return ConfigFieldError("speculator_address", "must be HOST:PORT");
   }
   if (auto it = j.find("launch_speculator"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean()) return FieldError("launch_speculator", "must be true or false");
+    if (!it->is_boolean()) return ConfigFieldError("launch_speculator", "must be true or false");
     o->launch = it->get<bool>();
   }
   if (absl::Status s = ReadString(j, "speculator_binary", false, &o->binary); !s.ok()) return s;
   std::string build = o->complete_cache ? "complete" : "interruptible";
   if (absl::Status s = ReadString(j, "cache_build", false, &build); !s.ok()) return s;
   if (build != "complete" && build != "interruptible") {
-    return FieldError("cache_build", "must be \"interruptible\" or \"complete\"");
+    return ConfigFieldError("cache_build", "must be \"interruptible\" or \"complete\"");
   }
   o->complete_cache = build == "complete";
   if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
-      return FieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
+      return ConfigFieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
     }
     o->gpu_memory_utilization = it->get<double>();
   }
@@ -125,7 +128,7 @@ absl::Status ReadUnit(const json& j, const char* field, double lo, double hi, do
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_number() || it->get<double>() < lo || it->get<double>() > hi) {
-    return FieldError(field, absl::StrCat("must be a number in [", lo, ", ", hi, "]"));
+    return ConfigFieldError(field, absl::StrCat("must be a number in [", lo, ", ", hi, "]"));
   }
   *out = it->get<double>();
   return absl::OkStatus();
@@ -143,14 +146,14 @@ absl::Status InReplay(absl::Status s) {
 absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
   auto it = j.find("replay");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return FieldError("replay", "must be an object");
+  if (!it->is_object()) return ConfigFieldError("replay", "must be an object");
   for (const auto& [key, value] : it->items()) {
     if (key != "file" && key != "alpha" && key != "candidate_hit" && key != "seed") {
-      return FieldError(absl::StrCat("replay.", key), "is not a known field");
+      return ConfigFieldError(absl::StrCat("replay.", key), "is not a known field");
     }
   }
   if (absl::Status s = InReplay(ReadString(*it, "file", false, &o->file)); !s.ok()) return s;
-  if (o->file.empty()) return FieldError("replay.file", "is required");
+  if (o->file.empty()) return ConfigFieldError("replay.file", "is required");
   if (absl::Status s = InReplay(ReadUnit(*it, "alpha", 0.0, 1.0, &o->alpha)); !s.ok()) return s;
   if (absl::Status s = InReplay(ReadUnit(*it, "candidate_hit", 0.0, 1.0, &o->candidate_hit));
       !s.ok()) {
@@ -170,11 +173,11 @@ absl::Status ReadReplayOptions(const json& j, DraftReplayOptions* o) {
 absl::Status ReadTreeShape(const json& j, TreeShape* o) {
   auto it = j.find("tree");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return FieldError("tree", "must be an object");
+  if (!it->is_object()) return ConfigFieldError("tree", "must be an object");
   for (const auto& [key, value] : it->items()) {
     if (key != "depth" && key != "top_k" && key != "num_nodes") {
-      return FieldError(absl::StrCat("tree.", key),
-                        "is not a known field (depth, top_k, num_nodes)");
+      return ConfigFieldError(absl::StrCat("tree.", key),
+                              "is not a known field (depth, top_k, num_nodes)");
     }
   }
   for (auto [field, out, hi] : {std::tuple{"depth", &o->depth, kMaxSpeculativeTokens},
@@ -182,8 +185,8 @@ absl::Status ReadTreeShape(const json& j, TreeShape* o) {
                                 std::tuple{"num_nodes", &o->num_nodes, kMaxSpeculativeTokens}}) {
     if (auto v = it->find(field); v != it->end() && !v->is_null()) {
       if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > hi) {
-        return FieldError(absl::StrCat("tree.", field),
-                          absl::StrCat("must be an integer in [1, ", hi, "]"));
+        return ConfigFieldError(absl::StrCat("tree.", field),
+                                absl::StrCat("must be an integer in [1, ", hi, "]"));
       }
       *out = static_cast<int32_t>(v->get<int64_t>());
     }
@@ -196,23 +199,23 @@ absl::Status ReadTreeShape(const json& j, TreeShape* o) {
 absl::Status ReadSsvStrategy(const json& j, SsvStrategy* o) {
   auto it = j.find("ssv");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return FieldError("ssv", "must be an object");
+  if (!it->is_object()) return ConfigFieldError("ssv", "must be an object");
   for (const auto& [key, value] : it->items()) {
     if (key != "group_size" && key != "mode" && key != "refresh_every") {
-      return FieldError(absl::StrCat("ssv.", key), "is not a known field");
+      return ConfigFieldError(absl::StrCat("ssv.", key), "is not a known field");
     }
   }
   if (auto m = it->find("mode"); m != it->end() && !m->is_null()) {
     if (!m->is_string() || !ParseSsvMode(m->get<std::string>(), &o->mode)) {
-      return FieldError("ssv.mode", "must be \"exact\" or \"shared\"");
+      return ConfigFieldError("ssv.mode", "must be \"exact\" or \"shared\"");
     }
   }
   for (auto [field, out, hi] : {std::tuple{"group_size", &o->group_size, kMaxSsvGroupSize},
                                 std::tuple{"refresh_every", &o->refresh_every, 1 << 16}}) {
     if (auto v = it->find(field); v != it->end() && !v->is_null()) {
       if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > hi) {
-        return FieldError(absl::StrCat("ssv.", field),
-                          absl::StrCat("must be an integer in [1, ", hi, "]"));
+        return ConfigFieldError(absl::StrCat("ssv.", field),
+                                absl::StrCat("must be an integer in [1, ", hi, "]"));
       }
       *out = static_cast<int32_t>(v->get<int64_t>());
     }
@@ -223,7 +226,7 @@ absl::Status ReadSsvStrategy(const json& j, SsvStrategy* o) {
 absl::Status ReadSparseOptions(const json& j, SparseDraftOptions* o) {
   if (auto it = j.find("sparsity_ratio"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || !(it->get<double>() > 0.0 && it->get<double>() <= 1.0)) {
-      return FieldError("sparsity_ratio", "must be a number in (0, 1]");
+      return ConfigFieldError("sparsity_ratio", "must be a number in (0, 1]");
     }
     o->sparsity_ratio = it->get<double>();
   }
@@ -231,7 +234,7 @@ absl::Status ReadSparseOptions(const json& j, SparseDraftOptions* o) {
   if (absl::Status s = ReadInt32(j, "min_tokens", 0, kMaxTokens, &o->min_tokens); !s.ok()) return s;
   if (absl::Status s = ReadInt32(j, "max_tokens", 0, kMaxTokens, &o->max_tokens); !s.ok()) return s;
   if (o->max_tokens > 0 && o->max_tokens < o->min_tokens) {
-    return FieldError("max_tokens", "must be 0 (no cap) or at least min_tokens");
+    return ConfigFieldError("max_tokens", "must be 0 (no cap) or at least min_tokens");
   }
   return absl::OkStatus();
 }
@@ -324,18 +327,18 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
-    if (!known) return FieldError(key, "is not a known field");
+    if (!known) return ConfigFieldError(key, "is not a known field");
   }
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string() || it->get<std::string>().empty()) {
-      return FieldError("model", "must be a non-empty string (a draft model directory)");
+      return ConfigFieldError("model", "must be a non-empty string (a draft model directory)");
     }
     config.draft_model = it->get<std::string>();
   }
   config.method =
       config.draft_model.empty() ? SpeculationMethod::kNone : SpeculationMethod::kDraftModel;
   if (auto it = j.find("method"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) return FieldError("method", "must be a string");
+    if (!it->is_string()) return ConfigFieldError("method", "must be a string");
     absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(it->get<std::string>());
     if (!m.ok()) {
       return absl::InvalidArgumentError(
@@ -347,7 +350,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   // draft model ("model" then stays the draft's).
   if (auto it = j.find("eagle3_model"); it != j.end() && !it->is_null()) {
     if (!it->is_string() || it->get<std::string>().empty()) {
-      return FieldError("eagle3_model", "must be a non-empty string (an EAGLE-3 head directory)");
+      return ConfigFieldError("eagle3_model",
+                              "must be a non-empty string (an EAGLE-3 head directory)");
     }
     config.eagle3_model = it->get<std::string>();
     if (!j.contains("method") && config.draft_model.empty()) {
@@ -358,7 +362,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   }
   for (const char* key : {"parallel", "parallel_drafting"}) {
     if (auto it = j.find(key); it != j.end() && !it->is_null()) {
-      if (!it->is_boolean()) return FieldError(key, "must be true or false");
+      if (!it->is_boolean()) return ConfigFieldError(key, "must be true or false");
       config.parallel_drafting = config.parallel_drafting || it->get<bool>();
     }
   }
@@ -377,7 +381,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
     return s;
   }
   if (config.prompt_lookup_min > config.prompt_lookup_max) {
-    return FieldError("prompt_lookup_min", "must not exceed prompt_lookup_max");
+    return ConfigFieldError("prompt_lookup_min", "must not exceed prompt_lookup_max");
   }
   if (absl::Status s = ReadInt(j, "draft_kv_cache_bytes", 0, std::numeric_limits<int64_t>::max(),
                                &config.draft_kv_cache_bytes);
@@ -390,8 +394,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
     } else if (it->is_string() && !it->get<std::string>().empty()) {
       config.speculator_device = it->get<std::string>();
     } else {
-      return FieldError("speculator_device",
-                        "must be a GPU index (0, 1, ...) or a device name (cpu, cuda:N)");
+      return ConfigFieldError("speculator_device",
+                              "must be a GPU index (0, 1, ...) or a device name (cpu, cuda:N)");
     }
   }
   if (absl::Status s = ReadSsdOptions(j, &config.ssd); !s.ok()) return s;
@@ -400,19 +404,20 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (absl::Status s = ReadSsvStrategy(j, &config.ssv); !s.ok()) return s;
   if (absl::Status s = ReadTreeShape(j, &config.tree); !s.ok()) return s;
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
-    return FieldError("model", "is required for method draft_model");
+    return ConfigFieldError("model", "is required for method draft_model");
   }
   if (config.method == SpeculationMethod::kSsd && config.draft_model.empty()) {
-    return FieldError("model", "is required for method ssd (the speculator's draft model)");
+    return ConfigFieldError("model", "is required for method ssd (the speculator's draft model)");
   }
   if (config.parallel_drafting && config.draft_model.empty()) {
-    return FieldError("parallel", "drafts with a draft model: name it with \"model\"");
+    return ConfigFieldError("parallel", "drafts with a draft model: name it with \"model\"");
   }
   if (config.parallel_drafting && config.method == SpeculationMethod::kSsd) {
-    return FieldError("parallel", "is not available with method ssd yet");
+    return ConfigFieldError("parallel", "is not available with method ssd yet");
   }
   if (config.method == SpeculationMethod::kEagle3 && config.eagle3_model.empty()) {
-    return FieldError("model", "is required for method eagle3 (the EAGLE-3 head's directory)");
+    return ConfigFieldError("model",
+                            "is required for method eagle3 (the EAGLE-3 head's directory)");
   }
   return config;
 }
@@ -474,62 +479,60 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
 absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string_view prefix) {
   const std::string p(prefix);
   if (!(o.sparsity_ratio > 0.0 && o.sparsity_ratio <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p, "sparsity_ratio must be in (0, 1], got ", o.sparsity_ratio));
+    return FieldError(p + "sparsity_ratio",
+                      absl::StrCat(p, "sparsity_ratio must be in (0, 1], got ", o.sparsity_ratio));
   }
   if (o.min_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p, "min_tokens must not be negative, got ", o.min_tokens));
+    return FieldError(p + "min_tokens",
+                      absl::StrCat(p, "min_tokens must not be negative, got ", o.min_tokens));
   }
   if (o.max_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p, "max_tokens must not be negative (0: no cap), got ", o.max_tokens));
+    return FieldError(p + "max_tokens", absl::StrCat(p,
+                                                     "max_tokens must not be negative (0: no "
+                                                     "cap), got ",
+                                                     o.max_tokens));
   }
   if (o.max_tokens > 0 && o.max_tokens < o.min_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p, "max_tokens ", o.max_tokens, " is below min_tokens ", o.min_tokens));
+    return FieldError(p + "max_tokens", absl::StrCat(p, "max_tokens ", o.max_tokens,
+                                                     " is below min_tokens ", o.min_tokens));
   }
   return absl::OkStatus();
 }
 
 namespace {
 
+constexpr char kMethodField[] = "speculation.method";
+constexpr char kMaxKField[] = "speculation.policy.max_k";
+constexpr char kForbidField[] = "speculation.policy.forbid";
+constexpr char kSsvField[] = "speculation.ssv";
+
 bool IsSpeculating(SpeculationMethod m) {
   return m != SpeculationMethod::kDefault && m != SpeculationMethod::kNone &&
          m != SpeculationMethod::kAuto;
 }
 
-// speculation.policy: InvalidArgument for a max_k out of range or a forbid entry that is not a
-// speculating method; the forbidden methods as bits.
-absl::StatusOr<uint32_t> CheckPolicy(const SpeculationParams& request) {
-  if (request.policy_max_k > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("speculation.policy.max_k must be in [0, ",
-                                                   kMaxSpeculativeTokens, "], got ",
-                                                   request.policy_max_k));
-  }
+absl::Status TreeMethodError(SpeculationMethod method) {
+  return FieldError("speculation.tree",
+                    absl::StrCat("speculation.tree needs a pinned method that drafts trees "
+                                 "(draft_model, eagle3, ngram); this request's is ",
+                                 SpeculationMethodName(method)));
+}
+
+// The forbidden methods as bits (Validate checked the entries).
+uint32_t ForbiddenBits(const SpeculationParams& request) {
   uint32_t bits = 0;
-  for (SpeculationMethod m : request.policy_forbid) {
-    if (!IsSpeculating(m)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculation.policy.forbid: '", SpeculationMethodName(m),
-          "' is not a speculation method; list draft_model, eagle3, ngram, ssd, vegas or "
-          "streaming"));
-    }
-    bits |= 1u << static_cast<int>(m);
-  }
+  for (SpeculationMethod m : request.policy_forbid) bits |= 1u << static_cast<int>(m);
   return bits;
 }
 
-}  // namespace
-
-namespace {
-
-// speculation.ssv over the server's strategy (ResolveSpeculation's rules).
+// speculation.ssv over the server's strategy (ResolveSpeculation's rules; Validate checked the
+// request's own values).
 absl::StatusOr<SsvStrategy> ResolveSsv(const SpeculationParams& request,
                                        const SpeculativeConfig& server, bool target_is_nsa) {
   if (request.has_ssv() && !target_is_nsa) {
-    return absl::InvalidArgumentError(
-        "speculation.ssv sets how an NSA model verifies; this server's model is not one");
+    return FieldError(kSsvField,
+                      "speculation.ssv sets how an NSA model verifies; this server's model is "
+                      "not one");
   }
   SsvStrategy ssv = server.ssv;
   if (request.ssv_group_size != 0) ssv.group_size = request.ssv_group_size;
@@ -537,16 +540,6 @@ absl::StatusOr<SsvStrategy> ResolveSsv(const SpeculationParams& request,
   if (request.ssv_refresh_every != 0) ssv.refresh_every = request.ssv_refresh_every;
   SPECD_RETURN_IF_ERROR(ValidateSsvStrategy(ssv, "speculation.ssv."));
   if (request.ssv_strict) {
-    if (request.ssv_mode == SsvMode::kShared) {
-      return absl::InvalidArgumentError(
-          "speculation.ssv: mode \"shared\" is lossy and \"strict\": true allows lossless "
-          "strategies only");
-    }
-    if (request.ssv_refresh_every > 1) {
-      return absl::InvalidArgumentError(
-          "speculation.ssv: refresh_every above 1 is lossy and \"strict\": true allows lossless "
-          "strategies only");
-    }
     ssv.mode = SsvMode::kExact;
     ssv.refresh_every = 1;
   }
@@ -555,56 +548,127 @@ absl::StatusOr<SsvStrategy> ResolveSsv(const SpeculationParams& request,
 
 }  // namespace
 
+absl::Status SpeculationParams::Validate() const {
+  if (num_speculative_tokens < 0 || num_speculative_tokens > kMaxSpeculativeTokens) {
+    return FieldError("speculation.num_speculative_tokens",
+                      absl::StrCat("speculation.num_speculative_tokens must be in [0, ",
+                                   kMaxSpeculativeTokens, "], got ", num_speculative_tokens));
+  }
+  if (!(saguaro_c < 0.0f || saguaro_c <= 1.0f)) {  // NaN included
+    return FieldError("speculation.saguaro_c",
+                      absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", saguaro_c));
+  }
+  if (!(sparsity_ratio < 0.0 || (sparsity_ratio > 0.0 && sparsity_ratio <= 1.0))) {
+    return FieldError(
+        "speculation.sparsity_ratio",
+        absl::StrCat("speculation.sparsity_ratio must be in (0, 1], got ", sparsity_ratio));
+  }
+  if (sparse_min_tokens < -1) {
+    return FieldError(
+        "speculation.min_tokens",
+        absl::StrCat("speculation.min_tokens must not be negative, got ", sparse_min_tokens));
+  }
+  if (sparse_max_tokens < -1) {
+    return FieldError("speculation.max_tokens",
+                      absl::StrCat("speculation.max_tokens must not be negative (0: no cap), got ",
+                                   sparse_max_tokens));
+  }
+  if (sparse_max_tokens > 0 && sparse_min_tokens >= 0 && sparse_max_tokens < sparse_min_tokens) {
+    return FieldError("speculation.max_tokens",
+                      absl::StrCat("speculation.max_tokens ", sparse_max_tokens,
+                                   " is below min_tokens ", sparse_min_tokens));
+  }
+  if (policy_max_k < -1 || policy_max_k > kMaxSpeculativeTokens) {
+    return FieldError(kMaxKField, absl::StrCat("speculation.policy.max_k must be in [0, ",
+                                               kMaxSpeculativeTokens, "], got ", policy_max_k));
+  }
+  for (SpeculationMethod m : policy_forbid) {
+    if (!IsSpeculating(m)) {
+      return FieldError(kForbidField,
+                        absl::StrCat("speculation.policy.forbid: '", SpeculationMethodName(m),
+                                     "' is not a speculation method; list draft_model, eagle3, "
+                                     "ngram, ssd, vegas or streaming"));
+    }
+    if (m == method) {
+      return FieldError(
+          kForbidField,
+          absl::StrCat("speculation.method ", SpeculationMethodName(method),
+                       " is forbidden by the request's own speculation.policy.forbid"));
+    }
+  }
+  if (policy_max_k >= 0 && num_speculative_tokens > policy_max_k) {
+    return FieldError(
+        kMaxKField,
+        absl::StrCat("speculation.num_speculative_tokens ", num_speculative_tokens,
+                     " exceeds the request's own speculation.policy.max_k ", policy_max_k));
+  }
+  if (ssv_group_size != 0 && (ssv_group_size < 1 || ssv_group_size > kMaxSsvGroupSize)) {
+    return FieldError("speculation.ssv.group_size",
+                      absl::StrCat("speculation.ssv.group_size must be in [1, ", kMaxSsvGroupSize,
+                                   "], got ", ssv_group_size));
+  }
+  if (ssv_refresh_every < 0) {
+    return FieldError("speculation.ssv.refresh_every",
+                      absl::StrCat("speculation.ssv.refresh_every must be at least 1 (1: every "
+                                   "layer), got ",
+                                   ssv_refresh_every));
+  }
+  if (ssv_strict && ssv_mode == SsvMode::kShared) {
+    return FieldError(kSsvField,
+                      "speculation.ssv: mode \"shared\" is lossy and \"strict\": true allows "
+                      "lossless strategies only");
+  }
+  if (ssv_strict && ssv_refresh_every > 1) {
+    return FieldError(kSsvField,
+                      "speculation.ssv: refresh_every above 1 is lossy and \"strict\": true "
+                      "allows lossless strategies only");
+  }
+  SPECD_RETURN_IF_ERROR(ValidateTreeShape(tree, "speculation.tree."));
+  // A method the request pins (the server's default is ResolveSpeculation's to check).
+  if (tree.enabled && !tree_off && method != SpeculationMethod::kDefault && !DraftsTrees(method)) {
+    return TreeMethodError(method);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd,
                                                        bool has_sparse_drafting,
                                                        bool target_is_nsa) {
-  if (request.num_speculative_tokens < 0 ||
-      request.num_speculative_tokens > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens,
-                     "], got ", request.num_speculative_tokens));
-  }
-  SPECD_ASSIGN_OR_RETURN(const uint32_t forbidden, CheckPolicy(request));
-  const bool explicit_method = request.method != SpeculationMethod::kDefault;
-  SpeculationMethod method = explicit_method ? request.method : server.method;
-  const bool forbidden_method =
-      IsSpeculating(method) && (forbidden >> static_cast<int>(method) & 1u);
-  if (forbidden_method && explicit_method) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.method ", SpeculationMethodName(method),
-                     " is forbidden by the request's own speculation.policy.forbid"));
-  }
-  if (forbidden_method) method = SpeculationMethod::kNone;  // the server's default, refused
-  if (request.policy_max_k >= 0 && request.num_speculative_tokens > request.policy_max_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.num_speculative_tokens ", request.num_speculative_tokens,
-                     " exceeds the request's own speculation.policy.max_k ", request.policy_max_k));
+  SPECD_RETURN_IF_ERROR(request.Validate());
+  const uint32_t forbidden = ForbiddenBits(request);
+  // Validate refused an explicit method the request forbids; a server default it forbids
+  // resolves to no speculation.
+  SpeculationMethod method =
+      request.method != SpeculationMethod::kDefault ? request.method : server.method;
+  if (IsSpeculating(method) && (forbidden >> static_cast<int>(method) & 1u)) {
+    method = SpeculationMethod::kNone;
   }
   if (method == SpeculationMethod::kDraftModel && !has_draft_model) {
-    return absl::InvalidArgumentError(
-        "speculation.method draft_model needs a draft model; start the server with "
-        "--speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'");
+    return FieldError(kMethodField,
+                      "speculation.method draft_model needs a draft model; start the server with "
+                      "--speculative-config '{\"method\": \"draft_model\", \"model\": DIR}'");
   }
   if (method == SpeculationMethod::kEagle3 && server.eagle3_model.empty()) {
-    return absl::InvalidArgumentError(
-        "speculation.method eagle3 needs an EAGLE-3 head; start the server with "
-        "--speculative-config '{\"method\": \"eagle3\", \"model\": HEAD_DIR}'");
+    return FieldError(kMethodField,
+                      "speculation.method eagle3 needs an EAGLE-3 head; start the server with "
+                      "--speculative-config '{\"method\": \"eagle3\", \"model\": HEAD_DIR}'");
   }
   if (method == SpeculationMethod::kSsd && !has_ssd) {
-    return absl::InvalidArgumentError(
-        "speculation.method ssd needs a speculator; start the server with "
-        "--speculative-config '{\"method\": \"ssd\", \"model\": DIR}'");
+    return FieldError(kMethodField,
+                      "speculation.method ssd needs a speculator; start the server with "
+                      "--speculative-config '{\"method\": \"ssd\", \"model\": DIR}'");
   }
   if ((method == SpeculationMethod::kVegas || method == SpeculationMethod::kStreaming) &&
       !has_sparse_drafting) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.method ", SpeculationMethodName(method),
-                     " needs sparse drafting, which this server lacks (tensor parallelism is on)"));
+    return FieldError(kMethodField,
+                      absl::StrCat("speculation.method ", SpeculationMethodName(method),
+                                   " needs sparse drafting, which this server lacks "
+                                   "(tensor parallelism is on)"));
   }
   SparseDraftOptions sparse = server.sparse;
-  if (request.sparsity_ratio != 0) sparse.sparsity_ratio = request.sparsity_ratio;
+  if (request.sparsity_ratio > 0) sparse.sparsity_ratio = request.sparsity_ratio;
   if (request.sparse_min_tokens >= 0) sparse.min_tokens = request.sparse_min_tokens;
   if (request.sparse_max_tokens >= 0) sparse.max_tokens = request.sparse_max_tokens;
   // A request's own values may make the server's cap fall below its floor: the floor wins then.
@@ -612,17 +676,9 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
     sparse.max_tokens = std::max(sparse.max_tokens, sparse.min_tokens);
   }
   SPECD_RETURN_IF_ERROR(ValidateSparseDraftOptions(sparse, "speculation."));
-  if (request.saguaro_c > 1.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", request.saguaro_c));
-  }
   SPECD_ASSIGN_OR_RETURN(const SsvStrategy ssv, ResolveSsv(request, server, target_is_nsa));
-  SPECD_RETURN_IF_ERROR(ValidateTreeShape(request.tree, "speculation.tree."));
   if (request.tree.enabled && !request.tree_off && !DraftsTrees(method)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculation.tree needs a pinned method that drafts trees (draft_model, eagle3, ngram); "
-        "this request's is ",
-        SpeculationMethodName(method)));
+    return TreeMethodError(method);
   }
   ResolvedSpeculation out;
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
@@ -672,8 +728,8 @@ absl::Status ValidateTreeShape(const TreeShape& t, std::string_view prefix) {
                 {"num_nodes", t.num_nodes, kMaxSpeculativeTokens}};
   for (const auto& f : fields) {
     if (f.value < 0 || f.value > f.hi) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(std::string(prefix), f.name, " must be in [1, ", f.hi, "], got ", f.value));
+      const std::string field = absl::StrCat(std::string(prefix), f.name);
+      return FieldError(field, absl::StrCat(field, " must be in [1, ", f.hi, "], got ", f.value));
     }
   }
   return absl::OkStatus();

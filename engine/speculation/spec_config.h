@@ -63,17 +63,19 @@ inline constexpr int32_t kDefaultTreeNodes = 16;
 inline constexpr int32_t kMaxTreeTopK = 16;
 // Whether `m` drafts trees (draft_model, eagle3, ngram).
 bool DraftsTrees(SpeculationMethod m);
-// InvalidArgument naming `prefix`.field for a set field out of range: depth and num_nodes in
-// [1, kMaxSpeculativeTokens], top_k in [1, kMaxTreeTopK].
+// InvalidArgument naming `prefix`.field (message and field payload) for a set field out of
+// range: depth and num_nodes in [1, kMaxSpeculativeTokens], top_k in [1, kMaxTreeTopK].
 absl::Status ValidateTreeShape(const TreeShape& t, std::string_view prefix);
 
-// Per-request options.
+// Per-request options, as a front end read them (HTTP `speculation`, gRPC SpeculationOptions, the
+// CLI): the front ends check syntax only (JSON / proto types, unknown fields, method names);
+// Validate checks the values and the engine resolves them once, at Submit (ResolveSpeculation).
 struct SpeculationParams {
   SpeculationMethod method = SpeculationMethod::kDefault;
   int32_t num_speculative_tokens = 0;  // 0: the server's default
   float saguaro_c = -1.0f;             // SSD: Saguaro down-weighting C in [0, 1]; < 0: default
   // Vegas / streaming budget (SparseDraftOptions); unset: the server's.
-  double sparsity_ratio = 0;       // in (0, 1]; 0: unset
+  double sparsity_ratio = -1;      // in (0, 1]; < 0: unset
   int32_t sparse_min_tokens = -1;  // HTTP / gRPC "min_tokens"; < 0: unset
   int32_t sparse_max_tokens = -1;  // HTTP / gRPC "max_tokens" (0: no cap); < 0: unset
   // speculation.policy: the longest K this request may run (0: no speculation); < 0: unset.
@@ -93,6 +95,13 @@ struct SpeculationParams {
   bool has_ssv() const {
     return ssv_group_size != 0 || ssv_mode.has_value() || ssv_refresh_every != 0 || ssv_strict;
   }
+  // The request's own values, without the server's: K in [0, kMaxSpeculativeTokens], C in
+  // [0, 1], the sparse budget (ratio in (0, 1], counts not negative), policy max_k in
+  // [0, kMaxSpeculativeTokens] and forbid entries that are speculating methods, ssv group size in
+  // [1, kMaxSsvGroupSize], refresh_every >= 1 and no lossy value beside "strict", tree fields in
+  // range. InvalidArgument whose message starts with the field's API path and whose field
+  // payload (FieldOf, engine/base/status.h) is that path. ResolveSpeculation checks it first.
+  absl::Status Validate() const;
 };
 
 // Vegas and streaming: how many prefix tokens a draft step attends besides the recent ones,
@@ -102,8 +111,8 @@ struct SparseDraftOptions {
   int32_t min_tokens = 256;      // the reference fork's floor
   int32_t max_tokens = 0;        // 0: no cap
 };
-// InvalidArgument naming `prefix`.field when the ratio is outside (0, 1], a count is negative, or
-// a cap is below the floor.
+// InvalidArgument naming `prefix`.field (message and field payload) when the ratio is outside
+// (0, 1], a count is negative, or a cap is below the floor.
 absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string_view prefix);
 
 // SSD's settings (method "ssd"; docs/architecture.md "SSD"): the speculator process, its
@@ -214,7 +223,8 @@ struct ResolvedSpeculation {
   }
 };
 
-// The request's method (or the server default when it gave none); `auto` stays auto (the
+// Validates the request (SpeculationParams::Validate), then: the request's method (or the server
+// default when it gave none); `auto` stays auto (the
 // engine's policy decides per step; K is then its cap: the request's policy max_k, the server's
 // K); K from the request, else the server's. speculation.policy: an explicit method the request
 // forbids, or an explicit K above its max_k, is InvalidArgument; a server default the request
@@ -232,7 +242,7 @@ struct ResolvedSpeculation {
 // speculation.tree: the request's fields over the server's tree over the defaults, for a pinned
 // tree-drafting method (InvalidArgument for a request's tree with another method, auto included,
 // or a field out of range; a server tree applies to those methods only); num_nodes is capped by
-// policy max_k.
+// policy max_k. Every error names its field as Validate's do.
 absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& request,
                                                        const SpeculativeConfig& server,
                                                        bool has_draft_model, bool has_ssd = false,

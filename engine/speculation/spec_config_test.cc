@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "engine/base/field_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -258,6 +259,104 @@ TEST(ResolveSpeculationTest, PolicyConflictsAndBadEntriesAreInvalidArguments) {
   r = ResolveSpeculation(p, server, true);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("not a speculation method"), std::string::npos);
+}
+
+// Every refusal names its field as the status's field payload (what HTTP reports as "param"), both
+// the request's own values (SpeculationParams::Validate, which the front ends call too) and what
+// the server cannot run (only ResolveSpeculation, in the engine, knows that).
+TEST(ResolveSpeculationTest, ErrorsNameTheirFieldAsPayload) {
+  const SpeculativeConfig server;
+  struct Case {
+    const char* name;
+    SpeculationParams params;
+    const char* field;
+    const char* message;
+  };
+  auto with = [](auto edit) {
+    SpeculationParams p;
+    edit(p);
+    return p;
+  };
+  const Case own[] = {
+      {"K", with([](auto& p) { p.num_speculative_tokens = 65; }),
+       "speculation.num_speculative_tokens", "[0, 64]"},
+      {"C", with([](auto& p) { p.saguaro_c = 1.5f; }), "speculation.saguaro_c", "[0, 1]"},
+      {"ratio 0", with([](auto& p) { p.sparsity_ratio = 0; }), "speculation.sparsity_ratio",
+       "(0, 1]"},
+      {"min_tokens", with([](auto& p) { p.sparse_min_tokens = -2; }), "speculation.min_tokens",
+       "negative"},
+      {"max_k", with([](auto& p) { p.policy_max_k = 65; }), "speculation.policy.max_k", "[0, 64]"},
+      {"K over max_k", with([](auto& p) {
+         p.num_speculative_tokens = 5;
+         p.policy_max_k = 3;
+       }),
+       "speculation.policy.max_k", "exceeds"},
+      {"forbid auto", with([](auto& p) { p.policy_forbid = {SpeculationMethod::kAuto}; }),
+       "speculation.policy.forbid", "not a speculation method"},
+      {"forbid own method", with([](auto& p) {
+         p.method = SpeculationMethod::kNgram;
+         p.policy_forbid = {SpeculationMethod::kNgram};
+       }),
+       "speculation.policy.forbid", "forbidden"},
+      {"ssv group", with([](auto& p) { p.ssv_group_size = 17; }), "speculation.ssv.group_size",
+       "[1, 16]"},
+      {"ssv strict shared", with([](auto& p) {
+         p.ssv_strict = true;
+         p.ssv_mode = SsvMode::kShared;
+       }),
+       "speculation.ssv", "lossy"},
+      {"budget cap below floor", with([](auto& p) {
+         p.sparse_min_tokens = 64;
+         p.sparse_max_tokens = 8;
+       }),
+       "speculation.max_tokens", "below min_tokens"},
+      {"tree top_k", with([](auto& p) {
+         p.tree = {true, 0, 17, 0};
+       }),
+       "speculation.tree.top_k", "[1, 16]"},
+      {"tree with vegas", with([](auto& p) {
+         p.method = SpeculationMethod::kVegas;
+         p.tree = {true, 0, 0, 8};
+       }),
+       "speculation.tree", "draft_model, eagle3, ngram"},
+  };
+  for (const Case& c : own) {
+    const absl::Status v = c.params.Validate();
+    ASSERT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_EQ(FieldOf(v), c.field) << c.name;
+    EXPECT_THAT(std::string(v.message()), HasSubstr(c.message)) << c.name;
+    const absl::Status r = ResolveSpeculation(c.params, server, true, true).status();
+    EXPECT_EQ(r, v) << c.name;  // Resolve validates first
+  }
+  EXPECT_TRUE(SpeculationParams{}.Validate().ok());
+  // What only the server knows: refused by ResolveSpeculation alone.
+  const Case server_side[] = {
+      {"no draft model", with([](auto& p) { p.method = SpeculationMethod::kDraftModel; }),
+       "speculation.method", "draft model"},
+      {"no speculator", with([](auto& p) { p.method = SpeculationMethod::kSsd; }),
+       "speculation.method", "needs a speculator"},
+      {"no head", with([](auto& p) { p.method = SpeculationMethod::kEagle3; }),
+       "speculation.method", "EAGLE-3 head"},
+      {"no sparse drafting", with([](auto& p) { p.method = SpeculationMethod::kStreaming; }),
+       "speculation.method", "sparse drafting"},
+      {"dense target's ssv", with([](auto& p) { p.ssv_group_size = 4; }), "speculation.ssv", "NSA"},
+      {"budget cap below the server's floor", with([](auto& p) {
+         p.method = SpeculationMethod::kVegas;
+         p.sparse_max_tokens = 8;  // the server's min_tokens is 256
+       }),
+       "speculation.max_tokens", "below min_tokens"},
+  };
+  for (const Case& c : server_side) {
+    EXPECT_TRUE(c.params.Validate().ok()) << c.name;
+    const absl::Status r =
+        ResolveSpeculation(c.params, server, /*has_draft_model=*/false,
+                           /*has_ssd=*/false,
+                           /*has_sparse_drafting=*/c.field != std::string("speculation.method"))
+            .status();
+    ASSERT_EQ(r.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_EQ(FieldOf(r), c.field) << c.name;
+    EXPECT_THAT(std::string(r.message()), HasSubstr(c.message)) << c.name;
+  }
 }
 
 TEST(ResolveSpeculationTest, DraftModelWithoutOneOrBadKIsAnInvalidArgument) {

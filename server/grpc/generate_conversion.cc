@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/field_status.h"
 #include "engine/base/status.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -37,116 +38,96 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const v1::GenerateRequest& reques
   return absl::InvalidArgumentError("prompt is required: set text or token_ids");
 }
 
-// "" keeps the server's default; "draft" is accepted for "draft_model".
+// The wire's syntax only: method names, and the optional fields whose wire value the struct
+// reads as "unset" (a count of 0 or below) refused as such; the values themselves are checked by
+// SpeculationParams::Validate, the rules every front end and the engine share. "" keeps the
+// server's default; "draft" is accepted for "draft_model".
 absl::StatusOr<SpeculationParams> ToSpeculationParams(const v1::SpeculationOptions& options) {
   SpeculationParams params;
   absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(options.method());
   if (!method.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.method: ", method.status().message()));
+    return FieldError("speculation.method",
+                      absl::StrCat("speculation.method: ", method.status().message()));
   }
   params.method = *method;
-  if (options.num_speculative_tokens() < 0 ||
-      options.num_speculative_tokens() > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculation.num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens,
-                     "], got ", options.num_speculative_tokens()));
-  }
   params.num_speculative_tokens = options.num_speculative_tokens();
   if (options.has_saguaro_c()) {
-    if (!(options.saguaro_c() >= 0.0f && options.saguaro_c() <= 1.0f)) {
-      return absl::InvalidArgumentError(
+    if (!(options.saguaro_c() >= 0.0f)) {
+      return FieldError(
+          "speculation.saguaro_c",
           absl::StrCat("speculation.saguaro_c must be in [0, 1], got ", options.saguaro_c()));
     }
     params.saguaro_c = options.saguaro_c();
   }
   if (options.has_sparsity_ratio()) {
-    if (!(options.sparsity_ratio() > 0.0 && options.sparsity_ratio() <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculation.sparsity_ratio must be in (0, 1], got ", options.sparsity_ratio()));
+    if (!(options.sparsity_ratio() >= 0.0)) {
+      return FieldError("speculation.sparsity_ratio",
+                        absl::StrCat("speculation.sparsity_ratio must be in (0, 1], got ",
+                                     options.sparsity_ratio()));
     }
     params.sparsity_ratio = options.sparsity_ratio();
   }
-  if (options.has_min_tokens()) {
-    if (options.min_tokens() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculation.min_tokens must not be negative, got ", options.min_tokens()));
+  // A count the struct reads as unset below `min`: given explicitly, it is an error here.
+  auto count = [](const char* field, bool has, int32_t value, int32_t min,
+                  int32_t* out) -> absl::Status {
+    if (!has) return absl::OkStatus();
+    if (value < min) {
+      return FieldError(
+          field, absl::StrCat(
+                     field, min == 0 ? " must not be negative, got " : " must be at least 1, got ",
+                     value));
     }
-    params.sparse_min_tokens = options.min_tokens();
-  }
-  if (options.has_max_tokens()) {
-    if (options.max_tokens() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculation.max_tokens must not be negative (0: no cap), got ", options.max_tokens()));
-    }
-    params.sparse_max_tokens = options.max_tokens();
-  }
+    *out = value;
+    return absl::OkStatus();
+  };
+  SPECD_RETURN_IF_ERROR(count("speculation.min_tokens", options.has_min_tokens(),
+                              options.min_tokens(), 0, &params.sparse_min_tokens));
+  SPECD_RETURN_IF_ERROR(count("speculation.max_tokens", options.has_max_tokens(),
+                              options.max_tokens(), 0, &params.sparse_max_tokens));
   const v1::SpeculationPolicy& policy = options.policy();
-  if (policy.has_max_k()) {
-    if (policy.max_k() < 0 || policy.max_k() > kMaxSpeculativeTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("speculation.policy.max_k must be in [0, ",
-                                                     kMaxSpeculativeTokens, "], got ",
-                                                     policy.max_k()));
-    }
-    params.policy_max_k = policy.max_k();
-  }
+  SPECD_RETURN_IF_ERROR(count("speculation.policy.max_k", policy.has_max_k(), policy.max_k(), 0,
+                              &params.policy_max_k));
   for (const std::string& name : policy.forbid()) {
     absl::StatusOr<SpeculationMethod> m = ParseSpeculationMethod(name);
     if (!m.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculation.policy.forbid: ", m.status().message()));
+      return FieldError("speculation.policy.forbid",
+                        absl::StrCat("speculation.policy.forbid: ", m.status().message()));
     }
     params.policy_forbid.push_back(*m);
   }
   const v1::SsvOptions& ssv = options.ssv();
-  if (ssv.has_group_size()) {
-    if (ssv.group_size() < 1 || ssv.group_size() > kMaxSsvGroupSize) {
-      return absl::InvalidArgumentError(absl::StrCat("speculation.ssv.group_size must be in [1, ",
-                                                     kMaxSsvGroupSize, "], got ",
-                                                     ssv.group_size()));
-    }
-    params.ssv_group_size = ssv.group_size();
-  }
-  if (ssv.has_refresh_every()) {
-    if (ssv.refresh_every() < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculation.ssv.refresh_every must be at least 1, got ", ssv.refresh_every()));
-    }
-    params.ssv_refresh_every = ssv.refresh_every();
-  }
+  SPECD_RETURN_IF_ERROR(count("speculation.ssv.group_size", ssv.has_group_size(), ssv.group_size(),
+                              1, &params.ssv_group_size));
+  SPECD_RETURN_IF_ERROR(count("speculation.ssv.refresh_every", ssv.has_refresh_every(),
+                              ssv.refresh_every(), 1, &params.ssv_refresh_every));
   if (ssv.has_mode()) {
     SsvMode mode;
     if (!ParseSsvMode(ssv.mode(), &mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculation.ssv.mode must be \"exact\" or \"shared\", got \"", ssv.mode(), "\""));
+      return FieldError("speculation.ssv.mode",
+                        absl::StrCat("speculation.ssv.mode must be \"exact\" or \"shared\", got \"",
+                                     ssv.mode(), "\""));
     }
     params.ssv_mode = mode;
   }
   params.ssv_strict = ssv.strict();
   const v1::TreeOptions& tree = options.tree();
-  for (auto [field, has, value, hi, out] :
-       {std::tuple{"depth", tree.has_depth(), tree.depth(), kMaxSpeculativeTokens,
-                   &params.tree.depth},
-        std::tuple{"top_k", tree.has_top_k(), tree.top_k(), kMaxTreeTopK, &params.tree.top_k},
-        std::tuple{"num_nodes", tree.has_num_nodes(), tree.num_nodes(), kMaxSpeculativeTokens,
-                   &params.tree.num_nodes}}) {
-    if (!has) continue;
-    if (value < 1 || value > hi) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculation.tree.", field, " must be in [1, ", hi, "], got ", value));
-    }
-    *out = value;
-    params.tree.enabled = true;
-  }
+  SPECD_RETURN_IF_ERROR(
+      count("speculation.tree.depth", tree.has_depth(), tree.depth(), 1, &params.tree.depth));
+  SPECD_RETURN_IF_ERROR(
+      count("speculation.tree.top_k", tree.has_top_k(), tree.top_k(), 1, &params.tree.top_k));
+  SPECD_RETURN_IF_ERROR(count("speculation.tree.num_nodes", tree.has_num_nodes(), tree.num_nodes(),
+                              1, &params.tree.num_nodes));
+  params.tree.enabled = tree.has_depth() || tree.has_top_k() || tree.has_num_nodes();
   if (tree.has_enabled()) {
     if (tree.enabled()) {
       params.tree.enabled = true;
     } else if (params.tree.enabled) {
-      return absl::InvalidArgumentError("speculation.tree: enabled false with tree fields set");
+      return FieldError("speculation.tree", "speculation.tree: enabled false with tree fields set");
     } else {
       params.tree_off = true;
     }
   }
+  SPECD_RETURN_IF_ERROR(params.Validate());
   return params;
 }
 

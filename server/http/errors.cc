@@ -3,11 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
+#include "engine/base/field_status.h"
 
 namespace specd::http {
 namespace {
 
-constexpr char kParamUrl[] = "specd/param";
 constexpr char kCodeUrl[] = "specd/code";
 constexpr char kHttpStatusUrl[] = "specd/http_status";
 
@@ -44,8 +44,7 @@ std::string Payload(const absl::Status& status, const char* url) {
 }  // namespace
 
 absl::Status WithParam(absl::Status status, absl::string_view param) {
-  status.SetPayload(kParamUrl, absl::Cord(std::string(param)));
-  return status;
+  return WithField(std::move(status), param);
 }
 
 absl::Status WithCode(absl::Status status, absl::string_view code) {
@@ -80,7 +79,7 @@ ApiError ToApiError(const absl::Status& status) {
       override_status >= 400 && override_status < 600) {
     e.http_status = override_status;
   }
-  e.param = Payload(status, kParamUrl);
+  e.param = FieldOf(status);
   e.code = Payload(status, kCodeUrl);
   if (e.message.empty()) e.message = absl::StatusCodeToString(status.code());
   return e;

@@ -3,24 +3,12 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/engine.h"
 
 namespace specd::http {
 namespace {
-
-// The engine's InvalidArgument messages about speculation start with the field
-// ("speculation.method ..."): name it as the error's param (400 either way).
-absl::Status NameEngineParam(absl::Status status) {
-  const absl::string_view message = status.message();
-  if (status.code() != absl::StatusCode::kInvalidArgument ||
-      !absl::StartsWith(message, "speculation.")) {
-    return status;
-  }
-  return WithParam(std::move(status), message.substr(0, message.find(' ')));
-}
 
 class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
  public:
@@ -114,7 +102,7 @@ absl::Status GenerationCall::SubmitAll(absl::Duration timeout) {
           [self, i, out = std::move(out)]() mutable { self->OnOutput(i, std::move(out)); });
     };
     absl::StatusOr<RequestId> id = engine_->Submit(std::move(request), std::move(callback));
-    if (!id.ok()) return NameEngineParam(id.status());
+    if (!id.ok()) return id.status();
     choices_[i].id = *id;
     choices_[i].submitted = true;
   }
@@ -207,7 +195,6 @@ void GenerationCall::SetPaused(bool paused) {
 Usage GenerationCall::TotalUsage() const {
   Usage u;
   u.report_speculation = spec_.report_speculation;
-  u.report_ssd = spec_.report_ssd;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     u.completion_tokens += c.num_tokens;
@@ -218,6 +205,7 @@ Usage GenerationCall::TotalUsage() const {
     u.num_drafts += c.usage.num_drafts;
     u.num_draft_tokens += c.usage.num_draft_tokens;
     u.num_accepted_tokens += c.usage.num_accepted_tokens;
+    u.report_ssd = u.report_ssd || c.usage.ssd;
     u.num_cache_hit_drafts += c.usage.num_cache_hit_drafts;
     u.num_cache_hit_draft_tokens += c.usage.num_cache_hit_draft_tokens;
     u.num_cache_hit_accepted_tokens += c.usage.num_cache_hit_accepted_tokens;

@@ -174,8 +174,16 @@ absl::StatusOr<Json> NamedFields(const Json& object, const char* name,
   return named;
 }
 
+// The speculation object is read for its syntax: JSON types (422), unknown fields and method
+// names (400), each naming the field. Its values are checked by SpeculationParams::Validate (the
+// rules the engine applies again at Submit, where ResolveSpeculation refuses what the server
+// cannot run), 400 naming the field through the status's field payload. A count here is only
+// an integer of the wire's sign: 0 and -1 are how the struct says "unset", so the JSON may not
+// send them where the API has no such value.
+constexpr int32_t kAnyCount = std::numeric_limits<int32_t>::max();
+
 // speculation.policy: {"max_k": 0..64, "forbid": ["draft_model", "ngram", "ssd", "vegas",
-// "streaming"]}. Wrong JSON types 422, unknown fields and bad values 400, naming the field.
+// "streaming"]}.
 absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* out) {
   const Json* policy = FindField(speculation, "policy");
   if (policy == nullptr) return absl::OkStatus();
@@ -193,7 +201,7 @@ absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* o
   constexpr char kForbid[] = "speculation.policy.forbid";
   const Json named = {{kMaxK, policy->value("max_k", Json())},
                       {kForbid, policy->value("forbid", Json())}};
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kMaxK, 0, kMaxSpeculativeTokens, &out->policy_max_k));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kMaxK, 0, kAnyCount, &out->policy_max_k));
   const Json* forbid = FindField(named, kForbid);
   if (forbid == nullptr) return absl::OkStatus();
   if (!forbid->is_array()) {
@@ -211,8 +219,7 @@ absl::Status ReadSpeculationPolicy(const Json& speculation, SpeculationParams* o
 }
 
 // speculation.ssv (NSA targets): {"group_size": 1..16, "mode": "exact" | "shared",
-// "refresh_every": >= 1, "strict": bool}. Wrong JSON types 422, unknown fields and bad values
-// 400, naming the field; ResolveSpeculation refuses it for a dense target.
+// "refresh_every": >= 1, "strict": bool}; the engine refuses it for a dense target.
 absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out) {
   const Json* ssv = FindField(speculation, "ssv");
   if (ssv == nullptr) return absl::OkStatus();
@@ -225,8 +232,8 @@ absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out)
   SPECD_ASSIGN_OR_RETURN(
       const Json named,
       NamedFields(*ssv, "ssv", {"group_size", "mode", "refresh_every", "strict"}));
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kGroup, 1, kMaxSsvGroupSize, &out->ssv_group_size));
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kRefresh, 1, 1 << 16, &out->ssv_refresh_every));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kGroup, 1, kAnyCount, &out->ssv_group_size));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kRefresh, 1, kAnyCount, &out->ssv_refresh_every));
   std::string mode;
   SPECD_RETURN_IF_ERROR(ReadString(named, kMode, &mode));
   if (FindField(named, kMode) != nullptr) {
@@ -240,8 +247,7 @@ absl::Status ReadSpeculationSsv(const Json& speculation, SpeculationParams* out)
 }
 
 // speculation.tree: {"depth": 1..64, "top_k": 1..16, "num_nodes": 1..64} (each optional: the
-// server's, else the defaults), or false (chains even where the server drafts trees). Wrong JSON
-// types 422, unknown fields and bad values 400, naming the field.
+// server's, else the defaults), or false (chains even where the server drafts trees).
 absl::Status ReadSpeculationTree(const Json& speculation, SpeculationParams* out) {
   const Json* tree = FindField(speculation, "tree");
   if (tree == nullptr) return absl::OkStatus();
@@ -261,9 +267,9 @@ absl::Status ReadSpeculationTree(const Json& speculation, SpeculationParams* out
   constexpr char kNodes[] = "speculation.tree.num_nodes";
   SPECD_ASSIGN_OR_RETURN(const Json named,
                          NamedFields(*tree, "tree", {"depth", "top_k", "num_nodes"}));
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kDepth, 1, kMaxSpeculativeTokens, &out->tree.depth));
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kTopK, 1, kMaxTreeTopK, &out->tree.top_k));
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNodes, 1, kMaxSpeculativeTokens, &out->tree.num_nodes));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kDepth, 1, kAnyCount, &out->tree.depth));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kTopK, 1, kAnyCount, &out->tree.top_k));
+  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNodes, 1, kAnyCount, &out->tree.num_nodes));
   out->tree.enabled = true;
   return absl::OkStatus();
 }
@@ -271,13 +277,11 @@ absl::Status ReadSpeculationTree(const Json& speculation, SpeculationParams* out
 // The optional `speculation` object: {"method": none|auto|draft_model|draft|ngram|ssd|vegas|
 // streaming, "num_speculative_tokens": 1..64, "saguaro_c": 0..1 (SSD's down-weighting C),
 // "sparsity_ratio": (0, 1], "min_tokens", "max_tokens" (vegas / streaming: the prefix tokens a
-// draft step keeps, clamp(ceil(ratio * n), min, max); max 0: no cap)}. Wrong JSON types
-// are 422, unknown fields and bad values 400, each naming "speculation.<field>"; a method the
-// server cannot run (draft_model without a draft model) is 400 too. "policy": {"max_k": 0..64,
-// "forbid": [method, ...]} caps K and forbids methods (ReadSpeculationPolicy).
+// draft step keeps, clamp(ceil(ratio * n), min, max); max 0: no cap)}, "policy": {"max_k": 0..64,
+// "forbid": [method, ...]} (ReadSpeculationPolicy), "ssv", "tree". Syntax here (see kAnyCount),
+// values by SpeculationParams::Validate; a method the server cannot run is the engine's 400.
 absl::Status ReadSpeculation(const Json& body, const ModelContext& model, GenerationSpec* spec) {
   spec->report_speculation = model.speculative.method != SpeculationMethod::kNone;
-  spec->report_ssd = model.speculative.method == SpeculationMethod::kSsd;
   const Json* v = FindField(body, "speculation");
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_object()) return SchemaError("speculation", "'speculation' must be an object");
@@ -315,37 +319,19 @@ absl::Status ReadSpeculation(const Json& body, const ModelContext& model, Genera
   if (!parsed.ok()) return InvalidParam(kMethod, parsed.status().message());
   spec->speculation.method = *parsed;
   // Absent or null: the server's K.
-  SPECD_RETURN_IF_ERROR(ReadInt32(named, kNumTokens, 1, kMaxSpeculativeTokens,
-                                  &spec->speculation.num_speculative_tokens));
-  SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0f, 1.0f, &spec->speculation.saguaro_c));
-  float ratio = 0.0f;
-  SPECD_RETURN_IF_ERROR(ReadFloat(named, kRatio, 0.0, 1.0, &ratio));
-  if (FindField(named, kRatio) != nullptr && !(ratio > 0.0f)) {
-    return InvalidParam(kRatio, "'speculation.sparsity_ratio' must be in (0, 1]");
-  }
+  SPECD_RETURN_IF_ERROR(
+      ReadInt32(named, kNumTokens, 1, kAnyCount, &spec->speculation.num_speculative_tokens));
+  constexpr double kAnyNumber = std::numeric_limits<float>::max();
+  SPECD_RETURN_IF_ERROR(ReadFloat(named, kSaguaroC, 0.0, kAnyNumber, &spec->speculation.saguaro_c));
+  float ratio = -1.0f;
+  SPECD_RETURN_IF_ERROR(ReadFloat(named, kRatio, 0.0, kAnyNumber, &ratio));
   spec->speculation.sparsity_ratio = ratio;
   SPECD_RETURN_IF_ERROR(
-      ReadInt32(named, kMinTokens, 0, 1 << 30, &spec->speculation.sparse_min_tokens));
+      ReadInt32(named, kMinTokens, 0, kAnyCount, &spec->speculation.sparse_min_tokens));
   SPECD_RETURN_IF_ERROR(
-      ReadInt32(named, kMaxTokens, 0, 1 << 30, &spec->speculation.sparse_max_tokens));
-  absl::StatusOr<ResolvedSpeculation> resolved =
-      ResolveSpeculation(spec->speculation, model.speculative, model.has_draft_model, model.has_ssd,
-                         model.has_sparse_drafting, model.target_is_nsa);
-  if (!resolved.ok()) {
-    // A bad budget names its field; anything else is the method's.
-    const std::string m(resolved.status().message());
-    const char* field = m.find("sparsity_ratio") != std::string::npos  ? kRatio
-                        : m.find("policy.forbid") != std::string::npos ? "speculation.policy.forbid"
-                        : m.find("policy.max_k") != std::string::npos  ? "speculation.policy.max_k"
-                        : m.find("speculation.ssv") != std::string::npos  ? "speculation.ssv"
-                        : m.find("speculation.tree") != std::string::npos ? "speculation.tree"
-                        : m.find("max_tokens") != std::string::npos       ? kMaxTokens
-                        : m.find("min_tokens") != std::string::npos       ? kMinTokens
-                                                                          : kMethod;
-    return InvalidParam(field, m);
-  }
-  spec->report_ssd = resolved->method == SpeculationMethod::kSsd;
-  return absl::OkStatus();
+      ReadInt32(named, kMaxTokens, 0, kAnyCount, &spec->speculation.sparse_max_tokens));
+  // The values (the rules the engine applies again at Submit), each error naming its field.
+  return spec->speculation.Validate();
 }
 
 // Reads what both endpoints share: model, unsupported fields, stream options, n, the
@@ -367,12 +353,9 @@ absl::Status ReadCommon(const Json& body, const ModelContext& model, GenerationS
   return ReadSampling(body, params);
 }
 
-// The parameter a SamplingParams::Validate message is about (its first word).
+// SamplingParams::Validate's errors name their field (the status's field payload: "param").
 absl::Status ValidateParams(const SamplingParams& params, const ModelContext& model) {
-  absl::Status s = params.Validate(model.vocab_size);
-  if (s.ok()) return s;
-  absl::string_view message = s.message();
-  return InvalidParam(message.substr(0, message.find(' ')), message);
+  return params.Validate(model.vocab_size);
 }
 
 // Fills spec->requests: one per (prompt, choice), max_tokens checked against the context.

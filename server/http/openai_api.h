@@ -28,13 +28,9 @@ struct ModelContext {
   const ChatTemplate* chat_template = nullptr;  // null: the model cannot chat
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
-  // The server's speculation defaults and whether a draft model is loaded: requests asking
-  // for what the server cannot run are refused here with a named param.
+  // The server's speculation defaults (whether usage reports speculation). What a request's
+  // speculation may be is the engine's to say, at Submit.
   SpeculativeConfig speculative;
-  bool has_draft_model = false;
-  bool has_ssd = false;             // an SSD speculator (method "ssd") is configured
-  bool has_sparse_drafting = true;  // methods "vegas" and "streaming" can run (one rank)
-  bool target_is_nsa = false;       // speculation.ssv applies
   // Special-token text in chat message content becomes control tokens (as the template's
   // own do). Off: it is tokenized as plain text (chat_prompt.h).
   bool allow_special_tokens_in_content = false;
@@ -73,7 +69,6 @@ struct GenerationSpec {
   // usage carries a `speculation` object: the request had one, or the server speculates by
   // default. Otherwise usage stays exactly OpenAI's.
   bool report_speculation = false;
-  bool report_ssd = false;  // the request runs SSD: usage.speculation.ssd too
   std::vector<GenerateRequest> requests;
 };
 

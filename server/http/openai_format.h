@@ -46,8 +46,8 @@ struct Usage {
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
-  // SSD (reported as usage.speculation.ssd when report_ssd): rounds drafted from the
-  // speculation cache and their draft / accepted tokens.
+  // SSD (reported as usage.speculation.ssd when report_ssd: a choice ran SSD, RequestUsage::ssd):
+  // rounds drafted from the speculation cache and their draft / accepted tokens.
   bool report_ssd = false;
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
