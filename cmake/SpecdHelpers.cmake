@@ -3,11 +3,17 @@
 include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/SpecdSanitizers.cmake)
 
-# specd_cc_library(NAME name SRCS ... HDRS ... DEPS ...)
+# specd_cc_library(NAME name [OBJECT] SRCS ... HDRS ... DEPS ... PRIVATE_DEPS ...)
+# OBJECT: an object library, whose objects go into the library that links it (for a folder whose
+# code one library above it both uses and is used by; see engine/runner/cuda).
 function(specd_cc_library)
-  cmake_parse_arguments(ARG "" "NAME" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "OBJECT" "NAME" "SRCS;HDRS;DEPS;PRIVATE_DEPS" ${ARGN})
   if(ARG_SRCS)
-    add_library(${ARG_NAME} STATIC ${ARG_SRCS} ${ARG_HDRS})
+    if(ARG_OBJECT)
+      add_library(${ARG_NAME} OBJECT ${ARG_SRCS} ${ARG_HDRS})
+    else()
+      add_library(${ARG_NAME} STATIC ${ARG_SRCS} ${ARG_HDRS})
+    endif()
     target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
     target_include_directories(${ARG_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
     target_compile_options(${ARG_NAME} PRIVATE ${SPECD_WARNINGS})

@@ -28,7 +28,7 @@
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 #include "engine/speculation/spec_config.h"
-#include "engine/speculation/ssd_stats.h"
+#include "engine/speculation/ssd/ssd_stats.h"
 
 namespace specd {
 

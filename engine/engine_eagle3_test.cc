@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
 #include "engine/model/eagle3_test_util.h"
 #include "engine/model/model_config.h"
 #include "engine/runner/eagle3_compute.h"
+#include "engine/testing/engine_spec_test_util.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 

@@ -14,8 +14,8 @@
 
 #include "engine/base/mapped_file.h"
 #include "engine/engine.h"
-#include "engine/engine_nsa_test_util.h"
-#include "engine/engine_test_util.h"
+#include "engine/testing/engine_nsa_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "gtest/gtest.h"
 
 namespace specd {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/engine_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "gtest/gtest.h"
 
 namespace specd {

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
-#include "engine/engine_test_util.h"
 #include "engine/policy/cost_profile.h"
+#include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "gtest/gtest.h"
 
 namespace specd {

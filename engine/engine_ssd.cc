@@ -13,8 +13,8 @@
 #include "engine/distributed/link_auth.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/speculation/ssd_speculator.h"
-#include "engine/speculation/ssd_worker.h"
+#include "engine/speculation/ssd/ssd_speculator.h"
+#include "engine/speculation/ssd/ssd_worker.h"
 
 namespace specd {
 

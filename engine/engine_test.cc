@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "engine/engine_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "gtest/gtest.h"
 
 namespace specd {

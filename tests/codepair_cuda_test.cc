@@ -17,11 +17,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
 #include "engine/kv/block_allocator.h"
-#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
+#include "engine/testing/engine_spec_test_util.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/ref/sampling.h"
 #include "tests/cuda_test_util.h"

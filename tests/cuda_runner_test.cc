@@ -17,7 +17,7 @@
 // are rounded to bf16 about ten times per layer and the goldens are fp32, so we allow the
 // equivalent of 16 such roundings at the top of the row (measured values are printed).
 // Greedy rule: GreedyAgrees in tests/cuda_test_util.h.
-#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda/cuda_runner.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/kv/block_allocator.h"
-#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 

@@ -30,7 +30,7 @@
 #include "engine/kv/block_allocator.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tensor_parallel.h"
-#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 #include "engine/tokenizer/tokenizer.h"

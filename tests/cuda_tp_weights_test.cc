@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tensor_parallel.h"
-#include "engine/runner/cuda_weights.h"
+#include "engine/runner/cuda/cuda_weights.h"
 #include "kernels/cuda/init.h"
 #include "tests/cuda_test_util.h"
 

@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
 #include "engine/kv/block_allocator.h"
 #include "engine/model/model.h"
 #include "engine/runner/model_runner.h"
+#include "engine/testing/engine_spec_test_util.h"
 #include "kernels/ref/vegas.h"
 #include "tests/cuda_test_util.h"
 

@@ -33,9 +33,9 @@
 #include "engine/distributed/tcp_channel.h"
 #include "engine/distributed/tls_test_util.h"
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
 #include "engine/model/model_config.h"
-#include "engine/speculation/ssd_protocol.h"
+#include "engine/speculation/ssd/ssd_protocol.h"
+#include "engine/testing/engine_spec_test_util.h"
 #include "gtest/gtest.h"
 
 namespace specd {

@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/engine_spec_test_util.h"
+#include "engine/testing/engine_spec_test_util.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 

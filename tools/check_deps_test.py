@@ -62,6 +62,23 @@ class CheckDepsTest(unittest.TestCase):
             ("server/a.cc", "kernels/ref/bf16.h"),
             ("engine/model/a.cc", "server/flags.h"),              # engine -> server
             ("engine/model/a_test.cc", "server/flags.h"),         # tests keep their module's
+            ("engine/base/cuda/a.cc", "engine/runner/model_runner.h"),  # base/cuda -> runner
+            ("engine/base/cuda/a.cc", "kernels/cuda/gemm.h"),
+            ("engine/runner/a.cc", "kernels/cuda/gemm.h"),        # CUDA kernels: runner/cuda
+            ("engine/runner/a.cc", "engine/runner/cuda/cuda_forward.h"),  # cuda_runner.h alone
+            ("engine/model/a.cc", "engine/base/cuda/cuda_util.h"),  # CUDA helpers: CUDA code
+            ("engine/sched/a.cc", "engine/base/cuda/cuda_util.h"),
+            ("engine/speculation/a.cc", "engine/runner/cuda/cuda_runner.h"),  # behind runner/
+            ("engine/engine.cc", "engine/runner/cuda/cuda_runner.h"),
+            ("engine/distributed/a.cc", "engine/runner/cuda/cuda_forward.h"),
+            ("engine/speculation/a.cc", "engine/speculation/ssd/ssd_worker.h"),  # cycle with ssd/
+            ("engine/speculation/saguaro/a.cc", "engine/speculation/draft_model.h"),  # pure math
+            ("engine/speculation/saguaro/a.cc", "engine/runner/model_runner.h"),
+            ("engine/runner/a.cc", "engine/speculation/saguaro/saguaro.h"),
+            ("engine/engine.cc", "engine/testing/engine_test_util.h"),  # fixtures: tests only
+            ("engine/speculation/ssd/a.cc", "engine/testing/engine_spec_test_util.h"),
+            ("engine/kv/a_test.cc", "engine/testing/engine_test_util.h"),  # below the facade
+            ("tools/bench/a.cc", "engine/testing/engine_spec_test_util.h"),
         ]
         for path, inc in cases:
             with self.subTest(path=path, include=inc):
@@ -71,7 +88,23 @@ class CheckDepsTest(unittest.TestCase):
 
     def test_allowed_by_name_and_by_module(self):
         root = self.make_tree({
-            "engine/runner/a.cc": '#include "kernels/cuda/gemm.h"\n#include "engine/model/m.h"\n',
+            "engine/runner/cuda/a.cc": '#include "kernels/cuda/gemm.h"\n#include "engine/model/m.h"\n'
+                                       '#include "engine/runner/model_runner.h"\n'
+                                       '#include "engine/base/cuda/cuda_util.h"\n',
+            "engine/runner/a.cc": '#include "engine/runner/cuda/cuda_runner.h"\n',
+            "engine/distributed/a.cc": '#include "engine/base/cuda/cuda_util.h"\n',
+            "engine/speculation/b.cc": '#include "engine/speculation/saguaro/saguaro.h"\n',
+            "engine/speculation/saguaro/a_test.cc": '#include "engine/sample/acceptance.h"\n',
+            "engine/speculation/ssd/a.cc": '#include "engine/speculation/draft_model.h"\n'
+                                           '#include "engine/speculation/saguaro/saguaro.h"\n'
+                                           '#include "engine/distributed/channel.h"\n',
+            "engine/engine_ssd.cc": '#include "engine/speculation/ssd/ssd_worker.h"\n',
+            "engine/engine_test.cc": '#include "engine/testing/engine_test_util.h"\n',
+            "engine/testing/a_test_util.h": '#include "engine/engine.h"\n'
+                                            '#include "engine/runner/model_runner.h"\n',
+            "tests/a.cc": '#include "engine/testing/engine_spec_test_util.h"\n'
+                          '#include "engine/runner/cuda/cuda_runner.h"\n',
+            "tools/bench/a_test.cc": '#include "engine/testing/engine_spec_test_util.h"\n',
             "engine/speculation/a.cc": '#include "kernels/ref/sampling.h"\n#include "engine/distributed/w.h"\n',
             "engine/sched/a.cc": '#include "engine/kv/block_manager.h"\n',
             "engine/engine.cc": '#include "engine/sched/scheduler.h"\n#include "proto/config.pb.h"\n',
@@ -85,9 +118,7 @@ class CheckDepsTest(unittest.TestCase):
         result = run(root)
         self.assertEqual(result.returncode, 0, result.stdout)
 
-    def test_forbidden_include_planted_in_a_copy_of_the_tree_fails(self):
-        # The real tree passes; the same tree with one forbidden arrow planted in a real file
-        # (the scheduler reaching into the runner) fails and names that file.
+    def copy_of_the_tree(self):
         src = os.path.dirname(HERE)
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root)
@@ -95,16 +126,32 @@ class CheckDepsTest(unittest.TestCase):
             if os.path.isdir(os.path.join(src, top)):
                 shutil.copytree(os.path.join(src, top), os.path.join(root, top),
                                 ignore=shutil.ignore_patterns("__pycache__", "testdata"))
-        self.assertEqual(run(root).returncode, 0, run(root).stdout)
-        sched = os.path.join(root, "engine", "sched")
-        victim = sorted(n for n in os.listdir(sched) if n.endswith(".cc"))[0]
-        with open(os.path.join(sched, victim), "a") as f:
-            f.write('#include "engine/runner/model_runner.h"\n')
-        result = run(root)
-        self.assertEqual(result.returncode, 1, result.stdout)
-        self.assertIn(f'engine/sched/{victim}: includes "engine/runner/model_runner.h"',
-                      result.stdout)
-        self.assertIn("1 violations", result.stdout)
+        return root
+
+    def plant(self, root, folder, inc):
+        """Appends `#include "inc"` to folder's first .cc file; returns that file's path."""
+        victim = sorted(n for n in os.listdir(os.path.join(root, folder)) if n.endswith(".cc"))[0]
+        with open(os.path.join(root, folder, victim), "a") as f:
+            f.write(f'#include "{inc}"\n')
+        return f"{folder}/{victim}"
+
+    def test_forbidden_include_planted_in_a_copy_of_the_tree_fails(self):
+        # The real tree passes; the same tree with one forbidden arrow planted in a real file
+        # fails and names that file: the scheduler reaching into the runner; the CUDA helpers
+        # (base/cuda) reaching up into the runner; the draft model's folder reaching into ssd/,
+        # which builds on it.
+        cases = [("engine/sched", "engine/runner/model_runner.h"),
+                 ("engine/base/cuda", "engine/runner/model_runner.h"),
+                 ("engine/speculation", "engine/speculation/ssd/ssd_worker.h")]
+        for folder, inc in cases:
+            with self.subTest(folder=folder, include=inc):
+                root = self.copy_of_the_tree()
+                self.assertEqual(run(root).returncode, 0, run(root).stdout)
+                path = self.plant(root, folder, inc)
+                result = run(root)
+                self.assertEqual(result.returncode, 1, result.stdout)
+                self.assertIn(f'{path}: includes "{inc}"', result.stdout)
+                self.assertIn("1 violations", result.stdout)
 
     def test_unknown_folder_is_reported(self):
         result = run(self.make_tree({"engine/../misc/a.cc": "", "tools/x/y.cc": "",

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "engine/base/cuda/cuda_util.h"
 #endif
 
 namespace specd {
@@ -35,11 +36,6 @@ absl::Status NcclError(ncclResult_t result, ncclComm_t comm, std::string_view wh
   return absl::InternalError(
       absl::StrCat(DistView(what), ": ", ncclGetErrorString(result),
                    detail && *detail ? absl::StrCat(" (", detail, ")") : ""));
-}
-
-absl::Status CudaError(cudaError_t error, std::string_view what) {
-  return absl::InternalError(absl::StrCat(DistView(what), ": ", cudaGetErrorName(error), " (",
-                                          cudaGetErrorString(error), ")"));
 }
 
 // Polls a non-blocking communicator until its last call finished; ncclInProgress past the
@@ -111,7 +107,7 @@ struct NcclChannel::Impl {
         }
         if (e != cudaSuccess && e != cudaErrorNotReady) {
           failed = true;
-          return CudaError(e, what);
+          return cuda::Check(e, what);
         }
         if (e == cudaSuccess && state == ncclSuccess) return absl::OkStatus();
       }
@@ -152,7 +148,7 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& contro
                                                                  absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   if (const cudaError_t e = cudaSetDevice(cuda_device); e != cudaSuccess) {
-    return CudaError(e, absl::StrCat("cudaSetDevice(", cuda_device, ")"));
+    return cuda::Check(e, absl::StrCat("cudaSetDevice(", cuda_device, ")"));
   }
   SPECD_ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(control, role, deadline));
   auto impl = std::make_unique<Impl>();

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "engine/base/cuda/cuda_util.h"
 #include "engine/distributed/oneshot_allreduce.h"
 #endif
 
@@ -68,12 +69,6 @@ absl::Status NcclError(ncclResult_t result, ncclComm_t comm, std::string_view wh
   return absl::InternalError(
       absl::StrCat(absl::string_view(what.data(), what.size()), ": ", ncclGetErrorString(result),
                    detail && *detail ? absl::StrCat(" (", detail, ")") : ""));
-}
-
-absl::Status CudaError(cudaError_t error, std::string_view what) {
-  return absl::InternalError(absl::StrCat(absl::string_view(what.data(), what.size()), ": ",
-                                          cudaGetErrorName(error), " (", cudaGetErrorString(error),
-                                          ")"));
 }
 
 absl::StatusOr<ncclDataType_t> NcclType(CommDataType type) {
@@ -168,16 +163,16 @@ struct NcclCommunicator::Impl {
     float* buf = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
         e != cudaSuccess) {
-      return CudaError(e, "cudaStreamCreate");
+      return cuda::Check(e, "cudaStreamCreate");
     }
     absl::Status status;
     if (cudaError_t e =
             cudaMalloc(reinterpret_cast<void**>(&buf), kWarmupFloats * world_size * sizeof(float));
         e != cudaSuccess) {
-      status = CudaError(e, "cudaMalloc (NCCL warm-up)");
+      status = cuda::Check(e, "cudaMalloc (NCCL warm-up)");
     } else if (e = cudaMemsetAsync(buf, 0, kWarmupFloats * world_size * sizeof(float), stream);
                e != cudaSuccess) {
-      status = CudaError(e, "cudaMemsetAsync");
+      status = cuda::Check(e, "cudaMemsetAsync");
     }
     const auto run = [&](auto op, std::string_view what) {
       if (status.ok()) status = Enqueue(op, what);
@@ -214,7 +209,7 @@ struct NcclCommunicator::Impl {
     while (true) {
       const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) return CudaError(e, what);
+      if (e != cudaErrorNotReady) return cuda::Check(e, what);
       SPECD_RETURN_IF_ERROR(AsyncError());
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("NCCL communicator rank ", rank, ": ",
@@ -232,16 +227,16 @@ struct NcclCommunicator::Impl {
     uint8_t* buf = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
         e != cudaSuccess) {
-      return CudaError(e, "cudaStreamCreate");
+      return cuda::Check(e, "cudaStreamCreate");
     }
     absl::Status status;
     if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&buf), all.size()); e != cudaSuccess) {
       buf = nullptr;
-      status = CudaError(e, "cudaMalloc (gather)");
+      status = cuda::Check(e, "cudaMalloc (gather)");
     } else if (e = cudaMemcpy(buf + rank * mine.size(), mine.data(), mine.size(),
                               cudaMemcpyHostToDevice);
                e != cudaSuccess) {
-      status = CudaError(e, "cudaMemcpy (gather)");
+      status = cuda::Check(e, "cudaMemcpy (gather)");
     }
     if (status.ok()) {
       status = Enqueue(
@@ -254,7 +249,7 @@ struct NcclCommunicator::Impl {
     if (status.ok()) {
       if (cudaError_t e = cudaMemcpy(all.data(), buf, all.size(), cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
-        status = CudaError(e, "cudaMemcpy (gather)");
+        status = cuda::Check(e, "cudaMemcpy (gather)");
       }
     }
     if (status.ok() && buf != nullptr) cudaFree(buf);  // a failed gather may still use it
@@ -317,7 +312,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   const absl::Time deadline = absl::Now() + kInitTimeout;
   if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    return CudaError(e, absl::StrCat("cudaSetDevice(", device, ")"));
+    return cuda::Check(e, absl::StrCat("cudaSetDevice(", device, ")"));
   }
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
@@ -328,13 +323,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   if (const cudaError_t e =
           cudaMalloc(reinterpret_cast<void**>(&impl->barrier_word), sizeof(int32_t));
       e != cudaSuccess) {
-    return CudaError(e, "cudaMalloc (barrier word)");
+    return cuda::Check(e, "cudaMalloc (barrier word)");
   }
   // From here the destructor frees the word and finalizes or aborts the communicator.
   auto comm = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl)));
   Impl& m = *comm->impl_;
   if (const cudaError_t e = cudaMemset(m.barrier_word, 0, sizeof(int32_t)); e != cudaSuccess) {
-    return CudaError(e, "cudaMemset (barrier word)");
+    return cuda::Check(e, "cudaMemset (barrier word)");
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;

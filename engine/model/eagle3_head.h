@@ -120,7 +120,7 @@ class Eagle3Head {
     std::vector<float> norm;         // [hidden] final
     std::vector<float> lm_head;      // [draft_vocab, hidden]
   };
-  // A device backend uploads them (engine/runner/cuda_eagle3.h).
+  // A device backend uploads them (engine/runner/cuda/cuda_eagle3.h).
   const Weights& weights() const { return w_; }
   // Whether the checkpoint has no embedding of its own (weights().embed is the target's).
   bool shares_target_embedding() const { return shares_target_embedding_; }

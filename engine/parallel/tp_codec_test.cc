@@ -7,7 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "engine/distributed/messages.h"
-#include "engine/parallel/tp_internal.h"
+#include "engine/parallel/tp_handshake.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -230,21 +230,21 @@ TEST(TpGroupOptionsTest, MultiNodeGroupsNeedAPortAndASecret) {
   g.world_size = 4;
   g.nnodes = 2;
   unsetenv(kTpSecretEnv);
-  EXPECT_EQ(tp_internal::ValidateGroup(g).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tp_handshake::ValidateGroup(g).code(), absl::StatusCode::kInvalidArgument);
   g.master_port = 29500;
-  absl::Status s = tp_internal::ValidateGroup(g);
+  absl::Status s = tp_handshake::ValidateGroup(g);
   EXPECT_TRUE(absl::StrContains(s.message(), "SPECD_TP_SECRET")) << s;
   setenv(kTpSecretEnv, std::string(64, 'a').c_str(), 1);
-  EXPECT_TRUE(tp_internal::ValidateGroup(g).ok());
+  EXPECT_TRUE(tp_handshake::ValidateGroup(g).ok());
   unsetenv(kTpSecretEnv);
   g.secret_file = "/etc/specd-tp/secret";
-  EXPECT_TRUE(tp_internal::ValidateGroup(g).ok());
+  EXPECT_TRUE(tp_handshake::ValidateGroup(g).ok());
   g.nnodes = 3;  // 4 ranks over 3 hosts
-  EXPECT_FALSE(tp_internal::ValidateGroup(g).ok());
+  EXPECT_FALSE(tp_handshake::ValidateGroup(g).ok());
   g.nnodes = 2;
-  EXPECT_FALSE(tp_internal::CommunicatorKind("shm", /*cuda=*/false, g).ok());
-  EXPECT_FALSE(tp_internal::CommunicatorKind("nccl", /*cuda=*/false, TpGroupOptions{}).ok());
-  EXPECT_EQ(*tp_internal::CommunicatorKind("auto", /*cuda=*/false, TpGroupOptions{}), "shm");
+  EXPECT_FALSE(tp_handshake::CommunicatorKind("shm", /*cuda=*/false, g).ok());
+  EXPECT_FALSE(tp_handshake::CommunicatorKind("nccl", /*cuda=*/false, TpGroupOptions{}).ok());
+  EXPECT_EQ(*tp_handshake::CommunicatorKind("auto", /*cuda=*/false, TpGroupOptions{}), "shm");
 }
 
 }  // namespace

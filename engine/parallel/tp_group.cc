@@ -22,7 +22,7 @@
 #include "engine/model/model_config.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/parallel/tp_codec.h"
-#include "engine/parallel/tp_internal.h"
+#include "engine/parallel/tp_handshake.h"
 
 namespace specd {
 namespace {
@@ -186,16 +186,16 @@ class TpLeaderRunner final : public ModelRunner {
     absl::Time heard = absl::Now(), sent = absl::InfinitePast();
     while (!stopping_) {
       const absl::Time now = absl::Now();
-      if (now - sent >= tp_internal::kHeartbeatInterval) {
+      if (now - sent >= tp_handshake::kHeartbeatInterval) {
         sent = now;
         const absl::Status s =
-            w.link->Send(Heartbeat{absl::ToUnixNanos(now)}, tp_internal::kHeartbeatInterval);
+            w.link->Send(Heartbeat{absl::ToUnixNanos(now)}, tp_handshake::kHeartbeatInterval);
         if (!s.ok() && !absl::IsDeadlineExceeded(s) && !stopping_) {
           return Fail(absl::UnavailableError(
               absl::StrCat("tensor-parallel rank ", w.rank, " is gone: ", s.message())));
         }
       }
-      absl::StatusOr<MessageType> got = w.link->Recv(tp_internal::kHeartbeatInterval, &message);
+      absl::StatusOr<MessageType> got = w.link->Recv(tp_handshake::kHeartbeatInterval, &message);
       if (stopping_) return;
       if (got.ok() && *got == MessageType::kHeartbeat) {
         heard = absl::Now();
@@ -242,13 +242,13 @@ class TpLeaderRunner final : public ModelRunner {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& runner,
                                                            const TpGroupOptions& group) {
   const int32_t n = group.world_size;
-  SPECD_RETURN_IF_ERROR(tp_internal::ValidateGroup(group));
+  SPECD_RETURN_IF_ERROR(tp_handshake::ValidateGroup(group));
   // Shapes that do not shard fail here, before any process starts.
   SPECD_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(runner.model_dir));
   SPECD_RETURN_IF_ERROR(MakeTpShard(config, TensorParallel{0, n}).status());
   SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(runner.device));
   SPECD_ASSIGN_OR_RETURN(const std::string comm_kind,
-                         tp_internal::CommunicatorKind(group.communicator, device.cuda, group));
+                         tp_handshake::CommunicatorKind(group.communicator, device.cuda, group));
   const int32_t per_node = n / group.nnodes;
 
   // The secret: fresh for a group on one host; the shared file across hosts.
@@ -260,13 +260,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
   } else {  // $SPECD_TP_SECRET (a Kubernetes Secret); taken out of the environment at once
     SPECD_ASSIGN_OR_RETURN(secret, TakeLinkSecretFromEnv(kTpSecretEnv));
   }
-  const Hello hello = tp_internal::TpHello(Role::kTpLeader);
+  const Hello hello = tp_handshake::TpHello(Role::kTpLeader);
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<TcpListener> listener,
       TcpListener::Listen(group.nnodes == 1 ? "127.0.0.1" : "", group.master_port, hello));
 
   // This node's workers.
-  const int32_t threads = tp_internal::ThreadsPerRank(runner.num_threads, per_node);
+  const int32_t threads = tp_handshake::ThreadsPerRank(runner.num_threads, per_node);
   std::string self = group.worker_binary;
   if (self.empty()) {
     SPECD_ASSIGN_OR_RETURN(self, SelfExecutable());
@@ -321,7 +321,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
                      std::string(link.status().message()));
       continue;
     }
-    SPECD_ASSIGN_OR_RETURN(TpJoin join, tp_internal::RecvAs<TpJoin>(**link, absl::Seconds(10)));
+    SPECD_ASSIGN_OR_RETURN(TpJoin join, tp_handshake::RecvAs<TpJoin>(**link, absl::Seconds(10)));
     const int32_t rank = static_cast<int32_t>(join.rank);
     const bool taken = std::any_of(workers.begin(), workers.end(),
                                    [rank](const WorkerLink& w) { return w.rank == rank; });
@@ -336,8 +336,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
   listener->Close();
 
   // What to load and how to meet: the communicator's id goes to everyone.
-  SPECD_ASSIGN_OR_RETURN(std::vector<uint8_t> token, tp_internal::NewCommToken(comm_kind));
-  TpInit init = tp_internal::MakeTpInit(runner, n, comm_kind, token, group.timeout);
+  SPECD_ASSIGN_OR_RETURN(std::vector<uint8_t> token, tp_handshake::NewCommToken(comm_kind));
+  TpInit init = tp_handshake::MakeTpInit(runner, n, comm_kind, token, group.timeout);
   for (WorkerLink& w : workers) {
     init.rank = static_cast<uint32_t>(w.rank);
     SPECD_RETURN_IF_ERROR(w.link->Send(init, absl::Seconds(10)));
@@ -346,7 +346,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
   // runners' warm-up runs collectives, so every rank must be here at once).
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<Communicator> comm,
-      tp_internal::CreateCommunicator(comm_kind, token, 0, n, device.index, group.timeout));
+      tp_handshake::CreateCommunicator(comm_kind, token, 0, n, device.index, group.timeout));
   RunnerOptions local = runner;
   local.tp = TensorParallel{0, n};
   local.comm = comm.get();
@@ -359,7 +359,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTpGroup(const RunnerOptions& 
   }
   int32_t num_kv_blocks = (*shard)->num_kv_blocks();
   for (WorkerLink& w : workers) {
-    SPECD_ASSIGN_OR_RETURN(TpReady ready, tp_internal::RecvAs<TpReady>(*w.link, group.timeout));
+    SPECD_ASSIGN_OR_RETURN(TpReady ready, tp_handshake::RecvAs<TpReady>(*w.link, group.timeout));
     if (!ready.ok) {
       comm->Abort();
       return absl::UnavailableError(

@@ -20,7 +20,7 @@
 #include "engine/distributed/tcp_channel.h"
 #include "engine/parallel/tp_codec.h"
 #include "engine/parallel/tp_group.h"
-#include "engine/parallel/tp_internal.h"
+#include "engine/parallel/tp_handshake.h"
 
 namespace specd {
 namespace {
@@ -71,11 +71,11 @@ void ServeLink(TcpChannel& link, Communicator& comm, StepQueue& queue, absl::Dur
   absl::Time heard = absl::Now(), sent = absl::InfinitePast();
   for (;;) {
     const absl::Time now = absl::Now();
-    if (now - sent >= tp_internal::kHeartbeatInterval) {
+    if (now - sent >= tp_handshake::kHeartbeatInterval) {
       sent = now;
-      (void)link.Send(Heartbeat{absl::ToUnixNanos(now)}, tp_internal::kHeartbeatInterval);
+      (void)link.Send(Heartbeat{absl::ToUnixNanos(now)}, tp_handshake::kHeartbeatInterval);
     }
-    absl::StatusOr<MessageType> got = link.Recv(tp_internal::kHeartbeatInterval, &message);
+    absl::StatusOr<MessageType> got = link.Recv(tp_handshake::kHeartbeatInterval, &message);
     absl::Status lost;
     if (got.ok()) {
       heard = absl::Now();
@@ -127,7 +127,7 @@ absl::Status RunRank(const TpWorkerOptions& o) {
   connect.timeout = o.connect_timeout;
   absl::StatusOr<std::unique_ptr<TcpChannel>> connected =
       TcpChannel::Connect(o.master_addr, static_cast<uint16_t>(o.master_port),
-                          tp_internal::TpHello(Role::kTpWorker), secret, connect);
+                          tp_handshake::TpHello(Role::kTpWorker), secret, connect);
   if (!connected.ok()) {
     return absl::Status(connected.status().code(),
                         absl::StrCat("worker rank ", o.rank, ": joining rank 0 at ", o.master_addr,
@@ -136,7 +136,7 @@ absl::Status RunRank(const TpWorkerOptions& o) {
   TcpChannel& link = **connected;
   SPECD_RETURN_IF_ERROR(
       link.Send(TpJoin{static_cast<uint32_t>(o.rank), HostName()}, absl::Seconds(10)));
-  SPECD_ASSIGN_OR_RETURN(const TpInit init, tp_internal::RecvAs<TpInit>(link, o.connect_timeout));
+  SPECD_ASSIGN_OR_RETURN(const TpInit init, tp_handshake::RecvAs<TpInit>(link, o.connect_timeout));
   if (static_cast<int32_t>(init.rank) != o.rank) {
     return absl::InternalError(
         absl::StrCat("rank 0 assigned rank ", init.rank, " to rank ", o.rank));
@@ -147,11 +147,11 @@ absl::Status RunRank(const TpWorkerOptions& o) {
                          ParseDevice(o.device == "auto" && init.comm_kind == "nccl"
                                          ? absl::StrCat("cuda:", o.rank)
                                          : (o.device == "auto" ? "cpu" : o.device)));
-  RunnerOptions options = tp_internal::RunnerOptionsFrom(
+  RunnerOptions options = tp_handshake::RunnerOptionsFrom(
       init, device.cuda ? absl::StrCat("cuda:", device.index) : "cpu", o.num_threads);
-  absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      tp_internal::CreateCommunicator(init.comm_kind, init.comm_token, o.rank,
-                                      static_cast<int32_t>(init.world_size), device.index, timeout);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = tp_handshake::CreateCommunicator(
+      init.comm_kind, init.comm_token, o.rank, static_cast<int32_t>(init.world_size), device.index,
+      timeout);
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
       comm.ok() ? (options.comm = comm->get(), CreateModelRunner(options))
                 : absl::StatusOr<std::unique_ptr<ModelRunner>>(comm.status());

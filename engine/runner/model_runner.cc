@@ -12,7 +12,7 @@
 #include "kernels/ref/sampling.h"
 #include "kernels/ref/verify.h"
 #ifdef SPECD_HAS_CUDA
-#include "engine/runner/cuda_runner.h"
+#include "engine/runner/cuda/cuda_runner.h"
 #endif
 
 namespace specd {

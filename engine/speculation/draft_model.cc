@@ -6,7 +6,7 @@
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
-#include "engine/speculation/saguaro.h"
+#include "engine/speculation/saguaro/saguaro.h"
 
 namespace specd {
 namespace {

@@ -18,7 +18,7 @@
 // (DraftTreeBuilder; on a GPU each node's children are ranked there, ModelRunner::
 // ForwardCandidates, unless bans apply); elsewhere, and in parallel drafting, such inputs draft a
 // chain of the tree's depth.
-// For SSD's speculation cache (engine/speculation/ssd_worker.h) it also forks sequences without
+// For SSD's speculation cache (engine/speculation/ssd/ssd_worker.h) it also forks sequences without
 // copying KV (shared blocks, reference counted), reports the top candidates at each drafted
 // position (greedy rows: ranked by the runner, SampleRow::num_candidates; sampled rows: from
 // their processed row on the host), and draws sampled drafts with Saguaro sampling.

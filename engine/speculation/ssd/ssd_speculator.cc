@@ -1,0 +1,383 @@
+#include "engine/speculation/ssd/ssd_speculator.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/distributed/link_auth.h"
+#include "engine/distributed/tls.h"
+#include "engine/speculation/saguaro/saguaro.h"
+#include "engine/speculation/ssd/ssd_protocol.h"
+
+namespace specd {
+namespace {
+
+// Extra wait per prompt token of the round's new sequences (the speculator prefills them before
+// it drafts; a CPU draft model runs some thousands of tokens per second).
+constexpr absl::Duration kPrefillAllowancePerToken = absl::Milliseconds(1);
+
+// Least time between two launches of the speculator process (a crash loop must not spin).
+constexpr absl::Duration kRelaunchInterval = absl::Seconds(2);
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculator_address '", address, "' is not HOST:PORT"));
+  }
+  return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+Hello VerifierHello(const WireLimits& limits, int32_t vocab) {
+  Hello h;
+  h.role = Role::kVerifier;
+  h.model_fingerprint = SsdFingerprint(vocab);
+  h.limits = limits;
+  return h;
+}
+
+// The link secret of a speculator started by hand: the secret file, else the environment.
+absl::StatusOr<LinkSecret> RemoteSecret(const SsdOptions& ssd) {
+  if (!ssd.secret_file.empty()) return ReadLinkSecretFile(ssd.secret_file);
+  if (const char* hex = std::getenv(kLinkSecretEnv); hex != nullptr) {
+    return LinkSecretFromHex(hex);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "\"launch_speculator\": false needs the link secret: \"speculator_secret_file\" (64 hex "
+      "digits, mode 0600; e.g. openssl rand -hex 32) or $",
+      kLinkSecretEnv));
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
+    : options_(o),
+      limits_(SsdWireLimits(o.vocab_size, o.max_num_seqs, o.max_model_len)),
+      local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {}
+
+SsdSpeculator::~SsdSpeculator() {
+  if (channel_) {
+    channel_->Send(Shutdown{"verifier stopping"}, absl::Milliseconds(100)).IgnoreError();
+    channel_->Close();
+  }
+  process_.Kill();
+}
+
+absl::Status SsdSpeculator::StartListening() {
+  const SsdOptions& ssd = options_.config.ssd;
+  SPECD_ASSIGN_OR_RETURN(auto address, SplitAddress(ssd.address));
+  std::shared_ptr<const TlsContext> tls;
+  const TlsFiles files{ssd.tls_cert, ssd.tls_key, ssd.tls_ca};
+  if (files.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(tls, TlsContext::Create(files, TlsContext::Side::kServer));
+  } else if (!ssd.launch && !IsLoopbackHost(address.first)) {
+    SPECD_LOG_WARN(
+        "ssd: the speculator link on {} is authenticated but not encrypted: set "
+        "speculator_tls_cert/_key/_ca for a speculator on another host",
+        ssd.address);
+  }
+  AcceptPolicy policy;
+  if (!ssd.launch) {
+    SPECD_ASSIGN_OR_RETURN(policy.secret, RemoteSecret(ssd));
+  }
+  SPECD_ASSIGN_OR_RETURN(
+      std::unique_ptr<TcpListener> listener,
+      TcpListener::Listen(address.first, address.second,
+                          VerifierHello(limits_, options_.vocab_size), std::move(tls)));
+  if (ssd.launch) policy.expected_pid = INT32_MAX;  // nobody until the first launch
+  acceptor_ = std::make_unique<SsdAcceptor>(std::move(listener), policy);
+  SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, port());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
+    const SsdSpeculatorOptions& o) {
+  std::unique_ptr<SsdSpeculator> s(new SsdSpeculator(o));
+  SPECD_RETURN_IF_ERROR(s->StartListening());
+  s->MaybeLaunch();
+  if (o.config.ssd.launch && !s->process_.Running()) {
+    return absl::InternalError("ssd: the speculator process did not start");
+  }
+  // Wait for the first speculator; a launched one that exits first (a bad draft model, a
+  // missing GPU) is a startup error, reported with the reason it printed.
+  const absl::Time deadline = absl::Now() + o.startup_timeout;
+  while (!s->channel_) {
+    if (std::unique_ptr<TcpChannel> c = s->acceptor_->WaitFor(absl::Milliseconds(100))) {
+      s->Adopt(std::move(c));
+      break;
+    }
+    if (o.config.ssd.launch && !s->process_.Running()) {
+      const int status = s->process_.exit_status();
+      return absl::FailedPreconditionError(
+          absl::StrCat("ssd: the speculator process (", s->launch_command_, ") exited ",
+                       WIFEXITED(status) ? absl::StrCat("with status ", WEXITSTATUS(status))
+                                         : absl::StrCat("on signal ", WTERMSIG(status)),
+                       " before joining; its error is in the log above"));
+    }
+    if (absl::Now() >= deadline) {
+      SPECD_LOG_WARN("ssd: no speculator joined within {}; drafting locally until one does",
+                     absl::FormatDuration(o.startup_timeout));
+      break;
+    }
+  }
+  return s;
+}
+
+int32_t SsdSpeculator::port() const { return acceptor_->port(); }
+
+void SsdSpeculator::MaybeLaunch() {
+  if (!options_.config.ssd.launch || process_.Running()) return;
+  pid_ = -1;
+  const absl::Time now = absl::Now();
+  if (now - last_launch_ < kRelaunchInterval) return;
+  last_launch_ = now;
+  std::string binary = options_.config.ssd.binary;
+  if (binary.empty()) {
+    absl::StatusOr<std::string> self = SelfExecutable();
+    if (!self.ok()) {
+      SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", self.status().ToString());
+      return;
+    }
+    binary = *self;
+  }
+  // A fresh secret per launch, in the child's environment (argv is public in `ps`).
+  absl::StatusOr<LinkSecret> secret = NewLinkSecret();
+  if (!secret.ok()) {
+    SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", secret.status().ToString());
+    return;
+  }
+  std::vector<std::string> argv = {binary, "speculator", "--connect",
+                                   absl::StrCat("127.0.0.1:", port())};
+  argv.insert(argv.end(), options_.launch_args.begin(), options_.launch_args.end());
+  launch_command_ = absl::StrCat(binary, " speculator");
+  acceptor_->BeginLaunch(*secret);
+  absl::StatusOr<Subprocess> p =
+      Subprocess::Spawn(argv, {absl::StrCat(kLinkSecretEnv, "=", LinkSecretToHex(*secret))});
+  acceptor_->EndLaunch(p.ok() ? p->pid() : 0);
+  if (!p.ok()) {
+    SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", p.status().ToString());
+    return;
+  }
+  process_ = *std::move(p);
+  pid_ = process_.pid();
+  ++stats_.launches;
+  SPECD_LOG_INFO("ssd: launched the speculator (pid {})", process_.pid());
+}
+
+void SsdSpeculator::Adopt(std::unique_ptr<TcpChannel> channel) {
+  if (channel_) {
+    SPECD_LOG_INFO("ssd: an authenticated speculator replaces the current link");
+    channel_->Close();
+  }
+  SPECD_LOG_INFO("ssd: speculator joined from {}", channel->peer_address());
+  bytes_before_.sent = stats_.bytes_sent;
+  bytes_before_.received = stats_.bytes_received;
+  channel_ = std::move(channel);
+  for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
+  released_.clear();
+  ++stats_.connects;
+  stats_.connected = true;
+}
+
+void SsdSpeculator::LinkDown(const absl::Status& why) {
+  SPECD_LOG_WARN("ssd: speculator link lost ({}); drafting locally until one rejoins",
+                 why.ToString());
+  ++stats_.link_failures;
+  stats_.connected = false;
+  if (channel_) channel_->Close();
+  channel_.reset();
+  // A launched speculator that stopped answering is replaced; a dead one is reaped.
+  if (options_.config.ssd.launch) {
+    pid_ = -1;
+    process_.Kill();
+  }
+}
+
+void SsdSpeculator::OnVerified(std::span<const VerifiedRound> rounds) {
+  for (const VerifiedRound& r : rounds) {
+    auto it = seqs_.find(r.seq_id);
+    if (it == seqs_.end() || !it->second.synced || it->second.num_remote_drafts == 0) continue;
+    it->second.accepted_len = std::min(r.num_accepted, it->second.num_remote_drafts);
+  }
+}
+
+void SsdSpeculator::Release(uint64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  if (it->second.synced && channel_) released_.push_back(seq_id);
+  seqs_.erase(it);
+}
+
+absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
+                                    std::vector<Draft>* drafts) {
+  drafts->assign(inputs.size(), Draft{});
+  if (std::unique_ptr<TcpChannel> joined = acceptor_->Take()) Adopt(std::move(joined));
+  stats_.refused_joins = acceptor_->refused();
+  if (!channel_) MaybeLaunch();
+  if (channel_) {
+    const absl::Status s = RemoteRound(inputs, drafts);
+    if (s.ok()) return s;
+    LinkDown(s);
+    drafts->assign(inputs.size(), Draft{});
+  }
+  ++stats_.local_rounds;
+  SPECD_RETURN_IF_ERROR(local_.Propose(inputs, drafts));
+  for (Draft& d : *drafts) d.origin = DraftOrigin::kLocal;
+  return absl::OkStatus();
+}
+
+absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
+                                        std::vector<Draft>* drafts) {
+  const absl::Duration timeout = absl::Milliseconds(options_.config.ssd.timeout_ms);
+  SPECD_RETURN_IF_ERROR(SendReleases(timeout));
+  std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
+  const int64_t new_tokens = SyncOutcomes(inputs, sent);
+  // New sequences make the speculator prefill their prompts first: allow for that.
+  SPECD_RETURN_IF_ERROR(AwaitResponse(timeout, timeout + kPrefillAllowancePerToken * new_tokens));
+  const auto& request = std::get<SpeculateRequest>(request_);
+  const auto& response = std::get<SpeculateResponse>(reply_);
+  if (response.drafts.size() != request.seqs.size()) {
+    return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",
+                                            request.seqs.size(), " sequences"));
+  }
+  stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
+  stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (sent[i] >= 0)
+      TakeDraft(inputs[i], request.seqs[sent[i]], response.drafts[sent[i]], (*drafts)[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SsdSpeculator::SendReleases(absl::Duration timeout) {
+  if (released_.empty()) return absl::OkStatus();
+  specd::Release release;
+  const size_t n = std::min<size_t>(released_.size(), limits_.max_release_ids);
+  release.seq_ids.assign(released_.begin(), released_.begin() + n);
+  released_.erase(released_.begin(), released_.begin() + n);
+  return channel_->Send(release, timeout);
+}
+
+int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
+                                    std::vector<int32_t>& sent) {
+  auto& request = std::get<SpeculateRequest>(request_);
+  request.Clear();
+  request.round_id = ++round_;
+  uint64_t budget = limits_.max_request_tokens;
+  int64_t new_tokens = 0;
+  for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
+    const DraftInput& in = inputs[i];
+    SeqState& s = seqs_[in.seq_id];
+    if (s.synced && in.tokens.size() < s.num_sent) s = SeqState{};  // preempted and restarted
+    SpeculateSeq m;
+    m.seq_id = in.seq_id;
+    std::span<const int32_t> fresh = in.tokens;
+    if (s.synced) {
+      fresh = fresh.subspan(s.num_sent);
+      // fresh: the drafts OnVerified said were accepted (none when it said nothing), then the
+      // target's next token and anything committed since.
+      m.accepted_len = static_cast<uint16_t>(std::min<size_t>(
+          static_cast<size_t>(std::max(s.accepted_len, 0)), fresh.empty() ? 0 : fresh.size() - 1));
+    } else {
+      m.flags |= kSeqNew;
+    }
+    if (fresh.empty() || fresh.size() > limits_.max_seq_tokens || fresh.size() > budget) continue;
+    budget -= fresh.size();
+    if (m.flags & kSeqNew) new_tokens += static_cast<int64_t>(fresh.size());
+    const SamplingParams& p = *in.params;
+    m.num_draft_tokens = static_cast<uint16_t>(
+        std::min<int32_t>(in.num_draft_tokens, static_cast<int32_t>(limits_.max_draft_tokens)));
+    m.fan_out = static_cast<uint16_t>(
+        std::min<int32_t>(options_.config.ssd.fan_out, static_cast<int32_t>(limits_.max_fan_out)));
+    if (!p.greedy()) {
+      m.flags |= kSeqWantProbs;
+      m.sampling = {p.temperature, p.top_p, std::max(0, p.top_k), p.min_p, in.seed};
+      const float c = in.speculation != nullptr ? in.speculation->saguaro_c : -1.0f;
+      m.saguaro_c = c >= 0.0f ? c : DefaultDownweight(p.temperature);
+    }
+    request.AddSeq(m, fresh);
+    sent[i] = static_cast<int32_t>(request.seqs.size()) - 1;
+    s.synced = true;
+    s.num_sent = in.tokens.size();
+    s.accepted_len = 0;
+    s.num_remote_drafts = 0;
+  }
+  return new_tokens;
+}
+
+absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration wait) {
+  const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
+  const absl::Time start = absl::Now();
+  SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
+  for (;;) {
+    const absl::Duration left = wait - (absl::Now() - start);
+    absl::StatusOr<MessageType> type =
+        channel_->Recv(std::max(left, absl::ZeroDuration()), &reply_);
+    if (!type.ok()) return type.status();
+    if (*type == MessageType::kSpeculateResponse &&
+        std::get<SpeculateResponse>(reply_).round_id == round_id) {
+      break;
+    }
+    if (*type == MessageType::kShutdown) return absl::UnavailableError("the speculator shut down");
+  }
+  stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  ++stats_.rounds;
+  stats_.bytes_sent = bytes_before_.sent + static_cast<int64_t>(channel_->bytes_sent());
+  stats_.bytes_received = bytes_before_.received + static_cast<int64_t>(channel_->bytes_received());
+  return absl::OkStatus();
+}
+
+void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d,
+                              Draft& out) {
+  const auto& response = std::get<SpeculateResponse>(reply_);
+  SeqState& s = seqs_[in.seq_id];
+  if (!(m.flags & kSeqNew)) {  // the speculator was told an outcome: count it by k
+    const size_t k = m.accepted_len;
+    if (stats_.outcomes_by_accepted_len.size() <= k) {
+      stats_.outcomes_by_accepted_len.resize(k + 1);
+      stats_.hits_by_accepted_len.resize(k + 1);
+    }
+    ++stats_.outcomes_by_accepted_len[k];
+    stats_.hits_by_accepted_len[k] += d.status == DraftStatus::kHit ? 1 : 0;
+  }
+  switch (d.status) {
+    case DraftStatus::kHit:
+      ++stats_.drafts_hit;
+      break;
+    case DraftStatus::kMissPrimary:
+      ++stats_.drafts_miss_primary;
+      break;
+    case DraftStatus::kMissBackup:
+      ++stats_.drafts_miss_backup;
+      break;
+    case DraftStatus::kNone:
+      ++stats_.drafts_none;
+      if (!(m.flags & kSeqNew)) s = SeqState{};  // it lost the sequence: resend it whole
+      break;
+  }
+  const std::span<const int32_t> tokens = response.TokensOf(d);
+  out.origin = d.status == DraftStatus::kHit          ? DraftOrigin::kCacheHit
+               : d.status == DraftStatus::kMissBackup ? DraftOrigin::kBackup
+                                                      : DraftOrigin::kPrimary;
+  out.tokens.assign(tokens.begin(), tokens.end());
+  s.num_remote_drafts = static_cast<int32_t>(out.tokens.size());
+  if (!in.params->greedy() && !out.tokens.empty()) {
+    const std::span<const float> rows =
+        response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));
+    out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
+  }
+}
+
+}  // namespace specd

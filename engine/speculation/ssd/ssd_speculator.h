@@ -1,0 +1,121 @@
+// The verifier's side of SSD (docs/architecture.md "SSD"): a Speculator whose drafts come from
+// the speculator process (SsdWorker, `specd speculator`) over a Channel. Each Propose sends the
+// round's outcomes (the tokens each sequence committed since its last drafts: k accepted drafts
+// and the bonus token, or a new sequence's prompt; k as OnVerified told it) and waits for the
+// drafts, which the speculator usually has ready from its speculation cache. The verifier listens
+// (TCP rendezvous, so the speculator may run on another host) and, unless told otherwise, launches
+// the speculator process itself and launches it again after it dies. Faults never cost a request:
+// when the speculator does not answer within the timeout, its link breaks or it dies, the round
+// goes on with local n-gram drafts (lossless like any draft), the link is dropped (a launched
+// speculator is killed), and a new speculator that connects later rejoins: every sequence is sent
+// to it whole again. Only an authenticated speculator joins (SsdAcceptor,
+// engine/distributed/link_auth.h): a launched one gets a fresh secret per launch in its environment
+// and must be that process; one started by hand proves it holds the secret file's secret, over TLS
+// when configured. A refused connection never touches the current link or the launched process.
+// Engine thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/base/subprocess.h"
+#include "engine/distributed/channel.h"
+#include "engine/distributed/messages.h"
+#include "engine/distributed/tcp_channel.h"
+#include "engine/speculation/ngram.h"
+#include "engine/speculation/spec_config.h"
+#include "engine/speculation/speculator.h"
+#include "engine/speculation/ssd/ssd_acceptor.h"
+#include "engine/speculation/ssd/ssd_stats.h"
+
+namespace specd {
+
+struct SsdSpeculatorOptions {
+  SpeculativeConfig config;  // method ssd: draft model, K, fan-out, address, launch, timeout
+  int32_t vocab_size = 0;    // the target's
+  int32_t max_num_seqs = 256;
+  int32_t max_model_len = 0;
+  // How to start the speculator process when config.ssd.launch: these arguments after
+  // `<binary> speculator --connect HOST:PORT` (the engine adds the model, device and limits).
+  std::vector<std::string> launch_args;
+  absl::Duration startup_timeout = absl::Seconds(120);  // first connection (the draft loads)
+};
+
+class SsdSpeculator : public Speculator {
+ public:
+  // Listens on config.ssd.address, launches the speculator when config.ssd.launch and waits up
+  // to startup_timeout for it to join (without one it starts anyway, drafting locally).
+  // Without launch the link secret comes from config.ssd.secret_file or $SPECD_SPECULATOR_SECRET
+  // (FailedPrecondition when neither is set).
+  static absl::StatusOr<std::unique_ptr<SsdSpeculator>> Create(const SsdSpeculatorOptions& o);
+  ~SsdSpeculator() override;
+
+  absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
+  // Records each sequence's accepted length; the next Propose sends it with the outcome.
+  void OnVerified(std::span<const VerifiedRound> rounds) override;
+  void Release(uint64_t seq_id) override;
+
+  const SsdStats& stats() const { return stats_; }
+  // The port the verifier listens on (the speculator connects there).
+  int32_t port() const;
+  // The launched speculator's pid, -1 when none runs (tests stop and kill it). Any thread.
+  int32_t speculator_pid() const { return pid_.load(); }
+
+ private:
+  // What the speculator knows of a sequence.
+  struct SeqState {
+    bool synced = false;       // the speculator holds its context up to num_sent tokens
+    size_t num_sent = 0;       // committed tokens the speculator was told
+    int32_t accepted_len = 0;  // of its last drafts, told by OnVerified (0: told nothing)
+    // Drafts of the speculator's last reply handed to the engine (0: none, or the round used
+    // local drafts): only an outcome of those is the speculator's to hear.
+    int32_t num_remote_drafts = 0;
+  };
+
+  explicit SsdSpeculator(const SsdSpeculatorOptions& o);
+  // Listens (with TLS when configured) and starts accepting under the first policy.
+  absl::Status StartListening();
+  // Makes an admitted speculator's channel the link (replacing an older one): it knows nothing,
+  // so every sequence goes to it whole.
+  void Adopt(std::unique_ptr<TcpChannel> channel);
+  // Starts the speculator process when we launch it and none runs (at most every few seconds).
+  void MaybeLaunch();
+  void LinkDown(const absl::Status& why);
+  absl::Status RemoteRound(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // RemoteRound's phases: the Release of finished sequences (what fits one message); the
+  // request (each input's outcome since its last drafts, or its prompt; sent[i] its request
+  // index or -1 when it does not fit), returning the new sequences' prompt tokens; the send and
+  // the wait for the matching response; one input's drafts from the response, and the counts.
+  absl::Status SendReleases(absl::Duration timeout);
+  int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent);
+  absl::Status AwaitResponse(absl::Duration timeout, absl::Duration wait);
+  void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
+
+  SsdSpeculatorOptions options_;
+  WireLimits limits_;
+  std::unique_ptr<SsdAcceptor> acceptor_;
+  std::unique_ptr<TcpChannel> channel_;
+  Subprocess process_;
+  std::atomic<int32_t> pid_{-1};  // process_'s pid for other threads
+  absl::Time last_launch_ = absl::InfinitePast();
+  std::string launch_command_;  // for errors
+  struct {
+    int64_t sent = 0, received = 0;
+  } bytes_before_;  // bytes of the links before the current one
+  NgramSpeculator local_;
+  absl::flat_hash_map<uint64_t, SeqState> seqs_;
+  std::vector<uint64_t> released_;
+  Message request_ = SpeculateRequest();
+  Message reply_;
+  uint64_t round_ = 0;
+  SsdStats stats_;
+};
+
+}  // namespace specd

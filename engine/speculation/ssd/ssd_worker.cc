@@ -1,0 +1,557 @@
+#include "engine/speculation/ssd/ssd_worker.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/log.h"
+#include "engine/base/status.h"
+#include "engine/distributed/tcp_channel.h"
+#include "engine/speculation/ngram.h"
+#include "engine/speculation/ssd/ssd_protocol.h"
+
+namespace specd {
+namespace {
+
+// Most candidates kept per drafted position: the largest fan-out the geometric allocation can
+// give one acceptance length is bounded by the budget, but the online fit of r only looks at
+// the first few ranks, and more candidates cost host work per position.
+constexpr int32_t kMaxCandidates = 16;
+
+// Most branches drafted together in one forward pass of the cache build. A draft model's decode
+// step costs about the same for 1 or a few dozen rows (it reads its weights once), so branches
+// of every candidate rank share passes up to this many rows; beyond it, waves go by rank.
+constexpr size_t kMaxBranchesPerPass = 64;
+
+// SplitMix64's finaliser: seeds of different branches (or requests) must give unrelated draft
+// streams; XOR of nearby integers collides (1000 ^ 1 == 1002 ^ 3).
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Exponential moving average with weight 1/8 for the newest sample.
+void Ema(double* avg, double sample) { *avg = *avg == 0 ? sample : *avg + (sample - *avg) / 8; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOptions& options) {
+  const SpeculativeConfig& c = options.config;
+  if (c.draft_model.empty()) return absl::InvalidArgumentError("ssd speculator: no draft model");
+  RunnerOptions r = options.draft;
+  r.model_dir = c.draft_model;
+  if (options.max_model_len > 0) r.max_model_len = options.max_model_len;
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(r));
+  const int32_t vocab = runner->config().vocab_size;
+  SPECD_ASSIGN_OR_RETURN(
+      std::unique_ptr<DraftModelSpeculator> draft,
+      DraftModelSpeculator::Create(std::move(runner), vocab, r.max_num_batched_tokens));
+  if (c.replay.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay, DraftReplay::Load(c.replay, vocab));
+    SPECD_LOG_WARN(
+        "ssd speculator: draft in replay mode (controlled acceptance alpha {}, "
+        "candidate hit {}): a benchmark setting",
+        c.replay.alpha, c.replay.candidate_hit);
+    draft->set_replay(std::move(replay));
+  }
+  OutcomeStatsOptions o;
+  o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
+  o.max_fan_out = std::min(kMaxCandidates, std::max(2, c.ssd.fan_out * 2));
+  SPECD_ASSIGN_OR_RETURN(OutcomeStats stats, OutcomeStats::Create(o));
+  return std::unique_ptr<SsdWorker>(new SsdWorker(options, std::move(draft), std::move(stats)));
+}
+
+SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
+                     OutcomeStats stats)
+    : options_(options), draft_(std::move(draft)), outcomes_(std::move(stats)), rng_(options.seed) {
+  f_max_ = outcomes_.options().max_fan_out;
+}
+
+int32_t SsdWorker::vocab_size() const { return draft_->runner().config().vocab_size; }
+
+WireLimits SsdWorker::limits() const {
+  const int32_t len =
+      options_.max_model_len > 0 ? options_.max_model_len : draft_->runner().max_model_len();
+  return SsdWireLimits(vocab_size(), options_.max_num_seqs, len);
+}
+
+int32_t MeasuredCriticalBatchSize(const SsdWorkerStats& stats, double alpha, int32_t K,
+                                  const TierSeconds& seconds, int32_t max_batch_size) {
+  if (seconds.verify <= 0 || seconds.primary <= 0) return kNeverSwitch;
+  BatchRoundModel m;
+  // Per sequence-round: stats.rounds counts requests, each of up to a batch of sequences.
+  const int64_t served = stats.hits + stats.misses_primary + stats.misses_backup;
+  m.p_hit = served > 0 ? double(stats.hits) / double(served) : 0.0;
+  m.e_hit = m.e_miss = ExpectedTokensPerRound(alpha, K);
+  m.e_backup = 1.0;
+  m.t_p = seconds.primary / seconds.verify;
+  m.t_b = seconds.backup / seconds.verify;
+  return CriticalBatchSize(m, max_batch_size);
+}
+
+int32_t SsdWorker::critical_batch_size() const {
+  if (options_.config.ssd.critical_batch_size > 0) return options_.config.ssd.critical_batch_size;
+  if (outcomes_.num_rounds() < 16) return kNeverSwitch;  // the primary serves misses meanwhile
+  return MeasuredCriticalBatchSize(stats_, outcomes_.Alpha(),
+                                   options_.config.num_speculative_tokens, seconds_,
+                                   options_.max_num_seqs);
+}
+
+int32_t SsdWorker::FanOutOf(const Seq& s) const { return std::clamp(s.fan_out, 1, f_max_); }
+
+bool SsdWorker::SaguaroSampled(const Seq& s) {
+  return !s.params.greedy() && s.saguaro_c >= 0.0f && s.saguaro_c < 1.0f;
+}
+
+std::span<const int32_t> SsdWorker::CandidateRow(const Seq& s, int32_t k) const {
+  return std::span<const int32_t>(s.candidates).subspan(size_t(k) * f_max_, f_max_);
+}
+
+int32_t SsdWorker::DraftAt(const Seq& s, int32_t k) {
+  return k < static_cast<int32_t>(s.drafts.size()) ? s.drafts[k] : kNoDraftToken;
+}
+
+std::vector<int32_t> SsdWorker::FanOut(const Seq& s) const {
+  const int32_t K = s.num_draft_tokens;
+  const int32_t f = FanOutOf(s);
+  // Saguaro sampling down-weights one top-F set per row (CacheDraftOptions::saguaro_fan_out),
+  // which the cache must hold at every position: a Saguaro-sampled sequence gets F at every k.
+  absl::StatusOr<std::vector<int32_t>> fan =
+      options_.config.ssd.geometric_fan_out && !SaguaroSampled(s)
+          ? GeometricFanOut(K, (K + 1) * f, outcomes_.Alpha(), outcomes_.PowerLawR())
+          : ConstantFanOut(K, f);
+  if (!fan.ok()) return std::vector<int32_t>(K + 1, f);
+  for (int32_t& x : *fan) x = std::min(x, f_max_);
+  return *std::move(fan);
+}
+
+DraftInput SsdWorker::InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
+                               int32_t num_drafts) const {
+  DraftInput in;
+  in.seq_id = seq_id;
+  in.tokens = tokens;
+  in.num_draft_tokens = num_drafts;
+  in.params = &s.params;
+  in.history = &s.history;
+  in.seed = s.seed;  // the request's own seed: its drafts repeat like the target's draws
+  return in;
+}
+
+DraftModelSpeculator::CacheDraftOptions SsdWorker::CacheOptionsFor(const Seq& s) const {
+  DraftModelSpeculator::CacheDraftOptions o;
+  o.num_candidates = f_max_;
+  o.saguaro_fan_out = SaguaroSampled(s) ? FanOutOf(s) : 0;  // the cache's F (FanOut)
+  o.saguaro_c = s.saguaro_c;
+  return o;
+}
+
+std::vector<int32_t> SsdWorker::BackupDraft(const Seq& s, int32_t num_drafts) {
+  if (options_.config.ssd.backup == "random") {
+    std::uniform_int_distribution<int32_t> id(0, vocab_size() - 1);
+    std::vector<int32_t> out(num_drafts);
+    for (int32_t& t : out) t = id(rng_);
+    return out;
+  }
+  return NgramLookup(s.tokens, options_.config.prompt_lookup_min, options_.config.prompt_lookup_max,
+                     num_drafts);
+}
+
+void SsdWorker::ReleaseBranches(uint64_t seq_id) {
+  auto it = branches_.find(seq_id);
+  if (it == branches_.end()) return;
+  for (uint64_t b : it->second) draft_->Release(b);
+  branches_.erase(it);
+}
+
+void SsdWorker::Drop(uint64_t seq_id) {
+  ReleaseBranches(seq_id);
+  cache_.Clear(seq_id);
+  draft_->Release(seq_id);
+  seqs_.erase(seq_id);
+}
+
+absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateResponse* response) {
+  const absl::Time start = absl::Now();
+  if (last_response_ != absl::InfinitePast()) {
+    Ema(&seconds_.verify, absl::ToDoubleSeconds(start - last_response_));
+  }
+  response->Clear();
+  response->round_id = request.round_id;
+  ++stats_.rounds;
+  const int32_t batch = static_cast<int32_t>(request.seqs.size());
+  const bool backup_tier = batch >= critical_batch_size();
+  Round round(request.seqs.size());
+  served_.clear();
+  for (size_t i = 0; i < request.seqs.size(); ++i) {
+    const SpeculateSeq& m = request.seqs[i];
+    std::optional<CachedDraft> cached;
+    Seq* s = SyncOutcome(m, request.TokensOf(m), &cached);
+    if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
+    SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
+  }
+  SPECD_RETURN_IF_ERROR(DraftMisses(round));
+  DraftBackups(request, round);
+  Reply(request, round, response);
+  last_response_ = absl::Now();
+  // Busy since the last response: the cache built after it, then this answer.
+  response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
+                                            build_seconds_ * 1e9);
+  return absl::OkStatus();
+}
+
+SsdWorker::Round::Round(size_t num_seqs) : results(num_seqs), partial(num_seqs) {
+  resume_tokens.reserve(num_seqs);  // spans into it must stay valid
+}
+
+SsdWorker::Seq* SsdWorker::SyncOutcome(const SpeculateSeq& m, std::span<const int32_t> fresh,
+                                       std::optional<CachedDraft>* cached) {
+  const bool is_new = (m.flags & kSeqNew) != 0;
+  if (is_new) Drop(m.seq_id);
+  auto it = seqs_.find(m.seq_id);
+  if (!is_new && it == seqs_.end()) return nullptr;
+  if (is_new) it = seqs_.try_emplace(m.seq_id).first;
+  Seq& s = it->second;
+  served_.push_back(m.seq_id);
+  s.params.temperature = m.sampling.temperature;
+  s.params.top_p = m.sampling.top_p;
+  s.params.top_k = m.sampling.top_k;
+  s.params.min_p = m.sampling.min_p;
+  s.seed = m.sampling.seed;
+  s.saguaro_c = m.saguaro_c;
+  s.num_draft_tokens = m.num_draft_tokens;
+  s.fan_out = std::max<int32_t>(1, m.fan_out);
+  // The outcome of the last round: fresh = d_1..d_k, t* when the verifier verified our drafts.
+  const int32_t k = m.accepted_len;
+  const bool verified = !is_new && fresh.size() == size_t(k) + 1 && size_t(k) <= s.drafts.size() &&
+                        std::equal(fresh.begin(), fresh.begin() + k, s.drafts.begin());
+  if (verified) {
+    *cached = cache_.Take(m.seq_id, s.round, k, fresh[k]);
+    RoundOutcome outcome;
+    outcome.accepted_len = k;
+    outcome.num_draft_tokens = static_cast<int32_t>(s.drafts.size());
+    outcome.cache_hit = cached->has_value();
+    if (k < s.num_rows)
+      outcome.bonus_rank = CachedBonusRank(CandidateRow(s, k), DraftAt(s, k), fresh[k]);
+    outcomes_.Record(outcome);
+  }
+  if (cached->has_value()) {
+    std::vector<uint64_t>& live = branches_[m.seq_id];
+    live.erase(std::remove(live.begin(), live.end(), (*cached)->branch_id), live.end());
+  }
+  ReleaseBranches(m.seq_id);  // stale branches go before the sequence drafts again
+  if (is_new) {
+    s.tokens.assign(fresh.begin(), fresh.end());
+    s.history = TokenHistory();
+    s.history.AddPrompt(s.tokens);
+  } else {
+    s.tokens.insert(s.tokens.end(), fresh.begin(), fresh.end());
+  }
+  return &s;
+}
+
+absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
+                               std::optional<CachedDraft> cached, bool backup_tier, Round& round) {
+  if (m.num_draft_tokens == 0) return absl::OkStatus();
+  Result& r = round.results[i];
+  const size_t wanted = static_cast<size_t>(m.num_draft_tokens) + 1;  // + the cache's row for K
+  if (cached && cached->tokens.size() < wanted) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    Draft& d = round.partial[i];
+    d.tokens = std::move(cached->tokens);
+    d.probs = std::move(cached->probs);
+    d.candidates = std::move(cached->candidates);
+    round.resume_tokens.emplace_back(s.tokens);
+    round.resume_tokens.back().insert(round.resume_tokens.back().end(), d.tokens.begin(),
+                                      d.tokens.end());
+    round.primary.push_back(InputFor(m.seq_id, s, round.resume_tokens.back(),
+                                     static_cast<int32_t>(wanted - d.tokens.size())));
+    round.primary_cache.push_back(CacheOptionsFor(s));
+    round.primary_of.push_back(i);
+    ++stats_.hits;
+    ++stats_.hits_partial;
+  } else if (cached) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    r.draft.tokens = std::move(cached->tokens);
+    r.draft.probs = std::move(cached->probs);
+    r.draft.candidates = std::move(cached->candidates);
+    ++stats_.hits;
+  } else if (backup_tier) {
+    r.served = Served::kBackup;
+    ++stats_.misses_backup;
+  } else {
+    r.served = Served::kPrimary;
+    round.primary.push_back(InputFor(m.seq_id, s, s.tokens, m.num_draft_tokens + 1));
+    round.primary_cache.push_back(CacheOptionsFor(s));
+    round.primary_of.push_back(i);
+    round.any_miss = true;
+    ++stats_.misses_primary;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::DraftMisses(Round& round) {
+  if (round.primary.empty()) return absl::OkStatus();
+  const absl::Time t = absl::Now();
+  std::vector<Draft> proposed;
+  SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed));
+  for (size_t j = 0; j < round.primary.size(); ++j) {
+    Draft& d = round.results[round.primary_of[j]].draft;
+    Draft& resumed = round.partial[round.primary_of[j]];
+    if (resumed.tokens.empty()) {
+      d = std::move(proposed[j]);
+      continue;
+    }
+    // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
+    // drafts it had still stand).
+    d = std::move(resumed);
+    d.tokens.insert(d.tokens.end(), proposed[j].tokens.begin(), proposed[j].tokens.end());
+    d.probs.insert(d.probs.end(), proposed[j].probs.begin(), proposed[j].probs.end());
+    d.candidates.insert(d.candidates.end(), proposed[j].candidates.begin(),
+                        proposed[j].candidates.end());
+  }
+  // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
+  if (round.any_miss) Ema(&seconds_.primary, absl::ToDoubleSeconds(absl::Now() - t));
+  return absl::OkStatus();
+}
+
+void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
+  const absl::Time start = absl::Now();
+  bool any_backup = false;
+  for (size_t i = 0; i < request.seqs.size(); ++i) {
+    if (round.results[i].served != Served::kBackup) continue;
+    round.results[i].draft.tokens =
+        BackupDraft(seqs_[request.seqs[i].seq_id], request.seqs[i].num_draft_tokens);
+    any_backup = true;
+  }
+  if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+void SsdWorker::Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response) {
+  uint32_t prob_rows = 0;
+  const size_t vocab = static_cast<size_t>(vocab_size());
+  for (size_t i = 0; i < request.seqs.size(); ++i) {
+    const SpeculateSeq& m = request.seqs[i];
+    auto it = seqs_.find(m.seq_id);
+    if (it == seqs_.end()) {
+      response->AddDraft(m.seq_id, DraftStatus::kNone, {}, {});
+      continue;
+    }
+    Seq& s = it->second;
+    Result& r = round.results[i];
+    const bool want_probs = (m.flags & kSeqWantProbs) != 0;
+    size_t n = std::min<size_t>(r.draft.tokens.size(), m.num_draft_tokens);
+    // Sampled drafts need their q rows (a backup's deterministic drafts have none: one-hot).
+    const bool has_rows = want_probs && r.served != Served::kBackup;
+    if (has_rows && (r.draft.probs.size() < n * vocab || prob_rows + n > kSsdMaxProbRows)) n = 0;
+    s.drafts.assign(r.draft.tokens.begin(), r.draft.tokens.begin() + n);
+    // A backup that found nothing still served the sequence (it decodes plainly, and the cache
+    // is built for k = 0); a draft model that gave nothing (KV full, no room for q rows) did not.
+    s.served = n > 0 || r.served == Served::kBackup ? r.served : Served::kNone;
+    s.candidates = std::move(r.draft.candidates);
+    s.num_rows = r.served == Served::kBackup
+                     ? 0
+                     : std::min<int32_t>(static_cast<int32_t>(s.candidates.size()) / f_max_,
+                                         static_cast<int32_t>(n) + 1);
+    ++s.round;
+    const DraftStatus status = s.served == Served::kHit       ? DraftStatus::kHit
+                               : s.served == Served::kPrimary ? DraftStatus::kMissPrimary
+                               : s.served == Served::kBackup  ? DraftStatus::kMissBackup
+                                                              : DraftStatus::kNone;
+    std::span<const float> rows;
+    if (has_rows && n > 0) {
+      rows = std::span<const float>(r.draft.probs).first(n * vocab);
+      prob_rows += static_cast<uint32_t>(n);
+    }
+    response->AddDraft(m.seq_id, status, s.drafts, rows);
+  }
+}
+
+absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
+  const absl::Time start = absl::Now();
+  // A backup-served sequence has no candidates along its drafts: the draft model's row at
+  // position 1 (from the context) gives the cache its likeliest outcomes, k = 0.
+  std::vector<DraftInput> inputs;
+  std::vector<DraftModelSpeculator::CacheDraftOptions> cache;  // [inputs]
+  std::vector<Draft> proposed;
+  for (uint64_t id : served_) {
+    Seq& s = seqs_[id];
+    if (s.served != Served::kBackup) continue;
+    inputs.push_back(InputFor(id, s, s.tokens, 1));
+    cache.push_back(CacheOptionsFor(s));
+  }
+  if (!inputs.empty()) {
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed));
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      Seq& s = seqs_[inputs[j].seq_id];
+      s.candidates = std::move(proposed[j].candidates);
+      s.num_rows = std::min<int32_t>(1, static_cast<int32_t>(s.candidates.size()) / f_max_);
+    }
+  }
+  // Every branch: the sequence's context, d_1..d_k, then a candidate t* for position k + 1.
+  // Branches are ordered by candidate rank (every sequence's best candidate at every k first,
+  // then the second best, ...) and drafted in waves of at most kMaxBranchesPerPass, one batched
+  // Propose per wave, and the build stops as soon as `stop` (checked before every forward
+  // pass) says the verifier's next request is there: the cache is whatever fitted into the
+  // verification window (the paper's budget B is the most it holds), plus the unfinished
+  // branches of the wave in progress, which a hit resumes.
+  struct Branch {
+    uint64_t seq_id, branch_id;
+    int32_t k, bonus;
+    int32_t fan;  // F_k: the fan-out of its acceptance length, larger for likelier outcomes
+    std::vector<int32_t> tokens;
+  };
+  std::vector<std::vector<Branch>> waves;
+  for (uint64_t id : served_) {
+    Seq& s = seqs_[id];
+    if (s.served == Served::kNone || s.num_rows == 0) continue;
+    cache_.BeginRound(id, s.round);
+    const int32_t K = s.num_draft_tokens;
+    const std::vector<int32_t> fan = FanOut(s);
+    const int32_t max_k = std::min<int32_t>(s.num_rows - 1, static_cast<int32_t>(s.drafts.size()));
+    for (int32_t k = 0; k <= max_k; ++k) {
+      const int32_t f = fan[std::min(k, K)];
+      size_t rank = 0;
+      for (int32_t t : CachedCandidates(CandidateRow(s, k), DraftAt(s, k), f)) {
+        if (waves.size() <= rank) waves.resize(rank + 1);
+        Branch br{id, 0, k, t, f, {}};
+        br.tokens.reserve(s.tokens.size() + k + 1);
+        br.tokens.assign(s.tokens.begin(), s.tokens.end());
+        br.tokens.insert(br.tokens.end(), s.drafts.begin(), s.drafts.begin() + k);
+        br.tokens.push_back(t);
+        waves[rank++].push_back(std::move(br));
+      }
+    }
+  }
+  // Ranks share passes up to kMaxBranchesPerPass rows (and what one runner Step draws), in rank
+  // order and within a rank by outcome likelihood (F_k), so a build cut short has the likeliest
+  // outcomes.
+  std::vector<std::vector<Branch>> passes;
+  const size_t per_pass = std::min<size_t>(kMaxBranchesPerPass,
+                                           static_cast<size_t>(draft_->runner().max_sample_rows()));
+  for (std::vector<Branch>& rank : waves) {
+    std::stable_sort(rank.begin(), rank.end(),
+                     [](const Branch& a, const Branch& b) { return a.fan > b.fan; });
+    for (Branch& br : rank) {
+      if (passes.empty() || passes.back().size() == per_pass) passes.emplace_back();
+      passes.back().push_back(std::move(br));
+    }
+  }
+  for (std::vector<Branch>& wave : passes) {
+    // The verifier's next request ends the build, even mid-wave: the other branches of the
+    // wave are of no use once the outcome is known, and the one that matches it (if any) goes
+    // on alone as a partial hit. When verification is quicker than the first pass of a wave, as
+    // for a tiny target, the cache stays empty and SSD falls back to plain speculation.
+    if (stop && stop()) break;
+    inputs.clear();
+    cache.clear();
+    for (Branch& br : wave) {
+      const Seq& s = seqs_[br.seq_id];
+      br.branch_id = next_branch_id_++;
+      SPECD_RETURN_IF_ERROR(
+          draft_->Fork(br.seq_id, br.branch_id, static_cast<int32_t>(s.tokens.size()) + br.k));
+      branches_[br.seq_id].push_back(br.branch_id);
+      inputs.push_back(InputFor(br.branch_id, s, br.tokens, s.num_draft_tokens + 1));
+      inputs.back().seed = Mix(s.seed, br.branch_id);
+      cache.push_back(CacheOptionsFor(s));
+    }
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, stop));
+    for (size_t j = 0; j < wave.size(); ++j) {
+      Branch& br = wave[j];
+      Draft& d = proposed[j];
+      // Empty: the draft's KV is full (this outcome will miss); short: the build was stopped
+      // mid-branch, and a hit resumes it from the drafts it has (Handle).
+      if (d.tokens.empty()) continue;
+      CachedDraft c;
+      c.tokens = std::move(d.tokens);
+      c.probs = std::move(d.probs);
+      c.candidates = std::move(d.candidates);
+      c.branch_id = br.branch_id;
+      cache_.Insert(br.seq_id, seqs_[br.seq_id].round, br.k, br.bonus, std::move(c));
+      ++stats_.branches;
+    }
+  }
+  build_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::Serve(const std::string& address, absl::Duration connect_timeout) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--connect '", address, "' is not HOST:PORT"));
+  }
+  Hello hello;
+  hello.role = Role::kSpeculator;
+  hello.model_fingerprint = SsdFingerprint(vocab_size());
+  hello.limits = limits();
+  ConnectOptions connect;
+  connect.timeout = connect_timeout;
+  const SsdOptions& ssd = options_.config.ssd;
+  if (const TlsFiles tls{ssd.tls_cert, ssd.tls_key, ssd.tls_ca}; tls.enabled()) {
+    SPECD_ASSIGN_OR_RETURN(connect.tls, TlsContext::Create(tls, TlsContext::Side::kClient));
+  }
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<TcpChannel> channel,
+                         TcpChannel::Connect(address.substr(0, colon), static_cast<uint16_t>(port),
+                                             hello, options_.link_secret, connect));
+  SPECD_LOG_INFO("ssd speculator: joined the verifier at {}", address);
+  // A new verifier connection knows none of our sequences: start clean.
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  for (uint64_t id : ids) Drop(id);
+  return ServeChannel(*channel);
+}
+
+absl::Status SsdWorker::ServeChannel(Channel& channel) {
+  Message message;
+  Message reply = SpeculateResponse();
+  bool pending = false;  // BuildCache stopped because `message` arrived
+  // Whether the verifier's next message is already here (then the cache build stops).
+  // Sticky: once a message is in, it stays pending until the loop handles it.
+  bool link_error = false;
+  auto arrived = [&] {
+    if (pending || link_error) return true;
+    absl::StatusOr<MessageType> type = channel.Recv(absl::ZeroDuration(), &message);
+    pending = type.ok();
+    link_error = !pending && !absl::IsDeadlineExceeded(type.status());  // the next Recv says it
+    return pending || link_error;
+  };
+  for (;;) {
+    if (!pending) {
+      absl::StatusOr<MessageType> type = channel.Recv(absl::InfiniteDuration(), &message);
+      if (!type.ok()) return type.status();
+    }
+    pending = false;
+    switch (TypeOf(message)) {
+      case MessageType::kSpeculateRequest: {
+        auto& response = std::get<SpeculateResponse>(reply);
+        SPECD_RETURN_IF_ERROR(Handle(std::get<SpeculateRequest>(message), &response));
+        response.cache_build_ns = static_cast<uint64_t>(build_seconds_ * 1e9);
+        SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
+        SPECD_RETURN_IF_ERROR(options_.config.ssd.complete_cache ? BuildCache()
+                                                                 : BuildCache(arrived));
+        break;
+      }
+      case MessageType::kRelease:
+        for (uint64_t id : std::get<Release>(message).seq_ids) Drop(id);
+        break;
+      case MessageType::kShutdown:
+        SPECD_LOG_INFO("ssd speculator: the verifier shut down ({})",
+                       std::get<Shutdown>(message).reason);
+        return absl::OkStatus();
+      case MessageType::kHeartbeat:
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("ssd speculator: unexpected ",
+                         std::string(MessageTypeName(TypeOf(message))), " message"));
+    }
+  }
+}
+
+}  // namespace specd

@@ -1,0 +1,208 @@
+// The SSD speculator (Kumar, Dao & May 2026, "Saguaro"; docs/architecture.md "SSD"): the loop
+// of the `specd speculator` process, which holds the draft model on its own device and talks to
+// the verifier over a Channel. Each round it receives the verification outcome of every
+// sequence (k accepted drafts and the bonus token t*), answers with the next drafts, and then,
+// while the verifier verifies them, precomputes the drafts for the likeliest next outcomes:
+//   - cache hit: the outcome (k, t*) was precomputed; its branch's KV becomes the sequence's
+//     (DraftModelSpeculator::Adopt) and the drafts go back at once;
+//   - miss, batch below b*: the primary draft model re-drafts (the batch waits for it);
+//   - miss, batch of b* or more: the backup speculator (n-gram or random tokens) drafts at
+//     once, and only this sequence pays with poor drafts (dual-tier fallback).
+// A branch still drafting when the verifier's next request arrives is kept with the drafts it
+// has: a hit on it resumes it (a partial hit), which costs the remaining passes, not a re-draft.
+// The cache (SpeculationCache): for acceptance length k the top-F_k candidates of the draft's
+// own distribution at position k + 1 (without d_{k+1}, which would have been accepted), F_k from
+// the geometric fan-out with alpha_p and r estimated online (or constant F); every branch
+// forks the sequence's KV (no copy) and all branches of all sequences draft together, one
+// forward pass per depth. Sampled requests draw from Saguaro's down-weighted distribution
+// (cached top-F ids times C) and send those rows as q, so verification stays lossless; the
+// down-weighted ids are the ones the cache holds there (one F at every k, d_{k+1} aside).
+// Single-threaded: Serve owns everything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/distributed/channel.h"
+#include "engine/distributed/link_auth.h"
+#include "engine/distributed/messages.h"
+#include "engine/runner/model_runner.h"
+#include "engine/speculation/draft_model.h"
+#include "engine/speculation/saguaro/saguaro.h"
+#include "engine/speculation/spec_config.h"
+
+namespace specd {
+
+struct SsdWorkerOptions {
+  SpeculativeConfig config;    // method ssd: draft model dir, K, fan-out, backup, b*
+  RunnerOptions draft;         // the draft's runner (model_dir is config.draft_model)
+  int32_t max_num_seqs = 256;  // the verifier's: sizes the wire limits
+  int32_t max_model_len = 0;   // the verifier's context limit (0: the draft's)
+  uint64_t seed = 0x5eed;      // backup random drafts
+  // The link secret this end proves it holds (engine/distributed/link_auth.h); TLS files, when set,
+  // come from config.ssd (tls_cert, tls_key, tls_ca).
+  LinkSecret link_secret;
+};
+
+// What the worker did, cumulative (the verifier also gets per-draft status in each response).
+struct SsdWorkerStats {
+  int64_t rounds = 0;
+  int64_t hits = 0;
+  int64_t hits_partial = 0;  // of hits: branches the build had not finished, resumed
+  int64_t misses_primary = 0;
+  int64_t misses_backup = 0;
+  int64_t branches = 0;  // cached speculations built
+};
+
+// The drafting times behind b*, in seconds (moving averages).
+struct TierSeconds {
+  double verify = 0;   // the verifier's round: from our response to its next request
+  double primary = 0;  // a primary re-draft of the misses
+  double backup = 0;   // a backup draft
+};
+
+// b* from what the worker measured (saguaro.h CriticalBatchSize over 1..max_batch_size): p_hit
+// is the share of sequence-rounds served from the cache (stats: hits over hits and misses),
+// E_hit = E_miss the expected tokens of a round of K drafts at alpha_p, E_backup 1, and the
+// tiers' times in verifier rounds. kNeverSwitch while a time is unmeasured (0).
+int32_t MeasuredCriticalBatchSize(const SsdWorkerStats& stats, double alpha, int32_t K,
+                                  const TierSeconds& seconds, int32_t max_batch_size);
+
+class SsdWorker {
+ public:
+  // Loads the draft model (its own runner and KV).
+  static absl::StatusOr<std::unique_ptr<SsdWorker>> Create(const SsdWorkerOptions& options);
+
+  // Connects to the verifier at HOST:PORT (retrying until connect_timeout), shakes hands and
+  // serves rounds until the verifier sends Shutdown (OK) or the link breaks (Unavailable).
+  absl::Status Serve(const std::string& address, absl::Duration connect_timeout);
+  // Serves rounds over an already connected, handshaken channel.
+  absl::Status ServeChannel(Channel& channel);
+
+  // One round: the response to `request`. Then BuildCache precomputes the next outcomes' drafts.
+  // Public for tests (ServeChannel calls both).
+  // BuildCache stops before its next forward pass once `stop` returns true (the verifier's next
+  // message arrived), keeping unfinished branches for partial hits.
+  absl::Status Handle(const SpeculateRequest& request, SpeculateResponse* response);
+  absl::Status BuildCache(const std::function<bool()>& stop = {});
+  // Drops a sequence (the verifier's Release).
+  void Drop(uint64_t seq_id);
+
+  const SsdWorkerStats& stats() const { return stats_; }
+  // The draft model's KV blocks: free now, and all of them (tests check nothing leaks).
+  int32_t draft_free_blocks() const { return draft_->num_free_blocks(); }
+  int32_t draft_total_blocks() const { return draft_->runner().num_kv_blocks(); }
+  int32_t vocab_size() const;
+  WireLimits limits() const;
+  // b* in force: the configured critical batch size, or the one the measured hit rate and
+  // latencies give (saguaro.h CriticalBatchSize).
+  int32_t critical_batch_size() const;
+  // Tests: the online estimates and the cache.
+  const OutcomeStats& outcomes() const { return outcomes_; }
+  const SpeculationCache& cache() const { return cache_; }
+
+ private:
+  // Who served a sequence's drafts this round.
+  enum class Served { kNone, kHit, kPrimary, kBackup };
+  struct Seq {
+    std::vector<int32_t> tokens;  // committed context, as the verifier told it
+    SamplingParams params;
+    TokenHistory history;
+    uint64_t seed = 0;
+    float saguaro_c = 1.0f;
+    int32_t num_draft_tokens = 0;  // K
+    int32_t fan_out = 0;           // F per acceptance length
+    std::vector<int32_t> drafts;   // sent this round (<= K)
+    // The draft's candidates at positions 1..num_rows (row j: position j + 1), F_max each, best
+    // first; num_rows = drafts + 1 when the draft model made the drafts, 1 after the backup.
+    std::vector<int32_t> candidates;
+    int32_t num_rows = 0;
+    Served served = Served::kNone;
+    uint64_t round = 0;
+  };
+
+  // What a request sequence gets this round: its drafts (K + 1 when the draft model made them:
+  // the last one only gives the cache a row for k = K), their q rows, candidates, and how.
+  struct Result {
+    Served served = Served::kNone;
+    Draft draft;
+  };
+  // Handle's state for one request, by request index.
+  struct Round {
+    explicit Round(size_t num_seqs);
+    std::vector<Result> results;
+    std::vector<DraftInput> primary;  // the draft model's pass: misses and partial hits
+    std::vector<DraftModelSpeculator::CacheDraftOptions> primary_cache;  // [primary]
+    std::vector<size_t> primary_of;                                      // [primary] request index
+    // Partial hits: a branch the build was still drafting when this request came; it resumes
+    // from the drafts it has (its context is the outcome's, its KV holds them), in the
+    // primary's pass. resume_tokens holds their contexts (DraftInputs point into it).
+    std::vector<std::vector<int32_t>> resume_tokens;
+    std::vector<Draft> partial;
+    bool any_miss = false;  // a full re-draft is in the primary's pass (b* times it)
+  };
+
+  SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
+            OutcomeStats stats);
+  // Handle's phases. SyncOutcome: applies the outcome the verifier sent (records it, takes the
+  // cached speculation for it, extends the context); nullptr for an unknown sequence.
+  Seq* SyncOutcome(const SpeculateSeq& m, std::span<const int32_t> fresh,
+                   std::optional<CachedDraft>* cached);
+  // Who serves request sequence i: a hit (adopting its branch; a partial one resumes in the
+  // primary's pass), the backup tier or the primary.
+  absl::Status Triage(const SpeculateSeq& m, size_t i, const Seq& s,
+                      std::optional<CachedDraft> cached, bool backup_tier, Round& round);
+  // The primary's pass over the misses and partial hits.
+  absl::Status DraftMisses(Round& round);
+  void DraftBackups(const SpeculateRequest& request, Round& round);
+  // The response, in request order; each sequence remembers what it was sent.
+  void Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
+  DraftInput InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
+                      int32_t num_drafts) const;
+  // What the cache asks of the sequence's drafts: F_max candidates per position, and Saguaro
+  // sampling with the cache's F when the sequence is Saguaro-sampled.
+  DraftModelSpeculator::CacheDraftOptions CacheOptionsFor(const Seq& s) const;
+  // F: the request's fan-out, at most the candidates kept per position.
+  int32_t FanOutOf(const Seq& s) const;
+  // Whether the sequence's drafts are drawn with Saguaro sampling (sampled, C in [0, 1)).
+  static bool SaguaroSampled(const Seq& s);
+  // F_0..F_K for the sequence's cache: geometric (when configured) or F at every k; always F
+  // at every k under Saguaro sampling, whose one top-F set per row the cache must hold.
+  std::vector<int32_t> FanOut(const Seq& s) const;
+  // The draft's candidates at position k + 1 ([f_max_], k < num_rows), and d_{k+1} there
+  // (kNoDraftToken past the drafts sent).
+  std::span<const int32_t> CandidateRow(const Seq& s, int32_t k) const;
+  static int32_t DraftAt(const Seq& s, int32_t k);
+  std::vector<int32_t> BackupDraft(const Seq& s, int32_t num_drafts);
+  void ReleaseBranches(uint64_t seq_id);
+
+  SsdWorkerOptions options_;
+  std::unique_ptr<DraftModelSpeculator> draft_;
+  OutcomeStats outcomes_;
+  SpeculationCache cache_;
+  absl::node_hash_map<uint64_t, Seq> seqs_;  // node: DraftInputs point into a Seq
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> branches_;  // seq -> live branch ids
+  uint64_t next_branch_id_ = uint64_t{1} << 63;                    // above every verifier seq id
+  std::mt19937_64 rng_;
+  SsdWorkerStats stats_;
+  // Measured latencies (EMA, seconds) behind b*: the verifier's round (from our response to
+  // its next request), a primary re-draft, a backup draft.
+  TierSeconds seconds_;
+  absl::Time last_response_ = absl::InfinitePast();
+  double build_seconds_ = 0;      // the last BuildCache
+  std::vector<uint64_t> served_;  // sequences of the last response, in order
+  int32_t f_max_ = 0;
+};
+
+}  // namespace specd

@@ -1,0 +1,412 @@
+// SsdWorker in process (no sockets): the speculation cache serves exactly the drafts the draft
+// model would make from scratch for the outcome that happened (greedy: branches forked from the
+// sequence's KV compute the same thing as a fresh sequence), misses re-draft, hits chain over
+// rounds, the backup tier serves large batches, and every KV block comes back at the end.
+#include "engine/speculation/ssd/ssd_worker.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "engine/distributed/tcp_channel.h"
+#include "engine/speculation/draft_model.h"
+#include "engine/speculation/ngram.h"
+#include "engine/speculation/ssd/ssd_protocol.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+namespace {
+
+const std::string kDraft = std::string(SPECD_SHARED_DIR) + "/models/codepair/draft";
+constexpr int32_t kK = 4;
+
+RunnerOptions DraftRunner() {
+  RunnerOptions r;
+  r.model_dir = kDraft;
+  r.device = "cpu";
+  r.num_threads = 2;
+  r.max_model_len = 512;
+  r.kv_cache_bytes = int64_t{16} << 20;
+  return r;
+}
+
+std::unique_ptr<SsdWorker> MakeWorker(const std::string& extra = "",
+                                      const std::string& fan_out_mode = "constant") {
+  SsdWorkerOptions o;
+  auto config = ParseSpeculativeConfig(R"({"method": "ssd", "model": ")" + kDraft +
+                                       R"(", "fan_out": 3, "fan_out_mode": ")" + fan_out_mode +
+                                       "\"" + extra + "}");
+  EXPECT_TRUE(config.ok()) << config.status();
+  o.config = *config;
+  o.draft = DraftRunner();
+  o.max_num_seqs = 16;
+  o.max_model_len = 512;
+  auto w = SsdWorker::Create(o);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *std::move(w) : nullptr;
+}
+
+// What a fresh draft model proposes greedily after `tokens` (K drafts, and the top candidates
+// at each drafted position).
+Draft Fresh(const std::vector<int32_t>& tokens, int32_t num_candidates = 8) {
+  auto runner = CreateModelRunner(DraftRunner());
+  EXPECT_TRUE(runner.ok());
+  const int32_t vocab = (*runner)->config().vocab_size;
+  auto d = DraftModelSpeculator::Create(*std::move(runner), vocab, 2048);
+  EXPECT_TRUE(d.ok());
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  TokenHistory history;
+  DraftInput in;
+  in.seq_id = 1;
+  in.tokens = tokens;
+  in.num_draft_tokens = kK;
+  in.params = &greedy;
+  in.history = &history;
+  DraftModelSpeculator::CacheDraftOptions cache;
+  cache.num_candidates = num_candidates;
+  std::vector<Draft> out;
+  EXPECT_TRUE((*d)->Propose({&in, 1}, {&cache, 1}, &out).ok());
+  return out.at(0);
+}
+
+std::vector<int32_t> Prompt() {
+  std::ifstream in(std::string(SPECD_SHARED_DIR) + "/models/codepair/golden.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  return j["target"][0]["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+SpeculateSeq Seq(uint64_t id, uint8_t flags, int32_t accepted) {
+  SpeculateSeq m;
+  m.seq_id = id;
+  m.flags = flags;
+  m.accepted_len = static_cast<uint16_t>(accepted);
+  m.num_draft_tokens = kK;
+  m.fan_out = 3;
+  return m;
+}
+
+std::vector<int32_t> TokensOf(const SpeculateResponse& r, size_t i) {
+  const auto t = r.TokensOf(r.drafts.at(i));
+  return {t.begin(), t.end()};
+}
+
+// Round 1 of sequence 7 (new, `prompt`): nothing is cached, the primary drafts. Its drafts.
+std::vector<int32_t> FirstRound(SsdWorker& w, const std::vector<int32_t>& prompt,
+                                SpeculateRequest* req, SpeculateResponse* resp) {
+  req->Clear();
+  req->round_id = 1;
+  req->AddSeq(Seq(7, kSeqNew, 0), prompt);
+  EXPECT_TRUE(w.Handle(*req, resp).ok());
+  EXPECT_EQ(resp->drafts.size(), 1u);
+  EXPECT_EQ(resp->drafts.at(0).status, DraftStatus::kMissPrimary);  // nothing cached yet
+  return TokensOf(*resp, 0);
+}
+
+// A build cut short (the verifier's next request came) keeps its unfinished branches: a hit on
+// one resumes it from the drafts it has, and the drafts equal a fresh sequence's.
+TEST(SsdWorkerTest, AnUnfinishedBranchResumesOnAHit) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
+  // One check before the wave, then one before each pass: the catch-up pass and one decode
+  // pass run (two drafts per branch of the K + 1 = 5 wanted), then the build stops.
+  int checks = 0;
+  ASSERT_TRUE(w->BuildCache([&] { return ++checks > 3; }).ok());
+  EXPECT_EQ(w->stats().branches, 15) << "every branch of the wave is kept, unfinished";
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 1);
+  const int32_t bonus = Fresh(context, 3).candidates.at(1);
+  ASSERT_NE(bonus, d[1]);
+  req.Clear();
+  req.round_id = 2;
+  const std::vector<int32_t> outcome = {d[0], bonus};
+  req.AddSeq(Seq(7, 0, 1), outcome);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  context.push_back(bonus);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(w->stats().hits_partial, 1);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens) << "a resumed branch equals a fresh draft";
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
+}
+
+TEST(SsdWorkerTest, CacheHitsServeExactlyTheDraftsOfAFreshSequence) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
+  ASSERT_EQ(d, Fresh(prompt).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+  EXPECT_GT(w->stats().branches, 0);
+
+  // Outcome: 2 drafts accepted, then the draft's second choice at position 3 (cached: F = 3).
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 2);
+  const Draft at3 = Fresh(context, 3);
+  const int32_t bonus = at3.candidates.at(1);  // candidates[0][1]: row 0 of the fresh run
+  ASSERT_NE(bonus, d[2]);
+  std::vector<int32_t> fresh = {d[0], d[1], bonus};
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(7, 0, 2), fresh);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  context.push_back(bonus);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens) << "a hit must equal a fresh draft";
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // Hits chain: all K accepted and the bonus token is the draft's own first choice after them.
+  const std::vector<int32_t> d2 = TokensOf(resp, 0);
+  std::vector<int32_t> all = context;
+  all.insert(all.end(), d2.begin(), d2.end());
+  const int32_t bonus2 = Fresh(all, 3).candidates.at(0);
+  fresh = d2;
+  fresh.push_back(bonus2);
+  req.Clear();
+  req.round_id = 3;
+  req.AddSeq(Seq(7, 0, kK), fresh);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  all.push_back(bonus2);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(all).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // A miss: a bonus token no cache entry has (the draft's 8th choice) is re-drafted.
+  const std::vector<int32_t> d3 = TokensOf(resp, 0);
+  const int32_t rare = Fresh(all, 8).candidates.at(7);
+  req.Clear();
+  req.round_id = 4;
+  req.AddSeq(Seq(7, 0, 0), std::vector<int32_t>{rare});
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  all.push_back(rare);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissPrimary);
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(all).tokens);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// The rank behind the power-law exponent r counts the candidates the cache holds: a greedy
+// draft leads its own candidate row and the cache skips it (a rejected draft is never the bonus
+// token), so the draft's second choice is the cache's first, held at fan-out 1.
+TEST(SsdWorkerTest, BonusRankCountsOnlyTheCandidatesTheCacheHolds) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
+  ASSERT_TRUE(w->BuildCache().ok());
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 2);
+  const Draft at3 = Fresh(context, 3);
+  ASSERT_EQ(at3.candidates.at(0), d[2]) << "the draft token leads the row";
+  const int32_t bonus = at3.candidates.at(1);
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(7, 0, 2), std::vector<int32_t>{d[0], d[1], bonus});
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kHit);
+  ASSERT_EQ(w->outcomes().num_rounds(), 1);
+  EXPECT_EQ(w->outcomes().HitRate(1), 1.0) << "rank 0 among the cached candidates, not 1";
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// Saguaro sampling moves the bonus token onto the ids it down-weights, so those must be the ids
+// the cache holds at that position: the same F (the geometric fan-out gives some positions other
+// fan-outs than the draft's one F), the same top-F of the same row, the draft token aside (a
+// rejected draft is never the bonus token; the cache takes the next candidate in its place).
+TEST(SsdWorkerTest, SaguaroDownweightsTheIdsTheCacheHolds) {
+  constexpr int32_t kF = 3;
+  auto w = MakeWorker("", "geometric");
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  SpeculateSeq m = Seq(7, kSeqNew | kSeqWantProbs, 0);
+  m.fan_out = kF;
+  m.sampling.temperature = 1.0f;
+  m.sampling.seed = 99;
+  m.saguaro_c = 0.5f;
+  req.round_id = 1;
+  req.AddSeq(m, prompt);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  const std::vector<int32_t> d = TokensOf(resp, 0);
+  ASSERT_EQ(d.size(), size_t{kK});
+  const auto vocab = static_cast<size_t>(w->vocab_size());
+  const std::span<const float> q = resp.ProbsOf(resp.drafts.at(0), static_cast<uint32_t>(vocab));
+  ASSERT_EQ(q.size(), d.size() * vocab);
+  ASSERT_TRUE(w->BuildCache().ok());
+
+  // p: the draft's row at each position before down-weighting, from a fresh draft model.
+  auto runner = CreateModelRunner(DraftRunner());
+  ASSERT_TRUE(runner.ok());
+  auto fresh = DraftModelSpeculator::Create(*std::move(runner), static_cast<int32_t>(vocab), 2048);
+  ASSERT_TRUE(fresh.ok());
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  TokenHistory history;
+  for (int32_t k = 0; k < kK; ++k) {
+    SCOPED_TRACE(k);
+    std::vector<int32_t> context = prompt;
+    context.insert(context.end(), d.begin(), d.begin() + k);
+    DraftInput in;
+    in.seq_id = 100 + static_cast<uint64_t>(k);
+    in.tokens = context;
+    in.num_draft_tokens = 1;
+    in.params = &sampled;
+    in.history = &history;
+    DraftModelSpeculator::CacheDraftOptions cache;
+    cache.num_candidates = 2 * kF;
+    std::vector<Draft> out;
+    ASSERT_TRUE((*fresh)->Propose({&in, 1}, {&cache, 1}, &out).ok());
+    const std::vector<float>& p = out.at(0).probs;
+    ASSERT_EQ(p.size(), vocab);
+    // Down-weighted: q'/p is C / Z there and 1 / Z elsewhere (C = 0.5).
+    const std::span<const float> qk = q.subspan(size_t(k) * vocab, vocab);
+    double max_ratio = 0;
+    for (size_t t = 0; t < vocab; ++t) {
+      if (p[t] > 1e-6f) max_ratio = std::max(max_ratio, double(qk[t]) / p[t]);
+    }
+    std::set<int32_t> down;
+    for (size_t t = 0; t < vocab; ++t) {
+      if (p[t] > 1e-6f && double(qk[t]) / p[t] < 0.75 * max_ratio) down.insert(int32_t(t));
+    }
+    const std::vector<int32_t> top = TopF(p, kF);
+    EXPECT_EQ(down, std::set<int32_t>(top.begin(), top.end()));
+    const std::vector<int32_t> cached = w->cache().BonusTokens(7, k);
+    for (int32_t t : down) {
+      if (t == d[k]) continue;
+      EXPECT_TRUE(std::binary_search(cached.begin(), cached.end(), t)) << t;
+    }
+    if (down.count(d[k]) == 0) {
+      EXPECT_EQ(std::set<int32_t>(cached.begin(), cached.end()), down);
+    }
+    std::vector<int32_t> expected = CachedCandidates(out.at(0).candidates, d[k], kF);
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(cached, expected);
+    (*fresh)->Release(in.seq_id);
+  }
+  w->Drop(7);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks()) << "KV blocks leaked";
+}
+
+// b* from the measured hit rate, at batch 8: 90% of the sequence-rounds hit, so 720 hits in 100
+// requests of 8 sequences. Hits per request (7.2) is no probability: read as one, p_hit = 1 and
+// the backup tier never takes over, however slow the primary.
+TEST(MeasuredCriticalBatchSizeTest, ABatchOfEightAtNinetyPercentHitsSwitchesToTheBackup) {
+  SsdWorkerStats stats;
+  stats.rounds = 100;
+  stats.hits = 720;
+  stats.misses_primary = 80;
+  const TierSeconds seconds{.verify = 0.02, .primary = 0.01, .backup = 0.0002};
+  BatchRoundModel model;
+  model.p_hit = 0.9;
+  model.e_hit = model.e_miss = ExpectedTokensPerRound(0.8, 7);
+  model.e_backup = 1;
+  model.t_p = 0.5;
+  model.t_b = 0.01;
+  const int32_t expected = CriticalBatchSize(model, 16);
+  ASSERT_GT(expected, 1);
+  ASSERT_LE(expected, 8);
+  const int32_t b_star = MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16);
+  EXPECT_EQ(b_star, expected);
+  EXPECT_GE(8, b_star) << "a batch of 8 sends its misses to the backup";
+  stats.misses_primary = 40;  // misses the backup drafted count as misses too
+  stats.misses_backup = 40;
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16), expected);
+  stats.hits = 800;  // every sequence hit: no miss to hand to the backup
+  stats.misses_primary = stats.misses_backup = 0;
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, seconds, 16), kNeverSwitch);
+  EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, TierSeconds{}, 16), kNeverSwitch);
+}
+
+TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing) {
+  auto w = MakeWorker(R"(, "critical_batch_size": 2, "backup": "ngram")");
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  req.round_id = 1;
+  req.AddSeq(Seq(1, kSeqNew, 0), prompt);
+  req.AddSeq(Seq(2, kSeqNew, 0), prompt);
+  req.AddSeq(Seq(3, 0, 0), std::vector<int32_t>{5});  // never sent whole: unknown
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  ASSERT_EQ(resp.drafts.size(), 3u);
+  EXPECT_EQ(resp.drafts[0].status, DraftStatus::kMissBackup);
+  EXPECT_EQ(resp.drafts[1].status, DraftStatus::kMissBackup);
+  EXPECT_EQ(resp.drafts[2].status, DraftStatus::kNone);
+  EXPECT_EQ(resp.drafts[2].num_tokens, 0u);
+  // The backup is n-gram prompt lookup over the context.
+  EXPECT_EQ(TokensOf(resp, 0), NgramLookup(prompt, 1, 4, kK));
+  ASSERT_TRUE(w->BuildCache().ok());  // k = 0 entries from the draft's row at position 1
+  EXPECT_GT(w->stats().branches, 0);
+  w->Drop(1);
+  w->Drop(2);
+  EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
+}
+
+// The serving loop over a real channel, with a verifier that sends each round's outcome the
+// moment the drafts arrive: the cache build is interrupted every round, and no request may be
+// lost to it (every round is answered, in order, within the timeout).
+TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  std::unique_ptr<TcpChannel> verifier = TcpChannel::FromConnectedSocket(fds[0], w->limits(), "v");
+  std::unique_ptr<TcpChannel> speculator =
+      TcpChannel::FromConnectedSocket(fds[1], w->limits(), "s");
+  absl::Status served;
+  std::thread loop([&] { served = w->ServeChannel(*speculator); });
+  // On a failed assertion the verifier end closes, which ends the loop, before the join.
+  struct Joiner {
+    TcpChannel* verifier;
+    std::thread* loop;
+    ~Joiner() {
+      verifier->Close();
+      if (loop->joinable()) loop->join();
+    }
+  } joiner{verifier.get(), &loop};
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  req.round_id = 1;
+  req.AddSeq(Seq(3, kSeqNew, 0), prompt);
+  Message reply;
+  int hits = 0;
+  for (uint64_t round = 1; round <= 24; ++round) {
+    ASSERT_TRUE(verifier->Send(req, absl::Seconds(5)).ok());
+    absl::StatusOr<MessageType> type = verifier->Recv(absl::Seconds(10), &reply);
+    ASSERT_TRUE(type.ok()) << "round " << round << ": " << type.status();
+    const auto& resp = std::get<SpeculateResponse>(reply);
+    ASSERT_EQ(resp.round_id, round);
+    hits += resp.drafts[0].status == DraftStatus::kHit ? 1 : 0;
+    // Outcome: the first draft accepted, then the draft's own choice after it (a likely
+    // outcome, often cached; which one does not matter here).
+    const std::vector<int32_t> d = TokensOf(resp, 0);
+    ASSERT_GE(d.size(), 2u);
+    req.Clear();
+    req.round_id = round + 1;
+    req.AddSeq(Seq(3, 0, 2), std::vector<int32_t>{d[0], d[1], (d[1] + 1) % w->vocab_size()});
+  }
+  ASSERT_TRUE(verifier->Send(Shutdown{"done"}, absl::Seconds(5)).ok());
+  loop.join();
+  EXPECT_TRUE(served.ok()) << served;  // the loop ended on the Shutdown
+  std::printf("[ serving loop ] 24 rounds, %d cache hits\n", hits);
+}
+
+}  // namespace
+}  // namespace specd
