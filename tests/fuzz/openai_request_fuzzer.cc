@@ -46,8 +46,6 @@ const Model& GetModel() {
     m->context.chat_template = m->chat_template.get();
     m->context.max_model_len = kMaxModelLen;
     m->context.vocab_size = m->tokenizer->vocab_size();
-    m->context.has_draft_model = true;
-    m->context.has_ssd = true;
     return m;
   }();
   return *model;
