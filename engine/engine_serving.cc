@@ -12,6 +12,9 @@
 #include "engine/base/status.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
+#include "engine/runner/model_runner.h"
+#include "engine/step/speculator_set.h"
+#include "engine/step/step_pipeline.h"
 
 namespace specd {
 
@@ -116,13 +119,14 @@ EngineStats Engine::Stats() const {
 // WaitIdle return also sees every OnStep of the work it waited for.
 void Engine::PublishStats(bool step_ran) {
   EngineStats s;
-  s.num_running = core_->scheduler.num_running();
-  s.num_waiting = core_->scheduler.num_waiting();
-  s.num_paused = core_->scheduler.num_paused();
-  s.kv_blocks_used = core_->blocks.num_used_blocks();
-  s.kv_blocks_total = core_->blocks.num_blocks();
-  s.running = core_->serving;
-  if (ssd_stats_ != nullptr) s.ssd = *ssd_stats_;
+  const StepPipeline& p = *pipeline_;
+  s.num_running = p.scheduler().num_running();
+  s.num_waiting = p.scheduler().num_waiting();
+  s.num_paused = p.scheduler().num_paused();
+  s.kv_blocks_used = p.blocks().num_used_blocks();
+  s.kv_blocks_total = p.blocks().num_blocks();
+  s.running = serving_;
+  if (const SsdStats* ssd = speculators_->ssd_stats(); ssd != nullptr) s.ssd = *ssd;
   if (step_ran && options_.observer) {
     {
       std::lock_guard lock(shared_->mu);
@@ -142,28 +146,24 @@ void Engine::PublishStats(bool step_ran) {
 
 void Engine::ExpireDeadlines(absl::Time now) {
   std::vector<RequestId> expired;
-  for (const auto& [id, r] : core_->live) {
+  for (const auto& [id, r] : pipeline_->live()) {
     if (r->request.deadline <= now) expired.push_back(id);
   }
   for (RequestId id : expired) {
-    FinishRequest(*core_->live[id], FinishReason::kAbort,
-                  absl::DeadlineExceededError("request deadline passed"), now);
+    pipeline_->Finish(*pipeline_->Find(id), FinishReason::kAbort,
+                      absl::DeadlineExceededError("request deadline passed"), now);
   }
 }
 
 // Applies what front ends asked since the last step: new requests, pauses, aborts.
 void Engine::ApplyInbox(Inbox& inbox, absl::Time now) {
   for (Shared::Pending& p : inbox.incoming) {
-    AddRequest(p.id, std::move(p.request), p.speculation, std::move(p.on_output), p.arrival);
+    pipeline_->Add(p.id, std::move(p.request), p.speculation, std::move(p.on_output), p.arrival);
   }
-  for (const auto& [id, paused] : inbox.pauses) {
-    auto it = core_->live.find(id);
-    if (it != core_->live.end()) core_->scheduler.SetPaused(&it->second->seq, paused);
-  }
+  for (const auto& [id, paused] : inbox.pauses) pipeline_->SetPaused(id, paused);
   for (RequestId id : inbox.aborts) {
-    auto it = core_->live.find(id);
-    if (it != core_->live.end()) {
-      FinishRequest(*it->second, FinishReason::kAbort, absl::CancelledError("aborted"), now);
+    if (LiveRequest* r = pipeline_->Find(id)) {
+      pipeline_->Finish(*r, FinishReason::kAbort, absl::CancelledError("aborted"), now);
     }
   }
 }
@@ -173,9 +173,9 @@ void Engine::ApplyInbox(Inbox& inbox, absl::Time now) {
 // scheduled, which a valid KV pool never causes) back off 1 ms instead of spinning.
 void Engine::WaitWhileStalled() {
   absl::Time wake = absl::Now() + absl::Milliseconds(1);
-  if (core_->scheduler.num_paused() == static_cast<int32_t>(core_->live.size())) {
+  if (pipeline_->scheduler().num_paused() == static_cast<int32_t>(pipeline_->live().size())) {
     wake = absl::InfiniteFuture();
-    for (const auto& [id, r] : core_->live) wake = std::min(wake, r->request.deadline);
+    for (const auto& [id, r] : pipeline_->live()) wake = std::min(wake, r->request.deadline);
   }
   Shared& sh = *shared_;
   std::unique_lock lock(sh.mu);
@@ -191,13 +191,13 @@ void Engine::WaitWhileStalled() {
 // requests, run one step, publish stats; sleep while there is nothing to do.
 void Engine::ServeLoop() {
   Shared& sh = *shared_;
-  core_->serving = true;
+  serving_ = true;
   PublishStats(false);  // KV capacity and SSD's link are reported before any request
   for (;;) {
     Inbox inbox;
     {
       std::unique_lock lock(sh.mu);
-      if (core_->live.empty()) sh.work_cv.wait(lock, [&sh] { return sh.HasWork(); });
+      if (pipeline_->empty()) sh.work_cv.wait(lock, [&sh] { return sh.HasWork(); });
       inbox.incoming.swap(sh.inbox);
       inbox.pauses.swap(sh.pauses);
       inbox.aborts.swap(sh.aborts);
@@ -209,22 +209,22 @@ void Engine::ServeLoop() {
     if (inbox.stopping) break;
     ExpireDeadlines(now);
     bool ran = false;
-    if (!core_->live.empty()) {
-      absl::StatusOr<bool> step = RunStep();
+    if (!pipeline_->empty()) {
+      absl::StatusOr<bool> step = pipeline_->Run([this] { PublishStats(false); });
       if (!step.ok()) SPECD_LOG_ERROR("engine: step failed: {}", step.status().ToString());
       ran = step.ok() && *step;
     }
     // A tensor-parallel group that lost a rank cannot run another step: end everything now,
     // with the group's reason (the server then reports not ready and exits).
-    if (const absl::Status group = runner_->GroupStatus(); !group.ok() && !core_->live.empty()) {
-      FinishAll(group);
+    if (const absl::Status group = runner_->GroupStatus(); !group.ok() && !pipeline_->empty()) {
+      pipeline_->FinishAll(group);
       ran = false;
     }
     PublishStats(ran);
-    if (!ran && !core_->live.empty()) WaitWhileStalled();
+    if (!ran && !pipeline_->empty()) WaitWhileStalled();
   }
-  FinishAll(absl::UnavailableError("the engine stopped"));
-  core_->serving = false;
+  pipeline_->FinishAll(absl::UnavailableError("the engine stopped"));
+  serving_ = false;
   PublishStats(false);
 }
 

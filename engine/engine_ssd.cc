@@ -15,6 +15,7 @@
 #include "engine/engine_internal.h"
 #include "engine/speculation/ssd/ssd_speculator.h"
 #include "engine/speculation/ssd/ssd_worker.h"
+#include "engine/step/speculator_set.h"
 
 namespace specd {
 
@@ -51,16 +52,11 @@ absl::Status Engine::CreateSsd(const RunnerOptions& target) {
   if (!ssd.ok()) {
     return absl::Status(ssd.status().code(), absl::StrCat("ssd: ", ssd.status().message()));
   }
-  ssd_stats_ = &(*ssd)->stats();
-  ssd_ = *std::move(ssd);
+  speculators_->set_ssd(*std::move(ssd));
   SPECD_LOG_INFO("engine: SSD speculator with draft {} on {} (K {}, fan-out {} {}, backup {})",
                  spec.draft_model, device, spec.num_speculative_tokens, spec.ssd.fan_out,
                  spec.ssd.geometric_fan_out ? "geometric" : "constant", spec.ssd.backup);
   return absl::OkStatus();
-}
-
-int32_t Engine::ssd_speculator_pid() const {
-  return ssd_ ? static_cast<const SsdSpeculator*>(ssd_.get())->speculator_pid() : -1;
 }
 
 namespace {

@@ -21,7 +21,7 @@ ENGINE_ORDER = ["engine/base", "engine/base/cuda", "engine/kv", "engine/sched", 
                 "engine/sample", "engine/model", "engine/runner", "engine/runner/cuda",
                 "engine/distributed", "engine/policy", "engine/parallel",
                 "engine/speculation/saguaro", "engine/speculation", "engine/speculation/ssd",
-                "engine/verification"]
+                "engine/verification", "engine/step"]
 # Modules that depend on fewer modules than the order allows: tokenizer/, distributed/ (the SSD
 # channel, the tensor-parallel communicators) and policy/ know base/ alone, distributed/ also
 # base/cuda (its NCCL code's CUDA checks); saguaro/ (the SSD math) is pure, and its test checks

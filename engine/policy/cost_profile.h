@@ -14,28 +14,20 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/draft_method.h"
 
 namespace specd {
 
-// The strategies a request can run. The policy's own enum (the speculation module's
-// SpeculationMethod lies above this module); the engine maps between the two.
-enum class PolicyMethod : int8_t {
-  kPlain,       // no speculation: one token per step (K 0)
-  kDraftModel,  // a smaller model drafts K tokens (stateful: its own KV)
-  kNgram,       // prompt lookup (stateless, drafting costs ~nothing)
-  kSsd,         // speculative speculative decoding: a speculator process (stateful)
-  kVegas,       // self-speculation with sparse attention chosen by verification scores
-  kStreaming,   // self-speculation with a streaming (sink + window) attention
-  kSsv,         // sparse verification of NSA models
-  kEagle3,      // an EAGLE-3 head drafts K tokens from the target's own hidden states
-};
+// The strategies a request can run: the one DraftMethod enum (engine/base/draft_method.h), under
+// the policy's name; kPlain is kNone, and kAuto / kDefault are never a strategy.
+using PolicyMethod = DraftMethod;
 // Parallel drafting (PARD) is not a method of its own: it is how the server's one draft model
 // drafts (`"parallel": true` in --speculative-config, never a request's choice), its requests
 // run and report "draft_model", and its acceptance and KV are the draft model's. Only the cost
 // of drafting K tokens differs (one pass over K tokens per row instead of K one-token passes),
 // and the draft grid's tokens axis already says what K costs: a parallel draft's profile
 // measures that pass there (MethodCosts::parallel records it).
-inline constexpr int kNumPolicyMethods = 8;
+inline constexpr int kNumPolicyMethods = kNumDraftMethods;
 inline constexpr std::array<PolicyMethod, kNumPolicyMethods> kAllPolicyMethods = {
     PolicyMethod::kPlain, PolicyMethod::kDraftModel, PolicyMethod::kNgram, PolicyMethod::kSsd,
     PolicyMethod::kVegas, PolicyMethod::kStreaming,  PolicyMethod::kSsv,   PolicyMethod::kEagle3};

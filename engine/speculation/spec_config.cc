@@ -280,6 +280,8 @@ const char* SpeculationMethodName(SpeculationMethod m) {
       return "vegas";
     case SpeculationMethod::kStreaming:
       return "streaming";
+    case SpeculationMethod::kSsv:
+      return "ssv";
     case SpeculationMethod::kEagle3:
       return "eagle3";
   }

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/draft_method.h"
 #include "engine/model/ssv.h"
 
 namespace specd {
@@ -25,18 +26,9 @@ namespace specd {
 // verification pass scored highest; kStreaming: the same sparse drafting over attention sinks
 // and a recent window of the same budget (StreamingLLM / MagicDec; Vegas's baseline).
 // kEagle3: an EAGLE-3 head drafting from the target's own hidden states (engine/speculation/
-// eagle3.h). New values go last: a request's speculation.policy.forbid is a bit set over them.
-enum class SpeculationMethod {
-  kDefault,
-  kNone,
-  kAuto,
-  kDraftModel,
-  kNgram,
-  kSsd,
-  kVegas,
-  kStreaming,
-  kEagle3
-};
+// eagle3.h). The enum is DraftMethod, shared with the policy and the step pipeline; kSsv is not a
+// request's method (an NSA target's verification: speculation.ssv).
+using SpeculationMethod = DraftMethod;  // engine/base/draft_method.h
 
 // "auto", "none", "draft_model" (also "draft"), "ngram", "ssd", "vegas", "streaming", "eagle3"
 // (also "eagle-3"); "" is

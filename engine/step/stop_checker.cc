@@ -1,4 +1,4 @@
-#include "engine/stop_checker.h"
+#include "engine/step/stop_checker.h"
 
 #include <algorithm>
 

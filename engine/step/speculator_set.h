@@ -1,0 +1,92 @@
+// The speculators one server drafts with, one per method (draft model, n-gram, SSD, vegas and
+// streaming (one speculator), EAGLE-3), created once from --speculative-config, and looked up by
+// the DraftMethod a row runs. What the step pipeline drives in Speculate and tells in Apply, what
+// `auto` prices, and what Admit resolves a request's speculation against. Engine thread only
+// after creation (the creation itself: Engine::Create).
+//
+// A new drafting method: a DraftMethod value (engine/base/draft_method.h), its speculator's
+// creation here and its entry in at(); docs/architecture.md lists the rest.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/base/draft_method.h"
+#include "engine/runner/model_runner.h"
+#include "engine/speculation/spec_config.h"
+#include "engine/speculation/speculator.h"
+#include "engine/speculation/ssd/ssd_stats.h"
+
+namespace specd {
+
+class DraftModelSpeculator;
+class DraftReplay;
+class Eagle3Speculator;
+class SsdSpeculator;
+
+// The methods whose speculator drafts, in the order the pipeline asks them (DraftMethod order).
+inline constexpr std::array<DraftMethod, 6> kDraftingMethods = {
+    DraftMethod::kDraftModel, DraftMethod::kNgram,     DraftMethod::kSsd,
+    DraftMethod::kVegas,      DraftMethod::kStreaming, DraftMethod::kEagle3};
+
+struct SpeculatorSetOptions {
+  SpeculativeConfig speculative;
+  int32_t tensor_parallel_size = 1;  // vegas and streaming draft on one rank only
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_model_len = 0;  // the target's (the draft runs the same positions)
+};
+
+class SpeculatorSet {
+ public:
+  // The speculators `options.speculative` asks for, beside `target` (whose runner options
+  // `target_runner` a local draft model inherits); SSD's comes later (set_ssd). InvalidArgument
+  // for a configuration this target cannot run; the draft model's or head's load errors.
+  static absl::StatusOr<std::unique_ptr<SpeculatorSet>> Create(
+      const SpeculatorSetOptions& options, ModelRunner* target, const RunnerOptions& target_runner);
+  ~SpeculatorSet();
+
+  // Method ssd: the speculator process's client (Engine::CreateSsd).
+  void set_ssd(std::unique_ptr<SsdSpeculator> ssd);
+
+  // The speculator that drafts for `m`, or null: none loaded, or a method without one (kNone,
+  // kSsv, kAuto, kDefault). Vegas and streaming share one.
+  Speculator* at(DraftMethod m) const;
+  DraftModelSpeculator* draft() const { return draft_.get(); }
+  Eagle3Speculator* eagle3() const { return eagle3_.get(); }
+  SsdSpeculator* ssd() const { return ssd_.get(); }
+  bool has_sparse_drafting() const { return vegas_ != nullptr; }  // vegas and streaming
+  const SsdStats* ssd_stats() const;  // null without SSD
+  // The target verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree request
+  // drafts a chain of its tree's depth.
+  bool trees_ok() const { return trees_ok_; }
+
+  // A request's speculation resolved against the server's config and what it loaded (Admit).
+  absl::StatusOr<ResolvedSpeculation> Resolve(const SpeculationParams& request,
+                                              const SpeculativeConfig& server,
+                                              bool target_is_nsa) const;
+  // Every speculator in `used` (bit DraftMethodIndex(m): method m drafted for it) drops the
+  // request's state.
+  void Release(uint64_t id, uint32_t used) const;
+
+ private:
+  SpeculatorSet() = default;
+  absl::Status CreateDraftModel(const SpeculatorSetOptions& options, ModelRunner* target,
+                                const RunnerOptions& target_runner,
+                                std::shared_ptr<const DraftReplay> replay);
+  absl::Status CreateEagle3(const SpeculativeConfig& spec, ModelRunner* target,
+                            std::shared_ptr<const DraftReplay> replay);
+
+  std::unique_ptr<Speculator> ngram_;  // always there (free to run)
+  std::unique_ptr<DraftModelSpeculator> draft_;  // when the config names a draft model
+  std::unique_ptr<SsdSpeculator> ssd_;           // method ssd: the speculator process's client
+  // Methods vegas and streaming: the target drafts for itself (one rank only).
+  std::unique_ptr<Speculator> vegas_;
+  // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
+  std::unique_ptr<Eagle3Speculator> eagle3_;
+  bool trees_ok_ = false;
+};
+
+}  // namespace specd
