@@ -94,9 +94,9 @@ def readme_flags():
 
 
 def serve_flags_from_source(source_dir):
-    # serve_options.cc registers its flags; flags.cc the tensor-parallel ones it shares.
+    # serve_options.cc registers its flags; option_flags.cc those of the option structs it shares.
     text = ""
-    for name in ("serve_options.cc", "flags.cc"):
+    for name in ("serve_options.cc", "flags.cc", "option_flags.cc"):
         with open(os.path.join(source_dir, "server", name), encoding="utf-8") as f:
             text += f.read()
     return {"--" + n for n in re.findall(r'p\.Add\("([a-z0-9-]+)"', text)}

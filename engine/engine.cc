@@ -32,13 +32,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->options_ = options;
   RunnerOptions runner;
   runner.model_dir = options.model_dir;
-  runner.device = options.device;
-  runner.load_format = options.load_format;
-  runner.num_threads = options.num_threads;
-  runner.block_size = options.block_size;
-  runner.max_model_len = options.max_model_len;
-  runner.max_num_seqs = options.max_num_seqs;
-  runner.max_num_batched_tokens = options.max_num_batched_tokens;
+  static_cast<DeviceOptions&>(runner) = options;  // device, weights, threads, KV pool
+  static_cast<BatchLimits&>(runner) = options;
   if (options.speculative.enabled()) {
     // Greedy verification draws K + 1 rows per sequence on the device; rows beyond what one
     // Step draws go the host path (every drafted position's logits copied back).
@@ -46,9 +41,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         options.max_num_batched_tokens,
         int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
   }
-  runner.kv_cache_bytes = options.kv_cache_bytes;
-  runner.gpu_memory_utilization = options.gpu_memory_utilization;
-  runner.enforce_eager = options.enforce_eager;
   if (!options.speculative.eagle3_model.empty()) {
     // The target's runner holds the head (and captures the hidden states it reads).
     SPECD_ASSIGN_OR_RETURN(const ModelConfig target, LoadModelConfig(options.model_dir));

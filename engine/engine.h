@@ -25,9 +25,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/base/device_options.h"
+#include "engine/parallel/tp_options.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
+#include "engine/sched/batch_options.h"
 #include "engine/speculation/spec_config.h"
+#include "engine/speculation/spec_options.h"
 #include "engine/speculation/ssd/ssd_stats.h"
 #include "engine/step/generate_types.h"
 #include "engine/step/metrics.h"
@@ -42,50 +46,17 @@ class Tokenizer;
 struct RunnerOptions;
 struct ModelConfig;
 
-// Tensor parallelism (`--tensor-parallel-size` and friends, vLLM's names): the target is split
-// over `size` ranks, one process each; this process is rank 0 and launches the workers of its
-// host (`specd worker`), and with nnodes > 1 the other hosts' workers join it
-// (docs/architecture.md, "Tensor parallelism").
-struct TensorParallelOptions {
-  int32_t size = 1;    // ranks; 1: no tensor parallelism
-  int32_t nnodes = 1;  // hosts, size / nnodes ranks each
-  int32_t node_rank = 0;
-  std::string master_addr = "127.0.0.1";       // where the other hosts' workers connect
-  int32_t master_port = 0;                     // 0: a free port (one host only)
-  std::string secret_file;                     // several hosts: the group's secret (mode 0600)
-  absl::Duration timeout = absl::Seconds(60);  // a silent rank fails the group after this
-  std::string communicator = "auto";           // auto (GPUs: nccl; CPUs: shm), nccl, shm
-  std::string worker_binary;                   // the `specd` to launch workers from; "": this one
-};
+// The engine's options, composed of the leaf option structs (each field declared once, each
+// leaf's flags registered by one function in server/flags.h): DeviceOptions (device, weights,
+// threads, KV pool; engine/base/device_options.h), SchedulerOptions (continuous batching;
+// engine/sched/batch_options.h), SpeculativeOptions (`--speculative-config`, `--cost-profile`;
+// engine/speculation/spec_options.h) and TensorParallelOptions (engine/parallel/tp_options.h).
+struct EngineOptions : DeviceOptions, SchedulerOptions, SpeculativeOptions {
+  // The library's device stays "cpu" so that embedders and tests get the exact fp32 backend
+  // unless they ask; the CLI (specd serve / generate) defaults to "auto".
+  EngineOptions() { device = "cpu"; }
 
-struct EngineOptions {
   std::string model_dir;
-  // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (a GPU when one is visible). The library
-  // default stays "cpu" so that embedders and tests get the exact fp32 backend unless they
-  // ask; the CLI (specd serve / generate) defaults to "auto".
-  std::string device = "cpu";
-  std::string load_format = "auto";  // "auto": safetensors; "dummy": random weights (CUDA)
-  int32_t num_threads = 0;           // CPU threads; 0: one per core
-  int32_t max_model_len = 0;         // 0: the model's max_position_embeddings
-  int32_t block_size = 16;           // KV block size in tokens
-  // KV pool; 0: the device's default (CPU 64 MiB; CUDA what gpu_memory_utilization leaves).
-  // At least one max_model_len sequence always fits.
-  int64_t kv_cache_bytes = 0;
-  double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
-  bool enforce_eager = false;           // CUDA: no CUDA graphs (debugging)
-  // Continuous batching (vLLM's names where they exist).
-  int32_t max_num_seqs = 256;             // running sequences per step
-  int32_t max_num_batched_tokens = 2048;  // token budget of one step (chunked prefill)
-  int32_t max_waiting = 1024;             // queued requests; Submit past it: ResourceExhausted
-                                          // (>= 1; preempted sequences count as queued)
-  bool enable_prefix_caching = true;      // share full KV blocks of equal prefixes
-  // Speculative decoding (`--speculative-config`): the default method and K for requests
-  // that do not choose, and the draft model to load (it runs on `device`, with its own KV).
-  SpeculativeConfig speculative;
-  // `auto` speculation's cost profile (`--cost-profile`): the JSON specd_profile writes
-  // (engine/policy/cost_profile.h). "": the default profile of the runner in use
-  // (DefaultCostProfile in engine_policy.cc). A file that does not load fails Create.
-  std::string cost_profile;
   TensorParallelOptions tensor_parallel;
   std::shared_ptr<EngineObserver> observer;  // metrics sink; may be null
 };
@@ -191,20 +162,17 @@ class Engine {
 };
 
 // `specd speculator`: the SSD speculator process. Loads the draft model named by
-// speculative.draft_model on `draft.device`, connects to the verifier at `connect` (HOST:PORT)
+// speculative.draft_model on `device`, connects to the verifier at `connect` (HOST:PORT)
 // and serves it until it shuts down (OK) or the link breaks (Unavailable); with `reconnect` it
 // then connects again (a speculator on another host outlives verifier restarts).
-struct SpeculatorProcessOptions {
+// DeviceOptions: the draft's runner (device "cpu" by default; its KV pool is
+// speculative.draft_kv_cache_bytes, max_model_len the verifier's: 0, the draft's). BatchLimits:
+// the verifier's max_num_seqs (the wire limits must match) and the tokens of one draft pass.
+struct SpeculatorProcessOptions : DeviceOptions, BatchLimits {
+  SpeculatorProcessOptions() { device = "cpu"; }
+
   std::string connect;  // the verifier's HOST:PORT
   SpeculativeConfig speculative;
-  std::string device = "cpu";        // the draft's device
-  std::string load_format = "auto";  // the draft's weights: safetensors, or dummy (random; CUDA)
-  int32_t num_threads = 0;
-  int32_t block_size = 16;
-  int32_t max_num_seqs = 256;  // the verifier's (the wire limits must match)
-  int32_t max_model_len = 0;   // the verifier's
-  int32_t max_num_batched_tokens = 2048;
-  double gpu_memory_utilization = 0.9;
   absl::Duration connect_timeout = absl::Seconds(60);
   bool reconnect = false;
   // The link secret's file (mode 0600) when not launched by the verifier (which hands its
@@ -213,18 +181,16 @@ struct SpeculatorProcessOptions {
 };
 absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options);
 
-// `specd worker`: one rank (or, without --rank, one node's ranks) of a tensor-parallel group;
-// see TensorParallelOptions. Returns when rank 0 shuts the group down (OK) or the group fails.
-struct WorkerProcessOptions {
-  std::string master_addr = "127.0.0.1";
-  int32_t master_port = 0;
+// `specd worker`: one rank (or, without --rank, one node's ranks) of a tensor-parallel group.
+// Of TensorParallelOptions it reads the group (size: 0 unless given, nnodes, node_rank), the
+// rendezvous (master_addr, master_port) and secret_file; the timeout and the model's settings
+// come from rank 0 (TpInit), and worker_binary / communicator are rank 0's alone.
+struct WorkerProcessOptions : TensorParallelOptions {
+  WorkerProcessOptions() { size = 0; }
+
   int32_t rank = -1;  // -1: all of this node's ranks (needs size, nnodes, node_rank)
-  int32_t size = 0;
-  int32_t nnodes = 1;
-  int32_t node_rank = 0;
   std::string device = "auto";
   int32_t num_threads = 0;
-  std::string secret_file;
   absl::Duration connect_timeout = absl::Seconds(120);
   // Called once this process's rank loaded its shard and joined (a node process: once its
   // ranks started), e.g. to turn a readiness probe on. Any thread.

@@ -81,14 +81,9 @@ absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options) {
   SsdWorkerOptions w;
   SPECD_ASSIGN_OR_RETURN(w.link_secret, SpeculatorSecret(options));
   w.config = options.speculative;
-  w.draft.device = options.device;
-  w.draft.load_format = options.load_format;
-  w.draft.num_threads = options.num_threads;
-  w.draft.block_size = options.block_size;
-  w.draft.max_num_seqs = options.max_num_seqs;
-  w.draft.max_num_batched_tokens = options.max_num_batched_tokens;
+  static_cast<DeviceOptions&>(w.draft) = options;
+  static_cast<BatchLimits&>(w.draft) = options;
   w.draft.kv_cache_bytes = options.speculative.draft_kv_cache_bytes;
-  w.draft.gpu_memory_utilization = options.gpu_memory_utilization;
   w.max_num_seqs = options.max_num_seqs;
   w.max_model_len = options.max_model_len;
   std::signal(SIGPIPE, SIG_IGN);

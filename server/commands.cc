@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/flags.h"
+#include "server/option_flags.h"
 #include "server/worker_health.h"
 
 namespace specd {
@@ -35,17 +36,13 @@ struct GenerateFlags {
   std::optional<std::string> prompt, prompt_ids, stop, log_level;
   std::string speculative_config, speculation_method;
   int32_t num_speculative_tokens = 0;
-  std::string device = "auto", load_format = "auto";
-  double gpu_memory_utilization = 0.9;
-  bool enforce_eager = false;
-  int32_t max_tokens = 64, top_k = 0, threads = 0, logprobs = -1, max_model_len = 0;
+  DeviceOptions device;                   // device "auto"; generate takes no KV pool flags
+  TensorParallelOptions tensor_parallel;  // one host
+  int32_t max_tokens = 64, top_k = 0, logprobs = -1;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
   std::optional<int64_t> seed;
   bool json = false, ignore_eos = false;
-  int32_t tensor_parallel_size = 1;
-  double tp_timeout_s = 60;
-  std::string tp_communicator = "auto";
 
   void Register(FlagParser& p) {
     p.Add("model", &model, "HF model directory (default models/codepair/target)");
@@ -63,15 +60,8 @@ struct GenerateFlags {
     p.Add("stop", &stop, "stop string");
     p.Add("ignore-eos", &ignore_eos, "keep generating after EOS");
     p.Add("logprobs", &logprobs, "report the sampled token's logprob and the top N");
-    p.Add("device", &device, "cpu | cuda | cuda:N | auto (default: a GPU when one is visible)");
-    p.Add("load-format", &load_format, "auto (safetensors) | dummy (random weights; CUDA)");
-    p.Add("gpu-memory-utilization", &gpu_memory_utilization,
-          "fraction of the GPU's memory specd may hold (default 0.9)");
-    p.Add("enforce-eager", &enforce_eager, "no CUDA graphs (debugging)");
-    p.Add("threads", &threads, "CPU threads (0 = all cores)");
-    AddTensorParallelFlags(p, &tensor_parallel_size, nullptr, nullptr, nullptr, nullptr, nullptr,
-                           &tp_timeout_s, &tp_communicator);
-    p.Add("max-model-len", &max_model_len, "context limit (0 = the model's)");
+    AddDeviceFlags(p, &device, /*kv_pool=*/false);
+    AddTensorParallelFlags(p, &tensor_parallel, TensorParallelFlags::kOneHost);
     p.Add("speculative-config", &speculative_config,
           "speculative decoding, JSON as for specd serve (e.g. {\"method\": \"draft_model\", "
           "\"model\": DIR, \"num_speculative_tokens\": 4}); the output is the same");
@@ -173,17 +163,9 @@ absl::Status RunGenerate(const std::vector<std::string>& args) {
   }
   EngineOptions options;
   options.model_dir = f.model;
-  options.device = f.device;
-  options.load_format = f.load_format;
-  options.gpu_memory_utilization = f.gpu_memory_utilization;
-  options.enforce_eager = f.enforce_eager;
-  options.num_threads = f.threads;
-  options.max_model_len = f.max_model_len;
-  SPECD_RETURN_IF_ERROR(
-      CheckTensorParallelFlags(f.tensor_parallel_size, 1, 0, 0, f.tp_timeout_s, f.tp_communicator));
-  options.tensor_parallel.size = f.tensor_parallel_size;
-  options.tensor_parallel.timeout = absl::Seconds(f.tp_timeout_s);
-  options.tensor_parallel.communicator = f.tp_communicator;
+  static_cast<DeviceOptions&>(options) = f.device;
+  SPECD_RETURN_IF_ERROR(CheckTensorParallelFlags(f.tensor_parallel));
+  options.tensor_parallel = f.tensor_parallel;
   SPECD_ASSIGN_OR_RETURN(options.speculative, ParseSpeculativeConfig(f.speculative_config));
   GenerateRequest request;
   SPECD_ASSIGN_OR_RETURN(request.speculation, ToSpeculationParams(f));
@@ -308,8 +290,7 @@ absl::Status RunWorker(const std::vector<std::string>& args) {
   int32_t health_port = -1;
   p.Add("health-port", &health_port,
         "serve GET /health and /ready (ready once joined) on this port for probes (-1 = off)");
-  AddTensorParallelFlags(p, &o.size, &o.nnodes, &o.node_rank, &o.master_addr, &o.master_port,
-                         nullptr, nullptr, nullptr);
+  AddTensorParallelFlags(p, &o, TensorParallelFlags::kWorker);
   p.Add("log-level", &log_level, "trace|debug|info|warn|error (default info)");
   if (WantsHelp(args)) {
     std::printf(

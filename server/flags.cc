@@ -1,5 +1,7 @@
 #include "server/flags.h"
 
+#include <cmath>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -30,6 +32,12 @@ void FlagParser::Add(const std::string& name, float* out, std::string help) {
 void FlagParser::Add(const std::string& name, bool* out, std::string help) {
   flags_[name] = {out, std::move(help)};
 }
+void FlagParser::Add(const std::string& name, absl::Duration* out, std::string help) {
+  flags_[name] = {out, std::move(help)};
+}
+void FlagParser::Add(const std::string& name, Negated out, std::string help) {
+  flags_[name] = {out, std::move(help)};
+}
 
 absl::Status FlagParser::Set(const std::string& name, Flag& flag, const std::string& value) {
   auto bad = [&] {
@@ -50,6 +58,18 @@ absl::Status FlagParser::Set(const std::string& name, Flag& flag, const std::str
     bool operator()(float* p) const { return absl::SimpleAtof(value, p); }
     bool operator()(double* p) const { return absl::SimpleAtod(value, p); }
     bool operator()(bool* p) const { return absl::SimpleAtob(value, p); }
+    bool operator()(absl::Duration* p) const {
+      double seconds;
+      if (!absl::SimpleAtod(value, &seconds) || std::isnan(seconds)) return false;
+      *p = absl::Seconds(seconds);  // +-inf: +-InfiniteDuration
+      return true;
+    }
+    bool operator()(Negated n) const {
+      bool v;
+      if (!absl::SimpleAtob(value, &v)) return false;
+      *n.out = !v;
+      return true;
+    }
   };
   return std::visit(Visitor{value}, flag.target) ? absl::OkStatus() : bad();
 }
@@ -81,7 +101,8 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
     if (it == flags_.end())
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     if (!has_value) {
-      if (std::holds_alternative<bool*>(it->second.target)) {
+      if (std::holds_alternative<bool*>(it->second.target) ||
+          std::holds_alternative<Negated>(it->second.target)) {
         value = "true";
       } else if (i + 1 < args.size()) {
         value = args[++i];
@@ -111,64 +132,6 @@ absl::Status ParseIdList(const std::string& text, std::vector<int32_t>* out) {
     out->push_back(id);
   }
   if (out->empty()) return absl::InvalidArgumentError("empty token id list");
-  return absl::OkStatus();
-}
-
-void AddTensorParallelFlags(FlagParser& p, int32_t* size, int32_t* nnodes, int32_t* node_rank,
-                            std::string* master_addr, int32_t* master_port,
-                            std::string* secret_file, double* timeout_s,
-                            std::string* communicator) {
-  if (size != nullptr) {
-    p.Add("tensor-parallel-size", size,
-          "ranks the target is split over, one process each (default 1; alias -tp)");
-    p.Alias("tp", "tensor-parallel-size");
-  }
-  if (nnodes != nullptr) p.Add("nnodes", nnodes, "hosts of the tensor-parallel group (default 1)");
-  if (node_rank != nullptr)
-    p.Add("node-rank", node_rank, "this host's index in the group (0..nnodes-1)");
-  if (master_addr != nullptr) {
-    p.Add("master-addr", master_addr,
-          "rank 0's address, where workers connect (default 127.0.0.1)");
-  }
-  if (master_port != nullptr) {
-    p.Add("master-port", master_port, "rank 0's rendezvous port (0 = a free one; one host only)");
-  }
-  if (secret_file != nullptr) {
-    p.Add("tp-secret-file", secret_file,
-          "several hosts: the group's secret, 64 hex digits, mode 0600, the same on every host");
-  }
-  if (timeout_s != nullptr) {
-    p.Add("tp-timeout", timeout_s,
-          "seconds a silent rank or a stuck collective may take before the group fails (60)");
-  }
-  if (communicator != nullptr) {
-    p.Add("tp-communicator", communicator, "auto (GPUs: nccl, CPUs: shm) | nccl | shm");
-  }
-}
-
-absl::Status CheckTensorParallelFlags(int32_t size, int32_t nnodes, int32_t node_rank,
-                                      int32_t master_port, double timeout_s,
-                                      const std::string& communicator) {
-  if (size < 1 || size > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tensor-parallel-size: ", size, " is outside [1, 1024]"));
-  }
-  if (nnodes < 1 || size % nnodes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--nnodes: ", nnodes, " does not divide --tensor-parallel-size ", size));
-  }
-  if (node_rank < 0 || node_rank >= nnodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--node-rank: ", node_rank, " is outside [0, ", nnodes, ")"));
-  }
-  if (master_port < 0 || master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--master-port: ", master_port));
-  }
-  if (!(timeout_s > 0)) return absl::InvalidArgumentError("--tp-timeout: must be positive");
-  if (communicator != "auto" && communicator != "nccl" && communicator != "shm") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tp-communicator: '", communicator, "' is not one of auto, nccl, shm"));
-  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace specd {
 
@@ -24,6 +25,14 @@ class FlagParser {
   void Add(const std::string& name, float* out, std::string help);
   void Add(const std::string& name, double* out, std::string help);
   void Add(const std::string& name, bool* out, std::string help);
+  // A number of seconds (`--tp-timeout 2.5`; "inf" waits forever), stored as a Duration.
+  void Add(const std::string& name, absl::Duration* out, std::string help);
+  // A boolean flag stored negated: `--disable-prefix-caching` (bare: true) into a field that
+  // says enable (false). Add(name, Negated{&field}, help).
+  struct Negated {
+    bool* out;
+  };
+  void Add(const std::string& name, Negated out, std::string help);
 
   // `-short` (and `-short=value`) as another spelling of `--name` (vLLM's `-tp`).
   void Alias(const std::string& short_name, const std::string& name);
@@ -33,8 +42,9 @@ class FlagParser {
   std::string Usage() const;
 
  private:
-  using Target = std::variant<std::string*, std::optional<std::string>*, int32_t*, int64_t*,
-                              std::optional<int64_t>*, float*, double*, bool*>;
+  using Target =
+      std::variant<std::string*, std::optional<std::string>*, int32_t*, int64_t*,
+                   std::optional<int64_t>*, float*, double*, bool*, absl::Duration*, Negated>;
   struct Flag {
     Target target;
     std::string help;
@@ -47,16 +57,5 @@ class FlagParser {
 
 // Parses "1,2,3" into ids; InvalidArgument on anything else.
 absl::Status ParseIdList(const std::string& text, std::vector<int32_t>* out);
-
-// The tensor-parallel flags shared by serve, generate and worker (vLLM's names):
-// --tensor-parallel-size / -tp, --nnodes, --node-rank, --master-addr, --master-port,
-// --tp-secret-file, --tp-timeout, --tp-communicator. Null pointers skip a flag.
-void AddTensorParallelFlags(FlagParser& p, int32_t* size, int32_t* nnodes, int32_t* node_rank,
-                            std::string* master_addr, int32_t* master_port,
-                            std::string* secret_file, double* timeout_s, std::string* communicator);
-// InvalidArgument naming the flag for values out of range.
-absl::Status CheckTensorParallelFlags(int32_t size, int32_t nnodes, int32_t node_rank,
-                                      int32_t master_port, double timeout_s,
-                                      const std::string& communicator);
 
 }  // namespace specd

@@ -37,6 +37,23 @@ TEST(FlagParserTest, RejectsUnknownFlagsBadValuesAndMissingValues) {
   EXPECT_EQ(p.Parse({"positional"}).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(FlagParserTest, ReadsSecondsAsDurationsAndNegatedBooleans) {
+  absl::Duration timeout = absl::Seconds(60);
+  bool enable = true, enable_too = true;
+  FlagParser p;
+  p.Add("timeout", &timeout, "");
+  p.Add("disable", FlagParser::Negated{&enable}, "");
+  p.Add("disable-too", FlagParser::Negated{&enable_too}, "");
+  ASSERT_TRUE(p.Parse({"--timeout", "2.5", "--disable", "--disable-too=false"}).ok());
+  EXPECT_EQ(timeout, absl::Milliseconds(2500));
+  EXPECT_FALSE(enable);
+  EXPECT_TRUE(enable_too);
+  ASSERT_TRUE(p.Parse({"--timeout=inf"}).ok());
+  EXPECT_EQ(timeout, absl::InfiniteDuration());
+  EXPECT_EQ(p.Parse({"--timeout", "nan"}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.Parse({"--disable=maybe"}).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ParseIdListTest, ParsesCommaSeparatedIds) {
   std::vector<int32_t> ids;
   ASSERT_TRUE(ParseIdList("1, 2,3", &ids).ok());

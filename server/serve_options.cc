@@ -16,6 +16,7 @@
 #include "engine/base/status.h"
 #include "proto/config.pb.h"
 #include "server/flags.h"
+#include "server/option_flags.h"
 
 namespace specd {
 namespace {
@@ -25,15 +26,9 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("model", &o.model,
         "HF model directory (default models/codepair/target, served as codepair)");
   p.Add("served-model-name", &o.served_model_name, "model name in the API (default: folder name)");
-  p.Add("max-model-len", &o.max_model_len, "context limit in tokens (0 = the model's)");
-  p.Add("device", &o.device, "cpu | cuda | cuda:N | auto (default: a GPU when one is visible)");
-  p.Add("load-format", &o.load_format, "auto (safetensors) | dummy (random weights; CUDA)");
-  p.Add("gpu-memory-utilization", &o.gpu_memory_utilization,
-        "fraction of the GPU's memory specd may hold (default 0.9)");
-  p.Add("enforce-eager", &o.enforce_eager, "no CUDA graphs (debugging)");
-  p.Add("threads", &o.threads, "CPU compute threads (0 = one per core)");
-  AddTensorParallelFlags(p, &o.tensor_parallel_size, &o.nnodes, &o.node_rank, &o.master_addr,
-                         &o.master_port, &o.tp_secret_file, &o.tp_timeout_s, &o.tp_communicator);
+  AddDeviceFlags(p, &o);
+  AddSchedulerFlags(p, &o);
+  AddTensorParallelFlags(p, &o.tensor_parallel, TensorParallelFlags::kAll);
   p.Add("host", &o.host, "address to listen on (default 0.0.0.0)");
   p.Add("port", &o.port, "HTTP port (default 8000; 0 = pick a free port)");
   p.Add("grpc-port", &o.grpc_port, "gRPC port (default 50051; 0 = free port; -1 = off)");
@@ -50,13 +45,6 @@ void Register(FlagParser& p, ServeOptions& o, std::string* config_path) {
   p.Add("write-timeout", &o.write_timeout_s,
         "seconds an HTTP or gRPC client may read nothing of a paused stream before it is "
         "closed and its requests aborted (default 60)");
-  p.Add("max-num-seqs", &o.max_num_seqs, "running sequences per step (default 256)");
-  p.Add("max-num-batched-tokens", &o.max_num_batched_tokens, "token budget per step");
-  p.Add("max-waiting-requests", &o.max_waiting_requests, "queued requests before 429");
-  p.Add("kv-cache-memory-bytes", &o.kv_cache_memory_bytes,
-        "KV pool size in bytes (0 = CPU 64 MiB; GPU: what --gpu-memory-utilization leaves)");
-  p.Add("block-size", &o.block_size, "tokens per KV block (default 16)");
-  p.Add("disable-prefix-caching", &o.disable_prefix_caching, "turn prefix caching off");
   p.Add("drain-timeout", &o.drain_timeout_s, "seconds in-flight requests may finish on SIGTERM");
   p.Add("request-timeout", &o.request_timeout_s, "per-request deadline in seconds (0 = none)");
   p.Add("log-level", &o.log_level, "trace|debug|info|warn|error");
@@ -130,15 +118,16 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   str(c.load_format(), &o->load_format);
   num(c.gpu_memory_utilization(), &o->gpu_memory_utilization);
   if (c.enforce_eager()) o->enforce_eager = true;
-  num(c.threads(), &o->threads);
-  num(c.tensor_parallel_size(), &o->tensor_parallel_size);
-  num(c.nnodes(), &o->nnodes);
-  num(c.node_rank(), &o->node_rank);
-  str(c.master_addr(), &o->master_addr);
-  num(c.master_port(), &o->master_port);
-  str(c.tp_secret_file(), &o->tp_secret_file);
-  num(c.tp_timeout_s(), &o->tp_timeout_s);
-  str(c.tp_communicator(), &o->tp_communicator);
+  num(c.threads(), &o->num_threads);
+  TensorParallelOptions& tp = o->tensor_parallel;
+  num(c.tensor_parallel_size(), &tp.size);
+  num(c.nnodes(), &tp.nnodes);
+  num(c.node_rank(), &tp.node_rank);
+  str(c.master_addr(), &tp.master_addr);
+  num(c.master_port(), &tp.master_port);
+  str(c.tp_secret_file(), &tp.secret_file);
+  if (c.tp_timeout_s() != 0) tp.timeout = absl::Seconds(c.tp_timeout_s());
+  str(c.tp_communicator(), &tp.communicator);
   str(c.host(), &o->host);
   num(c.port(), &o->port);
   num(c.grpc_port(), &o->grpc_port);
@@ -149,10 +138,10 @@ void ApplyConfig(const config::ServeConfig& c, ServeOptions* o) {
   num(c.write_timeout_s(), &o->write_timeout_s);
   num(c.max_num_seqs(), &o->max_num_seqs);
   num(c.max_num_batched_tokens(), &o->max_num_batched_tokens);
-  num(c.max_waiting_requests(), &o->max_waiting_requests);
-  num(c.kv_cache_memory_bytes(), &o->kv_cache_memory_bytes);
+  num(c.max_waiting_requests(), &o->max_waiting);
+  num(c.kv_cache_memory_bytes(), &o->kv_cache_bytes);
   num(c.block_size(), &o->block_size);
-  if (c.disable_prefix_caching()) o->disable_prefix_caching = true;
+  if (c.disable_prefix_caching()) o->enable_prefix_caching = false;
   num(c.drain_timeout_s(), &o->drain_timeout_s);
   num(c.request_timeout_s(), &o->request_timeout_s);
   str(c.log_level(), &o->log_level);
@@ -220,14 +209,12 @@ absl::Status Validate(const ServeOptions& o) {
   SPECD_RETURN_IF_ERROR(CheckRange("port", o.port, 0, 65535));
   SPECD_RETURN_IF_ERROR(CheckRange("grpc-port", o.grpc_port, -1, 65535));
   SPECD_RETURN_IF_ERROR(CheckRange("max-model-len", o.max_model_len, 0, 1 << 24));
-  SPECD_RETURN_IF_ERROR(CheckRange("threads", o.threads, 0, 4096));
-  SPECD_RETURN_IF_ERROR(CheckTensorParallelFlags(o.tensor_parallel_size, o.nnodes, o.node_rank,
-                                                 o.master_port, o.tp_timeout_s, o.tp_communicator));
+  SPECD_RETURN_IF_ERROR(CheckRange("threads", o.num_threads, 0, 4096));
+  SPECD_RETURN_IF_ERROR(CheckTensorParallelFlags(o.tensor_parallel));
   SPECD_RETURN_IF_ERROR(CheckRange("max-num-seqs", o.max_num_seqs, 1, 1 << 20));
   SPECD_RETURN_IF_ERROR(CheckRange("max-num-batched-tokens", o.max_num_batched_tokens, 1, 1 << 24));
-  SPECD_RETURN_IF_ERROR(CheckRange("max-waiting-requests", o.max_waiting_requests, 1, 1 << 24));
-  SPECD_RETURN_IF_ERROR(
-      CheckRange("kv-cache-memory-bytes", o.kv_cache_memory_bytes, 0, int64_t{1} << 50));
+  SPECD_RETURN_IF_ERROR(CheckRange("max-waiting-requests", o.max_waiting, 1, 1 << 24));
+  SPECD_RETURN_IF_ERROR(CheckRange("kv-cache-memory-bytes", o.kv_cache_bytes, 0, int64_t{1} << 50));
   SPECD_RETURN_IF_ERROR(CheckRange("block-size", o.block_size, 1, 1024));
   SPECD_RETURN_IF_ERROR(CheckRange("api-worker-threads", o.api_worker_threads, 1, 256));
   SPECD_RETURN_IF_ERROR(
@@ -309,29 +296,11 @@ std::string ServeUsage() {
 
 EngineOptions ToEngineOptions(const ServeOptions& o) {
   EngineOptions e;
+  static_cast<DeviceOptions&>(e) = o;
+  static_cast<SchedulerOptions&>(e) = o;
+  static_cast<SpeculativeOptions&>(e) = o;
   e.model_dir = o.model;
-  e.device = o.device;
-  e.load_format = o.load_format;
-  e.gpu_memory_utilization = o.gpu_memory_utilization;
-  e.enforce_eager = o.enforce_eager;
-  e.num_threads = o.threads;
-  e.max_model_len = o.max_model_len;
-  e.block_size = o.block_size;
-  e.kv_cache_bytes = o.kv_cache_memory_bytes;
-  e.max_num_seqs = o.max_num_seqs;
-  e.max_num_batched_tokens = o.max_num_batched_tokens;
-  e.max_waiting = o.max_waiting_requests;
-  e.enable_prefix_caching = !o.disable_prefix_caching;
-  e.speculative = o.speculative;
-  e.cost_profile = o.cost_profile;
-  e.tensor_parallel.size = o.tensor_parallel_size;
-  e.tensor_parallel.nnodes = o.nnodes;
-  e.tensor_parallel.node_rank = o.node_rank;
-  e.tensor_parallel.master_addr = o.master_addr;
-  e.tensor_parallel.master_port = o.master_port;
-  e.tensor_parallel.secret_file = o.tp_secret_file;
-  e.tensor_parallel.timeout = absl::Seconds(o.tp_timeout_s);
-  e.tensor_parallel.communicator = o.tp_communicator;
+  e.tensor_parallel = o.tensor_parallel;
   return e;
 }
 

@@ -17,26 +17,19 @@ namespace specd {
 // The model `specd serve` runs with no --model (relative to the working directory).
 inline constexpr std::string_view kBundledModel = "models/codepair/target";
 
-struct ServeOptions {
+// The engine's leaf option structs (engine/engine.h) are ServeOptions' too, so ToEngineOptions
+// copies them whole and server/option_flags.h registers their flags: DeviceOptions (--device,
+// --threads, --max-model-len, --block-size, --kv-cache-memory-bytes, ...; device "auto"),
+// SchedulerOptions (--max-num-seqs, --max-waiting-requests, --disable-prefix-caching, ...),
+// SpeculativeOptions (`speculative`: --speculative-config parsed; --cost-profile) and
+// TensorParallelOptions (`tensor_parallel`: --tensor-parallel-size, --nnodes, ...).
+struct ServeOptions : DeviceOptions, SchedulerOptions, SpeculativeOptions {
   // Model
   std::string model = std::string(kBundledModel);
   // Default: the model folder's name; "codepair" for the bundled default model.
   std::string served_model_name;
-  int32_t max_model_len = 0;            // 0: the model's
-  std::string device = "auto";          // cpu | cuda | cuda:N | auto (a GPU when one is visible)
-  std::string load_format = "auto";     // auto (safetensors) | dummy (random weights, CUDA)
-  double gpu_memory_utilization = 0.9;  // CUDA: fraction of the GPU's memory specd may hold
-  bool enforce_eager = false;           // CUDA: no CUDA graphs
-  int32_t threads = 0;                  // CPU compute threads; 0: one per core
   // Tensor parallelism (EngineOptions::tensor_parallel): ranks, hosts, rendezvous, faults.
-  int32_t tensor_parallel_size = 1;
-  int32_t nnodes = 1;
-  int32_t node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int32_t master_port = 0;
-  std::string tp_secret_file;
-  double tp_timeout_s = 60;
-  std::string tp_communicator = "auto";
+  TensorParallelOptions tensor_parallel;
   // Front ends
   std::string host = "0.0.0.0";
   int32_t port = 8000;        // 0: pick a free port
@@ -54,25 +47,15 @@ struct ServeOptions {
   // HTTP: seconds a client may read nothing of a pending reply before it is closed (its
   // requests aborted); a stream is paused (not buffered) once 4 MiB wait for its client.
   double write_timeout_s = 60;
-  // Scheduler and KV cache
-  int32_t max_num_seqs = 256;
-  int32_t max_num_batched_tokens = 2048;
-  int32_t max_waiting_requests = 1024;
-  // 0: the device's default (CPU 64 MiB; GPU what gpu_memory_utilization leaves).
-  int64_t kv_cache_memory_bytes = 0;
-  int32_t block_size = 16;
-  bool disable_prefix_caching = false;
   // Lifecycle
   double drain_timeout_s = 30;
   double request_timeout_s = 0;  // 0: no deadline
   std::string log_level = "info";
   // Speculative decoding: vLLM-style JSON (engine/speculation/spec_config.h), e.g.
   // {"method": "draft_model", "model": "DIR", "num_speculative_tokens": 4}; empty: none.
+  // ParseServeOptions parses it into `speculative`; `cost_profile` (the JSON file specd_profile
+  // writes; empty: the runner's default rule) is loaded (and refused) at start-up.
   std::string speculative_config;
-  SpeculativeConfig speculative;  // speculative_config parsed (by ParseServeOptions)
-  // `auto` speculation's cost profile: the JSON file specd_profile writes; empty: the default
-  // rule of the runner in use (EngineOptions::cost_profile). Loaded (and refused) at start-up.
-  std::string cost_profile;
 
   bool help = false;  // --help was given: print ServeUsage() and exit 0
 };

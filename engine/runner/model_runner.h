@@ -21,32 +21,25 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/communicator.h"
+#include "engine/base/device_options.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/runner/eagle3_compute.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
+#include "engine/sched/batch_options.h"
 
 namespace specd {
 
-struct RunnerOptions {
+// The device, weights, threads and KV pool (DeviceOptions; device "auto" by default) and the
+// step's limits (BatchLimits: max_num_seqs is the largest batch, which CUDA graph buckets go up
+// to; max_num_batched_tokens the largest step in tokens, which sizes the activation buffers).
+struct RunnerOptions : DeviceOptions, BatchLimits {
   std::string model_dir;
-  std::string device = "auto";       // "cpu", "cuda" (GPU 0), "cuda:N", or "auto" (cuda if present)
-  std::string load_format = "auto";  // "auto": safetensors; "dummy": random weights (CUDA only)
-  int32_t num_threads = 0;           // CPU threads (0 = one per core)
-  int32_t block_size = 16;
-  int32_t max_model_len = 0;              // 0 = the model's max_position_embeddings
-  int32_t max_num_seqs = 256;             // largest batch (CUDA graph buckets up to it)
-  int32_t max_num_batched_tokens = 2048;  // largest step in tokens (activation buffers)
-  int32_t max_sample_rows = 0;            // CUDA: rows one Step draws (logits buffer); 0:
-                                          // min(max_num_seqs, max_num_batched_tokens);
-                                          // speculation verifies K + 1 rows per sequence
-  int64_t kv_cache_bytes = 0;             // 0: the device's default (CPU 64 MiB; CUDA from
-                                          // gpu_memory_utilization); at least one
-                                          // max_model_len sequence always fits
-  double gpu_memory_utilization = 0.9;    // CUDA: fraction of the GPU's memory specd may hold
-  bool enforce_eager = false;             // CUDA: no graphs (debugging)
+  int32_t max_sample_rows = 0;  // CUDA: rows one Step draws (logits buffer); 0:
+                                // min(max_num_seqs, max_num_batched_tokens);
+                                // speculation verifies K + 1 rows per sequence
   // Tensor parallelism: which shard of the target this runner holds and the group's collectives
   // (not owned; outlives the runner). world_size 1 (the default) needs no communicator. A rank's
   // runner holds 1/world_size of the sharded weights and its KV heads; rank 0 samples.

@@ -1,12 +1,12 @@
 #include "server/http/json_fields.h"
 
-#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/base/json_fields.h"
 #include "server/http/errors.h"
 
 namespace specd::http {
@@ -21,16 +21,24 @@ absl::Status OutOfRange(const std::string& key, int64_t min, int64_t max) {
                       absl::StrCat("'", key, "' must be an integer in [", min, ", ", max, "]"));
 }
 
-absl::StatusOr<int64_t> AsInt(const Json& v, const std::string& key, int64_t min, int64_t max) {
-  if (!v.is_number_integer()) return WrongType(key, "an integer");
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(max)) return OutOfRange(key, min, max);
-    if (static_cast<int64_t>(u) < min) return OutOfRange(key, min, max);
-    return static_cast<int64_t>(u);
+// The API's error for an integer field the shared reader (engine/base/json_fields.h) refused.
+absl::Status IntError(JsonFieldError e, const std::string& key, int64_t min, int64_t max) {
+  switch (e) {
+    case JsonFieldError::kNone:
+      return absl::OkStatus();
+    case JsonFieldError::kWrongType:
+      return WrongType(key, "an integer");
+    case JsonFieldError::kOutOfRange:
+      return OutOfRange(key, min, max);
   }
-  const int64_t i = v.get<int64_t>();
-  if (i < min || i > max) return OutOfRange(key, min, max);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> AsInt(const Json& v, const std::string& key, int64_t min, int64_t max) {
+  int64_t i = 0;
+  if (const JsonFieldError e = JsonToInt(v, min, max, &i); e != JsonFieldError::kNone) {
+    return IntError(e, key, min, max);
+  }
   return i;
 }
 
@@ -164,35 +172,22 @@ absl::StatusOr<Json> ParseJsonObject(std::string_view body) {
 }
 
 const Json* FindField(const Json& object, const std::string& key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
+  return FindJsonField(object, key);
 }
 
 absl::Status ReadBool(const Json& object, const std::string& key, bool* out) {
-  const Json* v = FindField(object, key);
-  if (v == nullptr) return absl::OkStatus();
-  if (!v->is_boolean()) return WrongType(key, "a boolean");
-  *out = v->get<bool>();
+  if (ReadJsonBool(object, key, out) != JsonFieldError::kNone) return WrongType(key, "a boolean");
   return absl::OkStatus();
 }
 
 absl::Status ReadString(const Json& object, const std::string& key, std::string* out) {
-  const Json* v = FindField(object, key);
-  if (v == nullptr) return absl::OkStatus();
-  if (!v->is_string()) return WrongType(key, "a string");
-  *out = v->get<std::string>();
+  if (ReadJsonString(object, key, out) != JsonFieldError::kNone) return WrongType(key, "a string");
   return absl::OkStatus();
 }
 
 absl::Status ReadInt(const Json& object, const std::string& key, int64_t min, int64_t max,
                      int64_t* out) {
-  const Json* v = FindField(object, key);
-  if (v == nullptr) return absl::OkStatus();
-  absl::StatusOr<int64_t> i = AsInt(*v, key, min, max);
-  if (!i.ok()) return i.status();
-  *out = *i;
-  return absl::OkStatus();
+  return IntError(ReadJsonInt(object, key, min, max, out), key, min, max);
 }
 
 absl::Status ReadInt32(const Json& object, const std::string& key, int32_t min, int32_t max,
@@ -205,12 +200,14 @@ absl::Status ReadInt32(const Json& object, const std::string& key, int32_t min, 
 
 absl::Status ReadFloat(const Json& object, const std::string& key, double min, double max,
                        float* out) {
-  const Json* v = FindField(object, key);
-  if (v == nullptr) return absl::OkStatus();
-  if (!v->is_number()) return WrongType(key, "a number");
-  const double d = v->get<double>();
-  if (!std::isfinite(d) || d < min || d > max) {
-    return InvalidParam(key, absl::StrCat("'", key, "' must be in [", min, ", ", max, "]"));
+  double d = *out;
+  switch (ReadJsonNumber(object, key, min, max, &d)) {
+    case JsonFieldError::kNone:
+      break;
+    case JsonFieldError::kWrongType:
+      return WrongType(key, "a number");
+    case JsonFieldError::kOutOfRange:
+      return InvalidParam(key, absl::StrCat("'", key, "' must be in [", min, ", ", max, "]"));
   }
   *out = static_cast<float>(d);
   return absl::OkStatus();
