@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/sample/acceptance.h"
 #include "engine/testing/engine_nsa_test_util.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/test_flags.h"
 #include "gtest/gtest.h"
 
 namespace specd {

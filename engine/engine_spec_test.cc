@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "engine/engine.h"
-#include "engine/sample/acceptance.h"
 #include "engine/testing/engine_spec_logits_test_util.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/test_flags.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 

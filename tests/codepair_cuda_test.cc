@@ -22,6 +22,7 @@
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/test_flags.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/ref/sampling.h"
 #include "tests/cuda_test_util.h"

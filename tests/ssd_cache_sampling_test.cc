@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/sample/acceptance.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "engine/testing/engine_spec_logits_test_util.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/test_flags.h"
 #include "gtest/gtest.h"
 
 namespace specd {

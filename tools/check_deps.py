@@ -98,6 +98,10 @@ TEST_EXTRA = ["kernels/check"]
 # modules that may use the engine facade include them.
 TESTING = "engine/testing"
 TESTING_USERS = ["engine", "tools", "tests"]
+# The process-wide switches that break a verifier on purpose (the statistical tests' negative
+# controls) are declared for tests only, in this header, which the test files of any module may
+# include (engine/sample's acceptance_test among them); no production header declares them.
+TEST_FLAGS_HEADER = "engine/testing/test_flags.h"
 
 SOURCE_EXT = (".h", ".cc", ".cu", ".cuh")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -130,6 +134,8 @@ def allowed(src_mod, src_path, inc, known):
     inc_mod = module_of(inc, known)
     if inc_mod == src_mod or inc in ALLOWED_FILES.get(src_mod, []):
         return True  # same module (subfolders that are no module of their own included)
+    if inc == TEST_FLAGS_HEADER:
+        return is_test_file(src_mod, src_path)
     if inc_mod == TESTING:
         return src_mod in TESTING_USERS and is_test_file(src_mod, src_path)
     targets = list(RULES.get(src_mod, []))

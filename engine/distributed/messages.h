@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/step_kind.h"
 #include "engine/distributed/wire.h"
 
 namespace specd {
@@ -308,14 +309,10 @@ struct TpReady {
   bool operator==(const TpReady&) const = default;
 };
 
-// Which ModelRunner call a TpStep repeats.
-enum class TpMethod : uint8_t {
-  kStep = 1,
-  kGreedyVerify = 2,
-  kSampledVerify = 3,
-  kDraft = 4,
-  kForward = 5,
-};
+// Which ModelRunner call a TpStep repeats: the runner's own pass kinds (StepKind,
+// engine/base/step_kind.h: one enum for the call and the wire), kStep..kForward on the wire
+// (1..5, a u8); kForwardCandidates never travels and the decoder refuses it.
+using TpMethod = StepKind;
 
 // One chunk of a TpStep's batch (a SequenceInput): its tokens and new block ids follow the
 // earlier chunks' in TpStep::tokens and TpStep::block_ids. A chunk of a sequence the worker

@@ -64,6 +64,17 @@ void EncodeTpStep(TpMethod method, std::span<const SequenceInput> batch,
   }
 }
 
+void EncodeTpStep(const StepRequest& request, int32_t block_size, uint64_t step_id,
+                  TpBlockMirror* mirror, TpStep* out) {
+  const bool verify =
+      request.kind == StepKind::kGreedyVerify || request.kind == StepKind::kSampledVerify;
+  const std::span<const SampleRow> rows =
+      request.kind == StepKind::kForward ? std::span<const SampleRow>() : request.rows;
+  EncodeTpStep(request.kind, request.batch, rows,
+               verify ? request.drafts : std::span<const std::span<const int32_t>>(), block_size,
+               step_id, mirror, out);
+}
+
 namespace {
 SamplingParams GreedyParams() {
   SamplingParams p;
@@ -142,17 +153,25 @@ absl::Status TpCall::Decode(const TpStep& step) {
 }
 
 absl::Status TpCall::Run(ModelRunner& runner) {
+  StepResult result;
   switch (method_) {
-    case TpMethod::kStep:
-      return runner.Step(batch_, rows_, &sampled_);
-    case TpMethod::kGreedyVerify:
-      return runner.StepGreedyVerify(batch_, rows_, drafts_, &verified_);
-    case TpMethod::kSampledVerify:
-      return runner.StepSampledVerify(batch_, rows_, drafts_, probs_, &verified_);
-    case TpMethod::kDraft:
-      return runner.StepDraft(batch_, rows_, slots_, &sampled_);
-    case TpMethod::kForward:
-      return runner.Forward(batch_, &logits_);
+    case StepKind::kStep:
+      result.samples = &sampled_;
+      return runner.Run(StepRequest::Step(batch_, rows_), &result);
+    case StepKind::kGreedyVerify:
+      result.verified = &verified_;
+      return runner.Run(StepRequest::GreedyVerify(batch_, rows_, drafts_), &result);
+    case StepKind::kSampledVerify:
+      result.verified = &verified_;
+      return runner.Run(StepRequest::SampledVerify(batch_, rows_, drafts_, probs_), &result);
+    case StepKind::kDraft:
+      result.samples = &sampled_;
+      return runner.Run(StepRequest::Draft(batch_, rows_, slots_), &result);
+    case StepKind::kForward:
+      result.logits = &logits_;
+      return runner.Run(StepRequest::Forward(batch_), &result);
+    case StepKind::kForwardCandidates:  // never on the wire (the decoder refuses it)
+      break;
   }
   return absl::InvalidArgumentError("TpStep: unknown method");
 }

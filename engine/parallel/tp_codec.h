@@ -53,6 +53,11 @@ void EncodeTpStep(TpMethod method, std::span<const SequenceInput> batch,
                   std::span<const SampleRow> rows, std::span<const std::span<const int32_t>> drafts,
                   int32_t block_size, uint64_t step_id, TpBlockMirror* mirror, TpStep* out);
 
+// The call `request` as a TpStep (the fields of its kind: a kForward carries no rows, a kStep or
+// kDraft no drafts; probabilities and slots never travel). kForwardCandidates has no TpStep.
+void EncodeTpStep(const StepRequest& request, int32_t block_size, uint64_t step_id,
+                  TpBlockMirror* mirror, TpStep* out);
+
 // A worker's copy of one call. Views point into the TpStep it was decoded from, which must
 // outlive Run.
 class TpCall {
@@ -64,7 +69,8 @@ class TpCall {
   // keeps more of a mirror than the worker holds (the ranks disagree: the group must fail).
   absl::Status Decode(const TpStep& step);
   size_t num_mirrors() const { return mirrors_.size(); }
-  // Makes the call on `runner` (a worker rank's: it runs the forward and returns no outputs).
+  // Makes the call on `runner` (a worker rank's: it runs the forward and returns no outputs):
+  // one ModelRunner::Run of the decoded kind.
   absl::Status Run(ModelRunner& runner);
 
   std::span<const SequenceInput> batch() const { return batch_; }

@@ -105,44 +105,30 @@ class TpLeaderRunner final : public ModelRunner {
     return failed_;
   }
 
-  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                    std::vector<SampleResult>* out) override {
-    SPECD_RETURN_IF_ERROR(Broadcast(TpMethod::kStep, batch, rows, {}));
-    return Checked(local_->Step(batch, rows, out));
-  }
-  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
-                                std::span<const SampleRow> rows,
-                                std::span<const std::span<const int32_t>> drafts,
-                                std::vector<GreedyVerifyResult>* out) override {
-    SPECD_RETURN_IF_ERROR(Broadcast(TpMethod::kGreedyVerify, batch, rows, drafts));
-    return Checked(local_->StepGreedyVerify(batch, rows, drafts, out));
-  }
-  absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
-                                 std::span<const SampleRow> rows,
-                                 std::span<const std::span<const int32_t>> drafts,
-                                 std::span<const DraftProbs> probs,
-                                 std::vector<GreedyVerifyResult>* out) override {
-    SPECD_RETURN_IF_ERROR(Broadcast(TpMethod::kSampledVerify, batch, rows, drafts));
-    return Checked(local_->StepSampledVerify(batch, rows, drafts, probs, out));
-  }
-  absl::Status StepDraft(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                         std::span<const int32_t> slots, std::vector<SampleResult>* out) override {
-    SPECD_RETURN_IF_ERROR(Broadcast(TpMethod::kDraft, batch, rows, {}));
-    return Checked(local_->StepDraft(batch, rows, slots, out));
-  }
-  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
-    SPECD_RETURN_IF_ERROR(Broadcast(TpMethod::kForward, batch, {}, {}));
-    return Checked(local_->Forward(batch, logits));
+  // One call forwarded: every kind that runs the model on every rank is encoded once and sent
+  // to each worker, then made on the local shard. kForwardCandidates is not a group's (rows are
+  // ranked on the host: RanksCandidatesOnDevice() is false).
+  absl::Status Run(const StepRequest& request, StepResult* result) override {
+    switch (request.kind) {
+      case StepKind::kStep:
+      case StepKind::kGreedyVerify:
+      case StepKind::kSampledVerify:
+      case StepKind::kDraft:
+      case StepKind::kForward:
+        SPECD_RETURN_IF_ERROR(Broadcast(request));
+        return Checked(local_->Run(request, result));
+      case StepKind::kForwardCandidates:
+        break;
+    }
+    return Unsupported(request.kind);
   }
 
  private:
   // Sends the call to every worker. A group that already failed refuses.
-  absl::Status Broadcast(TpMethod method, std::span<const SequenceInput> batch,
-                         std::span<const SampleRow> rows,
-                         std::span<const std::span<const int32_t>> drafts) {
+  absl::Status Broadcast(const StepRequest& request) {
     SPECD_RETURN_IF_ERROR(GroupStatus());
-    if (batch.empty()) return absl::OkStatus();  // the runners run nothing either
-    EncodeTpStep(method, batch, rows, drafts, local_->block_size(), next_step_++, &mirror_, &step_);
+    if (request.batch.empty()) return absl::OkStatus();  // the runners run nothing either
+    EncodeTpStep(request, local_->block_size(), next_step_++, &mirror_, &step_);
     for (WorkerLink& w : workers_) {
       const absl::Status s = w.link->Send(step_, timeout_);
       if (!s.ok()) {

@@ -94,8 +94,24 @@ absl::StatusOr<std::span<const SequenceInput>> CpuRunner::RunRows(
   return run;
 }
 
-absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                             std::vector<SampleResult>* out) {
+absl::Status CpuRunner::Run(const StepRequest& request, StepResult* result) {
+  switch (request.kind) {
+    case StepKind::kStep:
+      return DrawRows(request.batch, request.rows, result->samples);
+    case StepKind::kGreedyVerify:
+      return VerifyGreedy(request, result);
+    case StepKind::kForward:
+      return ForwardLogits(request.batch, result->logits);
+    case StepKind::kSampledVerify:
+    case StepKind::kDraft:
+    case StepKind::kForwardCandidates:
+      return Unsupported(request.kind);
+  }
+  return absl::InvalidArgumentError("Run: unknown step kind");
+}
+
+absl::Status CpuRunner::DrawRows(std::span<const SequenceInput> batch,
+                                 std::span<const SampleRow> rows, std::vector<SampleResult>* out) {
   out->clear();
   if (worker()) return RunRows(batch, rows).status();
   // Everything rank 0 refuses it refuses before the forward (nothing is written then).
@@ -123,19 +139,18 @@ absl::Status CpuRunner::Step(std::span<const SequenceInput> batch, std::span<con
   return absl::OkStatus();
 }
 
-absl::Status CpuRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
-                                         std::span<const SampleRow> rows,
-                                         std::span<const std::span<const int32_t>> drafts,
-                                         std::vector<GreedyVerifyResult>* out) {
-  if (!worker()) return ModelRunner::StepGreedyVerify(batch, rows, drafts, out);
-  out->clear();
+absl::Status CpuRunner::VerifyGreedy(const StepRequest& request, StepResult* result) {
+  if (!worker()) return GreedyVerifyByStep(request, result);
+  result->verified->clear();
   // The expansion without the checks of what a worker's rows do not carry (params).
   std::vector<SampleRow> expanded;
-  SPECD_RETURN_IF_ERROR(runner_internal::ExpandDraftRows(batch, rows, drafts, &expanded));
-  return RunRows(batch, expanded).status();
+  SPECD_RETURN_IF_ERROR(
+      runner_internal::ExpandDraftRows(request.batch, request.rows, request.drafts, &expanded));
+  return RunRows(request.batch, expanded).status();
 }
 
-absl::Status CpuRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
+absl::Status CpuRunner::ForwardLogits(std::span<const SequenceInput> batch,
+                                      std::vector<float>* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
   logits->clear();
   SPECD_RETURN_IF_ERROR(model_->Forward(batch, *kv_, logits));

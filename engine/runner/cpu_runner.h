@@ -37,17 +37,9 @@ class CpuRunner : public ModelRunner {
     return model_->nsa() != nullptr ? model_->nsa()->ssv_stats() : SsvLoadStats{};
   }
 
-  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                    std::vector<SampleResult>* out) override;
-  // Rank 0: ModelRunner's (Step over every drafted position). A worker: the same Step rows
-  // (drafts[i].size() + 1 per drafted row), checked only for what it can see (chunks and
-  // tokens), and empty *out.
-  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
-                                std::span<const SampleRow> rows,
-                                std::span<const std::span<const int32_t>> drafts,
-                                std::vector<GreedyVerifyResult>* out) override;
-  // A worker leaves *logits empty.
-  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
+  // kStep, kGreedyVerify and kForward; the device-speculation kinds and kForwardCandidates are
+  // Unimplemented (probabilities and rankings stay on the host: the engine's HostVerifier).
+  absl::Status Run(const StepRequest& request, StepResult* result) override;
   absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override {
     return model_->SetAuxHiddenLayers(layer_ids);
   }
@@ -62,6 +54,15 @@ class CpuRunner : public ModelRunner {
   CpuRunner() = default;
 
   bool worker() const { return rank_ != 0; }
+  // Run's kinds.
+  absl::Status DrawRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                        std::vector<SampleResult>* out);
+  // Rank 0: GreedyVerifyByStep (kStep over every drafted position). A worker: the same kStep
+  // rows (drafts[i].size() + 1 per drafted row), checked only for what it can see (chunks and
+  // tokens), and empty verified.
+  absl::Status VerifyGreedy(const StepRequest& request, StepResult* result);
+  // A worker leaves *logits empty.
+  absl::Status ForwardLogits(std::span<const SequenceInput> batch, std::vector<float>* logits);
   // The rows' checks every rank makes (chunk and token inside the batch, no all_logits chunk),
   // then the forward with all_logits on every chunk a row names a token of, into logits_.
   // Returns the batch it ran (batch, or batch_ with those all_logits set).

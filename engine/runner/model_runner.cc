@@ -276,15 +276,6 @@ int32_t VocabMergeK(std::span<const SampleRow> rows) {
   return rows.empty() ? 0 : k;
 }
 
-absl::Status ModelRunner::StepSampledVerify(std::span<const SequenceInput>,
-                                            std::span<const SampleRow>,
-                                            std::span<const std::span<const int32_t>>,
-                                            std::span<const DraftProbs>,
-                                            std::vector<GreedyVerifyResult>*) {
-  return absl::UnimplementedError(
-      absl::StrCat("StepSampledVerify: ", device_name(), " keeps no probabilities on a device"));
-}
-
 absl::Status ModelRunner::ReserveProbSlots(int32_t) {
   return absl::UnimplementedError(
       absl::StrCat("ReserveProbSlots: ", device_name(), " keeps no probabilities on a device"));
@@ -292,22 +283,28 @@ absl::Status ModelRunner::ReserveProbSlots(int32_t) {
 
 const float* ModelRunner::prob_slot(int32_t) const { return nullptr; }
 
-absl::Status ModelRunner::ForwardCandidates(std::span<const SequenceInput>, int32_t,
-                                            std::vector<int32_t>*, std::vector<float>*) {
-  return absl::UnimplementedError(
-      absl::StrCat("ForwardCandidates: ", device_name(), " ranks rows on the host"));
+absl::Status ModelRunner::Unsupported(StepKind kind) const {
+  switch (kind) {
+    case StepKind::kSampledVerify:
+    case StepKind::kDraft:
+      return absl::UnimplementedError(absl::StrCat(StepKindName(kind), ": ", device_name(),
+                                                   " keeps no probabilities on a device"));
+    case StepKind::kForwardCandidates:
+      return absl::UnimplementedError(
+          absl::StrCat("ForwardCandidates: ", device_name(), " ranks rows on the host"));
+    case StepKind::kStep:
+    case StepKind::kGreedyVerify:
+    case StepKind::kForward:
+      break;
+  }
+  return absl::UnimplementedError(absl::StrCat(StepKindName(kind), ": not run by ", device_name()));
 }
 
-absl::Status ModelRunner::StepDraft(std::span<const SequenceInput>, std::span<const SampleRow>,
-                                    std::span<const int32_t>, std::vector<SampleResult>*) {
-  return absl::UnimplementedError(
-      absl::StrCat("StepDraft: ", device_name(), " keeps no probabilities on a device"));
-}
-
-absl::Status ModelRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
-                                           std::span<const SampleRow> rows,
-                                           std::span<const std::span<const int32_t>> drafts,
-                                           std::vector<GreedyVerifyResult>* out) {
+absl::Status ModelRunner::GreedyVerifyByStep(const StepRequest& request, StepResult* result) {
+  const std::span<const SequenceInput> batch = request.batch;
+  const std::span<const SampleRow> rows = request.rows;
+  const std::span<const std::span<const int32_t>> drafts = request.drafts;
+  std::vector<GreedyVerifyResult>* out = result->verified;
   std::vector<SampleRow> expanded;
   SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
   std::vector<SampleResult> sampled;

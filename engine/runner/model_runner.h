@@ -4,6 +4,8 @@
 // rows whose next token is drawn this step, and gets the drawn tokens back. The scheduler and
 // block manager (engine/sched, engine/kv) are backend-independent: a runner only promises that
 // it has num_kv_blocks() blocks of block_size() tokens and honours the block ids it is given.
+// Every pass is one virtual call, Run(StepRequest, StepResult*) (step_request.h; the kinds and
+// their contracts in engine/base/step_kind.h); Step, StepGreedyVerify, ... are its named wrappers.
 //   CpuRunner  (cpu_runner.h): the exact fp32 Model + CpuKvCache + the CPU Sampler.
 //   CudaRunner (cuda_runner.h, built with SPECD_ENABLE_CUDA): bf16 weights and KV on one GPU,
 //              cuBLASLt GEMMs, our attention kernels, CUDA graphs for decode, sampling on the GPU.
@@ -26,6 +28,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/runner/eagle3_compute.h"
+#include "engine/runner/step_request.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 #include "engine/sched/batch_options.h"
@@ -51,33 +54,6 @@ struct RunnerOptions : DeviceOptions, BatchLimits {
   std::string eagle3_head;
 };
 
-// One token drawn this step: from the logits of batch chunk `chunk` at its last token (the
-// sequence's next token), or at token `token` of the chunk (verification of greedy drafts draws
-// the target's choice after every position of a drafted chunk). Pointers are the request's and
-// outlive the Step call.
-struct SampleRow {
-  int32_t chunk = 0;
-  Sampler* sampler = nullptr;              // the request's CPU sampler (its own seeded RNG)
-  const SamplingParams* params = nullptr;  // the request's params (what the GPU sampler reads)
-  const TokenHistory* history = nullptr;   // prompt and output ids (penalties)
-  std::span<const int32_t> banned;         // ids that must not be drawn (min_tokens)
-  uint64_t seed = 0;                       // the request's seed (given or drawn at arrival)
-  int64_t num_generated = 0;               // tokens drawn so far (GPU Philox offset)
-  int32_t token = -1;                      // index into the chunk's tokens; -1: the last
-  // Tokens after `history` that penalties count as output: the earlier drafts of a speculative
-  // position (StepSampledVerify sets them itself; StepDraft's caller sets them). Runners that
-  // keep no probabilities on a device (SamplesSpeculationOnDevice() false) refuse rows with any.
-  std::span<const int32_t> pending = {};
-  // The ids of the row's num_candidates largest raw logits (before penalties and bans), best
-  // first, ties to the lower id, in SampleResult::candidates (SSD's cache candidates; on a GPU
-  // only the ids come back). At most kMaxSampleCandidates.
-  int32_t num_candidates = 0;
-  // Tensor parallelism: set on a worker rank's copy of a row whose rank-0 original needs its
-  // whole row of logits (VocabMergeK), so that every rank merges the vocabulary shards alike.
-  bool full_logits = false;
-};
-inline constexpr int32_t kMaxSampleCandidates = 16;
-
 // How a tensor-parallel Step or StepGreedyVerify brings the vocabulary-parallel LM head's shards
 // together for `rows`: 0 when some row needs its whole row of logits (sampling, penalties,
 // banned ids, logprobs, full_logits; a row without params counts as greedy), which are then
@@ -89,29 +65,6 @@ inline constexpr int32_t kMaxSampleCandidates = 16;
 int32_t VocabMergeK(std::span<const SampleRow> rows);
 // Whether `row` alone makes VocabMergeK 0.
 bool NeedsFullLogits(const SampleRow& row);
-
-// What greedy verification of one row's drafts gives: the drafts kept up to the first mismatch
-// with the target's argmax, and the target's token after them (the correction, or the bonus
-// token when every draft is kept). A row without drafts draws `next` exactly as Step does.
-struct GreedyVerifyResult {
-  int32_t num_accepted = 0;  // 0..K
-  SampleResult next;         // logprobs only for draftless rows that ask for them
-                             // (StepSampledVerify: for every row that asks)
-  // StepSampledVerify, rows that ask for logprobs: the accepted drafts with theirs; else empty.
-  std::vector<SampleResult> accepted;
-  // A token tree's row: the accepted drafts (indices into the row's drafts, root side first,
-  // num_accepted of them); empty for chains.
-  std::vector<int32_t> path;
-};
-
-// The distribution a row's drafts were drawn from, for StepSampledVerify: [k, vocab] f32 rows
-// on a GPU (StepDraft's probability slots, on this runner's device or another one), or on the
-// host (a speculator that drafts on the CPU or over the network), or neither: deterministic
-// drafts (n-gram, greedy drafting), whose q is one-hot at each draft.
-struct DraftProbs {
-  const float* device = nullptr;
-  std::span<const float> host;
-};
 
 // Philox counters of device speculation: a draw is keyed by (request seed, number of tokens the
 // request had generated before the drawn position, kind), so a seeded request draws the same
@@ -149,56 +102,68 @@ class ModelRunner {
   // (SequenceInput::ssv) read; zeros where no chunk had one.
   virtual SsvLoadStats ssv_load_stats() const { return {}; }
 
-  // Runs every chunk of `batch` (writing the KV of each new token) and draws one token per
-  // row into (*out)[i] for rows[i]. Logprobs as the CPU Sampler returns them when the row's
-  // params ask for them. Chunks must not ask for all_logits; rows name distinct (chunk, token)
-  // pairs, at most max_sample_rows() of them. InvalidArgument for a malformed batch (nothing is
-  // written then); Internal for a device failure.
-  virtual absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                            std::vector<SampleResult>* out) = 0;
+  // The one pass call: runs `request` (its kind's contract is the comment on its StepKind
+  // value, engine/base/step_kind.h) and writes the outputs of its kind through `result`. Each
+  // runner implements it with one switch over request.kind; a kind it does not run is
+  // Unimplemented (Unsupported below). A new verification kind is a StepKind value and a case
+  // in each runner's switch (a switch without a default: the compiler names the runners that
+  // lack it).
+  virtual absl::Status Run(const StepRequest& request, StepResult* result) = 0;
 
-  // A Step that verifies greedy drafts: rows[i]'s chunk holds the row's last committed token
-  // followed by drafts[i] (exactly drafts[i].size() + 1 tokens; an empty draft is a plain row).
-  // Rows with drafts must be greedy, without penalties, logprobs or banned ids; the total of
-  // drafts[i].size() + 1 is at most max_sample_rows(). The default runs Step over every drafted
-  // position and compares on the host; the CUDA runner keeps the argmax ids on the device and
-  // runs the ballot-scan verify-and-pack kernel, reading back two ints per row.
-  // Token trees (where SupportsTokenTrees()): a row whose chunk has a tree (SequenceInput::tree
-  // starting at the chunk's first slot, parents[0] == -1 the last committed token, parents[1 + j]
-  // draft j's parent + 1; runner_internal::TreeDraftParents) verifies the tree: the drafts kept
-  // are the path from the root that follows the target's choice (Acceptor::VerifyTree), in
-  // GreedyVerifyResult::path.
-  virtual absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
-                                        std::span<const SampleRow> rows,
-                                        std::span<const std::span<const int32_t>> drafts,
-                                        std::vector<GreedyVerifyResult>* out);
+  // The pass calls by name: each builds its StepRequest and calls Run (callers and tests keep
+  // these; runners override Run only).
+  // StepKind::kStep.
+  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                    std::vector<SampleResult>* out) {
+    StepResult result;
+    result.samples = out;
+    return Run(StepRequest::Step(batch, rows), &result);
+  }
+  // StepKind::kGreedyVerify.
+  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
+                                std::span<const SampleRow> rows,
+                                std::span<const std::span<const int32_t>> drafts,
+                                std::vector<GreedyVerifyResult>* out) {
+    StepResult result;
+    result.verified = out;
+    return Run(StepRequest::GreedyVerify(batch, rows, drafts), &result);
+  }
+  // StepKind::kSampledVerify.
+  absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
+                                 std::span<const SampleRow> rows,
+                                 std::span<const std::span<const int32_t>> drafts,
+                                 std::span<const DraftProbs> probs,
+                                 std::vector<GreedyVerifyResult>* out) {
+    StepResult result;
+    result.verified = out;
+    return Run(StepRequest::SampledVerify(batch, rows, drafts, probs), &result);
+  }
+  // StepKind::kDraft.
+  absl::Status StepDraft(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                         std::span<const int32_t> slots, std::vector<SampleResult>* out) {
+    StepResult result;
+    result.samples = out;
+    return Run(StepRequest::Draft(batch, rows, slots), &result);
+  }
+  // StepKind::kForward.
+  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
+    StepResult result;
+    result.logits = logits;
+    return Run(StepRequest::Forward(batch), &result);
+  }
+  // StepKind::kForwardCandidates.
+  absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
+                                 std::vector<int32_t>* ids, std::vector<float>* logprobs) {
+    StepResult result;
+    result.candidate_ids = ids;
+    result.candidate_logprobs = logprobs;
+    return Run(StepRequest::ForwardCandidates(batch, k), &result);
+  }
 
   // --- Speculation whose probabilities stay on the device (the CUDA runner). ---
-  // Whether StepSampledVerify, StepDraft and the probability slots work; false (the CPU runner):
-  // the engine verifies sampled drafts on the host (Forward and the Acceptor, the oracle).
+  // Whether kSampledVerify, kDraft and the probability slots work; false (the CPU runner): the
+  // engine verifies sampled drafts on the host (Forward and the Acceptor, the oracle).
   virtual bool SamplesSpeculationOnDevice() const { return false; }
-
-  // Verification of any drafts, sampled or greedy, in one pass: rows[i]'s chunk holds its last
-  // committed token and drafts[i] (as StepGreedyVerify); probs[i] says what drafts[i] were drawn
-  // from. The target's processed distribution p at every position (bans while min_tokens is not
-  // reached, penalties over the history plus the earlier drafts, temperature, min-p, top-k,
-  // top-p; greedy rows one-hot at the argmax) is built on the device; speculative sampling
-  // accepts draft j when u * q_j(d_j) < p_j(d_j), draws the correction from norm(max(0, p - q))
-  // or the bonus token from p_K (kernels::VerifyStochastic), with uniforms from Philox keyed as
-  // SpeculationDraw says. A draftless row draws its next token from p. The rows' positions fit
-  // max_sample_rows(). Only accepted lengths and next tokens come back, and the raw logits rows
-  // of rows that ask for logprobs (their committed tokens' logprobs are the host's, as Step's).
-  // Unimplemented unless SamplesSpeculationOnDevice().
-  // Token trees (where SupportsTokenTrees(), chunks as StepGreedyVerify's): every node is a
-  // deterministic choice (probs[i] empty: q one-hot), verified by recursive rejection over
-  // siblings (Acceptor::VerifyTree's rule; kernels::VerifyTreeStochastic); p at a node counts
-  // its path's tokens as pending, and its accept tests' uniforms are TreeSpeculationUniform's.
-  // A batch with a tree takes only deterministic drafts (InvalidArgument for a row with q).
-  virtual absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
-                                         std::span<const SampleRow> rows,
-                                         std::span<const std::span<const int32_t>> drafts,
-                                         std::span<const DraftProbs> probs,
-                                         std::vector<GreedyVerifyResult>* out);
 
   // Makes probability slots [0, n) exist: [n, vocab] f32 rows on the device, where StepDraft
   // leaves the distributions it drew from. Growing drops what earlier slots held; slot pointers
@@ -206,13 +171,6 @@ class ModelRunner {
   virtual absl::Status ReserveProbSlots(int32_t n);
   // Device pointer of slot `slot` (rows slot, slot + 1, ... follow it); nullptr when none.
   virtual const float* prob_slot(int32_t slot) const;
-  // A Step for a draft model: rows[i] is drawn from its processed distribution (as
-  // StepSampledVerify builds p; the row's own banned ids and pending tokens apply), which stays
-  // on the device in slot slots[i] (distinct slots). The draw's uniform is
-  // SpeculationUniform(seed, num_generated, kDraft). Only ids come back.
-  virtual absl::Status StepDraft(std::span<const SequenceInput> batch,
-                                 std::span<const SampleRow> rows, std::span<const int32_t> slots,
-                                 std::vector<SampleResult>* out);
 
   // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
   // the verify calls take chunks with a tree, and MoveKv works.
@@ -242,20 +200,17 @@ class ModelRunner {
   // A single-process runner is always OK. Thread-safe (a watchdog sets it; front ends read it).
   virtual absl::Status GroupStatus() const { return absl::OkStatus(); }
 
-  // Runs `batch` like Step (same kernels and graphs) and returns logits instead of drawing:
-  // *logits gets [num_rows, vocab] f32 rows, in chunk order, for the last token of each chunk
-  // (every new token when all_logits). Goldens, tests and tools; copies logits to the host.
-  virtual absl::Status Forward(std::span<const SequenceInput> batch,
-                               std::vector<float>* logits) = 0;
-
-  // Forward's rows ranked where they are (a draft model's token trees on a GPU: k ids and
-  // log-probabilities per node instead of a row of the vocabulary): for each row of Forward, in
-  // order, its k (1..16) largest raw logits' ids, best first (ties to the lower id), appended to
-  // *ids, and their log-softmax over the row to *logprobs. Unimplemented unless
-  // RanksCandidatesOnDevice().
+  // Whether kForwardCandidates works (ranks rows on the device).
   virtual bool RanksCandidatesOnDevice() const { return false; }
-  virtual absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
-                                         std::vector<int32_t>* ids, std::vector<float>* logprobs);
+
+ protected:
+  // kGreedyVerify over kStep: Step over every drafted position (runner_internal::
+  // ExpandVerifyRows), the target's choices compared with the drafts on the host (chains:
+  // AcceptGreedy; trees: kernels::ref::VerifyTreeGreedy). The CPU runner's kGreedyVerify.
+  absl::Status GreedyVerifyByStep(const StepRequest& request, StepResult* result);
+  // Unimplemented naming the call and this runner: a kind the runner does not run (kSampledVerify
+  // and kDraft without device speculation, kForwardCandidates where rows are ranked on the host).
+  absl::Status Unsupported(StepKind kind) const;
 };
 
 // A device string ("cpu", "cuda", "cuda:N", "auto") resolved: auto is the first GPU when the build
@@ -277,14 +232,6 @@ absl::StatusOr<int32_t> ResolveMaxModelLen(const ModelConfig& config, int32_t re
 
 namespace runner_internal {
 
-// StepGreedyVerify's argument checks (InvalidArgument naming the row), and its expansion of
-// `rows` into one Step row per verified position: rows[i] becomes drafts[i].size() + 1 rows
-// (token 0..K of its chunk), or stays one row when it has no drafts.
-// Tests only: when true, StepSampledVerify accepts every draft the target gives any mass to (its
-// tests draw u = 0), so the output follows the draft's distribution: a broken verifier whose
-// output the GPU chi-square test must reject (its negative control).
-inline bool verify_accepts_every_draft_for_test = false;
-
 // StepSampledVerify's argument checks and expansion: rows[i] becomes drafts[i].size() + 1 rows
 // (token j of its chunk, pending = drafts[i][0, j), num_generated + j, banned only while the
 // request is below min_tokens at that position), or stays one row. A tree row's node (the root,
@@ -304,6 +251,9 @@ absl::Status ExpandDraftRows(std::span<const SequenceInput> batch, std::span<con
                              std::span<const std::span<const int32_t>> drafts,
                              std::vector<SampleRow>* expanded);
 
+// StepGreedyVerify's argument checks (InvalidArgument naming the row), and its expansion of
+// `rows` into one Step row per verified position: rows[i] becomes drafts[i].size() + 1 rows
+// (token 0..K of its chunk), or stays one row when it has no drafts.
 absl::Status ExpandVerifyRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
                               std::span<const std::span<const int32_t>> drafts,
                               std::vector<SampleRow>* expanded);

@@ -7,6 +7,14 @@
 #include "absl/container/flat_hash_map.h"
 
 namespace specd {
+namespace acceptance_internal {
+
+// The rule every Acceptor uses. Tests only (declared for them in engine/testing/test_flags.h,
+// not in a production header): engine-level losslessness tests break it to show they can fail;
+// never changed in the server. Not synchronised: set it before starting work.
+Rule acceptor_rule_for_test = Rule::kSpeculativeSampling;
+
+}  // namespace acceptance_internal
 namespace {
 
 using acceptance_internal::Rule;
@@ -275,8 +283,6 @@ AcceptResult Acceptor::VerifyTree(std::span<const float> target_logits,
 }
 
 namespace acceptance_internal {
-
-Rule acceptor_rule_for_test = Rule::kSpeculativeSampling;
 
 AcceptResult AcceptStochasticWithRule(std::span<const int32_t> draft_tokens,
                                       std::span<const float> draft_probs,

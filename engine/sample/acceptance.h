@@ -110,10 +110,6 @@ namespace acceptance_internal {
 // to show that the statistical test of losslessness can fail.
 enum class Rule { kSpeculativeSampling, kDraftOverTargetForTest };
 
-// The rule every Acceptor uses. Tests only (engine-level losslessness tests break it to show
-// they can fail); never changed in the server. Not synchronised: set it before starting work.
-extern Rule acceptor_rule_for_test;
-
 AcceptResult AcceptStochasticWithRule(std::span<const int32_t> draft_tokens,
                                       std::span<const float> draft_probs,
                                       std::span<const float> target_probs, int32_t vocab,

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/testing/test_flags.h"
 #include "gtest/gtest.h"
 
 namespace specd {

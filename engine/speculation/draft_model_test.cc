@@ -474,15 +474,23 @@ class TwoRowRunner : public ModelRunner {
   int32_t block_size() const override { return inner_->block_size(); }
   int32_t max_model_len() const override { return inner_->max_model_len(); }
   int32_t max_sample_rows() const override { return 2; }
-  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                    std::vector<SampleResult>* out) override {
-    ++passes;
-    if (batch.size() > 2) return absl::InvalidArgumentError("more sequences than rows");
-    return inner_->Step(batch, rows, out);
-  }
-  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override {
-    ++passes;
-    return inner_->Forward(batch, logits);
+  absl::Status Run(const StepRequest& request, StepResult* result) override {
+    switch (request.kind) {
+      case StepKind::kStep:
+        ++passes;
+        if (request.batch.size() > 2) return absl::InvalidArgumentError("more sequences than rows");
+        return inner_->Run(request, result);
+      case StepKind::kForward:
+        ++passes;
+        return inner_->Run(request, result);
+      case StepKind::kGreedyVerify:
+        return GreedyVerifyByStep(request, result);
+      case StepKind::kSampledVerify:
+      case StepKind::kDraft:
+      case StepKind::kForwardCandidates:
+        break;
+    }
+    return Unsupported(request.kind);
   }
   int passes = 0;
 

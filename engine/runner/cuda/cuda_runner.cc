@@ -323,8 +323,27 @@ CudaRunner::GraphStats CudaRunner::graph_stats() const {
   return stats;
 }
 
-absl::Status CudaRunner::Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                              std::vector<SampleResult>* out) {
+absl::Status CudaRunner::Run(const StepRequest& request, StepResult* result) {
+  switch (request.kind) {
+    case StepKind::kStep:
+      return DrawRows(request.batch, request.rows, result->samples);
+    case StepKind::kGreedyVerify:
+      return VerifyGreedy(request.batch, request.rows, request.drafts, result->verified);
+    case StepKind::kSampledVerify:
+      return VerifySampled(request, result->verified);
+    case StepKind::kDraft:
+      return DrawDraftRows(request.batch, request.rows, request.slots, result->samples);
+    case StepKind::kForward:
+      return ForwardLogits(request.batch, result->logits);
+    case StepKind::kForwardCandidates:
+      return RankCandidates(request.batch, request.k, result->candidate_ids,
+                            result->candidate_logprobs);
+  }
+  return absl::InvalidArgumentError("Run: unknown step kind");
+}
+
+absl::Status CudaRunner::DrawRows(std::span<const SequenceInput> batch,
+                                  std::span<const SampleRow> rows, std::vector<SampleResult>* out) {
   out->clear();
   if (batch.empty()) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(EnqueueStep(batch, rows, SampleMode::kIds));
@@ -435,7 +454,8 @@ absl::Status CudaRunner::ForwardRows(std::span<const SequenceInput> batch, size_
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) {
+absl::Status CudaRunner::ForwardLogits(std::span<const SequenceInput> batch,
+                                       std::vector<float>* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
   logits->clear();
   if (batch.empty()) return absl::OkStatus();
@@ -454,12 +474,11 @@ absl::Status CudaRunner::Forward(std::span<const SequenceInput> batch, std::vect
 
 bool CudaRunner::RanksCandidatesOnDevice() const { return s_->shard.world_size == 1; }
 
-absl::Status CudaRunner::ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
-                                           std::vector<int32_t>* ids,
-                                           std::vector<float>* logprobs) {
+absl::Status CudaRunner::RankCandidates(std::span<const SequenceInput> batch, int32_t k,
+                                        std::vector<int32_t>* ids, std::vector<float>* logprobs) {
   ids->clear();
   logprobs->clear();
-  if (!RanksCandidatesOnDevice()) return ModelRunner::ForwardCandidates(batch, k, ids, logprobs);
+  if (!RanksCandidatesOnDevice()) return Unsupported(StepKind::kForwardCandidates);
   if (k < 1 || k > kernels::kMaxTopK) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardCandidates: ", k, " a row"));
   }

@@ -45,19 +45,13 @@ class CudaRunner : public ModelRunner {
   // The Vegas kernels' longest run (kernels::kMaxVerifyQueryLen).
   int32_t max_attention_option_tokens() const override;
 
-  absl::Status Step(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                    std::vector<SampleResult>* out) override;
-  // Argmax ids stay on the device; kernels::VerifyGreedyAndPack (fused ballot scan and packing
-  // of the committed tokens) turns them into two ints per row, the only values read back.
-  absl::Status StepGreedyVerify(std::span<const SequenceInput> batch,
-                                std::span<const SampleRow> rows,
-                                std::span<const std::span<const int32_t>> drafts,
-                                std::vector<GreedyVerifyResult>* out) override;
-  absl::Status Forward(std::span<const SequenceInput> batch, std::vector<float>* logits) override;
-  // kernels::TopKRows and kernels::LogSoftmaxAt over the logits buffer (one process).
+  // Every StepKind, one switch: kStep draws on the GPU; kGreedyVerify keeps the argmax ids on the
+  // device and kernels::VerifyGreedyAndPack (fused ballot scan and packing of the committed
+  // tokens) turns them into two ints per row, the only values read back; kForward copies the
+  // logits to the host; kForwardCandidates is kernels::TopKRows and kernels::LogSoftmaxAt over
+  // the logits buffer (one process); kSampledVerify and kDraft are below.
+  absl::Status Run(const StepRequest& request, StepResult* result) override;
   bool RanksCandidatesOnDevice() const override;
-  absl::Status ForwardCandidates(std::span<const SequenceInput> batch, int32_t k,
-                                 std::vector<int32_t>* ids, std::vector<float>* logprobs) override;
   // EAGLE-3: the head of RunnerOptions::eagle3_head runs on this GPU (cuda_eagle3.h) and reads
   // the hidden states on the device; CaptureHiddenStates accepts only its layers, and nothing
   // is kept on the host (captured_hidden_states() is empty).
@@ -65,18 +59,13 @@ class CudaRunner : public ModelRunner {
   Eagle3Compute* eagle3() override;
 
   // Speculation with p and q on this GPU: GpuSampler::EnqueueProbs builds the processed rows in
-  // the logits buffer, kernels::VerifyStochastic accepts and draws (a draft step is the
-  // zero-draft case), kernels::ScatterRows keeps the draft's rows in the probability slots.
+  // the logits buffer; kSampledVerify plans on the host (a VerifyPlan: the ragged layout, the
+  // Philox uniforms, where each q row comes from; cuda_runner_verify.cc), then only enqueues
+  // the copies and kernels::VerifyStochastic; a kDraft step is the zero-draft case, and
+  // kernels::ScatterRows keeps the draft's rows in the probability slots.
   bool SamplesSpeculationOnDevice() const override { return true; }
-  absl::Status StepSampledVerify(std::span<const SequenceInput> batch,
-                                 std::span<const SampleRow> rows,
-                                 std::span<const std::span<const int32_t>> drafts,
-                                 std::span<const DraftProbs> probs,
-                                 std::vector<GreedyVerifyResult>* out) override;
   absl::Status ReserveProbSlots(int32_t n) override;
   const float* prob_slot(int32_t slot) const override;
-  absl::Status StepDraft(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
-                         std::span<const int32_t> slots, std::vector<SampleResult>* out) override;
 
   // Token trees (cuda_runner_trees.cc) at world size 1 on a model without a sliding window:
   // tree chunks run eagerly with the attention's tree masks (kernels::AttentionTreeMask);
@@ -109,6 +98,19 @@ class CudaRunner : public ModelRunner {
     kIdsOnDevice,  // draws, ids stay on the device (greedy verification)
     kProbs,        // processed distributions in the logits buffer, nothing drawn
   };
+  // Run's kinds (cuda_runner.cc: kStep, kForward, kForwardCandidates; cuda_runner_speculation.cc:
+  // kGreedyVerify, kSampledVerify, kDraft).
+  absl::Status DrawRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                        std::vector<SampleResult>* out);
+  absl::Status VerifyGreedy(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                            std::span<const std::span<const int32_t>> drafts,
+                            std::vector<GreedyVerifyResult>* out);
+  absl::Status VerifySampled(const StepRequest& request, std::vector<GreedyVerifyResult>* out);
+  absl::Status DrawDraftRows(std::span<const SequenceInput> batch, std::span<const SampleRow> rows,
+                             std::span<const int32_t> slots, std::vector<SampleResult>* out);
+  absl::Status ForwardLogits(std::span<const SequenceInput> batch, std::vector<float>* logits);
+  absl::Status RankCandidates(std::span<const SequenceInput> batch, int32_t k,
+                              std::vector<int32_t>* ids, std::vector<float>* logprobs);
   // Forward's pass: `take(first, n)` after the LM head wrote rows [first, first + n) of the
   // pass's rows into the logits buffer (rows 0..n-1 there); the caller synchronises.
   absl::Status ForwardRows(std::span<const SequenceInput> batch, size_t* num_rows,

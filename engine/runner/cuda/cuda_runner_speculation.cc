@@ -1,6 +1,7 @@
 // CudaRunner's speculation on the device: greedy verification (argmax ids kept on the GPU and
 // the ballot-scan verify-and-pack kernel), sampled verification (p built on the GPU,
-// kernels::VerifyStochastic), the draft model's sampled steps and their probability slots. The
+// kernels::VerifyStochastic, over a VerifyPlan from cuda_runner_verify.cc), the draft model's
+// sampled steps and their probability slots. The
 // forward passes go through EnqueueStep, so verification and catch-up steps replay round graphs
 // (cuda_runner_graphs.cc). See cuda_runner_state.h.
 #include <cuda_runtime_api.h>
@@ -20,10 +21,12 @@
 
 namespace specd {
 
-absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
-                                          std::span<const SampleRow> rows,
-                                          std::span<const std::span<const int32_t>> drafts,
-                                          std::vector<GreedyVerifyResult>* out) {
+using cuda_runner_internal::VerifyPlan;
+
+absl::Status CudaRunner::VerifyGreedy(std::span<const SequenceInput> batch,
+                                      std::span<const SampleRow> rows,
+                                      std::span<const std::span<const int32_t>> drafts,
+                                      std::vector<GreedyVerifyResult>* out) {
   out->clear();
   if (batch.empty()) return absl::OkStatus();
   std::vector<SampleRow> expanded;
@@ -33,29 +36,24 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
     return s_->Sync("verification step");
   }
   SPECD_RETURN_IF_ERROR(runner_internal::ExpandVerifyRows(batch, rows, drafts, &expanded));
-  std::vector<int32_t> parents;  // token trees: every row's, in layout order
-  SPECD_ASSIGN_OR_RETURN(const bool trees, State::LayoutParents(batch, rows, drafts, &parents));
-  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
   // The ragged layout of kernels::DraftLayout is the expansion's: row i's K_i + 1 ids follow
   // the previous rows' (a draftless row is K_i = 0, its one id the drawn token).
+  VerifyPlan plan;
+  SPECD_RETURN_IF_ERROR(State::PlanVerifyLayout(batch, rows, drafts, &plan));
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kIdsOnDevice));
+  const std::vector<int32_t>& cu = plan.cu;
+  const bool trees = plan.trees;
   const int32_t n = static_cast<int32_t>(rows.size());
-  std::vector<int32_t> cu(n + 1, 0), draft_tokens;
-  int32_t max_draft_len = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    cu[i + 1] = cu[i] + static_cast<int32_t>(drafts[i].size());
-    max_draft_len = std::max(max_draft_len, static_cast<int32_t>(drafts[i].size()));
-    draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
-  }
   cuda::UploadArena& arena = s_->verify_arena;
   arena.Reset();
   const size_t cu_at = arena.Push(cu);
-  const size_t drafts_at = draft_tokens.empty() ? 0 : arena.Push(draft_tokens);
-  const size_t parents_at = trees ? arena.Push(parents) : 0;
+  const size_t drafts_at = plan.draft_tokens.empty() ? 0 : arena.Push(plan.draft_tokens);
+  const size_t parents_at = trees ? arena.Push(plan.parents) : 0;
   SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
   const int32_t max_rows = s_->limits.max_rows;
   int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, then packing
   int32_t* next = accepted + max_rows;
-  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
+  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, plan.max_draft_len};
   if (trees) {  // paths after next: [num_drafts] (<= max_rows)
     SPECD_RETURN_IF_ERROR(cuda::Check(
         kernels::VerifyTreeGreedy(layout, arena.At<int32_t>(drafts_at),
@@ -89,7 +87,7 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
     }
     r.num_accepted = host[i];
     r.next.id = host[max_rows + i];
-    if (trees && !parents.empty() && batch[rows[i].chunk].tree != nullptr) {
+    if (trees && !plan.parents.empty() && batch[rows[i].chunk].tree != nullptr) {
       const int32_t* path = host + 2 * max_rows + cu[i];
       r.path.assign(path, path + r.num_accepted);
     }
@@ -97,165 +95,37 @@ absl::Status CudaRunner::StepGreedyVerify(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::StepSampledVerify(std::span<const SequenceInput> batch,
-                                           std::span<const SampleRow> rows,
-                                           std::span<const std::span<const int32_t>> drafts,
-                                           std::span<const DraftProbs> probs,
-                                           std::vector<GreedyVerifyResult>* out) {
+absl::Status CudaRunner::VerifySampled(const StepRequest& request,
+                                       std::vector<GreedyVerifyResult>* out) {
+  const std::span<const SequenceInput> batch = request.batch;
+  const std::span<const SampleRow> rows = request.rows;
+  const std::span<const std::span<const int32_t>> drafts = request.drafts;
   out->clear();
   if (batch.empty()) return absl::OkStatus();
-  const int64_t vocab = s_->config.vocab_size;
-  std::vector<SampleRow> expanded;
   if (s_->worker) {  // tensor-parallel worker: rank 0's logits rows (probs unused), then stop
+    std::vector<SampleRow> expanded;
     SPECD_RETURN_IF_ERROR(runner_internal::ExpandDraftRows(batch, rows, drafts, &expanded));
     SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
     return s_->Sync("sampled verification step");
   }
-  std::vector<int32_t> path_tokens;
-  SPECD_RETURN_IF_ERROR(runner_internal::ExpandSampledVerifyRows(batch, rows, drafts, probs, vocab,
-                                                                 &expanded, &path_tokens));
-  std::vector<int32_t> parents;  // token trees: every row's, in layout order
-  SPECD_ASSIGN_OR_RETURN(const bool trees, State::LayoutParents(batch, rows, drafts, &parents));
-  if (trees) {
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (!drafts[i].empty() && (probs[i].device != nullptr || !probs[i].host.empty())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("StepSampledVerify: row ", i,
-                         " carries draft probabilities in a step with token trees"));
-      }
-    }
-  }
-  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, expanded, SampleMode::kProbs));
-  // The ragged layout (kernels::DraftLayout) is the expansion's, as in StepGreedyVerify; the
-  // logits buffer now holds p for every expanded row.
-  const int32_t n = static_cast<int32_t>(rows.size());
-  std::vector<int32_t> cu(n + 1, 0), draft_tokens, onehot_rows, onehot_cols;
-  std::vector<float> uniforms;
-  int32_t max_draft_len = 0;
-  bool any_q = false;
-  for (int32_t i = 0; i < n; ++i) {
-    const auto k = static_cast<int32_t>(drafts[i].size());
-    cu[i + 1] = cu[i] + k;
-    max_draft_len = std::max(max_draft_len, k);
-    draft_tokens.insert(draft_tokens.end(), drafts[i].begin(), drafts[i].end());
-    any_q = any_q || (k > 0 && (probs[i].device != nullptr || !probs[i].host.empty()));
-    const bool tree = trees && batch[rows[i].chunk].tree != nullptr;
-    if (tree) {
-      State::TreeTestUniforms(rows[i], std::span<const int32_t>(parents).subspan(cu[i], k),
-                              &uniforms);
-      if (runner_internal::verify_accepts_every_draft_for_test) {
-        std::fill(uniforms.end() - k, uniforms.end(), 0.0f);
-      }
-    }
-    for (int32_t j = 0; j < k && !tree; ++j) {
-      uniforms.push_back(runner_internal::verify_accepts_every_draft_for_test
-                             ? 0.0f
-                             : SpeculationUniform(rows[i].seed, rows[i].num_generated + j,
-                                                  SpeculationDraw::kAcceptTest));
-    }
-    // The next token's draw; its position is known only on the device (num_generated + k_i),
-    // so its uniform is keyed by the round's first position.
-    uniforms.push_back(
-        SpeculationUniform(rows[i].seed, rows[i].num_generated, SpeculationDraw::kNextToken));
-  }
-  const int64_t num_drafts = cu[n];
-  // q rows in layout order: copied from wherever the speculator left them; deterministic drafts
-  // in a batch that also has sampled ones get one-hot rows.
-  float* q = nullptr;
-  if (any_q) {
-    const size_t q_bytes = static_cast<size_t>(num_drafts) * vocab * sizeof(float);
-    if (s_->verify_q.bytes() < q_bytes) {
-      s_->verify_q = cuda::DeviceMemory();
-      SPECD_ASSIGN_OR_RETURN(s_->verify_q,
-                             cuda::DeviceMemory::Allocate(q_bytes, "draft probabilities"));
-    }
-    q = s_->verify_q.as<float>();
-    // One copy per run of rows whose sources are adjacent too (a draft model's slots follow its
-    // inputs, which follow the batch).
-    const char* run_src = nullptr;
-    char* run_dst = nullptr;
-    size_t run_bytes = 0;
-    auto flush = [&]() {
-      if (run_bytes == 0) return absl::OkStatus();
-      const size_t bytes = std::exchange(run_bytes, 0);
-      return cuda::Check(cudaMemcpyAsync(run_dst, run_src, bytes, cudaMemcpyDefault, s_->stream),
-                         "copy of q rows");
-    };
-    for (int32_t i = 0; i < n; ++i) {
-      const size_t k = drafts[i].size();
-      if (k == 0) continue;
-      float* dst = q + static_cast<size_t>(cu[i]) * vocab;
-      const size_t bytes = k * vocab * sizeof(float);
-      if (probs[i].device != nullptr || !probs[i].host.empty()) {
-        const auto* src = probs[i].device != nullptr
-                              ? reinterpret_cast<const char*>(probs[i].device)
-                              : reinterpret_cast<const char*>(probs[i].host.data());
-        if (probs[i].device != nullptr) s_->EnablePeerAccessTo(probs[i].device);
-        if (run_bytes > 0 && run_src + run_bytes == src &&
-            run_dst + run_bytes == reinterpret_cast<char*>(dst)) {
-          run_bytes += bytes;
-          continue;
-        }
-        SPECD_RETURN_IF_ERROR(flush());
-        run_src = src;
-        run_dst = reinterpret_cast<char*>(dst);
-        run_bytes = bytes;
-        continue;
-      }
-      SPECD_RETURN_IF_ERROR(
-          cuda::Check(cudaMemsetAsync(dst, 0, bytes, s_->stream), "one-hot q rows"));
-      for (size_t j = 0; j < k; ++j) {
-        onehot_rows.push_back(cu[i] + static_cast<int32_t>(j));
-        onehot_cols.push_back(drafts[i][j]);
-      }
-    }
-    SPECD_RETURN_IF_ERROR(flush());
-  }
-  cuda::UploadArena& arena = s_->verify_arena;
-  arena.Reset();
-  const size_t cu_at = arena.Push(cu);
-  const size_t drafts_at = arena.Push(draft_tokens);  // an empty push still names the arena
-  const size_t uniforms_at = arena.Push(uniforms);
-  const size_t onehot_at = onehot_rows.empty() ? 0 : arena.Push(onehot_rows);
-  const size_t onehot_cols_at = onehot_rows.empty() ? 0 : arena.Push(onehot_cols);
-  const size_t parents_at = trees ? arena.Push(parents) : 0;
-  SPECD_RETURN_IF_ERROR(arena.Upload(s_->stream));
-  if (!onehot_rows.empty()) {
-    SPECD_RETURN_IF_ERROR(
-        cuda::Check(kernels::ScatterF32(q, vocab, arena.At<int32_t>(onehot_at),
-                                        arena.At<int32_t>(onehot_cols_at),
-                                        static_cast<int64_t>(onehot_rows.size()), 1.0f, s_->stream),
-                    "ScatterF32 (one-hot q rows)"));
-  }
-  const int32_t max_rows = s_->limits.max_rows;
-  int32_t* accepted = s_->verify_out.as<int32_t>();  // [n] accepted, [n] next, tree paths
-  int32_t* next = accepted + max_rows;
-  const kernels::DraftLayout layout{arena.At<int32_t>(cu_at), n, max_draft_len};
-  if (trees) {
-    SPECD_RETURN_IF_ERROR(cuda::Check(
-        kernels::VerifyTreeStochastic(layout, arena.At<int32_t>(drafts_at),
-                                      arena.At<int32_t>(parents_at), s_->forward->logits(), vocab,
-                                      arena.At<float>(uniforms_at), accepted, next, next + max_rows,
-                                      s_->stream),
-        "VerifyTreeStochastic"));
-  } else {
-    SPECD_RETURN_IF_ERROR(cuda::Check(
-        kernels::VerifyStochastic(layout, arena.At<int32_t>(drafts_at), q, s_->forward->logits(),
-                                  vocab, arena.At<float>(uniforms_at), accepted, next, s_->stream),
-        "VerifyStochastic"));
-  }
-  int32_t* host = s_->verify_host.as<int32_t>();
-  const size_t results = size_t{2} * max_rows + (trees ? static_cast<size_t>(cu[n]) : 0);
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host, accepted, results * sizeof(int32_t),
-                                                    cudaMemcpyDeviceToHost, s_->stream),
-                                    "copy of verification results"));
+  // Planned on the host (every check made before anything is queued), then the forward leaves
+  // p for every expanded row in the logits buffer and the plan is enqueued behind it.
+  VerifyPlan plan;
+  SPECD_RETURN_IF_ERROR(
+      State::PlanSampledVerify(batch, rows, drafts, request.probs, s_->config.vocab_size, &plan));
+  SPECD_RETURN_IF_ERROR(EnqueueStep(batch, plan.expanded, SampleMode::kProbs));
+  SPECD_RETURN_IF_ERROR(s_->EnqueueSampledVerify(plan));
   SPECD_RETURN_IF_ERROR(s_->SyncStep("sampled verification step"));
+  const int32_t* host = s_->verify_host.as<int32_t>();
+  const int32_t max_rows = s_->limits.max_rows;
+  const std::vector<int32_t>& cu = plan.cu;
+  const int32_t n = static_cast<int32_t>(rows.size());
   out->resize(rows.size());
   for (int32_t i = 0; i < n; ++i) {
     GreedyVerifyResult& r = (*out)[i];
     r.num_accepted = host[i];
     r.next.id = host[max_rows + i];
-    const bool tree = trees && batch[rows[i].chunk].tree != nullptr;
+    const bool tree = plan.trees && batch[rows[i].chunk].tree != nullptr;
     if (r.next.id < 0 || r.num_accepted < 0 || r.num_accepted > cu[i + 1] - cu[i]) {
       return absl::InternalError(absl::StrCat("sampled verification: row ", i, " accepted ",
                                               r.num_accepted, " drafts and drew token ", r.next.id,
@@ -361,9 +231,10 @@ absl::Status CudaRunner::State::DrawProbRows(std::span<const SampleRow> rows,
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::StepDraft(std::span<const SequenceInput> batch,
-                                   std::span<const SampleRow> rows, std::span<const int32_t> slots,
-                                   std::vector<SampleResult>* out) {
+absl::Status CudaRunner::DrawDraftRows(std::span<const SequenceInput> batch,
+                                       std::span<const SampleRow> rows,
+                                       std::span<const int32_t> slots,
+                                       std::vector<SampleResult>* out) {
   out->clear();
   if (batch.empty()) return absl::OkStatus();
   if (slots.size() != rows.size()) {

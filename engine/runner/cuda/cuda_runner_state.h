@@ -1,8 +1,9 @@
 // The CUDA runner's private state, shared by its source files: cuda_runner.cc (creation,
 // buffers, plain steps), cuda_runner_graphs.cc (step inputs, CUDA-graph capture and replay),
 // cuda_runner_speculation.cc (verification, draft steps, probability slots),
-// cuda_runner_trees.cc (token trees) and cuda_runner_vegas.cc (Vegas attention options). Not part
-// of the runner's API: only those files include it. Engine thread only (as CudaRunner).
+// cuda_runner_verify.cc (verification plans), cuda_runner_trees.cc (token trees) and
+// cuda_runner_vegas.cc (Vegas attention options). Not part of the runner's API: only those files
+// include it. Engine thread only (as CudaRunner).
 #pragma once
 
 #include <driver_types.h>
@@ -81,6 +82,42 @@ struct Launch {
   const int32_t* logit_rows = nullptr;  // device; graphs: [key.rows], eager: [num_rows]
 };
 
+// A verification step planned on the host before anything is queued (State::PlanVerifyLayout,
+// State::PlanSampledVerify; cuda_runner_verify.cc): everything the verify kernels read that
+// the host decides, so that enqueueing it (State::EnqueueSampledVerify) only uploads and
+// launches. Spans of `expanded` point into `path_tokens`: a plan is filled in place, not copied.
+struct VerifyPlan {
+  // The ragged layout (kernels::DraftLayout) of the call's rows: row i's drafts are
+  // draft_tokens[cu[i], cu[i + 1]), and its K_i + 1 positions follow the earlier rows' in the
+  // expansion and in the logits buffer (a draftless row is K_i = 0: its one position).
+  std::vector<int32_t> cu;            // [num_rows + 1]
+  std::vector<int32_t> draft_tokens;  // [cu[num_rows]]
+  int32_t max_draft_len = 0;
+  bool trees = false;            // some row's chunk holds a token tree
+  std::vector<int32_t> parents;  // trees: [cu[num_rows]] each draft's parent (-1: the root)
+  // kSampledVerify: the positions' rows for the forward and the processed p
+  // (runner_internal::ExpandSampledVerifyRows; a tree node's pending tokens in path_tokens).
+  std::vector<SampleRow> expanded;
+  std::vector<int32_t> path_tokens;
+  // The Philox draws, keyed as SpeculationDraw says: each row's accept tests (chains:
+  // kAcceptTest at num_generated + j; trees: TreeSpeculationUniform), then its next-token draw
+  // (kNextToken at the round's first position).
+  std::vector<float> uniforms;  // [cu[num_rows] + num_rows]
+  // Where each draft's q row comes from, in layout order: copied from the speculator's rows (a
+  // device, this one or a peer, or the host; adjacent rows coalesced into one copy) or, for the
+  // deterministic drafts of a batch that also has sampled ones, zeroed and set one-hot. No q at
+  // all (every draft deterministic): the kernels read q as one-hot at each draft.
+  struct QRows {
+    const char* src = nullptr;  // the source's first byte; null: zero the rows
+    size_t dst = 0;             // byte offset in the q buffer
+    size_t bytes = 0;
+  };
+  bool any_q = false;
+  std::vector<QRows> q_rows;
+  std::vector<const float*> q_device_sources;     // each device-resident row set's pointer (peers)
+  std::vector<int32_t> onehot_rows, onehot_cols;  // the one-hot entries of the zeroed rows
+};
+
 // Decode batch sizes that get a graph: 1, 2, 4, 8, 16, 24, 32, then coarser steps, up to `cap`
 // (always included). A batch runs in the smallest bucket that holds it, padded.
 std::vector<int32_t> DecodeBuckets(int32_t cap);
@@ -132,6 +169,24 @@ struct CudaRunner::State {
                                             std::span<const SampleRow> rows,
                                             std::span<const std::span<const int32_t>> drafts,
                                             std::vector<int32_t>* parents);
+  // cuda_runner_verify.cc: the verify calls' plans. PlanVerifyLayout: cu, draft_tokens,
+  // max_draft_len, trees and parents of a verify call's rows (already expanded: their chunks
+  // checked). PlanSampledVerify: kSampledVerify's argument checks and expansion, its layout,
+  // uniforms and q sources (InvalidArgument naming the row, before anything is queued).
+  static absl::Status PlanVerifyLayout(std::span<const SequenceInput> batch,
+                                       std::span<const SampleRow> rows,
+                                       std::span<const std::span<const int32_t>> drafts,
+                                       cuda_runner_internal::VerifyPlan* plan);
+  static absl::Status PlanSampledVerify(std::span<const SequenceInput> batch,
+                                        std::span<const SampleRow> rows,
+                                        std::span<const std::span<const int32_t>> drafts,
+                                        std::span<const DraftProbs> probs, int64_t vocab,
+                                        cuda_runner_internal::VerifyPlan* plan);
+  // After the forward left p in the logits buffer: the q rows gathered (verify_q grown when
+  // needed), the plan's small arrays uploaded in one copy, the one-hot scatter, the verify
+  // kernel (VerifyStochastic, or VerifyTreeStochastic with trees) and the copy of its results
+  // to verify_host ([max_rows] accepted, [max_rows] next, tree paths). The caller synchronises.
+  absl::Status EnqueueSampledVerify(const cuda_runner_internal::VerifyPlan& plan);
   // The accept tests' uniforms of one tree row's drafts (`parents`: its drafts' parents),
   // appended: TreeSpeculationUniform at the position of each draft's depth and its rank among
   // its siblings.
@@ -204,7 +259,7 @@ struct CudaRunner::State {
   int64_t decode_graph_bytes = 0;  // the same for the decode graphs captured at load
   bool round_graphs_full = false;  // budget spent or capture out of memory: new shapes run eager
   GraphStats stats;                // replay counters (graph_stats())
-  // Greedy verification (StepGreedyVerify): uploads, results on the device and read back.
+  // Verification (kGreedyVerify, kSampledVerify): uploads, results on the device and read back.
   cuda::UploadArena verify_arena;
   cuda::DeviceMemory verify_out;   // [4 * max_rows + 1] int32, see StepGreedyVerify
   cuda::PinnedMemory verify_host;  // [3 * max_rows] int32: accepted, next, tree paths
