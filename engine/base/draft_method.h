@@ -14,17 +14,17 @@
 namespace specd {
 
 enum class DraftMethod : int8_t {
-  kNone = 0,         // no drafts: one token per step (K 0)
-  kPlain = kNone,    // the policy's name for it
-  kDraftModel = 1,   // a smaller model drafts K tokens (stateful: its own KV)
-  kNgram = 2,        // prompt lookup (stateless, drafting costs ~nothing)
-  kSsd = 3,          // speculative speculative decoding: a speculator process (stateful)
-  kVegas = 4,        // self-speculation with sparse attention chosen by verification scores
-  kStreaming = 5,    // self-speculation with a streaming (sink + window) attention
-  kSsv = 6,          // sparse verification of NSA models (how an NSA target verifies; no drafter)
-  kEagle3 = 7,       // an EAGLE-3 head drafts K tokens from the target's own hidden states
-  kAuto = 8,         // a request's choice: the strategy policy picks a method and K per step
-  kDefault = 9,      // a request that said nothing: the server's default applies
+  kNone = 0,        // no drafts: one token per step (K 0)
+  kPlain = kNone,   // the policy's name for it
+  kDraftModel = 1,  // a smaller model drafts K tokens (stateful: its own KV)
+  kNgram = 2,       // prompt lookup (stateless, drafting costs ~nothing)
+  kSsd = 3,         // speculative speculative decoding: a speculator process (stateful)
+  kVegas = 4,       // self-speculation with sparse attention chosen by verification scores
+  kStreaming = 5,   // self-speculation with a streaming (sink + window) attention
+  kSsv = 6,         // sparse verification of NSA models (how an NSA target verifies; no drafter)
+  kEagle3 = 7,      // an EAGLE-3 head drafts K tokens from the target's own hidden states
+  kAuto = 8,        // a request's choice: the strategy policy picks a method and K per step
+  kDefault = 9,     // a request that said nothing: the server's default applies
 };
 
 // Strategies a row can run in one step: kNone .. kEagle3.

@@ -343,8 +343,7 @@ void AutoStrategy::Report(std::span<LiveRequest* const> row_requests,
   }
 }
 
-void AutoStrategy::FinishStep(int64_t committed, absl::Time step_start,
-                              EngineObserver* observer) {
+void AutoStrategy::FinishStep(int64_t committed, absl::Time step_start, EngineObserver* observer) {
   if (!decided_) return;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   policy_->NoteStepSeconds(seconds, decode_only_);

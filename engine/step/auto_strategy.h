@@ -85,9 +85,9 @@ class AutoStrategy {
   bool decided_ = false;
   bool switched_ = false;
   bool searched_ = false;
-  bool decode_only_ = false;     // no prefill chunk in the step (the profile models it all)
-  double seconds_ = 0;           // Choose's time this step
-  std::vector<uint64_t> ids_;    // the requests of the last decision, in its order
+  bool decode_only_ = false;   // no prefill chunk in the step (the profile models it all)
+  double seconds_ = 0;         // Choose's time this step
+  std::vector<uint64_t> ids_;  // the requests of the last decision, in its order
   double tokens_per_second_ = 0;
   std::vector<int32_t> row_method_;  // [num_rows] DraftMethod, or -1
 };

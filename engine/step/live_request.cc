@@ -68,8 +68,7 @@ LiveRequest::Committed LiveRequest::Commit(SampleResult sampled, absl::Time now,
   bool stopped = (!p.ignore_eos && Contains(*limits.eos_ids, sampled.id)) ||
                  Contains(p.stop_token_ids, sampled.id);
   if (detok) stopped |= stop.Append(detok->Push(sampled.id));
-  const bool length =
-      num_generated + 1 >= p.max_tokens || seq.num_tokens() >= limits.max_model_len;
+  const bool length = num_generated + 1 >= p.max_tokens || seq.num_tokens() >= limits.max_model_len;
   out.finished = stopped || length;
   if (out.finished && detok && !stop.stopped()) stopped |= stop.Append(detok->Flush());
   out.text = stop.TakeStreamable(out.finished);
@@ -83,8 +82,7 @@ LiveRequest::Committed LiveRequest::Commit(SampleResult sampled, absl::Time now,
 }
 
 void LiveRequest::Emit(const TokenCallback* on_token, std::vector<GeneratedToken> new_tokens,
-                       std::string text, bool finished, FinishReason reason,
-                       absl::Status status) {
+                       std::string text, bool finished, FinishReason reason, absl::Status status) {
   if (sink != nullptr) {  // offline
     for (GeneratedToken& t : new_tokens) {
       if (on_token != nullptr && *on_token) (*on_token)(index, t, text);

@@ -176,8 +176,8 @@ const SsdStats* SpeculatorSet::ssd_stats() const {
 absl::StatusOr<ResolvedSpeculation> SpeculatorSet::Resolve(const SpeculationParams& request,
                                                            const SpeculativeConfig& server,
                                                            bool target_is_nsa) const {
-  return ResolveSpeculation(request, server, draft_ != nullptr, ssd_ != nullptr,
-                            vegas_ != nullptr, target_is_nsa);
+  return ResolveSpeculation(request, server, draft_ != nullptr, ssd_ != nullptr, vegas_ != nullptr,
+                            target_is_nsa);
 }
 
 void SpeculatorSet::Release(uint64_t id, uint32_t used) const {

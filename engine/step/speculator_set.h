@@ -44,8 +44,9 @@ class SpeculatorSet {
   // The speculators `options.speculative` asks for, beside `target` (whose runner options
   // `target_runner` a local draft model inherits); SSD's comes later (set_ssd). InvalidArgument
   // for a configuration this target cannot run; the draft model's or head's load errors.
-  static absl::StatusOr<std::unique_ptr<SpeculatorSet>> Create(
-      const SpeculatorSetOptions& options, ModelRunner* target, const RunnerOptions& target_runner);
+  static absl::StatusOr<std::unique_ptr<SpeculatorSet>> Create(const SpeculatorSetOptions& options,
+                                                               ModelRunner* target,
+                                                               const RunnerOptions& target_runner);
   ~SpeculatorSet();
 
   // Method ssd: the speculator process's client (Engine::CreateSsd).
@@ -58,7 +59,7 @@ class SpeculatorSet {
   Eagle3Speculator* eagle3() const { return eagle3_.get(); }
   SsdSpeculator* ssd() const { return ssd_.get(); }
   bool has_sparse_drafting() const { return vegas_ != nullptr; }  // vegas and streaming
-  const SsdStats* ssd_stats() const;  // null without SSD
+  const SsdStats* ssd_stats() const;                              // null without SSD
   // The target verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree request
   // drafts a chain of its tree's depth.
   bool trees_ok() const { return trees_ok_; }
@@ -79,7 +80,7 @@ class SpeculatorSet {
   absl::Status CreateEagle3(const SpeculativeConfig& spec, ModelRunner* target,
                             std::shared_ptr<const DraftReplay> replay);
 
-  std::unique_ptr<Speculator> ngram_;  // always there (free to run)
+  std::unique_ptr<Speculator> ngram_;            // always there (free to run)
   std::unique_ptr<DraftModelSpeculator> draft_;  // when the config names a draft model
   std::unique_ptr<SsdSpeculator> ssd_;           // method ssd: the speculator process's client
   // Methods vegas and streaming: the target drafts for itself (one rank only).

@@ -51,15 +51,15 @@ struct StepPipelineOptions {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 2048;
   int32_t max_model_len = 0;
-  std::vector<int32_t> eos_ids;      // the model's (generation config and tokenizer)
+  std::vector<int32_t> eos_ids;        // the model's (generation config and tokenizer)
   EngineObserver* observer = nullptr;  // metrics sink; may be null
 };
 
 class StepPipeline {
  public:
   // `runner`, `speculators`, `strategy` and `tokenizer` (may be null) outlive the pipeline.
-  StepPipeline(const StepPipelineOptions& options, ModelRunner* runner,
-               SpeculatorSet* speculators, AutoStrategy* strategy, const Tokenizer* tokenizer);
+  StepPipeline(const StepPipelineOptions& options, ModelRunner* runner, SpeculatorSet* speculators,
+               AutoStrategy* strategy, const Tokenizer* tokenizer);
   ~StepPipeline();
 
   // One step: Prepare -> Speculate -> Verify -> Apply. False when there was nothing to run.
@@ -78,9 +78,7 @@ class StepPipeline {
   // Finishes every live request (in id order) with kAbort and `status`.
   void FinishAll(const absl::Status& status);
   void SetPaused(RequestId id, bool paused);
-  const absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>>& live() const {
-    return live_;
-  }
+  const absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>>& live() const { return live_; }
   bool empty() const { return live_.empty(); }
   // Offline GenerateBatch's token callback (null: none).
   void set_on_token(const TokenCallback* on_token) { on_token_ = on_token; }
