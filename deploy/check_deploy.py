@@ -67,9 +67,10 @@ def pod_templates(obj):
 
 
 def serve_flags():
-    # serve_options.cc registers its flags; flags.cc the tensor-parallel ones it shares.
+    # serve_options.cc registers its flags; option_flags.cc those of the option structs it shares
+    # (device, scheduler, tensor parallelism).
     text = ""
-    for name in ("serve_options.cc", "flags.cc"):
+    for name in ("serve_options.cc", "flags.cc", "option_flags.cc"):
         with open(os.path.join(SOURCE, "server", name), encoding="utf-8") as f:
             text += f.read()
     return set(re.findall(r'p\.Add\("([a-z0-9-]+)"', text)) | {"help"}
