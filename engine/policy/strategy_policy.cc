@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 
 // The step-time model. One engine step runs every speculator's Speculate stage one after the
-// other, then one target pass over the whole batch (engine/engine_step.cc):
+// other, then one target pass over the whole batch (engine/step/step_pipeline.h):
 //   step_ms = sum over methods m with rows:   DraftMs(m, n_m, max K of m's rows, mean context of m)
 //           + sum over stateful drafters d:   DraftMs(d, rows keeping d in sync, 1, their context)
 //           + sum over rows r running a stateful drafter d that must catch up first:

@@ -15,7 +15,7 @@ struct SpeculativeOptions {
   SpeculativeConfig speculative;
   // `auto` speculation's cost profile: the JSON specd_profile writes (engine/policy/
   // cost_profile.h). "": the default profile of the runner in use (DefaultCostProfile in
-  // engine_policy.cc). A file that does not load fails Engine::Create.
+  // engine/step/auto_strategy.cc). A file that does not load fails Engine::Create.
   std::string cost_profile;
 };
 
