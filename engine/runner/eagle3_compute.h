@@ -109,6 +109,19 @@ class Eagle3Compute {
   virtual absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
                                   std::vector<int32_t>* ids);
 
+  // A greedy round at once: `rows` a Forward's catch-up (each sequence's rows consecutive at
+  // consecutive positions, only its last row with logits), then `steps` (>= 1) DraftChain steps
+  // from those logits rows (the chain row of sequence i at its last row's position + 1, its
+  // hidden input that row's prenorm). *ids: [steps + 1, sequences] target ids, the catch-up's
+  // argmax first; afterwards the last step is "the previous Forward". *ran false (nothing run,
+  // *ids untouched): the caller runs Forward and DraftChain instead; the default, and the CUDA
+  // head where the round does not fit its captured graphs (enforce_eager, long catch-ups).
+  virtual absl::Status DraftRound(std::span<const Row> /*rows*/, int32_t /*steps*/,
+                                  std::vector<int32_t>* /*ids*/, bool* ran) {
+    *ran = false;
+    return absl::OkStatus();
+  }
+
   // Sampled drafts whose distributions stay on the device (the CUDA head): DrawRows draws
   // logits rows logits_rows[i] of the last Forward as ModelRunner::StepDraft draws a row
   // (rows[i]'s processed distribution over the target vocabulary, zero outside the draft

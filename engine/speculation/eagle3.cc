@@ -250,8 +250,8 @@ absl::Status Eagle3Speculator::Propose(std::span<const DraftInput> inputs,
     active_.push_back(a);
   }
   PlanDeviceDraws(inputs);
-  absl::Status status = absl::OkStatus();
-  while (!rows_.empty()) {  // the catch-up runs even when no sequence drafts (it fills caches)
+  absl::Status status = RunRound(inputs, drafts);
+  while (status.ok() && !rows_.empty()) {  // the catch-up runs even when no sequence drafts
     // Logits rows come back in row order: each active sequence's (a chain's one, a tree level's
     // nodes) in turn.
     host_flags_.clear();
@@ -423,6 +423,41 @@ absl::Status Eagle3Speculator::DrawOnDevice(std::span<const DraftInput> inputs,
   SPECD_RETURN_IF_ERROR(
       compute_->DrawRows(draw_logits_rows_, draw_rows_, draw_slots_, &ids_drawn_));
   for (size_t i = 0; i < ids_drawn_.size(); ++i) drawn_[draw_logits_rows_[i]] = ids_drawn_[i];
+  return absl::OkStatus();
+}
+
+absl::Status Eagle3Speculator::RunRound(std::span<const DraftInput> inputs,
+                                        std::vector<Draft>* drafts) {
+  if (active_.empty() || rows_.empty() || !rows_.back().logits) return absl::OkStatus();
+  int32_t wanted = INT32_MAX;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    // Only greedy chains whose every draft is the head's argmax.
+    if (a.tree >= 0 || slot_base_[a.input] >= 0 || DrawsOnHost(in, 0)) return absl::OkStatus();
+    wanted = std::min(wanted, a.num_wanted);
+  }
+  // Every sequence of the catch-up drafts (one logits row each); the compute checks the rest.
+  size_t logits_rows = 0;
+  for (const Eagle3Compute::Row& r : rows_) logits_rows += r.logits ? 1 : 0;
+  if (logits_rows != active_.size() || wanted < 2) return absl::OkStatus();
+  bool ran = false;
+  SPECD_RETURN_IF_ERROR(compute_->DraftRound(rows_, wanted - 1, &ids_, &ran));
+  if (!ran) return absl::OkStatus();
+  const size_t n = active_.size();
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Active a = active_[i];
+    const DraftInput& in = inputs[a.input];
+    for (int32_t s = 0; s < wanted; ++s) {
+      DrawDraft(in, *a.state, ids_[s * n + i], {}, (*drafts)[a.input]);
+    }
+    a.num_wanted -= wanted;
+    a.next_position += wanted - 1;                 // the chain's rows after the catch-up's
+    a.prenorm_row = -static_cast<int32_t>(i) - 1;  // its row of the last step
+    if (a.num_wanted > 0) active_[kept++] = a;
+  }
+  active_.resize(kept);
+  PlanNextRows(inputs, *drafts);
   return absl::OkStatus();
 }
 

@@ -138,6 +138,10 @@ class Eagle3Speculator : public Speculator {
   void PlanDeviceDraws(std::span<const DraftInput> inputs);
   // After a pass: the device draws of its chain rows that need more than the argmax (drawn_).
   absl::Status DrawOnDevice(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // Before the first pass: where every sequence of the catch-up is a chain drafting the head's
+  // argmax, the catch-up and the drafts all of them want (the fewest) in one
+  // Eagle3Compute::DraftRound (one captured graph on the CUDA head); the rest as below.
+  absl::Status RunRound(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
   // After a pass: where every active sequence is a chain drafting the head's argmax, the drafts
   // all of them still want (the fewest) in one Eagle3Compute::DraftChain.
   absl::Status RunChains(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);

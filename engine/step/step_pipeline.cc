@@ -77,7 +77,7 @@ void StepPipeline::Finish(LiveRequest& r, FinishReason reason, absl::Status stat
   scheduler_.Finish(&r.seq);
   // Every speculator that drafted for it (`auto` may have used several) drops its state.
   speculators_->Release(r.id, r.used_speculators);
-  if (r.used_policy && strategy_ != nullptr) strategy_->Forget(r.id);
+  if (r.used_policy) strategy_->Forget(r.id);
   if (options_.observer != nullptr) {
     options_.observer->OnRequestFinished(r.FinishMetrics(reason, status, now));
   }
@@ -136,9 +136,7 @@ absl::StatusOr<bool> StepPipeline::Run(const std::function<void()>& on_scheduled
   // reacting to its first token sees the waiting count without it.
   if (on_scheduled) on_scheduled();
   PlanSampling(plan);
-  if (strategy_ != nullptr) {
-    strategy_->Choose(plan, rows_, row_requests_, scheduler_.num_waiting());
-  }
+  strategy_->Choose(plan, rows_, row_requests_, scheduler_.num_waiting());
   // Speculate.
   Speculate(plan);
   // Verify.

@@ -123,7 +123,7 @@ class StepPipeline {
   StepPipelineOptions options_;
   ModelRunner* runner_;
   SpeculatorSet* speculators_;
-  AutoStrategy* strategy_;
+  AutoStrategy* strategy_;  // never null
   const Tokenizer* tokenizer_;
   // The Verify stage's implementations in the order they are tried: greedy on the runner,
   // sampled on the device, exact on the host (takes anything).

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/float16.h"
+#include "engine/base/log.h"
 #include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/model/token_tree.h"
@@ -48,6 +49,13 @@ CudaEagle3Compute::~CudaEagle3Compute() {
   if (options_.stream != nullptr) cudaStreamSynchronize(options_.stream);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : chain_graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : round_graphs_) cudaGraphExecDestroy(exec);
+  if (rounds_in_graph_ + chains_in_graph_ > 0) {
+    SPECD_LOG_INFO(
+        "EAGLE-3 head: {} greedy rounds in one graph, {} chained graphs after an eager "
+        "catch-up",
+        rounds_in_graph_, chains_in_graph_);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> CudaEagle3Compute::Create(
@@ -209,6 +217,11 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(graph_in_, static_cast<int64_t>(in_bytes), "EAGLE-3 graph inputs"));
   SPECD_ASSIGN_OR_RETURN(graph_in_host_,
                          cuda::PinnedMemory::Allocate(in_bytes, "EAGLE-3 graph inputs"));
+  const size_t round_bytes = RoundLayout(max_rows_, seqs).bytes;
+  SPECD_RETURN_IF_ERROR(
+      alloc(round_in_, static_cast<int64_t>(round_bytes), "EAGLE-3 round graph inputs"));
+  SPECD_ASSIGN_OR_RETURN(round_in_host_,
+                         cuda::PinnedMemory::Allocate(round_bytes, "EAGLE-3 round graph inputs"));
   const int64_t chain_ids = int64_t{kMaxChainSteps} * seqs;
   SPECD_RETURN_IF_ERROR(alloc(chain_ids_, chain_ids * 4, "EAGLE-3 chain ids"));
   SPECD_ASSIGN_OR_RETURN(chain_ids_host_, cuda::PinnedMemory::Allocate(

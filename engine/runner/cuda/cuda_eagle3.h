@@ -108,6 +108,12 @@ class CudaEagle3Compute : public Eagle3Compute {
   bool ChainsOnDevice() const override { return true; }
   absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
                           std::vector<int32_t>* ids) override;
+  // A greedy round in one captured graph: the catch-up (each sequence's rows front-padded to a
+  // power of two of at most kMaxRoundRows, by copies of its first row that write no KV), its
+  // argmax, then the chained steps. Runs when every sequence has at least that many positions
+  // before its catch-up.
+  absl::Status DraftRound(std::span<const Row> rows, int32_t steps, std::vector<int32_t>* ids,
+                          bool* ran) override;
   // Sampled drafts: kernels::ExpandColumns writes the rows over the target vocabulary into
   // Options::draws, which draws them.
   bool DrawsOnDevice() const override { return options_.draws != nullptr; }
@@ -139,11 +145,20 @@ class CudaEagle3Compute : public Eagle3Compute {
   };
   // Most steps one chained graph runs (DraftChain runs longer chains a Forward per step).
   static constexpr int32_t kMaxChainSteps = 32;
+  // Most catch-up rows per sequence a round graph runs (the verification attention's longest
+  // query run, kernels::kMaxVerifyQueryLen).
+  static constexpr int32_t kMaxRoundRows = 16;
   // Byte offsets of a graph's inputs (cuda_eagle3_graphs.cc) for `steps` steps of `seqs` rows.
   struct GraphLayout {
     GraphLayout(int64_t seqs, int32_t steps);
     int64_t seqs;
     size_t tokens, positions, hidden, seq_lens, rows, cu, slots, bytes;
+  };
+  // Byte offsets of a round graph's catch-up inputs (round_in_) for up to `rows` rows of up to
+  // `seqs` sequences.
+  struct RoundLayout {
+    RoundLayout(int64_t rows, int64_t seqs);
+    size_t tokens, positions, hidden, seq_lens, cu, logits_rows, slots, bytes;
   };
   explicit CudaEagle3Compute(const Options& options) : options_(options) {}
   // The kernels of one piece: embedding through the LM head of its rows that draw.
@@ -153,12 +168,15 @@ class CudaEagle3Compute : public Eagle3Compute {
   absl::Status RunStepGraph(std::span<const Row> rows, bool* ran);
   absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
   // Checks `rows` (one per sequence, chain rows that draw, `steps` positions each within their
-  // block tables) and queues the upload of a graph's inputs for them, padded to `bucket`.
+  // block tables) and queues the upload of a graph's inputs for them, padded to `bucket`; step 0
+  // reads its prenorm rows (Row::hidden < 0) from half `read_half`.
   absl::Status StageGraphInputs(std::span<const Row> rows, int32_t bucket, int32_t steps,
-                                const GraphLayout& g);
-  // Step `step` of a graph over graph_in_ (its tokens the previous step's mapped ids), writing
-  // prenorm half `half`.
-  Pass GraphPass(const GraphLayout& g, int32_t bucket, int32_t step, int32_t half) const;
+                                const GraphLayout& g, int32_t read_half);
+  // Step `step` of a graph over graph_in_, writing prenorm half `half`. Its tokens: the
+  // previous step's mapped ids (chain_ids_ row step - 1; step 0 reads graph_in_'s), or in a
+  // round graph (after_round) chain_ids_ row `step` (row 0: the catch-up's).
+  Pass GraphPass(const GraphLayout& g, int32_t bucket, int32_t step, int32_t half,
+                 bool after_round = false) const;
   static size_t GraphInBytes(int64_t seqs);
   absl::Status LoadWeights();
   absl::Status AllocateBuffers();
@@ -207,6 +225,14 @@ class CudaEagle3Compute : public Eagle3Compute {
   std::map<std::tuple<int32_t, int32_t, int32_t>, cudaGraphExec_t> chain_graphs_;
   cuda::DeviceMemory chain_ids_;
   cuda::PinnedMemory chain_ids_host_;
+  // Round graphs by (bucket, catch-up rows per sequence, steps, the half the catch-up writes);
+  // their catch-up inputs (RoundLayout) and the host twin.
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, cudaGraphExec_t> round_graphs_;
+  cuda::DeviceMemory round_in_;
+  cuda::PinnedMemory round_in_host_;
+  std::vector<Row> round_chain_rows_;  // scratch
+  // Greedy rounds run by DraftRound's graphs, and DraftChain's graph launches (logged at the end).
+  int64_t rounds_in_graph_ = 0, chains_in_graph_ = 0;
   cuda::DeviceMemory d2t_dev_;  // [draft vocab] int32: d2t_ on the device
   cuda::DeviceMemory graph_in_, graph_tables_;
   cuda::PinnedMemory graph_in_host_, graph_tables_host_;

@@ -1,11 +1,14 @@
 // CudaEagle3Compute's captured graphs and device draws (cuda_eagle3.h): the one-step graph of a
 // draft step (one row per sequence), the chained graph of a round's greedy draft steps after the
-// first, and the sampled draws handed to the target runner.
+// first, the round graph of a whole greedy round (the catch-up and those steps), and the sampled
+// draws handed to the target runner.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <limits>
+#include <string_view>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +27,16 @@ absl::Status Launch(cudaError_t e, const char* kernel) {
 }
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// SPECD_EAGLE3_ROUND_GRAPHS=0 turns round graphs off (the catch-up runs eagerly, drafts 2..K as
+// one chained graph), kept for measuring what they save, side by side. Read once per process.
+bool RoundGraphsEnabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SPECD_EAGLE3_ROUND_GRAPHS");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
 
 }  // namespace
 
@@ -47,13 +60,30 @@ size_t CudaEagle3Compute::GraphInBytes(int64_t seqs) {
   return GraphLayout(seqs, kMaxChainSteps).bytes;
 }
 
+CudaEagle3Compute::RoundLayout::RoundLayout(int64_t rows, int64_t seqs) {
+  const auto n = static_cast<size_t>(rows), s = static_cast<size_t>(seqs);
+  tokens = 0;
+  positions = Align16(4 * n);
+  hidden = positions + Align16(4 * n);
+  seq_lens = hidden + Align16(4 * n);
+  cu = seq_lens + Align16(4 * s);
+  logits_rows = cu + Align16(4 * (s + 1));
+  slots = logits_rows + Align16(4 * s);
+  bytes = slots + 8 * n;
+}
+
 CudaEagle3Compute::Pass CudaEagle3Compute::GraphPass(const GraphLayout& g, int32_t bucket,
-                                                     int32_t step, int32_t half) const {
+                                                     int32_t step, int32_t half,
+                                                     bool after_round) const {
   const auto* base = graph_in_.as<uint8_t>();
   const int64_t at = int64_t{step} * g.seqs;
   Pass p;
-  p.tokens = step == 0 ? reinterpret_cast<const int32_t*>(base + g.tokens)
-                       : chain_ids_.as<int32_t>() + (at - g.seqs);
+  if (after_round) {
+    p.tokens = chain_ids_.as<int32_t>() + at;
+  } else {
+    p.tokens = step == 0 ? reinterpret_cast<const int32_t*>(base + g.tokens)
+                         : chain_ids_.as<int32_t>() + (at - g.seqs);
+  }
   p.positions = reinterpret_cast<const int32_t*>(base + g.positions) + at;
   p.hidden = reinterpret_cast<const int32_t*>(base + g.hidden) + at;
   p.seq_lens = reinterpret_cast<const int32_t*>(base + g.seq_lens) + at;
@@ -71,7 +101,8 @@ CudaEagle3Compute::Pass CudaEagle3Compute::GraphPass(const GraphLayout& g, int32
 }
 
 absl::Status CudaEagle3Compute::StageGraphInputs(std::span<const Row> rows, int32_t bucket,
-                                                 int32_t steps, const GraphLayout& g) {
+                                                 int32_t steps, const GraphLayout& g,
+                                                 int32_t read_half) {
   const auto num = static_cast<int32_t>(rows.size());
   const int32_t bs = options_.block_size;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -102,8 +133,7 @@ absl::Status CudaEagle3Compute::StageGraphInputs(std::span<const Row> rows, int3
   auto* cu = reinterpret_cast<int32_t*>(in + g.cu);
   auto* slots = reinterpret_cast<int64_t*>(in + g.slots);
   int32_t* tables = graph_tables_host_.as<int32_t>();
-  // Step 0 reads the previous pass's prenorm half, step s > 0 the half step s - 1 wrote.
-  int32_t read_half = prenorm_half_;
+  // Step 0 reads half read_half, step s > 0 the half step s - 1 wrote.
   int32_t width = 1;
   cu[0] = 0;
   for (int32_t i = 0; i < bucket; ++i) {
@@ -164,7 +194,7 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
   }
   const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
   const GraphLayout g(options_.max_seqs, 1);
-  SPECD_RETURN_IF_ERROR(StageGraphInputs(rows, bucket, 1, g));
+  SPECD_RETURN_IF_ERROR(StageGraphInputs(rows, bucket, 1, g, prenorm_half_));
   cudaStream_t st = options_.stream;
   const int32_t half = 1 - prenorm_half_;  // the half this pass writes
   const std::pair<int32_t, int32_t> key{bucket, half};
@@ -211,7 +241,7 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
   const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
   const GraphLayout g(options_.max_seqs, steps);
-  SPECD_RETURN_IF_ERROR(StageGraphInputs(rows, bucket, steps, g));
+  SPECD_RETURN_IF_ERROR(StageGraphInputs(rows, bucket, steps, g, prenorm_half_));
   cudaStream_t st = options_.stream;
   const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
   const int32_t first_half = 1 - prenorm_half_;  // the half step 0 writes
@@ -254,6 +284,180 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
   }
   prenorm_half_ = (steps - 1) % 2 == 0 ? first_half : 1 - first_half;
   last_logit_rows_ = num;
+  ++chains_in_graph_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t steps,
+                                           std::vector<int32_t>* ids, bool* ran) {
+  *ran = false;
+  if (!RoundGraphsEnabled() || options_.eager || k_cache_ == nullptr || rows.empty() || steps < 1 ||
+      steps >= kMaxChainSteps) {
+    return absl::OkStatus();
+  }
+  // Groups: each sequence's rows, consecutive positions, chain rows, only the last drawing.
+  std::vector<size_t> first;
+  int32_t longest = 1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    if (r.tree != nullptr || (r.slot >= 0 && r.slot != r.position)) return absl::OkStatus();
+    if (i == 0 || r.seq != rows[i - 1].seq) {
+      if (i > 0 && !rows[i - 1].logits) return absl::OkStatus();
+      first.push_back(i);
+    } else if (rows[i - 1].logits || r.position != rows[i - 1].position + 1) {
+      return absl::OkStatus();
+    }
+    longest = std::max(longest, static_cast<int32_t>(i - first.back() + 1));
+  }
+  if (!rows.back().logits) return absl::OkStatus();
+  const auto num = static_cast<int32_t>(first.size());
+  int32_t per_seq = 1;  // catch-up rows per sequence in the graph
+  while (per_seq < longest) per_seq *= 2;
+  if (num > options_.max_seqs || per_seq > kMaxRoundRows || per_seq > options_.block_size) {
+    return absl::OkStatus();
+  }
+  const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
+  if (int64_t{bucket} * per_seq > max_rows_) return absl::OkStatus();
+  for (int32_t g = 0; g < num; ++g) {
+    const size_t end = g + 1 < num ? first[g + 1] : rows.size();
+    const auto pad = per_seq - static_cast<int32_t>(end - first[g]);
+    if (rows[first[g]].position < pad) return absl::OkStatus();  // no earlier positions to pad
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  // The chain's inputs: sequence g's row at its last row's position + 1, reading the prenorm of
+  // the catch-up's logits row g (the half the catch-up writes), its token the catch-up's argmax.
+  const int32_t catch_up_half = 1 - prenorm_half_;
+  round_chain_rows_.clear();
+  for (int32_t g = 0; g < num; ++g) {
+    const size_t last = (g + 1 < num ? first[g + 1] : rows.size()) - 1;
+    Row c;
+    c.seq = rows[last].seq;
+    c.position = rows[last].position + 1;
+    c.hidden = -g - 1;
+    c.logits = true;
+    c.block_table = rows[last].block_table;
+    round_chain_rows_.push_back(c);
+  }
+  const GraphLayout g(options_.max_seqs, steps);
+  SPECD_RETURN_IF_ERROR(StageGraphInputs(round_chain_rows_, bucket, steps, g, catch_up_half));
+  // The catch-up's inputs: sequence g's rows at g * per_seq ..., front-padded by copies of its
+  // first row at the positions before it (slot -1: no KV written; the verification attention
+  // needs each run's queries at its last positions); a padding sequence's rows read the scratch
+  // block, as the chain's padding does.
+  const RoundLayout lay(max_rows_, options_.max_seqs);
+  auto* in = round_in_host_.as<uint8_t>();
+  auto* tokens = reinterpret_cast<int32_t*>(in + lay.tokens);
+  auto* positions = reinterpret_cast<int32_t*>(in + lay.positions);
+  auto* hidden = reinterpret_cast<int32_t*>(in + lay.hidden);
+  auto* seq_lens = reinterpret_cast<int32_t*>(in + lay.seq_lens);
+  auto* cu = reinterpret_cast<int32_t*>(in + lay.cu);
+  auto* logits_rows = reinterpret_cast<int32_t*>(in + lay.logits_rows);
+  auto* slots = reinterpret_cast<int64_t*>(in + lay.slots);
+  const int32_t bs = options_.block_size;
+  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
+  for (int32_t s = 0; s < bucket; ++s) {
+    const int32_t base = s * per_seq;
+    cu[s] = base;
+    logits_rows[s] = base + per_seq - 1;
+    if (s >= num) {
+      seq_lens[s] = per_seq;
+      for (int32_t j = 0; j < per_seq; ++j) {
+        tokens[base + j] = 0;
+        positions[base + j] = j;
+        hidden[base + j] = 0;
+        slots[base + j] = -1;
+      }
+      continue;
+    }
+    const size_t begin = first[s], end = s + 1 < num ? first[s + 1] : rows.size();
+    const auto pad = per_seq - static_cast<int32_t>(end - begin);
+    seq_lens[s] = rows[end - 1].position + 1;
+    for (int32_t j = 0; j < per_seq; ++j) {
+      const Row& r = rows[begin + std::max(0, j - pad)];
+      const int32_t pos = rows[end - 1].position - (per_seq - 1 - j);
+      const int64_t block = pos / bs;
+      if (pos >= options_.max_model_len || block >= static_cast<int64_t>(r.block_table.size()) ||
+          r.token < 0 || r.token >= config_.layer.vocab_size ||
+          (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
+        return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: catch-up row (position ",
+                                                       r.position, ", token ", r.token, ", hidden ",
+                                                       r.hidden, ") is malformed"));
+      }
+      tokens[base + j] = r.token;
+      positions[base + j] = pos;
+      hidden[base + j] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
+      slots[base + j] = j < pad ? -1 : int64_t{r.block_table[block]} * bs + pos % bs;
+    }
+  }
+  cu[bucket] = bucket * per_seq;
+  cudaStream_t st = options_.stream;
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(round_in_.as(), in, lay.bytes, cudaMemcpyHostToDevice, st),
+                  "EAGLE-3 round inputs"));
+  const auto* dev = round_in_.as<uint8_t>();
+  Pass p;
+  p.tokens = reinterpret_cast<const int32_t*>(dev + lay.tokens);
+  p.positions = reinterpret_cast<const int32_t*>(dev + lay.positions);
+  p.hidden = reinterpret_cast<const int32_t*>(dev + lay.hidden);
+  p.seq_lens = reinterpret_cast<const int32_t*>(dev + lay.seq_lens);
+  p.cu_q_lens = reinterpret_cast<const int32_t*>(dev + lay.cu);
+  p.rows = reinterpret_cast<const int32_t*>(dev + lay.logits_rows);
+  p.slots = reinterpret_cast<const int64_t*>(dev + lay.slots);
+  p.tables = graph_tables_.as<int32_t>();
+  p.table_stride = max_blocks_per_seq_;
+  p.num_groups = bucket;
+  p.max_q_len = per_seq;
+  p.n = int64_t{bucket} * per_seq;
+  p.m = bucket;
+  p.prenorm_dst = pool_rows_ + int64_t{catch_up_half} * max_logit_rows_;
+  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
+  auto* chain_ids = chain_ids_.as<int32_t>();
+  // The catch-up writes half catch_up_half; chain step s writes the other half when s is even.
+  auto step_half = [&](int32_t s) { return s % 2 == 0 ? 1 - catch_up_half : catch_up_half; };
+  auto enqueue = [&]() -> absl::Status {
+    SPECD_RETURN_IF_ERROR(Body(p));
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
+               "ArgmaxRows"));
+    SPECD_RETURN_IF_ERROR(Launch(
+        kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv, chain_ids, st),
+        "MapIds"));
+    for (int32_t s = 0; s < steps; ++s) {
+      SPECD_RETURN_IF_ERROR(Body(GraphPass(g, bucket, s, step_half(s), /*after_round=*/true)));
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
+                 "ArgmaxRows"));
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv,
+                                 chain_ids + int64_t{s + 1} * g.seqs, st),
+                 "MapIds"));
+    }
+    return cuda::Check(cudaMemcpyAsync(chain_ids_host_.as(), chain_ids_.as(),
+                                       size_t(steps + 1) * g.seqs * 4, cudaMemcpyDeviceToHost, st),
+                       "EAGLE-3 head: round ids");
+  };
+  const std::tuple<int32_t, int32_t, int32_t, int32_t> key{bucket, per_seq, steps, catch_up_half};
+  auto it = round_graphs_.find(key);
+  if (it != round_graphs_.end()) {
+    SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(it->second, st), "EAGLE-3 graph launch"));
+  } else {
+    // First use: eagerly, then captured for the next rounds (as DraftChain).
+    SPECD_RETURN_IF_ERROR(enqueue());
+    SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft round"));
+    SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
+                           cuda::CaptureGraph(st, enqueue, "EAGLE-3 round graph"));
+    round_graphs_[key] = exec;
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft round"));
+  ids->clear();
+  const int32_t* host = chain_ids_host_.as<int32_t>();
+  for (int32_t s = 0; s <= steps; ++s) {
+    ids->insert(ids->end(), host + int64_t{s} * g.seqs, host + int64_t{s} * g.seqs + num);
+  }
+  prenorm_half_ = step_half(steps - 1);
+  last_logit_rows_ = num;
+  ++rounds_in_graph_;
+  *ran = true;
   return absl::OkStatus();
 }
 
