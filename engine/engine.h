@@ -161,23 +161,28 @@ class Engine {
   std::unique_ptr<Shared> shared_;
 };
 
-// `specd speculator`: the SSD speculator process. Loads the draft model named by
-// speculative.draft_model on `device`, connects to the verifier at `connect` (HOST:PORT)
-// and serves it until it shuts down (OK) or the link breaks (Unavailable); with `reconnect` it
-// then connects again (a speculator on another host outlives verifier restarts).
-// DeviceOptions: the draft's runner (device "cpu" by default; its KV pool is
-// speculative.draft_kv_cache_bytes, max_model_len the verifier's: 0, the draft's). BatchLimits:
-// the verifier's max_num_seqs (the wire limits must match) and the tokens of one draft pass.
-struct SpeculatorProcessOptions : DeviceOptions, BatchLimits {
-  SpeculatorProcessOptions() { device = "cpu"; }
-
+// `specd speculator`: the SSD speculator process. Connects to the verifier at `connect`
+// (HOST:PORT), receives its settings in the SsdInit after the authenticated handshake (the draft,
+// its device and runner, the batch and context limits; engine/speculation/ssd/ssd_init.h), loads
+// the draft and serves the verifier until it shuts down (OK) or the link breaks (Unavailable);
+// with `reconnect` it then connects again (a speculator on another host outlives verifier
+// restarts). What is set here is local to the process.
+struct SpeculatorProcessOptions {
   std::string connect;  // the verifier's HOST:PORT
-  SpeculativeConfig speculative;
   absl::Duration connect_timeout = absl::Seconds(60);
   bool reconnect = false;
   // The link secret's file (mode 0600) when not launched by the verifier (which hands its
-  // secret over in $SPECD_SPECULATOR_SECRET); "": speculative.ssd.secret_file.
+  // secret over in $SPECD_SPECULATOR_SECRET).
   std::string secret_file;
+  // TLS 1.3 for a speculator on another host: its certificate and key, and the CA both ends
+  // trust (all three or none).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  // Overrides of the verifier's choice for a speculator started by hand: "" and -1 keep what its
+  // SsdInit says (its speculator_device, else its own device; its thread count).
+  std::string device;
+  int32_t num_threads = -1;
 };
 absl::Status RunSpeculatorProcess(const SpeculatorProcessOptions& options);
 

@@ -235,31 +235,30 @@ absl::Status RunTokenize(const std::vector<std::string>& args) {
 absl::Status RunSpeculator(const std::vector<std::string>& args) {
   FlagParser p;
   SpeculatorProcessOptions o;
-  std::string config;
   std::optional<std::string> log_level;
   int64_t connect_timeout_s = 60;
   p.Add("connect", &o.connect, "the verifier's HOST:PORT (its speculator_address)");
-  p.Add("speculative-config", &config,
-        "the verifier's --speculative-config JSON (method ssd, model = the draft, fan_out, ...)");
-  p.Add("device", &o.device, "the draft's device: cpu | cuda | cuda:N (default cpu)");
-  p.Add("load-format", &o.load_format,
-        "the draft's weights: auto (safetensors) | dummy (random; CUDA)");
-  p.Add("threads", &o.num_threads, "CPU threads (0 = all cores)");
-  p.Add("block-size", &o.block_size, "KV block size in tokens (default 16)");
-  p.Add("max-num-seqs", &o.max_num_seqs, "the verifier's --max-num-seqs (default 256)");
-  p.Add("max-model-len", &o.max_model_len, "the verifier's context limit (0 = the draft's)");
-  p.Add("max-num-batched-tokens", &o.max_num_batched_tokens,
-        "tokens per draft forward pass (default 2048)");
-  p.Add("gpu-memory-utilization", &o.gpu_memory_utilization,
-        "fraction of the GPU's memory the draft may hold (default 0.9)");
   p.Add("connect-timeout", &connect_timeout_s, "seconds to keep trying to connect (default 60)");
   p.Add("reconnect", &o.reconnect, "connect again after the verifier goes away");
   p.Add("speculator-secret-file", &o.secret_file,
         "file with the link secret (64 hex digits, mode 0600; or $SPECD_SPECULATOR_SECRET)");
+  p.Add("speculator-tls-cert", &o.tls_cert,
+        "TLS: this speculator's certificate, signed by --speculator-tls-ca");
+  p.Add("speculator-tls-key", &o.tls_key, "TLS: its private key");
+  p.Add("speculator-tls-ca", &o.tls_ca, "TLS: the CA both ends trust (the verifier's)");
+  p.Add("device", &o.device,
+        "the draft's device on this host, overriding the verifier's choice (its "
+        "speculator_device, else its own device): cpu | cuda | cuda:N");
+  p.Add("threads", &o.num_threads,
+        "CPU threads on this host, overriding the verifier's (0 = all cores; default: the "
+        "verifier's)");
   p.Add("log-level", &log_level, "trace|debug|info|warn|error (default info)");
   if (WantsHelp(args)) {
-    std::printf("usage: specd speculator --connect HOST:PORT --speculative-config JSON [flags]\n%s",
-                p.Usage().c_str());
+    std::printf(
+        "usage: specd speculator --connect HOST:PORT [flags]\n"
+        "The draft, its settings and the verifier's limits come from the verifier after the\n"
+        "handshake; the flags are what is local to this process.\n%s",
+        p.Usage().c_str());
     return absl::OkStatus();
   }
   SPECD_RETURN_IF_ERROR(p.Parse(args));
@@ -268,9 +267,8 @@ absl::Status RunSpeculator(const std::vector<std::string>& args) {
         absl::StrCat("--log-level: unknown level '", *log_level, "'"));
   }
   if (o.connect.empty()) return absl::InvalidArgumentError("--connect HOST:PORT is required");
-  SPECD_ASSIGN_OR_RETURN(o.speculative, ParseSpeculativeConfig(config));
-  if (o.speculative.draft_model.empty()) {
-    return absl::InvalidArgumentError("--speculative-config must name the draft \"model\"");
+  if (o.num_threads < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads: ", o.num_threads, " < 0"));
   }
   o.connect_timeout = absl::Seconds(connect_timeout_s);
   return RunSpeculatorProcess(o);

@@ -8,10 +8,12 @@
 //     completes with plain decoding's output, the link failure is counted, and a relaunched
 //     speculator rejoins and serves cache hits again;
 //   - security (issue 15): the launched speculator's secret is in neither its command line nor,
-//     once read, its environment; rogue local processes that try to join while it runs and
+//     once read, its environment, and its command line is just where to join (its settings come
+//     in the SsdInit after the handshake); rogue local processes that try to join while it runs and
 //     while it is relaunched are refused, never join, and never cost the real one its place;
-//     a speculator started by hand (`specd speculator`, as on another host) joins over mutual
-//     TLS with the secret file, and one whose certificate comes from another CA does not.
+//     a speculator started by hand (`specd speculator --connect` with its secret file and
+//     certificate, as on another host) joins over mutual TLS and gets its draft from the
+//     verifier, and one whose certificate comes from another CA does not.
 // The specd binary path comes from CMake (SPECD_BINARY).
 #include <netinet/in.h>
 #include <signal.h>
@@ -317,18 +319,18 @@ TEST(SsdSecurityTest, RoguesNeitherJoinNorDisturbTheLaunchedSpeculator) {
   const std::string cmdline = ReadProcFile(first, "cmdline");
   const std::string environ = ReadProcFile(first, "environ");
   EXPECT_EQ(cmdline.find("SECRET"), std::string::npos) << "the secret must not be in argv";
+  std::string argv;  // /proc's cmdline: each argument ends in a NUL
+  for (const std::string arg : {SPECD_BINARY, "speculator", "--connect"}) argv += arg + '\0';
+  argv += "127.0.0.1:" + std::to_string(port) + '\0';
+  EXPECT_EQ(cmdline, argv)
+      << "a launched speculator's argv names only where to join (its settings come in SsdInit)";
   const size_t at = environ.find(std::string(kLinkSecretEnv) + "=");
   ASSERT_NE(at, std::string::npos) << "the launched speculator gets its secret in its environment";
   EXPECT_EQ(environ[at + std::strlen(kLinkSecretEnv) + 1], '\0')
       << "the speculator must scrub the secret from its environment once read";
 
   // Rogues with the right Hello and a guessed secret keep trying to join.
-  const EngineOptions defaults;
-  Hello hello{.role = Role::kSpeculator,
-              .model_fingerprint = SsdFingerprint(engine->model_config().vocab_size),
-              .limits = SsdWireLimits(engine->model_config().vocab_size, defaults.max_num_seqs,
-                                      engine->max_model_len()),
-              .nonce = {}};
+  const Hello hello = SsdHello(Role::kSpeculator);
   std::atomic<bool> stop{false};
   std::atomic<int> tries{0}, joined{0};
   std::thread rogue([&] {
@@ -373,18 +375,20 @@ TEST(SsdSecurityTest, RoguesNeitherJoinNorDisturbTheLaunchedSpeculator) {
   EXPECT_EQ(engine->ssd_speculator_pid(), second) << "a rogue cost the relaunched one its place";
 }
 
-// `specd speculator` started by hand, as on another host: --connect, its own certificate.
-Subprocess StartRemoteSpeculator(uint16_t port, const std::string& config_json,
-                                 const std::string& secret_file) {
-  auto p = Subprocess::Spawn({SPECD_BINARY, "speculator", "--connect",
-                              "127.0.0.1:" + std::to_string(port), "--speculative-config",
-                              config_json, "--device", "cpu", "--threads", "1", "--max-model-len",
-                              "1024", "--speculator-secret-file", secret_file});
+// `specd speculator` started by hand, as on another host: --connect, the secret file and `who`'s
+// certificate; the draft and the limits come from the verifier's SsdInit.
+Subprocess StartRemoteSpeculator(uint16_t port, const std::string& secret_file,
+                                 const std::string& who, const std::string& ca) {
+  const TlsFiles tls = distributed_test::Certificates::Get().Files(who, ca);
+  auto p = Subprocess::Spawn(
+      {SPECD_BINARY, "speculator", "--connect", "127.0.0.1:" + std::to_string(port), "--device",
+       "cpu", "--threads", "1", "--speculator-secret-file", secret_file, "--speculator-tls-cert",
+       tls.cert_file, "--speculator-tls-key", tls.key_file, "--speculator-tls-ca", tls.ca_file});
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? *std::move(p) : Subprocess();
 }
 
-// The JSON of one end: launch off, the secret file, TLS with `who`'s certificate.
+// The verifier's JSON: launch off, the secret file, TLS with `who`'s certificate.
 std::string RemoteConfig(uint16_t port, const std::string& secret_file, const std::string& who,
                          const std::string& ca) {
   const distributed_test::Certificates& certs = distributed_test::Certificates::Get();
@@ -404,10 +408,8 @@ TEST(SsdSecurityTest, AHandStartedSpeculatorJoinsOverMutualTlsAndARogueCaDoesNot
   const uint16_t port = FreePort();
   // The rogue holds the secret but its certificate is signed by another CA; it retries while
   // the verifier starts, and never joins.
-  Subprocess rogue =
-      StartRemoteSpeculator(port, RemoteConfig(port, secret_file, "rogue", "ca"), secret_file);
-  Subprocess good =
-      StartRemoteSpeculator(port, RemoteConfig(port, secret_file, "speculator", "ca"), secret_file);
+  Subprocess rogue = StartRemoteSpeculator(port, secret_file, "rogue", "ca");
+  Subprocess good = StartRemoteSpeculator(port, secret_file, "speculator", "ca");
   auto observer = std::make_shared<SsdObserver>();
   auto engine = MakeEngine(kTarget, RemoteConfig(port, secret_file, "verifier", "ca"), observer);
   ASSERT_NE(engine, nullptr);

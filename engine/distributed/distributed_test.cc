@@ -3,7 +3,8 @@
 // trips, timeouts, a SIGKILLed peer (Unavailable, promptly, no SIGPIPE), a SIGSTOPped peer
 // (DeadlineExceeded, then the conversation resumes), a restarted speculator rejoining the same
 // listener, refused handshakes, garbage clients, and (in process, over socketpairs) partial
-// frames, corrupt frames, frames larger than the socket buffer and Close() waking a receiver.
+// frames, corrupt frames, frames larger than the socket buffer, limits switched by SetLimits and
+// Close() waking a receiver.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -359,6 +360,33 @@ TEST(TcpChannelTest, HalfAFrameSurvivesATimeout) {
   ASSERT_EQ(::send(p.raw_b, frame.data() + half, frame.size() - half, 0),
             static_cast<ssize_t>(frame.size() - half));
   ASSERT_TRUE(p.a->Recv(kWait, &in).ok());
+  EXPECT_EQ(std::get<SpeculateRequest>(in), request);
+}
+
+// SetLimits (a link that shakes hands under small limits, then switches): later frames are
+// checked against the new limits both ways; invalid limits and a half-received frame are refused.
+TEST(TcpChannelTest, SetLimitsAppliesToLaterFramesBothWays) {
+  Pair p = MakePair();
+  WireLimits small = TestLimits();
+  small.max_batch = 1;
+  ASSERT_TRUE(p.a->SetLimits(small).ok());
+  const SpeculateRequest request = MakeRequest(6, TestLimits());  // 7 sequences
+  EXPECT_TRUE(absl::IsInvalidArgument(p.a->Send(request, kWait)));
+  ASSERT_TRUE(p.b->Send(request, kWait).ok());  // b still has TestLimits: a refuses the frame
+  Message in;
+  EXPECT_TRUE(absl::IsInvalidArgument(p.a->Recv(kWait, &in).status()));
+
+  Pair q = MakePair();
+  WireLimits invalid = TestLimits();
+  invalid.max_batch = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(q.a->SetLimits(invalid)));
+  const std::vector<uint8_t> frame = distributed_test::Encode(request, 0, TestLimits());
+  ASSERT_EQ(::send(q.raw_b, frame.data(), 10, 0), 10);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(q.a->Recv(absl::Milliseconds(50), &in).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(q.a->SetLimits(TestLimits())));
+  ASSERT_EQ(::send(q.raw_b, frame.data() + 10, frame.size() - 10, 0),
+            static_cast<ssize_t>(frame.size() - 10));
+  ASSERT_TRUE(q.a->Recv(kWait, &in).ok());
   EXPECT_EQ(std::get<SpeculateRequest>(in), request);
 }
 

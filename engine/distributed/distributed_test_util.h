@@ -142,7 +142,31 @@ inline std::vector<Message> AllSampleMessages() {
                  .block_ids = {0, 6, 7},  // the second chunk keeps 1 of its mirror's ids
                  .rows = {TpRow{0, -1, 0, 0, false}, TpRow{1, 0, 1, 4, true}},
                  .released = {3, 8}},
-          TpJoin{.rank = 1, .host = "node-a"}};
+          TpJoin{.rank = 1, .host = "node-a"},
+          SsdInit{.vocab_size = 50,
+                  .max_num_seqs = 8,
+                  .max_model_len = 1024,
+                  .max_num_batched_tokens = 512,
+                  .draft_model = "/models/draft",
+                  .device = "cuda:1",
+                  .num_threads = 3,
+                  .block_size = 32,
+                  .load_format = "dummy",
+                  .gpu_memory_utilization = 0.45,
+                  .draft_kv_cache_bytes = 1 << 24,
+                  .num_speculative_tokens = 5,
+                  .prompt_lookup_min = 2,
+                  .prompt_lookup_max = 3,
+                  .fan_out = 4,
+                  .geometric_fan_out = false,
+                  .critical_batch_size = 12,
+                  .backup = "random",
+                  .complete_cache = true,
+                  .replay_file = "/data/replay.jsonl",
+                  .replay_alpha = 0.6,
+                  .replay_candidate_hit = 0.85,
+                  .replay_seed = 0xFFFFFFFFFFull},
+          SsdReady{.ok = false, .device = "", .reason = "no such draft: /models/draft"}};
 }
 
 // Encodes `message` into a plain byte vector (test convenience; fails the process on error).

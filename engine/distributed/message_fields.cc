@@ -9,6 +9,12 @@
 #include "absl/strings/str_format.h"
 
 namespace specd::dist_internal {
+
+void CheckText(const std::string& text, const char* field, FieldErrors* e) {
+  if (text.size() > kMaxTextBytes)
+    e->Fail(field, absl::StrCat("length ", text.size(), " > limit ", kMaxTextBytes));
+}
+
 namespace {
 
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
@@ -20,11 +26,6 @@ constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
 // --- shared checks --------------------------------------------------------------------------
 
 bool InUnitInterval(float v) { return v >= 0.0f && v <= 1.0f; }  // false for NaN
-
-void CheckText(const std::string& text, const char* field, FieldErrors* e) {
-  if (text.size() > kMaxTextBytes)
-    e->Fail(field, absl::StrCat("length ", text.size(), " > limit ", kMaxTextBytes));
-}
 
 void CheckTokenIds(std::span<const int32_t> ids, const WireLimits& limits, const char* field,
                    FieldErrors* e) {
@@ -429,6 +430,9 @@ uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& l) {
     case MessageType::kTpStep:
     case MessageType::kTpJoin:
       return MaxTpPayloadBytes(type, l);
+    case MessageType::kSsdInit:
+    case MessageType::kSsdReady:
+      return MaxSsdInitPayloadBytes(type);
   }
   return 0;
 }

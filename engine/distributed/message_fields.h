@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "engine/distributed/messages.h"
 #include "engine/distributed/wire.h"
@@ -13,6 +14,9 @@ namespace specd::dist_internal {
 
 // Hello/HelloAck layouts are frozen but may grow in later versions; this bounds what we read.
 inline constexpr uint64_t kMaxHandshakePayloadBytes = 4096;
+
+// Records that `text` is longer than kMaxTextBytes, naming `field` (the layouts' text check).
+void CheckText(const std::string& text, const char* field, FieldErrors* e);
 
 void Check(const Hello& m, const WireLimits& limits, FieldErrors* e);
 void Put(const Hello& m, const WireLimits& limits, ByteWriter& w);
@@ -66,6 +70,17 @@ void Check(const TpJoin& m, const WireLimits& limits, FieldErrors* e);
 void Put(const TpJoin& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, TpJoin* m);
 uint64_t MaxTpPayloadBytes(MessageType type, const WireLimits& limits);
+
+// ssd_message_fields.cc: the SSD link's init exchange.
+void Check(const SsdInit& m, const WireLimits& limits, FieldErrors* e);
+void Put(const SsdInit& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, SsdInit* m);
+
+void Check(const SsdReady& m, const WireLimits& limits, FieldErrors* e);
+void Put(const SsdReady& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, SsdReady* m);
+// SsdInit's and SsdReady's largest payloads (fixed: their fields are bounded texts and numbers).
+uint64_t MaxSsdInitPayloadBytes(MessageType type);
 
 // Largest payload of `type` under `limits`, in bytes.
 uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& limits);

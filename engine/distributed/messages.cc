@@ -16,7 +16,7 @@ namespace {
 
 using dist_internal::MaxPayloadBytesOf;
 
-constexpr uint16_t kNumMessageTypes = 13;
+constexpr uint16_t kNumMessageTypes = 15;
 bool KnownType(uint16_t type) { return type >= 1 && type <= kNumMessageTypes; }
 bool IsHandshake(MessageType t) { return t == MessageType::kHello || t == MessageType::kHelloAck; }
 
@@ -42,10 +42,9 @@ absl::Status CheckHandshakeVersion(const FrameHeader& header, size_t payload_byt
 
 std::string_view MessageTypeName(MessageType type) {
   static constexpr std::string_view kNames[] = {
-      "Hello",     "HelloAck",  "SpeculateRequest", "SpeculateResponse",
-      "Release",   "Heartbeat", "Shutdown",         "BulkLinkInit",
-      "HelloAuth", "TpInit",    "TpReady",          "TpStep",
-      "TpJoin"};
+      "Hello",     "HelloAck", "SpeculateRequest", "SpeculateResponse", "Release",
+      "Heartbeat", "Shutdown", "BulkLinkInit",     "HelloAuth",         "TpInit",
+      "TpReady",   "TpStep",   "TpJoin",           "SsdInit",           "SsdReady"};
   const auto i = static_cast<uint16_t>(type);
   return KnownType(i) ? kNames[i - 1] : "Unknown";
 }
@@ -289,6 +288,12 @@ absl::Status DecodePayload(const FrameHeader& header, std::span<const uint8_t> p
       break;
     case MessageType::kTpJoin:
       decode(static_cast<TpJoin*>(nullptr));
+      break;
+    case MessageType::kSsdInit:
+      decode(static_cast<SsdInit*>(nullptr));
+      break;
+    case MessageType::kSsdReady:
+      decode(static_cast<SsdReady*>(nullptr));
       break;
   }
   if (!r.ok()) return r.status();

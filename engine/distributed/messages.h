@@ -40,7 +40,9 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // Version 2: the handshake authenticates (Hello.nonce, HelloAuth, HelloAck.proof; link_auth.h).
 // Version 3: TpStep carries block-table deltas against the workers' mirrors (TpSeq::seq_id,
 // kept_blocks; TpStep::released) and each row's vocabulary-merge needs (TpRow).
-inline constexpr uint16_t kProtocolVersion = 3;
+// Version 4: the SSD speculator gets its settings in SsdInit after the handshake (no longer on its
+// command line) and answers SsdReady; SSD Hellos carry fixed handshake limits.
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -62,6 +64,8 @@ enum class MessageType : uint16_t {
   kTpReady = 11,
   kTpStep = 12,
   kTpJoin = 13,
+  kSsdInit = 14,
+  kSsdReady = 15,
 };
 // "SpeculateRequest", ...; "Unknown" for values outside the enum (static storage).
 std::string_view MessageTypeName(MessageType type);
@@ -260,6 +264,53 @@ struct HelloAuth {
   bool operator==(const HelloAuth&) const = default;
 };
 
+// Verifier -> speculator, version >= 4, once right after the handshake: everything the speculator
+// must share with the verifier. Both ends shake hands under small fixed limits and then switch to
+// the ones vocab_size, max_num_seqs and max_model_len give (SsdWireLimits,
+// engine/speculation/ssd/ssd_protocol.h). Plain fields, as the verifier resolved them; the
+// speculator's own checks of their values come after decoding.
+struct SsdInit {
+  // The verifier's vocabulary and batch and context limits.
+  uint32_t vocab_size = 0;
+  uint32_t max_num_seqs = 0;
+  uint32_t max_model_len = 0;
+  uint32_t max_num_batched_tokens = 0;  // tokens of one draft forward pass
+  // The draft and its runner, as the verifier set them up for its speculator.
+  std::string draft_model;  // the draft's HF directory (<= 1 KiB)
+  std::string device;       // "cpu", "cuda:N", ...
+  uint32_t num_threads = 0;
+  uint32_t block_size = 16;
+  std::string load_format;  // "auto" | "dummy"
+  double gpu_memory_utilization = 0.9;
+  uint64_t draft_kv_cache_bytes = 0;  // 0: the device's default
+  // The speculation: K, the n-gram backup's suffix lengths, the cache and the fallback tiers.
+  uint32_t num_speculative_tokens = 0;
+  uint32_t prompt_lookup_min = 1;
+  uint32_t prompt_lookup_max = 4;
+  uint32_t fan_out = 0;
+  bool geometric_fan_out = true;
+  uint32_t critical_batch_size = 0;
+  std::string backup;  // "ngram" | "random"
+  bool complete_cache = false;
+  // Benchmarks' controlled acceptance (DraftReplayOptions); replay_file "" is off.
+  std::string replay_file;
+  double replay_alpha = 0;
+  double replay_candidate_hit = 0;
+  uint64_t replay_seed = 0;
+
+  bool operator==(const SsdInit&) const = default;
+};
+
+// Speculator -> verifier, version >= 4, once per SsdInit: its draft is loaded (ok), or why it
+// could not start. The verifier drops a link that is not ok.
+struct SsdReady {
+  bool ok = false;
+  std::string device;  // the draft's device, for logs (<= 1 KiB)
+  std::string reason;  // when !ok (<= 1 KiB)
+
+  bool operator==(const SsdReady&) const = default;
+};
+
 // ---- The tensor-parallel control link (engine/parallel): rank 0 -> each worker rank. ----
 
 // The limits both ends of a tensor-parallel control link use (fixed, so a worker can shake hands
@@ -364,7 +415,7 @@ struct TpStep {
 // One message; the alternative's index + 1 is its MessageType.
 using Message =
     std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release, Heartbeat, Shutdown,
-                 BulkLinkInit, HelloAuth, TpInit, TpReady, TpStep, TpJoin>;
+                 BulkLinkInit, HelloAuth, TpInit, TpReady, TpStep, TpJoin, SsdInit, SsdReady>;
 // The MessageType of the alternative `message` holds.
 MessageType TypeOf(const Message& message);
 

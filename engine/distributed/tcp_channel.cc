@@ -129,14 +129,30 @@ absl::StatusOr<int> ConnectOnce(const addrinfo& ai, absl::Time deadline, int* er
 // --- TcpChannel ---------------------------------------------------------------------------------
 
 TcpChannel::TcpChannel(int fd, const WireLimits& limits, std::string peer_address)
-    : fd_(fd), limits_(limits), peer_address_(std::move(peer_address)) {
+    : fd_(fd), peer_address_(std::move(peer_address)) {
   const int flags = ::fcntl(fd_, F_GETFL, 0);
   ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
   SetNoDelay(fd_);
   absl::MutexLock send_lock(&send_mu_);
   absl::MutexLock recv_lock(&recv_mu_);
-  tx_.Reserve(limits_.MaxFrameBytes());
-  rx_.Reserve(limits_.MaxFrameBytes());
+  tx_limits_ = rx_limits_ = limits;
+  tx_.Reserve(limits.MaxFrameBytes());
+  rx_.Reserve(limits.MaxFrameBytes());
+}
+
+absl::Status TcpChannel::SetLimits(const WireLimits& limits) {
+  SPECD_RETURN_IF_ERROR(limits.Validate());
+  absl::MutexLock send_lock(&send_mu_);
+  absl::MutexLock recv_lock(&recv_mu_);
+  if (rx_have_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("channel to ", peer_address_, ": new limits while a frame is half received"));
+  }
+  tx_limits_ = limits;
+  rx_limits_ = limits;
+  tx_.Reserve(limits.MaxFrameBytes());
+  rx_.Reserve(limits.MaxFrameBytes());
+  return absl::OkStatus();
 }
 
 std::unique_ptr<TcpChannel> TcpChannel::FromConnectedSocket(int fd, const WireLimits& limits,
@@ -176,7 +192,7 @@ absl::Status TcpChannel::Send(MessageRef message, absl::Duration timeout) {
   const absl::Time deadline = DeadlineAfter(timeout);
   absl::MutexLock lock(&send_mu_);
   if (dead_.load(std::memory_order_acquire)) return DeadStatus();
-  SPECD_RETURN_IF_ERROR(EncodeFrame(message, frames_sent(), limits_, &tx_));
+  SPECD_RETURN_IF_ERROR(EncodeFrame(message, frames_sent(), tx_limits_, &tx_));
   size_t sent = 0;
   while (sent < tx_.size()) {
     short want = POLLOUT;
@@ -255,7 +271,7 @@ absl::Status TcpChannel::ReadFramePart(size_t need, absl::Time deadline) {
 
 absl::StatusOr<bool> TcpChannel::DecodeFramePart(Message* message) {
   if (!rx_have_header_) {
-    absl::StatusOr<FrameHeader> header = DecodeFrameHeader(rx_.bytes().first(rx_have_), limits_);
+    absl::StatusOr<FrameHeader> header = DecodeFrameHeader(rx_.bytes().first(rx_have_), rx_limits_);
     if (!header.ok()) return Break(header.status());
     if (header->sequence != frames_received()) {
       return Break(absl::DataLossError(absl::StrCat("frame sequence ", header->sequence, " from ",
@@ -269,7 +285,7 @@ absl::StatusOr<bool> TcpChannel::DecodeFramePart(Message* message) {
   }
   const absl::Status status =
       DecodePayload(rx_header_, rx_.bytes().subspan(kFrameHeaderBytes, rx_header_.payload_bytes),
-                    limits_, message);
+                    rx_limits_, message);
   if (!status.ok()) return Break(status);
   bytes_received_.fetch_add(kFrameHeaderBytes + rx_header_.payload_bytes,
                             std::memory_order_relaxed);

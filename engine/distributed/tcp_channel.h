@@ -48,8 +48,8 @@ struct AcceptPolicy {
 
 // One connected TCP socket speaking frames. Thread-safe (see Channel): one mutex serializes
 // senders, another receivers, so a sender and a receiver run concurrently. The frame buffers are
-// reserved once from the WireLimits (WireLimits::MaxFrameBytes() each way; untouched pages cost
-// no memory), so steady-state Send never allocates.
+// reserved once from the WireLimits (WireLimits::MaxFrameBytes() each way, again on SetLimits;
+// untouched pages cost no memory), so steady-state Send never allocates.
 class TcpChannel final : public Channel {
  public:
   // Takes ownership of `fd`, a connected stream socket (TCP or, in tests, a socketpair); makes it
@@ -74,6 +74,13 @@ class TcpChannel final : public Channel {
   absl::Status Send(MessageRef message, absl::Duration timeout) override;
   absl::StatusOr<MessageType> Recv(absl::Duration timeout, Message* message) override;
   void Close() override;
+
+  // Replaces the limits later frames are checked against, both ways, and reserves the frame
+  // buffers for them: for a link that shakes hands under small fixed limits and then agrees on
+  // its real ones (SSD's SsdInit). Call between messages, while no other thread sends or
+  // receives. InvalidArgument when `limits` do not Validate(); FailedPrecondition while a frame is
+  // half received.
+  absl::Status SetLimits(const WireLimits& limits);
 
   // The peer's Hello from the handshake (default-constructed before one ran). Not thread-safe
   // against the handshake itself, which completes before Connect/Accept return.
@@ -109,7 +116,6 @@ class TcpChannel final : public Channel {
   absl::StatusOr<bool> DecodeFramePart(Message* message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
 
   const int fd_;
-  const WireLimits limits_;
   const std::string peer_address_;
   std::unique_ptr<TlsSession> tls_;  // set once, before the Hello handshake; null: plain TCP
   Hello peer_hello_;
@@ -123,11 +129,13 @@ class TcpChannel final : public Channel {
   absl::Status dead_reason_ ABSL_GUARDED_BY(state_mu_);
 
   absl::Mutex send_mu_;
+  WireLimits tx_limits_ ABSL_GUARDED_BY(send_mu_);  // what Send checks (SetLimits sets both)
   FrameBuffer tx_ ABSL_GUARDED_BY(send_mu_);
 
   absl::Mutex recv_mu_;
-  FrameBuffer rx_ ABSL_GUARDED_BY(recv_mu_);      // the frame being received
-  size_t rx_have_ ABSL_GUARDED_BY(recv_mu_) = 0;  // bytes of it received so far
+  WireLimits rx_limits_ ABSL_GUARDED_BY(recv_mu_);  // what Recv checks
+  FrameBuffer rx_ ABSL_GUARDED_BY(recv_mu_);        // the frame being received
+  size_t rx_have_ ABSL_GUARDED_BY(recv_mu_) = 0;    // bytes of it received so far
   bool rx_have_header_ ABSL_GUARDED_BY(recv_mu_) = false;
   FrameHeader rx_header_ ABSL_GUARDED_BY(recv_mu_);
 };

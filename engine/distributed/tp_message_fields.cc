@@ -15,11 +15,6 @@ constexpr uint64_t kTpInitBytes =
 constexpr uint64_t kTpSeqBytes = 4 + 4 + 4 + 1 + 8 + 4;
 constexpr uint64_t kTpRowBytes = 4 + 4 + 2 + 1 + 1;
 
-void CheckText(const std::string& text, const char* field, FieldErrors* e) {
-  if (text.size() > kMaxTextBytes)
-    e->Fail(field, absl::StrCat("length ", text.size(), " > limit ", kMaxTextBytes));
-}
-
 // The sizes of a TpStep that do not depend on its arrays' contents.
 void CheckStepSizes(size_t num_seqs, size_t num_rows, const WireLimits& l, FieldErrors* e) {
   if (num_seqs > l.max_batch) {

@@ -149,6 +149,7 @@ void ByteWriter::U64(uint64_t v) {
 }
 
 void ByteWriter::F32(float v) { U32(std::bit_cast<uint32_t>(v)); }
+void ByteWriter::F64(double v) { U64(std::bit_cast<uint64_t>(v)); }
 
 void ByteWriter::Text(std::string_view text) {
   U16(static_cast<uint16_t>(text.size()));
@@ -215,6 +216,7 @@ uint64_t ByteReader::U64(const char* field) {
 }
 
 float ByteReader::F32(const char* field) { return std::bit_cast<float>(U32(field)); }
+double ByteReader::F64(const char* field) { return std::bit_cast<double>(U64(field)); }
 
 void ByteReader::Text(const char* field, size_t max_bytes, std::string* out) {
   const uint16_t n = U16(field);

@@ -72,6 +72,7 @@ class ByteWriter {
   void U64(uint64_t v);
   void I32(int32_t v) { U32(static_cast<uint32_t>(v)); }
   void F32(float v);
+  void F64(double v);
   // A u16 length followed by the bytes (callers check the length against their limits).
   void Text(std::string_view text);
   // Arrays written element by element as little-endian (one memcpy on little-endian hosts).
@@ -126,6 +127,7 @@ class ByteReader : public FieldErrors {
   uint64_t U64(const char* field);
   int32_t I32(const char* field) { return static_cast<int32_t>(U32(field)); }
   float F32(const char* field);
+  double F64(const char* field);
   // Reads a u16 length and that many bytes, at most `max_bytes`, into *out.
   void Text(const char* field, size_t max_bytes, std::string* out);
   // Read `count` elements into out[0, count) (out must have room for them).

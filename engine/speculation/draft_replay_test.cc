@@ -276,7 +276,7 @@ TEST(DraftReplayTest, SpeculativeConfigCarriesTheReplayObject) {
   EXPECT_DOUBLE_EQ(c->replay.alpha, 0.7);
   EXPECT_DOUBLE_EQ(c->replay.candidate_hit, 0.25);
   EXPECT_EQ(c->replay.seed, 9u);
-  auto back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));  // what the speculator gets
+  auto back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));  // written and read back
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->replay.file, "t.jsonl");
   EXPECT_DOUBLE_EQ(back->replay.alpha, 0.7);

@@ -128,10 +128,11 @@ struct SsdOptions {
   // memory others hold); 0: the verifier's. On the verifier's own GPU it must exceed the share
   // the verifier holds (e.g. verifier 0.45, speculator 0.9).
   double gpu_memory_utilization = 0;
-  // The link's security (engine/distributed/link_auth.h, tls.h). A launched speculator gets a fresh
-  // secret per launch; without launch both ends read it from secret_file (mode 0600; or
-  // $SPECD_SPECULATOR_SECRET). TLS 1.3 with mutual certificates signed by tls_ca, all three
-  // files or none, for speculators on other hosts (not with launch).
+  // The verifier's end of the link's security (engine/distributed/link_auth.h, tls.h). A launched
+  // speculator gets a fresh secret per launch; without launch the verifier reads it from
+  // secret_file (mode 0600; or $SPECD_SPECULATOR_SECRET) and the speculator from its own
+  // --speculator-secret-file. TLS 1.3 with mutual certificates signed by tls_ca, all three files
+  // or none, for speculators on other hosts (not with launch).
   std::string secret_file;
   std::string tls_cert;
   std::string tls_key;
@@ -190,8 +191,7 @@ struct SpeculativeConfig {
 // or out-of-range values, or a draft_model method without "model".
 absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view json);
 
-// The JSON ParseSpeculativeConfig reads back into `config` (how the verifier hands its SSD
-// settings to the speculator process it launches).
+// The JSON ParseSpeculativeConfig reads back into `config` (tests check the reader with it).
 std::string SpeculativeConfigToJson(const SpeculativeConfig& config);
 
 // What one request runs with.

@@ -117,7 +117,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_EQ(c->ssd.timeout_ms, 500);
   EXPECT_TRUE(c->ssd.complete_cache);
   EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
-  // The JSON handed to a launched speculator reads back the same.
+  // The JSON writer and the reader agree.
   absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));

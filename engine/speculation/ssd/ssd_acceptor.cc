@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "engine/base/log.h"
+#include "engine/speculation/ssd/ssd_init.h"
 
 namespace specd {
 namespace {
@@ -15,8 +16,12 @@ constexpr absl::Duration kLaunchWait = absl::Seconds(10);
 
 }  // namespace
 
-SsdAcceptor::SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy)
-    : listener_(std::move(listener)), policy_(policy) {
+SsdAcceptor::SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy,
+                         SsdInit init, absl::Duration init_timeout)
+    : listener_(std::move(listener)),
+      init_(std::move(init)),
+      init_timeout_(init_timeout),
+      policy_(policy) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -64,6 +69,11 @@ AcceptPolicy SsdAcceptor::CurrentPolicy(uint64_t* generation) {
   return policy_;
 }
 
+bool SsdAcceptor::Superseded(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  return generation != generation_;
+}
+
 void SsdAcceptor::Loop() {
   while (!stop_.load()) {
     uint64_t generation = 0;
@@ -81,6 +91,19 @@ void SsdAcceptor::Loop() {
       }
       // A peer was refused (TcpListener logged who and why at warning); the current link and
       // the launched speculator are left alone.
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const absl::Status ready = OfferSsdInit(**channel, init_, init_timeout_,
+                                            [&] { return stop_.load() || Superseded(generation); });
+    if (stop_.load()) return;
+    if (absl::IsCancelled(ready)) {
+      SPECD_LOG_WARN("ssd: dropping a speculator admitted before the latest launch");
+      continue;
+    }
+    if (!ready.ok()) {  // it is closed with the channel; the current link is left alone
+      SPECD_LOG_WARN("ssd: the speculator from {} did not start: {}", (*channel)->peer_address(),
+                     ready.ToString());
       refused_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }

@@ -1,10 +1,11 @@
 // The verifier's door for speculators: a background thread accepts connections on the SSD
 // listener, admits only a peer that passes the current policy (the launched process on
-// loopback, TLS when configured, proof of the link secret), and hands each admitted channel to
-// the engine thread, which takes it at its next round. A refused connection changes nothing: it
-// is counted, logged at warning and closed, while the current link and the launched speculator
-// carry on. The handshake runs on this thread, so a slow or hostile peer never stalls the
-// engine. Take/WaitFor: the engine thread; the rest: any thread.
+// loopback, TLS when configured, proof of the link secret), sends it the SsdInit and waits for
+// its SsdReady (ssd_init.h), and hands each ready channel to the engine thread, which takes it at
+// its next round. A refused connection or a failed init changes nothing: it is counted, logged at
+// warning and closed, while the current link and the launched speculator carry on. The handshake
+// and the init run on this thread, so a slow or hostile peer, or a draft that takes a minute to
+// load, never stalls the engine. Take/WaitFor: the engine thread; the rest: any thread.
 #pragma once
 
 #include <atomic>
@@ -15,14 +16,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/distributed/messages.h"
 #include "engine/distributed/tcp_channel.h"
 
 namespace specd {
 
 class SsdAcceptor {
  public:
-  // Starts accepting on `listener` with `policy`.
-  SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy);
+  // Starts accepting on `listener` with `policy`; each admitted speculator gets `init` and
+  // `init_timeout` to answer it.
+  SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy, SsdInit init,
+              absl::Duration init_timeout);
   // Closes the listener and joins the thread.
   ~SsdAcceptor();
   SsdAcceptor(const SsdAcceptor&) = delete;
@@ -42,15 +46,20 @@ class SsdAcceptor {
   // Waits up to `timeout` for an admitted channel (startup); null when none came.
   std::unique_ptr<TcpChannel> WaitFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Connections refused so far (wrong process, TLS, secret, garbage, incompatible Hello).
+  // Connections refused so far (wrong process, TLS, secret, garbage, incompatible Hello, an
+  // init the speculator failed).
   int64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
   void Loop();
   // The policy for a connection that just arrived (waits while a launch is half done).
   AcceptPolicy CurrentPolicy(uint64_t* generation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a launch began since `generation` (a channel admitted before it is dropped).
+  bool Superseded(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::unique_ptr<TcpListener> listener_;
+  const SsdInit init_;
+  const absl::Duration init_timeout_;
   absl::Mutex mu_;
   AcceptPolicy policy_ ABSL_GUARDED_BY(mu_);
   bool launching_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,14 +1,13 @@
-// What the two ends of SSD's channel agree on (engine/distributed/messages.h carries it): the wire
-// limits both build from the same inputs (the handshake refuses a peer whose limits differ), the
-// model fingerprint, and how many q rows one response may carry. Shared by the verifier's
-// SsdSpeculator and the speculator process's SsdWorker. Pure; any thread.
+// What the two ends of SSD's channel agree on (engine/distributed/messages.h carries it): the Hello
+// both send, under small fixed limits (the speculator learns the verifier's batch and context
+// limits only from the SsdInit that follows), the wire limits both then switch to, built from the
+// SsdInit's values, and how many q rows one response may carry. Shared by the verifier's
+// SsdSpeculator and the speculator process (ssd_init.h). Pure; any thread.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 
-#include "absl/strings/str_cat.h"
 #include "engine/distributed/messages.h"
 #include "engine/speculation/spec_config.h"
 
@@ -34,7 +33,29 @@ inline WireLimits SsdWireLimits(int32_t vocab, int32_t max_num_seqs, int32_t max
   return l;
 }
 
-// What both models must share: the vocabulary (the draft proposes the target's ids).
-inline std::string SsdFingerprint(int32_t vocab) { return absl::StrCat("ssd;vocab=", vocab); }
+// The limits of the handshake and the init exchange (Hello, SsdInit, SsdReady have fixed sizes):
+// no room for a round's messages until both ends switched to SsdWireLimits.
+inline WireLimits SsdHandshakeLimits() {
+  WireLimits l;
+  l.max_batch = 1;
+  l.max_draft_tokens = 1;
+  l.max_fan_out = 0;
+  l.vocab_size = 0;
+  l.max_seq_tokens = 1;
+  l.max_request_tokens = 1;
+  l.max_prob_rows = 0;
+  l.max_release_ids = 0;
+  return l;
+}
+
+// Both ends' Hello: the same fingerprint and the handshake limits (what both models must share,
+// the vocabulary, is checked by the speculator against the SsdInit once its draft is loaded).
+inline Hello SsdHello(Role role) {
+  Hello h;
+  h.role = role;
+  h.model_fingerprint = "specd-ssd";
+  h.limits = SsdHandshakeLimits();
+  return h;
+}
 
 }  // namespace specd

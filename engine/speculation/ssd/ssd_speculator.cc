@@ -13,6 +13,7 @@
 #include "engine/distributed/link_auth.h"
 #include "engine/distributed/tls.h"
 #include "engine/speculation/saguaro/saguaro.h"
+#include "engine/speculation/ssd/ssd_init.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 
 namespace specd {
@@ -34,14 +35,6 @@ absl::StatusOr<std::pair<std::string, uint16_t>> SplitAddress(const std::string&
         absl::StrCat("speculator_address '", address, "' is not HOST:PORT"));
   }
   return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
-}
-
-Hello VerifierHello(const WireLimits& limits, int32_t vocab) {
-  Hello h;
-  h.role = Role::kVerifier;
-  h.model_fingerprint = SsdFingerprint(vocab);
-  h.limits = limits;
-  return h;
 }
 
 // The link secret of a speculator started by hand: the secret file, else the environment.
@@ -92,12 +85,12 @@ absl::Status SsdSpeculator::StartListening() {
   if (!ssd.launch) {
     SPECD_ASSIGN_OR_RETURN(policy.secret, RemoteSecret(ssd));
   }
-  SPECD_ASSIGN_OR_RETURN(
-      std::unique_ptr<TcpListener> listener,
-      TcpListener::Listen(address.first, address.second,
-                          VerifierHello(limits_, options_.vocab_size), std::move(tls)));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<TcpListener> listener,
+                         TcpListener::Listen(address.first, address.second,
+                                             SsdHello(Role::kVerifier), std::move(tls)));
   if (ssd.launch) policy.expected_pid = INT32_MAX;  // nobody until the first launch
-  acceptor_ = std::make_unique<SsdAcceptor>(std::move(listener), policy);
+  acceptor_ = std::make_unique<SsdAcceptor>(std::move(listener), policy, MakeSsdInit(options_),
+                                            options_.init_timeout);
   SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, port());
   return absl::OkStatus();
 }
@@ -158,9 +151,9 @@ void SsdSpeculator::MaybeLaunch() {
     SPECD_LOG_ERROR("ssd: cannot launch the speculator: {}", secret.status().ToString());
     return;
   }
-  std::vector<std::string> argv = {binary, "speculator", "--connect",
-                                   absl::StrCat("127.0.0.1:", port())};
-  argv.insert(argv.end(), options_.launch_args.begin(), options_.launch_args.end());
+  // Its settings come in the SsdInit once it joined: the command line names only where to join.
+  const std::vector<std::string> argv = {binary, "speculator", "--connect",
+                                         absl::StrCat("127.0.0.1:", port())};
   launch_command_ = absl::StrCat(binary, " speculator");
   acceptor_->BeginLaunch(*secret);
   absl::StatusOr<Subprocess> p =

@@ -11,8 +11,9 @@
 // to it whole again. Only an authenticated speculator joins (SsdAcceptor,
 // engine/distributed/link_auth.h): a launched one gets a fresh secret per launch in its environment
 // and must be that process; one started by hand proves it holds the secret file's secret, over TLS
-// when configured. A refused connection never touches the current link or the launched process.
-// Engine thread only.
+// when configured; it then receives its settings in an SsdInit and answers SsdReady once its
+// draft is loaded (ssd_init.h), all on the acceptor's thread. A refused connection or a failed
+// init never touches the current link or the launched process. Engine thread only.
 #pragma once
 
 #include <atomic>
@@ -37,15 +38,25 @@
 
 namespace specd {
 
+// What the verifier knows of its speculator. Everything the speculator must share with it (the
+// vocabulary, the limits, config's draft fields, the draft's runner below) reaches it in the
+// SsdInit each joining speculator gets after the handshake (ssd_init.h); a launched one is started
+// as `<binary> speculator --connect 127.0.0.1:PORT`, nothing more.
 struct SsdSpeculatorOptions {
   SpeculativeConfig config;  // method ssd: draft model, K, fan-out, address, launch, timeout
   int32_t vocab_size = 0;    // the target's
   int32_t max_num_seqs = 256;
   int32_t max_model_len = 0;
-  // How to start the speculator process when config.ssd.launch: these arguments after
-  // `<binary> speculator --connect HOST:PORT` (the engine adds the model, device and limits).
-  std::vector<std::string> launch_args;
+  int32_t max_num_batched_tokens = 2048;  // tokens of one draft forward pass
+  // The draft's runner, as the verifier sets it up for its speculator.
+  std::string device = "cpu";  // config.speculator_device, else the target's
+  int32_t num_threads = 0;     // CPU threads; 0: one per core
+  int32_t block_size = 16;
+  std::string load_format = "auto";
+  double gpu_memory_utilization = 0.9;                  // config.ssd's, else the target's
   absl::Duration startup_timeout = absl::Seconds(120);  // first connection (the draft loads)
+  // How long a speculator that joined may take to load its draft and answer the SsdInit.
+  absl::Duration init_timeout = absl::Minutes(10);
 };
 
 class SsdSpeculator : public Speculator {

@@ -2,18 +2,23 @@
 // outcome it sends for a sequence carries the accepted length the engine told it (OnVerified),
 // never one guessed from the committed tokens, and a sequence told nothing reports 0; a sampled
 // request's Saguaro C comes from its resolved speculation options, else the default by
-// temperature.
+// temperature. The init exchange: a joining speculator gets the verifier's settings in its
+// SsdInit; one that cannot start (SsdReady not ok), answers the init with something else, or
+// speaks an older protocol never joins, and the verifier drafts locally meanwhile.
 #include "engine/speculation/ssd/ssd_speculator.h"
 
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/distributed/link_auth.h"
 #include "engine/distributed/tcp_channel.h"
 #include "engine/speculation/saguaro/saguaro.h"
+#include "engine/speculation/ssd/ssd_init.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "gtest/gtest.h"
 
@@ -26,20 +31,48 @@ constexpr int32_t kMaxModelLen = 128;
 constexpr int32_t kK = 4;
 const std::vector<int32_t> kDrafts = {5, 6, 7, 8};  // what the scripted speculator proposes
 
-// The speculator process's end: answers every request with kDrafts for each sequence and keeps
-// the requests. Serve runs on its own thread until the link closes.
+// How the scripted speculator answers the verifier's SsdInit.
+enum class InitAnswer { kReady, kCannotStart, kHeartbeatThenClose };
+
+// The speculator process's end: answers the SsdInit as told, then every request with kDrafts for
+// each sequence, and keeps the init and the requests. Serve runs on its own thread until the link
+// closes; it returns the handshake's status.
 class ScriptedSpeculator {
  public:
-  void Serve(uint16_t port, const LinkSecret& secret) {
-    Hello hello;
-    hello.role = Role::kSpeculator;
-    hello.model_fingerprint = SsdFingerprint(kVocab);
-    hello.limits = SsdWireLimits(kVocab, kMaxNumSeqs, kMaxModelLen);
+  explicit ScriptedSpeculator(InitAnswer answer = InitAnswer::kReady,
+                              uint16_t protocol_version = kProtocolVersion)
+      : answer_(answer), protocol_version_(protocol_version) {}
+
+  absl::Status Serve(uint16_t port, const LinkSecret& secret) {
+    Hello hello = SsdHello(Role::kSpeculator);
+    hello.protocol_version = protocol_version_;
     ConnectOptions connect;
     connect.timeout = absl::Seconds(10);
     absl::StatusOr<std::unique_ptr<TcpChannel>> channel =
         TcpChannel::Connect("127.0.0.1", port, hello, secret, connect);
-    if (!channel.ok()) return;
+    if (!channel.ok()) return channel.status();
+    absl::StatusOr<SsdInit> init = ReceiveSsdInit(**channel, absl::Seconds(10));
+    if (!init.ok()) return init.status();
+    {
+      std::lock_guard lock(mu_);
+      init_ = *init;
+    }
+    switch (answer_) {
+      case InitAnswer::kReady:
+        if (absl::Status s = (*channel)->SetLimits(SsdInitLimits(*init)); !s.ok()) return s;
+        (void)(*channel)->Send(SsdReady{.ok = true, .device = "scripted", .reason = ""},
+                               absl::Seconds(5));
+        break;
+      case InitAnswer::kCannotStart:
+        (void)(*channel)->Send(
+            SsdReady{.ok = false, .device = "", .reason = "no draft on this host"},
+            absl::Seconds(5));
+        return absl::OkStatus();
+      case InitAnswer::kHeartbeatThenClose:
+        (void)(*channel)->Send(Heartbeat{}, absl::Seconds(5));
+        (void)(*channel)->Send(Shutdown{"changed my mind"}, absl::Seconds(5));
+        return absl::OkStatus();
+    }
     Message message;
     Message reply = SpeculateResponse();
     while ((*channel)->Recv(absl::Seconds(30), &message).ok()) {
@@ -55,8 +88,9 @@ class ScriptedSpeculator {
         std::lock_guard lock(mu_);
         requests_.push_back(request);
       }
-      if (!(*channel)->Send(reply, absl::Seconds(5)).ok()) return;
+      if (!(*channel)->Send(reply, absl::Seconds(5)).ok()) break;
     }
+    return absl::OkStatus();
   }
   // The last request that carried sequences.
   SpeculateRequest LastRequest() {
@@ -66,11 +100,87 @@ class ScriptedSpeculator {
     }
     return {};
   }
+  // The SsdInit the verifier sent, if one came.
+  std::optional<SsdInit> init() {
+    std::lock_guard lock(mu_);
+    return init_;
+  }
 
  private:
+  const InitAnswer answer_;
+  const uint16_t protocol_version_;
   std::mutex mu_;
+  std::optional<SsdInit> init_;
   std::vector<SpeculateRequest> requests_;
 };
+
+// A verifier that lets speculators join on its own (launch off) with a fresh secret, whose
+// Create does not wait for one.
+struct Verifier {
+  Verifier() {
+    absl::StatusOr<LinkSecret> s = NewLinkSecret();
+    EXPECT_TRUE(s.ok()) << s.status();
+    secret = *s;
+    EXPECT_EQ(setenv(kLinkSecretEnv, LinkSecretToHex(secret).c_str(), 1), 0);
+    absl::StatusOr<SpeculativeConfig> config = ParseSpeculativeConfig(
+        R"({"method": "ssd", "model": "/models/draft", "num_speculative_tokens": 4,
+            "fan_out": 5, "launch_speculator": false, "speculator_address": "127.0.0.1:0"})");
+    EXPECT_TRUE(config.ok()) << config.status();
+    options.config = *config;
+    options.vocab_size = kVocab;
+    options.max_num_seqs = kMaxNumSeqs;
+    options.max_model_len = kMaxModelLen;
+    options.device = "cuda:3";
+    options.num_threads = 6;
+    options.startup_timeout = absl::Milliseconds(1);  // the scripted speculator joins afterwards
+    absl::StatusOr<std::unique_ptr<SsdSpeculator>> created = SsdSpeculator::Create(options);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) ssd = *std::move(created);
+    unsetenv(kLinkSecretEnv);
+  }
+  LinkSecret secret;
+  SsdSpeculatorOptions options;
+  std::unique_ptr<SsdSpeculator> ssd;
+};
+
+// Runs `peer` against `v` on its own thread; the verifier's end (its Shutdown on destruction)
+// ends Serve, also after a failed assertion.
+class PeerThread {
+ public:
+  PeerThread(Verifier& v, ScriptedSpeculator& peer)
+      : v_(v), thread_([this, &peer, port = static_cast<uint16_t>(v.ssd->port())] {
+          status_ = peer.Serve(port, v_.secret);
+        }) {}
+  ~PeerThread() { Join(); }
+  // Stops the verifier and waits for the peer; what its handshake gave.
+  const absl::Status& Join() {
+    if (thread_.joinable()) {
+      v_.ssd.reset();
+      thread_.join();
+    }
+    return status_;
+  }
+  // Waits for a peer that ends by itself (the verifier stays).
+  const absl::Status& Wait() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  Verifier& v_;
+  absl::Status status_;
+  std::thread thread_;
+};
+
+// Proposes empty rounds until the link is up or `tries` ran out.
+bool WaitConnected(SsdSpeculator& ssd, int tries = 500) {
+  std::vector<Draft> drafts;
+  for (int i = 0; i < tries && !ssd.stats().connected; ++i) {
+    if (!ssd.Propose({}, &drafts).ok()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return ssd.stats().connected;
+}
 
 const SpeculateSeq* Find(const SpeculateRequest& r, uint64_t seq_id) {
   for (const SpeculateSeq& m : r.seqs) {
@@ -80,40 +190,13 @@ const SpeculateSeq* Find(const SpeculateRequest& r, uint64_t seq_id) {
 }
 
 TEST(SsdSpeculatorTest, SendsTheToldAcceptedLengthAndTheRequestsSaguaroC) {
-  absl::StatusOr<LinkSecret> secret = NewLinkSecret();
-  ASSERT_TRUE(secret.ok()) << secret.status();
-  ASSERT_EQ(setenv(kLinkSecretEnv, LinkSecretToHex(*secret).c_str(), 1), 0);
-  absl::StatusOr<SpeculativeConfig> config = ParseSpeculativeConfig(
-      R"({"method": "ssd", "model": "unused", "num_speculative_tokens": 4,
-          "launch_speculator": false, "speculator_address": "127.0.0.1:0"})");
-  ASSERT_TRUE(config.ok()) << config.status();
-  SsdSpeculatorOptions o;
-  o.config = *config;
-  o.vocab_size = kVocab;
-  o.max_num_seqs = kMaxNumSeqs;
-  o.max_model_len = kMaxModelLen;
-  o.startup_timeout = absl::Milliseconds(1);  // the scripted speculator joins afterwards
-  absl::StatusOr<std::unique_ptr<SsdSpeculator>> created = SsdSpeculator::Create(o);
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<SsdSpeculator> ssd = *std::move(created);
-  unsetenv(kLinkSecretEnv);
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  SsdSpeculator* ssd = v.ssd.get();
   ScriptedSpeculator peer;
-  std::thread serving(
-      [&, port = static_cast<uint16_t>(ssd->port())] { peer.Serve(port, *secret); });
-  struct Joiner {  // the verifier's Shutdown ends Serve, also after a failed assertion
-    std::unique_ptr<SsdSpeculator>* ssd;
-    std::thread* serving;
-    ~Joiner() {
-      ssd->reset();
-      serving->join();
-    }
-  } joiner{&ssd, &serving};
+  PeerThread serving(v, peer);
   std::vector<Draft> drafts;
-  for (int i = 0; i < 500 && !ssd->stats().connected; ++i) {  // the acceptor admits it
-    ASSERT_TRUE(ssd->Propose({}, &drafts).ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(ssd->stats().connected);
+  ASSERT_TRUE(WaitConnected(*ssd));  // the acceptor admits it
   const int64_t local_rounds = ssd->stats().local_rounds;
 
   // Round 1: two greedy sequences and two sampled ones, one with the request's own C.
@@ -166,6 +249,102 @@ TEST(SsdSpeculatorTest, SendsTheToldAcceptedLengthAndTheRequestsSaguaroC) {
   EXPECT_EQ(Find(second, 2)->accepted_len, 0) << "told nothing: no drafts were accepted";
   EXPECT_EQ(second.TokensOf(*Find(second, 1)).size(), 3u);
   EXPECT_EQ(ssd->stats().local_rounds, local_rounds) << "both rounds answered remotely";
+}
+
+TEST(SsdSpeculatorTest, AJoiningSpeculatorGetsTheVerifiersSettingsInItsInit) {
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  ScriptedSpeculator peer;
+  PeerThread serving(v, peer);
+  ASSERT_TRUE(WaitConnected(*v.ssd));
+  const std::optional<SsdInit> init = peer.init();
+  ASSERT_TRUE(init.has_value());
+  EXPECT_EQ(*init, MakeSsdInit(v.options));
+  EXPECT_EQ(init->vocab_size, uint32_t{kVocab});
+  EXPECT_EQ(init->max_num_seqs, uint32_t{kMaxNumSeqs});
+  EXPECT_EQ(init->max_model_len, uint32_t{kMaxModelLen});
+  EXPECT_EQ(init->draft_model, "/models/draft");
+  EXPECT_EQ(init->device, "cuda:3");
+  EXPECT_EQ(init->num_threads, 6u);
+  EXPECT_EQ(init->num_speculative_tokens, 4u);
+  EXPECT_EQ(init->fan_out, 5u);
+  EXPECT_EQ(v.ssd->stats().refused_joins, 0);
+}
+
+// Rounds of `v` with one sequence whose context repeats (n-gram finds drafts in it).
+std::vector<Draft> ProposeRepeating(SsdSpeculator& ssd) {
+  static const std::vector<int32_t> tokens = {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  DraftInput in;
+  in.seq_id = 1;
+  in.tokens = tokens;
+  in.num_draft_tokens = kK;
+  in.params = &greedy;
+  std::vector<Draft> drafts;
+  EXPECT_TRUE(ssd.Propose({&in, 1}, &drafts).ok());
+  return drafts;
+}
+
+// A speculator that joins but cannot honour the init (its draft does not load, or it answers
+// with anything but SsdReady) never becomes the link: the verifier counts it as refused, keeps
+// drafting locally, and a working speculator that comes later joins.
+TEST(SsdSpeculatorTest, ASpeculatorThatFailsItsInitNeverJoinsAndRoundsGoLocal) {
+  for (const InitAnswer answer : {InitAnswer::kCannotStart, InitAnswer::kHeartbeatThenClose}) {
+    SCOPED_TRACE(static_cast<int>(answer));
+    Verifier v;
+    ASSERT_NE(v.ssd, nullptr);
+    ScriptedSpeculator failing(answer);
+    PeerThread attempt(v, failing);
+    EXPECT_TRUE(attempt.Wait().ok()) << attempt.Wait();
+    std::vector<Draft> drafts;
+    for (int i = 0; i < 500 && v.ssd->stats().refused_joins == 0; ++i) {
+      ASSERT_TRUE(v.ssd->Propose({}, &drafts).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(v.ssd->stats().refused_joins, 1);
+    EXPECT_FALSE(v.ssd->stats().connected);
+    const int64_t local_rounds = v.ssd->stats().local_rounds;
+    drafts = ProposeRepeating(*v.ssd);
+    ASSERT_EQ(drafts.size(), 1u);
+    EXPECT_EQ(drafts[0].origin, DraftOrigin::kLocal);
+    EXPECT_FALSE(drafts[0].tokens.empty()) << "n-gram drafts from the repeating context";
+    EXPECT_EQ(v.ssd->stats().local_rounds, local_rounds + 1);
+
+    ScriptedSpeculator working;
+    PeerThread serving(v, working);
+    ASSERT_TRUE(WaitConnected(*v.ssd));
+    drafts = ProposeRepeating(*v.ssd);
+    ASSERT_EQ(drafts.size(), 1u);
+    EXPECT_EQ(drafts[0].tokens, kDrafts);
+    EXPECT_EQ(drafts[0].origin, DraftOrigin::kPrimary);
+  }
+}
+
+// A speculator of the protocol before SsdInit (its settings on its command line) is refused at
+// the Hello with both versions named; the verifier never sends it an init and drafts locally.
+TEST(SsdSpeculatorTest, ASpeculatorOfAnOlderProtocolIsRefusedAtHello) {
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  ScriptedSpeculator old(InitAnswer::kReady, kProtocolVersion - 1);
+  PeerThread attempt(v, old);
+  const absl::Status refused = attempt.Wait();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(
+      refused.message(),
+      absl::StrCat("protocol version mismatch: verifier speaks ", kProtocolVersion,
+                   ", speculator speaks ", kProtocolVersion - 1)))
+      << refused;
+  EXPECT_FALSE(old.init().has_value());
+  std::vector<Draft> drafts;
+  for (int i = 0; i < 500 && v.ssd->stats().refused_joins == 0; ++i) {
+    ASSERT_TRUE(v.ssd->Propose({}, &drafts).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(v.ssd->stats().refused_joins, 1);
+  drafts = ProposeRepeating(*v.ssd);
+  ASSERT_EQ(drafts.size(), 1u);
+  EXPECT_EQ(drafts[0].origin, DraftOrigin::kLocal);
 }
 
 }  // namespace

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
-#include "engine/distributed/tcp_channel.h"
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 
@@ -479,32 +477,10 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   return absl::OkStatus();
 }
 
-absl::Status SsdWorker::Serve(const std::string& address, absl::Duration connect_timeout) {
-  const size_t colon = address.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port == 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--connect '", address, "' is not HOST:PORT"));
-  }
-  Hello hello;
-  hello.role = Role::kSpeculator;
-  hello.model_fingerprint = SsdFingerprint(vocab_size());
-  hello.limits = limits();
-  ConnectOptions connect;
-  connect.timeout = connect_timeout;
-  const SsdOptions& ssd = options_.config.ssd;
-  if (const TlsFiles tls{ssd.tls_cert, ssd.tls_key, ssd.tls_ca}; tls.enabled()) {
-    SPECD_ASSIGN_OR_RETURN(connect.tls, TlsContext::Create(tls, TlsContext::Side::kClient));
-  }
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<TcpChannel> channel,
-                         TcpChannel::Connect(address.substr(0, colon), static_cast<uint16_t>(port),
-                                             hello, options_.link_secret, connect));
-  SPECD_LOG_INFO("ssd speculator: joined the verifier at {}", address);
-  // A new verifier connection knows none of our sequences: start clean.
+void SsdWorker::DropAll() {
   std::vector<uint64_t> ids;
   for (const auto& [id, s] : seqs_) ids.push_back(id);
   for (uint64_t id : ids) Drop(id);
-  return ServeChannel(*channel);
 }
 
 absl::Status SsdWorker::ServeChannel(Channel& channel) {

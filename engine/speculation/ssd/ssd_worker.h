@@ -35,7 +35,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/distributed/channel.h"
-#include "engine/distributed/link_auth.h"
 #include "engine/distributed/messages.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
@@ -44,15 +43,14 @@
 
 namespace specd {
 
+// In the speculator process, all of it but the seed comes from the verifier's SsdInit
+// (ssd_init.h SsdWorkerOptionsFrom).
 struct SsdWorkerOptions {
   SpeculativeConfig config;    // method ssd: draft model dir, K, fan-out, backup, b*
   RunnerOptions draft;         // the draft's runner (model_dir is config.draft_model)
   int32_t max_num_seqs = 256;  // the verifier's: sizes the wire limits
   int32_t max_model_len = 0;   // the verifier's context limit (0: the draft's)
   uint64_t seed = 0x5eed;      // backup random drafts
-  // The link secret this end proves it holds (engine/distributed/link_auth.h); TLS files, when set,
-  // come from config.ssd (tls_cert, tls_key, tls_ca).
-  LinkSecret link_secret;
 };
 
 // What the worker did, cumulative (the verifier also gets per-draft status in each response).
@@ -84,11 +82,11 @@ class SsdWorker {
   // Loads the draft model (its own runner and KV).
   static absl::StatusOr<std::unique_ptr<SsdWorker>> Create(const SsdWorkerOptions& options);
 
-  // Connects to the verifier at HOST:PORT (retrying until connect_timeout), shakes hands and
-  // serves rounds until the verifier sends Shutdown (OK) or the link breaks (Unavailable).
-  absl::Status Serve(const std::string& address, absl::Duration connect_timeout);
-  // Serves rounds over an already connected, handshaken channel.
+  // Serves rounds over a connected channel whose init is done (ssd_process.h joins the verifier)
+  // until the verifier sends Shutdown (OK) or the link breaks (Unavailable).
   absl::Status ServeChannel(Channel& channel);
+  // Forgets every sequence: a verifier that just joined knows none of them.
+  void DropAll();
 
   // One round: the response to `request`. Then BuildCache precomputes the next outcomes' drafts.
   // Public for tests (ServeChannel calls both).
@@ -105,6 +103,8 @@ class SsdWorker {
   int32_t draft_total_blocks() const { return draft_->runner().num_kv_blocks(); }
   int32_t vocab_size() const;
   WireLimits limits() const;
+  // Where the draft runs, for logs and the verifier's SsdReady.
+  std::string draft_device() const { return draft_->runner().device_name(); }
   // b* in force: the configured critical batch size, or the one the measured hit rate and
   // latencies give (saguaro.h CriticalBatchSize).
   int32_t critical_batch_size() const;
