@@ -167,6 +167,10 @@ class CudaEagle3Compute : public Eagle3Compute {
   // the graph of its bucket; false in *ran when it must run eagerly.
   absl::Status RunStepGraph(std::span<const Row> rows, bool* ran);
   absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
+  // DraftRound's catch-up pass: checks the groups' rows (group g starts at rows[first[g]]) and
+  // queues the upload of round_in_ for them, padded to `bucket` sequences of `per_seq` rows.
+  absl::StatusOr<Pass> StageRoundInputs(std::span<const Row> rows, std::span<const size_t> first,
+                                        int32_t bucket, int32_t per_seq, int32_t catch_up_half);
   // Checks `rows` (one per sequence, chain rows that draw, `steps` positions each within their
   // block tables) and queues the upload of a graph's inputs for them, padded to `bucket`; step 0
   // reads its prenorm rows (Row::hidden < 0) from half `read_half`.

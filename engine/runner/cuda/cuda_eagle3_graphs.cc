@@ -288,6 +288,85 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
   return absl::OkStatus();
 }
 
+// The catch-up pass of a round graph over round_in_: sequence g's rows (rows[first[g]] up to the
+// next group's first) checked and staged, padded to `bucket` sequences of `per_seq` rows, and
+// their upload queued; its prenorm rows go to half catch_up_half.
+absl::StatusOr<CudaEagle3Compute::Pass> CudaEagle3Compute::StageRoundInputs(
+    std::span<const Row> rows, std::span<const size_t> first, int32_t bucket, int32_t per_seq,
+    int32_t catch_up_half) {
+  const auto num = static_cast<int32_t>(first.size());
+  // The catch-up's inputs: sequence g's rows at g * per_seq ..., front-padded by copies of its
+  // first row at the positions before it (slot -1: no KV written; the verification attention
+  // needs each run's queries at its last positions); a padding sequence's rows read the scratch
+  // block, as the chain's padding does.
+  const RoundLayout lay(max_rows_, options_.max_seqs);
+  auto* in = round_in_host_.as<uint8_t>();
+  auto* tokens = reinterpret_cast<int32_t*>(in + lay.tokens);
+  auto* positions = reinterpret_cast<int32_t*>(in + lay.positions);
+  auto* hidden = reinterpret_cast<int32_t*>(in + lay.hidden);
+  auto* seq_lens = reinterpret_cast<int32_t*>(in + lay.seq_lens);
+  auto* cu = reinterpret_cast<int32_t*>(in + lay.cu);
+  auto* logits_rows = reinterpret_cast<int32_t*>(in + lay.logits_rows);
+  auto* slots = reinterpret_cast<int64_t*>(in + lay.slots);
+  const int32_t bs = options_.block_size;
+  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
+  for (int32_t s = 0; s < bucket; ++s) {
+    const int32_t base = s * per_seq;
+    cu[s] = base;
+    logits_rows[s] = base + per_seq - 1;
+    if (s >= num) {
+      seq_lens[s] = per_seq;
+      for (int32_t j = 0; j < per_seq; ++j) {
+        tokens[base + j] = 0;
+        positions[base + j] = j;
+        hidden[base + j] = 0;
+        slots[base + j] = -1;
+      }
+      continue;
+    }
+    const size_t begin = first[s], end = s + 1 < num ? first[s + 1] : rows.size();
+    const auto pad = per_seq - static_cast<int32_t>(end - begin);
+    seq_lens[s] = rows[end - 1].position + 1;
+    for (int32_t j = 0; j < per_seq; ++j) {
+      const Row& r = rows[begin + std::max(0, j - pad)];
+      const int32_t pos = rows[end - 1].position - (per_seq - 1 - j);
+      const int64_t block = pos / bs;
+      if (pos >= options_.max_model_len || block >= static_cast<int64_t>(r.block_table.size()) ||
+          r.token < 0 || r.token >= config_.layer.vocab_size ||
+          (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
+        return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: catch-up row (position ",
+                                                       r.position, ", token ", r.token, ", hidden ",
+                                                       r.hidden, ") is malformed"));
+      }
+      tokens[base + j] = r.token;
+      positions[base + j] = pos;
+      hidden[base + j] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
+      slots[base + j] = j < pad ? -1 : int64_t{r.block_table[block]} * bs + pos % bs;
+    }
+  }
+  cu[bucket] = bucket * per_seq;
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(round_in_.as(), in, lay.bytes, cudaMemcpyHostToDevice, options_.stream),
+      "EAGLE-3 round inputs"));
+  const auto* dev = round_in_.as<uint8_t>();
+  Pass p;
+  p.tokens = reinterpret_cast<const int32_t*>(dev + lay.tokens);
+  p.positions = reinterpret_cast<const int32_t*>(dev + lay.positions);
+  p.hidden = reinterpret_cast<const int32_t*>(dev + lay.hidden);
+  p.seq_lens = reinterpret_cast<const int32_t*>(dev + lay.seq_lens);
+  p.cu_q_lens = reinterpret_cast<const int32_t*>(dev + lay.cu);
+  p.rows = reinterpret_cast<const int32_t*>(dev + lay.logits_rows);
+  p.slots = reinterpret_cast<const int64_t*>(dev + lay.slots);
+  p.tables = graph_tables_.as<int32_t>();
+  p.table_stride = max_blocks_per_seq_;
+  p.num_groups = bucket;
+  p.max_q_len = per_seq;
+  p.n = int64_t{bucket} * per_seq;
+  p.m = bucket;
+  p.prenorm_dst = pool_rows_ + int64_t{catch_up_half} * max_logit_rows_;
+  return p;
+}
+
 absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t steps,
                                            std::vector<int32_t>* ids, bool* ran) {
   *ran = false;
@@ -340,76 +419,9 @@ absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t st
   }
   const GraphLayout g(options_.max_seqs, steps);
   SPECD_RETURN_IF_ERROR(StageGraphInputs(round_chain_rows_, bucket, steps, g, catch_up_half));
-  // The catch-up's inputs: sequence g's rows at g * per_seq ..., front-padded by copies of its
-  // first row at the positions before it (slot -1: no KV written; the verification attention
-  // needs each run's queries at its last positions); a padding sequence's rows read the scratch
-  // block, as the chain's padding does.
-  const RoundLayout lay(max_rows_, options_.max_seqs);
-  auto* in = round_in_host_.as<uint8_t>();
-  auto* tokens = reinterpret_cast<int32_t*>(in + lay.tokens);
-  auto* positions = reinterpret_cast<int32_t*>(in + lay.positions);
-  auto* hidden = reinterpret_cast<int32_t*>(in + lay.hidden);
-  auto* seq_lens = reinterpret_cast<int32_t*>(in + lay.seq_lens);
-  auto* cu = reinterpret_cast<int32_t*>(in + lay.cu);
-  auto* logits_rows = reinterpret_cast<int32_t*>(in + lay.logits_rows);
-  auto* slots = reinterpret_cast<int64_t*>(in + lay.slots);
-  const int32_t bs = options_.block_size;
-  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
-  for (int32_t s = 0; s < bucket; ++s) {
-    const int32_t base = s * per_seq;
-    cu[s] = base;
-    logits_rows[s] = base + per_seq - 1;
-    if (s >= num) {
-      seq_lens[s] = per_seq;
-      for (int32_t j = 0; j < per_seq; ++j) {
-        tokens[base + j] = 0;
-        positions[base + j] = j;
-        hidden[base + j] = 0;
-        slots[base + j] = -1;
-      }
-      continue;
-    }
-    const size_t begin = first[s], end = s + 1 < num ? first[s + 1] : rows.size();
-    const auto pad = per_seq - static_cast<int32_t>(end - begin);
-    seq_lens[s] = rows[end - 1].position + 1;
-    for (int32_t j = 0; j < per_seq; ++j) {
-      const Row& r = rows[begin + std::max(0, j - pad)];
-      const int32_t pos = rows[end - 1].position - (per_seq - 1 - j);
-      const int64_t block = pos / bs;
-      if (pos >= options_.max_model_len || block >= static_cast<int64_t>(r.block_table.size()) ||
-          r.token < 0 || r.token >= config_.layer.vocab_size ||
-          (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
-        return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: catch-up row (position ",
-                                                       r.position, ", token ", r.token, ", hidden ",
-                                                       r.hidden, ") is malformed"));
-      }
-      tokens[base + j] = r.token;
-      positions[base + j] = pos;
-      hidden[base + j] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
-      slots[base + j] = j < pad ? -1 : int64_t{r.block_table[block]} * bs + pos % bs;
-    }
-  }
-  cu[bucket] = bucket * per_seq;
+  SPECD_ASSIGN_OR_RETURN(const Pass p,
+                         StageRoundInputs(rows, first, bucket, per_seq, catch_up_half));
   cudaStream_t st = options_.stream;
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpyAsync(round_in_.as(), in, lay.bytes, cudaMemcpyHostToDevice, st),
-                  "EAGLE-3 round inputs"));
-  const auto* dev = round_in_.as<uint8_t>();
-  Pass p;
-  p.tokens = reinterpret_cast<const int32_t*>(dev + lay.tokens);
-  p.positions = reinterpret_cast<const int32_t*>(dev + lay.positions);
-  p.hidden = reinterpret_cast<const int32_t*>(dev + lay.hidden);
-  p.seq_lens = reinterpret_cast<const int32_t*>(dev + lay.seq_lens);
-  p.cu_q_lens = reinterpret_cast<const int32_t*>(dev + lay.cu);
-  p.rows = reinterpret_cast<const int32_t*>(dev + lay.logits_rows);
-  p.slots = reinterpret_cast<const int64_t*>(dev + lay.slots);
-  p.tables = graph_tables_.as<int32_t>();
-  p.table_stride = max_blocks_per_seq_;
-  p.num_groups = bucket;
-  p.max_q_len = per_seq;
-  p.n = int64_t{bucket} * per_seq;
-  p.m = bucket;
-  p.prenorm_dst = pool_rows_ + int64_t{catch_up_half} * max_logit_rows_;
   const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
   auto* chain_ids = chain_ids_.as<int32_t>();
   // The catch-up writes half catch_up_half; chain step s writes the other half when s is even.
