@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -335,6 +336,32 @@ TEST_F(CodepairCudaTest, Eagle3BesideADraftModelOnAnotherDevice) {
 // Parallel drafting on the GPU (the PARD-style draft the project trained for codepair,
 // models/codepair/pard): the catch-up and K - 1 mask tokens in one draft pass, the K drafts drawn
 // on the device (StepDraft rows at the mask positions): plain decoding's output up to bf16 flips.
+// EAGLE-3 under tensor parallelism on two GPUs: the head on rank 0 reads its residual stream,
+// whole after the all-reduce, and drafts greedy chains through its round graphs; the output is
+// plain decoding's at TP 2 up to recorded bf16 near-ties (checked on the CPU backend). Worker
+// ranks are launched from specd: $SPECD_BINARY (tools/gpu/run_all.sh sets it to the packed one),
+// else the build's.
+TEST_F(CodepairCudaTest, Eagle3AtTp2EqualsPlainDecoding) {
+  if (CudaDeviceCount() < 2) {
+    GTEST_SKIP() << "EAGLE-3 at TP 2 needs 2 GPUs; " << CudaDeviceCount() << " visible";
+  }
+#ifdef SPECD_BINARY
+  const char* env = std::getenv("SPECD_BINARY");
+  EngineOptions o = EngineOn("cuda");
+  o.tensor_parallel.size = 2;
+  o.tensor_parallel.worker_binary = env != nullptr && *env != '\0' ? env : SPECD_BINARY;
+  o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  ExpectSpeculationEqualsPlain(*engine, SpeculationParams{SpeculationMethod::kEagle3, 4},
+                               "eagle3 at TP 2");
+  ExpectSpeculationEqualsPlain(*engine, SpeculationParams{SpeculationMethod::kEagle3, 7},
+                               "eagle3 K 7 at TP 2");
+#else
+  FAIL() << "built without specd: no worker binary";
+#endif
+}
+
 TEST_F(CodepairCudaTest, ParallelDraftOnTheGpuEqualsPlainDecoding) {
   EngineOptions o = EngineOn("cuda");
   o.speculative.draft_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
@@ -714,6 +741,42 @@ TEST_F(CodepairCudaSamplingTest, Eagle3SecondTokenFollowsTheTarget) {
   const auto [broken, critical2] =
       speculation_test::SecondTokenChiSquare(*engine, Prompt(*engine), 1500, spec);
   EXPECT_GT(broken, critical2);
+}
+
+// Sampled EAGLE-3 rounds in one captured graph (CudaEagle3Compute::DraftRound with draws: the
+// catch-up, its draw and the chained steps' draws on the device, q rows copied into the slots
+// inside the graph). A prompt of 2^k + 1 tokens makes the first round's catch-up 2^k rows from
+// position 0, which the round graph takes without padding, so the second token comes from a
+// round drafted in one graph (K 2: the catch-up's draw and one chained step). At K 3 the first
+// draft is drawn by the eager catch-up and the rest by a sampled chained graph instead when the
+// prompt is one token shorter (the catch-up would need padding before position 0). The head logs
+// how its rounds ran at exit.
+TEST_F(CodepairCudaSamplingTest, Eagle3SampledRoundGraphsFollowTheTarget) {
+  EngineOptions o = EngineOn("cuda");
+  o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  auto engine = MakeEngine(o);
+  ASSERT_TRUE(engine);
+  const std::vector<int32_t> text = Prompt(*engine);
+  size_t length = 2;
+  while (2 * (length - 1) + 1 <= text.size()) length = 2 * (length - 1) + 1;
+  ASSERT_GE(length, 5u) << "the prompt has " << text.size() << " tokens";
+  const std::vector<int32_t> round_prompt(text.begin(), text.begin() + length);
+  const auto [stat, critical] = speculation_test::SecondTokenChiSquare(
+      *engine, round_prompt, 1500, SpeculationParams{SpeculationMethod::kEagle3, 2});
+  std::printf("[ sampled eagle3 round graph, prompt of %zu ] chi-square %.2f, critical %.2f\n",
+              length, stat, critical);
+  EXPECT_LT(stat, critical);
+  const std::vector<int32_t> chain_prompt(text.begin(), text.begin() + length - 1);
+  const auto [chain_stat, chain_critical] = speculation_test::SecondTokenChiSquare(
+      *engine, chain_prompt, 1500, SpeculationParams{SpeculationMethod::kEagle3, 3});
+  std::printf("[ sampled eagle3 chained graph ] chi-square %.2f, critical %.2f\n", chain_stat,
+              chain_critical);
+  EXPECT_LT(chain_stat, chain_critical);
+  runner_internal::verify_accepts_every_draft_for_test = true;
+  const auto [broken, broken_critical] = speculation_test::SecondTokenChiSquare(
+      *engine, round_prompt, 1500, SpeculationParams{SpeculationMethod::kEagle3, 2});
+  std::printf("[ sampled eagle3 round graph, every draft accepted ] chi-square %.2f\n", broken);
+  EXPECT_GT(broken, broken_critical);
 }
 
 // Sampled EAGLE-3 chains with penalties and top-p on the device (each draw counts the earlier

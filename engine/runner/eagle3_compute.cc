@@ -120,7 +120,10 @@ class CpuEagle3Compute : public Eagle3Compute {
 }  // namespace
 
 absl::Status Eagle3Compute::DraftChain(std::span<const Row> rows, int32_t steps,
-                                       std::vector<int32_t>* ids) {
+                                       const ChainDraws* draws, std::vector<int32_t>* ids,
+                                       bool* ran) {
+  *ran = false;
+  if (draws != nullptr) return absl::OkStatus();  // sampled: a step at a time, by the caller
   ids->clear();
   if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("eagle3: a chain of ", steps));
   for (const Row& r : rows) {
@@ -141,10 +144,11 @@ absl::Status Eagle3Compute::DraftChain(std::span<const Row> rows, int32_t steps,
       step[i].hidden = -static_cast<int32_t>(i) - 1;
     }
   }
+  *ran = true;
   return absl::OkStatus();
 }
 
-absl::Status Eagle3Compute::ReserveDrawSlots(int32_t /*n*/) {
+absl::Status Eagle3Compute::ReserveDrawSlots(int32_t /*seqs*/, int32_t /*per_seq*/) {
   return absl::UnimplementedError("EAGLE-3 head: sampled drafts are drawn on the host");
 }
 

@@ -97,27 +97,46 @@ class Eagle3Compute {
   virtual absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
                                std::vector<int32_t>* ids, std::vector<float>* logits) = 0;
 
-  // Greedy chains: runs `steps` (>= 1) draft steps after a Forward, one row per sequence
-  // (`rows`: chain rows, each its sequence's only one, all with logits, slot -1), and appends
-  // the argmax ids of every step to *ids ([steps, rows.size()], as Forward's ids). Step 0 runs
-  // `rows`; step s > 0 runs row i at position rows[i].position + s with the token step s - 1
-  // drew for it and that step's prenorm output as its hidden input. Afterwards the last step is
-  // "the previous Forward" (Row::hidden < 0 reads its rows). The default runs Forward `steps`
-  // times; the CUDA head replays one captured graph for all of them (ChainsOnDevice), reading
-  // the ids back once.
-  virtual bool ChainsOnDevice() const { return false; }
-  virtual absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
-                                  std::vector<int32_t>* ids);
+  // Sampled chains and rounds drawn on the device (DraftChain / DraftRound with draws; a compute
+  // that DrawsOnDevice): each draw is made as DrawRows makes it (the row's processed distribution
+  // over the target vocabulary, its uniform SpeculationUniform(seed, num_generated + d, kDraft)
+  // for its d-th draw of the call), and its distribution is left in a probability slot.
+  // rows[i] (one per sequence, in the rows' order): a sampled row without penalties or bans
+  // (temperature, top-k, top-p and min-p only), num_generated that of the call's first draw.
+  // Sequence i's d-th draw goes to slot first_slot + i * slot_stride + d (ReserveDrawSlots
+  // reserved them). A draw whose distribution has no mass gives -1, and the chain's later ids
+  // are to be ignored.
+  struct ChainDraws {
+    std::span<const SampleRow> rows;
+    int32_t first_slot = 0;
+    int32_t slot_stride = 0;
+  };
 
-  // A greedy round at once: `rows` a Forward's catch-up (each sequence's rows consecutive at
+  // Chains: runs `steps` (>= 1) draft steps after a Forward, one row per sequence (`rows`:
+  // chain rows, each its sequence's only one, all with logits, slot -1), and appends the ids of
+  // every step to *ids ([steps, rows.size()], as Forward's ids). Step 0 runs `rows`; step s > 0
+  // runs row i at position rows[i].position + s with the token step s - 1 drew for it and that
+  // step's prenorm output as its hidden input. Afterwards the last step is "the previous Forward"
+  // (Row::hidden < 0 reads its rows). draws null: greedy, each id the argmax; the default runs
+  // Forward `steps` times, the CUDA head replays one captured graph for all of them
+  // (ChainsOnDevice), reading the ids back once. draws set (sampled): the CUDA head replays one
+  // captured graph; *ran false (nothing run, *ids untouched) where it cannot, and always in the
+  // default: the caller then runs Forward and DrawRows a step at a time.
+  virtual bool ChainsOnDevice() const { return false; }
+  virtual absl::Status DraftChain(std::span<const Row> rows, int32_t steps, const ChainDraws* draws,
+                                  std::vector<int32_t>* ids, bool* ran);
+
+  // A round at once: `rows` a Forward's catch-up (each sequence's rows consecutive at
   // consecutive positions, only its last row with logits), then `steps` (>= 1) DraftChain steps
   // from those logits rows (the chain row of sequence i at its last row's position + 1, its
   // hidden input that row's prenorm). *ids: [steps + 1, sequences] target ids, the catch-up's
-  // argmax first; afterwards the last step is "the previous Forward". *ran false (nothing run,
-  // *ids untouched): the caller runs Forward and DraftChain instead; the default, and the CUDA
-  // head where the round does not fit its captured graphs (enforce_eager, long catch-ups).
+  // draw first; afterwards the last step is "the previous Forward". draws: as DraftChain's (the
+  // catch-up's draw is draw 0). *ran false (nothing run, *ids untouched): the caller runs
+  // Forward and DraftChain instead; the default, and the CUDA head where the round does not fit
+  // its captured graphs (enforce_eager, long catch-ups).
   virtual absl::Status DraftRound(std::span<const Row> /*rows*/, int32_t /*steps*/,
-                                  std::vector<int32_t>* /*ids*/, bool* ran) {
+                                  const ChainDraws* /*draws*/, std::vector<int32_t>* /*ids*/,
+                                  bool* ran) {
     *ran = false;
     return absl::OkStatus();
   }
@@ -128,9 +147,11 @@ class Eagle3Compute {
   // vocabulary; its uniform SpeculationUniform(seed, num_generated, kDraft)) and leaves that
   // distribution in the target runner's probability slot slots[i] (ReserveDrawSlots,
   // draw_slot). (*ids)[i]: the token drawn, or -1 where the distribution has no mass left.
-  // Unimplemented unless DrawsOnDevice().
+  // ReserveDrawSlots(seqs, per_seq): slots for `seqs` sequences of `per_seq` draws (slot
+  // i * per_seq + d), and as many more as the compute's graphs pad `seqs` to (their padding
+  // rows' draws). Unimplemented unless DrawsOnDevice().
   virtual bool DrawsOnDevice() const { return false; }
-  virtual absl::Status ReserveDrawSlots(int32_t n);
+  virtual absl::Status ReserveDrawSlots(int32_t seqs, int32_t per_seq);
   virtual const float* draw_slot(int32_t /*slot*/) const { return nullptr; }
   virtual absl::Status DrawRows(std::span<const int32_t> logits_rows,
                                 std::span<const SampleRow> rows, std::span<const int32_t> slots,

@@ -373,22 +373,60 @@ void Eagle3Speculator::PlanNextRows(std::span<const DraftInput> inputs,
 
 void Eagle3Speculator::PlanDeviceDraws(std::span<const DraftInput> inputs) {
   slot_base_.assign(inputs.size(), -1);
+  slot_stride_ = 0;
   if (!compute_->DrawsOnDevice()) return;
-  int32_t num_slots = 0;
+  // Every such input gets the same number of slots, so that the compute's graphs find draw d of
+  // the round's i-th sequence at slot i * stride + d.
+  int32_t num_seqs = 0;
   for (const Active& a : active_) {
     const DraftInput& in = inputs[a.input];
     if (a.tree >= 0 || (in.params->greedy() && !in.params->has_penalties() &&
                         (in.num_banned_positions == 0 || in.banned.empty()))) {
       continue;  // trees rank their candidates; plain greedy chains take the argmax
     }
-    slot_base_[a.input] = num_slots;
-    num_slots += a.num_wanted;
+    slot_base_[a.input] = num_seqs++;
+    slot_stride_ = std::max(slot_stride_, a.num_wanted);
   }
-  if (num_slots == 0) return;
-  if (absl::Status s = compute_->ReserveDrawSlots(num_slots); !s.ok()) {
+  if (num_seqs == 0) return;
+  for (int32_t& base : slot_base_) {
+    if (base >= 0) base *= slot_stride_;
+  }
+  if (absl::Status s = compute_->ReserveDrawSlots(num_seqs, slot_stride_); !s.ok()) {
     SPECD_LOG_WARN("eagle3: {}; drawing this round on the host", s.ToString());
     slot_base_.assign(inputs.size(), -1);
   }
+}
+
+bool Eagle3Speculator::PlanGraphDraws(std::span<const DraftInput> inputs,
+                                      const std::vector<Draft>& drafts) {
+  graph_rows_.clear();
+  if (active_.empty()) return false;
+  const size_t first = active_[0].input;
+  const auto j = static_cast<int32_t>(drafts[first].tokens.size());
+  for (size_t i = 0; i < active_.size(); ++i) {
+    const Active& a = active_[i];
+    const DraftInput& in = inputs[a.input];
+    // Sampled chains with device slots, i * stride apart, each at the same draft, drawing from
+    // the processed distribution alone (no penalties, no bans from here on).
+    if (a.tree >= 0 || slot_base_[a.input] < 0 ||
+        slot_base_[a.input] != slot_base_[first] + static_cast<int32_t>(i) * slot_stride_ ||
+        static_cast<int32_t>(drafts[a.input].tokens.size()) != j || in.params->greedy() ||
+        in.params->has_penalties() || (j < in.num_banned_positions && !in.banned.empty())) {
+      graph_rows_.clear();
+      return false;
+    }
+    SampleRow r;
+    r.params = in.params;
+    r.history = in.history;
+    r.pending = drafts[a.input].tokens;
+    r.seed = in.seed;
+    r.num_generated = in.num_generated + j;
+    graph_rows_.push_back(r);
+  }
+  graph_draws_.rows = graph_rows_;
+  graph_draws_.first_slot = slot_base_[first] + j;
+  graph_draws_.slot_stride = slot_stride_;
+  return true;
 }
 
 absl::Status Eagle3Speculator::DrawOnDevice(std::span<const DraftInput> inputs,
@@ -430,33 +468,23 @@ absl::Status Eagle3Speculator::RunRound(std::span<const DraftInput> inputs,
                                         std::vector<Draft>* drafts) {
   if (active_.empty() || rows_.empty() || !rows_.back().logits) return absl::OkStatus();
   int32_t wanted = INT32_MAX;
+  bool greedy = true;
   for (const Active& a : active_) {
     const DraftInput& in = inputs[a.input];
-    // Only greedy chains whose every draft is the head's argmax.
-    if (a.tree >= 0 || slot_base_[a.input] >= 0 || DrawsOnHost(in, 0)) return absl::OkStatus();
+    // Greedy chains whose every draft is the head's argmax, or sampled ones (below).
+    if (a.tree >= 0 || slot_base_[a.input] >= 0 || DrawsOnHost(in, 0)) greedy = false;
     wanted = std::min(wanted, a.num_wanted);
   }
+  if (!greedy && !PlanGraphDraws(inputs, *drafts)) return absl::OkStatus();
   // Every sequence of the catch-up drafts (one logits row each); the compute checks the rest.
   size_t logits_rows = 0;
   for (const Eagle3Compute::Row& r : rows_) logits_rows += r.logits ? 1 : 0;
   if (logits_rows != active_.size() || wanted < 2) return absl::OkStatus();
   bool ran = false;
-  SPECD_RETURN_IF_ERROR(compute_->DraftRound(rows_, wanted - 1, &ids_, &ran));
+  SPECD_RETURN_IF_ERROR(
+      compute_->DraftRound(rows_, wanted - 1, greedy ? nullptr : &graph_draws_, &ids_, &ran));
   if (!ran) return absl::OkStatus();
-  const size_t n = active_.size();
-  size_t kept = 0;
-  for (size_t i = 0; i < n; ++i) {
-    Active a = active_[i];
-    const DraftInput& in = inputs[a.input];
-    for (int32_t s = 0; s < wanted; ++s) {
-      DrawDraft(in, *a.state, ids_[s * n + i], {}, (*drafts)[a.input]);
-    }
-    a.num_wanted -= wanted;
-    a.next_position += wanted - 1;                 // the chain's rows after the catch-up's
-    a.prenorm_row = -static_cast<int32_t>(i) - 1;  // its row of the last step
-    if (a.num_wanted > 0) active_[kept++] = a;
-  }
-  active_.resize(kept);
+  TakeChainIds(inputs, drafts, wanted, wanted - 1);  // the chain's rows after the catch-up's
   PlanNextRows(inputs, *drafts);
   return absl::OkStatus();
 }
@@ -465,14 +493,15 @@ absl::Status Eagle3Speculator::RunChains(std::span<const DraftInput> inputs,
                                          std::vector<Draft>* drafts) {
   if (!compute_->ChainsOnDevice() || active_.empty()) return absl::OkStatus();
   int32_t steps = INT32_MAX;
+  bool greedy = true;
   for (const Active& a : active_) {
     const DraftInput& in = inputs[a.input];
     const auto j = static_cast<int32_t>((*drafts)[a.input].tokens.size());
-    // Only chains whose every remaining draft is the head's argmax.
-    if (a.tree >= 0 || DrawsOnHost(in, j)) return absl::OkStatus();
+    // Chains whose every remaining draft is the head's argmax, or sampled ones (below).
+    if (a.tree >= 0 || DrawsOnHost(in, j)) greedy = false;
     steps = std::min(steps, a.num_wanted);
   }
-  if (steps < 1) return absl::OkStatus();
+  if (steps < 1 || (!greedy && !PlanGraphDraws(inputs, *drafts))) return absl::OkStatus();
   rows_.clear();
   for (Active& a : active_) {
     const DraftInput& in = inputs[a.input];
@@ -485,23 +514,40 @@ absl::Status Eagle3Speculator::RunChains(std::span<const DraftInput> inputs,
     row.block_table = in.block_table;
     rows_.push_back(row);
   }
-  SPECD_RETURN_IF_ERROR(compute_->DraftChain(rows_, steps, &ids_));
+  bool ran = false;
+  SPECD_RETURN_IF_ERROR(
+      compute_->DraftChain(rows_, steps, greedy ? nullptr : &graph_draws_, &ids_, &ran));
+  if (!ran) return absl::OkStatus();  // a step at a time: the caller plans the next rows
+  TakeChainIds(inputs, drafts, steps, steps);
+  rows_.clear();
+  return absl::OkStatus();
+}
+
+void Eagle3Speculator::TakeChainIds(std::span<const DraftInput> inputs, std::vector<Draft>* drafts,
+                                    int32_t draws_each, int32_t advance) {
   const size_t n = active_.size();
   size_t kept = 0;
   for (size_t i = 0; i < n; ++i) {
     Active a = active_[i];
     const DraftInput& in = inputs[a.input];
-    for (int32_t s = 0; s < steps; ++s) {
-      DrawDraft(in, *a.state, ids_[s * n + i], {}, (*drafts)[a.input]);
+    Draft& d = (*drafts)[a.input];
+    bool more = true;
+    for (int32_t s = 0; s < draws_each && more; ++s) {
+      const int32_t id = ids_[s * n + i];
+      if (in.params->greedy()) {
+        DrawDraft(in, *a.state, id, {}, d);  // the argmax, or the replay's token
+      } else if (id >= 0) {
+        d.tokens.push_back(id);  // drawn on the device, its q in its slot
+      } else {
+        more = false;  // no mass left: the chain ends here
+      }
     }
-    a.num_wanted -= steps;
-    a.next_position += steps;
+    a.num_wanted -= draws_each;
+    a.next_position += advance;
     a.prenorm_row = -static_cast<int32_t>(i) - 1;  // its row of the last step
-    if (a.num_wanted > 0) active_[kept++] = a;
+    if (more && a.num_wanted > 0) active_[kept++] = a;
   }
   active_.resize(kept);
-  rows_.clear();
-  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -134,17 +134,28 @@ class Eagle3Speculator : public Speculator {
   // OnTargetPass for one chunk whose captured rows start at first_row.
   void TakeChunk(const SequenceInput& in, int32_t first_row, State& s, int32_t* scratch);
   // Sampled chains on a compute that draws on its device (Eagle3Compute::DrawsOnDevice): each
-  // such input's probability slots (slot_base_[input] + j for draft j; -1: drawn on the host).
+  // such input's probability slots (slot_base_[input] + j for draft j; -1: drawn on the host),
+  // slot_stride_ apart.
   void PlanDeviceDraws(std::span<const DraftInput> inputs);
   // After a pass: the device draws of its chain rows that need more than the argmax (drawn_).
   absl::Status DrawOnDevice(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
+  // Whether every active sequence is a sampled chain the compute's graphs can draw for (device
+  // slots in active order, the same number of drafts so far, no penalties, no bans from here on);
+  // then graph_draws_ describes them.
+  bool PlanGraphDraws(std::span<const DraftInput> inputs, const std::vector<Draft>& drafts);
   // Before the first pass: where every sequence of the catch-up is a chain drafting the head's
-  // argmax, the catch-up and the drafts all of them want (the fewest) in one
-  // Eagle3Compute::DraftRound (one captured graph on the CUDA head); the rest as below.
+  // argmax, or every one a sampled chain of PlanGraphDraws, the catch-up and the drafts all of
+  // them want (the fewest) in one Eagle3Compute::DraftRound (one captured graph on the CUDA
+  // head); the rest as below.
   absl::Status RunRound(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
-  // After a pass: where every active sequence is a chain drafting the head's argmax, the drafts
-  // all of them still want (the fewest) in one Eagle3Compute::DraftChain.
+  // After a pass: the same for the drafts all active chains still want (the fewest), in one
+  // Eagle3Compute::DraftChain.
   absl::Status RunChains(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
+  // After DraftRound / DraftChain: ids_ holds `draws_each` ids per active sequence ([draws_each,
+  // active]); each joins its drafts (a sampled -1 ends the chain), and its next row is `advance`
+  // positions on, reading the last step's prenorm.
+  void TakeChainIds(std::span<const DraftInput> inputs, std::vector<Draft>* drafts,
+                    int32_t draws_each, int32_t advance);
   // After a pass: each chain's next draft (finished chains leave active_) and each tree's level
   // expanded from its logits rows.
   void TakeDrafts(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
@@ -182,6 +193,10 @@ class Eagle3Speculator : public Speculator {
   // requests, and per logits row the token drawn on the device (kNotDrawn: none).
   static constexpr int32_t kNotDrawn = INT32_MIN;
   std::vector<int32_t> slot_base_;
+  int32_t slot_stride_ = 0;
+  // scratch: PlanGraphDraws' rows and what it hands the compute.
+  std::vector<SampleRow> graph_rows_;
+  Eagle3Compute::ChainDraws graph_draws_;
   std::vector<int32_t> draw_logits_rows_, draw_slots_, ids_drawn_, drawn_;
   std::vector<SampleRow> draw_rows_;
   std::vector<float> logits_, probs_;         // scratch

@@ -92,6 +92,8 @@ run_step() {
 # Our programs run as "${OURS[@]}" PROGRAM: packed libraries first, then the CUDA toolkit's.
 export OUR_LIBRARY_PATH="$WORK/lib:${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
 OURS=(env "LD_LIBRARY_PATH=$OUR_LIBRARY_PATH")
+# Tests that launch specd processes (tensor-parallel workers) find the packed one here.
+export SPECD_BINARY="$WORK/bin/specd"
 export WORK DIR REPO
 
 # Unpacks the payload and lays out the shared folder the tests read.

@@ -50,11 +50,14 @@ CudaEagle3Compute::~CudaEagle3Compute() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : chain_graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : round_graphs_) cudaGraphExecDestroy(exec);
-  if (rounds_in_graph_ + chains_in_graph_ > 0) {
+  for (auto& [key, exec] : sampled_chain_graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : sampled_round_graphs_) cudaGraphExecDestroy(exec);
+  if (rounds_in_graph_ + chains_in_graph_ + sampled_rounds_in_graph_ + sampled_chains_in_graph_ >
+      0) {
     SPECD_LOG_INFO(
         "EAGLE-3 head: {} greedy rounds in one graph, {} chained graphs after an eager "
-        "catch-up",
-        rounds_in_graph_, chains_in_graph_);
+        "catch-up; sampled: {} rounds in one graph, {} chained graphs",
+        rounds_in_graph_, chains_in_graph_, sampled_rounds_in_graph_, sampled_chains_in_graph_);
   }
 }
 
@@ -226,6 +229,13 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(chain_ids_, chain_ids * 4, "EAGLE-3 chain ids"));
   SPECD_ASSIGN_OR_RETURN(chain_ids_host_, cuda::PinnedMemory::Allocate(
                                               static_cast<size_t>(chain_ids) * 4, "EAGLE-3 ids"));
+  if (options_.draws != nullptr) {
+    const size_t draw_bytes = DrawInBytes();
+    SPECD_RETURN_IF_ERROR(
+        alloc(draw_in_, static_cast<int64_t>(draw_bytes), "EAGLE-3 sampled graph inputs"));
+    SPECD_ASSIGN_OR_RETURN(
+        draw_in_host_, cuda::PinnedMemory::Allocate(draw_bytes, "EAGLE-3 sampled graph inputs"));
+  }
   SPECD_RETURN_IF_ERROR(alloc(d2t_dev_, dv * 4, "EAGLE-3 draft map"));
   SPECD_RETURN_IF_ERROR(
       cuda::Check(cudaMemcpyAsync(d2t_dev_.as(), d2t_.data(), static_cast<size_t>(dv) * 4,

@@ -40,7 +40,8 @@ namespace specd {
 
 namespace kernels {
 class Gemm;
-}
+struct SamplingRow;
+}  // namespace kernels
 
 class CudaEagle3Compute : public Eagle3Compute {
  public:
@@ -56,6 +57,17 @@ class CudaEagle3Compute : public Eagle3Compute {
                               std::vector<int32_t>* ids) = 0;
     virtual absl::Status Reserve(int32_t n) = 0;
     virtual const float* slot(int32_t slot) const = 0;
+    // Probability slots reserved (Reserve grows them, moving their storage()).
+    virtual int32_t num_slots() const = 0;
+    virtual const void* storage() const = 0;
+    // Graph-capturable, no host work or synchronisation: rows()[0, n) turned in place into the
+    // processed distributions of sampling[i] (device [n]; kernels::ProcessedProbs), row i drawn
+    // with uniforms[i] (device [n]) into ids[i] (device [n]; -1: no mass) as Draw draws, and
+    // copied into probability slot first_slot + i * slot_stride. scratch: [n] int32, device.
+    // The caller checks that those slots are reserved.
+    virtual absl::Status Enqueue(int32_t n, const kernels::SamplingRow* sampling,
+                                 const float* uniforms, int32_t first_slot, int32_t slot_stride,
+                                 int32_t* ids, int32_t* scratch) = 0;
   };
   struct Options {
     std::string dir;         // the head's folder
@@ -103,21 +115,22 @@ class CudaEagle3Compute : public Eagle3Compute {
   bool RanksOnDevice() const override { return true; }
   absl::Status TopCandidates(int32_t k, std::vector<int32_t>* ids,
                              std::vector<float>* logprobs) override;
-  // Greedy chains: one captured graph runs a round's draft steps after the first (each step's
-  // argmax mapped to target ids on the device feeds the next), one read of the ids at the end.
+  // Chains: one captured graph runs a round's draft steps after the first, each step's draw
+  // (greedy: the argmax mapped to target ids; sampled: Options::draws' Enqueue, q into the
+  // slots) feeding the next; one read of the ids at the end.
   bool ChainsOnDevice() const override { return true; }
-  absl::Status DraftChain(std::span<const Row> rows, int32_t steps,
-                          std::vector<int32_t>* ids) override;
-  // A greedy round in one captured graph: the catch-up (each sequence's rows front-padded to a
-  // power of two of at most kMaxRoundRows, by copies of its first row that write no KV), its
-  // argmax, then the chained steps. Runs when every sequence has at least that many positions
-  // before its catch-up.
-  absl::Status DraftRound(std::span<const Row> rows, int32_t steps, std::vector<int32_t>* ids,
-                          bool* ran) override;
+  absl::Status DraftChain(std::span<const Row> rows, int32_t steps, const ChainDraws* draws,
+                          std::vector<int32_t>* ids, bool* ran) override;
+  // A round in one captured graph: the catch-up (each sequence's rows front-padded to a power of
+  // two of at most kMaxRoundRows, by copies of its first row that write no KV), its draw, then
+  // the chained steps. Runs when every sequence has at least that many positions before its
+  // catch-up.
+  absl::Status DraftRound(std::span<const Row> rows, int32_t steps, const ChainDraws* draws,
+                          std::vector<int32_t>* ids, bool* ran) override;
   // Sampled drafts: kernels::ExpandColumns writes the rows over the target vocabulary into
-  // Options::draws, which draws them.
+  // Options::draws, which draws them. ReserveDrawSlots pads `seqs` to its graphs' bucket.
   bool DrawsOnDevice() const override { return options_.draws != nullptr; }
-  absl::Status ReserveDrawSlots(int32_t n) override;
+  absl::Status ReserveDrawSlots(int32_t seqs, int32_t per_seq) override;
   const float* draw_slot(int32_t slot) const override;
   absl::Status DrawRows(std::span<const int32_t> logits_rows, std::span<const SampleRow> rows,
                         std::span<const int32_t> slots, std::vector<int32_t>* ids) override;
@@ -182,6 +195,21 @@ class CudaEagle3Compute : public Eagle3Compute {
   Pass GraphPass(const GraphLayout& g, int32_t bucket, int32_t step, int32_t half,
                  bool after_round = false) const;
   static size_t GraphInBytes(int64_t seqs);
+  // A sampled graph's draw inputs (draw_in_): the sequences' SamplingRow [max_seqs] at 0, then
+  // the uniforms of each draw, [kMaxChainSteps, max_seqs] f32, at DrawUniformsAt().
+  size_t DrawUniformsAt() const;
+  size_t DrawInBytes() const;
+  // Checks `draws` for `num` sequences padded to `bucket` with `num_draws` draws each and queues
+  // the upload of draw_in_ (padding rows greedy); false when a graph cannot make them (the slots
+  // are not reserved for the padding, or the draws take more rows than the runner's). Drops the
+  // sampled graphs when the slots have moved.
+  absl::StatusOr<bool> StageDraws(const ChainDraws& draws, int32_t num, int32_t bucket,
+                                  int32_t num_draws);
+  // After a graph step's Body: its `bucket` ids into chain_ids_ row `row` (rows `seqs` apart):
+  // the argmax mapped to target ids (draws null), or draw `draw` of draw_in_'s inputs with its
+  // q rows in the slots.
+  absl::Status PickIds(int32_t bucket, int64_t seqs, int32_t row, const ChainDraws* draws,
+                       int32_t draw);
   absl::Status LoadWeights();
   absl::Status AllocateBuffers();
   // One piece of a pass: rows [begin, end) of `rows`; logits rows from logits_base on.
@@ -235,8 +263,18 @@ class CudaEagle3Compute : public Eagle3Compute {
   cuda::DeviceMemory round_in_;
   cuda::PinnedMemory round_in_host_;
   std::vector<Row> round_chain_rows_;  // scratch
-  // Greedy rounds run by DraftRound's graphs, and DraftChain's graph launches (logged at the end).
+  // Sampled chain and round graphs, keyed as the greedy ones plus the slot layout (chains:
+  // first slot, stride; rounds: stride), captured over the slots' storage draws_storage_ (a
+  // move drops them).
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>, cudaGraphExec_t>
+      sampled_chain_graphs_, sampled_round_graphs_;
+  const void* draws_storage_ = nullptr;
+  cuda::DeviceMemory draw_in_;
+  cuda::PinnedMemory draw_in_host_;
+  // Rounds run by DraftRound's graphs, and DraftChain's graph launches, greedy and sampled
+  // (logged at the end).
   int64_t rounds_in_graph_ = 0, chains_in_graph_ = 0;
+  int64_t sampled_rounds_in_graph_ = 0, sampled_chains_in_graph_ = 0;
   cuda::DeviceMemory d2t_dev_;  // [draft vocab] int32: d2t_ on the device
   cuda::DeviceMemory graph_in_, graph_tables_;
   cuda::PinnedMemory graph_in_host_, graph_tables_host_;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string_view>
 #include <tuple>
 
@@ -36,6 +37,35 @@ bool RoundGraphsEnabled() {
     return value == nullptr || std::string_view(value) != "0";
   }();
   return enabled;
+}
+
+// SPECD_EAGLE3_SAMPLED_GRAPHS=0 turns the sampled chain and round graphs off (sampled rounds run a
+// pass and a draw per step, as before them), for the same kind of side-by-side measurement.
+bool SampledGraphsEnabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SPECD_EAGLE3_SAMPLED_GRAPHS");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
+}
+
+// Replays graphs[key], or on first use runs `enqueue` eagerly (which also lets cuBLASLt choose its
+// algorithms outside capture) and captures it for the next calls. Capturing runs nothing; a
+// second run would not repeat the first, as a step overwrites the prenorm half the one before it
+// read.
+template <typename Key>
+absl::Status ReplayOrCapture(std::map<Key, cudaGraphExec_t>& graphs, const Key& key,
+                             cudaStream_t st, const std::function<absl::Status()>& enqueue,
+                             const char* what) {
+  auto it = graphs.find(key);
+  if (it != graphs.end()) {
+    return cuda::Check(cudaGraphLaunch(it->second, st), "EAGLE-3 graph launch");
+  }
+  SPECD_RETURN_IF_ERROR(enqueue());
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), what));
+  SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec, cuda::CaptureGraph(st, enqueue, what));
+  graphs[key] = exec;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -230,61 +260,144 @@ absl::Status CudaEagle3Compute::CaptureStepGraph(int32_t bucket, int32_t half, c
   return absl::OkStatus();
 }
 
+size_t CudaEagle3Compute::DrawUniformsAt() const {
+  return Align16(sizeof(kernels::SamplingRow) *
+                 static_cast<size_t>(std::max(1, options_.max_seqs)));
+}
+
+size_t CudaEagle3Compute::DrawInBytes() const {
+  return DrawUniformsAt() + size_t{4} * kMaxChainSteps * std::max(1, options_.max_seqs);
+}
+
+absl::StatusOr<bool> CudaEagle3Compute::StageDraws(const ChainDraws& draws, int32_t num,
+                                                   int32_t bucket, int32_t num_draws) {
+  DeviceDraws* dd = options_.draws;
+  if (!SampledGraphsEnabled() || dd == nullptr || draw_in_.bytes() == 0 ||
+      static_cast<int32_t>(draws.rows.size()) != num || num_draws < 1 ||
+      num_draws > kMaxChainSteps || bucket > dd->max_rows() || bucket > max_logit_rows_ ||
+      draws.first_slot < 0 || draws.slot_stride < num_draws) {
+    return false;
+  }
+  // The padding rows draw too (greedy rows): their slots must be reserved as well.
+  const int64_t last_slot =
+      int64_t{draws.first_slot} + int64_t{bucket - 1} * draws.slot_stride + num_draws - 1;
+  if (last_slot >= dd->num_slots()) return false;
+  for (const SampleRow& r : draws.rows) {
+    const SamplingParams& p = *r.params;
+    if (p.greedy() || p.has_penalties() || !r.banned.empty()) {
+      return absl::InvalidArgumentError(
+          "EAGLE-3 head: a sampled graph takes sampled rows without penalties or bans");
+    }
+  }
+  if (draws_storage_ != dd->storage()) {  // the slots moved: graphs copying into them are stale
+    for (auto* graphs : {&sampled_chain_graphs_, &sampled_round_graphs_}) {
+      for (auto& [key, exec] : *graphs) cudaGraphExecDestroy(exec);
+      graphs->clear();
+    }
+    draws_storage_ = dd->storage();
+  }
+  auto* in = draw_in_host_.as<uint8_t>();
+  auto* sampling = reinterpret_cast<kernels::SamplingRow*>(in);
+  auto* uniforms = reinterpret_cast<float*>(in + DrawUniformsAt());
+  const int64_t seqs = std::max(1, options_.max_seqs);
+  for (int32_t i = 0; i < bucket; ++i) {
+    if (i >= num) {  // padding: a one-hot row at its argmax
+      sampling[i] = kernels::SamplingRow{0.0f, 0, 1.0f, 0.0f, 0, 0};
+      for (int32_t d = 0; d < num_draws; ++d) uniforms[d * seqs + i] = 0.0f;
+      continue;
+    }
+    const SampleRow& r = draws.rows[i];
+    const SamplingParams& p = *r.params;
+    // As GpuSampler packs a sampled row (ProcessedProbs reads neither seed nor offset).
+    sampling[i] = kernels::SamplingRow{p.temperature, std::max(0, p.top_k),
+                                       p.top_p,       p.min_p,
+                                       r.seed,        static_cast<uint64_t>(r.num_generated)};
+    for (int32_t d = 0; d < num_draws; ++d) {
+      uniforms[d * seqs + i] =
+          SpeculationUniform(r.seed, r.num_generated + d, SpeculationDraw::kDraft);
+    }
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(draw_in_.as(), in, DrawInBytes(), cudaMemcpyHostToDevice, options_.stream),
+      "EAGLE-3 sampled graph inputs"));
+  return true;
+}
+
+absl::Status CudaEagle3Compute::PickIds(int32_t bucket, int64_t seqs, int32_t row,
+                                        const ChainDraws* draws, int32_t draw) {
+  cudaStream_t st = options_.stream;
+  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
+  int32_t* out = chain_ids_.as<int32_t>() + int64_t{row} * seqs;
+  if (draws == nullptr) {
+    SPECD_RETURN_IF_ERROR(
+        Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
+               "ArgmaxRows"));
+    return Launch(kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv, out, st),
+                  "MapIds");
+  }
+  const int32_t vocab = config_.layer.vocab_size;
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::ExpandColumns(logits_.as<float>(), dv, bucket, dv, d2t_dev_.as<int32_t>(),
+                                    options_.draws->rows(), vocab, vocab,
+                                    -std::numeric_limits<float>::infinity(), st),
+             "ExpandColumns"));
+  const auto* in = draw_in_.as<uint8_t>();
+  return options_.draws->Enqueue(
+      bucket, reinterpret_cast<const kernels::SamplingRow*>(in),
+      reinterpret_cast<const float*>(in + DrawUniformsAt()) + int64_t{draw} * seqs,
+      draws->first_slot + draw, draws->slot_stride, out, ids_.as<int32_t>());
+}
+
 absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t steps,
-                                           std::vector<int32_t>* ids) {
+                                           const ChainDraws* draws, std::vector<int32_t>* ids,
+                                           bool* ran) {
+  *ran = false;
   const auto num = static_cast<int32_t>(rows.size());
   if (options_.eager || k_cache_ == nullptr || num == 0 || num > options_.max_seqs || steps < 1 ||
       steps > kMaxChainSteps) {
-    return Eagle3Compute::DraftChain(rows, steps, ids);  // a Forward per step
+    if (draws != nullptr) return absl::OkStatus();                     // sampled: by the caller
+    return Eagle3Compute::DraftChain(rows, steps, nullptr, ids, ran);  // a Forward per step
   }
-  ids->clear();
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
   const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
+  if (draws != nullptr) {
+    SPECD_ASSIGN_OR_RETURN(const bool staged, StageDraws(*draws, num, bucket, steps));
+    if (!staged) return absl::OkStatus();
+  }
   const GraphLayout g(options_.max_seqs, steps);
   SPECD_RETURN_IF_ERROR(StageGraphInputs(rows, bucket, steps, g, prenorm_half_));
   cudaStream_t st = options_.stream;
-  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
   const int32_t first_half = 1 - prenorm_half_;  // the half step 0 writes
-  // Step s writes half first_half, 1 - first_half, ... and maps its argmax to target ids, the
-  // next step's tokens.
+  // Step s writes half first_half, 1 - first_half, ... and draws the next step's tokens.
   auto enqueue = [&]() -> absl::Status {
     for (int32_t s = 0; s < steps; ++s) {
       const int32_t half = s % 2 == 0 ? first_half : 1 - first_half;
       SPECD_RETURN_IF_ERROR(Body(GraphPass(g, bucket, s, half)));
-      SPECD_RETURN_IF_ERROR(
-          Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
-                 "ArgmaxRows"));
-      SPECD_RETURN_IF_ERROR(
-          Launch(kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv,
-                                 chain_ids_.as<int32_t>() + int64_t{s} * g.seqs, st),
-                 "MapIds"));
+      SPECD_RETURN_IF_ERROR(PickIds(bucket, g.seqs, s, draws, s));
     }
     return cuda::Check(cudaMemcpyAsync(chain_ids_host_.as(), chain_ids_.as(),
                                        size_t(steps) * g.seqs * 4, cudaMemcpyDeviceToHost, st),
                        "EAGLE-3 head: chain ids");
   };
-  const std::tuple<int32_t, int32_t, int32_t> key{bucket, steps, first_half};
-  auto it = chain_graphs_.find(key);
-  if (it != chain_graphs_.end()) {
-    SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(it->second, st), "EAGLE-3 graph launch"));
+  if (draws == nullptr) {
+    SPECD_RETURN_IF_ERROR(ReplayOrCapture(chain_graphs_, std::make_tuple(bucket, steps, first_half),
+                                          st, enqueue, "EAGLE-3 chained draft graph"));
   } else {
-    // First use: the steps run eagerly (which also lets cuBLASLt choose its algorithms outside
-    // capture), then the graph is captured for the next rounds. Capturing runs nothing; a
-    // second run would not repeat the first, as step 1 overwrites the half step 0 read.
-    SPECD_RETURN_IF_ERROR(enqueue());
-    SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft chain"));
-    SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
-                           cuda::CaptureGraph(st, enqueue, "EAGLE-3 chained draft graph"));
-    chain_graphs_[key] = exec;
+    SPECD_RETURN_IF_ERROR(ReplayOrCapture(
+        sampled_chain_graphs_,
+        std::make_tuple(bucket, steps, first_half, draws->first_slot, draws->slot_stride), st,
+        enqueue, "EAGLE-3 sampled chained draft graph"));
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft chain"));
+  ids->clear();
   const int32_t* host = chain_ids_host_.as<int32_t>();
   for (int32_t s = 0; s < steps; ++s) {
     ids->insert(ids->end(), host + int64_t{s} * g.seqs, host + int64_t{s} * g.seqs + num);
   }
   prenorm_half_ = (steps - 1) % 2 == 0 ? first_half : 1 - first_half;
   last_logit_rows_ = num;
-  ++chains_in_graph_;
+  ++(draws == nullptr ? chains_in_graph_ : sampled_chains_in_graph_);
+  *ran = true;
   return absl::OkStatus();
 }
 
@@ -368,7 +481,8 @@ absl::StatusOr<CudaEagle3Compute::Pass> CudaEagle3Compute::StageRoundInputs(
 }
 
 absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t steps,
-                                           std::vector<int32_t>* ids, bool* ran) {
+                                           const ChainDraws* draws, std::vector<int32_t>* ids,
+                                           bool* ran) {
   *ran = false;
   if (!RoundGraphsEnabled() || options_.eager || k_cache_ == nullptr || rows.empty() || steps < 1 ||
       steps >= kMaxChainSteps) {
@@ -403,6 +517,11 @@ absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t st
     if (rows[first[g]].position < pad) return absl::OkStatus();  // no earlier positions to pad
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  if (draws != nullptr) {
+    if (draws->first_slot != 0) return absl::OkStatus();  // round graphs draw from slot 0 on
+    SPECD_ASSIGN_OR_RETURN(const bool staged, StageDraws(*draws, num, bucket, steps + 1));
+    if (!staged) return absl::OkStatus();
+  }
   // The chain's inputs: sequence g's row at its last row's position + 1, reading the prenorm of
   // the catch-up's logits row g (the half the catch-up writes), its token the catch-up's argmax.
   const int32_t catch_up_half = 1 - prenorm_half_;
@@ -422,43 +541,28 @@ absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t st
   SPECD_ASSIGN_OR_RETURN(const Pass p,
                          StageRoundInputs(rows, first, bucket, per_seq, catch_up_half));
   cudaStream_t st = options_.stream;
-  const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
-  auto* chain_ids = chain_ids_.as<int32_t>();
   // The catch-up writes half catch_up_half; chain step s writes the other half when s is even.
   auto step_half = [&](int32_t s) { return s % 2 == 0 ? 1 - catch_up_half : catch_up_half; };
   auto enqueue = [&]() -> absl::Status {
     SPECD_RETURN_IF_ERROR(Body(p));
-    SPECD_RETURN_IF_ERROR(
-        Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
-               "ArgmaxRows"));
-    SPECD_RETURN_IF_ERROR(Launch(
-        kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv, chain_ids, st),
-        "MapIds"));
+    SPECD_RETURN_IF_ERROR(PickIds(bucket, g.seqs, 0, draws, 0));
     for (int32_t s = 0; s < steps; ++s) {
       SPECD_RETURN_IF_ERROR(Body(GraphPass(g, bucket, s, step_half(s), /*after_round=*/true)));
-      SPECD_RETURN_IF_ERROR(
-          Launch(kernels::ArgmaxRows(logits_.as<float>(), dv, bucket, dv, ids_.as<int32_t>(), st),
-                 "ArgmaxRows"));
-      SPECD_RETURN_IF_ERROR(
-          Launch(kernels::MapIds(ids_.as<int32_t>(), bucket, d2t_dev_.as<int32_t>(), dv,
-                                 chain_ids + int64_t{s + 1} * g.seqs, st),
-                 "MapIds"));
+      SPECD_RETURN_IF_ERROR(PickIds(bucket, g.seqs, s + 1, draws, s + 1));
     }
     return cuda::Check(cudaMemcpyAsync(chain_ids_host_.as(), chain_ids_.as(),
                                        size_t(steps + 1) * g.seqs * 4, cudaMemcpyDeviceToHost, st),
                        "EAGLE-3 head: round ids");
   };
-  const std::tuple<int32_t, int32_t, int32_t, int32_t> key{bucket, per_seq, steps, catch_up_half};
-  auto it = round_graphs_.find(key);
-  if (it != round_graphs_.end()) {
-    SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(it->second, st), "EAGLE-3 graph launch"));
+  if (draws == nullptr) {
+    SPECD_RETURN_IF_ERROR(ReplayOrCapture(round_graphs_,
+                                          std::make_tuple(bucket, per_seq, steps, catch_up_half),
+                                          st, enqueue, "EAGLE-3 round graph"));
   } else {
-    // First use: eagerly, then captured for the next rounds (as DraftChain).
-    SPECD_RETURN_IF_ERROR(enqueue());
-    SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft round"));
-    SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec,
-                           cuda::CaptureGraph(st, enqueue, "EAGLE-3 round graph"));
-    round_graphs_[key] = exec;
+    SPECD_RETURN_IF_ERROR(
+        ReplayOrCapture(sampled_round_graphs_,
+                        std::make_tuple(bucket, per_seq, steps, catch_up_half, draws->slot_stride),
+                        st, enqueue, "EAGLE-3 sampled round graph"));
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft round"));
   ids->clear();
@@ -468,14 +572,23 @@ absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t st
   }
   prenorm_half_ = step_half(steps - 1);
   last_logit_rows_ = num;
-  ++rounds_in_graph_;
+  ++(draws == nullptr ? rounds_in_graph_ : sampled_rounds_in_graph_);
   *ran = true;
   return absl::OkStatus();
 }
 
-absl::Status CudaEagle3Compute::ReserveDrawSlots(int32_t n) {
-  if (options_.draws == nullptr) return Eagle3Compute::ReserveDrawSlots(n);
-  return options_.draws->Reserve(n);
+absl::Status CudaEagle3Compute::ReserveDrawSlots(int32_t seqs, int32_t per_seq) {
+  if (options_.draws == nullptr) return Eagle3Compute::ReserveDrawSlots(seqs, per_seq);
+  if (seqs < 0 || per_seq < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EAGLE-3 head: ", seqs, " x ", per_seq, " draw slots"));
+  }
+  // The graphs' padding rows draw into slots of their own.
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), seqs);
+  const int64_t padded = it != buckets_.end() ? *it : seqs;
+  const int64_t n = padded * per_seq;
+  if (n > INT32_MAX) return absl::InvalidArgumentError("EAGLE-3 head: too many draw slots");
+  return options_.draws->Reserve(static_cast<int32_t>(n));
 }
 
 const float* CudaEagle3Compute::draw_slot(int32_t slot) const {

@@ -283,6 +283,37 @@ class CudaRunner::State::Eagle3Draws : public CudaEagle3Compute::DeviceDraws {
   }
   absl::Status Reserve(int32_t n) override { return s_->ReserveProbSlots(n); }
   const float* slot(int32_t slot) const override { return s_->ProbSlot(slot); }
+  int32_t num_slots() const override { return s_->num_prob_slots; }
+  const void* storage() const override { return s_->prob_slots.as(); }
+  // DrawProbRows' kernels over device inputs (the sampler's penalties and bans aside: the
+  // caller's rows have none), q copied into the slots with one strided copy.
+  absl::Status Enqueue(int32_t n, const kernels::SamplingRow* sampling, const float* uniforms,
+                       int32_t first_slot, int32_t slot_stride, int32_t* ids,
+                       int32_t* scratch) override {
+    if (n <= 0) return absl::OkStatus();
+    if (n > s_->limits.max_rows || first_slot < 0 || slot_stride < 1 ||
+        int64_t{first_slot} + int64_t{n - 1} * slot_stride >= s_->num_prob_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", n, " draws into slot ",
+                                                     first_slot, " + i * ", slot_stride, " of ",
+                                                     s_->num_prob_slots, " reserved"));
+    }
+    const int64_t vocab = s_->config.vocab_size;
+    float* p = s_->forward->logits();
+    cudaStream_t st = s_->stream;
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        kernels::ProcessedProbs(p, vocab, n, static_cast<int32_t>(vocab), sampling, p, vocab, st),
+        "ProcessedProbs (EAGLE-3 draws)"));
+    const kernels::DraftLayout layout{nullptr, n, 0};
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(kernels::VerifyStochastic(layout, /*draft_tokens (none read)=*/ids, nullptr, p,
+                                              vocab, uniforms, scratch, ids, st),
+                    "VerifyStochastic (EAGLE-3 draws)"));
+    const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
+    return cuda::Check(cudaMemcpy2DAsync(s_->prob_slots.as<float>() + int64_t{first_slot} * vocab,
+                                         row_bytes * slot_stride, p, row_bytes, row_bytes,
+                                         static_cast<size_t>(n), cudaMemcpyDeviceToDevice, st),
+                       "EAGLE-3 draw probabilities");
+  }
 
  private:
   State* s_;
