@@ -749,24 +749,30 @@ TEST_F(CodepairCudaSamplingTest, Eagle3SecondTokenFollowsTheTarget) {
 // position 0, which the round graph takes without padding, so the second token comes from a
 // round drafted in one graph (K 2: the catch-up's draw and one chained step). At K 3 the first
 // draft is drawn by the eager catch-up and the rest by a sampled chained graph instead when the
-// prompt is one token shorter (the catch-up would need padding before position 0). The head logs
+// prompt is one token longer (the catch-up would need padding before position 0). The head logs
 // how its rounds ran at exit.
 TEST_F(CodepairCudaSamplingTest, Eagle3SampledRoundGraphsFollowTheTarget) {
   EngineOptions o = EngineOn("cuda");
   o.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
   auto engine = MakeEngine(o);
   ASSERT_TRUE(engine);
+  // Prompt()'s text after BOS and newlines: its second token stays uncertain.
   const std::vector<int32_t> text = Prompt(*engine);
+  const auto newline = engine->tokenizer()->Encode("\n", false);
+  ASSERT_TRUE(newline.ok() && newline->size() == 1u);
   size_t length = 2;
-  while (2 * (length - 1) + 1 <= text.size()) length = 2 * (length - 1) + 1;
-  ASSERT_GE(length, 5u) << "the prompt has " << text.size() << " tokens";
-  const std::vector<int32_t> round_prompt(text.begin(), text.begin() + length);
+  while (length < text.size()) length = 2 * (length - 1) + 1;
+  std::vector<int32_t> round_prompt = {text[0]};
+  round_prompt.insert(round_prompt.end(), length - text.size(), (*newline)[0]);
+  round_prompt.insert(round_prompt.end(), text.begin() + 1, text.end());
+  ASSERT_EQ(round_prompt.size(), length);
   const auto [stat, critical] = speculation_test::SecondTokenChiSquare(
       *engine, round_prompt, 1500, SpeculationParams{SpeculationMethod::kEagle3, 2});
   std::printf("[ sampled eagle3 round graph, prompt of %zu ] chi-square %.2f, critical %.2f\n",
               length, stat, critical);
   EXPECT_LT(stat, critical);
-  const std::vector<int32_t> chain_prompt(text.begin(), text.begin() + length - 1);
+  std::vector<int32_t> chain_prompt = round_prompt;
+  chain_prompt.insert(chain_prompt.begin() + 1, (*newline)[0]);
   const auto [chain_stat, chain_critical] = speculation_test::SecondTokenChiSquare(
       *engine, chain_prompt, 1500, SpeculationParams{SpeculationMethod::kEagle3, 3});
   std::printf("[ sampled eagle3 chained graph ] chi-square %.2f, critical %.2f\n", chain_stat,

@@ -386,6 +386,17 @@ for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-q
     --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
     --replay-alpha 0.8
 done
+# Sampled EAGLE-3 rounds (issue 33): temperature 1, the sampled chain and round graphs against a
+# pass and a draw per step (SPECD_EAGLE3_SAMPLED_GRAPHS=0), side by side; random weights accept
+# little, so the per-round draft time is what compares.
+for graphs in 1 0; do
+  run_step "eagle3_sampled_bench graphs=$graphs" 300 "${OURS[@]}" \
+    "SPECD_EAGLE3_SAMPLED_GRAPHS=$graphs" "$WORK/bin/spec_bench" --device cuda \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --eagle3 "models/shapes/eagle3-llama-3.1-8b" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 2 \
+    --temperature 1
+done
 # Token trees (issue 33 point 2): the same shapes and replay (each recorded token among a node's
 # children with probability alpha), the head's chain K 7 beside its trees and the draft model's.
 for shapes in "llama-3.1-8b eagle3-llama-3.1-8b llama-3.2-1b" "qwen3-8b eagle3-qwen3-8b qwen3-0.6b"; do
