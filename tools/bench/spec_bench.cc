@@ -39,7 +39,7 @@
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
-//              [--max-num-seqs N] [--tensor-parallel-size N --specd PATH]
+//              [--max-num-seqs N] [--no-prefix-caching] [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete]]
@@ -168,6 +168,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.load_format = f.load_format;
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   if (f.max_num_seqs > 0) o.max_num_seqs = f.max_num_seqs;  // also caps the KV pool
+  o.enable_prefix_caching = f.prefix_caching;
   o.observer = std::move(acc);
   o.speculative = spec;
   o.cost_profile = f.cost_profile;

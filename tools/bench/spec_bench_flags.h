@@ -52,6 +52,11 @@ struct SpecBenchFlags {
   double replay_alpha = -1;                      // < 0: no replay
   double replay_hit = 0.9;
   std::string replay_file;  // "": a file in /tmp
+  // --no-prefix-caching: every run prefills its prompts. With the cache on (the engine's
+  // default), a point's timed run hits the prompts its untimed run prefilled, and an EAGLE-3 head
+  // never sees the target's hidden states of those positions, so it drafts with less context
+  // than a request with a new prompt has (engine/speculation/eagle3.h).
+  bool prefix_caching = true;
 
   int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
   // The most drafts one round may accept: the largest K or tree depth.
@@ -131,6 +136,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
     } else if (a == "--speculator-gpu-memory-utilization") {
       ok = absl::SimpleAtod(value(), &f->speculator_gpu_memory_utilization) &&
            f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
+    } else if (a == "--no-prefix-caching") {
+      f->prefix_caching = false;
     } else if (a == "--max-num-seqs") {
       ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
     } else if (a == "--max-model-len") {

@@ -1,7 +1,8 @@
 // spec_bench end to end on the CPU (codepair pair, a few tokens per request): the K sweep and
 // `auto` end with the summary table, controlled acceptance settles every point on one engine,
-// --cost-profile reaches the engine, a single --k keeps the plain output (no summary), and
-// replayed token trees accept what alpha predicts, printing acceptance up to their depth.
+// --cost-profile reaches the engine, a single --k keeps the plain output (no summary), also with
+// --no-prefix-caching, and replayed token trees accept what alpha predicts, printing acceptance up
+// to their depth.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -131,6 +132,8 @@ TEST(SpecBenchTest, OneKKeepsTheOutputWithoutSummaryAndFlagsAreChecked) {
   EXPECT_EQ(CountLines(out, "^1 +(draft_model|ngram) +[0-9.]+ .*"), 2) << out;
   EXPECT_EQ(out.find("summary:"), std::string::npos) << out;
   EXPECT_EQ(CountLines(out, "^1 +auto .*"), 0) << out;
+  ASSERT_EQ(RunBench("--batches 1 --k 2 --max-tokens 4 --no-prefix-caching", &out), 0) << out;
+  EXPECT_EQ(CountLines(out, "^1 +(draft_model|ngram) +[0-9.]+ .*"), 2) << out;
 
   EXPECT_EQ(RunBench("--ks 0,2", &out), 2) << out;
   EXPECT_EQ(RunBench("--ks 1,x", &out), 2) << out;

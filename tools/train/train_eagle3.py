@@ -21,6 +21,12 @@ int64, t2d bool; no embed_tokens: the head shares the target's) and train_info.j
 hyperparameter, token counts, losses, and a held-out greedy chain-drafting evaluation: mean
 accepted length for K = 4 and 7).
 
+--doc-windows FRAC draws that fraction of each batch from windows that start at a training file's
+BOS, as every served prompt does (windows cut at multiples of --context almost never do). The
+serving-regime evaluation (serve_eval.py: tokens per verification round counted as specd's
+spec_bench counts them, on prompts cut from held-out files and on the benchmark's prompts, for the
+head and the draft model) runs after training, and with --init before it too.
+
 --init HEAD continues from a head this script wrote, and can grow it on the way: a larger draft
 vocabulary that contains the saved one (e.g. --draft-vocab-size 0, the target's whole vocabulary)
 and a wider FFN (--intermediate-size), both function-preserving (load_init).
@@ -47,6 +53,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import traceback
 
 torch = None  # imported by import_torch(), only when the torch code paths run
 F = None
@@ -69,7 +76,7 @@ TARGET_LAYER_WEIGHTS = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj
                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 DEFAULT_DRAFT_VOCAB = 4096
 QUICK = dict(steps=20, time_budget_s=60.0, max_train_tokens=300_000, context=256, batch_size=8,
-             warmup_steps=5, eval_windows=4, log_every=5)
+             warmup_steps=5, eval_windows=4, log_every=5, serve_eval_files=4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,6 +319,18 @@ def tokenize_files(paths, tokenizer, cap, chunk):
                 del out[cap:]
                 return out, used
     return out, used
+
+
+def doc_window_starts(bos_positions, n_tokens, context):
+    """Starts of the training windows that begin at a file's BOS: every BOS position whose
+    window of `context` tokens fits in the stream (the rest of such a window is the following
+    files' tokens, as in any window of the concatenated stream)."""
+    return [p for p in bos_positions if p + context <= n_tokens]
+
+
+def doc_batch_size(batch_size, frac):
+    """How many windows of a batch start at a file's BOS (--doc-windows): round(frac * batch)."""
+    return max(0, min(batch_size, int(round(frac * batch_size))))
 
 
 def load_tokenizer(target_dir):
@@ -754,13 +773,45 @@ def batches(windows, batch_size, seed):
             yield windows[order[i:i + batch_size]].long()
 
 
+def doc_batches(ids, starts, context, batch_size, seed):
+    """Endless random batches of the windows that start at a file's BOS: ids [N] (the stream,
+    on the device), starts [n] their first positions."""
+    offsets = torch.arange(context, device=ids.device)
+    for first in batches(starts, batch_size, seed):
+        yield ids[first[:, None] + offsets].long()
+
+
+def training_data(train_ids, args, device):
+    """Endless batches: --doc-windows of each batch from windows that start at a file's BOS
+    (as every served prompt does), the rest from the stream cut at multiples of --context.
+    Returns (batch iterator, summary)."""
+    ctx, bsz = args.context, args.batch_size
+    ids = train_ids.to(device)
+    n_win, n_doc = ids.numel() // ctx, doc_batch_size(bsz, args.doc_windows)
+    if n_win < bsz:
+        raise SystemExit(f"{n_win} training windows of {ctx} tokens < batch {bsz}")
+    parts, summary = [], {"train_windows": n_win, "doc_windows_per_batch": n_doc}
+    if n_doc < bsz:
+        parts.append(batches(ids[:n_win * ctx].view(n_win, ctx), bsz - n_doc, args.seed + 1))
+    if n_doc:
+        bos = (ids == BOS_ID).nonzero().flatten().tolist()
+        starts = doc_window_starts(bos, ids.numel(), ctx)
+        if len(starts) < n_doc:
+            raise SystemExit(f"{len(starts)} windows start at a BOS < {n_doc} a batch")
+        summary["doc_windows"] = len(starts)
+        parts.append(doc_batches(ids, torch.tensor(starts, device=device), ctx, n_doc,
+                                 args.seed + 2))
+
+    def gen():
+        while True:
+            yield torch.cat([next(p) for p in parts])
+    return gen(), summary
+
+
 def train(tg, head, vm, train_ids, args):
     """AdamW on the head until --steps or --time-budget-s. Returns a summary dict."""
     device, ctx, bsz = head.embed.device, args.context, args.batch_size
-    n_win = train_ids.numel() // ctx
-    if n_win < bsz:
-        raise SystemExit(f"{n_win} training windows of {ctx} tokens < batch {bsz}")
-    data = batches(train_ids[:n_win * ctx].view(n_win, ctx).to(device), bsz, args.seed + 1)
+    data, data_summary = training_data(train_ids, args, device)
     params = list(head.p.values())
     opt = make_optimizer(params, args, device)
     n_steps = min(args.ttt_steps, ctx - 1)
@@ -792,7 +843,7 @@ def train(tg, head, vm, train_ids, args):
     if device.type == "cuda":
         torch.cuda.synchronize()
     return {"steps_done": step, "stopped_by": stop, "wall_s": round(time.time() - t0, 1),
-            "windows_seen": step * bsz, "tokens_seen": step * bsz * ctx, "train_windows": n_win,
+            "windows_seen": step * bsz, "tokens_seen": step * bsz * ctx, **data_summary,
             "ttt_steps": n_steps, "final": log[-1] if log else None, "log": log}
 
 
@@ -885,6 +936,51 @@ def evaluate(tg, head, vm, held_ids, args):
     return res
 
 
+class ServeEval:
+    """The serving-regime evaluation (serve_eval.py): tokens per verification round as specd's
+    spec_bench counts them, on prompts cut from held-out files as the benchmark's were (files
+    starting with one of the benchmark's prompts left out) and on the benchmark's own prompts
+    (--serve-prompts, at most --serve-eval-files), for the head and the draft model
+    (--serve-draft). A failure is recorded, never raised: the checkpoint matters more."""
+
+    def __init__(self, args, tg, held_paths):
+        import serve_eval
+        self.se, self.args, self.tg = serve_eval, args, tg
+        bench = (serve_eval.read_prompts(args.serve_prompts)
+                 if args.serve_prompts and os.path.exists(args.serve_prompts) else [])
+        held, skipped = serve_eval.serve_prompt_texts((read_text(p) for p in held_paths), bench,
+                                                      args.serve_eval_files, args.seed)
+        tok = load_tokenizer(args.target)
+
+        def encode(texts):
+            return [[BOS_ID] + e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        self.sets = {"held_out_files": encode(held) if held else [],
+                     "benchmark_prompts": encode(bench[:args.serve_eval_files]) if bench else []}
+        self.info = {"held_out_files": len(held), "skipped_as_benchmark_files": skipped,
+                     "benchmark_prompts": len(self.sets["benchmark_prompts"]),
+                     "prompts_file": args.serve_prompts, "draft": args.serve_draft,
+                     "target_dtype": args.target_dtype}
+        has_draft = args.serve_draft and os.path.exists(os.path.join(args.serve_draft,
+                                                                     "config.json"))
+        self.draft = Target(args.serve_draft, tg.embed.dtype, tg.device) if has_draft else None
+
+    def __call__(self, head, vm, with_draft):
+        out = dict(self.info)
+        for name, prompts in self.sets.items():
+            if not prompts:
+                continue
+            try:
+                out[name] = self.se.serve_eval(
+                    self.tg, prompts, self.args.eval_ks, self.args.serve_max_tokens,
+                    self.args.aux_layer_ids, head, vm, self.draft if with_draft else None)
+                print(f"serving-regime eval, {name} ({len(prompts)} prompts):\n"
+                      + self.se.format_table(out[name]), flush=True)
+            except Exception as e:
+                traceback.print_exc()
+                out[name] = {"error": repr(e)}
+        return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Checkpoint.
 
@@ -946,7 +1042,7 @@ def prepare_data(args, vocab):
     stats = {"roots": args.roots, "files_found": len(files), "train_files": len(train_files),
              "held_files": len(held), "train_files_used": n_train, "held_files_used": n_held,
              "train_tokens": len(train_arr), "held_tokens": len(held_arr)}
-    return streams[0], streams[1], stats
+    return streams[0], streams[1], stats, held
 
 
 def draft_vocab_from(train_ids, vocab, size):
@@ -982,7 +1078,7 @@ def setup(args):
     if args.context + args.ttt_steps > tg.max_positions:
         raise SystemExit("--context + --ttt-steps past max_position_embeddings")
     resolve_head_sizes(args, tg.cfg)
-    train_ids, held_ids, corpus = prepare_data(args, tg.vocab)
+    train_ids, held_ids, corpus, held_paths = prepare_data(args, tg.vocab)
     draft_ids, covered = draft_vocab_from(train_ids, tg.vocab, args.draft_vocab_size)
     vm = VocabMap(draft_ids, tg.vocab, device)
     hcfg = head_config(tg.cfg, args.draft_vocab_size, args.aux_layer_ids, args.intermediate_size)
@@ -991,7 +1087,13 @@ def setup(args):
                      else None) if args.init else None
     head = Head(hcfg, params, tg.embed.float(), tg.cos, tg.sin)
     corpus["draft_vocab_train_coverage"] = covered
-    return device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init
+    serve = None
+    if args.serve_eval_files > 0:
+        try:
+            serve = ServeEval(args, tg, held_paths)
+        except Exception:  # an evaluation is not worth a training run
+            traceback.print_exc()
+    return device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init, serve
 
 
 def resolve_head_sizes(args, tcfg):
@@ -1011,7 +1113,7 @@ def resolve_head_sizes(args, tcfg):
 
 def run(args):
     t_start = time.time()
-    device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init = setup(args)
+    device, tg, vm, hcfg, head, train_ids, held_ids, corpus, init, serve = setup(args)
     n_params = sum(p.numel() for p in head.p.values())
     print(f"device {device}; target {args.target} ({args.target_dtype}); corpus {corpus}; "
           f"head {n_params} params; prep {time.time() - t_start:.1f}s", flush=True)
@@ -1021,6 +1123,10 @@ def run(args):
             "optimizer": {"name": "AdamW", "betas": [0.9, 0.95], "fp32_master": True,
                           "autocast": "bf16" if device.type == "cuda" else "none"},
             "versions": versions(device), "timing": {"prep_s": round(time.time() - t_start, 1)}}
+    if serve and args.init:  # the head as it was, and the draft model, on the same prompts
+        t_serve = time.time()
+        info["serve_eval_init"] = serve(head, vm, with_draft=True)
+        info["timing"]["serve_eval_init_s"] = round(time.time() - t_serve, 1)
     try:
         info["training"] = train(tg, head, vm, train_ids, args)
     except KeyboardInterrupt:
@@ -1031,10 +1137,15 @@ def run(args):
     print(f"checkpoint: {os.path.abspath(path)} (+ config.json, train_info.json)", flush=True)
     t_eval = time.time()
     info["eval"] = evaluate(tg, head, vm, held_ids, args)
-    info["timing"].update(eval_s=round(time.time() - t_eval, 1),
-                          total_s=round(time.time() - t_start, 1))
+    info["timing"]["eval_s"] = round(time.time() - t_eval, 1)
     write_json(info_path, info)
     print("held-out eval: " + json.dumps(info["eval"]), flush=True)
+    if serve:
+        t_serve = time.time()
+        info["serve_eval"] = serve(head, vm, with_draft=not args.init)
+        info["timing"]["serve_eval_s"] = round(time.time() - t_serve, 1)
+    info["timing"]["total_s"] = round(time.time() - t_start, 1)
+    write_json(info_path, info)
     print(f"checkpoint: {os.path.abspath(args.out)}", flush=True)
     return 0
 
@@ -1085,6 +1196,15 @@ def parse_args(argv=None):
     a("--eval-start", type=int, default=64, help="first anchor position")
     a("--eval-stride", type=int, default=16, help="anchor spacing")
     a("--eval-ks", type=parse_int_list, default=[4, 7], help="draft lengths to report")
+    a("--doc-windows", type=float, default=0.0, help="fraction of each batch's windows that "
+      "start at a training file's BOS (as served prompts do); the rest are cut from the stream")
+    a("--serve-eval-files", type=int, default=128, help="serving-regime evaluation "
+      "(serve_eval.py): prompts cut from this many held-out files (0: no such evaluation)")
+    a("--serve-prompts", default=None, help="the benchmark's prompts.jsonl: left out of the "
+      "held-out files, and evaluated too (default: prompts.jsonl beside --target; '': none)")
+    a("--serve-draft", default=None, help="draft model evaluated beside the head (default: "
+      "draft/ beside --target; '': none)")
+    a("--serve-max-tokens", type=int, default=64, help="tokens generated per prompt")
     a("--device", default="auto", help="auto, cuda, cuda:N or cpu")
     a("--seed", type=int, default=0)
     a("--log-every", type=int, default=50)
@@ -1099,6 +1219,13 @@ def parse_args(argv=None):
                 setattr(args, key, value)
     if args.roots is None:
         args.roots = default_roots()
+    beside = os.path.dirname(os.path.abspath(args.target))
+    if args.serve_prompts is None:
+        args.serve_prompts = os.path.join(beside, "prompts.jsonl")
+    if args.serve_draft is None:
+        args.serve_draft = os.path.join(beside, "draft")
+    if not 0.0 <= args.doc_windows <= 1.0:
+        p.error("--doc-windows is a fraction in [0, 1]")
     return args
 
 
@@ -1209,6 +1336,11 @@ def self_test(args):
         test_corpus(tmp)
         test_head_sizes(tmp)
     test_vocab_and_config()
+    check(doc_window_starts([0, 5, 9, 12], 14, 4) == [0, 5, 9]
+          and [doc_batch_size(32, f) for f in (0.0, 0.5, 1.0)] == [0, 16, 32]
+          and doc_batch_size(8, 0.3) == 2, "doc windows: BOS starts that fit, count per batch")
+    import serve_eval
+    serve_eval.self_test()
     try:
         import_torch()
     except ImportError:
@@ -1226,6 +1358,10 @@ def torch_self_test(args):
     test_chain_causality()
     test_full_vocab_targets()
     test_grow_init()
+    test_doc_windows()
+    head, vm = tiny_head()
+    import serve_eval
+    serve_eval.torch_self_test(head, vm, FakeTarget(40, 32))
     with tempfile.TemporaryDirectory() as tmp:
         t = torch.randn(2, 3).to(torch.bfloat16)
         path = os.path.join(tmp, "b.safetensors")
@@ -1381,6 +1517,30 @@ def test_grow_init():
         check(refused == [True, True], "torch: --init refuses a wider FFN or a vocab not a subset")
 
 
+def test_doc_windows():
+    """--doc-windows: the first round(frac * batch) windows of a batch start at a file's BOS and
+    run on through the next files; the rest are the stream's windows at multiples of --context."""
+    files = [[BOS_ID] + [7 + i] * (3 + 2 * i) + [EOS_ID] for i in range(12)]
+    stream = torch.tensor([x for f in files for x in f], dtype=torch.int32)
+    args = argparse.Namespace(context=8, batch_size=4, doc_windows=0.5, seed=0)
+    data, info = training_data(stream, args, torch.device("cpu"))
+    starts = [i for i, x in enumerate(stream.tolist()) if x == BOS_ID and i + 8 <= len(stream)]
+    firsts, ok = set(), True
+    for _ in range(len(starts)):
+        b = next(data)
+        ok = ok and tuple(b.shape) == (4, 8) and b.dtype == torch.long
+        for row in b[:2].tolist():  # the stream windows come first, then the doc windows
+            ok = ok and any(row == stream[s * 8:s * 8 + 8].tolist()
+                            for s in range(len(stream) // 8))
+        for row in b[2:].tolist():
+            hits = [s for s in starts if stream[s:s + 8].tolist() == row]
+            ok = ok and row[0] == BOS_ID and bool(hits)
+            firsts.update(hits)
+    check(ok and info["doc_windows_per_batch"] == 2 and info["doc_windows"] == len(starts)
+          and len(firsts) > len(starts) // 2,
+          "torch: doc windows start at a BOS and run on; the other windows are the stream's")
+
+
 def test_chain_causality():
     """Anchor t's chain must not depend on anything after position t (and t+1's token)."""
     head, vm = tiny_head()
@@ -1476,4 +1636,5 @@ def test_target_golden(target_dir, golden_path):
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("train_eagle3", sys.modules[__name__])  # serve_eval imports it
     sys.exit(main())
