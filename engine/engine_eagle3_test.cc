@@ -105,16 +105,23 @@ TEST_F(Eagle3Test, MixedBatchOfEveryMethodEqualsPlain) {
   EXPECT_GT((*got)[0].usage.num_accepted_tokens, 0);
 }
 
-// A prompt served from the prefix cache leaves the head without the cached positions' hidden
-// states; it still drafts from what it saw, and the output is the target's.
-TEST_F(Eagle3Test, PromptFromThePrefixCacheStaysLossless) {
+// The CPU head keeps its entries per sequence, so the hidden states of a prompt's cached positions
+// would never reach it: a request the head may draft for computes its whole prompt (no prefix-cache
+// hits) and drafts as it did the first time, while a plain request still reuses the cached blocks.
+TEST_F(Eagle3Test, PromptsTheHeadDraftsForAreComputedWhole) {
   const std::vector<int32_t>& prompt = (*prompts_)[2];
   auto first = engine_->Generate(Greedy(prompt, kLen, kEagle3));
   auto again = engine_->Generate(Greedy(prompt, kLen, kEagle3));
   ASSERT_TRUE(first.ok() && again.ok());
-  EXPECT_GT(again->usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(again->usage.cached_prompt_tokens, 0);
   EXPECT_EQ(again->ids(), first->ids());
   EXPECT_GT(again->usage.num_drafts, 0);
+  EXPECT_EQ(again->usage.num_drafts, first->usage.num_drafts);
+  EXPECT_EQ(again->usage.num_accepted_tokens, first->usage.num_accepted_tokens);
+  auto plain = engine_->Generate(Greedy(prompt, kLen, kPlain));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_GT(plain->usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(plain->ids(), first->ids());
 }
 
 // A prompt longer than the head's window of pending positions (kEagle3PoolWindow), prefilled in

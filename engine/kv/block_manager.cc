@@ -49,10 +49,12 @@ std::vector<BlockId> BlockManager::MatchPrefix(std::span<const int32_t> tokens) 
   return hits;
 }
 
-bool BlockManager::CanAllocate(std::span<const int32_t> tokens) const {
+bool BlockManager::CanAllocate(std::span<const int32_t> tokens, bool reuse_prefix) const {
   const int32_t total = BlockTable::BlocksFor(static_cast<int32_t>(tokens.size()), block_size_);
   int32_t shared_in_use = 0;
-  for (BlockId id : MatchPrefix(tokens)) shared_in_use += allocator_.ref_count(id) > 0 ? 1 : 0;
+  if (reuse_prefix) {
+    for (BlockId id : MatchPrefix(tokens)) shared_in_use += allocator_.ref_count(id) > 0 ? 1 : 0;
+  }
   return total - shared_in_use <= allocator_.num_free();
 }
 
@@ -71,16 +73,17 @@ absl::StatusOr<BlockId> BlockManager::AllocateFresh() {
   return id;
 }
 
-absl::StatusOr<int32_t> BlockManager::Allocate(std::span<const int32_t> tokens, BlockTable& table) {
+absl::StatusOr<int32_t> BlockManager::Allocate(std::span<const int32_t> tokens, BlockTable& table,
+                                               bool reuse_prefix) {
   if (table.num_blocks() != 0) {
     return absl::FailedPreconditionError("Allocate needs an empty block table");
   }
-  if (!CanAllocate(tokens)) {
+  if (!CanAllocate(tokens, reuse_prefix)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache full: ", tokens.size(), " tokens, ",
                                                      num_free_blocks(), " free blocks"));
   }
-  const std::vector<BlockId> hits = MatchPrefix(tokens);
-  if (prefix_caching_ && !tokens.empty()) {
+  const std::vector<BlockId> hits = reuse_prefix ? MatchPrefix(tokens) : std::vector<BlockId>();
+  if (prefix_caching_ && reuse_prefix && !tokens.empty()) {
     num_queried_blocks_ += static_cast<int32_t>(tokens.size() - 1) / block_size_;
     num_hit_blocks_ += static_cast<int64_t>(hits.size());
   }

@@ -36,12 +36,14 @@ class BlockManager {
 
   // Admission of a sequence with no blocks: tokens are all of its tokens so far (the
   // prompt, plus the generated ones after a preemption); each needs a KV slot.
-  bool CanAllocate(std::span<const int32_t> tokens) const;
+  // reuse_prefix false: no cached block serves it (Sequence::reuses_cached_prefix).
+  bool CanAllocate(std::span<const int32_t> tokens, bool reuse_prefix = true) const;
   // Fills the empty table with blocks for tokens.size() positions, sharing the longest
-  // cached prefix of full blocks. The last token is never served from the cache (its
-  // logits are needed). Returns how many leading tokens already have their KV (a multiple
-  // of block_size). ResourceExhausted, with nothing changed, when !CanAllocate.
-  absl::StatusOr<int32_t> Allocate(std::span<const int32_t> tokens, BlockTable& table);
+  // cached prefix of full blocks (unless !reuse_prefix). The last token is never served from
+  // the cache (its logits are needed). Returns how many leading tokens already have their KV
+  // (a multiple of block_size). ResourceExhausted, with nothing changed, when !CanAllocate.
+  absl::StatusOr<int32_t> Allocate(std::span<const int32_t> tokens, BlockTable& table,
+                                   bool reuse_prefix = true);
 
   // Growth while decoding: whether the table can be grown to num_tokens positions.
   bool CanAppend(const BlockTable& table, int32_t num_tokens) const;

@@ -72,6 +72,23 @@ TEST(BlockManagerTest, SharesComputedFullBlocksOfAnEqualPrefix) {
   EXPECT_EQ(bm.num_used_blocks(), 0);
 }
 
+// A sequence that may not reuse the cache (Sequence::reuses_cached_prefix false) gets fresh
+// blocks for an equal prefix and counts no lookup; the cached blocks stay for the next one.
+TEST(BlockManagerTest, WithoutReuseAnEqualPrefixGetsFreshBlocks) {
+  BlockManager bm(16, kBlock, true);
+  BlockTable a(kBlock), b(kBlock), c(kBlock);
+  std::vector<int32_t> tokens = Iota(10);
+  EXPECT_EQ(Prefill(bm, tokens, a), 0);
+  ASSERT_TRUE(bm.CanAllocate(tokens, /*reuse_prefix=*/false));
+  EXPECT_EQ(bm.Allocate(tokens, b, /*reuse_prefix=*/false).value_or(-1), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(b.ids()[i], a.ids()[i]);
+  EXPECT_EQ(bm.ref_count(a.block(0)), 1);
+  EXPECT_EQ(bm.num_queried_blocks(), 2);  // a's lookup only
+  EXPECT_EQ(bm.Allocate(tokens, c).value_or(-1), 8);
+  EXPECT_EQ(c.ids()[0], a.ids()[0]);
+  for (BlockTable* t : {&a, &b, &c}) ASSERT_TRUE(bm.Deallocate(*t).ok());
+}
+
 TEST(BlockManagerTest, NeverServesTheLastTokenFromTheCache) {
   BlockManager bm(16, kBlock, true);
   BlockTable a(kBlock), b(kBlock);

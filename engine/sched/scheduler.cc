@@ -93,7 +93,8 @@ bool Scheduler::TryAdmit(Sequence* seq, TokenBudget& budget, StepPlan& plan) {
   if (!admission_.CanAdmit(*seq, num_running(), budget, *blocks_)) return false;
   const int64_t queried = blocks_->num_queried_blocks();
   const int64_t hit = blocks_->num_hit_blocks();
-  absl::StatusOr<int32_t> cached = blocks_->Allocate(seq->tokens(), seq->blocks_);
+  absl::StatusOr<int32_t> cached =
+      blocks_->Allocate(seq->tokens(), seq->blocks_, seq->reuses_cached_prefix());
   if (!cached.ok()) {  // unreachable after CanAllocate; leave it queued
     SPECD_LOG_ERROR("scheduler: admission failed: {}", cached.status().ToString());
     return false;

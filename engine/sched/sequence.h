@@ -55,6 +55,11 @@ class Sequence {
   // prompt length. Default: all.
   int32_t num_shareable_tokens() const { return num_shareable_tokens_; }
   void set_num_shareable_tokens(int32_t n) { num_shareable_tokens_ = n; }
+  // Whether admission may serve its leading positions from the prefix cache. False: every
+  // position is computed (a drafter that needs the target's hidden states at every position
+  // and keeps them nowhere else: the CPU EAGLE-3 head). Its blocks still join the cache.
+  bool reuses_cached_prefix() const { return reuses_cached_prefix_; }
+  void set_reuses_cached_prefix(bool reuse) { reuses_cached_prefix_ = reuse; }
 
   // A sampled token; its KV is computed by the next step.
   void AppendToken(int32_t id) { tokens_.push_back(id); }
@@ -70,6 +75,7 @@ class Sequence {
   int32_t num_preemptions_ = 0;
   int32_t num_lookahead_tokens_ = 0;
   int32_t num_shareable_tokens_ = INT32_MAX;
+  bool reuses_cached_prefix_ = true;
   bool paused_ = false;
   SequenceStatus status_ = SequenceStatus::kWaiting;
   BlockTable blocks_;

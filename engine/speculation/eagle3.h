@@ -70,6 +70,9 @@ class Eagle3Speculator : public Speculator {
   void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   const Eagle3Config& config() const { return compute_->config(); }
+  // Eagle3Compute::ReadsPrefixCache: false makes the engine compute whole prompts of the
+  // requests the head may draft for.
+  bool reads_prefix_cache() const { return compute_->ReadsPrefixCache(); }
 
  private:
   // A target hidden state the head has not run: its position, the token there, its fused row.

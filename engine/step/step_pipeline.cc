@@ -14,6 +14,12 @@
 namespace specd {
 namespace {
 
+// Requests pinned to the EAGLE-3 head, and `auto` requests the policy may move to it.
+bool HeadMayDraft(const ResolvedSpeculation& spec) {
+  return spec.method == SpeculationMethod::kEagle3 ||
+         (spec.method == SpeculationMethod::kAuto && !spec.Forbids(SpeculationMethod::kEagle3));
+}
+
 // A tree a speculator proposed fits what was asked: a parent per draft, each -1 or earlier, no
 // more nodes than asked and no path deeper than the tree's depth.
 bool ValidTreeDraft(const Draft& d, const DraftInput& in) {
@@ -56,6 +62,11 @@ LiveRequest& StepPipeline::Add(RequestId id, GenerateRequest request,
   // Lossy SSV verification writes KV that is not the model's: only the prompt's (prefilled
   // exactly) may serve other requests from the prefix cache.
   if (spec.enabled() && spec.ssv.lossy()) r.seq.set_num_shareable_tokens(r.seq.num_prompt_tokens());
+  // A head that cannot read the prefix cache's positions needs the target to compute them.
+  if (const Eagle3Speculator* head = speculators_->eagle3();
+      head != nullptr && !head->reads_prefix_cache() && HeadMayDraft(spec)) {
+    r.seq.set_reuses_cached_prefix(false);
+  }
   r.on_output = std::move(on_output);
   r.arrival = arrival;
   scheduler_.Add(&r.seq);
@@ -203,11 +214,7 @@ void StepPipeline::FeedEagle3() {
     if (it == live_.end()) continue;
     // Requests pinned to the head, and `auto` requests the policy may move to it: hidden states
     // a pass does not hand over cannot be had later.
-    const ResolvedSpeculation& spec = it->second->spec;
-    const bool head_may_draft =
-        spec.method == SpeculationMethod::kEagle3 ||
-        (spec.method == SpeculationMethod::kAuto && !spec.Forbids(SpeculationMethod::kEagle3));
-    if (!head_may_draft) continue;
+    if (!HeadMayDraft(it->second->spec)) continue;
     eagle3_wanted_[i] = 1;
     it->second->used_speculators |= 1u << DraftMethodIndex(DraftMethod::kEagle3);
     any = true;

@@ -110,6 +110,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   // Tree rows run eagerly with the attention's tree masks (kernels::AttentionTreeMask): a row's
   // KV goes to its slot, its RoPE position is its depth's.
   bool SupportsTrees() const override { return true; }
+  // The head's KV shares the target's blocks (Eagle3Compute::ReadsPrefixCache).
+  bool ReadsPrefixCache() const override { return true; }
   int32_t max_logit_rows() const override { return max_logit_rows_; }
   // kernels::TopKRows and kernels::LogSoftmaxAt over the draft vocabulary's logits rows.
   bool RanksOnDevice() const override { return true; }
