@@ -213,6 +213,24 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                   "SSD: speculator time spent building the speculation cache.");
   ssd_connected_ =
       NewGauge(r, "specd_ssd_speculator_connected", "SSD: 1 while a speculator is connected.");
+  auto* stage_seconds = family(
+      "specd_ssd_round_stage_seconds_total",
+      "SSD: the round's timeline, seconds per side and stage. verifier (the engine step that "
+      "drafted with the speculator): transfer, wait, cache_lookup, verify, sampling, commit, "
+      "rest; speculator (from its replies): receive, triage, draft, build, reply.");
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    ssd_verifier_stage_[i] =
+        &stage_seconds->Add({{"side", "verifier"}, {"stage", kSsdVerifierStageNames[i]}});
+  }
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    ssd_speculator_stage_[i] =
+        &stage_seconds->Add({{"side", "speculator"}, {"stage", kSsdSpeculatorStageNames[i]}});
+  }
+  auto* rounds = family("specd_ssd_timeline_rounds_total",
+                        "SSD: rounds the timeline covers, per side (a stage's seconds over its "
+                        "side's rounds: its mean per round).");
+  ssd_verifier_rounds_ = &rounds->Add({{"side", "verifier"}});
+  ssd_speculator_rounds_ = &rounds->Add({{"side", "speculator"}});
   ssd_draft_tokens_ = family("specd_ssd_draft_tokens_total",
                              "SSD: draft tokens verified, by where the draft came from (draft: hit "
                              "= the speculation cache, miss = a fallback).");
@@ -356,6 +374,7 @@ void Metrics::OnSsd(const SsdStats& s) {
   add(ssd_wait_seconds_, s.wait_seconds, last.wait_seconds);
   add(ssd_busy_seconds_, s.speculator_busy_seconds, last.speculator_busy_seconds);
   add(ssd_cache_seconds_, s.speculator_cache_seconds, last.speculator_cache_seconds);
+  AddTimeline(s.timeline, last.timeline);
   // The link changes state only with a connect or a failure: the snapshot with the most of
   // them knows its current state.
   const int64_t link_events = s.connects + s.link_failures;
@@ -367,6 +386,23 @@ void Metrics::OnSsd(const SsdStats& s) {
   add(ssd_connects_, s.connects, last.connects);
   add(ssd_launches_, s.launches, last.launches);
   add(ssd_refused_joins_, s.refused_joins, last.refused_joins);
+}
+
+void Metrics::AddTimeline(const SsdTimeline& now, SsdTimeline& shown) {
+  auto add = [](prometheus::Counter* c, auto value, auto& last) {
+    if (value > last) {
+      c->Increment(static_cast<double>(value - last));
+      last = value;
+    }
+  };
+  add(ssd_verifier_rounds_, now.verifier_rounds, shown.verifier_rounds);
+  add(ssd_speculator_rounds_, now.speculator_rounds, shown.speculator_rounds);
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    add(ssd_verifier_stage_[i], now.verifier[i], shown.verifier[i]);
+  }
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    add(ssd_speculator_stage_[i], now.speculator[i], shown.speculator[i]);
+  }
 }
 
 void Metrics::OnHttpResponse(int status) {

@@ -108,6 +108,9 @@ class Metrics : public EngineObserver {
   // std::mutex rather than absl::Mutex: the distribution's abseil is not built with TSan, so
   // absl::Mutex's ordering is invisible to it (the TSan stage runs the daemon's HTTP path).
   void OnSsd(const SsdStats& s);
+  // OnSsd's timeline counters, moved up to `now` from `shown` (which they then hold).
+  void AddTimeline(const SsdTimeline& now, SsdTimeline& shown)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ssd_mu_);
   std::mutex ssd_mu_;
   SsdStats ssd_last_ ABSL_GUARDED_BY(ssd_mu_);
   int64_t ssd_link_events_ ABSL_GUARDED_BY(ssd_mu_) = -1;          // connects + link_failures shown
@@ -123,6 +126,12 @@ class Metrics : public EngineObserver {
   prometheus::Counter* ssd_busy_seconds_ = nullptr;
   prometheus::Counter* ssd_cache_seconds_ = nullptr;
   prometheus::Gauge* ssd_connected_ = nullptr;
+  // The round's timeline: {side, stage} seconds and {side} rounds, made once (label lookups
+  // allocate; these are updated after every step).
+  std::array<prometheus::Counter*, kNumSsdVerifierStages> ssd_verifier_stage_{};
+  std::array<prometheus::Counter*, kNumSsdSpeculatorStages> ssd_speculator_stage_{};
+  prometheus::Counter* ssd_verifier_rounds_ = nullptr;
+  prometheus::Counter* ssd_speculator_rounds_ = nullptr;
   prometheus::Family<prometheus::Counter>* ssd_draft_tokens_ = nullptr;     // {draft}
   prometheus::Family<prometheus::Counter>* ssd_accepted_tokens_ = nullptr;  // {draft}
 };

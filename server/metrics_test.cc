@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace specd {
@@ -277,6 +278,59 @@ TEST(MetricsTest, OlderSsdSnapshotsNeitherRecountNorRevertTheLink) {
   EXPECT_TRUE(Has(text, "specd_ssd_link_failures_total 2"));
   EXPECT_TRUE(Has(text, "specd_ssd_outcomes_total{accepted_len=\"1\"} 6"));
   EXPECT_TRUE(Has(text, "specd_ssd_cache_hits_total{accepted_len=\"1\"} 2"));
+}
+
+// The SSD round's timeline: seconds per (side, stage) and rounds per side, from the cumulative
+// snapshots like every SSD counter (an older snapshot changes nothing).
+TEST(MetricsTest, SsdRoundTimelineIsExportedPerSideAndStage) {
+  Metrics m;
+  EngineStats s;
+  s.ssd.emplace();
+  SsdTimeline& t = s.ssd->timeline;
+  t.verifier_rounds = 4;
+  t.at(SsdVerifierStage::kWait) = 0.5;
+  t.at(SsdVerifierStage::kVerify) = 1.25;
+  t.at(SsdVerifierStage::kRest) = 0.125;
+  t.speculator_rounds = 3;
+  t.at(SsdSpeculatorStage::kBuild) = 0.75;
+  m.UpdateGauges(s);
+  std::string text = m.Render();
+  EXPECT_TRUE(Has(text, "specd_ssd_timeline_rounds_total{side=\"verifier\"} 4")) << text;
+  EXPECT_TRUE(Has(text, "specd_ssd_timeline_rounds_total{side=\"speculator\"} 3"));
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"verifier\",stage=\"wait\"} 0.5"));
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"verifier\",stage=\"verify\"} 1.25"));
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"verifier\",stage=\"rest\"} 0.125"));
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"speculator\",stage=\"build\"} 0.75"));
+  // Every stage is there from the start, at 0 until it ran.
+  for (const char* stage : kSsdVerifierStageNames) {
+    EXPECT_NE(text.find(absl::StrCat("side=\"verifier\",stage=\"", stage, "\"}")),
+              std::string::npos)
+        << stage;
+  }
+  for (const char* stage : kSsdSpeculatorStageNames) {
+    EXPECT_NE(text.find(absl::StrCat("side=\"speculator\",stage=\"", stage, "\"}")),
+              std::string::npos)
+        << stage;
+  }
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"speculator\",stage=\"reply\"} 0"));
+  // An older snapshot, then a newer one: counted once.
+  EngineStats older = s;
+  older.ssd->timeline.verifier_rounds = 2;
+  older.ssd->timeline.at(SsdVerifierStage::kWait) = 0.25;
+  m.UpdateGauges(older);
+  t.verifier_rounds = 6;
+  t.at(SsdVerifierStage::kWait) = 0.75;
+  m.UpdateGauges(s);
+  m.UpdateGauges(s);
+  text = m.Render();
+  EXPECT_TRUE(Has(text, "specd_ssd_timeline_rounds_total{side=\"verifier\"} 6")) << text;
+  EXPECT_TRUE(
+      Has(text, "specd_ssd_round_stage_seconds_total{side=\"verifier\",stage=\"wait\"} 0.75"));
 }
 
 TEST(MetricsTest, RequestsWithoutTokensSkipTheTtftHistogram) {

@@ -460,7 +460,10 @@ class SsdServerTest(SpecTestCase):
             self.assertGreater(s["num_drafts"], 0)
             ssd = s["ssd"]
             self.assertEqual(set(ssd), {"cache_hit_drafts", "cache_hit_rate",
-                                        "cache_hit_draft_tokens", "cache_hit_accepted_tokens"})
+                                        "cache_hit_draft_tokens", "cache_hit_accepted_tokens",
+                                        "cache_miss_drafts", "wait_seconds"})
+            self.assertEqual(ssd["cache_hit_drafts"] + ssd["cache_miss_drafts"], s["num_drafts"])
+            self.assertGreaterEqual(ssd["wait_seconds"], 0)
             self.assertGreater(ssd["cache_hit_drafts"], 0, s)
             self.assertLessEqual(ssd["cache_hit_drafts"], s["num_drafts"])
             self.assertAlmostEqual(ssd["cache_hit_rate"],
@@ -481,6 +484,13 @@ class SsdServerTest(SpecTestCase):
             self.assertEqual(d.metric("specd_ssd_link_failures_total"), 0)
             self.assertGreater(d.metric('specd_ssd_bytes_total{direction="sent"}'), 0)
             self.assertGreater(d.metric('specd_ssd_bytes_total{direction="received"}'), 0)
+            # The round's timeline: rounds on both sides, and the stages every round has.
+            for side in ("verifier", "speculator"):
+                self.assertGreater(d.metric("specd_ssd_timeline_rounds_total", side=side), 0)
+            for side, stage in (("verifier", "wait"), ("verifier", "verify"),
+                                ("speculator", "triage"), ("speculator", "build")):
+                self.assertGreater(
+                    d.metric("specd_ssd_round_stage_seconds_total", side=side, stage=stage), 0)
             self.assert_promtool_clean(d)
 
 

@@ -63,6 +63,44 @@ std::vector<std::vector<int32_t>> Ids(const std::vector<GenerateResult>& results
   return out;
 }
 
+// The SSD round's timeline after rounds with a connected speculator: structure only, never how
+// long a stage took (a loaded 2-core machine stretches any of them).
+void ExpectTimelineAddsUp(const SsdStats& s) {
+  const SsdTimeline& t = s.timeline;
+  ASSERT_GT(t.verifier_rounds, 0);
+  EXPECT_LE(t.verifier_rounds, s.rounds) << "only rounds with the speculator are timed";
+  EXPECT_GT(t.speculator_rounds, 0);
+  double stages = 0;
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    EXPECT_GE(t.verifier[i], 0.0) << kSsdVerifierStageNames[i];
+    stages += t.verifier[i];
+  }
+  // The stages partition the rounds (each stage a sub-interval of its step, one clock).
+  EXPECT_NEAR(stages, t.verifier_round_seconds, 1e-9 * t.verifier_rounds + 1e-9);
+  for (SsdVerifierStage stage :
+       {SsdVerifierStage::kTransfer, SsdVerifierStage::kWait, SsdVerifierStage::kCacheLookup,
+        SsdVerifierStage::kVerify, SsdVerifierStage::kCommit}) {
+    EXPECT_GT(t.at(stage), 0.0) << kSsdVerifierStageNames[static_cast<int>(stage)];
+  }
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    EXPECT_GE(t.speculator[i], 0.0) << kSsdSpeculatorStageNames[i];
+  }
+  for (SsdSpeculatorStage stage : {SsdSpeculatorStage::kReceive, SsdSpeculatorStage::kTriage,
+                                   SsdSpeculatorStage::kBuild, SsdSpeculatorStage::kReply}) {
+    EXPECT_GT(t.at(stage), 0.0) << kSsdSpeculatorStageNames[static_cast<int>(stage)];
+  }
+  std::printf("    timeline (ms per round): verifier");
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    std::printf(" %s %.3f", kSsdVerifierStageNames[i], 1e3 * t.verifier[i] / t.verifier_rounds);
+  }
+  std::printf("; speculator");
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    std::printf(" %s %.3f", kSsdSpeculatorStageNames[i],
+                1e3 * t.speculator[i] / std::max<int64_t>(1, t.speculator_rounds));
+  }
+  std::printf("\n");
+}
+
 class SsdLosslessTest : public ::testing::TestWithParam<int32_t> {};
 
 // With "cache_build": "complete" (the whole budget is built every round, so hits do not depend
@@ -86,12 +124,19 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
   const SsdStats s = observer->Last();
   int64_t drafts = 0, accepted = 0, hit_drafts = 0;
+  double wait = 0;
   for (const GenerateResult& r : *ssd) {
     drafts += r.usage.num_drafts;
     accepted += r.usage.num_accepted_tokens;
     hit_drafts += r.usage.num_cache_hit_drafts;
     EXPECT_LE(r.usage.num_cache_hit_accepted_tokens, r.usage.num_cache_hit_draft_tokens);
+    // Every round of an SSD request drafted from the cache or from a fallback.
+    EXPECT_EQ(r.usage.num_cache_hit_drafts + r.usage.num_cache_miss_drafts, r.usage.num_drafts);
+    EXPECT_GE(r.usage.ssd_wait_seconds, 0.0);
+    wait += r.usage.ssd_wait_seconds;
   }
+  EXPECT_GT(wait, 0.0) << "the requests' rounds waited for the speculator";
+  ExpectTimelineAddsUp(s);
   EXPECT_EQ(hit_drafts, s.drafts_hit) << "per-request cache hits must add up to the speculator's";
   const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
   std::printf(

@@ -18,6 +18,8 @@
 //                     the channel stays usable).
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -40,6 +42,12 @@ class Channel {
   // arriving type, and returns that type. Blocks up to `timeout`. Thread-safe; concurrent
   // receivers are serialized (one Send and one Recv may run at the same time).
   virtual absl::StatusOr<MessageType> Recv(absl::Duration timeout, Message* message) = 0;
+
+  // When the message the last successful Recv returned began to arrive: MonotonicNanos()
+  // (engine/base/monotonic_clock.h) as its first byte was read, so a caller can tell waiting
+  // for a message from reading and decoding it (the SSD round's timeline). 0 when the transport
+  // does not know. Call from the receiving thread, after its Recv.
+  virtual int64_t last_recv_first_byte_ns() const { return 0; }
 
   // Closes the connection: the peer sees Unavailable, and so do this side's later calls and any
   // Send/Recv blocked in another thread. Idempotent; thread-safe.

@@ -87,6 +87,10 @@ inline SpeculateResponse MakeResponse(const SpeculateRequest& request, const Wir
   r.round_id = request.round_id;
   r.busy_ns = 1000 * request.round_id + 17;
   r.cache_build_ns = 500 * request.round_id;
+  r.receive_ns = 11 * request.round_id + 1;
+  r.triage_ns = 13 * request.round_id + 2;
+  r.draft_ns = 17 * request.round_id + 3;
+  r.reply_ns = 19 * request.round_id + 4;
   std::vector<int32_t> draft;
   std::vector<float> probs;
   for (const SpeculateSeq& s : request.seqs) {

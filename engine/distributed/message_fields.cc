@@ -20,7 +20,7 @@ namespace {
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
 constexpr uint64_t kRequestFixedBytes = 8 + 4;
 constexpr uint64_t kRequestSeqBytes = 8 + 1 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 8 + 4 + 4;
-constexpr uint64_t kResponseFixedBytes = 8 + 8 + 8 + 1 + 4;
+constexpr uint64_t kResponseFixedBytes = 8 + 8 + 8 + 4 * 8 + 1 + 4;
 constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
 
 // --- shared checks --------------------------------------------------------------------------
@@ -288,6 +288,7 @@ void Put(const SpeculateResponse& m, const WireLimits& limits, ByteWriter& w) {
   w.U64(m.round_id);
   w.U64(m.busy_ns);
   w.U64(m.cache_build_ns);
+  for (uint64_t ns : {m.receive_ns, m.triage_ns, m.draft_ns, m.reply_ns}) w.U64(ns);
   w.U8(m.probs_out_of_band ? 1 : 0);
   w.U32(static_cast<uint32_t>(m.drafts.size()));
   for (const SpeculateDraft& d : m.drafts) {
@@ -303,6 +304,10 @@ void Get(ByteReader& r, const WireLimits& limits, SpeculateResponse* m) {
   m->round_id = r.U64("round_id");
   m->busy_ns = r.U64("busy_ns");
   m->cache_build_ns = r.U64("cache_build_ns");
+  m->receive_ns = r.U64("receive_ns");
+  m->triage_ns = r.U64("triage_ns");
+  m->draft_ns = r.U64("draft_ns");
+  m->reply_ns = r.U64("reply_ns");
   const uint8_t oob = r.U8("probs_out_of_band");
   const uint32_t num_drafts = r.U32("num_seqs");
   if (!r.ok()) return;

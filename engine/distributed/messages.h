@@ -42,7 +42,9 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // kept_blocks; TpStep::released) and each row's vocabulary-merge needs (TpRow).
 // Version 4: the SSD speculator gets its settings in SsdInit after the handshake (no longer on its
 // command line) and answers SsdReady; SSD Hellos carry fixed handshake limits.
-inline constexpr uint16_t kProtocolVersion = 4;
+// Version 5: SpeculateResponse carries the speculator's stage times (receive, triage, draft,
+// reply) beside busy_ns and cache_build_ns: the SSD round's timeline.
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -203,6 +205,15 @@ struct SpeculateResponse {
   uint64_t round_id = 0;
   uint64_t busy_ns = 0;         // speculator busy time since its last response
   uint64_t cache_build_ns = 0;  // of which building the speculation cache
+  // Version >= 5: the speculator's other stages since its last response (the SSD round's
+  // timeline, ssd_stats.h SsdTimeline), in its monotonic nanoseconds: reading and decoding this
+  // request (from its first byte), triage (the outcomes applied, the cache looked up, each
+  // sequence's tier chosen), drafting the misses (primary re-drafts, partial hits' remaining
+  // passes, backups), and replying (sending the last response, composing this one).
+  uint64_t receive_ns = 0;
+  uint64_t triage_ns = 0;
+  uint64_t draft_ns = 0;
+  uint64_t reply_ns = 0;
   // q rows travel on the bulk link (NcclChannel) in draft order, not in this frame; `probs`
   // is then empty and the receiver posts a bulk receive of NumProbRows() rows.
   bool probs_out_of_band = false;

@@ -73,7 +73,8 @@ TEST(MessagesTest, OutOfBandRowsAreCountedButNotCarried) {
   EXPECT_EQ(decoded, r);
   EXPECT_EQ(decoded.NumProbRows(), 3u);
   EXPECT_TRUE(decoded.ProbsOf(decoded.drafts[0], limits.vocab_size).empty());
-  EXPECT_EQ(frame.size(), kFrameHeaderBytes + 29 + 2 * 12 + 4 * 4);  // no rows inline
+  // Fixed: 29 bytes, then 4 stage times (version 5); no rows inline.
+  EXPECT_EQ(frame.size(), kFrameHeaderBytes + 29 + 4 * 8 + 2 * 12 + 4 * 4);
 }
 
 TEST(MessagesTest, HeaderIsExplicitLittleEndian) {

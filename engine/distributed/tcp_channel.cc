@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
 #include "engine/distributed/peer_cred.h"
 
@@ -248,6 +249,7 @@ absl::Status TcpChannel::ReadFramePart(size_t need, absl::Time deadline) {
     short want = POLLIN;
     const ssize_t n = RecvSome(rx_.data() + rx_have_, need - rx_have_, &want);
     if (n > 0) {
+      if (rx_have_ == 0 && !rx_have_header_) rx_first_byte_ns_ = MonotonicNanos();
       rx_have_ += static_cast<size_t>(n);
       continue;
     }
@@ -291,6 +293,7 @@ absl::StatusOr<bool> TcpChannel::DecodeFramePart(Message* message) {
                             std::memory_order_relaxed);
   rx_have_ = 0;
   rx_have_header_ = false;
+  last_first_byte_ns_.store(rx_first_byte_ns_, std::memory_order_relaxed);
   frames_received_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -73,6 +73,9 @@ class TcpChannel final : public Channel {
 
   absl::Status Send(MessageRef message, absl::Duration timeout) override;
   absl::StatusOr<MessageType> Recv(absl::Duration timeout, Message* message) override;
+  int64_t last_recv_first_byte_ns() const override {
+    return last_first_byte_ns_.load(std::memory_order_relaxed);
+  }
   void Close() override;
 
   // Replaces the limits later frames are checked against, both ways, and reserves the frame
@@ -138,6 +141,8 @@ class TcpChannel final : public Channel {
   size_t rx_have_ ABSL_GUARDED_BY(recv_mu_) = 0;    // bytes of it received so far
   bool rx_have_header_ ABSL_GUARDED_BY(recv_mu_) = false;
   FrameHeader rx_header_ ABSL_GUARDED_BY(recv_mu_);
+  int64_t rx_first_byte_ns_ ABSL_GUARDED_BY(recv_mu_) = 0;  // the frame being received's
+  std::atomic<int64_t> last_first_byte_ns_{0};              // the last frame received's
 };
 
 // Verifier side of the rendezvous: a listening socket that hands out one handshaken channel per

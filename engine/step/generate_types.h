@@ -52,6 +52,11 @@ struct RequestUsage {
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  // SSD: rounds with drafts that came from a fallback (the primary's re-draft, the backup, or
+  // local n-gram drafts without a speculator), and the time the request's rounds waited for the
+  // speculator's reply (each round's wait counts once per sequence in it; ssd_stats.h kWait).
+  int64_t num_cache_miss_drafts = 0;
+  double ssd_wait_seconds = 0;
   bool ssd = false;  // the request's speculation resolved to method ssd
   // The same three counts per method that drafted (`auto` may use several), in the order
   // draft_model, ngram, ssd, vegas, streaming, eagle3; methods without rounds are left out.

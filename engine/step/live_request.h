@@ -50,6 +50,8 @@ struct LiveRequest {
   int64_t num_cache_hit_drafts = 0;  // SSD: rounds drafted from the speculation cache
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  int64_t num_cache_miss_drafts = 0;  // SSD: rounds drafted by a fallback
+  double ssd_wait_seconds = 0;        // SSD: its rounds' waits for the speculator's reply
   // This step's speculation (Prepare): `spec`, or for auto `spec` with the policy's method and
   // K (method kNone: plain). What Speculate, BuildBatch and Apply read.
   ResolvedSpeculation step;

@@ -6,8 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
 #include "engine/speculation/eagle3.h"
+#include "engine/speculation/ssd/ssd_speculator.h"
 #include "engine/step/auto_strategy.h"
 #include "engine/step/speculator_set.h"
 
@@ -139,6 +141,7 @@ bool StepPipeline::CommitToken(LiveRequest& r, SampleResult sampled, absl::Time 
 
 absl::StatusOr<bool> StepPipeline::Run(const std::function<void()>& on_scheduled) {
   step_start_ = absl::Now();
+  step_start_ns_ = MonotonicNanos();
   // Prepare.
   const StepPlan plan = scheduler_.Schedule();
   NoteScheduled(plan, absl::Now());
@@ -154,9 +157,14 @@ absl::StatusOr<bool> StepPipeline::Run(const std::function<void()>& on_scheduled
   Verifier& verifier = ChooseVerifier();
   BuildBatch(plan, verifier.wants_all_logits());
   const absl::Time verify_start = absl::Now();
+  const int64_t verify_start_ns = MonotonicNanos();
   const absl::Status s =
       verifier.Verify(VerifyInput{batch_, rows_, drafts_, acceptors_}, &outcomes_);
   verify_seconds_ = absl::ToDoubleSeconds(absl::Now() - verify_start);
+  SsdSpeculator::EngineRoundSeconds ssd_round;
+  ssd_round.sampling = verifier.last_sampling_seconds();
+  ssd_round.verify =
+      std::max(0.0, NanosToSeconds(verify_start_ns, MonotonicNanos()) - ssd_round.sampling);
   if (!s.ok()) {
     // A tensor-parallel group that lost a rank says so (Unavailable, naming the rank): that is
     // what every request of the step ends with; anything else is an internal failure.
@@ -174,7 +182,14 @@ absl::StatusOr<bool> StepPipeline::Run(const std::function<void()>& on_scheduled
   }
   FeedEagle3();
   // Apply.
+  const int64_t commit_start_ns = MonotonicNanos();
   Apply(plan);
+  if (SsdSpeculator* ssd = speculators_->ssd(); ssd != nullptr && ssd_proposed_) {
+    const int64_t end_ns = MonotonicNanos();
+    ssd_round.commit = NanosToSeconds(commit_start_ns, end_ns);
+    ssd_round.round = NanosToSeconds(step_start_ns_, end_ns);
+    ssd->EndRound(ssd_round);
+  }
   return true;
 }
 
@@ -259,6 +274,7 @@ void StepPipeline::PlanSampling(const StepPlan& plan) {
 void StepPipeline::Speculate(const StepPlan& plan) {
   num_spec_rows_ = 0;
   draft_seconds_ = 0;
+  ssd_proposed_ = false;
   drafts_.resize(rows_.size());
   for (Draft& d : drafts_) d.Reset();
   const absl::Time start = absl::Now();
@@ -316,6 +332,12 @@ void StepPipeline::Speculate(const StepPlan& plan) {
     const absl::Time propose_start = absl::Now();
     const absl::Status s = speculator->Propose(draft_inputs_, &proposed_);
     method_seconds_[m].draft = absl::ToDoubleSeconds(absl::Now() - propose_start);
+    if (method == DraftMethod::kSsd && speculators_->ssd() != nullptr) {
+      ssd_proposed_ = true;
+      // Every sequence of the round waited for the speculator's reply.
+      const double wait = speculators_->ssd()->last_wait_seconds();
+      for (int32_t k : draft_rows_) row_requests_[k]->ssd_wait_seconds += wait;
+    }
     if (!s.ok()) {
       SPECD_LOG_WARN("engine: speculation failed, decoding without drafts this step: {}",
                      s.ToString());
@@ -439,6 +461,8 @@ void StepPipeline::Apply(const StepPlan& plan) {
         r.num_cache_hit_drafts += 1;
         r.num_cache_hit_draft_tokens += o.num_drafts;
         r.num_cache_hit_accepted_tokens += o.num_accepted;
+      } else if (r.step.method == DraftMethod::kSsd) {
+        r.num_cache_miss_drafts += 1;  // a fallback drafted: primary, backup or local
       }
     }
     Sequence* seq = &r.seq;

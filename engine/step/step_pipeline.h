@@ -166,7 +166,9 @@ class StepPipeline {
   std::vector<std::vector<float>> row_scores_;  // [num_rows]
   std::vector<int32_t> scored_len_;             // [num_rows]
   absl::Time step_start_;                       // when Run began
+  int64_t step_start_ns_ = 0;                   // ... in MonotonicNanos (SSD's round timeline)
   int32_t num_spec_rows_ = 0;                   // rows with drafts this step
+  bool ssd_proposed_ = false;                   // SSD's speculator proposed this step
   // [num_chunks] FeedEagle3: whether the chunk's sequence drafts with the EAGLE-3 head.
   std::vector<uint8_t> eagle3_wanted_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/monotonic_clock.h"
 
 namespace specd {
 namespace {
@@ -152,7 +153,9 @@ absl::Status HostVerifier::Verify(const VerifyInput& in, std::vector<RowOutcome>
           "host verification: tree row ", k, " needs a parent per draft and a chunk with a tree"));
     }
   }
+  sampling_seconds_ = 0;
   if (absl::Status s = runner_->Forward(in.batch, &logits_); !s.ok()) return s;
+  const int64_t sampling_start = MonotonicNanos();
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   // First logits row of each chunk: one row per chunk, one per token for drafted decodes.
   first_row_.assign(in.batch.size() + 1, 0);
@@ -206,6 +209,7 @@ absl::Status HostVerifier::Verify(const VerifyInput& in, std::vector<RowOutcome>
     }
     o.num_accepted = a.num_accepted;
   }
+  sampling_seconds_ = NanosToSeconds(sampling_start, MonotonicNanos());
   return absl::OkStatus();
 }
 

@@ -68,6 +68,13 @@ class Verifier {
   // Runs the batch (writing every new token's KV) and fills (*out)[i] for rows[i]. Errors are
   // the runner's (InvalidArgument: malformed batch; Internal: device failure).
   virtual absl::Status Verify(const VerifyInput& in, std::vector<RowOutcome>* out) = 0;
+  // Seconds the last Verify spent accepting on the host after the target pass (speculative
+  // sampling against q, the correction or bonus draws: HostVerifier); 0 where acceptance runs
+  // inside the pass. The SSD round's timeline (ssd_stats.h) reports it apart from the pass.
+  double last_sampling_seconds() const { return sampling_seconds_; }
+
+ protected:
+  double sampling_seconds_ = 0;
 };
 
 class GreedyVerifier : public Verifier {

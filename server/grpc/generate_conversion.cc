@@ -255,6 +255,8 @@ void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool 
   stats->set_num_cache_hit_drafts(output.usage.num_cache_hit_drafts);
   stats->set_num_cache_hit_draft_tokens(output.usage.num_cache_hit_draft_tokens);
   stats->set_num_cache_hit_accepted_tokens(output.usage.num_cache_hit_accepted_tokens);
+  stats->set_num_cache_miss_drafts(output.usage.num_cache_miss_drafts);
+  stats->set_ssd_wait_seconds(output.usage.ssd_wait_seconds);
   for (const RequestUsage::MethodUsage& m : output.usage.by_method) {
     v1::MethodSpeculationStats* s = stats->add_by_method();
     s->set_method(m.method);

@@ -209,6 +209,8 @@ Usage GenerationCall::TotalUsage() const {
     u.num_cache_hit_drafts += c.usage.num_cache_hit_drafts;
     u.num_cache_hit_draft_tokens += c.usage.num_cache_hit_draft_tokens;
     u.num_cache_hit_accepted_tokens += c.usage.num_cache_hit_accepted_tokens;
+    u.num_cache_miss_drafts += c.usage.num_cache_miss_drafts;
+    u.ssd_wait_seconds += c.usage.ssd_wait_seconds;
     u.AddByMethod(c.usage.by_method);
   }
   return u;

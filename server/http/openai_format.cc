@@ -157,7 +157,9 @@ Json UsageJson(const Usage& u) {
           {"cache_hit_rate",
            u.num_drafts > 0 ? static_cast<double>(u.num_cache_hit_drafts) / u.num_drafts : 0.0},
           {"cache_hit_draft_tokens", u.num_cache_hit_draft_tokens},
-          {"cache_hit_accepted_tokens", u.num_cache_hit_accepted_tokens}};
+          {"cache_hit_accepted_tokens", u.num_cache_hit_accepted_tokens},
+          {"cache_miss_drafts", u.num_cache_miss_drafts},
+          {"wait_seconds", u.ssd_wait_seconds}};
     }
   }
   return j;

@@ -47,11 +47,14 @@ struct Usage {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   // SSD (reported as usage.speculation.ssd when report_ssd: a choice ran SSD, RequestUsage::ssd):
-  // rounds drafted from the speculation cache and their draft / accepted tokens.
+  // rounds drafted from the speculation cache and their draft / accepted tokens, rounds drafted
+  // by a fallback, and the time the rounds waited for the speculator.
   bool report_ssd = false;
   int64_t num_cache_hit_drafts = 0;
   int64_t num_cache_hit_draft_tokens = 0;
   int64_t num_cache_hit_accepted_tokens = 0;
+  int64_t num_cache_miss_drafts = 0;
+  double ssd_wait_seconds = 0;
   // Per method that drafted (usage.speculation.by_method), summed over choices.
   std::vector<RequestUsage::MethodUsage> by_method = {};
   // Adds one choice's per-method counts to by_method.

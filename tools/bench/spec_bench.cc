@@ -136,6 +136,7 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
       run.cache_ms =
           1e3 * (after.speculator_cache_seconds - before.speculator_cache_seconds) / remote;
     }
+    run.ssd_timeline = SsdTimelineLine(before.timeline, after.timeline);
     if (run.tokens_per_s > best.tokens_per_s) best = run;
   }
   return best;

@@ -26,10 +26,11 @@ struct Run {
   double tokens_per_s = 0;
   double tokens_per_round = 0;  // 0 without speculation
   std::string acceptance;
-  double hit_rate = -1;  // SSD: drafts served from the speculation cache; < 0 otherwise
-  double wait_ms = 0;    // SSD: verifier time waiting for drafts, per round with the speculator
-  double busy_ms = 0;    // SSD: speculator compute (answer + cache build), per round
-  double cache_ms = 0;   // SSD: ... of which cache construction, per round
+  double hit_rate = -1;      // SSD: drafts served from the speculation cache; < 0 otherwise
+  double wait_ms = 0;        // SSD: verifier time waiting for drafts, per round with the speculator
+  double busy_ms = 0;        // SSD: speculator compute (answer + cache build), per round
+  double cache_ms = 0;       // SSD: ... of which cache construction, per round
+  std::string ssd_timeline;  // SSD: the round's stages on both sides (SsdTimelineLine)
   // Per speculative step (one verification round of every speculating request; the engine's
   // timers): the speculators' Propose calls, the verification pass, and the rest of the step.
   double step_draft_ms = 0, step_verify_ms = 0, step_rest_ms = 0;
@@ -78,6 +79,33 @@ inline std::string FirstPositions(const std::string& acceptance, int n) {
   return absl::StrJoin(positions, " ");
 }
 
+// SSD's round timeline between two snapshots (ssd_stats.h SsdTimeline), in ms per round on
+// each side: "ssd round (ms): verifier transfer T wait W ... rest R = ROUND | speculator receive
+// ... reply Y"; empty when no round was timed.
+inline std::string SsdTimelineLine(const SsdTimeline& before, const SsdTimeline& after) {
+  const int64_t rounds = after.verifier_rounds - before.verifier_rounds;
+  if (rounds <= 0) return "";
+  std::string out = "ssd round (ms): verifier";
+  char buf[64];
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    std::snprintf(buf, sizeof(buf), " %s %.3f", kSsdVerifierStageNames[i],
+                  1e3 * (after.verifier[i] - before.verifier[i]) / rounds);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof(buf), " = %.3f",
+                1e3 * (after.verifier_round_seconds - before.verifier_round_seconds) / rounds);
+  out += buf;
+  const int64_t replies = after.speculator_rounds - before.speculator_rounds;
+  if (replies <= 0) return out;
+  out += " | speculator";
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    std::snprintf(buf, sizeof(buf), " %s %.3f", kSsdSpeculatorStageNames[i],
+                  1e3 * (after.speculator[i] - before.speculator[i]) / replies);
+    out += buf;
+  }
+  return out;
+}
+
 inline void PrintHeader() {
   std::printf("%-6s %-16s %12s %9s %10s  %s\n", "batch", "method", "tokens/s", "vs plain",
               "tok/round", "acceptance by position");
@@ -106,6 +134,7 @@ inline void PrintRow(int batch, const std::string& method, const Run& r, double 
       "ms}%s%s\n",
       batch, method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
       r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, r.step_rest_ms, hits, equal);
+  if (!r.ssd_timeline.empty()) std::printf("%-6s %s\n", "", r.ssd_timeline.c_str());
 }
 
 }  // namespace specd

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
 #include "engine/distributed/link_auth.h"
 #include "engine/distributed/tls.h"
@@ -216,6 +217,7 @@ void SsdSpeculator::Release(uint64_t seq_id) {
 absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
                                     std::vector<Draft>* drafts) {
   drafts->assign(inputs.size(), Draft{});
+  round_open_ = false;
   if (std::unique_ptr<TcpChannel> joined = acceptor_->Take()) Adopt(std::move(joined));
   stats_.refused_joins = acceptor_->refused();
   if (!channel_) MaybeLaunch();
@@ -234,6 +236,7 @@ absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
 absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
                                         std::vector<Draft>* drafts) {
   const absl::Duration timeout = absl::Milliseconds(options_.config.ssd.timeout_ms);
+  const int64_t start_ns = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(SendReleases(timeout));
   std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
   const int64_t new_tokens = SyncOutcomes(inputs, sent);
@@ -247,10 +250,20 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   }
   stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
   stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
+  AddSpeculatorStages(response);
+  const int64_t lookup_ns = MonotonicNanos();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (sent[i] >= 0)
       TakeDraft(inputs[i], request.seqs[sent[i]], response.drafts[sent[i]], (*drafts)[i]);
   }
+  const int64_t end_ns = MonotonicNanos();
+  // Transfer: building and sending the request, then reading the reply from its first byte
+  // (and checking it); wait: between the two.
+  round_.at(SsdVerifierStage::kTransfer) =
+      NanosToSeconds(start_ns, stamps_.sent) + NanosToSeconds(stamps_.first_byte, lookup_ns);
+  round_.at(SsdVerifierStage::kWait) = NanosToSeconds(stamps_.sent, stamps_.first_byte);
+  round_.at(SsdVerifierStage::kCacheLookup) = NanosToSeconds(lookup_ns, end_ns);
+  round_open_ = true;
   return absl::OkStatus();
 }
 
@@ -267,7 +280,7 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
                                     std::vector<int32_t>& sent) {
   auto& request = std::get<SpeculateRequest>(request_);
   request.Clear();
-  request.round_id = ++round_;
+  request.round_id = ++round_id_;
   uint64_t budget = limits_.max_request_tokens;
   int64_t new_tokens = 0;
   for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
@@ -314,6 +327,7 @@ absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration
   const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
   const absl::Time start = absl::Now();
   SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
+  stamps_.sent = MonotonicNanos();
   for (;;) {
     const absl::Duration left = wait - (absl::Now() - start);
     absl::StatusOr<MessageType> type =
@@ -326,10 +340,42 @@ absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration
     if (*type == MessageType::kShutdown) return absl::UnavailableError("the speculator shut down");
   }
   stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  // The reply's first byte arrived after the request went out (clamped: a transport that does
+  // not know counts the whole receive as waiting).
+  const int64_t received = std::max(MonotonicNanos(), stamps_.sent);
+  const int64_t first_byte = channel_->last_recv_first_byte_ns();
+  stamps_.first_byte = first_byte > 0 ? std::clamp(first_byte, stamps_.sent, received) : received;
   ++stats_.rounds;
   stats_.bytes_sent = bytes_before_.sent + static_cast<int64_t>(channel_->bytes_sent());
   stats_.bytes_received = bytes_before_.received + static_cast<int64_t>(channel_->bytes_received());
   return absl::OkStatus();
+}
+
+void SsdSpeculator::AddSpeculatorStages(const SpeculateResponse& response) {
+  SsdTimeline& t = stats_.timeline;
+  ++t.speculator_rounds;
+  t.at(SsdSpeculatorStage::kReceive) += response.receive_ns * 1e-9;
+  t.at(SsdSpeculatorStage::kTriage) += response.triage_ns * 1e-9;
+  t.at(SsdSpeculatorStage::kDraft) += response.draft_ns * 1e-9;
+  t.at(SsdSpeculatorStage::kBuild) += response.cache_build_ns * 1e-9;
+  t.at(SsdSpeculatorStage::kReply) += response.reply_ns * 1e-9;
+}
+
+void SsdSpeculator::EndRound(const EngineRoundSeconds& engine) {
+  if (!round_open_) return;
+  round_open_ = false;
+  round_.at(SsdVerifierStage::kVerify) = engine.verify;
+  round_.at(SsdVerifierStage::kSampling) = engine.sampling;
+  round_.at(SsdVerifierStage::kCommit) = engine.commit;
+  double measured = 0;
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    if (i != static_cast<int>(SsdVerifierStage::kRest)) measured += round_.verifier[i];
+  }
+  round_.at(SsdVerifierStage::kRest) = std::max(0.0, engine.round - measured);
+  SsdTimeline& t = stats_.timeline;
+  ++t.verifier_rounds;
+  t.verifier_round_seconds += engine.round;
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) t.verifier[i] += round_.verifier[i];
 }
 
 void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d,

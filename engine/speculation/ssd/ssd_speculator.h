@@ -73,6 +73,20 @@ class SsdSpeculator : public Speculator {
   void OnVerified(std::span<const VerifiedRound> rounds) override;
   void Release(uint64_t seq_id) override;
 
+  // The engine's stages of the round whose drafts the last Propose fetched from the speculator
+  // (seconds, MonotonicNanos-based): the step's verification pass without host acceptance, the
+  // host acceptance (HostVerifier; 0 when acceptance ran in the pass), the commit, and the
+  // step's wall time from its start to the commit's end. Completes the round's timeline in
+  // stats().timeline (the rest of the step: what its stages leave of round_seconds). Ignored
+  // when that Propose drafted locally, or was already ended.
+  struct EngineRoundSeconds {
+    double verify = 0, sampling = 0, commit = 0, round = 0;
+  };
+  void EndRound(const EngineRoundSeconds& engine);
+  // The last Propose's wait for the speculator's reply (SsdVerifierStage::kWait; 0 when it
+  // drafted locally): what each of its sequences waited, for their usage.
+  double last_wait_seconds() const { return round_open_ ? round_.at(SsdVerifierStage::kWait) : 0; }
+
   const SsdStats& stats() const { return stats_; }
   // The port the verifier listens on (the speculator connects there).
   int32_t port() const;
@@ -107,6 +121,8 @@ class SsdSpeculator : public Speculator {
   absl::Status SendReleases(absl::Duration timeout);
   int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent);
   absl::Status AwaitResponse(absl::Duration timeout, absl::Duration wait);
+  // The speculator's stage times from the response (SpeculateResponse::*_ns) into the timeline.
+  void AddSpeculatorStages(const SpeculateResponse& response);
   void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
 
   SsdSpeculatorOptions options_;
@@ -125,7 +141,15 @@ class SsdSpeculator : public Speculator {
   std::vector<uint64_t> released_;
   Message request_ = SpeculateRequest();
   Message reply_;
-  uint64_t round_ = 0;
+  uint64_t round_id_ = 0;
+  // The verifier's stages of the round in progress (transfer, wait, cache lookup: what Propose
+  // measured), open from a remote round's Propose until EndRound adds it to stats_.timeline.
+  SsdTimeline round_;
+  bool round_open_ = false;
+  // AwaitResponse's MonotonicNanos stamps: the request sent, the reply's first byte read.
+  struct {
+    int64_t sent = 0, first_byte = 0;
+  } stamps_;
   SsdStats stats_;
 };
 

@@ -7,6 +7,7 @@
 // speaks an older protocol never joins, and the verifier drafts locally meanwhile.
 #include "engine/speculation/ssd/ssd_speculator.h"
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "engine/base/monotonic_clock.h"
 #include "engine/distributed/link_auth.h"
 #include "engine/distributed/tcp_channel.h"
 #include "engine/speculation/saguaro/saguaro.h"
@@ -30,6 +32,9 @@ constexpr int32_t kMaxNumSeqs = 4;
 constexpr int32_t kMaxModelLen = 128;
 constexpr int32_t kK = 4;
 const std::vector<int32_t> kDrafts = {5, 6, 7, 8};  // what the scripted speculator proposes
+
+// The stage times every scripted response reports, ns (SsdSpeculatorStage order).
+constexpr std::array<uint64_t, kNumSsdSpeculatorStages> kStageNs = {1000, 2000, 3000, 4000, 5000};
 
 // How the scripted speculator answers the verifier's SsdInit.
 enum class InitAnswer { kReady, kCannotStart, kHeartbeatThenClose };
@@ -81,6 +86,12 @@ class ScriptedSpeculator {
       auto& response = std::get<SpeculateResponse>(reply);
       response.Clear();
       response.round_id = request.round_id;
+      // Its stage times (SsdSpeculatorStage order): what the verifier's timeline must add up.
+      response.receive_ns = kStageNs[0];
+      response.triage_ns = kStageNs[1];
+      response.draft_ns = kStageNs[2];
+      response.cache_build_ns = kStageNs[3];
+      response.reply_ns = kStageNs[4];
       for (const SpeculateSeq& m : request.seqs) {
         response.AddDraft(m.seq_id, DraftStatus::kMissPrimary, kDrafts, {});
       }
@@ -321,8 +332,86 @@ TEST(SsdSpeculatorTest, ASpeculatorThatFailsItsInitNeverJoinsAndRoundsGoLocal) {
   }
 }
 
-// A speculator of the protocol before SsdInit (its settings on its command line) is refused at
-// the Hello with both versions named; the verifier never sends it an init and drafts locally.
+// The round's timeline: each remote round's transfer, wait and cache lookup fall inside the
+// Propose that measured them, EndRound adds the engine's stages and the rest of the round, the
+// stages sum to the round, and the speculator's stages are the ones its replies reported. Only
+// structure is checked (never how long a stage took).
+TEST(SsdSpeculatorTest, TheRoundTimelineAddsUpOnBothSides) {
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  SsdSpeculator* ssd = v.ssd.get();
+  ScriptedSpeculator peer;
+  PeerThread serving(v, peer);
+  ASSERT_TRUE(WaitConnected(*ssd));
+  const SsdTimeline before = ssd->stats().timeline;
+  EXPECT_EQ(before.verifier_rounds, 0) << "no round ended yet";
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> tokens = {10, 11, 12, 13, 14};
+  DraftInput in;
+  in.seq_id = 1;
+  in.tokens = tokens;
+  in.num_draft_tokens = kK;
+  in.params = &greedy;
+  constexpr int kRounds = 5;
+  const SsdSpeculator::EngineRoundSeconds engine = {
+      .verify = 0.004, .sampling = 0.001, .commit = 0.002, .round = 0};
+  double propose_seconds = 0;  // the Propose calls' wall time (the same clock)
+  std::vector<Draft> drafts;
+  for (int round = 0; round < kRounds; ++round) {
+    const int64_t start = MonotonicNanos();
+    ASSERT_TRUE(ssd->Propose({&in, 1}, &drafts).ok());
+    const double propose = NanosToSeconds(start, MonotonicNanos());
+    propose_seconds += propose;
+    EXPECT_GE(ssd->last_wait_seconds(), 0.0);
+    EXPECT_LE(ssd->last_wait_seconds(), propose);
+    ASSERT_EQ(drafts[0].origin, DraftOrigin::kPrimary);
+    SsdSpeculator::EngineRoundSeconds e = engine;
+    e.round = propose + engine.verify + engine.sampling + engine.commit + 0.0005;
+    ssd->EndRound(e);
+    ssd->EndRound(e);     // a round ends once
+    tokens.push_back(9);  // the outcome: no draft accepted, the target's token committed
+    in.tokens = tokens;
+  }
+  const SsdTimeline& t = ssd->stats().timeline;
+  EXPECT_EQ(t.verifier_rounds - before.verifier_rounds, kRounds);
+  EXPECT_EQ(t.speculator_rounds - before.speculator_rounds, kRounds);
+  double stages = 0, measured = 0;
+  for (int i = 0; i < kNumSsdVerifierStages; ++i) {
+    SCOPED_TRACE(kSsdVerifierStageNames[i]);
+    EXPECT_GE(t.verifier[i], 0.0);
+    stages += t.verifier[i];
+    if (i <= static_cast<int>(SsdVerifierStage::kCacheLookup)) measured += t.verifier[i];
+  }
+  // Every round had a transfer, a wait and a lookup, each at least a clock read long.
+  EXPECT_GT(t.at(SsdVerifierStage::kTransfer), 0.0);
+  EXPECT_GT(t.at(SsdVerifierStage::kWait), 0.0);
+  EXPECT_GT(t.at(SsdVerifierStage::kCacheLookup), 0.0);
+  EXPECT_LE(measured, propose_seconds + 1e-9) << "Propose's stages lie inside Propose";
+  EXPECT_DOUBLE_EQ(t.at(SsdVerifierStage::kVerify), kRounds * engine.verify);
+  EXPECT_DOUBLE_EQ(t.at(SsdVerifierStage::kSampling), kRounds * engine.sampling);
+  EXPECT_DOUBLE_EQ(t.at(SsdVerifierStage::kCommit), kRounds * engine.commit);
+  EXPECT_GT(t.at(SsdVerifierStage::kRest), 0.0);
+  EXPECT_NEAR(stages, t.verifier_round_seconds, 1e-9) << "the stages partition the round";
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    SCOPED_TRACE(kSsdSpeculatorStageNames[i]);
+    EXPECT_NEAR(t.speculator[i] - before.speculator[i], kRounds * kStageNs[i] * 1e-9, 1e-12);
+  }
+}
+
+// A local round (no speculator) adds nothing to the timeline.
+TEST(SsdSpeculatorTest, LocalRoundsAreNotTimed) {
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  ProposeRepeating(*v.ssd);
+  EXPECT_EQ(v.ssd->last_wait_seconds(), 0.0);
+  v.ssd->EndRound({.verify = 0.001, .sampling = 0, .commit = 0.001, .round = 0.003});
+  EXPECT_EQ(v.ssd->stats().timeline.verifier_rounds, 0);
+  EXPECT_EQ(v.ssd->stats().timeline.verifier_round_seconds, 0.0);
+}
+
+// A speculator of the previous protocol (before the stage times) is refused at the Hello with
+// both versions named; the verifier never sends it an init and drafts locally.
 TEST(SsdSpeculatorTest, ASpeculatorOfAnOlderProtocolIsRefusedAtHello) {
   Verifier v;
   ASSERT_NE(v.ssd, nullptr);

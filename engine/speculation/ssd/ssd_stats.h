@@ -2,10 +2,57 @@
 // to its metrics observer, server/metrics.cc exports them). Plain values.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 namespace specd {
+
+// The stages of an SSD round (docs/architecture.md "SSD", the round timeline). The verifier's
+// round is the engine step that drafted with the speculator, from the step's start to the end of
+// its commit; its stages partition it:
+//   transfer      the request built and sent (releases, outcomes) and the reply read and decoded
+//                 from its first byte
+//   wait          from the request sent to the reply's first byte: the speculator's drafts
+//   cache_lookup  each sequence's drafts taken from the reply (hit or which fallback)
+//   verify        the target's verification pass (acceptance included where it runs in the pass)
+//   sampling      acceptance on the host: speculative sampling against the drafts' q (Saguaro's
+//                 down-weighted rows) and the correction or bonus draw; 0 on the runner's
+//                 verifiers, which accept inside the pass
+//   commit        the outcomes told to the speculators and every row's tokens committed
+//   rest          the rest of the step: scheduling, batch building, other methods' drafts, ...
+enum class SsdVerifierStage { kTransfer, kWait, kCacheLookup, kVerify, kSampling, kCommit, kRest };
+inline constexpr int kNumSsdVerifierStages = 7;
+inline constexpr std::array<const char*, kNumSsdVerifierStages> kSsdVerifierStageNames = {
+    "transfer", "wait", "cache_lookup", "verify", "sampling", "commit", "rest"};
+
+// The speculator's stages, as its responses report them (SpeculateResponse::*_ns: the work
+// since its previous response, so the build and the reply's send after response n arrive with
+// response n + 1):
+//   receive  the request read and decoded, from its first byte
+//   triage   the outcomes applied, the cache looked up, each sequence's tier chosen
+//   draft    the misses drafted: primary re-drafts, partial hits' remaining passes, backups
+//   build    the speculation cache built for the next outcomes
+//   reply    the response composed and sent
+enum class SsdSpeculatorStage { kReceive, kTriage, kDraft, kBuild, kReply };
+inline constexpr int kNumSsdSpeculatorStages = 5;
+inline constexpr std::array<const char*, kNumSsdSpeculatorStages> kSsdSpeculatorStageNames = {
+    "receive", "triage", "draft", "build", "reply"};
+
+// Cumulative seconds per stage and the rounds they cover, on each side (a monotonic clock; a
+// few clock reads per round). Shares: seconds over the side's round seconds.
+struct SsdTimeline {
+  int64_t verifier_rounds = 0;
+  double verifier_round_seconds = 0;  // the rounds' wall time: the stages sum to it
+  std::array<double, kNumSsdVerifierStages> verifier{};
+  int64_t speculator_rounds = 0;  // responses whose stage times arrived
+  std::array<double, kNumSsdSpeculatorStages> speculator{};
+
+  double& at(SsdVerifierStage s) { return verifier[static_cast<int>(s)]; }
+  double at(SsdVerifierStage s) const { return verifier[static_cast<int>(s)]; }
+  double& at(SsdSpeculatorStage s) { return speculator[static_cast<int>(s)]; }
+  double at(SsdSpeculatorStage s) const { return speculator[static_cast<int>(s)]; }
+};
 
 // Counters since start (the engine turns them into metrics).
 struct SsdStats {
@@ -28,6 +75,7 @@ struct SsdStats {
   // outcome the speculator was told, and of those the ones it had in its cache.
   std::vector<int64_t> outcomes_by_accepted_len;
   std::vector<int64_t> hits_by_accepted_len;
+  SsdTimeline timeline;  // the round's stages on both sides
   bool connected = false;
 };
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
@@ -33,6 +34,10 @@ uint64_t Mix(uint64_t a, uint64_t b) {
 
 // Exponential moving average with weight 1/8 for the newest sample.
 void Ema(double* avg, double sample) { *avg = *avg == 0 ? sample : *avg + (sample - *avg) / 8; }
+
+uint64_t NanosBetween(int64_t start_ns, int64_t end_ns) {
+  return end_ns > start_ns ? static_cast<uint64_t>(end_ns - start_ns) : 0;
+}
 
 }  // namespace
 
@@ -171,6 +176,30 @@ void SsdWorker::Drop(uint64_t seq_id) {
   seqs_.erase(seq_id);
 }
 
+void SsdWorker::NoteStages(SpeculateResponse* response, int64_t triage_start, int64_t draft_start,
+                           int64_t reply_start, int64_t reply_end) {
+  response->receive_ns = receive_ns_;
+  response->triage_ns = NanosBetween(triage_start, draft_start);
+  response->draft_ns = NanosBetween(draft_start, reply_start);
+  response->reply_ns = send_ns_ + NanosBetween(reply_start, reply_end);
+  response->cache_build_ns = static_cast<uint64_t>(build_seconds_ * 1e9);
+  receive_ns_ = 0;
+  send_ns_ = 0;
+  auto& seconds = stats_.stage_seconds;
+  seconds[static_cast<int>(SsdSpeculatorStage::kTriage)] += response->triage_ns * 1e-9;
+  seconds[static_cast<int>(SsdSpeculatorStage::kDraft)] += response->draft_ns * 1e-9;
+  seconds[static_cast<int>(SsdSpeculatorStage::kReply)] +=
+      NanosBetween(reply_start, reply_end) * 1e-9;
+}
+
+void SsdWorker::NoteReceived(const Channel& channel) {
+  const int64_t now = MonotonicNanos();
+  const int64_t first_byte = channel.last_recv_first_byte_ns();
+  const uint64_t ns = first_byte > 0 ? NanosBetween(first_byte, now) : 0;
+  receive_ns_ += ns;
+  stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReceive)] += ns * 1e-9;
+}
+
 absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateResponse* response) {
   const absl::Time start = absl::Now();
   if (last_response_ != absl::InfinitePast()) {
@@ -183,6 +212,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   const bool backup_tier = batch >= critical_batch_size();
   Round round(request.seqs.size());
   served_.clear();
+  const int64_t triage_start = MonotonicNanos();
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
     std::optional<CachedDraft> cached;
@@ -190,10 +220,13 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
     SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
   }
+  const int64_t draft_start = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
   DraftBackups(request, round);
+  const int64_t reply_start = MonotonicNanos();
   Reply(request, round, response);
   last_response_ = absl::Now();
+  NoteStages(response, triage_start, draft_start, reply_start, MonotonicNanos());
   // Busy since the last response: the cache built after it, then this answer.
   response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
                                             build_seconds_ * 1e9);
@@ -474,6 +507,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     }
   }
   build_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+  stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kBuild)] += build_seconds_;
   return absl::OkStatus();
 }
 
@@ -494,6 +528,7 @@ absl::Status SsdWorker::ServeChannel(Channel& channel) {
     if (pending || link_error) return true;
     absl::StatusOr<MessageType> type = channel.Recv(absl::ZeroDuration(), &message);
     pending = type.ok();
+    if (pending) NoteReceived(channel);
     link_error = !pending && !absl::IsDeadlineExceeded(type.status());  // the next Recv says it
     return pending || link_error;
   };
@@ -501,14 +536,17 @@ absl::Status SsdWorker::ServeChannel(Channel& channel) {
     if (!pending) {
       absl::StatusOr<MessageType> type = channel.Recv(absl::InfiniteDuration(), &message);
       if (!type.ok()) return type.status();
+      NoteReceived(channel);
     }
     pending = false;
     switch (TypeOf(message)) {
       case MessageType::kSpeculateRequest: {
         auto& response = std::get<SpeculateResponse>(reply);
         SPECD_RETURN_IF_ERROR(Handle(std::get<SpeculateRequest>(message), &response));
-        response.cache_build_ns = static_cast<uint64_t>(build_seconds_ * 1e9);
+        const int64_t send_start = MonotonicNanos();
         SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
+        send_ns_ = NanosBetween(send_start, MonotonicNanos());
+        stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReply)] += send_ns_ * 1e-9;
         SPECD_RETURN_IF_ERROR(options_.config.ssd.complete_cache ? BuildCache()
                                                                  : BuildCache(arrived));
         break;

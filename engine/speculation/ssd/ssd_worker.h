@@ -40,6 +40,7 @@
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/saguaro/saguaro.h"
 #include "engine/speculation/spec_config.h"
+#include "engine/speculation/ssd/ssd_stats.h"
 
 namespace specd {
 
@@ -61,6 +62,8 @@ struct SsdWorkerStats {
   int64_t misses_primary = 0;
   int64_t misses_backup = 0;
   int64_t branches = 0;  // cached speculations built
+  // Seconds per stage of the round (SsdSpeculatorStage order), what the responses report.
+  std::array<double, kNumSsdSpeculatorStages> stage_seconds{};
 };
 
 // The drafting times behind b*, in seconds (moving averages).
@@ -168,6 +171,12 @@ class SsdWorker {
   void DraftBackups(const SpeculateRequest& request, Round& round);
   // The response, in request order; each sequence remembers what it was sent.
   void Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
+  // The round's timeline (MonotonicNanos stamps of Handle's phases): the response's stage
+  // times since the last response, added to stats_.
+  void NoteStages(SpeculateResponse* response, int64_t triage_start, int64_t draft_start,
+                  int64_t reply_start, int64_t reply_end);
+  // A message just arrived on `channel`: its read and decode from its first byte is receive time.
+  void NoteReceived(const Channel& channel);
   DraftInput InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
                       int32_t num_drafts) const;
   // What the cache asks of the sequence's drafts: F_max candidates per position, and Saguaro
@@ -200,7 +209,11 @@ class SsdWorker {
   // its next request), a primary re-draft, a backup draft.
   TierSeconds seconds_;
   absl::Time last_response_ = absl::InfinitePast();
-  double build_seconds_ = 0;      // the last BuildCache
+  double build_seconds_ = 0;  // the last BuildCache
+  // Receive and reply time since the last response (ns), for the next response's timeline: the
+  // messages read since, and the last response's send.
+  uint64_t receive_ns_ = 0;
+  uint64_t send_ns_ = 0;
   std::vector<uint64_t> served_;  // sequences of the last response, in order
   int32_t f_max_ = 0;
 };

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <set>
 #include <string>
@@ -387,6 +388,8 @@ TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
   req.AddSeq(Seq(3, kSeqNew, 0), prompt);
   Message reply;
   int hits = 0;
+  // The stage times the responses reported (ns, SsdSpeculatorStage order).
+  std::array<uint64_t, kNumSsdSpeculatorStages> reported{};
   for (uint64_t round = 1; round <= 24; ++round) {
     ASSERT_TRUE(verifier->Send(req, absl::Seconds(5)).ok());
     absl::StatusOr<MessageType> type = verifier->Recv(absl::Seconds(10), &reply);
@@ -394,6 +397,11 @@ TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
     const auto& resp = std::get<SpeculateResponse>(reply);
     ASSERT_EQ(resp.round_id, round);
     hits += resp.drafts[0].status == DraftStatus::kHit ? 1 : 0;
+    reported[0] += resp.receive_ns;
+    reported[1] += resp.triage_ns;
+    reported[2] += resp.draft_ns;
+    reported[3] += resp.cache_build_ns;
+    reported[4] += resp.reply_ns;
     // Outcome: the first draft accepted, then the draft's own choice after it (a likely
     // outcome, often cached; which one does not matter here).
     const std::vector<int32_t> d = TokensOf(resp, 0);
@@ -406,6 +414,18 @@ TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
   loop.join();
   EXPECT_TRUE(served.ok()) << served;  // the loop ended on the Shutdown
   std::printf("[ serving loop ] 24 rounds, %d cache hits\n", hits);
+  // The round's timeline: every stage ran (the first round's new sequence is a miss the draft
+  // model drafts), and the responses reported what the worker measured, except the last build
+  // and send, which no response followed.
+  const SsdWorkerStats& stats = w->stats();
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) {
+    SCOPED_TRACE(kSsdSpeculatorStageNames[i]);
+    EXPECT_GT(reported[i], 0u);
+    EXPECT_GT(stats.stage_seconds[i], 0.0);
+    EXPECT_LE(reported[i] * 1e-9, stats.stage_seconds[i] + 1e-9);
+  }
+  EXPECT_NEAR(reported[1] * 1e-9, stats.stage_seconds[1], 1e-6);  // triage: all reported
+  EXPECT_NEAR(reported[2] * 1e-9, stats.stage_seconds[2], 1e-6);  // draft: all reported
 }
 
 }  // namespace
