@@ -173,9 +173,10 @@ TEST_F(Eagle3Test, LongChunkedPromptRunsTheHeadAsItArrives) {
 }
 
 // The trained head drafts for real: tokens per round at K 4, greedy, over the first 8 held-out
-// prompts, far above a random head's (which stays near 1). Issue 33 asks for at least the
-// codepair draft model's tokens per round; the head trained so far does not reach it (3.30 vs
-// 3.61 here, docs/benchmarks.md), so that comparison is printed, and the bar checked is 2.5.
+// prompts, far above a random head's (which stays near 1). Issue 33's comparison with the codepair
+// draft model is over all 48 prompts (docs/benchmarks.md: 3.79 against 3.50); on these 8 the two
+// are close (3.59 against 3.61 for the stage-5 head), so the comparison is printed and the bar
+// checked is 2.5.
 TEST_F(Eagle3Test, TrainedHeadDraftsForReal) {
   auto engine = MakeEngine(
       kTarget, R"({"model": ")" + kDraft + R"(", "eagle3_model": ")" + kTrainedHead + R"("})");
