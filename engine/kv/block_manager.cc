@@ -12,7 +12,8 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_p
       prefix_caching_(enable_prefix_caching),
       block_hash_(allocator_.num_blocks(), kNoHash),
       parent_hash_(allocator_.num_blocks(), kNoHash),
-      block_tokens_(static_cast<size_t>(allocator_.num_blocks()) * block_size, -1) {}
+      block_tokens_(static_cast<size_t>(allocator_.num_blocks()) * block_size, -1),
+      head_kv_(allocator_.num_blocks(), 0) {}
 
 uint64_t BlockManager::HashBlock(uint64_t parent, std::span<const int32_t> block_tokens) {
   // splitmix64 finalizer over (parent, tokens...): deterministic across runs, so tests
@@ -28,9 +29,10 @@ uint64_t BlockManager::HashBlock(uint64_t parent, std::span<const int32_t> block
   return h == kNoHash ? 1 : h;
 }
 
-std::vector<BlockId> BlockManager::MatchPrefix(std::span<const int32_t> tokens) const {
+std::vector<BlockId> BlockManager::MatchPrefix(std::span<const int32_t> tokens,
+                                               PrefixCacheUse use) const {
   std::vector<BlockId> hits;
-  if (!prefix_caching_ || tokens.empty()) return hits;
+  if (!prefix_caching_ || !use.reuse || tokens.empty()) return hits;
   const int32_t num_full = static_cast<int32_t>(tokens.size() - 1) / block_size_;
   uint64_t parent = kNoHash;
   for (int32_t i = 0; i < num_full; ++i) {
@@ -40,7 +42,8 @@ std::vector<BlockId> BlockManager::MatchPrefix(std::span<const int32_t> tokens) 
     if (it == cached_.end()) break;
     const int32_t id = it->second;
     if (parent_hash_[id] != parent ||
-        !std::equal(block.begin(), block.end(), block_tokens_.begin() + id * block_size_)) {
+        !std::equal(block.begin(), block.end(), block_tokens_.begin() + id * block_size_) ||
+        (use.head_kv && !head_kv_[id])) {
       break;
     }
     hits.push_back(BlockId{id});
@@ -49,11 +52,11 @@ std::vector<BlockId> BlockManager::MatchPrefix(std::span<const int32_t> tokens) 
   return hits;
 }
 
-bool BlockManager::CanAllocate(std::span<const int32_t> tokens, bool reuse_prefix) const {
+bool BlockManager::CanAllocate(std::span<const int32_t> tokens, PrefixCacheUse use) const {
   const int32_t total = BlockTable::BlocksFor(static_cast<int32_t>(tokens.size()), block_size_);
   int32_t shared_in_use = 0;
-  if (reuse_prefix) {
-    for (BlockId id : MatchPrefix(tokens)) shared_in_use += allocator_.ref_count(id) > 0 ? 1 : 0;
+  for (BlockId id : MatchPrefix(tokens, use)) {
+    shared_in_use += allocator_.ref_count(id) > 0 ? 1 : 0;
   }
   return total - shared_in_use <= allocator_.num_free();
 }
@@ -65,6 +68,7 @@ void BlockManager::Forget(BlockId id) {
   if (it != cached_.end() && it->second == id.value) cached_.erase(it);
   h = kNoHash;
   parent_hash_[id.value] = kNoHash;
+  head_kv_[id.value] = 0;
 }
 
 absl::StatusOr<BlockId> BlockManager::AllocateFresh() {
@@ -74,16 +78,16 @@ absl::StatusOr<BlockId> BlockManager::AllocateFresh() {
 }
 
 absl::StatusOr<int32_t> BlockManager::Allocate(std::span<const int32_t> tokens, BlockTable& table,
-                                               bool reuse_prefix) {
+                                               PrefixCacheUse use) {
   if (table.num_blocks() != 0) {
     return absl::FailedPreconditionError("Allocate needs an empty block table");
   }
-  if (!CanAllocate(tokens, reuse_prefix)) {
+  if (!CanAllocate(tokens, use)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache full: ", tokens.size(), " tokens, ",
                                                      num_free_blocks(), " free blocks"));
   }
-  const std::vector<BlockId> hits = reuse_prefix ? MatchPrefix(tokens) : std::vector<BlockId>();
-  if (prefix_caching_ && reuse_prefix && !tokens.empty()) {
+  const std::vector<BlockId> hits = MatchPrefix(tokens, use);
+  if (prefix_caching_ && use.reuse && !tokens.empty()) {
     num_queried_blocks_ += static_cast<int32_t>(tokens.size() - 1) / block_size_;
     num_hit_blocks_ += static_cast<int64_t>(hits.size());
   }
@@ -120,7 +124,7 @@ absl::Status BlockManager::MayAppend(BlockTable& table, int32_t num_tokens) {
 }
 
 void BlockManager::CacheComputedBlocks(const BlockTable& table, std::span<const int32_t> tokens,
-                                       int32_t num_computed) {
+                                       int32_t num_computed, bool head_kv) {
   if (!prefix_caching_) return;
   const int32_t num_full = std::min(num_computed / block_size_, table.num_blocks());
   // Blocks are hashed in order, so the first unhashed one is found from the end.
@@ -134,9 +138,12 @@ void BlockManager::CacheComputedBlocks(const BlockTable& table, std::span<const 
     block_hash_[id] = h;
     parent_hash_[id] = parent;
     std::copy(block.begin(), block.end(), block_tokens_.begin() + id * block_size_);
-    // An equal block computed by another sequence keeps serving hits; this one is still
-    // hashed so that the chain of the blocks after it can be computed.
-    cached_.try_emplace(h, id);
+    // An equal block computed by another sequence keeps serving hits (unless this one holds
+    // a head's entries and it does not); this one is still hashed so that the chain of the
+    // blocks after it can be computed.
+    head_kv_[id] = head_kv ? 1 : 0;
+    auto [it, inserted] = cached_.try_emplace(h, id);
+    if (!inserted && head_kv && !head_kv_[it->second]) it->second = id;
     parent = h;
   }
 }

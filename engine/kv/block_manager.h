@@ -18,6 +18,12 @@
 
 namespace specd {
 
+// How a sequence uses the prefix cache (Sequence::reuses_cached_prefix, Sequence::head_kv).
+struct PrefixCacheUse {
+  bool reuse = true;     // false: no cached block serves it
+  bool head_kv = false;  // only blocks marked as holding a draft head's entries serve it
+};
+
 class BlockManager {
  public:
   BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_caching);
@@ -36,14 +42,13 @@ class BlockManager {
 
   // Admission of a sequence with no blocks: tokens are all of its tokens so far (the
   // prompt, plus the generated ones after a preemption); each needs a KV slot.
-  // reuse_prefix false: no cached block serves it (Sequence::reuses_cached_prefix).
-  bool CanAllocate(std::span<const int32_t> tokens, bool reuse_prefix = true) const;
+  bool CanAllocate(std::span<const int32_t> tokens, PrefixCacheUse use = {}) const;
   // Fills the empty table with blocks for tokens.size() positions, sharing the longest
-  // cached prefix of full blocks (unless !reuse_prefix). The last token is never served from
-  // the cache (its logits are needed). Returns how many leading tokens already have their KV
-  // (a multiple of block_size). ResourceExhausted, with nothing changed, when !CanAllocate.
+  // cached prefix of full blocks that `use` allows. The last token is never served from the
+  // cache (its logits are needed). Returns how many leading tokens already have their KV (a
+  // multiple of block_size). ResourceExhausted, with nothing changed, when !CanAllocate.
   absl::StatusOr<int32_t> Allocate(std::span<const int32_t> tokens, BlockTable& table,
-                                   bool reuse_prefix = true);
+                                   PrefixCacheUse use = {});
 
   // Growth while decoding: whether the table can be grown to num_tokens positions.
   bool CanAppend(const BlockTable& table, int32_t num_tokens) const;
@@ -53,9 +58,11 @@ class BlockManager {
 
   // After the KV of tokens[0, num_computed) was written: makes every full block in that
   // range findable by later sequences. tokens: the sequence's tokens (at least
-  // num_computed of them).
+  // num_computed of them). head_kv: a draft head writes its entries into these blocks too
+  // (the EAGLE-3 head on a GPU), so they are marked as serving PrefixCacheUse::head_kv sequences;
+  // such a block replaces an unmarked one of equal content as the one hits find.
   void CacheComputedBlocks(const BlockTable& table, std::span<const int32_t> tokens,
-                           int32_t num_computed);
+                           int32_t num_computed, bool head_kv = false);
 
   // Releases every block of the table (shared ones lose one reference); cached blocks
   // stay findable until reused. The table ends empty.
@@ -66,8 +73,9 @@ class BlockManager {
 
   // Hash of a full block given the hash of the block before it (kNoHash for the first).
   static uint64_t HashBlock(uint64_t parent, std::span<const int32_t> block_tokens);
-  // Cached blocks holding the longest prefix of tokens[0, tokens.size() - 1) (full blocks).
-  std::vector<BlockId> MatchPrefix(std::span<const int32_t> tokens) const;
+  // Cached blocks holding the longest prefix of tokens[0, tokens.size() - 1) (full blocks)
+  // that `use` allows.
+  std::vector<BlockId> MatchPrefix(std::span<const int32_t> tokens, PrefixCacheUse use) const;
   // Allocates a fresh block, forgetting any cached content it had.
   absl::StatusOr<BlockId> AllocateFresh();
   void Forget(BlockId id);
@@ -80,6 +88,7 @@ class BlockManager {
   std::vector<uint64_t> block_hash_;               // [num_blocks]
   std::vector<uint64_t> parent_hash_;              // [num_blocks]
   std::vector<int32_t> block_tokens_;              // [num_blocks, block_size]
+  std::vector<uint8_t> head_kv_;                   // [num_blocks] cached with a head's entries
   absl::flat_hash_map<uint64_t, int32_t> cached_;  // chain hash -> block id
   int64_t num_queried_blocks_ = 0;
   int64_t num_hit_blocks_ = 0;

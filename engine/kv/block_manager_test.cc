@@ -79,14 +79,34 @@ TEST(BlockManagerTest, WithoutReuseAnEqualPrefixGetsFreshBlocks) {
   BlockTable a(kBlock), b(kBlock), c(kBlock);
   std::vector<int32_t> tokens = Iota(10);
   EXPECT_EQ(Prefill(bm, tokens, a), 0);
-  ASSERT_TRUE(bm.CanAllocate(tokens, /*reuse_prefix=*/false));
-  EXPECT_EQ(bm.Allocate(tokens, b, /*reuse_prefix=*/false).value_or(-1), 0);
+  const PrefixCacheUse no_reuse{false, false};
+  ASSERT_TRUE(bm.CanAllocate(tokens, no_reuse));
+  EXPECT_EQ(bm.Allocate(tokens, b, no_reuse).value_or(-1), 0);
   for (int i = 0; i < 3; ++i) EXPECT_NE(b.ids()[i], a.ids()[i]);
   EXPECT_EQ(bm.ref_count(a.block(0)), 1);
   EXPECT_EQ(bm.num_queried_blocks(), 2);  // a's lookup only
   EXPECT_EQ(bm.Allocate(tokens, c).value_or(-1), 8);
   EXPECT_EQ(c.ids()[0], a.ids()[0]);
   for (BlockTable* t : {&a, &b, &c}) ASSERT_TRUE(bm.Deallocate(*t).ok());
+}
+
+// Blocks cached by a sequence without a draft head's entries do not serve one that needs them
+// (PrefixCacheUse::head_kv); once such a sequence computes the same content, its marked blocks serve
+// both kinds, and the mark goes with the block when it is reused for other content.
+TEST(BlockManagerTest, HeadSequencesReuseOnlyBlocksWithTheHeadsEntries) {
+  BlockManager bm(16, kBlock, true);
+  const PrefixCacheUse head{true, true};
+  BlockTable plain(kBlock), first(kBlock), second(kBlock), other(kBlock);
+  std::vector<int32_t> tokens = Iota(10);
+  EXPECT_EQ(Prefill(bm, tokens, plain), 0);  // cached without the head's entries
+  EXPECT_EQ(bm.Allocate(tokens, first, head).value_or(-1), 0);
+  bm.CacheComputedBlocks(first, tokens, 10, /*head_kv=*/true);
+  EXPECT_EQ(bm.Allocate(tokens, second, head).value_or(-1), 8);
+  EXPECT_EQ(second.ids()[0], first.ids()[0]);
+  EXPECT_EQ(second.ids()[1], first.ids()[1]);
+  EXPECT_EQ(bm.Allocate(tokens, other).value_or(-1), 8);  // a plain one takes them too
+  EXPECT_EQ(other.ids()[0], first.ids()[0]);
+  for (BlockTable* t : {&plain, &first, &second, &other}) ASSERT_TRUE(bm.Deallocate(*t).ok());
 }
 
 TEST(BlockManagerTest, NeverServesTheLastTokenFromTheCache) {

@@ -157,13 +157,12 @@ class Eagle3Compute {
                                 std::span<const SampleRow> rows, std::span<const int32_t> slots,
                                 std::vector<int32_t>* ids);
 
-  // Whether a prefix-cache hit's positions are in the head's cache: its KV lives in the
-  // target's blocks (the CUDA head), written when those blocks were computed, so a block an
-  // earlier request cached holds the head's entries if the head ran there (else they are stale:
-  // drafts accept less, the output stays exact). False (the CPU head's per-sequence cache):
-  // requests that may draft with the head compute every position of their prompt
-  // (Sequence::reuses_cached_prefix), since the hidden states of a cached position never reach
-  // the head.
+  // Whether a prefix-cache hit's positions can be in the head's cache: its KV lives in the
+  // target's blocks (the CUDA head), so a block a request the head drafted for computed holds the
+  // head's entries too; such requests reuse only blocks marked so, and mark the blocks they
+  // compute (Sequence::head_kv). False (the CPU head's per-sequence cache): requests that may
+  // draft with the head compute every position of their prompt (Sequence::reuses_cached_prefix),
+  // since the hidden states of a cached position never reach the head.
   virtual bool ReadsPrefixCache() const { return false; }
 
   // Drops the sequence's cache entries at slot `slot` and later (a cache whose rows must

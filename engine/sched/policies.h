@@ -42,7 +42,7 @@ class AdmissionPolicy {
   bool CanAdmit(const Sequence& seq, int32_t num_running, const TokenBudget& budget,
                 const BlockManager& blocks) const {
     return num_running < max_num_seqs_ && budget.remaining() > 0 &&
-           blocks.CanAllocate(seq.tokens(), seq.reuses_cached_prefix());
+           blocks.CanAllocate(seq.tokens(), seq.prefix_use());
   }
 
  private:

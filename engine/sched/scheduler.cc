@@ -94,7 +94,7 @@ bool Scheduler::TryAdmit(Sequence* seq, TokenBudget& budget, StepPlan& plan) {
   const int64_t queried = blocks_->num_queried_blocks();
   const int64_t hit = blocks_->num_hit_blocks();
   absl::StatusOr<int32_t> cached =
-      blocks_->Allocate(seq->tokens(), seq->blocks_, seq->reuses_cached_prefix());
+      blocks_->Allocate(seq->tokens(), seq->blocks_, seq->prefix_use());
   if (!cached.ok()) {  // unreachable after CanAllocate; leave it queued
     SPECD_LOG_ERROR("scheduler: admission failed: {}", cached.status().ToString());
     return false;
@@ -144,14 +144,16 @@ void Scheduler::Postprocess(const StepPlan& plan) {
   for (const ScheduledChunk& c : plan.chunks) {
     c.seq->num_computed_ += c.num_new_tokens;
     blocks_->CacheComputedBlocks(c.seq->blocks_, c.seq->tokens(),
-                                 std::min(c.seq->num_computed_, c.seq->num_shareable_tokens_));
+                                 std::min(c.seq->num_computed_, c.seq->num_shareable_tokens_),
+                                 c.seq->head_kv_);
   }
 }
 
 void Scheduler::AcceptSpeculated(Sequence* seq, int32_t num_accepted) {
   seq->num_computed_ = std::min(seq->num_computed_ + num_accepted, seq->num_tokens());
   blocks_->CacheComputedBlocks(seq->blocks_, seq->tokens(),
-                               std::min(seq->num_computed_, seq->num_shareable_tokens_));
+                               std::min(seq->num_computed_, seq->num_shareable_tokens_),
+                               seq->head_kv_);
 }
 
 void Scheduler::Finish(Sequence* seq) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/kv/block_allocator.h"
+#include "engine/kv/block_manager.h"
 
 namespace specd {
 
@@ -60,6 +61,12 @@ class Sequence {
   // and keeps them nowhere else: the CPU EAGLE-3 head). Its blocks still join the cache.
   bool reuses_cached_prefix() const { return reuses_cached_prefix_; }
   void set_reuses_cached_prefix(bool reuse) { reuses_cached_prefix_ = reuse; }
+  // A draft head keeps its entries in this sequence's blocks (the EAGLE-3 head on a GPU drafts
+  // for it): its prefix matches only cached blocks holding the head's entries, and the blocks it
+  // computes are cached as holding them (PrefixCacheUse::head_kv).
+  bool head_kv() const { return head_kv_; }
+  void set_head_kv(bool head_kv) { head_kv_ = head_kv; }
+  PrefixCacheUse prefix_use() const { return {reuses_cached_prefix_, head_kv_}; }
 
   // A sampled token; its KV is computed by the next step.
   void AppendToken(int32_t id) { tokens_.push_back(id); }
@@ -76,6 +83,7 @@ class Sequence {
   int32_t num_lookahead_tokens_ = 0;
   int32_t num_shareable_tokens_ = INT32_MAX;
   bool reuses_cached_prefix_ = true;
+  bool head_kv_ = false;
   bool paused_ = false;
   SequenceStatus status_ = SequenceStatus::kWaiting;
   BlockTable blocks_;

@@ -64,10 +64,17 @@ LiveRequest& StepPipeline::Add(RequestId id, GenerateRequest request,
   // Lossy SSV verification writes KV that is not the model's: only the prompt's (prefilled
   // exactly) may serve other requests from the prefix cache.
   if (spec.enabled() && spec.ssv.lossy()) r.seq.set_num_shareable_tokens(r.seq.num_prompt_tokens());
-  // A head that cannot read the prefix cache's positions needs the target to compute them.
+  // The EAGLE-3 head needs its entries at every position it attends: a head whose KV lives in
+  // the target's blocks reads cached blocks it wrote (and marks those it writes); one that keeps
+  // a cache per sequence never sees a cached position's hidden states, so the target computes
+  // the whole prompt.
   if (const Eagle3Speculator* head = speculators_->eagle3();
-      head != nullptr && !head->reads_prefix_cache() && HeadMayDraft(spec)) {
-    r.seq.set_reuses_cached_prefix(false);
+      head != nullptr && HeadMayDraft(spec)) {
+    if (head->reads_prefix_cache()) {
+      r.seq.set_head_kv(true);
+    } else {
+      r.seq.set_reuses_cached_prefix(false);
+    }
   }
   r.on_output = std::move(on_output);
   r.arrival = arrival;
