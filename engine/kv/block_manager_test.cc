@@ -91,8 +91,8 @@ TEST(BlockManagerTest, WithoutReuseAnEqualPrefixGetsFreshBlocks) {
 }
 
 // Blocks cached by a sequence without a draft head's entries do not serve one that needs them
-// (PrefixCacheUse::head_kv); once such a sequence computes the same content, its marked blocks serve
-// both kinds, and the mark goes with the block when it is reused for other content.
+// (PrefixCacheUse::head_kv); once such a sequence computes the same content, its marked blocks
+// serve both kinds, and the mark goes with the block when it is reused for other content.
 TEST(BlockManagerTest, HeadSequencesReuseOnlyBlocksWithTheHeadsEntries) {
   BlockManager bm(16, kBlock, true);
   const PrefixCacheUse head{true, true};
