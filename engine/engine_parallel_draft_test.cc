@@ -136,7 +136,9 @@ TEST(ParallelDraftConfigTest, DraftsWithoutAMaskTokenAndSsdAreRefused) {
   ASSERT_FALSE(engine.ok());
   EXPECT_NE(engine.status().message().find("pard_token"), std::string::npos) << engine.status();
   EXPECT_FALSE(ParseSpeculativeConfig(R"({"parallel": true})").ok());
-  EXPECT_FALSE(ParseSpeculativeConfig(R"({"method": "ssd", "model": "x", "parallel": true})").ok());
+  auto ssd = ParseSpeculativeConfig(R"({"method": "ssd", "model": "x", "parallel": true})");
+  ASSERT_TRUE(ssd.ok()) << ssd.status();
+  EXPECT_TRUE(ssd->parallel_drafting);
   EXPECT_FALSE(ParseSpeculativeConfig(R"({"model": "x", "parallel": 1})").ok());
   auto vllm = ParseSpeculativeConfig(R"({"model": "x", "parallel_drafting": true})");
   ASSERT_TRUE(vllm.ok()) << vllm.status();

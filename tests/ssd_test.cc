@@ -45,8 +45,11 @@ namespace {
 
 using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
 
-std::string SsdConfig(int32_t k, const std::string& extra = "") {
-  return R"({"method": "ssd", "model": ")" + kDraft + R"(", "num_speculative_tokens": )" +
+// The parallel draft the project trained (PARD-style, models/codepair/pard).
+const std::string kPard = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
+
+std::string SsdConfig(int32_t k, const std::string& extra = "", const std::string& draft = kDraft) {
+  return R"({"method": "ssd", "model": ")" + draft + R"(", "num_speculative_tokens": )" +
          std::to_string(k) + R"(, "speculator_binary": ")" + SPECD_BINARY + R"(", "fan_out": 3)" +
          extra + "}";
 }
@@ -161,6 +164,50 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(K, SsdLosslessTest, ::testing::Values(4, 7));
+
+// The speculator drafts with the parallel draft (one pass per round and per cache wave, issue
+// 34 point 1): greedy output equals plain decoding's on 24 prompts, with the complete cache
+// (hits independent of timing) and with the default interruptible, time-budgeted cache. Sampled
+// requests: ssd_cache_sampling_test.
+TEST(SsdParallelDraftTest, GreedyOutputEqualsPlainWithAParallelDraftInTheSpeculator) {
+  for (const char* build : {"complete", "interruptible"}) {
+    SCOPED_TRACE(build);
+    auto observer = std::make_shared<SsdObserver>();
+    auto engine = MakeEngine(kTarget,
+                             SsdConfig(4,
+                                       std::string(R"(, "parallel": true, "cache_build": ")") +
+                                           build + R"(", "speculator_timeout_ms": 60000)",
+                                       kPard),
+                             observer);
+    ASSERT_NE(engine, nullptr);
+    std::vector<GenerateRequest> plain_requests =
+        AllPrompts(*engine, {SpeculationMethod::kNone, 0});
+    plain_requests.resize(24);
+    auto plain = engine->GenerateBatch(plain_requests);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    std::vector<GenerateRequest> requests = AllPrompts(*engine, {SpeculationMethod::kSsd, 4});
+    requests.resize(24);
+    auto ssd = engine->GenerateBatch(requests);
+    ASSERT_TRUE(ssd.ok()) << ssd.status();
+    const auto want = Ids(*plain), got = Ids(*ssd);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
+    const SsdStats s = observer->Last();
+    int64_t drafts = 0, accepted = 0;
+    for (const GenerateResult& r : *ssd) {
+      drafts += r.usage.num_drafts;
+      accepted += r.usage.num_accepted_tokens;
+    }
+    const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
+    std::printf("[ SSD, parallel draft, %s cache ] %.3f tokens per round; hits %lld of %lld\n",
+                build, drafts ? 1.0 + double(accepted) / drafts : 0.0, (long long)s.drafts_hit,
+                (long long)told);
+    EXPECT_EQ(s.link_failures, 0);
+    EXPECT_GT(drafts, 0);
+    if (std::string(build) == "complete") {
+      EXPECT_GT(s.drafts_hit, told / 4) << "the speculation cache should serve rounds";
+    }
+  }
+}
 
 // A speculator that cannot start (no such draft model) fails the server's start with the reason,
 // at once, instead of leaving it to wait for a speculator that never joins.

@@ -18,7 +18,7 @@ void CheckText(const std::string& text, const char* field, FieldErrors* e) {
 namespace {
 
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
-constexpr uint64_t kRequestFixedBytes = 8 + 4;
+constexpr uint64_t kRequestFixedBytes = 8 + 8 + 4;
 constexpr uint64_t kRequestSeqBytes = 8 + 1 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 8 + 4 + 4;
 constexpr uint64_t kResponseFixedBytes = 8 + 8 + 8 + 4 * 8 + 1 + 4;
 constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
@@ -202,6 +202,7 @@ void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) 
 }
 void Put(const SpeculateRequest& m, const WireLimits&, ByteWriter& w) {
   w.U64(m.round_id);
+  w.U64(m.window_ns);
   w.U32(static_cast<uint32_t>(m.seqs.size()));
   for (const SpeculateSeq& s : m.seqs) {
     w.U64(s.seq_id);
@@ -221,6 +222,7 @@ void Put(const SpeculateRequest& m, const WireLimits&, ByteWriter& w) {
 }
 void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
   m->round_id = r.U64("round_id");
+  m->window_ns = r.U64("window_ns");
   const uint32_t num_seqs = r.U32("num_seqs");
   if (!r.ok()) return;
   if (num_seqs > limits.max_batch) {

@@ -44,7 +44,10 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // command line) and answers SsdReady; SSD Hellos carry fixed handshake limits.
 // Version 5: SpeculateResponse carries the speculator's stage times (receive, triage, draft,
 // reply) beside busy_ns and cache_build_ns: the SSD round's timeline.
-inline constexpr uint16_t kProtocolVersion = 5;
+// Version 6: SsdInit says whether the speculator drafts in parallel (parallel_drafting) and
+// sizes its cache by the measured verification time (time_budget); SpeculateRequest carries
+// that time (window_ns).
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -168,6 +171,9 @@ struct SpeculateSeq {
 // concatenated in `tokens` so reuse across rounds keeps every vector's capacity.
 struct SpeculateRequest {
   uint64_t round_id = 0;
+  // Version >= 6: the verifier's time from reading its last response to sending this request,
+  // in nanoseconds: the window the speculator's cache build had (0: no earlier round).
+  uint64_t window_ns = 0;
   std::vector<SpeculateSeq> seqs;  // [num_seqs] (<= max_batch)
   std::vector<int32_t> tokens;     // [sum of num_tokens] new committed token ids
 
@@ -303,6 +309,8 @@ struct SsdInit {
   uint32_t critical_batch_size = 0;
   std::string backup;  // "ngram" | "random"
   bool complete_cache = false;
+  bool parallel_drafting = false;  // the draft drafts a round in one pass (its pard_token)
+  bool time_budget = true;         // the cache's size from the measured verification time
   // Benchmarks' controlled acceptance (DraftReplayOptions); replay_file "" is off.
   std::string replay_file;
   double replay_alpha = 0;

@@ -166,7 +166,8 @@ TEST(MessagesTest, RejectsEveryTruncation) {
 TEST(MessagesTest, TruncatedFieldIsNamed) {
   const WireLimits limits = TestLimits();
   std::vector<uint8_t> frame = Encode(MakeRequest(5, limits), 0, limits);
-  frame.resize(kFrameHeaderBytes + 8 + 4 + 3);  // round_id, num_seqs, 3 bytes of seqs[0].seq_id
+  // round_id, window_ns, num_seqs, 3 bytes of seqs[0].seq_id
+  frame.resize(kFrameHeaderBytes + 8 + 8 + 4 + 3);
   Reseal(&frame);
   const absl::Status status = DecodeStatus(frame, limits);
   EXPECT_TRUE(absl::IsInvalidArgument(status));

@@ -14,9 +14,10 @@ namespace {
 
 constexpr uint64_t kTextBytes = 2 + kMaxTextBytes;
 // Sizes: 4 u32; draft_model, device; num_threads, block_size; load_format; gpu share, KV bytes;
-// K, lookup min and max, fan_out; geometric; critical batch; backup; complete; replay.
+// K, lookup min and max, fan_out; geometric; critical batch; backup; complete, parallel, time
+// budget; replay.
 constexpr uint64_t kSsdInitBytes = 4 * 4 + 2 * kTextBytes + 2 * 4 + kTextBytes + 8 + 8 + 4 * 4 + 1 +
-                                   4 + kTextBytes + 1 + kTextBytes + 8 + 8 + 8;
+                                   4 + kTextBytes + 3 + kTextBytes + 8 + 8 + 8;
 constexpr uint64_t kSsdReadyBytes = 1 + 2 * kTextBytes;
 constexpr uint32_t kMaxInt32 = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
 
@@ -86,6 +87,8 @@ void Put(const SsdInit& m, const WireLimits&, ByteWriter& w) {
   w.U32(m.critical_batch_size);
   w.Text(m.backup);
   w.U8(m.complete_cache ? 1 : 0);
+  w.U8(m.parallel_drafting ? 1 : 0);
+  w.U8(m.time_budget ? 1 : 0);
   w.Text(m.replay_file);
   w.F64(m.replay_alpha);
   w.F64(m.replay_candidate_hit);
@@ -111,6 +114,8 @@ void Get(ByteReader& r, const WireLimits& l, SsdInit* m) {
   m->critical_batch_size = r.U32("critical_batch_size");
   r.Text("backup", kMaxTextBytes, &m->backup);
   m->complete_cache = GetBool(r, "complete_cache");
+  m->parallel_drafting = GetBool(r, "parallel_drafting");
+  m->time_budget = GetBool(r, "time_budget");
   r.Text("replay_file", kMaxTextBytes, &m->replay_file);
   m->replay_alpha = r.F64("replay_alpha");
   m->replay_candidate_hit = r.F64("replay_candidate_hit");

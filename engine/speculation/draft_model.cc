@@ -1,9 +1,12 @@
 #include "engine/speculation/draft_model.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/sample/acceptance.h"
 #include "engine/speculation/saguaro/saguaro.h"
@@ -51,6 +54,24 @@ absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> DraftModelSpeculator::Crea
       new DraftModelSpeculator(std::move(runner), max_tokens_per_forward));
 }
 
+absl::StatusOr<int32_t> DraftModelSpeculator::ReadMaskToken(const std::string& dir, int32_t vocab) {
+  const std::string file = dir + "/config.json";
+  SPECD_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  for (const char* key : {"pard_token", "ptd_token_id"}) {
+    if (!j.is_object() || !j.contains(key)) continue;
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": '", key, "' must be a token id in [0, ", vocab, ")"));
+    }
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"parallel\" drafting needs a draft trained for it; ", file,
+                   " names no mask token (\"pard_token\")"));
+}
+
 DraftModelSpeculator::DraftModelSpeculator(std::unique_ptr<ModelRunner> runner,
                                            int32_t max_tokens_per_forward)
     : runner_(std::move(runner)),
@@ -58,6 +79,7 @@ DraftModelSpeculator::DraftModelSpeculator(std::unique_ptr<ModelRunner> runner,
       allocator_(runner_->num_kv_blocks()) {}
 
 void DraftModelSpeculator::Release(uint64_t seq_id) {
+  std::erase_if(copies_, [&](const ForkCopy& c) { return c.child == seq_id; });
   auto it = states_.find(seq_id);
   if (it == states_.end()) return;
   it->second->blocks.Release(allocator_).IgnoreError();  // the table holds allocated blocks
@@ -88,8 +110,44 @@ absl::Status DraftModelSpeculator::Fork(uint64_t parent, uint64_t child, int32_t
     c->blocks.Append(p.blocks.block(b));
   }
   c->kv_tokens.assign(p.kv_tokens.begin(), p.kv_tokens.begin() + num_shared * block_size);
+  // The partial block's positions below the fork point: copied into a block of the child's own
+  // where the runner copies KV slots (MoveKv), before the next forward pass, instead of being
+  // recomputed in the child's catch-up chunk.
+  const int32_t partial =
+      std::min(num_tokens, static_cast<int32_t>(p.kv_tokens.size())) - num_shared * block_size;
+  if (partial > 0 && runner_->SupportsTokenTrees() && allocator_.CanAllocate(1)) {
+    absl::StatusOr<BlockId> block = allocator_.Allocate();
+    if (block.ok()) {
+      c->blocks.Append(*block);
+      copies_.push_back({child, {p.blocks.block(num_shared).value, block->value}, partial});
+      c->kv_tokens.insert(c->kv_tokens.end(), p.kv_tokens.begin() + num_shared * block_size,
+                          p.kv_tokens.begin() + num_shared * block_size + partial);
+    }
+  }
   states_.emplace(child, std::move(c));
   return absl::OkStatus();
+}
+
+void DraftModelSpeculator::CopyForkedKv() {
+  if (copies_.empty()) return;
+  const int32_t bs = runner_->block_size();
+  std::vector<KvSlotMove> moves;
+  for (const ForkCopy& c : copies_) {
+    for (int32_t i = 0; i < c.num_slots; ++i) moves.push_back({c.table, i, bs + i});
+  }
+  if (absl::Status s = runner_->MoveKv(moves); !s.ok()) {
+    // The children recompute the block instead (their catch-up starts at its first position).
+    SPECD_LOG_WARN("draft model: copying forked KV failed ({}); recomputing it", s.ToString());
+    for (const ForkCopy& c : copies_) {
+      auto it = states_.find(c.child);
+      if (it == states_.end()) continue;
+      State& state = *it->second;
+      const int32_t start = (static_cast<int32_t>(state.kv_tokens.size()) - 1) / bs * bs;
+      state.kv_tokens.resize(
+          std::max(0, std::min(start, static_cast<int32_t>(state.kv_tokens.size()))));
+    }
+  }
+  copies_.clear();
 }
 
 absl::Status DraftModelSpeculator::Adopt(uint64_t parent, uint64_t child) {
@@ -231,6 +289,7 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
   }
   drafts->resize(inputs.size());
   for (Draft& d : *drafts) d.Reset();
+  CopyForkedKv();
   const bool trees = cache.empty() && TreesHere();
   if (trees) SPECD_RETURN_IF_ERROR(ProposeTrees(inputs, drafts));
   active_.clear();
@@ -248,7 +307,7 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     if (!cache.empty()) a.cache = cache[i];
     if (Prepare(in, *state, num_drafts, &a)) active_.push_back(std::move(a));
   }
-  if (parallel() && cache.empty()) {
+  if (parallel()) {
     device_round_ = false;  // q rows come back with the logits
     while (!active_.empty()) {
       if (stop && stop()) {
@@ -437,13 +496,18 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
   batch_.clear();
   chunks_.resize(active_.size());
   auto budget = static_cast<size_t>(max_tokens_per_forward_);
+  // A finishing chunk draws num_wanted rows; one pass draws at most max_sample_rows (SSD's
+  // cache builds run many branches at once): the rest finish in the next pass.
+  const auto max_rows = static_cast<int32_t>(runner_->max_sample_rows());
+  int32_t rows_left = max_rows;
   for (size_t i = 0; i < active_.size(); ++i) {
     Active& a = active_[i];
-    // Draft j >= 1 reads the row of mask j; at most one forward's worth of them.
-    a.num_wanted = std::min(a.num_wanted, max_tokens_per_forward_);
+    // Draft j >= 1 reads the row of mask j; at most one forward's (and one draw's) worth.
+    a.num_wanted = std::min({a.num_wanted, max_tokens_per_forward_, max_rows});
     const size_t remaining = a.pending.size() - a.offset;
     const auto masks = static_cast<size_t>(a.num_wanted - 1);
-    const bool finishing = remaining + masks <= budget;
+    const bool finishing = remaining + masks <= budget && a.num_wanted <= rows_left;
+    if (finishing) rows_left -= a.num_wanted;
     // A catch-up piece leaves the last token for the pass that draws (its row is draft 1's).
     a.num_running = finishing ? remaining : std::min(remaining - 1, budget);
     a.row = finishing ? 0 : -1;  // 0: this pass draws its drafts
@@ -462,19 +526,31 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
   }
   // On a device that samples (the CUDA runner), the finishing chunks' K rows are drawn there
   // (StepDraft: q stays in the probability slots) and only ids come back, unless a row has
-  // penalties (draft j's would count drafts 0..j-1, drawn in the same pass).
+  // penalties (draft j's would count drafts 0..j-1, drawn in the same pass). SSD's cache passes
+  // (candidates per row) whose rows are all greedy rank and draw them with the runner's Step
+  // (ids and candidates come back); sampled ones with candidates or Saguaro sampling draw on
+  // the host, where DrawDraft gives both.
   bool device = runner_->SamplesSpeculationOnDevice();
+  bool ranked = true;  // every finishing row greedy, unbanned, candidates the runner can rank
+  bool any_cache = false;
   int32_t num_slots = 0;
   for (const Active& a : active_) {
     if (a.num_running == 0 || a.row < 0) continue;
-    device = device && !inputs[a.input].params->has_penalties();
+    const DraftInput& in = inputs[a.input];
+    device = device && !in.params->has_penalties();
+    const bool wants = a.cache.num_candidates > 0 || a.cache.saguaro_fan_out > 0;
+    any_cache = any_cache || wants;
+    ranked = ranked && in.params->greedy() && in.num_banned_positions == 0 &&
+             a.cache.num_candidates <= kMaxSampleCandidates;
     num_slots += a.num_wanted;
   }
+  const bool step = any_cache && ranked && num_slots > 0;
   // (More rows than the draft runner draws at once, a request's K above the server's: the host.)
-  device = device && num_slots > 0 && num_slots <= runner_->max_sample_rows() &&
+  device = !any_cache && device && num_slots > 0 && num_slots <= runner_->max_sample_rows() &&
            runner_->ReserveProbSlots(num_slots).ok();
   absl::Status status;
-  if (device) {
+  if (step || device) {
+    // Every finishing chunk's rows: draft j from the row of the context's last token + j.
     rows_.clear();
     slots_.clear();
     slot_base_.assign(inputs.size(), -1);
@@ -498,11 +574,13 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
         if (j < in.num_banned_positions) row.banned = in.banned;
         row.seed = in.seed;
         row.num_generated = in.num_generated + j;
+        row.num_candidates = step ? a.cache.num_candidates : 0;
         rows_.push_back(row);
         slots_.push_back(static_cast<int32_t>(slots_.size()));
       }
     }
-    status = runner_->StepDraft(batch_, rows_, slots_, &drawn_);
+    status = step ? runner_->Step(batch_, rows_, &drawn_)
+                  : runner_->StepDraft(batch_, rows_, slots_, &drawn_);
   } else {
     status = runner_->Forward(batch_, &logits_);
   }
@@ -533,6 +611,13 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     }
     const DraftInput& in = inputs[a.input];
     Draft& draft = (*drafts)[a.input];
+    if (step) {
+      for (int32_t j = 0; j < a.num_wanted; ++j) {
+        SampleResult& r = drawn_[static_cast<size_t>(a.row + j)];
+        AppendGreedyDraft(in, a.cache, r.id, std::move(r.candidates), draft);
+      }
+      continue;
+    }
     if (device) {
       for (int32_t j = 0; j < a.num_wanted; ++j) {
         int32_t token = drawn_[a.row + j].id;
@@ -546,7 +631,7 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     }
     const size_t first = row + a.num_running - 1;  // the context's last token
     for (int32_t j = 0; j < a.num_wanted; ++j) {
-      DrawDraft(in, {}, *a.state, std::span<const float>(&logits_[(first + j) * vocab], vocab),
+      DrawDraft(in, a.cache, *a.state, std::span<const float>(&logits_[(first + j) * vocab], vocab),
                 draft);
     }
     row += chunks_[i].size();

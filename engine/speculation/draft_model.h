@@ -24,12 +24,14 @@
 // their processed row on the host), and draws sampled drafts with Saguaro sampling.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -88,6 +90,9 @@ class DraftModelSpeculator : public Speculator {
   // shared: the child recomputes it (and the rest of its tokens) in the catch-up chunk of its
   // first Propose, which rolls back and catches up as for any sequence. num_tokens is the fork
   // point: where the child's tokens leave the parent's (SSD: context + d_1..d_k, then t*).
+  // Where the runner copies KV slots (SupportsTokenTrees: MoveKv), the parent's partial block
+  // below the fork point is copied into a fresh block of the child's before the next Propose's
+  // first forward pass, so the child's catch-up starts at the fork point.
   // Why sharing is safe: shared blocks hold positions below the fork point, which both sides
   // agree on and neither rewrites while both hold them. A sequence only rewrites positions at
   // or after its rollback point; the caller's contract is that a child whose outcome did not
@@ -112,9 +117,14 @@ class DraftModelSpeculator : public Speculator {
   // catch-up chunk followed by the masks, every position's logits; draft j comes from the row of
   // the context's last token + j, drawn as in sequential drafting (so q rows and penalties over
   // the earlier drafts are the same). The masks' KV is never kept: kv_tokens stops before them
-  // and the next round overwrites their slots. Not for SSD's cache (Propose with `cache` keeps
-  // drafting sequentially). `mask_token` < 0: off.
+  // and the next round overwrites their slots. SSD's cache (Propose with `cache`) drafts its
+  // branches this way too: candidates per row (ranked by the runner's Step for greedy rows, on the
+  // host for sampled ones) and Saguaro sampling as in sequential drafting. `mask_token` < 0: off.
   void set_parallel(int32_t mask_token) { parallel_mask_ = mask_token; }
+  // The mask token of a parallel draft in folder `dir`: `pard_token` in its config.json, as
+  // vLLM reads it (or `ptd_token_id`); InvalidArgument when it names none or one outside
+  // [0, vocab).
+  static absl::StatusOr<int32_t> ReadMaskToken(const std::string& dir, int32_t vocab);
   bool parallel() const { return parallel_mask_ >= 0; }
 
   // Benchmarks only: greedy drafts (and their candidates) follow `replay` (controlled
@@ -155,6 +165,9 @@ class DraftModelSpeculator : public Speculator {
   };
 
   DraftModelSpeculator(std::unique_ptr<ModelRunner> runner, int32_t max_tokens_per_forward);
+  // Runs the KV copies Fork queued (copies_), one MoveKv; on failure the children roll back to
+  // the start of the copied block and recompute it.
+  void CopyForkedKv();
   // One forward pass over every active sequence's next piece of pending tokens (within the
   // token budget); draws a draft for each sequence whose pending tokens all ran.
   absl::Status RunPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
@@ -199,6 +212,14 @@ class DraftModelSpeculator : public Speculator {
 
   std::unique_ptr<ModelRunner> runner_;
   std::shared_ptr<const DraftReplay> replay_;
+  // Fork's queued copies: slots [0, num_slots) of table[0] (the parent's partial block) into
+  // the same slots of table[1] (the child's fresh block), as KvSlotMoves over that table.
+  struct ForkCopy {
+    uint64_t child = 0;
+    std::array<int32_t, 2> table{};
+    int32_t num_slots = 0;
+  };
+  std::vector<ForkCopy> copies_;
   int32_t parallel_mask_ = -1;                // set_parallel
   std::vector<std::vector<int32_t>> chunks_;  // scratch: parallel passes' chunk tokens
   int32_t max_tokens_per_forward_;

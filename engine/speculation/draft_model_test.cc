@@ -105,9 +105,22 @@ class DraftModelTest : public ::testing::Test {
     return ProposeMany(draft, {id}, {tokens}, k, options, cache)[0];
   }
 
+  // Options of a temperature-1 input with its own seed.
+  DraftInput Sampled(uint64_t seed) {
+    DraftInput options;
+    options.params = &sampled_;
+    options.seed = seed;
+    return options;
+  }
+
   SamplingParams params_ = [] {
     SamplingParams p;
     p.temperature = 0;
+    return p;
+  }();
+  SamplingParams sampled_ = [] {
+    SamplingParams p;
+    p.temperature = 1.0f;
     return p;
   }();
   TokenHistory history_;
@@ -326,11 +339,13 @@ TEST_F(DraftModelTest, ForkedChildDraftsAsAFreshSequenceAndLeavesTheParentAlone)
     const std::vector<int32_t> context = Prefix(prompt, len);
     const std::vector<int32_t> d = Propose(*draft, 1, context, 6);  // KV: context + d_1..d_5
     ASSERT_EQ(d, Propose(*plain, 1, context, 6));
-    // The outcome "d_1..d_k accepted, then t* != d_{k+1}" on a fork, sharing full blocks only.
+    // The outcome "d_1..d_k accepted, then t* != d_{k+1}" on a fork.
     const int32_t fork_point = static_cast<int32_t>(len) + k;
     const int32_t before = draft->num_free_blocks();
     ASSERT_TRUE(draft->Fork(1, 2, fork_point).ok());
-    EXPECT_EQ(draft->num_free_blocks(), before);  // nothing allocated, nothing copied
+    // The partial block below the fork point is copied into a block of the child's own (the CPU
+    // runner copies KV slots); the full ones are shared.
+    EXPECT_EQ(before - draft->num_free_blocks(), fork_point % kBlockSize != 0 ? 1 : 0);
     std::vector<int32_t> child = Concat(context, std::span<const int32_t>(d).first(k));
     child.push_back(Other(d[k]));
     EXPECT_EQ(Propose(*draft, 2, child, 5), Propose(*fresh, fresh_id++, child, 5));
@@ -530,14 +545,9 @@ TEST_F(DraftModelTest, PassesHoldAtMostMaxSampleRowsSequences) {
 TEST_F(DraftModelTest, SampledCandidatesFollowTheRowTheDraftWasDrawnFrom) {
   constexpr int32_t kF = 5, kK = 3;
   auto draft = MakeDraft();
-  SamplingParams sampled;
-  sampled.temperature = 1.0f;
-  DraftInput options;
-  options.params = &sampled;
-  options.seed = 7;
   CacheOptions cache;
   cache.num_candidates = kF;
-  const Draft out = ProposeOne(*draft, 1, LoadDraftGolden(4).prompt_ids, kK, options, cache);
+  const Draft out = ProposeOne(*draft, 1, LoadDraftGolden(4).prompt_ids, kK, Sampled(7), cache);
   ASSERT_EQ(out.tokens.size(), size_t{kK});
   ASSERT_EQ(out.probs.size(), size_t{kK} * kVocab);
   ASSERT_EQ(out.candidates.size(), size_t{kK} * kF);
@@ -603,6 +613,76 @@ TEST_F(DraftModelTest, SaguaroSamplingDrawsFromAndReturnsTheDownweightedRow) {
   const Draft g = ProposeOne(*draft, 3, context, 3, {}, saguaro);
   EXPECT_TRUE(g.probs.empty());
   EXPECT_EQ(g.tokens, Propose(*draft, 4, context, 3));
+}
+
+// SSD's cache on a parallel draft (the project's PARD-style codepair draft): a greedy round's
+// drafts are the parallel drafts without the cache's options, and each position's candidates
+// start with its draft and rank the logits of that position's row: the row of the context's last
+// token + j over the context and the K - 1 masks. Sampled rows with Saguaro sampling come with
+// the down-weighted rows they were drawn from.
+TEST_F(DraftModelTest, ParallelDraftsServeTheCacheInOnePass) {
+  constexpr int32_t kF = 4, kK = 3;
+  const std::string pard = std::string(SPECD_SOURCE_DIR) + "/models/codepair/pard";
+  auto make = [&] {
+    RunnerOptions o = DraftRunnerOptions();
+    o.model_dir = pard;
+    auto runner = CreateModelRunner(o);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    auto draft = DraftModelSpeculator::Create(*std::move(runner), kVocab, 2048);
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    auto mask = DraftModelSpeculator::ReadMaskToken(pard, kVocab);
+    EXPECT_TRUE(mask.ok()) << mask.status();
+    (*draft)->set_parallel(*mask);
+    return *std::move(draft);
+  };
+  auto draft = make();
+  auto plain = make();
+  const std::vector<int32_t> context = Prefix(LoadDraftGolden(2).prompt_ids, 40);
+  CacheOptions cache;
+  cache.num_candidates = kF;
+  const Draft out = ProposeOne(*draft, 1, context, kK, {}, cache);
+  EXPECT_EQ(out.tokens, ProposeOne(*plain, 1, context, kK).tokens);
+  ASSERT_EQ(out.tokens.size(), size_t{kK});
+  ASSERT_EQ(out.candidates.size(), size_t{kK} * kF);
+  // The rows of one forward pass over the context and K - 1 masks.
+  RunnerOptions o = DraftRunnerOptions();
+  o.model_dir = pard;
+  auto runner = CreateModelRunner(o);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> chunk = context;
+  const int32_t mask = *DraftModelSpeculator::ReadMaskToken(pard, kVocab);
+  chunk.insert(chunk.end(), kK - 1, mask);
+  std::vector<int32_t> blocks(
+      BlockTable::BlocksFor(static_cast<int32_t>(chunk.size()), kBlockSize));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  SequenceInput s;
+  s.tokens = chunk;
+  s.block_table = blocks;
+  s.all_logits = true;
+  std::vector<float> logits;
+  ASSERT_TRUE((*runner)->Forward(std::span<const SequenceInput>(&s, 1), &logits).ok());
+  ASSERT_EQ(logits.size(), chunk.size() * kVocab);
+  for (int32_t j = 0; j < kK; ++j) {
+    const std::span<const float> row(logits.data() + (context.size() - 1 + j) * kVocab, kVocab);
+    const std::vector<int32_t> got(out.candidates.begin() + j * kF,
+                                   out.candidates.begin() + (j + 1) * kF);
+    EXPECT_EQ(got[0], out.tokens[j]) << j;
+    EXPECT_EQ(got, Ranked(row, kF)) << j;
+  }
+  // Sampled, Saguaro: K rows of q, each a distribution, its draft drawn from it.
+  CacheOptions saguaro;
+  saguaro.num_candidates = kF;
+  saguaro.saguaro_fan_out = 2;
+  saguaro.saguaro_c = 0.5f;
+  const Draft q = ProposeOne(*draft, 2, context, kK, Sampled(11), saguaro);
+  ASSERT_EQ(q.tokens.size(), size_t{kK});
+  ASSERT_EQ(q.probs.size(), size_t{kK} * kVocab);
+  ASSERT_EQ(q.candidates.size(), size_t{kK} * kF);
+  for (int32_t j = 0; j < kK; ++j) {
+    const std::span<const float> row(q.probs.data() + size_t(j) * kVocab, kVocab);
+    EXPECT_NEAR(std::accumulate(row.begin(), row.end(), 0.0), 1.0, 1e-4) << j;
+    EXPECT_GT(row[q.tokens[j]], 0.0f) << j;
+  }
 }
 
 TEST(DraftModelCreateTest, RejectsADraftWithAnotherVocabulary) {

@@ -110,8 +110,12 @@ absl::Status ValidateSparseDraftOptions(const SparseDraftOptions& o, std::string
 // SSD's settings (method "ssd"; docs/architecture.md "SSD"): the speculator process, its
 // speculation cache and the fallback tiers.
 struct SsdOptions {
-  int32_t fan_out = 3;              // F: cache budget per acceptance length, B = (K + 1) * F
-  bool geometric_fan_out = true;    // F_k from the online alpha_p and r; false: F at every k
+  int32_t fan_out = 3;            // F: cache budget per acceptance length, B = (K + 1) * F
+  bool geometric_fan_out = true;  // F_k from the online alpha_p and r; false: F at every k
+  // ("budget": "time") B from the measured costs: as many branches as the speculator's passes
+  // build within the verifier's measured round (F until both are measured; at most 16 per
+  // acceptance length); "fixed": B = (K + 1) * F. A complete cache is always fixed.
+  bool time_budget = true;
   float saguaro_c = -1.0f;          // default C for sampled requests; < 0: by temperature
   int32_t critical_batch_size = 0;  // b*: misses of batches this large go to the backup; 0: from
                                     // the measured hit rate and latencies (saguaro.h)
@@ -164,7 +168,8 @@ struct SpeculativeConfig {
   std::string eagle3_model;
   // The draft model drafts a whole round in one forward pass from K - 1 appended mask tokens
   // (PARD; `"parallel": true`, also vLLM's "parallel_drafting"): the draft's config.json names
-  // its mask token (`pard_token`). Not with method ssd.
+  // its mask token (`pard_token`). With method ssd the speculator drafts this way, its cache's
+  // branches included.
   bool parallel_drafting = false;
   int32_t num_speculative_tokens = 4;  // default K
   int32_t prompt_lookup_min = 1;       // n-gram: shortest suffix matched

@@ -113,6 +113,12 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     return ConfigFieldError("cache_build", "must be \"interruptible\" or \"complete\"");
   }
   o->complete_cache = build == "complete";
+  std::string budget = o->time_budget ? "time" : "fixed";
+  if (absl::Status s = ReadString(j, "cache_budget", false, &budget); !s.ok()) return s;
+  if (budget != "time" && budget != "fixed") {
+    return ConfigFieldError("cache_budget", "must be \"time\" or \"fixed\"");
+  }
+  o->time_budget = budget == "time";
   if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
       return ConfigFieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
@@ -265,6 +271,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "speculator_binary",
                                            "speculator_timeout_ms",
                                            "cache_build",
+                                           "cache_budget",
                                            "speculator_gpu_memory_utilization",
                                            "speculator_secret_file",
                                            "speculator_tls_cert",
@@ -364,9 +371,6 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (config.parallel_drafting && config.draft_model.empty()) {
     return ConfigFieldError("parallel", "drafts with a draft model: name it with \"model\"");
   }
-  if (config.parallel_drafting && config.method == SpeculationMethod::kSsd) {
-    return ConfigFieldError("parallel", "is not available with method ssd yet");
-  }
   if (config.method == SpeculationMethod::kEagle3 && config.eagle3_model.empty()) {
     return ConfigFieldError("model",
                             "is required for method eagle3 (the EAGLE-3 head's directory)");
@@ -395,6 +399,7 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   if (!c.ssd.binary.empty()) j["speculator_binary"] = c.ssd.binary;
   j["speculator_timeout_ms"] = c.ssd.timeout_ms;
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
+  j["cache_budget"] = c.ssd.time_budget ? "time" : "fixed";
   if (c.ssd.gpu_memory_utilization > 0) {
     j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
   }

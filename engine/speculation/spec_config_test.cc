@@ -73,6 +73,7 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
       {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
       {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
+      {R"({"method": "ssd", "model": "d", "cache_budget": "all"})", "cache_budget"},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 0})",
        "speculator_gpu_memory_utilization"},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 1.5})",
@@ -102,7 +103,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
           "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
           "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
           "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete",
-          "speculator_gpu_memory_utilization": 0.8})");
+          "cache_budget": "fixed", "parallel": true, "speculator_gpu_memory_utilization": 0.8})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->method, SpeculationMethod::kSsd);
   EXPECT_EQ(c->num_speculative_tokens, 7);
@@ -116,12 +117,16 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_FALSE(c->ssd.launch);
   EXPECT_EQ(c->ssd.timeout_ms, 500);
   EXPECT_TRUE(c->ssd.complete_cache);
+  EXPECT_FALSE(c->ssd.time_budget);
+  EXPECT_TRUE(c->parallel_drafting);
   EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
   // The JSON writer and the reader agree.
   absl::StatusOr<SpeculativeConfig> back = ParseSpeculativeConfig(SpeculativeConfigToJson(*c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));
   EXPECT_EQ(back->ssd.backup, "random");
+  EXPECT_FALSE(back->ssd.time_budget);
+  EXPECT_TRUE(back->parallel_drafting);
   EXPECT_DOUBLE_EQ(back->ssd.gpu_memory_utilization, 0.8);
   EXPECT_EQ(back->speculator_device, "cuda:1");
   // Requests may ask for SSD only when the server runs it; C per request overrides the server's.
@@ -512,7 +517,7 @@ TEST(SpeculativeConfigTest, ReadsEagle3HeadsAndParallelDraftingAndWritesThemBack
   for (const char* bad :
        {R"({"method": "eagle3"})", R"({"eagle3_model": ""})", R"({"eagle3_model": 3})",
         R"({"parallel": true})", R"({"model": "/d", "parallel": "yes"})",
-        R"({"method": "ssd", "model": "/d", "parallel": true})"}) {
+        R"({"method": "ssd", "model": "/d", "parallel": 1})"}) {
     auto refused = ParseSpeculativeConfig(bad);
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;

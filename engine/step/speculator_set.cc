@@ -1,13 +1,11 @@
 #include "engine/step/speculator_set.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
-#include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/draft_replay.h"
@@ -17,29 +15,6 @@
 #include "engine/speculation/vegas.h"
 
 namespace specd {
-namespace {
-
-// The mask token of a parallel draft (PARD): `pard_token` in its config.json, as vLLM reads it
-// (or `ptd_token_id`).
-absl::StatusOr<int32_t> ReadPardToken(const std::string& dir, int32_t vocab) {
-  const std::string file = dir + "/config.json";
-  SPECD_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(file));
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  for (const char* key : {"pard_token", "ptd_token_id"}) {
-    if (!j.is_object() || !j.contains(key)) continue;
-    const nlohmann::json& v = j[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file, ": '", key, "' must be a token id in [0, ", vocab, ")"));
-    }
-    return static_cast<int32_t>(v.get<int64_t>());
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--speculative-config: \"parallel\" needs a draft trained for parallel drafting; ", file,
-      " names no mask token (\"pard_token\")"));
-}
-
-}  // namespace
 
 SpeculatorSet::~SpeculatorSet() = default;
 
@@ -114,7 +89,8 @@ absl::Status SpeculatorSet::CreateDraftModel(const SpeculatorSetOptions& options
       DraftModelSpeculator::Create(*std::move(runner), target->config().vocab_size,
                                    options.max_num_batched_tokens));
   if (spec.parallel_drafting) {
-    SPECD_ASSIGN_OR_RETURN(const int32_t mask, ReadPardToken(spec.draft_model, draft_vocab));
+    SPECD_ASSIGN_OR_RETURN(const int32_t mask,
+                           DraftModelSpeculator::ReadMaskToken(spec.draft_model, draft_vocab));
     speculator->set_parallel(mask);
   }
   speculator->set_replay(std::move(replay));

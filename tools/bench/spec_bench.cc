@@ -42,7 +42,7 @@
 //              [--max-num-seqs N] [--no-prefix-caching] [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
-//               [--cache-build interruptible|complete]]
+//               [--cache-build interruptible|complete] [--cache-budget time|fixed]]
 #include <unistd.h>
 
 #include <algorithm>
@@ -290,6 +290,7 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   ssd.ssd.fan_out = f.fan_out;
   ssd.ssd.saguaro_c = f.saguaro_c;
   ssd.ssd.complete_cache = f.cache_build == "complete";
+  ssd.ssd.time_budget = f.cache_budget == "time";
   ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
   return ssd;
 }
@@ -297,11 +298,15 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
 void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<StepObserver> acc,
             const Prompts& prompts, std::vector<BatchSweep>& sweeps) {
   std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
-  std::printf("ssd: verifier on %s, speculator on %s, fan-out %d (geometric), C %s, %s cache\n",
-              engine->device_name().c_str(),
-              f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
-              f.fan_out, f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
-              f.cache_build.c_str());
+  std::printf(
+      "ssd: verifier on %s, speculator on %s (%s), fan-out %d (geometric, %s budget), C %s, %s "
+      "cache\n",
+      engine->device_name().c_str(),
+      f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
+      f.parallel ? "parallel draft" : "draft model", f.fan_out,
+      f.cache_budget == "time" && f.cache_build != "complete" ? "time" : "fixed",
+      f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
+      f.cache_build.c_str());
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.max_k()}, WarmUp(f));
   for (BatchSweep& sweep : sweeps) {
     for (int k : f.ks) {

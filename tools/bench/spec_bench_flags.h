@@ -43,6 +43,7 @@ struct SpecBenchFlags {
   int fan_out = 3;
   float saguaro_c = -1;
   std::string cache_build = "interruptible";
+  std::string cache_budget = "time";  // SSD: "time" (the measured window) or "fixed" (F)
   std::string load_format = "auto";
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
   int max_model_len = 2048;
@@ -120,6 +121,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       ok = absl::SimpleAtoi(value(), &f->tensor_parallel_size) && f->tensor_parallel_size >= 1;
     } else if (a == "--speculator-device") {
       f->speculator_device = value();
+    } else if (a == "--cache-budget") {
+      ok = (f->cache_budget = value()) == "time" || f->cache_budget == "fixed";
     } else if (a == "--cache-build") {
       ok = (f->cache_build = value()) == "complete" || f->cache_build == "interruptible";
     } else if (a == "--fan-out") {

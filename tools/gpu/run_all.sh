@@ -15,7 +15,9 @@
 #     codepair pair (cost profiles into LOG_DIR), then spec_bench --auto against the best fixed
 #     choice over K 1-8 at batch 1, 4, 16, 64 (codepair; 8B / 1B at alpha 0.6 and 0.8);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
-#     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8)
+#     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8;
+#     the time budget and "fixed" F side by side; ssd_parallel_replay_bench: the parallel 1B
+#     draft in the speculator)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
 # The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
@@ -363,6 +365,20 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --batches 1,4,16 --k 7 \
     --max-tokens 128 --repeats 2 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
     --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
+  # The same with the fixed budget (F 3 at every acceptance length), the time budget's A/B.
+  run_step "ssd_replay_bench fixed" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+    --batches 1,4,16 --k 7 \
+    --max-tokens 128 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
+    --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3 --cache-budget fixed
+  # Issue 34 point 1: the PARD-style Llama-3.2-1B-shaped parallel draft in the speculator (one
+  # pass per round and per cache wave), beside plain decoding and in-process parallel drafting.
+  run_step "ssd_parallel_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "models/shapes/pard-llama-3.2-1b" \
+    --parallel --load-format dummy --random-prompts 128 --max-model-len 1024 \
+    --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 --replay-alpha 0.8 \
+    --replay-hit 0.9 --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
 else
   # One GPU: the same with the speculator process on the verifier's GPU (a functional run and a
   # look at the speculator's costs; the two processes time-share the GPU, so no SSD speedup).
@@ -465,7 +481,8 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   "verify_step 8b k=4 t=1" \
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
-  "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench (1 gpu)"; do
+  "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" \
+  "ssd_parallel_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"

@@ -67,6 +67,8 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
   init.critical_batch_size = static_cast<uint32_t>(c.ssd.critical_batch_size);
   init.backup = c.ssd.backup;
   init.complete_cache = c.ssd.complete_cache;
+  init.parallel_drafting = c.parallel_drafting;
+  init.time_budget = c.ssd.time_budget;
   init.replay_file = c.replay.file;
   init.replay_alpha = c.replay.alpha;
   init.replay_candidate_hit = c.replay.candidate_hit;
@@ -96,6 +98,8 @@ absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init) {
   c.ssd.critical_batch_size = static_cast<int32_t>(init.critical_batch_size);
   c.ssd.backup = init.backup;
   c.ssd.complete_cache = init.complete_cache;
+  c.parallel_drafting = init.parallel_drafting;
+  c.ssd.time_budget = init.time_budget;
   c.ssd.gpu_memory_utilization = init.gpu_memory_utilization;
   c.replay.file = init.replay_file;
   c.replay.alpha = init.replay_alpha;

@@ -37,7 +37,7 @@ SsdSpeculatorOptions VerifierOptions() {
       R"({"method": "ssd", "model": ")" + kDraft + R"(", "num_speculative_tokens": 5,
           "prompt_lookup_min": 2, "prompt_lookup_max": 3, "draft_kv_cache_bytes": 16777216,
           "fan_out": 4, "fan_out_mode": "constant", "critical_batch_size": 12,
-          "backup": "random", "cache_build": "complete",
+          "backup": "random", "cache_build": "complete", "cache_budget": "fixed",
           "replay": {"file": "/data/replay.jsonl", "alpha": 0.6, "candidate_hit": 0.85,
                      "seed": 99}})");
   EXPECT_TRUE(config.ok()) << config.status();
@@ -65,7 +65,8 @@ absl::StatusOr<SsdInit> OverTheWire(const SsdInit& init) {
 }
 
 TEST(SsdInitTest, TheVerifiersSettingsSurviveTheWire) {
-  const SsdSpeculatorOptions o = VerifierOptions();
+  SsdSpeculatorOptions o = VerifierOptions();
+  o.config.parallel_drafting = true;
   absl::StatusOr<SsdInit> init = OverTheWire(MakeSsdInit(o));
   ASSERT_TRUE(init.ok()) << init.status();
   EXPECT_EQ(*init, MakeSsdInit(o));
@@ -84,6 +85,8 @@ TEST(SsdInitTest, TheVerifiersSettingsSurviveTheWire) {
   EXPECT_EQ(got.ssd.critical_batch_size, 12);
   EXPECT_EQ(got.ssd.backup, "random");
   EXPECT_TRUE(got.ssd.complete_cache);
+  EXPECT_FALSE(got.ssd.time_budget);
+  EXPECT_TRUE(got.parallel_drafting);
   EXPECT_EQ(got.replay.file, "/data/replay.jsonl");
   EXPECT_EQ(got.replay.alpha, 0.6);
   EXPECT_EQ(got.replay.candidate_hit, 0.85);
@@ -353,6 +356,8 @@ TEST(SsdProcessTest, AnInitItCannotHonourIsReportedToTheVerifierAndReturned) {
       {"bad K", [](SsdInit& i) { i.num_speculative_tokens = 0; }, "SsdInit.num_speculative_tokens"},
       {"other vocabulary", [](SsdInit& i) { i.vocab_size = kDraftVocab + 1; }, "token ids"},
       {"no draft", [](SsdInit& i) { i.draft_model = "/no/such/draft"; }, "/no/such/draft"},
+      // The codepair draft was not trained for parallel drafting: no mask token.
+      {"not a parallel draft", [](SsdInit& i) { i.parallel_drafting = true; }, "pard_token"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -326,6 +326,12 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
 absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration wait) {
   const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
   const absl::Time start = absl::Now();
+  // The window the speculator's cache build had: since its last response came in.
+  const int64_t now = MonotonicNanos();
+  std::get<SpeculateRequest>(request_).window_ns =
+      stamps_.first_byte > 0 && now > stamps_.first_byte
+          ? static_cast<uint64_t>(now - stamps_.first_byte)
+          : 0;
   SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
   stamps_.sent = MonotonicNanos();
   for (;;) {

@@ -39,7 +39,84 @@ uint64_t NanosBetween(int64_t start_ns, int64_t end_ns) {
   return end_ns > start_ns ? static_cast<uint64_t>(end_ns - start_ns) : 0;
 }
 
+// Decay of the wave cost model's older samples, per newer one.
+constexpr double kWaveDecay = 0.9;
+// The share of the verifier's window the build plans for: a wave still running when the
+// verifier's next request arrives delays the answer to it.
+constexpr double kWindowShare = 0.9;
+
 }  // namespace
+
+void WaveCostModel::Add(double branches, double seconds) {
+  // A one-off stall (a CUDA graph captured for a new shape, a page fault) must not stop the
+  // cache from growing for many rounds: a sample counts at most twice the prediction once a few
+  // waves are in (a wave that really got dearer still moves the estimate, doubling each time).
+  if (weight_ >= 3) seconds = std::min(seconds, 2 * Predict(branches));
+  weight_ = weight_ * kWaveDecay + 1;
+  sx_ = sx_ * kWaveDecay + branches;
+  sy_ = sy_ * kWaveDecay + seconds;
+  sxx_ = sxx_ * kWaveDecay + branches * branches;
+  sxy_ = sxy_ * kWaveDecay + branches * seconds;
+}
+
+double WaveCostModel::Predict(double branches) const {
+  if (weight_ <= 0) return 0;
+  const double mx = sx_ / weight_, my = sy_ / weight_;
+  const double var = sxx_ / weight_ - mx * mx;
+  // Waves of (nearly) one size: in proportion above it; below it, half of the cost is taken as
+  // fixed (a pass reads its weights whatever its rows), until a second size is measured.
+  if (var < 1.0 || mx <= 0) {
+    if (mx <= 0) return my;
+    return branches >= mx ? my * branches / mx : my * (0.5 + 0.5 * branches / mx);
+  }
+  const double slope = std::max(0.0, (sxy_ / weight_ - mx * my) / var);
+  return std::max(0.0, my + slope * (branches - mx));
+}
+
+int32_t BranchesWithin(const WaveCostModel& model, double window, int32_t per_wave,
+                       int32_t max_branches) {
+  if (per_wave < 1 || window <= 0) return 0;
+  const double full = model.Predict(per_wave);
+  int32_t branches = 0;
+  double spent = 0;
+  while (branches < max_branches) {
+    const int32_t wave = std::min(per_wave, max_branches - branches);
+    if (wave == per_wave && spent + full <= window) {  // a whole wave more fits
+      spent += full;
+      branches += wave;
+      continue;
+    }
+    // The last wave: the most branches that still fit.
+    int32_t fit = 0;
+    for (int32_t n = wave; n >= 1; --n) {
+      if (spent + model.Predict(n) <= window) {
+        fit = n;
+        break;
+      }
+    }
+    return branches + fit;
+  }
+  return branches;
+}
+
+std::vector<int32_t> SplitBudget(int32_t total, std::span<const int32_t> cap) {
+  std::vector<int32_t> out(cap.size(), 0);
+  int32_t left = std::max(0, total);
+  // Rounds of an even share over the sequences still below their caps.
+  while (left > 0) {
+    int32_t open = 0;
+    for (size_t i = 0; i < cap.size(); ++i) open += out[i] < cap[i] ? 1 : 0;
+    if (open == 0) break;
+    const int32_t share = std::max(1, left / open);
+    for (size_t i = 0; i < cap.size() && left > 0; ++i) {
+      const int32_t give = std::min({share, cap[i] - out[i], left});
+      if (give <= 0) continue;
+      out[i] += give;
+      left -= give;
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOptions& options) {
   const SpeculativeConfig& c = options.config;
@@ -47,11 +124,22 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
   RunnerOptions r = options.draft;
   r.model_dir = c.draft_model;
   if (options.max_model_len > 0) r.max_model_len = options.max_model_len;
+  // A parallel draft draws K + 1 rows per branch in one pass: room for a wave of branches.
+  if (c.parallel_drafting) {
+    r.max_sample_rows = static_cast<int32_t>(std::min<int64_t>(
+        r.max_num_batched_tokens,
+        static_cast<int64_t>(kMaxBranchesPerPass) * (c.num_speculative_tokens + 1)));
+  }
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(r));
   const int32_t vocab = runner->config().vocab_size;
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<DraftModelSpeculator> draft,
       DraftModelSpeculator::Create(std::move(runner), vocab, r.max_num_batched_tokens));
+  if (c.parallel_drafting) {
+    SPECD_ASSIGN_OR_RETURN(const int32_t mask,
+                           DraftModelSpeculator::ReadMaskToken(c.draft_model, vocab));
+    draft->set_parallel(mask);
+  }
   if (c.replay.enabled()) {
     SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay, DraftReplay::Load(c.replay, vocab));
     SPECD_LOG_WARN(
@@ -62,7 +150,10 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
   }
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
-  o.max_fan_out = std::min(kMaxCandidates, std::max(2, c.ssd.fan_out * 2));
+  // A time budget may give one acceptance length up to kMaxCandidates branches.
+  o.max_fan_out = c.ssd.time_budget && !c.ssd.complete_cache
+                      ? kMaxCandidates
+                      : std::min(kMaxCandidates, std::max(2, c.ssd.fan_out * 2));
   SPECD_ASSIGN_OR_RETURN(OutcomeStats stats, OutcomeStats::Create(o));
   return std::unique_ptr<SsdWorker>(new SsdWorker(options, std::move(draft), std::move(stats)));
 }
@@ -117,18 +208,30 @@ int32_t SsdWorker::DraftAt(const Seq& s, int32_t k) {
   return k < static_cast<int32_t>(s.drafts.size()) ? s.drafts[k] : kNoDraftToken;
 }
 
-std::vector<int32_t> SsdWorker::FanOut(const Seq& s) const {
+std::vector<int32_t> SsdWorker::FanOut(const Seq& s, int32_t budget) const {
   const int32_t K = s.num_draft_tokens;
   const int32_t f = FanOutOf(s);
   // Saguaro sampling down-weights one top-F set per row (CacheDraftOptions::saguaro_fan_out),
   // which the cache must hold at every position: a Saguaro-sampled sequence gets F at every k.
-  absl::StatusOr<std::vector<int32_t>> fan =
-      options_.config.ssd.geometric_fan_out && !SaguaroSampled(s)
-          ? GeometricFanOut(K, (K + 1) * f, outcomes_.Alpha(), outcomes_.PowerLawR())
-          : ConstantFanOut(K, f);
+  if (SaguaroSampled(s) || budget < 0) budget = (K + 1) * f;
+  if (budget == 0) return std::vector<int32_t>(K + 1, 0);
+  absl::StatusOr<std::vector<int32_t>> fan;
+  if (SaguaroSampled(s)) {
+    fan = ConstantFanOut(K, f);
+  } else if (options_.config.ssd.geometric_fan_out) {
+    fan = GeometricFanOut(K, budget, outcomes_.Alpha(), outcomes_.PowerLawR());
+  } else {  // even over k, the remainder to the shortest acceptance lengths
+    fan = std::vector<int32_t>(K + 1, budget / (K + 1));
+    for (int32_t k = 0; k < budget % (K + 1); ++k) ++(*fan)[k];
+  }
   if (!fan.ok()) return std::vector<int32_t>(K + 1, f);
   for (int32_t& x : *fan) x = std::min(x, f_max_);
   return *std::move(fan);
+}
+
+bool SsdWorker::TimeBudgetReady() const {
+  const SsdOptions& o = options_.config.ssd;
+  return o.time_budget && !o.complete_cache && window_seconds_ > 0 && wave_cost_.measured();
 }
 
 DraftInput SsdWorker::InputFor(uint64_t seq_id, const Seq& s, std::span<const int32_t> tokens,
@@ -207,6 +310,13 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   }
   response->Clear();
   response->round_id = request.round_id;
+  if (request.window_ns > 0) {
+    // One long pause of the verifier (no requests for a while) must not inflate the window:
+    // a sample counts at most twice the current estimate.
+    double w = request.window_ns * 1e-9;
+    if (window_seconds_ > 0) w = std::min(w, 2 * window_seconds_);
+    Ema(&window_seconds_, w);
+  }
   ++stats_.rounds;
   const int32_t batch = static_cast<int32_t>(request.seqs.size());
   const bool backup_tier = batch >= critical_batch_size();
@@ -436,16 +546,60 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     int32_t fan;  // F_k: the fan-out of its acceptance length, larger for likelier outcomes
     std::vector<int32_t> tokens;
   };
-  std::vector<std::vector<Branch>> waves;
+  // A parallel draft's branch draws its K + 1 rows in one pass: fewer branches share a pass.
+  int32_t rows_per_branch = 1;
+  std::vector<uint64_t> building;
   for (uint64_t id : served_) {
-    Seq& s = seqs_[id];
+    const Seq& s = seqs_[id];
     if (s.served == Served::kNone || s.num_rows == 0) continue;
+    building.push_back(id);
+    if (draft_->parallel()) rows_per_branch = std::max(rows_per_branch, s.num_draft_tokens + 1);
+  }
+  const size_t per_pass = std::max<size_t>(
+      1,
+      std::min<size_t>(kMaxBranchesPerPass,
+                       static_cast<size_t>(draft_->runner().max_sample_rows() / rows_per_branch)));
+  // The time budget: as many branches as the measured waves build within the verifier's
+  // measured window, evenly over the sequences (at most what each can use: f_max_ per
+  // acceptance length). Something is always built, even when not one wave fits: a draft
+  // model's passes still shorten a hit (partial hits resume), and the cost is measured again (a
+  // first wave that captured graphs must not stop the builds for good).
+  std::vector<int32_t> budget(building.size(), -1);
+  if (TimeBudgetReady() && !building.empty()) {
+    std::vector<int32_t> cap(building.size());
+    int32_t max_branches = 0, fixed = 0;
+    for (size_t i = 0; i < building.size(); ++i) {
+      const Seq& s = seqs_[building[i]];
+      const int32_t rows = std::min<int32_t>(s.num_rows, static_cast<int32_t>(s.drafts.size()) + 1);
+      cap[i] = rows * f_max_;
+      max_branches += cap[i];
+      fixed += std::min(cap[i], rows * FanOutOf(s));
+    }
+    // The window started about when our response went out.
+    const double spent = absl::ToDoubleSeconds(absl::Now() - last_response_);
+    // The floor: a draft model's wave runs a pass per draft and stops between them, so one wave
+    // of F's budget costs at most a pass past the window; a parallel draft's wave is one pass
+    // that cannot stop: one branch per sequence (the likeliest outcome) keeps it measured.
+    const int32_t floor = std::min(fixed, draft_->parallel() ? static_cast<int32_t>(building.size())
+                                                             : static_cast<int32_t>(per_pass));
+    const int32_t total =
+        std::max(BranchesWithin(wave_cost_, kWindowShare * window_seconds_ - spent,
+                                static_cast<int32_t>(per_pass), max_branches),
+                 floor);
+    budget = SplitBudget(total, cap);
+    stats_.budget_branches = total;
+  }
+  std::vector<std::vector<Branch>> waves;
+  for (size_t i = 0; i < building.size(); ++i) {
+    const uint64_t id = building[i];
+    Seq& s = seqs_[id];
     cache_.BeginRound(id, s.round);
     const int32_t K = s.num_draft_tokens;
-    const std::vector<int32_t> fan = FanOut(s);
+    const std::vector<int32_t> fan = FanOut(s, budget[i]);
     const int32_t max_k = std::min<int32_t>(s.num_rows - 1, static_cast<int32_t>(s.drafts.size()));
     for (int32_t k = 0; k <= max_k; ++k) {
       const int32_t f = fan[std::min(k, K)];
+      if (f == 0) continue;
       size_t rank = 0;
       for (int32_t t : CachedCandidates(CandidateRow(s, k), DraftAt(s, k), f)) {
         if (waves.size() <= rank) waves.resize(rank + 1);
@@ -462,8 +616,6 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   // order and within a rank by outcome likelihood (F_k), so a build cut short has the likeliest
   // outcomes.
   std::vector<std::vector<Branch>> passes;
-  const size_t per_pass = std::min<size_t>(kMaxBranchesPerPass,
-                                           static_cast<size_t>(draft_->runner().max_sample_rows()));
   for (std::vector<Branch>& rank : waves) {
     std::stable_sort(rank.begin(), rank.end(),
                      [](const Branch& a, const Branch& b) { return a.fan > b.fan; });
@@ -478,6 +630,12 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     // on alone as a partial hit. When verification is quicker than the first pass of a wave, as
     // for a tiny target, the cache stays empty and SSD falls back to plain speculation.
     if (stop && stop()) break;
+    const absl::Time wave_start = absl::Now();
+    bool stopped = false;  // the wave was cut short: its time is no sample of a wave's cost
+    auto wave_stop = [&] {
+      stopped = stopped || (stop && stop());
+      return stopped;
+    };
     inputs.clear();
     cache.clear();
     for (Branch& br : wave) {
@@ -490,7 +648,11 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       inputs.back().seed = Mix(s.seed, br.branch_id);
       cache.push_back(CacheOptionsFor(s));
     }
-    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, stop));
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, wave_stop));
+    if (!stopped) {
+      wave_cost_.Add(static_cast<double>(wave.size()),
+                     absl::ToDoubleSeconds(absl::Now() - wave_start));
+    }
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];
       Draft& d = proposed[j];

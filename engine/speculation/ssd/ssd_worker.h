@@ -61,7 +61,8 @@ struct SsdWorkerStats {
   int64_t hits_partial = 0;  // of hits: branches the build had not finished, resumed
   int64_t misses_primary = 0;
   int64_t misses_backup = 0;
-  int64_t branches = 0;  // cached speculations built
+  int64_t branches = 0;         // cached speculations built
+  int64_t budget_branches = 0;  // the last time-budgeted build's budget (0: fixed or none yet)
   // Seconds per stage of the round (SsdSpeculatorStage order), what the responses report.
   std::array<double, kNumSsdSpeculatorStages> stage_seconds{};
 };
@@ -72,6 +73,32 @@ struct TierSeconds {
   double primary = 0;  // a primary re-draft of the misses
   double backup = 0;   // a backup draft
 };
+
+// What one wave of the cache build (one batched Propose over its branches: K + 1 passes of a
+// draft model, one pass of a parallel draft) costs, in seconds, against its number of branches:
+// a least-squares line over the recent waves (each older one counts 0.9 as much as the next).
+// Before waves of two sizes were seen, a wave of n branches is predicted from the mean wave: in
+// proportion above the mean size, with half of its cost fixed below it. Once three waves are in,
+// a sample counts at most twice its prediction (one-off stalls).
+class WaveCostModel {
+ public:
+  void Add(double branches, double seconds);
+  // Predicted seconds of a wave of `branches`; 0 before any wave.
+  double Predict(double branches) const;
+  bool measured() const { return weight_ > 0; }
+
+ private:
+  double weight_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+};
+
+// The most branches whose waves (of at most per_wave each) the model predicts to build within
+// `window` seconds, at most max_branches; 0 when not even one fits.
+int32_t BranchesWithin(const WaveCostModel& model, double window, int32_t per_wave,
+                       int32_t max_branches);
+
+// Splits `total` branches evenly over sequences, each getting at most cap[i] (what is left
+// above a cap goes to the others; earlier sequences get the remainder of an uneven split).
+std::vector<int32_t> SplitBudget(int32_t total, std::span<const int32_t> cap);
 
 // b* from what the worker measured (saguaro.h CriticalBatchSize over 1..max_batch_size): p_hit
 // is the share of sequence-rounds served from the cache (stats: hits over hits and misses),
@@ -186,9 +213,13 @@ class SsdWorker {
   int32_t FanOutOf(const Seq& s) const;
   // Whether the sequence's drafts are drawn with Saguaro sampling (sampled, C in [0, 1)).
   static bool SaguaroSampled(const Seq& s);
-  // F_0..F_K for the sequence's cache: geometric (when configured) or F at every k; always F
-  // at every k under Saguaro sampling, whose one top-F set per row the cache must hold.
-  std::vector<int32_t> FanOut(const Seq& s) const;
+  // F_0..F_K for the sequence's cache of `budget` branches (< 0: the fixed (K + 1) * F):
+  // geometric (when configured) or even over k; always F at every k under Saguaro sampling,
+  // whose one top-F set per row the cache must hold.
+  std::vector<int32_t> FanOut(const Seq& s, int32_t budget = -1) const;
+  // Whether this round's cache is sized by the measured costs (SsdOptions::time_budget, an
+  // interruptible build, the window and the waves measured).
+  bool TimeBudgetReady() const;
   // The draft's candidates at position k + 1 ([f_max_], k < num_rows), and d_{k+1} there
   // (kNoDraftToken past the drafts sent).
   std::span<const int32_t> CandidateRow(const Seq& s, int32_t k) const;
@@ -210,6 +241,10 @@ class SsdWorker {
   TierSeconds seconds_;
   absl::Time last_response_ = absl::InfinitePast();
   double build_seconds_ = 0;  // the last BuildCache
+  // The time budget: the verifier's window (EMA of SpeculateRequest::window_ns, seconds) and
+  // what the build's waves cost.
+  double window_seconds_ = 0;
+  WaveCostModel wave_cost_;
   // Receive and reply time since the last response (ns), for the next response's timeline: the
   // messages read since, and the last response's send.
   uint64_t receive_ns_ = 0;

@@ -335,6 +335,102 @@ TEST(MeasuredCriticalBatchSizeTest, ABatchOfEightAtNinetyPercentHitsSwitchesToTh
   EXPECT_EQ(MeasuredCriticalBatchSize(stats, 0.8, 7, TierSeconds{}, 16), kNeverSwitch);
 }
 
+TEST(WaveCostModelTest, OneSizeScalesAndTwoSizesFitALine) {
+  WaveCostModel m;
+  EXPECT_FALSE(m.measured());
+  EXPECT_EQ(m.Predict(10), 0.0);
+  m.Add(10, 0.002);
+  m.Add(10, 0.002);
+  ASSERT_TRUE(m.measured());
+  EXPECT_DOUBLE_EQ(m.Predict(10), 0.002);
+  EXPECT_DOUBLE_EQ(m.Predict(5), 0.0015) << "half fixed below the one size seen";
+  EXPECT_DOUBLE_EQ(m.Predict(20), 0.004);
+  // Waves of 10 and 30 branches at 1 ms + 0.1 ms per branch: the line through them.
+  WaveCostModel line;
+  for (int i = 0; i < 4; ++i) {
+    line.Add(10, 0.002);
+    line.Add(30, 0.004);
+  }
+  EXPECT_NEAR(line.Predict(20), 0.003, 1e-9);
+  EXPECT_NEAR(line.Predict(50), 0.006, 1e-9);
+  // A one-off stall counts twice the prediction at most.
+  WaveCostModel stall = line;
+  stall.Add(30, 1.0);
+  EXPECT_LT(stall.Predict(30), 0.006);
+  // Newer waves count more: a wave that got dearer moves the estimate toward its cost.
+  for (int i = 0; i < 20; ++i) line.Add(30, 0.008);
+  EXPECT_GT(line.Predict(30), 0.007);
+}
+
+TEST(WaveCostModelTest, BranchesWithinFillsTheWindowWaveByWave) {
+  WaveCostModel m;
+  for (int i = 0; i < 4; ++i) {
+    m.Add(8, 0.0018);  // 1 ms + 0.1 ms per branch
+    m.Add(16, 0.0026);
+  }
+  // Waves of at most 16 branches at 2.6 ms: two fit in 5.25 ms, then what a third has room for.
+  EXPECT_EQ(BranchesWithin(m, 0.00525, 16, 1000), 32);
+  EXPECT_EQ(BranchesWithin(m, 0.00525 + 0.0015, 16, 1000), 32 + 5);
+  EXPECT_EQ(BranchesWithin(m, 0.00525 + 0.0015, 16, 20), 20) << "at most max_branches";
+  EXPECT_EQ(BranchesWithin(m, 0.0005, 16, 1000), 0) << "not one branch fits";
+  EXPECT_EQ(BranchesWithin(m, -1, 16, 1000), 0);
+}
+
+TEST(WaveCostModelTest, SplitBudgetIsEvenUpToEachCap) {
+  EXPECT_EQ(SplitBudget(10, std::vector<int32_t>{8, 8, 8}), (std::vector<int32_t>{4, 3, 3}));
+  EXPECT_EQ(SplitBudget(10, std::vector<int32_t>{1, 8, 8}), (std::vector<int32_t>{1, 5, 4}));
+  EXPECT_EQ(SplitBudget(30, std::vector<int32_t>{2, 3, 4}), (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(SplitBudget(2, std::vector<int32_t>{5, 5, 5}), (std::vector<int32_t>{1, 1, 0}));
+  EXPECT_EQ(SplitBudget(0, std::vector<int32_t>{5}), (std::vector<int32_t>{0}));
+}
+
+// With the time budget (the default), the cache is as large as the measured waves build within
+// the verifier's window (SpeculateRequest::window_ns): one wave of F's budget when not one wave
+// fits, more than F when the window is long. The first build, before any wave was measured, is
+// F's.
+TEST(SsdWorkerTest, TheTimeBudgetSizesTheCacheToTheVerifiersWindow) {
+  auto round = [](SsdWorker& w, uint64_t window_ns, bool first, int32_t bonus) {
+    SpeculateRequest req;
+    SpeculateResponse resp;
+    req.round_id = first ? 1 : 2;
+    req.window_ns = window_ns;
+    if (first) {
+      req.AddSeq(Seq(7, kSeqNew, 0), Prompt());
+    } else {
+      const std::vector<int32_t> outcome = {bonus};
+      req.AddSeq(Seq(7, 0, 0), outcome);
+    }
+    EXPECT_TRUE(w.Handle(req, &resp).ok());
+    EXPECT_TRUE(w.BuildCache().ok());
+    return resp.drafts.at(0).num_tokens > 0 ? TokensOf(resp, 0).at(0) : 0;
+  };
+  {
+    auto w = MakeWorker();
+    ASSERT_NE(w, nullptr);
+    const int32_t d = round(*w, 1, true, 0);
+    EXPECT_EQ(w->stats().branches, 15) << "F 3 at each of K + 1 = 5 acceptance lengths";
+    round(*w, 1, false, d + 1);
+    EXPECT_EQ(w->stats().budget_branches, 15) << "a 1 ns window holds no wave: F's, one wave";
+    EXPECT_EQ(w->stats().branches, 30);
+  }
+  {
+    auto w = MakeWorker();
+    ASSERT_NE(w, nullptr);
+    const int32_t d = round(*w, uint64_t{100} * 1000 * 1000 * 1000, true, 0);
+    EXPECT_EQ(w->stats().branches, 15);
+    round(*w, uint64_t{100} * 1000 * 1000 * 1000, false, d + 1);
+    EXPECT_EQ(w->stats().budget_branches, (kK + 1) * 16) << "every candidate it keeps";
+    EXPECT_GT(w->stats().branches - 15, 15) << "a long window builds more than F 3";
+  }
+  // "cache_budget": "fixed" ignores the window.
+  auto w = MakeWorker(R"(, "cache_budget": "fixed")");
+  ASSERT_NE(w, nullptr);
+  const int32_t d = round(*w, 1, true, 0);
+  round(*w, 1, false, d + 1);
+  EXPECT_EQ(w->stats().branches, 30);
+  EXPECT_EQ(w->stats().budget_branches, 0);
+}
+
 TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing) {
   auto w = MakeWorker(R"(, "critical_batch_size": 2, "backup": "ngram")");
   ASSERT_NE(w, nullptr);
