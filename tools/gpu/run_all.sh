@@ -372,6 +372,13 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --batches 1,4,16 --k 7 \
     --max-tokens 128 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 --ssd \
     --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3 --cache-budget fixed
+  # Qwen3-32B + Qwen3-0.6B shapes (issue 34's third target): plain, the draft model and SSD (the
+  # 0.6B draft model in the speculator) at K 4 and 7, batch 1 and 16.
+  run_step "ssd_replay_bench 32b" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/qwen3-32b" --draft "$DIR/models/shapes/qwen3-0.6b" \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+    --batches 1,16 --ks 4,7 --max-tokens 64 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 \
+    --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
   # Issue 34 point 1: the PARD-style Llama-3.2-1B-shaped parallel draft in the speculator (one
   # pass per round and per cache wave), beside plain decoding and in-process parallel drafting.
   run_step "ssd_parallel_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
@@ -481,7 +488,7 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   "verify_step 8b k=4 t=1" \
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
-  "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" \
+  "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" "ssd_replay_bench 32b" \
   "ssd_parallel_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
