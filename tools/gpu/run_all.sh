@@ -16,8 +16,9 @@
 #     choice over K 1-8 at batch 1, 4, 16, 64 (codepair; 8B / 1B at alpha 0.6 and 0.8);
 #     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8;
-#     the time budget and "fixed" F side by side; ssd_parallel_replay_bench: the parallel 1B
-#     draft in the speculator)
+#     the time budget and "fixed" F side by side; ssd_replay_bench 32b: Qwen3-32B + 0.6B shapes;
+#     ssd_parallel_replay_bench: the parallel 1B draft in the speculator; with three or more
+#     GPUs, ssd_tp_replay_bench: a TP 2 verifier and the speculator on a third GPU)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
 # The whole log goes to LOG_DIR/run_all.log (LOG_DIR: $OUT when set, so it comes back with the
@@ -386,6 +387,16 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --parallel --load-format dummy --random-prompts 128 --max-model-len 1024 \
     --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 --replay-alpha 0.8 \
     --replay-hit 0.9 --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
+  # Issue 34 point 4: a tensor-parallel verifier (TP 2 on GPUs 0-1, rank 0 talks to the
+  # speculator) and the speculator on a third GPU, beside plain decoding and draft-model
+  # speculation at TP 2; where three or more GPUs are visible.
+  if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 3 )); then
+    run_step "ssd_tp_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda \
+      --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+      --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+      --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 \
+      -tp 2 --ssd --specd "$WORK/bin/specd" --speculator-device cuda:2 --fan-out 3
+  fi
 else
   # One GPU: the same with the speculator process on the verifier's GPU (a functional run and a
   # look at the speculator's costs; the two processes time-share the GPU, so no SSD speedup).
@@ -489,7 +500,7 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
   "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" "ssd_replay_bench 32b" \
-  "ssd_parallel_replay_bench" "ssd_replay_bench (1 gpu)"; do
+  "ssd_parallel_replay_bench" "ssd_tp_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"
