@@ -13,8 +13,8 @@
 //     deliberately wrong acceptance rule (min(1, q/p)) verifying the same kind of cache hits,
 //     both fail the test by far;
 //   - the same with the parallel draft in the speculator (its hits' tokens follow the target).
-// About 110 s (and 55 s for the parallel draft) on 2 loaded cores. The specd binary path comes from
-// CMake (SPECD_BINARY).
+// About 110 s (and 80-110 s for the parallel draft) on 2 loaded cores. The specd binary path comes
+// from CMake (SPECD_BINARY).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -70,12 +70,14 @@ constexpr int32_t kMaxTokens = 7;
 constexpr int32_t kMaxNumSeqs = static_cast<int32_t>(kSsdMaxProbRows) / kK;
 
 // The same with the project's parallel draft (models/codepair/pard) in the speculator: its
-// rounds and its cache's branches are one forward pass each (issue 34 point 1).
+// rounds and its cache's branches are one forward pass each (issue 34 point 1). b* is fixed
+// above any batch: a measured one depends on this machine's timings (a loaded 2-core run once
+// sent 911 of 3600 misses to the backup tier), and with it the number of cache hits.
 const std::string kParallelSsdConfig =
     R"({"method": "ssd", "model": ")" + std::string(SPECD_SOURCE_DIR) +
     R"(/models/codepair/pard", "parallel": true, "num_speculative_tokens": 2, )"
     R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 1, "cache_build": "complete", )"
-    R"("speculator_timeout_ms": 60000})";
+    R"("critical_batch_size": 1024, "speculator_timeout_ms": 60000})";
 
 std::unique_ptr<Engine> MakeSsdEngine(std::shared_ptr<EngineObserver> observer,
                                       const std::string& config = kSsdConfig) {
@@ -238,7 +240,7 @@ int64_t LargestGroup(const HitRoundSample& s) {
 
 constexpr int kRuns = 2000;
 constexpr int kControlRuns = 600;
-constexpr int kParallelRuns = 1200;
+constexpr int kParallelRuns = 1600;
 
 TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedDraftsFollowTheTarget) {
   auto observer = std::make_shared<SsdObserver>();
@@ -315,8 +317,9 @@ TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedParallelDraftsFollowTheTar
   std::printf(
       "[ SSD cache hits, parallel draft, vs target ] statistic %.2f, critical %.2f, dof %d\n",
       target.statistic, target.critical, target.dof);
-  EXPECT_GE(target.dof, 4) << "the token under test must be uncertain";
-  EXPECT_LT(target.statistic, target.critical);  // measured: 7.41 against 22.68, dof 6
+  // Measured: dof 6 at 2000 requests, 5 at 1200 (groups with too few draws are left out).
+  EXPECT_GE(target.dof, 3) << "the token under test must be uncertain";
+  EXPECT_LT(target.statistic, target.critical);  // measured: 7.41 against 22.68, 2.48 against 20.75
 }
 
 // Negative control over the same pipeline: verification with the deliberately wrong acceptance

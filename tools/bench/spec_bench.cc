@@ -129,6 +129,15 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     const int64_t told = hits + after.drafts_miss_primary - before.drafts_miss_primary +
                          after.drafts_miss_backup - before.drafts_miss_backup;
     if (told > 0) run.hit_rate = static_cast<double>(hits) / told;
+    run.misses_primary = after.drafts_miss_primary - before.drafts_miss_primary;
+    run.misses_backup = after.drafts_miss_backup - before.drafts_miss_backup;
+    run.drafts_none = after.drafts_none - before.drafts_none;
+    run.local_rounds = after.local_rounds - before.local_rounds;
+    if (batch_run.seconds > 0) {
+      run.round_share =
+          (after.timeline.verifier_round_seconds - before.timeline.verifier_round_seconds) /
+          batch_run.seconds;
+    }
     const int64_t remote = after.rounds - before.rounds;
     if (remote > 0) {
       run.wait_ms = 1e3 * (after.wait_seconds - before.wait_seconds) / remote;

@@ -31,6 +31,10 @@ struct Run {
   double busy_ms = 0;        // SSD: speculator compute (answer + cache build), per round
   double cache_ms = 0;       // SSD: ... of which cache construction, per round
   std::string ssd_timeline;  // SSD: the round's stages on both sides (SsdTimelineLine)
+  // SSD: what else the rounds held, and how much of the run's wall time the timed rounds cover
+  // (the rest: prefill steps, steps without the speculator).
+  int64_t misses_primary = 0, misses_backup = 0, drafts_none = 0, local_rounds = 0;
+  double round_share = -1;
   // Per speculative step (one verification round of every speculating request; the engine's
   // timers): the speculators' Propose calls, the verification pass, and the rest of the step.
   double step_draft_ms = 0, step_verify_ms = 0, step_rest_ms = 0;
@@ -116,12 +120,16 @@ inline void PrintPlainRow(int batch, double tokens_per_s) {
 }
 
 inline void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
-  char hits[160] = "";
+  char hits[320] = "";
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
-                  "  (cache hits %.1f%%; per round: verifier waits %.3f ms, speculator answers "
-                  "in %.3f ms and builds the cache in %.3f ms)",
-                  100 * r.hit_rate, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms);
+                  "  (cache hits %.1f%%; misses %lld primary, %lld backup; %lld none, %lld local "
+                  "rounds; timed rounds %.0f%% of the run; per round: verifier waits %.3f ms, "
+                  "speculator answers in %.3f ms and builds the cache in %.3f ms)",
+                  100 * r.hit_rate, static_cast<long long>(r.misses_primary),
+                  static_cast<long long>(r.misses_backup), static_cast<long long>(r.drafts_none),
+                  static_cast<long long>(r.local_rounds), 100 * r.round_share, r.wait_ms,
+                  r.busy_ms - r.cache_ms, r.cache_ms);
   }
   char equal[128] = "";
   if (r.equal >= 0) {
