@@ -311,11 +311,14 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   response->Clear();
   response->round_id = request.round_id;
   if (request.window_ns > 0) {
-    // One long pause of the verifier (no requests for a while) must not inflate the window:
-    // a sample counts at most twice the current estimate.
-    double w = request.window_ns * 1e-9;
-    if (window_seconds_ > 0) w = std::min(w, 2 * window_seconds_);
-    Ema(&window_seconds_, w);
+    // A pause of the verifier (between requests, a prefill step) is no verification window: a
+    // sample over twice the current estimate is left out, unless the estimate is stale (eight
+    // such samples in a row: the rounds really got longer).
+    const double w = request.window_ns * 1e-9;
+    if (window_seconds_ <= 0 || w <= 2 * window_seconds_ || ++window_outliers_ >= 8) {
+      Ema(&window_seconds_, w);
+      window_outliers_ = 0;
+    }
   }
   ++stats_.rounds;
   const int32_t batch = static_cast<int32_t>(request.seqs.size());
@@ -430,6 +433,7 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
     round.primary_cache.push_back(CacheOptionsFor(s));
     round.primary_of.push_back(i);
     round.any_miss = true;
+    round.any_new = round.any_new || (m.flags & kSeqNew) != 0;
     ++stats_.misses_primary;
   }
   return absl::OkStatus();
@@ -456,7 +460,15 @@ absl::Status SsdWorker::DraftMisses(Round& round) {
                         proposed[j].candidates.end());
   }
   // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
-  if (round.any_miss) Ema(&seconds_.primary, absl::ToDoubleSeconds(absl::Now() - t));
+  // A new sequence's first drafts include its prompt's prefill, which no later miss pays: such
+  // a pass is no sample either (every request starts with one, so it would dominate the
+  // average at high hit rates and send later misses to the backup, which drafts nothing on
+  // unfamiliar text). A one-off stall counts at most twice the average.
+  if (round.any_miss && !round.any_new) {
+    double sample = absl::ToDoubleSeconds(absl::Now() - t);
+    if (seconds_.primary > 0) sample = std::min(sample, 2 * seconds_.primary);
+    Ema(&seconds_.primary, sample);
+  }
   return absl::OkStatus();
 }
 

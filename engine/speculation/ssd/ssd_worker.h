@@ -181,6 +181,7 @@ class SsdWorker {
     std::vector<std::vector<int32_t>> resume_tokens;
     std::vector<Draft> partial;
     bool any_miss = false;  // a full re-draft is in the primary's pass (b* times it)
+    bool any_new = false;   // ... of a new sequence (its prompt's prefill: not timed for b*)
   };
 
   SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
@@ -244,6 +245,7 @@ class SsdWorker {
   // The time budget: the verifier's window (EMA of SpeculateRequest::window_ns, seconds) and
   // what the build's waves cost.
   double window_seconds_ = 0;
+  int32_t window_outliers_ = 0;  // window samples left out in a row
   WaveCostModel wave_cost_;
   // Receive and reply time since the last response (ns), for the next response's timeline: the
   // messages read since, and the last response's send.
