@@ -357,6 +357,13 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
         --speculator-device cuda:1 --fan-out 3 --cache-build "$build"
     done
   done
+  # Temperature 1 with Saguaro sampling, C swept (issue 34): codepair real acceptance, K 4, the
+  # speculator's hit rate and tokens per round against greedy (ssd_bench k=4 above).
+  for c in 0 0.25 0.5 1; do
+    run_step "ssd_saguaro_bench c=$c" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+      --batches 1,16 --k 4 --max-tokens 128 --temperature 1 --saguaro-c "$c" --ssd \
+      --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
+  done
   # Controlled acceptance (issue 6 (b)): Llama-3.1-8B-shaped target and Llama-3.2-1B-shaped draft
   # with random weights; the drafts replay the target's recorded greedy output with alpha 0.8
   # (the draft still runs every pass); K 7, fan-out 3; plain, draft model and SSD side by side.
