@@ -14,16 +14,22 @@
 //     both fail the test by far;
 //   - the same with the parallel draft in the speculator (its hits' tokens follow the target).
 // About 110 s (and 80-110 s for the parallel draft) on 2 loaded cores. The specd binary path comes
-// from CMake (SPECD_BINARY).
+// from CMake (SPECD_BINARY), or $SPECD_BINARY where set.
+// On a GPU machine, SPECD_SSD_TEST_DEVICE (the verifier's, e.g. cuda:0) and
+// SPECD_SSD_TEST_SPECULATOR_DEVICE (e.g. cuda:1) run the same tests there: the speculator then
+// draws its sampled drafts on its device, candidates and Saguaro down-weighting included
+// (tools/gpu/run_all.sh step ssd_cache_sampling_cuda).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
 #include "engine/engine.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "engine/testing/engine_spec_logits_test_util.h"
@@ -35,6 +41,12 @@ namespace specd {
 namespace {
 
 using namespace speculation_test;  // NOLINT: the shared fixtures of engine_spec_test_util.h
+
+// $name, or `fallback` when unset or empty.
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
 
 constexpr int32_t kK = 2;
 // Every round waits for the whole cache ("complete"), so hits do not depend on how fast this
@@ -74,16 +86,23 @@ constexpr int32_t kMaxNumSeqs = static_cast<int32_t>(kSsdMaxProbRows) / kK;
 // above any batch: a measured one depends on this machine's timings (a loaded 2-core run once
 // sent 911 of 3600 misses to the backup tier), and with it the number of cache hits.
 const std::string kParallelSsdConfig =
-    R"({"method": "ssd", "model": ")" + std::string(SPECD_SOURCE_DIR) +
+    R"({"method": "ssd", "model": ")" + EnvOr("SPECD_SOURCE_DIR", SPECD_SOURCE_DIR) +
     R"(/models/codepair/pard", "parallel": true, "num_speculative_tokens": 2, )"
     R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 1, "cache_build": "complete", )"
     R"("critical_batch_size": 1024, "speculator_timeout_ms": 60000})";
 
 std::unique_ptr<Engine> MakeSsdEngine(std::shared_ptr<EngineObserver> observer,
-                                      const std::string& config = kSsdConfig) {
+                                      std::string config = kSsdConfig) {
+  // The binary and the devices from the environment (the GPU run packs the binary elsewhere).
+  const std::string binary = EnvOr("SPECD_BINARY", SPECD_BINARY);
+  if (binary != SPECD_BINARY) config = absl::StrReplaceAll(config, {{SPECD_BINARY, binary}});
+  const std::string speculator_device = EnvOr("SPECD_SSD_TEST_SPECULATOR_DEVICE", "");
+  if (!speculator_device.empty()) {
+    config.insert(config.size() - 1, R"(, "speculator_device": ")" + speculator_device + "\"");
+  }
   EngineOptions o;
   o.model_dir = kTarget;
-  o.device = "cpu";
+  o.device = EnvOr("SPECD_SSD_TEST_DEVICE", "cpu");
   o.num_threads = 2;
   o.max_model_len = 1024;
   o.max_num_seqs = kMaxNumSeqs;

@@ -58,6 +58,10 @@ absl::Status CpuRunner::CheckSampling(std::span<const SampleRow> rows) const {
       return absl::InvalidArgumentError(absl::StrCat(
           "Step: ", row.num_candidates, " candidates; at most ", kMaxSampleCandidates));
     }
+    if (row.saguaro_fan_out != 0) {  // kDraft only, which needs device speculation
+      return absl::InvalidArgumentError(
+          "Step: Saguaro sampling in a row needs a runner with device speculation");
+    }
     if (!row.pending.empty()) {  // the CPU Sampler sees the history only
       return absl::InvalidArgumentError(
           "Step: pending tokens need a runner with device speculation");

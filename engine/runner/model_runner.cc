@@ -283,6 +283,11 @@ absl::Status ModelRunner::ReserveProbSlots(int32_t) {
 
 const float* ModelRunner::prob_slot(int32_t) const { return nullptr; }
 
+absl::Status ModelRunner::ReadProbSlots(int32_t, int32_t, std::span<float>) const {
+  return absl::UnimplementedError(
+      absl::StrCat("ReadProbSlots: ", device_name(), " keeps no probabilities on a device"));
+}
+
 absl::Status ModelRunner::Unsupported(StepKind kind) const {
   switch (kind) {
     case StepKind::kSampledVerify:

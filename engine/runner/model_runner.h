@@ -171,6 +171,11 @@ class ModelRunner {
   virtual absl::Status ReserveProbSlots(int32_t n);
   // Device pointer of slot `slot` (rows slot, slot + 1, ... follow it); nullptr when none.
   virtual const float* prob_slot(int32_t slot) const;
+  // Copies slots [first, first + n) to `out` ([n, vocab] f32, host), after every pass queued
+  // before: the q rows a caller keeps past the next StepDraft (SSD's speculation cache).
+  // InvalidArgument for slots outside the reserved ones or a short `out`; Unimplemented where
+  // no slots exist.
+  virtual absl::Status ReadProbSlots(int32_t first, int32_t n, std::span<float> out) const;
 
   // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
   // the verify calls take chunks with a tree, and MoveKv works.

@@ -36,8 +36,16 @@ struct SampleRow {
   std::span<const int32_t> pending = {};
   // The ids of the row's num_candidates largest raw logits (before penalties and bans), best
   // first, ties to the lower id, in SampleResult::candidates (SSD's cache candidates; on a GPU
-  // only the ids come back). At most kMaxSampleCandidates.
+  // only the ids come back). At most kMaxSampleCandidates. kDraft rows rank by the processed
+  // probability instead: the row the draft is drawn from, before Saguaro down-weighting.
   int32_t num_candidates = 0;
+  // kDraft rows (SSD's cache on a runner that samples speculation on the device): Saguaro
+  // sampling. The draft is drawn from the processed row with its saguaro_fan_out most probable
+  // ids (ties to the lower id) down-weighted by saguaro_c (kernels::SaguaroDownweightRows), and
+  // that row is the q its slot keeps. 0, or C NaN / >= 1: plain. At most kMaxSampleCandidates;
+  // other kinds refuse rows with saguaro_fan_out > 0.
+  int32_t saguaro_fan_out = 0;
+  float saguaro_c = 1.0f;
   // Tensor parallelism: set on a worker rank's copy of a row whose rank-0 original needs its
   // whole row of logits (VocabMergeK), so that every rank merges the vocabulary shards alike.
   bool full_logits = false;

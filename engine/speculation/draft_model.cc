@@ -37,6 +37,23 @@ void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft) {
   draft.candidates.insert(draft.candidates.end(), top.begin(), top.end());
 }
 
+// Whether `cache` asks for Saguaro sampling (applied to sampled drafts only).
+bool SaguaroSampling(const DraftModelSpeculator::CacheDraftOptions& cache) {
+  return cache.saguaro_fan_out > 0 && cache.saguaro_c >= 0.0f && cache.saguaro_c < 1.0f;
+}
+
+// A device draw's share of SSD's cache options (sampled drafts only; greedy rows rank their raw
+// logits elsewhere): candidates from the processed row and Saguaro sampling.
+void SetCacheRow(const DraftInput& in, const DraftModelSpeculator::CacheDraftOptions& cache,
+                 SampleRow& row) {
+  if (in.params->greedy()) return;
+  row.num_candidates = cache.num_candidates;
+  if (SaguaroSampling(cache)) {
+    row.saguaro_fan_out = cache.saguaro_fan_out;
+    row.saguaro_c = cache.saguaro_c;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> DraftModelSpeculator::Create(
@@ -259,7 +276,7 @@ void DraftModelSpeculator::DrawDraft(const DraftInput& in, const CacheDraftOptio
     return;
   }
   if (cache.num_candidates > 0) AppendCandidates(TopF(probs_, cache.num_candidates), -1, draft);
-  if (cache.saguaro_fan_out > 0 && cache.saguaro_c >= 0.0f && cache.saguaro_c < 1.0f) {
+  if (SaguaroSampling(cache)) {
     // Saguaro sampling: draw from the row with its top-F ids down-weighted by C, and hand that
     // row on as q (verification with the drawn-from row keeps the output the target's).
     SaguaroDownweight(probs_, TopF(probs_, cache.saguaro_fan_out), cache.saguaro_c);
@@ -308,7 +325,8 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
     if (Prepare(in, *state, num_drafts, &a)) active_.push_back(std::move(a));
   }
   if (parallel()) {
-    device_round_ = false;  // q rows come back with the logits
+    device_round_ = false;  // the drafts are drawn pass by pass (RunParallelPass)
+    parallel_slots_ = PlanParallelSlots(inputs);
     while (!active_.empty()) {
       if (stop && stop()) {
         active_.clear();
@@ -316,23 +334,45 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
       }
       SPECD_RETURN_IF_ERROR(RunParallelPass(inputs, drafts));
     }
-    return absl::OkStatus();
-  }
-  device_round_ = PlanDeviceRound(inputs);
-  while (!active_.empty()) {
-    if (stop && stop()) {
-      active_.clear();
-      break;
+  } else {
+    device_round_ = PlanDeviceRound(inputs);
+    while (!active_.empty()) {
+      if (stop && stop()) {
+        active_.clear();
+        break;
+      }
+      SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
     }
-    SPECD_RETURN_IF_ERROR(RunPass(inputs, drafts));
-  }
-  if (device_round_) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      Draft& d = (*drafts)[i];
-      if (slot_base_[i] >= 0 && !d.tokens.empty() && !inputs[i].params->greedy()) {
-        d.device_probs = runner_->prob_slot(slot_base_[i]);
+    if (device_round_) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        Draft& d = (*drafts)[i];
+        if (slot_base_[i] >= 0 && !d.tokens.empty() && !inputs[i].params->greedy()) {
+          d.device_probs = runner_->prob_slot(slot_base_[i]);
+        }
       }
     }
+  }
+  // SSD's cache keeps drafts past the next Propose, which reuses the slots: their q rows go to
+  // the host, in one copy.
+  return cache.empty() ? absl::OkStatus() : ProbsToHost(*drafts);
+}
+
+absl::Status DraftModelSpeculator::ProbsToHost(std::vector<Draft>& drafts) {
+  int32_t end = 0;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (drafts[i].device_probs == nullptr) continue;
+    end = std::max(end, slot_base_[i] + static_cast<int32_t>(drafts[i].tokens.size()));
+  }
+  if (end == 0) return absl::OkStatus();
+  const auto vocab = static_cast<size_t>(runner_->config().vocab_size);
+  host_probs_.resize(static_cast<size_t>(end) * vocab);
+  SPECD_RETURN_IF_ERROR(runner_->ReadProbSlots(0, end, host_probs_));
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    Draft& d = drafts[i];
+    if (d.device_probs == nullptr) continue;
+    const auto first = host_probs_.begin() + static_cast<std::ptrdiff_t>(slot_base_[i] * vocab);
+    d.probs.assign(first, first + static_cast<std::ptrdiff_t>(d.tokens.size() * vocab));
+    d.device_probs = nullptr;
   }
   return absl::OkStatus();
 }
@@ -341,10 +381,15 @@ bool DraftModelSpeculator::PlanDeviceRound(std::span<const DraftInput> inputs) {
   if (!runner_->SamplesSpeculationOnDevice()) return false;
   bool sampled = false;
   for (const Active& a : active_) {
-    if (a.cache.num_candidates > 0 || (a.cache.saguaro_fan_out > 0 && a.cache.saguaro_c >= 0.0f)) {
+    const bool greedy = inputs[a.input].params->greedy();
+    // A greedy row's candidates rank its raw logits (the runner's Step, or the host), which a
+    // device draw does not see; sampled rows' rank the processed row, as the device does.
+    if (greedy && a.cache.num_candidates > 0) return false;
+    if (a.cache.num_candidates > kMaxSampleCandidates ||
+        (SaguaroSampling(a.cache) && a.cache.saguaro_fan_out > kMaxSampleCandidates)) {
       return false;
     }
-    sampled = sampled || !inputs[a.input].params->greedy();
+    sampled = sampled || !greedy;
   }
   if (!sampled) return false;
   slot_base_.assign(inputs.size(), -1);
@@ -358,6 +403,33 @@ bool DraftModelSpeculator::PlanDeviceRound(std::span<const DraftInput> inputs) {
     return false;
   }
   return true;
+}
+
+int32_t DraftModelSpeculator::PlanParallelSlots(std::span<const DraftInput> inputs) {
+  slot_base_.assign(inputs.size(), -1);
+  if (!runner_->SamplesSpeculationOnDevice()) return 0;
+  bool sampled = false, cache = false;
+  for (const Active& a : active_) {
+    sampled = sampled || !inputs[a.input].params->greedy();
+    cache = cache || a.cache.num_candidates > 0 || a.cache.saguaro_fan_out > 0;
+  }
+  if (cache && !sampled) return 0;  // greedy cache branches: the runner's Step ranks them
+  // Every sequence's rows get their own slots for the whole Propose: a later pass (after a long
+  // catch-up) must not overwrite the q rows of an earlier one.
+  const auto max_rows = static_cast<int32_t>(runner_->max_sample_rows());
+  int32_t num_slots = 0;
+  for (const Active& a : active_) {
+    slot_base_[a.input] = num_slots;
+    num_slots +=
+        std::min({a.num_wanted, max_tokens_per_forward_, max_rows});  // RunParallelPass's cap
+  }
+  if (num_slots == 0) return 0;
+  if (absl::Status s = runner_->ReserveProbSlots(num_slots); !s.ok()) {
+    SPECD_LOG_WARN("draft model: {}; drafting this round on the host", s.ToString());
+    slot_base_.assign(inputs.size(), -1);
+    return 0;
+  }
+  return num_slots;
 }
 
 absl::Status DraftModelSpeculator::DevicePass(std::span<const DraftInput> inputs,
@@ -383,6 +455,7 @@ absl::Status DraftModelSpeculator::DevicePass(std::span<const DraftInput> inputs
     if (j < in.num_banned_positions) row.banned = in.banned;
     row.seed = in.seed;
     row.num_generated = in.num_generated + j;
+    SetCacheRow(in, a.cache, row);
     a.row = static_cast<int32_t>(rows_.size());
     rows_.push_back(row);
     slots_.push_back(slot_base_[a.input] + j);
@@ -470,6 +543,9 @@ absl::Status DraftModelSpeculator::RunPass(std::span<const DraftInput> inputs,
         Draft& draft = (*drafts)[a.input];
         const auto row = static_cast<size_t>(a.row);
         if (drawn && !inputs[a.input].params->greedy()) {  // a device round's sampled draw
+          if (a.cache.num_candidates > 0) {
+            AppendCandidates(std::move(drawn_[row].candidates), -1, draft);
+          }
           draft.tokens.push_back(drawn_[row].id);
         } else if (drawn) {
           AppendGreedyDraft(inputs[a.input], a.cache, drawn_[row].id,
@@ -525,35 +601,39 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     batch_.push_back(s);
   }
   // On a device that samples (the CUDA runner), the finishing chunks' K rows are drawn there
-  // (StepDraft: q stays in the probability slots) and only ids come back, unless a row has
-  // penalties (draft j's would count drafts 0..j-1, drawn in the same pass). SSD's cache passes
-  // (candidates per row) whose rows are all greedy rank and draw them with the runner's Step
-  // (ids and candidates come back); sampled ones with candidates or Saguaro sampling draw on
-  // the host, where DrawDraft gives both.
-  bool device = runner_->SamplesSpeculationOnDevice();
-  bool ranked = true;  // every finishing row greedy, unbanned, candidates the runner can rank
+  // (StepDraft: q stays in the probability slots PlanParallelSlots reserved) and only ids come
+  // back, unless a row has penalties (draft j's would count drafts 0..j-1, drawn in the same
+  // pass). SSD's cache passes (candidates per row) whose rows are all greedy rank and draw them
+  // with the runner's Step (ids and candidates come back); all sampled, with StepDraft, which
+  // ranks the processed rows and applies Saguaro sampling there; a mix draws on the host, where
+  // DrawDraft gives both.
+  bool device = parallel_slots_ > 0;  // PlanParallelSlots reserved every sequence's slots
+  bool ranked = true;   // every finishing row greedy, unbanned, candidates the runner can rank
+  bool sampled = true;  // every finishing row sampled (its candidates rank the processed row)
   bool any_cache = false;
   int32_t num_slots = 0;
   for (const Active& a : active_) {
     if (a.num_running == 0 || a.row < 0) continue;
     const DraftInput& in = inputs[a.input];
-    device = device && !in.params->has_penalties();
+    device = device && !in.params->has_penalties() && slot_base_[a.input] >= 0;
     const bool wants = a.cache.num_candidates > 0 || a.cache.saguaro_fan_out > 0;
     any_cache = any_cache || wants;
     ranked = ranked && in.params->greedy() && in.num_banned_positions == 0 &&
              a.cache.num_candidates <= kMaxSampleCandidates;
+    sampled = sampled && !in.params->greedy() && a.cache.num_candidates <= kMaxSampleCandidates &&
+              a.cache.saguaro_fan_out <= kMaxSampleCandidates;
     num_slots += a.num_wanted;
   }
   const bool step = any_cache && ranked && num_slots > 0;
-  // (More rows than the draft runner draws at once, a request's K above the server's: the host.)
-  device = !any_cache && device && num_slots > 0 && num_slots <= runner_->max_sample_rows() &&
-           runner_->ReserveProbSlots(num_slots).ok();
+  // (More rows than the draft runner draws at once, a request's K above the server's, greedy and
+  // sampled rows with candidates in one pass: the host.)
+  device = !step && (!any_cache || sampled) && device && num_slots > 0 &&
+           num_slots <= runner_->max_sample_rows();
   absl::Status status;
   if (step || device) {
     // Every finishing chunk's rows: draft j from the row of the context's last token + j.
     rows_.clear();
     slots_.clear();
-    slot_base_.assign(inputs.size(), -1);
     int32_t chunk = 0;
     for (Active& a : active_) {
       if (a.num_running == 0) continue;
@@ -563,7 +643,6 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
       const DraftInput& in = inputs[a.input];
       if (a.state->sampler == nullptr) a.state->sampler = std::make_unique<Sampler>(*in.params, 0);
       a.row = static_cast<int32_t>(rows_.size());
-      slot_base_[a.input] = static_cast<int32_t>(slots_.size());
       for (int32_t j = 0; j < a.num_wanted; ++j) {
         SampleRow row;
         row.chunk = c;
@@ -574,9 +653,13 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
         if (j < in.num_banned_positions) row.banned = in.banned;
         row.seed = in.seed;
         row.num_generated = in.num_generated + j;
-        row.num_candidates = step ? a.cache.num_candidates : 0;
+        if (step) {
+          row.num_candidates = a.cache.num_candidates;
+        } else {
+          SetCacheRow(in, a.cache, row);
+        }
         rows_.push_back(row);
-        slots_.push_back(static_cast<int32_t>(slots_.size()));
+        if (device) slots_.push_back(slot_base_[a.input] + j);
       }
     }
     status = step ? runner_->Step(batch_, rows_, &drawn_)
@@ -620,9 +703,13 @@ absl::Status DraftModelSpeculator::RunParallelPass(std::span<const DraftInput> i
     }
     if (device) {
       for (int32_t j = 0; j < a.num_wanted; ++j) {
-        int32_t token = drawn_[a.row + j].id;
+        SampleResult& r = drawn_[static_cast<size_t>(a.row + j)];
+        int32_t token = r.id;
         if (in.params->greedy() && replay_ != nullptr) {
           token = replay_->Draft(in.tokens, draft.tokens, token);
+        }
+        if (!in.params->greedy() && a.cache.num_candidates > 0) {
+          AppendCandidates(std::move(r.candidates), -1, draft);
         }
         draft.tokens.push_back(token);
       }

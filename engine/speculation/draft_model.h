@@ -20,8 +20,11 @@
 // chain of the tree's depth.
 // For SSD's speculation cache (engine/speculation/ssd/ssd_worker.h) it also forks sequences without
 // copying KV (shared blocks, reference counted), reports the top candidates at each drafted
-// position (greedy rows: ranked by the runner, SampleRow::num_candidates; sampled rows: from
-// their processed row on the host), and draws sampled drafts with Saguaro sampling.
+// position (greedy rows: their raw logits ranked by the runner's Step; sampled rows: their
+// processed row, ranked where it is drawn), and draws sampled drafts with Saguaro sampling. On a
+// runner that samples speculation on the device, sampled rows are drawn there, candidates and
+// Saguaro down-weighting included (StepDraft), and only their q rows come to the host, in one
+// copy per Propose (the cache keeps them past the next one); elsewhere they are drawn on the host.
 #pragma once
 
 #include <array>
@@ -118,8 +121,9 @@ class DraftModelSpeculator : public Speculator {
   // the context's last token + j, drawn as in sequential drafting (so q rows and penalties over
   // the earlier drafts are the same). The masks' KV is never kept: kv_tokens stops before them
   // and the next round overwrites their slots. SSD's cache (Propose with `cache`) drafts its
-  // branches this way too: candidates per row (ranked by the runner's Step for greedy rows, on the
-  // host for sampled ones) and Saguaro sampling as in sequential drafting. `mask_token` < 0: off.
+  // branches this way too: candidates per row (ranked by the runner's Step for greedy rows, where
+  // they are drawn for sampled ones) and Saguaro sampling as in sequential drafting.
+  // `mask_token` < 0: off.
   void set_parallel(int32_t mask_token) { parallel_mask_ = mask_token; }
   // The mask token of a parallel draft in folder `dir`: `pard_token` in its config.json, as
   // vLLM reads it (or `ptd_token_id`); InvalidArgument when it names none or one outside
@@ -190,8 +194,15 @@ class DraftModelSpeculator : public Speculator {
   // token budget (its drafts are drawn then); longer catch-ups run first without masks.
   absl::Status RunParallelPass(std::span<const DraftInput> inputs, std::vector<Draft>* drafts);
   // Whether this round drafts on the device: the runner keeps probabilities on a GPU, some input
-  // samples, and none wants candidates or Saguaro sampling; then reserves the slots.
+  // samples, and no greedy input wants candidates (those rank raw logits); then reserves the
+  // slots. Sampled inputs get their candidates and Saguaro sampling from the device draw.
   bool PlanDeviceRound(std::span<const DraftInput> inputs);
+  // Parallel drafting's slots for a whole Propose (slot_base_ per active input, reserved once):
+  // the number reserved, 0 when its passes draw on the host or through the runner's Step.
+  int32_t PlanParallelSlots(std::span<const DraftInput> inputs);
+  // SSD's cache: the drafts' q rows left in the slots (device_probs) copied into Draft::probs,
+  // one copy for all.
+  absl::Status ProbsToHost(std::vector<Draft>& drafts);
   // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
   // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
   bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
@@ -234,10 +245,13 @@ class DraftModelSpeculator : public Speculator {
   std::vector<float> probs_;         // [vocab] scratch
   std::vector<SampleRow> rows_;      // scratch: greedy passes
   std::vector<SampleResult> drawn_;  // scratch: greedy passes
-  // Device rounds (PlanDeviceRound): the first probability slot of each input (-1: none).
+  // Device rounds (PlanDeviceRound, PlanParallelSlots): the first probability slot of each input
+  // (-1: none).
   bool device_round_ = false;
   std::vector<int32_t> slot_base_;
-  std::vector<int32_t> slots_;  // scratch: the pass's slots
+  std::vector<int32_t> slots_;     // scratch: the pass's slots
+  int32_t parallel_slots_ = 0;     // PlanParallelSlots' reservation for this Propose
+  std::vector<float> host_probs_;  // scratch: ProbsToHost
   // ProposeTrees' sequences: the tree growing, and the draft KV's tree region (the root, the
   // context's last token, at slot context - 1, then each node run, in order): parents over the
   // region and each builder node's region index (-1: not run).

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -25,7 +26,12 @@
 
 namespace specd::speculation_test {
 
-inline const std::string kModels = std::string(SPECD_SHARED_DIR) + "/models";
+// $SPECD_SHARED_DIR where set (a packed test run on the GPU machine), else the build's.
+inline const std::string kModels =
+    std::string(std::getenv("SPECD_SHARED_DIR") != nullptr && *std::getenv("SPECD_SHARED_DIR")
+                    ? std::getenv("SPECD_SHARED_DIR")
+                    : SPECD_SHARED_DIR) +
+    "/models";
 inline const std::string kTarget = kModels + "/codepair/target";
 inline const std::string kDraft = kModels + "/codepair/draft";
 inline constexpr int32_t kLen = 32;  // tokens generated per prompt

@@ -1,15 +1,18 @@
 // Sampling ops of the table: "argmax", "top_k_rows", "log_softmax_at", "penalties", "sample",
-// "processed_probs" and "scatter_rows", against kernels/ref/sampling.h. Ids and copies are compared
-// exactly. "sample" draws with the same Philox uniforms as the reference (checked bit for bit as
-// the "uniforms" output), so its ids must equal the reference's except where the fp32 kernel and
-// the fp64 reference may legitimately round differently: a draw within kCdfEps of a CDF boundary
-// (the kernel's token must then be a kept neighbour whose interval lies that close), or a filter
-// decision within kFilterMargin of its threshold. Such rows are counted as "baseline" (tolerated)
-// mismatches; any other mismatch fails. "processed_probs" is judged the same way: a row with a
-// filter decision within kFilterMargin of its threshold is tolerated; elsewhere greedy rows must
-// match exactly, the reference's zeros must be exact zeros and every probability must lie within
-// kProbTolerance of the fp64 one.
+// "processed_probs", "scatter_rows" and "saguaro_downweight", against kernels/ref/sampling.h. Ids
+// and copies are compared exactly. "sample" draws with the same Philox uniforms as the reference
+// (checked bit for bit as the "uniforms" output), so its ids must equal the reference's except
+// where the fp32 kernel and the fp64 reference may legitimately round differently: a draw within
+// kCdfEps of a CDF boundary (the kernel's token must then be a kept neighbour whose interval lies
+// that close), or a filter decision within kFilterMargin of its threshold. Such rows are counted as
+// "baseline" (tolerated) mismatches; any other mismatch fails. "processed_probs" is judged the same
+// way: a row with a filter decision within kFilterMargin of its threshold is tolerated; elsewhere
+// greedy rows must match exactly, the reference's zeros must be exact zeros and every probability
+// must lie within kProbTolerance of the fp64 one. "saguaro_downweight" (fp64 sums in another order
+// than the reference's) must give every entry within kProbTolerance of it, and the rows it leaves
+// alone bit for bit.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -612,6 +615,99 @@ class ScatterRowsCase : public OpCase {
   DeviceBuffer dst_;       // [2 * num_rows + 1, vocab + out_pad] f32
 };
 
+// Rows of probabilities (random weights normalised, about a third of them zero) down-weighted at
+// their k best ids (ref::TopKRows, some rows with a repeated or out-of-range id), the rows cycling
+// through fan-outs {k, 1, 0, k} and C {0.5, 0, 1, 0.25, NaN, -1}; every seventh row puts all its
+// mass on its cached ids (with C 0 it must stay unchanged), the last row is all zeros.
+class SaguaroDownweightCase : public OpCase {
+ public:
+  explicit SaguaroDownweightCase(const SamplingParams& p)
+      : p_(p),
+        probs_(p.num_rows * Stride(p) * sizeof(float)),
+        ids_(p.num_rows * p.k * sizeof(int32_t)),
+        fan_out_(p.num_rows * sizeof(int32_t)),
+        c_(p.num_rows * sizeof(float)) {
+    std::mt19937_64 rng = RngFor(p, 7);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    const auto rows = static_cast<int32_t>(p.num_rows);
+    host_probs_.assign(p.num_rows * Stride(p), kPadValue);
+    host_ids_.assign(p.num_rows * p.k, 0);
+    constexpr std::array<float, 6> kC = {0.5f, 0.0f, 1.0f, 0.25f, NAN, -1.0f};
+    for (int32_t r = 0; r < rows; ++r) {
+      float* row = host_probs_.data() + r * Stride(p);
+      double sum = 0;
+      for (int32_t v = 0; v < p.vocab; ++v) {
+        row[v] = u(rng) < 0.3f ? 0.0f : u(rng);
+        sum += row[v];
+      }
+      if (r == rows - 1 && rows > 1) sum = 0;  // an all-zero row
+      for (int32_t v = 0; v < p.vocab; ++v) row[v] = sum > 0 ? static_cast<float>(row[v] / sum) : 0;
+      ref::TopKRows(row, Stride(p), 1, p.vocab, p.k, host_ids_.data() + r * p.k);
+      if (r % 7 == 6) {  // all the mass on the cached ids
+        std::vector<float> kept(p.vocab, 0.0f);
+        for (int32_t j = 0; j < p.k; ++j) kept[host_ids_[r * p.k + j]] = 1.0f / p.k;
+        std::copy(kept.begin(), kept.end(), row);
+      }
+      if (r % 5 == 4 && p.k > 1) host_ids_[r * p.k + 1] = host_ids_[r * p.k];  // a repeat
+      if (r % 5 == 3) host_ids_[r * p.k] = r % 2 == 0 ? -1 : p.vocab;          // out of range
+      const std::array<int32_t, 4> fan = {p.k, 1, 0, p.k};
+      host_fan_out_.push_back(fan[r % 4]);
+      host_c_.push_back(r % 7 == 6 ? 0.0f : kC[r % kC.size()]);
+    }
+    ids_.Upload(host_ids_);
+    fan_out_.Upload(host_fan_out_);
+    c_.Upload(host_c_);
+  }
+
+  cudaError_t Launch(cudaStream_t stream) override {
+    return SaguaroDownweightRows(probs_.as<float>(), Stride(p_), static_cast<int32_t>(p_.num_rows),
+                                 p_.vocab, ids_.as<int32_t>(), p_.k, fan_out_.as<int32_t>(),
+                                 c_.as<float>(), stream);
+  }
+
+  int64_t BytesMoved() const override {
+    return p_.num_rows * 2 * p_.vocab * static_cast<int64_t>(sizeof(float));
+  }
+
+  std::vector<ErrorCheck> Check() override {
+    probs_.Upload(host_probs_);
+    SPECD_CUDA_CHECK(Launch(nullptr));
+    SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> expected = host_probs_;
+    ref::SaguaroDownweightRows(expected.data(), Stride(p_), static_cast<int32_t>(p_.num_rows),
+                               p_.vocab, host_ids_.data(), p_.k, host_fan_out_.data(),
+                               host_c_.data());
+    const std::vector<float> got = probs_.Download<float>();
+    int64_t failures = 0;
+    const int64_t stride = Stride(p_);
+    for (int64_t r = 0; r < p_.num_rows; ++r) {
+      const size_t first = r * stride, bytes = stride * sizeof(float);
+      // A row the reference leaves alone (and every row's padding) must stay bit for bit.
+      const bool untouched = std::memcmp(&expected[first], &host_probs_[first], bytes) == 0;
+      for (int64_t v = 0; v < stride; ++v) {
+        const size_t i = first + v;
+        const bool exact = std::memcmp(&got[i], &expected[i], sizeof(float)) == 0;
+        if (!exact &&
+            (untouched || v >= p_.vocab || !(std::abs(got[i] - expected[i]) <= kProbTolerance))) {
+          ++failures;
+        }
+      }
+    }
+    return {CountCheck("probs", failures, 0)};
+  }
+
+ private:
+  SamplingParams p_;
+  std::vector<float> host_probs_;
+  std::vector<int32_t> host_ids_;
+  std::vector<int32_t> host_fan_out_;
+  std::vector<float> host_c_;
+  DeviceBuffer probs_;    // [num_rows, stride] f32, in/out
+  DeviceBuffer ids_;      // [num_rows, k] int32
+  DeviceBuffer fan_out_;  // [num_rows] int32
+  DeviceBuffer c_;        // [num_rows] f32
+};
+
 // The test name is op_numtokens x width: keep (num_rows, vocab) unique per op.
 OpShape ShapeOf(const SamplingParams& p) {
   OpShape s;
@@ -724,6 +820,16 @@ void AddSamplingOps(std::vector<OpSpec>* table) {
                 {3, 7, 0, 0, 0, 0, 0}},
                {{8, 151936, 0, 0, 0, 0, 0}, {64, 151936, 0, 0, 0, 0, 0}},
                [](const SamplingParams& p) { return std::make_unique<ScatterRowsCase>(p); }));
+  // {rows, vocab, pad, -, -, -, k}: Llama's and Qwen's vocabularies and small ones, padded rows.
+  table->push_back(
+      MakeSpec("saguaro_downweight",
+               {{14, 128256, 0, 0, 0, 16},
+                {21, 151936, 4, 0, 0, 3},
+                {8, 8192, 0, 0, 0, 1},
+                {12, 1001, 3, 0, 0, 8},
+                {7, 7, 1, 0, 0, 7}},
+               {{64, 128256, 0, 0, 0, 3}, {256, 151936, 0, 0, 0, 16}},
+               [](const SamplingParams& p) { return std::make_unique<SaguaroDownweightCase>(p); }));
 }
 
 }  // namespace specd::kernels::check

@@ -137,6 +137,16 @@ cudaError_t ProcessedProbs(const float* logits, int64_t stride, int32_t num_rows
   return cudaGetLastError();
 }
 
+cudaError_t SaguaroDownweightRows(float* probs, int64_t stride, int32_t num_rows, int32_t vocab,
+                                  const int32_t* ids, int32_t ids_stride, const int32_t* fan_out,
+                                  const float* c, cudaStream_t stream) {
+  if (!ValidRows(stride, num_rows, vocab) || ids_stride < 1) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  SaguaroDownweightKernel<<<static_cast<unsigned>(num_rows), kSaguaroThreads, 0, stream>>>(
+      probs, stride, vocab, ids, ids_stride, fan_out, c);
+  return cudaGetLastError();
+}
+
 cudaError_t ScatterRows(const float* src, int64_t src_stride, int32_t num_rows, int32_t cols,
                         const int32_t* dst_rows, float* dst, int64_t dst_stride,
                         cudaStream_t stream) {

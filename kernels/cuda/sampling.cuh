@@ -18,6 +18,7 @@ constexpr int kPenaltyThreads = 256;
 constexpr int kScatterThreads = 256;
 constexpr int kRadixBins = 2048;  // 11-bit digits: bits [31:21], [20:10], [9:0] of p
 constexpr int kRadixLevels = 3;
+constexpr int kSaguaroThreads = 256;
 constexpr int kRowUnroll = 4;  // independent loads in flight per thread
 // Masses are summed in 2^-40 fixed point: integer sums are exact, so every pass and every level
 // of the draw sees the same cumulative masses whatever the summation order, and a seeded draw is
@@ -618,6 +619,66 @@ __global__ void SampleUniformsKernel(const SamplingRow* __restrict__ rows, int n
                                      double* __restrict__ out) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < num_rows) out[r] = ref::PhiloxUniform(rows[r].seed, rows[r].offset);
+}
+
+// SaguaroDownweightRows (sampling.h): one block per row. Thread 0 gathers the row's distinct
+// cached ids and their mass; every thread sums the row in fp64; a second pass scales it and
+// thread 0 writes the cached entries from their saved values.
+__global__ void __launch_bounds__(kSaguaroThreads)
+    SaguaroDownweightKernel(float* probs, int64_t stride, int32_t vocab, const int32_t* ids,
+                            int32_t ids_stride, const int32_t* fan_out, const float* c) {
+  __shared__ int32_t cached[kMaxTopK];
+  __shared__ float kept[kMaxTopK];
+  __shared__ int32_t num_cached;
+  __shared__ double warp_sums[kSaguaroThreads / kWarpSize];
+  const int32_t r = static_cast<int32_t>(blockIdx.x);
+  const float down = c[r];
+  const int32_t f = min(min(fan_out[r], ids_stride), kMaxTopK);
+  if (f <= 0 || isnan(down) || down >= 1.0f) return;  // uniform over the block
+  const double cr = fmax(0.0, static_cast<double>(down));
+  float* row = probs + r * stride;
+  double cached_mass = 0;
+  if (threadIdx.x == 0) {
+    int32_t n = 0;
+    for (int32_t j = 0; j < f; ++j) {
+      const int32_t id = ids[int64_t{r} * ids_stride + j];
+      bool seen = id < 0 || id >= vocab;
+      for (int32_t i = 0; i < n && !seen; ++i) seen = cached[i] == id;
+      if (seen) continue;
+      cached[n] = id;
+      kept[n] = row[id];
+      cached_mass += kept[n];
+      ++n;
+    }
+    num_cached = n;
+  }
+  double sum = 0;
+  for (int32_t v = threadIdx.x; v < vocab; v += blockDim.x) sum += row[v];
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  if (threadIdx.x % kWarpSize == 0) warp_sums[threadIdx.x / kWarpSize] = sum;
+  __syncthreads();
+  __shared__ double total_shared;
+  if (threadIdx.x == 0) {
+    double all = 0;
+    for (int w = 0; w < kSaguaroThreads / kWarpSize; ++w) all += warp_sums[w];
+    total_shared = cr * cached_mass + (all - cached_mass);
+  }
+  __syncthreads();
+  const double total = total_shared;
+  if (!(total > 0)) return;
+  const double scale = 1.0 / total;
+  for (int32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+    row[v] = static_cast<float>(row[v] * scale);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int32_t i = 0; i < num_cached; ++i) {
+      row[cached[i]] = static_cast<float>(cr * kept[i] * scale);
+    }
+  }
 }
 
 }  // namespace specd::kernels

@@ -147,6 +147,23 @@ cudaError_t ProcessedProbs(const float* logits, int64_t stride, int32_t num_rows
                            const SamplingRow* rows, float* out, int64_t out_stride,
                            cudaStream_t stream);
 
+// Saguaro sampling's down-weighting (SSD's speculation cache; engine/speculation/saguaro/saguaro.h)
+// of processed probability rows, in place: row r's entries at the distinct in-range ids among
+// ids[r, 0 .. fan_out[r]) (its cached ids, TopKRows over the row) are multiplied by C = c[r] and
+// the row is divided by total = C * (cached mass) + (the rest's mass); a row is left unchanged
+// when fan_out[r] <= 0, C is NaN or >= 1, or total is not > 0 (C below 0 counts as 0):
+// kernels/ref/sampling.h SaguaroDownweightRows, whose fp64 sums run in id order (here fp64 sums
+// in block order: equal within fp32 rounding). One block per row: a summing pass and a write pass.
+//   probs   [num_rows, vocab] f32, device, in/out; row stride `stride`
+//   ids     [num_rows, ids_stride] int32, device, in
+//   fan_out [num_rows] int32, c [num_rows] f32, device, in
+// cudaErrorInvalidValue unless 1 <= vocab <= stride, num_rows >= 0 and
+// 0 <= fan_out[r] <= min(ids_stride, kMaxTopK) (fan_out is read on the device: larger values are
+// clamped there).
+cudaError_t SaguaroDownweightRows(float* probs, int64_t stride, int32_t num_rows, int32_t vocab,
+                                  const int32_t* ids, int32_t ids_stride, const int32_t* fan_out,
+                                  const float* c, cudaStream_t stream);
+
 // dst[dst_rows[i], :cols] = src[i, :cols] for every i < num_rows: scatters per-sequence rows
 // (e.g. ProcessedProbs output) into their slots of a larger table. 16-byte accesses when both
 // pointers are 16-byte aligned and both strides % 4 == 0.

@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <vector>
 
 namespace specd::kernels::ref {
 namespace {
@@ -249,6 +250,45 @@ T RawLogprob(const T* logits, int32_t vocab, int32_t id) {
   T sum = 0;
   for (int32_t i = 0; i < vocab; ++i) sum += std::exp(NanAsNegInf(logits[i]) - m);
   return NanAsNegInf(logits[id]) - m - std::log(sum);
+}
+
+void SaguaroDownweightRows(float* probs, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const int32_t* ids, int32_t ids_stride, const int32_t* fan_out,
+                           const float* c) {
+  for (int32_t r = 0; r < num_rows; ++r) {
+    const float down = c[r];
+    if (fan_out[r] <= 0 || std::isnan(down) || down >= 1.0f) continue;
+    const double cr = std::max(0.0f, down);
+    float* row = probs + r * stride;
+    // The distinct in-range cached ids, in order.
+    std::vector<int32_t> cached;
+    for (int32_t j = 0; j < fan_out[r]; ++j) {
+      const int32_t id = ids[int64_t{r} * ids_stride + j];
+      if (id < 0 || id >= vocab || std::find(cached.begin(), cached.end(), id) != cached.end()) {
+        continue;
+      }
+      cached.push_back(id);
+    }
+    // Take the cached entries out of the row; what remains is the rest's mass.
+    std::vector<float> kept(cached.size());
+    double cached_mass = 0, other_mass = 0;
+    for (size_t j = 0; j < cached.size(); ++j) {
+      kept[j] = row[cached[j]];
+      cached_mass += kept[j];
+      row[cached[j]] = 0.0f;
+    }
+    for (int32_t v = 0; v < vocab; ++v) other_mass += row[v];
+    const double total = cr * cached_mass + other_mass;
+    if (!(total > 0)) {
+      for (size_t j = 0; j < cached.size(); ++j) row[cached[j]] = kept[j];
+      continue;
+    }
+    const double scale = 1.0 / total;
+    for (int32_t v = 0; v < vocab; ++v) row[v] = static_cast<float>(row[v] * scale);
+    for (size_t j = 0; j < cached.size(); ++j) {
+      row[cached[j]] = static_cast<float>(cr * kept[j] * scale);
+    }
+  }
 }
 
 #define SPECD_SAMPLING_REF_INSTANTIATE(T)                                                          \

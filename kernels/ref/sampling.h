@@ -156,6 +156,21 @@ template <typename T>
 void ScatterRows(const T* src, int64_t src_stride, int32_t num_rows, int32_t cols,
                  const int32_t* dst_rows, T* dst, int64_t dst_stride);
 
+// Saguaro sampling's down-weighting (SSD, engine/speculation/saguaro/saguaro.h) of each row of
+// probabilities (kernels/cuda/sampling.h SaguaroDownweightRows): row r's entries at the distinct
+// in-range ids among ids[r, 0 .. fan_out[r]) (the row's cached ids; TopKRows' output) are
+// multiplied by C = c[r] and the row is renormalised: entry / total with
+// total = C * (cached mass) + (the rest's mass), fp64 sums in id order. A row is left unchanged
+// when fan_out[r] <= 0, C is NaN or >= 1, or total is not > 0 (C = 0 with all mass on cached
+// ids, or an all-zero row: no draft could be drawn from the result, and the row itself is its
+// limit as C -> 0). C below 0 counts as 0.
+//   probs   [num_rows, vocab] f32, host, in/out; row stride `stride`
+//   ids     [num_rows, ids_stride] int32, host, in
+//   fan_out [num_rows] int32, c [num_rows] f32, host, in
+void SaguaroDownweightRows(float* probs, int64_t stride, int32_t num_rows, int32_t vocab,
+                           const int32_t* ids, int32_t ids_stride, const int32_t* fan_out,
+                           const float* c);
+
 // log softmax(logits)[id] of the raw (untempered, unfiltered) row.
 template <typename T>
 T RawLogprob(const T* logits, int32_t vocab, int32_t id);

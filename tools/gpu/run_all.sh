@@ -14,7 +14,9 @@
 #     `auto` speculation (steps named "auto: ..."): specd_profile for the 8B / 1B shapes and the
 #     codepair pair (cost profiles into LOG_DIR), then spec_bench --auto against the best fixed
 #     choice over K 1-8 at batch 1, 4, 16, 64 (codepair; 8B / 1B at alpha 0.6 and 0.8);
-#     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16)
+#     with two GPUs, ssd_bench (the same plus SSD, speculator on the second GPU, batch 1, 4, 16),
+#     ssd_saguaro_bench (temperature 1, Saguaro's C swept), ssd_cache_sampling_cuda (when packed:
+#     the chi-square tests of sampled SSD cache hits, verifier and speculator on the GPUs)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8;
 #     the time budget and "fixed" F side by side; ssd_replay_bench 32b: Qwen3-32B + 0.6B shapes;
 #     ssd_parallel_replay_bench: the parallel 1B draft in the speculator; with three or more
@@ -364,6 +366,15 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
       --batches 1,16 --k 4 --max-tokens 128 --temperature 1 --saguaro-c "$c" --ssd \
       --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
   done
+  # Sampled SSD's cache on two GPUs (issue 34): ssd_cache_sampling_test's chi-square tests with
+  # the verifier on cuda:0 and the speculator on cuda:1, whose sampled draws (candidates and
+  # Saguaro down-weighting) run on its device. Packed only on request:
+  # SPECD_GPU_PROGRAMS="... ssd_cache_sampling_test" tools/gpu/package.sh.
+  if [[ -x "$WORK/bin/ssd_cache_sampling_test" ]]; then
+    run_step "ssd_cache_sampling_cuda" 600 "${OURS[@]}" SPECD_SSD_TEST_DEVICE=cuda:0 \
+      SPECD_SSD_TEST_SPECULATOR_DEVICE=cuda:1 SPECD_BINARY="$WORK/bin/specd" \
+      "$WORK/bin/ssd_cache_sampling_test" --gtest_filter='*FollowTheTarget*'
+  fi
   # Controlled acceptance (issue 6 (b)): Llama-3.1-8B-shaped target and Llama-3.2-1B-shaped draft
   # with random weights; the drafts replay the target's recorded greedy output with alpha 0.8
   # (the draft still runs every pass); K 7, fan-out 3; plain, draft model and SSD side by side.

@@ -66,6 +66,7 @@ class CudaRunner : public ModelRunner {
   bool SamplesSpeculationOnDevice() const override { return true; }
   absl::Status ReserveProbSlots(int32_t n) override;
   const float* prob_slot(int32_t slot) const override;
+  absl::Status ReadProbSlots(int32_t first, int32_t n, std::span<float> out) const override;
 
   // Token trees (cuda_runner_trees.cc) at world size 1 on a model without a sliding window:
   // tree chunks run eagerly with the attention's tree masks (kernels::AttentionTreeMask);

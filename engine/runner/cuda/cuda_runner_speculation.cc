@@ -193,6 +193,24 @@ absl::Status CudaRunner::ReserveProbSlots(int32_t n) { return s_->ReserveProbSlo
 
 const float* CudaRunner::prob_slot(int32_t slot) const { return s_->ProbSlot(slot); }
 
+absl::Status CudaRunner::ReadProbSlots(int32_t first, int32_t n, std::span<float> out) const {
+  const int64_t vocab = s_->config.vocab_size;
+  if (first < 0 || n < 0 || int64_t{first} + n > s_->num_prob_slots ||
+      static_cast<int64_t>(out.size()) < int64_t{n} * vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadProbSlots: slots [", first, ", ",
+                                                   int64_t{first} + n, ") of ", s_->num_prob_slots,
+                                                   " reserved into ", out.size(), " floats"));
+  }
+  if (n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(out.data(), s_->ProbSlot(first),
+                      static_cast<size_t>(n) * static_cast<size_t>(vocab) * sizeof(float),
+                      cudaMemcpyDeviceToHost, s_->stream),
+      "copy of probability slots"));
+  return s_->Sync("probability slots");
+}
+
 absl::Status CudaRunner::State::DrawProbRows(std::span<const SampleRow> rows,
                                              std::span<const int32_t> slots,
                                              std::vector<int32_t>* ids) {
@@ -257,6 +275,7 @@ absl::Status CudaRunner::DrawDraftRows(std::span<const SequenceInput> batch,
           absl::StrCat("draft step: row ", i, " has a distribution without mass"));
     }
     (*out)[i].id = ids[i];
+    (*out)[i].candidates = s_->sampler->Candidates(i, rows[i].num_candidates);
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@ struct GpuSampler::Work {
   size_t output_ids = 0, output_offsets = 0;  // CSR over rows, ids repeated by count
   bool sample = false;                        // any row draws (else argmax only)
   size_t sampling_rows = 0;                   // [rows] kernels::SamplingRow
+  size_t saguaro_fan_out = 0, saguaro_c = 0;  // [rows] int32 / f32 (EnqueueProbs, when any)
   std::vector<int32_t> cpu_slot;              // [rows] index into host_logits_, or -1
 };
 
@@ -142,6 +143,9 @@ absl::Status GpuSampler::Enqueue(float* logits, std::span<const SampleRow> rows,
       return absl::InvalidArgumentError(absl::StrCat(
           "Step: ", row.num_candidates, " candidates; at most ", kMaxSampleCandidates));
     }
+    if (row.saguaro_fan_out != 0) {
+      return absl::InvalidArgumentError("Step: Saguaro sampling is for draft draws (StepDraft)");
+    }
     topk_ = std::max(topk_, row.num_candidates);
   }
   if (topk_ > 0) {  // every row is ranked (one launch); rows keep what they asked for
@@ -184,20 +188,63 @@ absl::Status GpuSampler::EnqueueProbs(float* logits, std::span<const SampleRow> 
     return absl::InvalidArgumentError(
         absl::StrCat("Step: ", n, " sample rows; the runner holds at most ", max_rows_));
   }
+  // SSD's cache draws: candidates and Saguaro's cached ids are the processed row's best ids
+  // (one TopKRows over every row, k the largest either asks for).
+  bool saguaro = false;
   for (const SampleRow& row : rows) {
-    if (row.num_candidates > 0) {
-      return absl::InvalidArgumentError("speculation on the device: a row asks for candidates");
+    const int32_t most = std::min(kMaxSampleCandidates, vocab_);
+    if (row.num_candidates < 0 || row.num_candidates > most || row.saguaro_fan_out < 0 ||
+        row.saguaro_fan_out > most) {
+      return absl::InvalidArgumentError(absl::StrCat("StepDraft: ", row.num_candidates,
+                                                     " candidates and Saguaro fan-out ",
+                                                     row.saguaro_fan_out, "; at most ", most));
     }
+    const bool down = row.saguaro_fan_out > 0 && row.saguaro_c < 1.0f;  // false for NaN
+    saguaro = saguaro || down;
+    topk_ = std::max({topk_, row.num_candidates, down ? row.saguaro_fan_out : 0});
   }
   // Raw rows of the logprobs rows first (RawRow), as Enqueue: the kernels below rewrite them.
   SPECD_RETURN_IF_ERROR(CopyLogprobRows(logits, rows, stream));
   for (int32_t i = 0, k = 0; i < n; ++i) cpu_slot_[i] = rows[i].params->logprobs >= 0 ? k++ : -1;
-  const Work w = Pack(rows, /*probs=*/true);
+  Work w = Pack(rows, /*probs=*/true);
+  if (saguaro) {
+    std::vector<int32_t> fan_out(rows.size());
+    std::vector<float> c(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      fan_out[i] = rows[i].saguaro_fan_out;
+      c[i] = rows[i].saguaro_c;
+    }
+    w.saguaro_fan_out = arena_.Push(fan_out);
+    w.saguaro_c = arena_.Push(c);
+  }
   SPECD_RETURN_IF_ERROR(Process(logits, n, w, stream));
-  return cuda::Check(kernels::ProcessedProbs(logits, vocab_, n, vocab_,
-                                             arena_.At<kernels::SamplingRow>(w.sampling_rows),
-                                             logits, vocab_, stream),
-                     "ProcessedProbs");
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(kernels::ProcessedProbs(logits, vocab_, n, vocab_,
+                                          arena_.At<kernels::SamplingRow>(w.sampling_rows), logits,
+                                          vocab_, stream),
+                  "ProcessedProbs"));
+  if (topk_ == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(kernels::TopKRows(logits, vocab_, n, vocab_, topk_, topk_ids_.as<int32_t>(),
+                                    topk_workspace_.as(), topk_workspace_.bytes(), stream),
+                  "TopKRows (draft rows)"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMemcpyAsync(host_topk_.as(), topk_ids_.as(),
+                                  static_cast<size_t>(n) * topk_ * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "copy of candidate ids"));
+  if (!saguaro) return absl::OkStatus();
+  return cuda::Check(
+      kernels::SaguaroDownweightRows(logits, vocab_, n, vocab_, topk_ids_.as<int32_t>(), topk_,
+                                     arena_.At<int32_t>(w.saguaro_fan_out),
+                                     arena_.At<float>(w.saguaro_c), stream),
+      "SaguaroDownweightRows");
+}
+
+std::vector<int32_t> GpuSampler::Candidates(size_t i, int32_t n) const {
+  if (n <= 0 || topk_ == 0) return {};
+  const int32_t* top = host_topk_.as<int32_t>() + i * static_cast<size_t>(topk_);
+  return std::vector<int32_t>(top, top + std::min(n, topk_));
 }
 
 absl::Status GpuSampler::Process(float* logits, int32_t n, const Work& w, cudaStream_t stream) {

@@ -36,9 +36,14 @@ class GpuSampler {
                        bool copy_ids = true);
   // Queues, on `stream`, the processed distribution of rows[i] over logits row i, in place
   // (kernels::ProcessedProbs after bans and penalties; a row's pending tokens count as output):
-  // speculation on the device reads p and q rows from there. No row may ask for candidates.
-  // Only the raw logits of rows that ask for logprobs come back (RawRow).
+  // speculation on the device reads p and q rows from there. Rows that ask for candidates get the
+  // ids of the processed row's best entries (Candidates), and rows with Saguaro sampling
+  // (SampleRow::saguaro_fan_out) have those ids down-weighted in the row: what the draft is then
+  // drawn from. Only the raw logits of rows that ask for logprobs come back (RawRow).
   absl::Status EnqueueProbs(float* logits, std::span<const SampleRow> rows, cudaStream_t stream);
+  // After EnqueueProbs and a synchronisation: row i's first n candidates (at most what the rows
+  // asked for), best first; empty when none were ranked.
+  std::vector<int32_t> Candidates(size_t i, int32_t n) const;
   // After EnqueueProbs and a synchronisation: row i's raw logits on the host when it asks for
   // logprobs, else empty.
   std::span<const float> RawRow(size_t i) const;

@@ -239,33 +239,11 @@ std::vector<int32_t> TopF(std::span<const float> scores, int32_t fan_out) {
 
 void SaguaroDownweight(std::span<float> probs, std::span<const int32_t> cached_ids,
                        float downweight) {
-  const float c = std::isnan(downweight) ? 1.0f : std::clamp(downweight, 0.0f, 1.0f);
-  if (c == 1.0f) return;
-  const auto vocab = static_cast<int32_t>(probs.size());
-  // Take the distinct in-range cached entries out of the row; what remains is the rest's mass.
-  std::vector<std::pair<int32_t, float>> cached;
-  for (int32_t id : cached_ids) {
-    if (id < 0 || id >= vocab) continue;
-    if (std::any_of(cached.begin(), cached.end(), [&](const auto& e) { return e.first == id; })) {
-      continue;
-    }
-    cached.emplace_back(id, probs[id]);
-    probs[id] = 0.0f;
-  }
-  double cached_mass = 0, other_mass = 0;
-  for (const auto& [id, q] : cached) cached_mass += q;
-  for (float q : probs) other_mass += q;
-  const double total = c * cached_mass + other_mass;
-  if (!(total > 0)) {
-    // C = 0 with all mass on cached ids (or an empty row): the result would be all zeros and
-    // no draft could be drawn. Keep q, which is also the limit of q' as C -> 0 here. Either
-    // choice is lossless: verification is given whatever row the draft is drawn from.
-    for (const auto& [id, q] : cached) probs[id] = q;
-    return;
-  }
-  const double scale = 1.0 / total;
-  for (float& q : probs) q = static_cast<float>(q * scale);
-  for (const auto& [id, q] : cached) probs[id] = static_cast<float>(c * q * scale);
+  // One row of the kernels' reference (kernels/ref/sampling.h SaguaroDownweightRows).
+  const auto fan_out = static_cast<int32_t>(cached_ids.size());
+  kernels::ref::SaguaroDownweightRows(probs.data(), static_cast<int64_t>(probs.size()), 1,
+                                      static_cast<int32_t>(probs.size()), cached_ids.data(),
+                                      fan_out, &fan_out, &downweight);
 }
 
 float DefaultDownweight(float temperature) {

@@ -243,6 +243,10 @@ DraftInput SsdWorker::InputFor(uint64_t seq_id, const Seq& s, std::span<const in
   in.params = &s.params;
   in.history = &s.history;
   in.seed = s.seed;  // the request's own seed: its drafts repeat like the target's draws
+  // Device draws key a draft's uniform by (seed, position): the context length makes every
+  // position's its own (without it each round would redraw with the same uniforms, and a draft
+  // would depend on the drafts that decided earlier tokens).
+  in.num_generated = static_cast<int64_t>(tokens.size());
   return in;
 }
 
