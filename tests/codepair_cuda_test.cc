@@ -22,6 +22,7 @@
 #include "engine/runner/cuda/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
+#include "engine/speculation/draft_model.h"
 #include "engine/testing/engine_spec_test_util.h"
 #include "engine/testing/test_flags.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -371,6 +372,92 @@ TEST_F(CodepairCudaTest, ParallelDraftOnTheGpuEqualsPlainDecoding) {
   ASSERT_TRUE(engine);
   ExpectSpeculationEqualsPlain(*engine, SpeculationMethod::kDraftModel,
                                "parallel draft on the GPU");
+}
+
+// SSD's sampled cache branches on the GPU (issue 34): the draft model draws them on the device,
+// candidates and Saguaro down-weighting included, and keeps their q rows in the runner's kept
+// rows. Against the same Propose copying its rows to the host: the same drafts, candidates and
+// rows bit for bit (device draws are keyed by seed and position). The third branch finds both
+// blocks taken and goes to the host; the blocks come back with the drafts. Position 0's row is
+// the plain row (C = 1) with its top-F ids down-weighted as kernels/ref does it, and its
+// candidates are that row's best ids.
+TEST_F(CodepairCudaTest, SampledCacheDraftsKeptOnTheDeviceEqualTheHostCopies) {
+  constexpr int32_t kK = 3, kF = 3, kCandidates = 4, kVocab = 8192;
+  auto make = [](int32_t kept_blocks) {
+    auto draft = DraftModelSpeculator::Create(
+        MakeRunner(Options(ModelDir("codepair/draft"), "cuda")), kVocab, 1024);
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    if (kept_blocks > 0) EXPECT_TRUE((*draft)->KeepProbsOnDevice(kK + 1, kept_blocks).ok());
+    return *std::move(draft);
+  };
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  const std::vector<GenerateRequest> golden = GoldenRequests();
+  std::vector<std::vector<int32_t>> contexts;
+  std::vector<TokenHistory> histories(3);
+  for (size_t i = 0; i < 3; ++i) {
+    contexts.push_back(golden[i].prompt_ids);
+    histories[i].AddPrompt(contexts.back());
+  }
+  auto propose = [&](DraftModelSpeculator& draft, float c) {
+    std::vector<DraftInput> inputs(3);
+    std::vector<DraftModelSpeculator::CacheDraftOptions> cache(3);
+    for (size_t i = 0; i < 3; ++i) {
+      inputs[i].seq_id = i + 1;
+      inputs[i].tokens = contexts[i];
+      inputs[i].num_draft_tokens = kK;
+      inputs[i].params = &sampled;
+      inputs[i].history = &histories[i];
+      inputs[i].seed = 1000 + i;
+      inputs[i].num_generated = static_cast<int64_t>(contexts[i].size());
+      cache[i].num_candidates = kCandidates;
+      cache[i].saguaro_fan_out = kF;
+      cache[i].saguaro_c = c;
+    }
+    std::vector<Draft> drafts;
+    EXPECT_TRUE(draft.Propose(inputs, cache, &drafts).ok());
+    return drafts;
+  };
+  auto kept_draft = make(2);
+  auto host_draft = make(0);
+  auto plain_draft = make(0);
+  ASSERT_EQ(kept_draft->num_free_kept_blocks(), 2);
+  std::vector<Draft> kept = propose(*kept_draft, 0.5f);
+  const std::vector<Draft> host = propose(*host_draft, 0.5f);
+  const std::vector<Draft> plain = propose(*plain_draft, 1.0f);
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept_draft->num_free_kept_blocks(), 0);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("branch ", i));
+    ASSERT_EQ(kept[i].tokens.size(), size_t{kK});
+    EXPECT_EQ(kept[i].tokens, host[i].tokens);
+    EXPECT_EQ(kept[i].candidates, host[i].candidates);
+    EXPECT_EQ(kept[i].candidates.size(), size_t{kK} * kCandidates);
+    EXPECT_EQ(host[i].kept_probs, nullptr);
+    std::vector<float> rows = kept[i].probs;
+    if (i < 2) {
+      ASSERT_NE(kept[i].kept_probs, nullptr);
+      EXPECT_TRUE(kept[i].probs.empty());
+      ASSERT_TRUE(kept_draft->ReadKeptProbs(*kept[i].kept_probs, &rows).ok());
+    } else {
+      EXPECT_EQ(kept[i].kept_probs, nullptr) << "no block was left for the third branch";
+    }
+    ASSERT_EQ(rows.size(), size_t{kK} * kVocab);
+    EXPECT_EQ(rows, host[i].probs);
+    // Position 0 (the same context in every run): the plain row down-weighted at its top F.
+    std::vector<float> expected(plain[i].probs.begin(), plain[i].probs.begin() + kVocab);
+    std::vector<int32_t> top(kCandidates);
+    kernels::ref::TopKRows(expected.data(), kVocab, 1, kVocab, kCandidates, top.data());
+    EXPECT_EQ(
+        std::vector<int32_t>(kept[i].candidates.begin(), kept[i].candidates.begin() + kCandidates),
+        top);
+    const float c = 0.5f;
+    kernels::ref::SaguaroDownweightRows(expected.data(), kVocab, 1, kVocab, top.data(), kCandidates,
+                                        &kF, &c);
+    EXPECT_LT(MaxAbsDiff(std::span<const float>(rows).first(kVocab), expected), 1e-6);
+  }
+  kept.clear();
+  EXPECT_EQ(kept_draft->num_free_kept_blocks(), 2);
 }
 
 // The device path of StepGreedyVerify (argmax ids kept on the GPU, VerifyGreedyAndPack) gives

@@ -288,6 +288,21 @@ absl::Status ModelRunner::ReadProbSlots(int32_t, int32_t, std::span<float>) cons
       absl::StrCat("ReadProbSlots: ", device_name(), " keeps no probabilities on a device"));
 }
 
+absl::Status ModelRunner::ReserveKeptRows(int32_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("ReserveKeptRows: ", device_name(), " keeps no probabilities on a device"));
+}
+
+absl::Status ModelRunner::KeepProbSlots(int32_t, int32_t, int32_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("KeepProbSlots: ", device_name(), " keeps no probabilities on a device"));
+}
+
+absl::Status ModelRunner::ReadKeptRows(int32_t, int32_t, std::span<float>) const {
+  return absl::UnimplementedError(
+      absl::StrCat("ReadKeptRows: ", device_name(), " keeps no probabilities on a device"));
+}
+
 absl::Status ModelRunner::Unsupported(StepKind kind) const {
   switch (kind) {
     case StepKind::kSampledVerify:

@@ -176,6 +176,17 @@ class ModelRunner {
   // InvalidArgument for slots outside the reserved ones or a short `out`; Unimplemented where
   // no slots exist.
   virtual absl::Status ReadProbSlots(int32_t first, int32_t n, std::span<float> out) const;
+  // Kept rows: a second table of [n, vocab] f32 rows on the device, apart from the slots, where
+  // q rows outlive the next StepDraft (SSD's speculation cache keeps its branches' rows there).
+  // ReserveKeptRows(n) makes rows [0, n) exist (growing drops what they held); KeepProbSlots
+  // queues the copy of slots [first_slot, first_slot + n) into kept rows [first_row, ...) on the
+  // runner's stream (later passes' draws into those slots come after it); ReadKeptRows copies
+  // kept rows [first_row, first_row + n) to `out` ([n, vocab] f32, host) after every pass queued
+  // before. InvalidArgument for rows or slots outside the reserved ones or a short `out`;
+  // Unimplemented where no slots exist.
+  virtual absl::Status ReserveKeptRows(int32_t n);
+  virtual absl::Status KeepProbSlots(int32_t first_slot, int32_t n, int32_t first_row);
+  virtual absl::Status ReadKeptRows(int32_t first_row, int32_t n, std::span<float> out) const;
 
   // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
   // the verify calls take chunks with a tree, and MoveKv works.

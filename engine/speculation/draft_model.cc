@@ -352,12 +352,51 @@ absl::Status DraftModelSpeculator::Propose(std::span<const DraftInput> inputs,
       }
     }
   }
-  // SSD's cache keeps drafts past the next Propose, which reuses the slots: their q rows go to
-  // the host, in one copy.
-  return cache.empty() ? absl::OkStatus() : ProbsToHost(*drafts);
+  // SSD's cache keeps drafts past the next Propose, which reuses the slots: their q rows move
+  // to kept rows on the device, or to the host.
+  return cache.empty() ? absl::OkStatus() : KeepProbs(*drafts);
 }
 
-absl::Status DraftModelSpeculator::ProbsToHost(std::vector<Draft>& drafts) {
+absl::Status DraftModelSpeculator::KeepProbsOnDevice(int32_t rows_per_block, int32_t num_blocks) {
+  kept_.reset();
+  if (!runner_->SamplesSpeculationOnDevice() || rows_per_block < 1 || num_blocks < 1) {
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(runner_->ReserveKeptRows(rows_per_block * num_blocks));
+  kept_ = std::make_shared<KeptPool>();
+  kept_->rows_per_block = rows_per_block;
+  for (int32_t b = num_blocks - 1; b >= 0; --b) kept_->free.push_back(b);
+  return absl::OkStatus();
+}
+
+absl::Status DraftModelSpeculator::ReadKeptProbs(const KeptProbs& kept,
+                                                 std::vector<float>* probs) const {
+  probs->resize(static_cast<size_t>(kept.num_rows) *
+                static_cast<size_t>(runner_->config().vocab_size));
+  return runner_->ReadKeptRows(kept.first_row, kept.num_rows, *probs);
+}
+
+absl::Status DraftModelSpeculator::KeepProbs(std::vector<Draft>& drafts) {
+  for (size_t i = 0; kept_ != nullptr && i < drafts.size(); ++i) {
+    Draft& d = drafts[i];
+    const auto n = static_cast<int32_t>(d.tokens.size());
+    if (d.device_probs == nullptr || n > kept_->rows_per_block || kept_->free.empty()) continue;
+    const int32_t block = kept_->free.back();
+    const int32_t first_row = block * kept_->rows_per_block;
+    SPECD_RETURN_IF_ERROR(runner_->KeepProbSlots(slot_base_[i], n, first_row));
+    kept_->free.pop_back();
+    // The handle gives the block back to the pool (which it keeps alive) when the last draft
+    // holding it goes.
+    auto* rows = new KeptProbs;
+    rows->first_row = first_row;
+    rows->num_rows = n;
+    d.kept_probs =
+        std::shared_ptr<const KeptProbs>(rows, [pool = kept_, block](const KeptProbs* p) {
+          pool->free.push_back(block);
+          delete p;
+        });
+    d.device_probs = nullptr;
+  }
   int32_t end = 0;
   for (size_t i = 0; i < drafts.size(); ++i) {
     if (drafts[i].device_probs == nullptr) continue;

@@ -131,6 +131,21 @@ class DraftModelSpeculator : public Speculator {
   static absl::StatusOr<int32_t> ReadMaskToken(const std::string& dir, int32_t vocab);
   bool parallel() const { return parallel_mask_ >= 0; }
 
+  // SSD's cache on a runner that samples speculation on the device: Propose with cache options
+  // then keeps each sampled draft's q rows on the device, in a block of the runner's kept rows
+  // (num_blocks blocks of rows_per_block rows; Draft::kept_probs, the block freed when the last
+  // reference goes), instead of copying them to the host; a draft longer than a block, or one
+  // that finds every block taken, is copied to the host as before. OK and no effect where the
+  // runner keeps no probabilities on a device; the reservation's error (out of device memory)
+  // otherwise, leaving the host copies in place.
+  absl::Status KeepProbsOnDevice(int32_t rows_per_block, int32_t num_blocks);
+  // A draft's kept rows copied to `probs` ([num_rows, vocab] f32), after the passes queued before.
+  absl::Status ReadKeptProbs(const KeptProbs& kept, std::vector<float>* probs) const;
+  // Free blocks of kept rows (tests).
+  int32_t num_free_kept_blocks() const {
+    return kept_ ? static_cast<int32_t>(kept_->free.size()) : 0;
+  }
+
   // Benchmarks only: greedy drafts (and their candidates) follow `replay` (controlled
   // acceptance, engine/speculation/draft_replay.h); nullptr turns it off. The forward passes still
   // run.
@@ -200,9 +215,9 @@ class DraftModelSpeculator : public Speculator {
   // Parallel drafting's slots for a whole Propose (slot_base_ per active input, reserved once):
   // the number reserved, 0 when its passes draw on the host or through the runner's Step.
   int32_t PlanParallelSlots(std::span<const DraftInput> inputs);
-  // SSD's cache: the drafts' q rows left in the slots (device_probs) copied into Draft::probs,
-  // one copy for all.
-  absl::Status ProbsToHost(std::vector<Draft>& drafts);
+  // SSD's cache: the drafts' q rows left in the slots (device_probs) moved into kept rows where
+  // KeepProbsOnDevice made room, else copied into Draft::probs, one copy for all.
+  absl::Status KeepProbs(std::vector<Draft>& drafts);
   // Rolls the state back to what it shares with `tokens`, reserves KV for the round and
   // queues the catch-up chunk. False when the KV does not fit (nothing is drafted then).
   bool Prepare(const DraftInput& in, State& state, int32_t num_drafts, Active* active);
@@ -251,7 +266,13 @@ class DraftModelSpeculator : public Speculator {
   std::vector<int32_t> slot_base_;
   std::vector<int32_t> slots_;     // scratch: the pass's slots
   int32_t parallel_slots_ = 0;     // PlanParallelSlots' reservation for this Propose
-  std::vector<float> host_probs_;  // scratch: ProbsToHost
+  std::vector<float> host_probs_;  // scratch: KeepProbs
+  // KeepProbsOnDevice's blocks: the free ones, shared with the handles that give theirs back.
+  struct KeptPool {
+    int32_t rows_per_block = 0;
+    std::vector<int32_t> free;
+  };
+  std::shared_ptr<KeptPool> kept_;
   // ProposeTrees' sequences: the tree growing, and the draft KV's tree region (the root, the
   // context's last token, at slot context - 1, then each node run, in order): parents over the
   // region and each builder node's region index (-1: not run).

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -52,6 +53,15 @@ struct DraftInput {
 enum class DraftOrigin : uint8_t { kDefault, kCacheHit, kPrimary, kBackup, kLocal };
 
 // What a speculator proposes for one sequence.
+// q rows a draft runner keeps on its device past the speculator's next Propose (SSD's speculation
+// cache): kept rows [first_row, first_row + num_rows) of the runner (ModelRunner::
+// ReserveKeptRows). Whoever made it gets the rows back when the last reference goes.
+struct KeptProbs {
+  int32_t first_row = 0;
+  int32_t num_rows = 0;
+  virtual ~KeptProbs() = default;
+};
+
 struct Draft {
   std::vector<int32_t> tokens;  // [k], k <= num_draft_tokens
   // A token tree (engine/model/token_tree.h) instead of a chain: parents[j] is draft j's parent,
@@ -66,6 +76,9 @@ struct Draft {
   // ModelRunner::StepDraft's slots; valid until the speculator's next Propose). probs is then
   // empty. Verification copies them device to device.
   const float* device_probs = nullptr;
+  // Or kept on the draft runner's device past the next Propose (SSD's cache; DraftModelSpeculator::
+  // KeepProbsOnDevice): DraftModelSpeculator::ReadKeptProbs brings them to the host.
+  std::shared_ptr<const KeptProbs> kept_probs;
   // SSD's speculation cache only (DraftModelSpeculator's Propose with CacheDraftOptions): the
   // draft's best ids at each drafted position, [k, num_candidates]. Empty otherwise.
   std::vector<int32_t> candidates;
@@ -80,6 +93,7 @@ struct Draft {
     parents.clear();
     probs.clear();
     device_probs = nullptr;
+    kept_probs.reset();
     candidates.clear();
     origin = DraftOrigin::kDefault;
     num_kept_tokens = -1;

@@ -67,6 +67,9 @@ class CudaRunner : public ModelRunner {
   absl::Status ReserveProbSlots(int32_t n) override;
   const float* prob_slot(int32_t slot) const override;
   absl::Status ReadProbSlots(int32_t first, int32_t n, std::span<float> out) const override;
+  absl::Status ReserveKeptRows(int32_t n) override;
+  absl::Status KeepProbSlots(int32_t first_slot, int32_t n, int32_t first_row) override;
+  absl::Status ReadKeptRows(int32_t first_row, int32_t n, std::span<float> out) const override;
 
   // Token trees (cuda_runner_trees.cc) at world size 1 on a model without a sliding window:
   // tree chunks run eagerly with the attention's tree masks (kernels::AttentionTreeMask);

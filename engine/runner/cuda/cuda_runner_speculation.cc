@@ -170,6 +170,57 @@ const float* CudaRunner::State::ProbSlot(int32_t slot) const {
   return prob_slots.as<float>() + static_cast<size_t>(slot) * config.vocab_size;
 }
 
+absl::Status CudaRunner::ReserveKeptRows(int32_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("ReserveKeptRows(", n, ")"));
+  if (n <= s_->num_kept_rows) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(s_->Sync("kept rows"));  // nothing may still copy into the old ones
+  s_->kept_rows = cuda::DeviceMemory();
+  s_->num_kept_rows = 0;
+  SPECD_ASSIGN_OR_RETURN(
+      s_->kept_rows,
+      cuda::DeviceMemory::Allocate(static_cast<size_t>(n) * s_->config.vocab_size * sizeof(float),
+                                   "kept probability rows"));
+  s_->num_kept_rows = n;
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::KeepProbSlots(int32_t first_slot, int32_t n, int32_t first_row) {
+  if (first_slot < 0 || first_row < 0 || n < 0 || int64_t{first_slot} + n > s_->num_prob_slots ||
+      int64_t{first_row} + n > s_->num_kept_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KeepProbSlots: slots [", first_slot, ", ", int64_t{first_slot} + n, ") of ",
+                     s_->num_prob_slots, " into kept rows [", first_row, ", ",
+                     int64_t{first_row} + n, ") of ", s_->num_kept_rows));
+  }
+  if (n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  const size_t row_bytes = static_cast<size_t>(s_->config.vocab_size) * sizeof(float);
+  return cuda::Check(
+      cudaMemcpyAsync(s_->kept_rows.as<float>() + int64_t{first_row} * s_->config.vocab_size,
+                      s_->ProbSlot(first_slot), static_cast<size_t>(n) * row_bytes,
+                      cudaMemcpyDeviceToDevice, s_->stream),
+      "copy into kept rows");
+}
+
+absl::Status CudaRunner::ReadKeptRows(int32_t first_row, int32_t n, std::span<float> out) const {
+  const int64_t vocab = s_->config.vocab_size;
+  if (first_row < 0 || n < 0 || int64_t{first_row} + n > s_->num_kept_rows ||
+      static_cast<int64_t>(out.size()) < int64_t{n} * vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadKeptRows: rows [", first_row, ", ", int64_t{first_row} + n, ") of ",
+                     s_->num_kept_rows, " into ", out.size(), " floats"));
+  }
+  if (n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(out.data(), s_->kept_rows.as<float>() + int64_t{first_row} * vocab,
+                      static_cast<size_t>(n) * static_cast<size_t>(vocab) * sizeof(float),
+                      cudaMemcpyDeviceToHost, s_->stream),
+      "copy of kept rows"));
+  return s_->Sync("kept rows");
+}
+
 absl::Status CudaRunner::State::ReserveCandidates(int64_t rows) {
   if (rows <= cand_rows) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(Sync("candidate buffers"));  // nothing may still use the old ones

@@ -268,6 +268,8 @@ struct CudaRunner::State {
   cuda::DeviceMemory verify_q;    // [num drafts, vocab] f32
   cuda::DeviceMemory prob_slots;  // [num_prob_slots, vocab] f32
   int32_t num_prob_slots = 0;
+  cuda::DeviceMemory kept_rows;  // [num_kept_rows, vocab] f32 (ModelRunner::ReserveKeptRows)
+  int32_t num_kept_rows = 0;
   // cuda_runner_speculation.cc: ModelRunner::ReserveProbSlots / prob_slot; the draw of rows
   // [0, rows.size()) of the logits buffer, processed already (GpuSampler::EnqueueProbs), as
   // StepDraft draws them (q into slots; (*ids)[i] -1: no mass), synchronised.

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -254,11 +255,15 @@ int32_t CriticalBatchSize(const BatchRoundModel& model, int32_t max_batch_size =
 // ---- the speculation cache ----------------------------------------------------------------
 
 // One precomputed speculation: the next round's drafts for one outcome (k, t*).
+struct KeptProbs;  // engine/speculation/speculator.h
+
 struct CachedDraft {
   std::vector<int32_t> tokens;  // [K] draft ids continuing from the outcome's context
   // [K, vocab] f32: the rows the drafts were drawn from (for sampled requests, as
   // Draft::probs); empty for greedy requests. The cache does not look inside.
   std::vector<float> probs;
+  // Or the same rows kept on the draft's device (Draft::kept_probs); freed with the entry.
+  std::shared_ptr<const KeptProbs> kept_probs;
   uint64_t branch_id = 0;           // the draft model's sequence holding this branch's KV
   std::vector<int32_t> candidates;  // [K, F] the draft's top ids at each drafted position
 };

@@ -22,6 +22,9 @@ constexpr int32_t kMaxCandidates = 16;
 // step costs about the same for 1 or a few dozen rows (it reads its weights once), so branches
 // of every candidate rank share passes up to this many rows; beyond it, waves go by rank.
 constexpr size_t kMaxBranchesPerPass = 64;
+// Device memory for the cache's sampled q rows (DraftModelSpeculator::KeepProbsOnDevice): 1 GiB
+// holds 256 branches of K 7 over a 128K vocabulary; branches past it keep theirs on the host.
+constexpr int64_t kKeptRowsBytes = int64_t{1} << 30;
 
 // SplitMix64's finaliser: seeds of different branches (or requests) must give unrelated draft
 // streams; XOR of nearby integers collides (1000 ^ 1 == 1002 ^ 3).
@@ -147,6 +150,18 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
         "candidate hit {}): a benchmark setting",
         c.replay.alpha, c.replay.candidate_hit);
     draft->set_replay(std::move(replay));
+  }
+  // Sampled branches keep their q rows on the draft's device while cached, a block of K + 1 rows
+  // each, as many as the cache can hold (the time budget's at most kMaxCandidates per acceptance
+  // length and sequence) within kKeptRowsBytes.
+  {
+    const int32_t rows = c.num_speculative_tokens + 1;
+    const int64_t block_bytes = int64_t{rows} * vocab * static_cast<int64_t>(sizeof(float));
+    const int64_t blocks = std::min<int64_t>(int64_t{options.max_num_seqs} * rows * kMaxCandidates,
+                                             kKeptRowsBytes / block_bytes);
+    if (absl::Status s = draft->KeepProbsOnDevice(rows, static_cast<int32_t>(blocks)); !s.ok()) {
+      SPECD_LOG_WARN("ssd speculator: {}; cached q rows stay on the host", s.ToString());
+    }
   }
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
@@ -411,6 +426,7 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
     Draft& d = round.partial[i];
     d.tokens = std::move(cached->tokens);
     d.probs = std::move(cached->probs);
+    SPECD_RETURN_IF_ERROR(HostProbs(cached->kept_probs, d.probs));
     d.candidates = std::move(cached->candidates);
     round.resume_tokens.emplace_back(s.tokens);
     round.resume_tokens.back().insert(round.resume_tokens.back().end(), d.tokens.begin(),
@@ -426,6 +442,7 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
     r.served = Served::kHit;
     r.draft.tokens = std::move(cached->tokens);
     r.draft.probs = std::move(cached->probs);
+    SPECD_RETURN_IF_ERROR(HostProbs(cached->kept_probs, r.draft.probs));
     r.draft.candidates = std::move(cached->candidates);
     ++stats_.hits;
   } else if (backup_tier) {
@@ -443,11 +460,20 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
   return absl::OkStatus();
 }
 
+absl::Status SsdWorker::HostProbs(std::shared_ptr<const KeptProbs>& kept,
+                                  std::vector<float>& probs) {
+  if (kept == nullptr) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*kept, &probs));
+  kept.reset();
+  return absl::OkStatus();
+}
+
 absl::Status SsdWorker::DraftMisses(Round& round) {
   if (round.primary.empty()) return absl::OkStatus();
   const absl::Time t = absl::Now();
   std::vector<Draft> proposed;
   SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed));
+  for (Draft& d : proposed) SPECD_RETURN_IF_ERROR(HostProbs(d.kept_probs, d.probs));
   for (size_t j = 0; j < round.primary.size(); ++j) {
     Draft& d = round.results[round.primary_of[j]].draft;
     Draft& resumed = round.partial[round.primary_of[j]];
@@ -678,6 +704,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       CachedDraft c;
       c.tokens = std::move(d.tokens);
       c.probs = std::move(d.probs);
+      c.kept_probs = std::move(d.kept_probs);
       c.candidates = std::move(d.candidates);
       c.branch_id = br.branch_id;
       cache_.Insert(br.seq_id, seqs_[br.seq_id].round, br.k, br.bonus, std::move(c));

@@ -196,6 +196,9 @@ class SsdWorker {
                       std::optional<CachedDraft> cached, bool backup_tier, Round& round);
   // The primary's pass over the misses and partial hits.
   absl::Status DraftMisses(Round& round);
+  // A served draft's q rows kept on the draft's device brought into `probs` (the reply carries
+  // them), the device block freed; nothing when none are kept.
+  absl::Status HostProbs(std::shared_ptr<const KeptProbs>& kept, std::vector<float>& probs);
   void DraftBackups(const SpeculateRequest& request, Round& round);
   // The response, in request order; each sequence remembers what it was sent.
   void Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
