@@ -362,9 +362,9 @@ absl::Status DraftModelSpeculator::KeepProbsOnDevice(int32_t rows_per_block, int
   if (!runner_->SamplesSpeculationOnDevice() || rows_per_block < 1 || num_blocks < 1) {
     return absl::OkStatus();
   }
-  SPECD_RETURN_IF_ERROR(runner_->ReserveKeptRows(rows_per_block * num_blocks));
   kept_ = std::make_shared<KeptPool>();
   kept_->rows_per_block = rows_per_block;
+  kept_->num_blocks = num_blocks;
   for (int32_t b = num_blocks - 1; b >= 0; --b) kept_->free.push_back(b);
   return absl::OkStatus();
 }
@@ -377,6 +377,19 @@ absl::Status DraftModelSpeculator::ReadKeptProbs(const KeptProbs& kept,
 }
 
 absl::Status DraftModelSpeculator::KeepProbs(std::vector<Draft>& drafts) {
+  if (kept_ != nullptr && !kept_->reserved &&
+      std::any_of(drafts.begin(), drafts.end(),
+                  [](const Draft& d) { return d.device_probs != nullptr; })) {
+    // The rows are reserved with the first sampled branch: a server that only sees greedy
+    // requests never holds them.
+    if (absl::Status s = runner_->ReserveKeptRows(kept_->rows_per_block * kept_->num_blocks);
+        !s.ok()) {
+      SPECD_LOG_WARN("draft model: {}; cached q rows stay on the host", s.ToString());
+      kept_.reset();
+    } else {
+      kept_->reserved = true;
+    }
+  }
   for (size_t i = 0; kept_ != nullptr && i < drafts.size(); ++i) {
     Draft& d = drafts[i];
     const auto n = static_cast<int32_t>(d.tokens.size());

@@ -135,9 +135,9 @@ class DraftModelSpeculator : public Speculator {
   // then keeps each sampled draft's q rows on the device, in a block of the runner's kept rows
   // (num_blocks blocks of rows_per_block rows; Draft::kept_probs, the block freed when the last
   // reference goes), instead of copying them to the host; a draft longer than a block, or one
-  // that finds every block taken, is copied to the host as before. OK and no effect where the
-  // runner keeps no probabilities on a device; the reservation's error (out of device memory)
-  // otherwise, leaving the host copies in place.
+  // that finds every block taken, is copied to the host as before. The device memory is reserved
+  // with the first sampled draft (a warning and the host copies from then on when it cannot
+  // be). No effect where the runner keeps no probabilities on a device.
   absl::Status KeepProbsOnDevice(int32_t rows_per_block, int32_t num_blocks);
   // A draft's kept rows copied to `probs` ([num_rows, vocab] f32), after the passes queued before.
   absl::Status ReadKeptProbs(const KeptProbs& kept, std::vector<float>* probs) const;
@@ -270,6 +270,8 @@ class DraftModelSpeculator : public Speculator {
   // KeepProbsOnDevice's blocks: the free ones, shared with the handles that give theirs back.
   struct KeptPool {
     int32_t rows_per_block = 0;
+    int32_t num_blocks = 0;
+    bool reserved = false;  // the runner's kept rows exist (reserved with the first use)
     std::vector<int32_t> free;
   };
   std::shared_ptr<KeptPool> kept_;

@@ -159,9 +159,7 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
     const int64_t block_bytes = int64_t{rows} * vocab * static_cast<int64_t>(sizeof(float));
     const int64_t blocks = std::min<int64_t>(int64_t{options.max_num_seqs} * rows * kMaxCandidates,
                                              kKeptRowsBytes / block_bytes);
-    if (absl::Status s = draft->KeepProbsOnDevice(rows, static_cast<int32_t>(blocks)); !s.ok()) {
-      SPECD_LOG_WARN("ssd speculator: {}; cached q rows stay on the host", s.ToString());
-    }
+    SPECD_RETURN_IF_ERROR(draft->KeepProbsOnDevice(rows, static_cast<int32_t>(blocks)));
   }
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
