@@ -387,7 +387,9 @@ TEST_F(CodepairCudaTest, SampledCacheDraftsKeptOnTheDeviceEqualTheHostCopies) {
     auto draft = DraftModelSpeculator::Create(
         MakeRunner(Options(ModelDir("codepair/draft"), "cuda")), kVocab, 1024);
     EXPECT_TRUE(draft.ok()) << draft.status();
-    if (kept_blocks > 0) EXPECT_TRUE((*draft)->KeepProbsOnDevice(kK + 1, kept_blocks).ok());
+    if (kept_blocks > 0) {
+      EXPECT_TRUE((*draft)->KeepProbsOnDevice(kK + 1, kept_blocks).ok());
+    }
     return *std::move(draft);
   };
   SamplingParams sampled;
