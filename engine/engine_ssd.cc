@@ -26,6 +26,7 @@ absl::Status Engine::CreateSsd(const RunnerOptions& target) {
   o.max_num_seqs = options_.max_num_seqs;
   o.max_model_len = max_model_len_;
   o.max_num_batched_tokens = options_.max_num_batched_tokens;
+  o.target_device = target.device;
   o.device = spec.speculator_device.empty() ? target.device : spec.speculator_device;
   o.num_threads = target.num_threads;
   o.block_size = target.block_size;

@@ -213,6 +213,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                   "SSD: speculator time spent building the speculation cache.");
   ssd_connected_ =
       NewGauge(r, "specd_ssd_speculator_connected", "SSD: 1 while a speculator is connected.");
+  ssd_device_rows_ =
+      NewCounter(r, "specd_ssd_device_rows_total",
+                 "SSD: sampled drafts' q rows received GPU to GPU (the device data path).");
+  ssd_device_path_ = NewGauge(r, "specd_ssd_device_data_path",
+                              "SSD: 1 while the speculator link moves q rows GPU to GPU (NCCL).");
   auto* stage_seconds = family(
       "specd_ssd_round_stage_seconds_total",
       "SSD: the round's timeline, seconds per side and stage. verifier (the engine step that "
@@ -381,8 +386,10 @@ void Metrics::OnSsd(const SsdStats& s) {
   if (link_events >= ssd_link_events_) {
     ssd_link_events_ = link_events;
     ssd_connected_->Set(s.connected ? 1 : 0);
+    ssd_device_path_->Set(s.device_data_path ? 1 : 0);
   }
   add(ssd_link_failures_, s.link_failures, last.link_failures);
+  add(ssd_device_rows_, s.device_rows, last.device_rows);
   add(ssd_connects_, s.connects, last.connects);
   add(ssd_launches_, s.launches, last.launches);
   add(ssd_refused_joins_, s.refused_joins, last.refused_joins);

@@ -126,6 +126,8 @@ class Metrics : public EngineObserver {
   prometheus::Counter* ssd_busy_seconds_ = nullptr;
   prometheus::Counter* ssd_cache_seconds_ = nullptr;
   prometheus::Gauge* ssd_connected_ = nullptr;
+  prometheus::Counter* ssd_device_rows_ = nullptr;  // q rows GPU to GPU (the device data path)
+  prometheus::Gauge* ssd_device_path_ = nullptr;
   // The round's timeline: {side, stage} seconds and {side} rounds, made once (label lookups
   // allocate; these are updated after every step).
   std::array<prometheus::Counter*, kNumSsdVerifierStages> ssd_verifier_stage_{};

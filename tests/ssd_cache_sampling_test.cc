@@ -18,7 +18,8 @@
 // On a GPU machine, SPECD_SSD_TEST_DEVICE (the verifier's, e.g. cuda:0) and
 // SPECD_SSD_TEST_SPECULATOR_DEVICE (e.g. cuda:1) run the same tests there: the speculator then
 // draws its sampled drafts on its device, candidates and Saguaro down-weighting included
-// (tools/gpu/run_all.sh step ssd_cache_sampling_cuda).
+// (tools/gpu/run_all.sh step ssd_cache_sampling_cuda), and the q rows of the drafts it serves
+// go GPU to GPU on the device data path (SPECD_SSD_TEST_DATA_PATH=host: inline over TCP).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -29,7 +30,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/engine.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "engine/testing/engine_spec_logits_test_util.h"
@@ -91,6 +94,25 @@ const std::string kParallelSsdConfig =
     R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 1, "cache_build": "complete", )"
     R"("critical_batch_size": 1024, "speculator_timeout_ms": 60000})";
 
+// SPECD_SSD_TEST_DATA_PATH: "device" (the default) or "host".
+std::string DataPath() { return EnvOr("SPECD_SSD_TEST_DATA_PATH", "device"); }
+
+// With both ends on GPUs (and NCCL in the build) the q rows of the sampled drafts went GPU to
+// GPU, unless the host path was asked for; otherwise none did.
+void ExpectDataPath(const SsdStats& stats) {
+  const bool device = absl::StartsWith(EnvOr("SPECD_SSD_TEST_DEVICE", "cpu"), "cuda") &&
+                      absl::StartsWith(EnvOr("SPECD_SSD_TEST_SPECULATOR_DEVICE", ""), "cuda") &&
+                      NcclChannel::Available() && DataPath() == "device";
+  std::printf("[ SSD data path ] %s: %lld q rows GPU to GPU\n",
+              stats.device_data_path ? "device" : "host", (long long)stats.device_rows);
+  EXPECT_EQ(stats.device_data_path, device);
+  if (device) {
+    EXPECT_GT(stats.device_rows, 0);
+  } else {
+    EXPECT_EQ(stats.device_rows, 0);
+  }
+}
+
 std::unique_ptr<Engine> MakeSsdEngine(std::shared_ptr<EngineObserver> observer,
                                       std::string config = kSsdConfig) {
   // The binary and the devices from the environment (the GPU run packs the binary elsewhere).
@@ -100,6 +122,7 @@ std::unique_ptr<Engine> MakeSsdEngine(std::shared_ptr<EngineObserver> observer,
   if (!speculator_device.empty()) {
     config.insert(config.size() - 1, R"(, "speculator_device": ")" + speculator_device + "\"");
   }
+  config.insert(config.size() - 1, R"(, "data_path": ")" + DataPath() + "\"");
   EngineOptions o;
   o.model_dir = kTarget;
   o.device = EnvOr("SPECD_SSD_TEST_DEVICE", "cpu");
@@ -285,6 +308,7 @@ TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedDraftsFollowTheTarget) {
       stats.speculator_cache_seconds);
   EXPECT_EQ(stats.link_failures, 0);
   EXPECT_EQ(stats.local_rounds, 0);
+  ExpectDataPath(stats);
   EXPECT_EQ(s.first_round_hits, 0) << "a first round cannot hit";
   // The test is about hits: nearly every request had a second round, nearly all of them hits,
   // both fully and partially accepted ones (measured: 2000 second rounds, 1959 hits, 896 to 924
@@ -328,6 +352,7 @@ TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedParallelDraftsFollowTheTar
       (long long)s.hits_partial, (long long)stats.drafts_hit, (long long)stats.drafts_miss_primary,
       (long long)stats.drafts_miss_backup);
   EXPECT_EQ(stats.link_failures, 0);
+  ExpectDataPath(stats);
   EXPECT_EQ(s.first_round_hits, 0) << "a first round cannot hit";
   EXPECT_GE(s.second_rounds, kParallelRuns * 95 / 100);
   // Measured at 2000 requests: 2000 second rounds, 1726 hits (437 full, 1289 partial).

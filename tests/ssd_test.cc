@@ -290,9 +290,10 @@ void RunWithFault(int signal) {
   }
   while (tokens < 200) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // On a loaded machine the verifier may have replaced a slow speculator just now: wait for the
-  // relaunched one rather than leave with requests in flight.
+  // relaunched one to join rather than signal a process still starting (a speculator stopped
+  // before it joined would never be timed out, so never replaced).
   pid_t pid = engine->ssd_speculator_pid();
-  for (int i = 0; i < 100 && pid <= 0; ++i) {
+  for (int i = 0; i < 400 && (pid <= 0 || !observer->Last().connected); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     pid = engine->ssd_speculator_pid();
   }
@@ -304,6 +305,10 @@ void RunWithFault(int signal) {
       return std::all_of(done.begin(), done.end(), [](bool d) { return d; });
     }));
   }
+  // The stopped speculator was replaced (killed by the verifier: this does nothing), unless the
+  // link dropped just before the signal and it hit the relaunched process before it joined: that
+  // one may go on now (the rejoin below is the verifier's to do, not a stopped process's).
+  if (signal == SIGSTOP) kill(pid, SIGCONT);
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::vector<int32_t>& want = (*plain)[i].ids();
     // The stream ran 96 tokens; plain ran kLen: compare the common part.

@@ -47,7 +47,10 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // Version 6: SsdInit says whether the speculator drafts in parallel (parallel_drafting) and
 // sizes its cache by the measured verification time (time_budget); SpeculateRequest carries
 // that time (window_ns).
-inline constexpr uint16_t kProtocolVersion = 6;
+// Version 7: the device data path. SsdInit offers it (bulk_link) and SsdReady accepts it; the
+// two ends then join an NCCL link (BulkLinkInit), and sampled drafts' q rows travel on it
+// (SpeculateResponse::probs_out_of_band).
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -311,6 +314,9 @@ struct SsdInit {
   bool complete_cache = false;
   bool parallel_drafting = false;  // the draft drafts a round in one pass (its pard_token)
   bool time_budget = true;         // the cache's size from the measured verification time
+  // Version >= 7: the verifier offers the device data path (its target is on a GPU and the
+  // build has NCCL): q rows GPU to GPU on an NCCL link beside this channel, not inline.
+  bool bulk_link = false;
   // Benchmarks' controlled acceptance (DraftReplayOptions); replay_file "" is off.
   std::string replay_file;
   double replay_alpha = 0;
@@ -326,6 +332,10 @@ struct SsdReady {
   bool ok = false;
   std::string device;  // the draft's device, for logs (<= 1 KiB)
   std::string reason;  // when !ok (<= 1 KiB)
+  // Version >= 7: the speculator takes the offered device data path (its draft is on a GPU and
+  // keeps q rows there); both ends then join the NCCL link (NcclChannel::Create) before the
+  // first round.
+  bool bulk_link = false;
 
   bool operator==(const SsdReady&) const = default;
 };

@@ -221,9 +221,9 @@ TEST(MessagesTest, HandshakeFieldsOfVersionOneAndOverlongOnes) {
 TEST(MessagesTest, HelloOfALaterVersionStillDecodes) {
   const WireLimits limits = TestLimits();
   Hello hello = distributed_test::MakeHello(Role::kSpeculator);
-  hello.protocol_version = 7;
+  hello.protocol_version = kProtocolVersion + 1;
   std::vector<uint8_t> frame = Encode(hello, 0, limits);
-  EXPECT_EQ(frame[4], 7);
+  EXPECT_EQ(frame[4], kProtocolVersion + 1);
   // A later version may append fields to its Hello.
   frame.insert(frame.end(), {1, 2, 3, 4});
   Reseal(&frame);

@@ -86,6 +86,10 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Channel& control, Role role, absl:
 
 struct NcclChannel::Impl {
   int rank = 0;
+  int device = 0;
+  cudaStream_t stream = nullptr;  // stream(): created with the communicator, destroyed after it
+  void* buffer = nullptr;         // Buffer(): cudaMalloc'd on `device`
+  size_t buffer_bytes = 0;
   absl::Mutex mu;  // guards the communicator against Abort from another thread
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   bool failed ABSL_GUARDED_BY(mu) = false;  // abort instead of finalizing on destruction
@@ -153,6 +157,7 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& contro
   SPECD_ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(control, role, deadline));
   auto impl = std::make_unique<Impl>();
   impl->rank = role == Role::kVerifier ? 0 : 1;
+  impl->device = cuda_device;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
@@ -165,6 +170,11 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& contro
     ncclCommAbort(comm);
     return ready;
   }
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    ncclCommAbort(comm);
+    return cuda::Check(e, "cudaStreamCreateWithFlags (NCCL channel)");
+  }
   {
     absl::MutexLock lock(&impl->mu);
     impl->comm = comm;
@@ -174,22 +184,50 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& contro
 }
 
 NcclChannel::~NcclChannel() {
-  absl::MutexLock lock(&impl_->mu);
-  ncclComm_t comm = std::exchange(impl_->comm, nullptr);
-  if (comm == nullptr) return;
-  if (!impl_->failed && ncclCommFinalize(comm) != ncclSuccess) impl_->failed = true;
-  if (!impl_->failed && !WaitReady(comm, absl::Now() + kFinalizeTimeout, "ncclCommFinalize").ok()) {
-    impl_->failed = true;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (ncclComm_t comm = std::exchange(impl_->comm, nullptr); comm != nullptr) {
+      if (!impl_->failed && ncclCommFinalize(comm) != ncclSuccess) impl_->failed = true;
+      if (!impl_->failed &&
+          !WaitReady(comm, absl::Now() + kFinalizeTimeout, "ncclCommFinalize").ok()) {
+        impl_->failed = true;
+      }
+      if (impl_->failed) {
+        ncclCommAbort(comm);
+      } else {
+        ncclCommDestroy(comm);
+      }
+    }
   }
-  if (impl_->failed) {
-    ncclCommAbort(comm);
-  } else {
-    ncclCommDestroy(comm);
+  // The communicator is gone: nothing can still be queued on the stream or use the buffer.
+  cudaSetDevice(impl_->device);
+  if (impl_->buffer != nullptr) cudaFree(impl_->buffer);
+  if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
+}
+
+void* NcclChannel::stream() const { return impl_->stream; }
+
+absl::StatusOr<void*> NcclChannel::Buffer(size_t bytes) {
+  if (bytes <= impl_->buffer_bytes) return impl_->buffer;
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
+  if (impl_->buffer != nullptr) {
+    SPECD_RETURN_IF_ERROR(Synchronize(impl_->stream, absl::Seconds(30)));
+    SPECD_RETURN_IF_ERROR(cuda::Check(cudaFree(impl_->buffer), "cudaFree (NCCL channel buffer)"));
+    impl_->buffer = nullptr;
+    impl_->buffer_bytes = 0;
   }
+  const size_t grown = bytes + bytes / 4;  // rounds of slowly growing batches allocate rarely
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaMalloc(&impl_->buffer, grown), "cudaMalloc (NCCL channel buffer)"));
+  impl_->buffer_bytes = grown;
+  return impl_->buffer;
 }
 
 absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda_stream) {
   const int peer = 1 - impl_->rank;
+  // The caller's thread may have another GPU current (the verifier's engine thread, the
+  // communicator having been made on the accept thread).
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
   return impl_->Enqueue(
       [&](ncclComm_t comm) {
         return ncclSend(device_data, bytes, ncclUint8, peer, comm,
@@ -200,6 +238,7 @@ absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda
 
 absl::Status NcclChannel::Recv(void* device_data, size_t bytes, void* cuda_stream) {
   const int peer = 1 - impl_->rank;
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
   return impl_->Enqueue(
       [&](ncclComm_t comm) {
         return ncclRecv(device_data, bytes, ncclUint8, peer, comm,
@@ -249,6 +288,12 @@ absl::Status NcclChannel::Synchronize(void*, absl::Duration) {
 }
 
 void NcclChannel::Abort() {}
+
+void* NcclChannel::stream() const { return nullptr; }
+
+absl::StatusOr<void*> NcclChannel::Buffer(size_t) {
+  return absl::UnimplementedError("built without NCCL");
+}
 
 #endif  // SPECD_DISTRIBUTED_HAS_NCCL
 

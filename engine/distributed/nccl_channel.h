@@ -63,6 +63,14 @@ class NcclChannel {
   // Aborts the communicator: pending operations end, later calls return Unavailable. Idempotent.
   void Abort();
 
+  // The channel's own stream on its GPU (a cudaStream_t, non-blocking), for transfers that must
+  // not wait behind, or hold up, the caller's compute stream.
+  void* stream() const;
+  // A device buffer of at least `bytes` on this rank's GPU, owned by the channel (the SSD data
+  // path's send staging or receive target). Growing it first waits for stream() and drops its
+  // contents; the pointer stays valid until the next larger request or the channel's end.
+  absl::StatusOr<void*> Buffer(size_t bytes);
+
   // This process's rank: 0 verifier, 1 speculator.
   int rank() const;
 

@@ -15,10 +15,10 @@ namespace {
 constexpr uint64_t kTextBytes = 2 + kMaxTextBytes;
 // Sizes: 4 u32; draft_model, device; num_threads, block_size; load_format; gpu share, KV bytes;
 // K, lookup min and max, fan_out; geometric; critical batch; backup; complete, parallel, time
-// budget; replay.
+// budget, bulk link; replay.
 constexpr uint64_t kSsdInitBytes = 4 * 4 + 2 * kTextBytes + 2 * 4 + kTextBytes + 8 + 8 + 4 * 4 + 1 +
-                                   4 + kTextBytes + 3 + kTextBytes + 8 + 8 + 8;
-constexpr uint64_t kSsdReadyBytes = 1 + 2 * kTextBytes;
+                                   4 + kTextBytes + 4 + kTextBytes + 8 + 8 + 8;
+constexpr uint64_t kSsdReadyBytes = 1 + 2 * kTextBytes + 1;
 constexpr uint32_t kMaxInt32 = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
 
 // A count the engine holds as int32: in [lo, 2^31).
@@ -89,6 +89,7 @@ void Put(const SsdInit& m, const WireLimits&, ByteWriter& w) {
   w.U8(m.complete_cache ? 1 : 0);
   w.U8(m.parallel_drafting ? 1 : 0);
   w.U8(m.time_budget ? 1 : 0);
+  w.U8(m.bulk_link ? 1 : 0);
   w.Text(m.replay_file);
   w.F64(m.replay_alpha);
   w.F64(m.replay_candidate_hit);
@@ -116,6 +117,7 @@ void Get(ByteReader& r, const WireLimits& l, SsdInit* m) {
   m->complete_cache = GetBool(r, "complete_cache");
   m->parallel_drafting = GetBool(r, "parallel_drafting");
   m->time_budget = GetBool(r, "time_budget");
+  m->bulk_link = GetBool(r, "bulk_link");
   r.Text("replay_file", kMaxTextBytes, &m->replay_file);
   m->replay_alpha = r.F64("replay_alpha");
   m->replay_candidate_hit = r.F64("replay_candidate_hit");
@@ -132,11 +134,13 @@ void Put(const SsdReady& m, const WireLimits&, ByteWriter& w) {
   w.U8(m.ok ? 1 : 0);
   w.Text(m.device);
   w.Text(m.reason);
+  w.U8(m.bulk_link ? 1 : 0);
 }
 void Get(ByteReader& r, const WireLimits&, SsdReady* m) {
   m->ok = GetBool(r, "ok");
   r.Text("device", kMaxTextBytes, &m->device);
   r.Text("reason", kMaxTextBytes, &m->reason);
+  m->bulk_link = GetBool(r, "bulk_link");
 }
 
 uint64_t MaxSsdInitPayloadBytes(MessageType type) {

@@ -303,6 +303,11 @@ absl::Status ModelRunner::ReadKeptRows(int32_t, int32_t, std::span<float>) const
       absl::StrCat("ReadKeptRows: ", device_name(), " keeps no probabilities on a device"));
 }
 
+absl::Status ModelRunner::CopyKeptRows(std::span<const RowRange>, void*) const {
+  return absl::UnimplementedError(
+      absl::StrCat("CopyKeptRows: ", device_name(), " keeps no probabilities on a device"));
+}
+
 absl::Status ModelRunner::Unsupported(StepKind kind) const {
   switch (kind) {
     case StepKind::kSampledVerify:

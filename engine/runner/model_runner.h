@@ -48,6 +48,10 @@ struct RunnerOptions : DeviceOptions, BatchLimits {
   // runner holds 1/world_size of the sharded weights and its KV heads; rank 0 samples.
   TensorParallel tp;
   Communicator* comm = nullptr;
+  // CUDA: a round graph's query length (its longest chunk) rounded up to a multiple of this
+  // (at most 16), so passes whose chunk lengths vary (SSD's cache waves) share fewer graph
+  // shapes; the padding tokens cost compute, not correctness. 1: the exact length.
+  int32_t round_graph_q_len_multiple = 1;
   // An EAGLE-3 head's folder (engine/runner/eagle3_compute.h): the runner holds the head beside
   // the model (on rank 0 of a tensor-parallel group: workers ignore it) and captures the hidden
   // states it reads. Empty: none.
@@ -95,6 +99,14 @@ class ModelRunner {
   virtual int32_t max_model_len() const = 0;
   // Most rows one Step may draw (the device's logits buffer).
   virtual int32_t max_sample_rows() const = 0;
+  // Captures now the CUDA round graphs that passes of up to `max_batch` sequences with chunks of
+  // `q_lens` tokens would capture on first use (one logits row per sequence, or, with
+  // `all_rows`, a row per token), so no pass stalls on a capture later. As many as the graph
+  // budget holds; a no-op where graphs are not used.
+  virtual absl::Status CaptureRoundGraphs(int32_t /*max_batch*/,
+                                          std::span<const int32_t> /*q_lens*/, bool /*all_rows*/) {
+    return absl::OkStatus();
+  }
   // Longest chunk that may carry attention options (SequenceInput::attention: Vegas score
   // collection and sparse attention); unbounded where the runner takes any.
   virtual int32_t max_attention_option_tokens() const { return INT32_MAX; }
@@ -187,6 +199,15 @@ class ModelRunner {
   virtual absl::Status ReserveKeptRows(int32_t n);
   virtual absl::Status KeepProbSlots(int32_t first_slot, int32_t n, int32_t first_row);
   virtual absl::Status ReadKeptRows(int32_t first_row, int32_t n, std::span<float> out) const;
+  // Copies kept rows, range after range, to consecutive rows at `device_out` ([sum of counts,
+  // vocab] f32, device memory of this runner's GPU) after every pass queued before, and waits
+  // for the copies: SSD's device data path gathers the served drafts' rows there to send them.
+  // InvalidArgument for rows outside the reserved ones; Unimplemented where none are kept.
+  struct RowRange {
+    int32_t first = 0;
+    int32_t count = 0;
+  };
+  virtual absl::Status CopyKeptRows(std::span<const RowRange> ranges, void* device_out) const;
 
   // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
   // the verify calls take chunks with a tree, and MoveKv works.

@@ -116,6 +116,10 @@ struct SsdOptions {
   // build within the verifier's measured round (F until both are measured; at most 16 per
   // acceptance length); "fixed": B = (K + 1) * F. A complete cache is always fixed.
   bool time_budget = true;
+  // ("data_path": "device") sampled drafts' q rows move from the speculator's GPU to the
+  // verifier's on an NCCL link when both ends are on GPUs (TCP carries the rest); "host": inline
+  // in the TCP responses, through both hosts' memory.
+  bool device_data_path = true;
   float saguaro_c = -1.0f;          // default C for sampled requests; < 0: by temperature
   int32_t critical_batch_size = 0;  // b*: misses of batches this large go to the backup; 0: from
                                     // the measured hit rate and latencies (saguaro.h)

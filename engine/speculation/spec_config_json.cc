@@ -119,6 +119,12 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     return ConfigFieldError("cache_budget", "must be \"time\" or \"fixed\"");
   }
   o->time_budget = budget == "time";
+  std::string path = o->device_data_path ? "device" : "host";
+  if (absl::Status s = ReadString(j, "data_path", false, &path); !s.ok()) return s;
+  if (path != "device" && path != "host") {
+    return ConfigFieldError("data_path", "must be \"device\" or \"host\"");
+  }
+  o->device_data_path = path == "device";
   if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
       return ConfigFieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
@@ -272,6 +278,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "speculator_timeout_ms",
                                            "cache_build",
                                            "cache_budget",
+                                           "data_path",
                                            "speculator_gpu_memory_utilization",
                                            "speculator_secret_file",
                                            "speculator_tls_cert",
@@ -400,6 +407,7 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["speculator_timeout_ms"] = c.ssd.timeout_ms;
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
   j["cache_budget"] = c.ssd.time_budget ? "time" : "fixed";
+  j["data_path"] = c.ssd.device_data_path ? "device" : "host";
   if (c.ssd.gpu_memory_utilization > 0) {
     j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
   }

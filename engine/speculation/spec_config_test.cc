@@ -74,6 +74,7 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
       {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
       {R"({"method": "ssd", "model": "d", "cache_budget": "all"})", "cache_budget"},
+      {R"({"method": "ssd", "model": "d", "data_path": "pcie"})", "data_path"},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 0})",
        "speculator_gpu_memory_utilization"},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 1.5})",
@@ -103,7 +104,8 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
           "speculator_device": 1, "fan_out": 4, "fan_out_mode": "constant", "saguaro_c": 0.5,
           "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
           "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete",
-          "cache_budget": "fixed", "parallel": true, "speculator_gpu_memory_utilization": 0.8})");
+          "cache_budget": "fixed", "parallel": true, "speculator_gpu_memory_utilization": 0.8,
+          "data_path": "host"})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->method, SpeculationMethod::kSsd);
   EXPECT_EQ(c->num_speculative_tokens, 7);
@@ -118,6 +120,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_EQ(c->ssd.timeout_ms, 500);
   EXPECT_TRUE(c->ssd.complete_cache);
   EXPECT_FALSE(c->ssd.time_budget);
+  EXPECT_FALSE(c->ssd.device_data_path);
   EXPECT_TRUE(c->parallel_drafting);
   EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
   // The JSON writer and the reader agree.

@@ -42,7 +42,8 @@
 //              [--max-num-seqs N] [--no-prefix-caching] [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
-//               [--cache-build interruptible|complete] [--cache-budget time|fixed]]
+//               [--cache-build interruptible|complete] [--cache-budget time|fixed]
+//               [--data-path device|host] [--critical-batch-size B]]
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,6 +145,10 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
       run.busy_ms = 1e3 * (after.speculator_busy_seconds - before.speculator_busy_seconds) / remote;
       run.cache_ms =
           1e3 * (after.speculator_cache_seconds - before.speculator_cache_seconds) / remote;
+      run.device_rows = static_cast<double>(after.device_rows - before.device_rows) / remote;
+      run.tcp_bytes = static_cast<double>(after.bytes_sent - before.bytes_sent +
+                                          after.bytes_received - before.bytes_received) /
+                      remote;
     }
     run.ssd_timeline = SsdTimelineLine(before.timeline, after.timeline);
     if (run.tokens_per_s > best.tokens_per_s) best = run;
@@ -300,6 +305,8 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   ssd.ssd.saguaro_c = f.saguaro_c;
   ssd.ssd.complete_cache = f.cache_build == "complete";
   ssd.ssd.time_budget = f.cache_budget == "time";
+  ssd.ssd.device_data_path = f.data_path == "device";
+  ssd.ssd.critical_batch_size = f.critical_batch_size;
   ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
   return ssd;
 }
@@ -309,13 +316,13 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Step
   std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
   std::printf(
       "ssd: verifier on %s, speculator on %s (%s), fan-out %d (geometric, %s budget), C %s, %s "
-      "cache\n",
+      "cache, q rows via %s\n",
       engine->device_name().c_str(),
       f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
       f.parallel ? "parallel draft" : "draft model", f.fan_out,
       f.cache_budget == "time" && f.cache_build != "complete" ? "time" : "fixed",
       f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
-      f.cache_build.c_str());
+      f.cache_build.c_str(), f.data_path.c_str());
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.max_k()}, WarmUp(f));
   for (BatchSweep& sweep : sweeps) {
     for (int k : f.ks) {

@@ -44,6 +44,8 @@ struct SpecBenchFlags {
   float saguaro_c = -1;
   std::string cache_build = "interruptible";
   std::string cache_budget = "time";  // SSD: "time" (the measured window) or "fixed" (F)
+  std::string data_path = "device";   // SSD: q rows GPU to GPU ("device") or over TCP ("host")
+  int critical_batch_size = 0;        // SSD: b* (0: measured; large: misses never go to backup)
   std::string load_format = "auto";
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
   int max_model_len = 2048;
@@ -121,6 +123,10 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       ok = absl::SimpleAtoi(value(), &f->tensor_parallel_size) && f->tensor_parallel_size >= 1;
     } else if (a == "--speculator-device") {
       f->speculator_device = value();
+    } else if (a == "--critical-batch-size") {
+      ok = absl::SimpleAtoi(value(), &f->critical_batch_size) && f->critical_batch_size >= 0;
+    } else if (a == "--data-path") {
+      ok = (f->data_path = value()) == "device" || f->data_path == "host";
     } else if (a == "--cache-budget") {
       ok = (f->cache_budget = value()) == "time" || f->cache_budget == "fixed";
     } else if (a == "--cache-build") {

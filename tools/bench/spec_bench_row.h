@@ -35,6 +35,8 @@ struct Run {
   // (the rest: prefill steps, steps without the speculator).
   int64_t misses_primary = 0, misses_backup = 0, drafts_none = 0, local_rounds = 0;
   double round_share = -1;
+  // SSD: q rows received GPU to GPU (the device data path) and bytes over TCP, per round.
+  double device_rows = 0, tcp_bytes = 0;
   // Per speculative step (one verification round of every speculating request; the engine's
   // timers): the speculators' Propose calls, the verification pass, and the rest of the step.
   double step_draft_ms = 0, step_verify_ms = 0, step_rest_ms = 0;
@@ -120,16 +122,17 @@ inline void PrintPlainRow(int batch, double tokens_per_s) {
 }
 
 inline void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
-  char hits[320] = "";
+  char hits[400] = "";
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
                   "  (cache hits %.1f%%; misses %lld primary, %lld backup; %lld none, %lld local "
                   "rounds; timed rounds %.0f%% of the run; per round: verifier waits %.3f ms, "
-                  "speculator answers in %.3f ms and builds the cache in %.3f ms)",
+                  "speculator answers in %.3f ms and builds the cache in %.3f ms, %.1f q rows "
+                  "GPU to GPU, %.1f KB over TCP)",
                   100 * r.hit_rate, static_cast<long long>(r.misses_primary),
                   static_cast<long long>(r.misses_backup), static_cast<long long>(r.drafts_none),
                   static_cast<long long>(r.local_rounds), 100 * r.round_share, r.wait_ms,
-                  r.busy_ms - r.cache_ms, r.cache_ms);
+                  r.busy_ms - r.cache_ms, r.cache_ms, r.device_rows, r.tcp_bytes / 1e3);
   }
   char equal[128] = "";
   if (r.equal >= 0) {

@@ -366,6 +366,21 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
       --batches 1,16 --k 4 --max-tokens 128 --temperature 1 --saguaro-c "$c" --ssd \
       --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
   done
+  # The device data path against the host one (issue 34 point 2): sampled SSD at 8B / 1B shapes
+  # (random weights: the acceptance means nothing, but with b* out of the way every miss is
+  # re-drafted and its q rows travel: K 7 rows of 128K f32 per sequence, 3.6 MB), q rows GPU to
+  # GPU on NCCL or inline over TCP; and codepair at temperature 1 (real acceptance, C 0.5).
+  for path in device host; do
+    run_step "ssd_sampled_shapes_bench path=$path" 300 "${OURS[@]}" "$WORK/bin/spec_bench" \
+      --device cuda:0 --model "$DIR/models/shapes/llama-3.1-8b" \
+      --draft "$DIR/models/shapes/llama-3.2-1b" --load-format dummy --random-prompts 128 \
+      --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 64 --repeats 1 \
+      --temperature 1 --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3 \
+      --critical-batch-size 1024 --data-path "$path"
+    run_step "ssd_saguaro_bench c=0.5 path=$path" 200 "${OURS[@]}" "$WORK/bin/spec_bench" \
+      --device cuda:0 --batches 1,16 --k 4 --max-tokens 128 --temperature 1 --saguaro-c 0.5 \
+      --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3 --data-path "$path"
+  done
   # Sampled SSD's cache on two GPUs (issue 34): ssd_cache_sampling_test's chi-square tests with
   # the verifier on cuda:0 and the speculator on cuda:1, whose sampled draws (candidates and
   # Saguaro down-weighting) run on its device. Packed only on request:
@@ -374,6 +389,11 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     run_step "ssd_cache_sampling_cuda" 600 "${OURS[@]}" SPECD_SSD_TEST_DEVICE=cuda:0 \
       SPECD_SSD_TEST_SPECULATOR_DEVICE=cuda:1 SPECD_BINARY="$WORK/bin/specd" \
       "$WORK/bin/ssd_cache_sampling_test" --gtest_filter='*FollowTheTarget*'
+    # The same, the q rows inline over TCP ("data_path": "host"): the path without NCCL.
+    run_step "ssd_cache_sampling_cuda host" 600 "${OURS[@]}" SPECD_SSD_TEST_DEVICE=cuda:0 \
+      SPECD_SSD_TEST_SPECULATOR_DEVICE=cuda:1 SPECD_BINARY="$WORK/bin/specd" \
+      SPECD_SSD_TEST_DATA_PATH=host "$WORK/bin/ssd_cache_sampling_test" \
+      --gtest_filter='*CachedDraftsFollowTheTarget*'
   fi
   # Controlled acceptance (issue 6 (b)): Llama-3.1-8B-shaped target and Llama-3.2-1B-shaped draft
   # with random weights; the drafts replay the target's recorded greedy output with alpha 0.8

@@ -271,6 +271,8 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   auto s = std::make_unique<State>();
   s->utilization = o.gpu_memory_utilization;
   s->eager = o.enforce_eager;
+  s->q_len_multiple =
+      std::clamp(o.round_graph_q_len_multiple, 1, cuda_runner_internal::kMaxRoundGraphQueryLen);
   s->block_size = o.block_size;
   s->comm = o.comm;
   s->worker = o.tp.rank != 0;

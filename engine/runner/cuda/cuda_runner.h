@@ -70,6 +70,7 @@ class CudaRunner : public ModelRunner {
   absl::Status ReserveKeptRows(int32_t n) override;
   absl::Status KeepProbSlots(int32_t first_slot, int32_t n, int32_t first_row) override;
   absl::Status ReadKeptRows(int32_t first_row, int32_t n, std::span<float> out) const override;
+  absl::Status CopyKeptRows(std::span<const RowRange> ranges, void* device_out) const override;
 
   // Token trees (cuda_runner_trees.cc) at world size 1 on a model without a sliding window:
   // tree chunks run eagerly with the attention's tree masks (kernels::AttentionTreeMask);
@@ -80,6 +81,8 @@ class CudaRunner : public ModelRunner {
 
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
   std::vector<int32_t> graph_batch_sizes() const;
+  absl::Status CaptureRoundGraphs(int32_t max_batch, std::span<const int32_t> q_lens,
+                                  bool all_rows) override;
   // Graph replays so far and the round graphs captured (tests and benchmarks check that
   // speculation rounds replay graphs; all zero with enforce_eager).
   struct GraphStats {

@@ -80,12 +80,24 @@ GraphKey CudaRunner::State::GraphFor(std::span<const SequenceInput> batch, size_
   }
   size_t q_len = 0;
   for (const SequenceInput& in : batch) q_len = std::max(q_len, in.tokens.size());
-  const int32_t bucket =
-      *std::lower_bound(buckets.begin(), buckets.end(), static_cast<int32_t>(batch.size()));
-  if (q_len == 1 && rows_are_chunks)
+  if (q_len == 1 && rows_are_chunks) {
+    const int32_t bucket =
+        *std::lower_bound(buckets.begin(), buckets.end(), static_cast<int32_t>(batch.size()));
     return merge_k <= 1 ? GraphKey{bucket, 1, 0, merge_k} : GraphKey{};
+  }
+  return RoundKeyFor(static_cast<int32_t>(batch.size()), q_len, num_rows, merge_k);
+}
+
+GraphKey CudaRunner::State::RoundKeyFor(int32_t num_seqs, size_t q_len, size_t num_rows,
+                                        int32_t merge_k) const {
+  if (buckets.empty() || num_seqs < 1 || num_seqs > buckets.back()) return {};
+  const int32_t bucket = *std::lower_bound(buckets.begin(), buckets.end(), num_seqs);
+  if (q_len > static_cast<size_t>(kMaxRoundGraphQueryLen)) return {};
+  const auto m = static_cast<size_t>(q_len_multiple);
+  const size_t rounded = std::min<size_t>((q_len + m - 1) / m * m, kMaxRoundGraphQueryLen);
+  if (int64_t{bucket} * static_cast<int64_t>(rounded) <= limits.max_tokens) q_len = rounded;
   const int64_t tokens = int64_t{bucket} * static_cast<int64_t>(q_len);
-  if (q_len > static_cast<size_t>(kMaxRoundGraphQueryLen) || tokens > limits.max_tokens) return {};
+  if (tokens > limits.max_tokens) return {};
   // One row per sequence (the draft's catch-up, rows of some chunks) or up to every token
   // (verification): two row counts per (bucket, q_len), so the LM head does not run q_len times
   // the rows a catch-up needs.
@@ -258,6 +270,27 @@ absl::Status CudaRunner::State::Execute(const Launch& launch) {
 
 // Runs the key's padded dummy batch eagerly first (cuBLASLt picks its algorithms outside
 // capture, and the kernels see their shapes once), then captures the same launches.
+absl::Status CudaRunner::CaptureRoundGraphs(int32_t max_batch, std::span<const int32_t> q_lens,
+                                            bool all_rows) {
+  if (s_->eager || s_->buckets.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  // Every bucket up to max_batch's own.
+  const int32_t last = *std::lower_bound(s_->buckets.begin(), s_->buckets.end(),
+                                         std::clamp(max_batch, 1, s_->buckets.back()));
+  for (const int32_t bucket : s_->buckets) {
+    if (bucket > last) break;
+    for (const int32_t q_len : q_lens) {
+      if (q_len < 1) continue;
+      const size_t rows =
+          all_rows ? static_cast<size_t>(bucket) * static_cast<size_t>(q_len) : bucket;
+      if (q_len == 1 && !all_rows) continue;  // a decode graph, captured at load
+      SPECD_RETURN_IF_ERROR(s_->EnsureGraph(s_->RoundKeyFor(bucket, q_len, rows, 0)).status());
+      if (s_->round_graphs_full) return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaRunner::State::Capture(GraphKey key) {
   SPECD_ASSIGN_OR_RETURN(Launch launch, Prepare({}, {}, key));
   SPECD_RETURN_IF_ERROR(RunGraphBody(launch));

@@ -221,6 +221,29 @@ absl::Status CudaRunner::ReadKeptRows(int32_t first_row, int32_t n, std::span<fl
   return s_->Sync("kept rows");
 }
 
+absl::Status CudaRunner::CopyKeptRows(std::span<const RowRange> ranges, void* device_out) const {
+  const int64_t vocab = s_->config.vocab_size;
+  for (const RowRange& r : ranges) {
+    if (r.first < 0 || r.count < 0 || int64_t{r.first} + r.count > s_->num_kept_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyKeptRows: rows [", r.first, ", ",
+                                                     int64_t{r.first} + r.count, ") of ",
+                                                     s_->num_kept_rows));
+    }
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice"));
+  auto* out = static_cast<float*>(device_out);
+  for (const RowRange& r : ranges) {
+    if (r.count == 0) continue;
+    const size_t floats = static_cast<size_t>(r.count) * static_cast<size_t>(vocab);
+    SPECD_RETURN_IF_ERROR(
+        cuda::Check(cudaMemcpyAsync(out, s_->kept_rows.as<float>() + int64_t{r.first} * vocab,
+                                    floats * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream),
+                    "copy of kept rows"));
+    out += floats;
+  }
+  return s_->Sync("kept rows");
+}
+
 absl::Status CudaRunner::State::ReserveCandidates(int64_t rows) {
   if (rows <= cand_rows) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(Sync("candidate buffers"));  // nothing may still use the old ones

@@ -202,6 +202,9 @@ struct CudaRunner::State {
   // Decode graphs exist for merge_k 0 and, under tensor parallelism, 1.
   GraphKey GraphFor(std::span<const SequenceInput> batch, size_t num_rows, bool rows_are_chunks,
                     int32_t merge_k = 0) const;
+  // GraphFor's round-graph key for `num_seqs` sequences whose longest chunk has `q_len` tokens
+  // and `num_rows` rows (q_len rounded up to q_len_multiple); an eager key when none fits.
+  GraphKey RoundKeyFor(int32_t num_seqs, size_t q_len, size_t num_rows, int32_t merge_k) const;
   // `key` once its graph exists: a round graph is captured on first use (which synchronises and
   // overwrites the staging buffers, so call it before Prepare). An eager key when graphs are
   // off, the round-graph budget is spent, or capture ran out of memory.
@@ -224,6 +227,7 @@ struct CudaRunner::State {
   int32_t num_sms = 0;
   double utilization = 0.9;
   bool eager = false;
+  int32_t q_len_multiple = 1;  // RunnerOptions::round_graph_q_len_multiple
   ModelConfig config;
   int32_t max_model_len = 0;
   int32_t block_size = 16;

@@ -13,14 +13,18 @@ namespace {
 
 // How long a connection arriving mid-launch waits for the launched pid.
 constexpr absl::Duration kLaunchWait = absl::Seconds(10);
+// How long joining the device data path's NCCL link may take (its first init loads NCCL).
+constexpr absl::Duration kBulkLinkWait = absl::Seconds(60);
 
 }  // namespace
 
 SsdAcceptor::SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy,
-                         SsdInit init, absl::Duration init_timeout)
+                         SsdInit init, absl::Duration init_timeout, int32_t bulk_device)
     : listener_(std::move(listener)),
       init_(std::move(init)),
       init_timeout_(init_timeout),
+      bulk_device_(bulk_device),
+      offer_bulk_(init_.bulk_link && bulk_device >= 0),
       policy_(policy) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -37,7 +41,7 @@ void SsdAcceptor::BeginLaunch(const LinkSecret& secret) {
   policy_.expected_pid = 0;
   launching_ = true;
   ++generation_;
-  ready_.reset();
+  ready_ = SsdLink();
 }
 
 void SsdAcceptor::EndLaunch(int32_t pid) {
@@ -46,18 +50,17 @@ void SsdAcceptor::EndLaunch(int32_t pid) {
   launching_ = false;
 }
 
-std::unique_ptr<TcpChannel> SsdAcceptor::Take() {
+SsdLink SsdAcceptor::Take() {
   absl::MutexLock lock(&mu_);
-  return std::move(ready_);
+  return std::exchange(ready_, SsdLink());
 }
 
-std::unique_ptr<TcpChannel> SsdAcceptor::WaitFor(absl::Duration timeout) {
+SsdLink SsdAcceptor::WaitFor(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](std::unique_ptr<TcpChannel>* ready) { return *ready != nullptr; }, &ready_),
-      timeout);
-  return std::move(ready_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](SsdLink* ready) { return static_cast<bool>(*ready); }, &ready_),
+                       timeout);
+  return std::exchange(ready_, SsdLink());
 }
 
 AcceptPolicy SsdAcceptor::CurrentPolicy(uint64_t* generation) {
@@ -94,8 +97,12 @@ void SsdAcceptor::Loop() {
       refused_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    const absl::Status ready = OfferSsdInit(**channel, init_, init_timeout_,
-                                            [&] { return stop_.load() || Superseded(generation); });
+    SsdInit init = init_;
+    init.bulk_link = offer_bulk_;
+    SsdReady answer;
+    const absl::Status ready = OfferSsdInit(
+        **channel, init, init_timeout_, [&] { return stop_.load() || Superseded(generation); },
+        &answer);
     if (stop_.load()) return;
     if (absl::IsCancelled(ready)) {
       SPECD_LOG_WARN("ssd: dropping a speculator admitted before the latest launch");
@@ -107,12 +114,28 @@ void SsdAcceptor::Loop() {
       refused_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
+    SsdLink link{*std::move(channel), nullptr};
+    if (init.bulk_link && answer.bulk_link) {
+      absl::StatusOr<std::unique_ptr<NcclChannel>> bulk =
+          NcclChannel::Create(*link.channel, Role::kVerifier, bulk_device_, kBulkLinkWait);
+      if (stop_.load()) return;
+      if (!bulk.ok()) {  // the speculator fails its half too, and joins again without it
+        SPECD_LOG_WARN(
+            "ssd: no device data path to the speculator ({}); q rows go over TCP from now on",
+            bulk.status().ToString());
+        offer_bulk_ = false;
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      link.bulk = *std::move(bulk);
+      SPECD_LOG_INFO("ssd: q rows go GPU to GPU (NCCL, cuda:{})", bulk_device_);
+    }
     absl::MutexLock lock(&mu_);
     if (generation != generation_) {  // admitted under the policy of an earlier launch
       SPECD_LOG_WARN("ssd: dropping a speculator admitted before the latest launch");
       continue;
     }
-    ready_ = *std::move(channel);
+    ready_ = std::move(link);
   }
 }
 

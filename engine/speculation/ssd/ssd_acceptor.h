@@ -17,16 +17,28 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/distributed/messages.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/distributed/tcp_channel.h"
 
 namespace specd {
 
+// A speculator ready for rounds: its control channel and, when the init agreed on the device data
+// path, the NCCL link beside it.
+struct SsdLink {
+  std::unique_ptr<TcpChannel> channel;
+  std::unique_ptr<NcclChannel> bulk;
+  explicit operator bool() const { return channel != nullptr; }
+};
+
 class SsdAcceptor {
  public:
   // Starts accepting on `listener` with `policy`; each admitted speculator gets `init` and
-  // `init_timeout` to answer it.
+  // `init_timeout` to answer it. When init.bulk_link offers the device data path and the
+  // speculator takes it, both join its NCCL link, this end on GPU `bulk_device`; a link that
+  // fails to come up refuses that speculator, and later ones are not offered it (their q rows
+  // go inline over TCP).
   SsdAcceptor(std::unique_ptr<TcpListener> listener, const AcceptPolicy& policy, SsdInit init,
-              absl::Duration init_timeout);
+              absl::Duration init_timeout, int32_t bulk_device = -1);
   // Closes the listener and joins the thread.
   ~SsdAcceptor();
   SsdAcceptor(const SsdAcceptor&) = delete;
@@ -41,10 +53,10 @@ class SsdAcceptor {
   // The launched process is `pid` (0: the launch failed): only it may join.
   void EndLaunch(int32_t pid) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The channel admitted since the last call, or null. Never blocks.
-  std::unique_ptr<TcpChannel> Take() ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits up to `timeout` for an admitted channel (startup); null when none came.
-  std::unique_ptr<TcpChannel> WaitFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // The link admitted since the last call, or an empty one. Never blocks.
+  SsdLink Take() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for an admitted link (startup); an empty one when none came.
+  SsdLink WaitFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Connections refused so far (wrong process, TLS, secret, garbage, incompatible Hello, an
   // init the speculator failed).
@@ -60,11 +72,13 @@ class SsdAcceptor {
   const std::unique_ptr<TcpListener> listener_;
   const SsdInit init_;
   const absl::Duration init_timeout_;
+  const int32_t bulk_device_;
+  bool offer_bulk_;  // the accept thread's: cleared after a device data path failed
   absl::Mutex mu_;
   AcceptPolicy policy_ ABSL_GUARDED_BY(mu_);
   bool launching_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by BeginLaunch
-  std::unique_ptr<TcpChannel> ready_ ABSL_GUARDED_BY(mu_);
+  SsdLink ready_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> refused_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
+#include "engine/distributed/nccl_channel.h"
+#include "engine/runner/model_runner.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 
 namespace specd {
@@ -69,6 +71,10 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
   init.complete_cache = c.ssd.complete_cache;
   init.parallel_drafting = c.parallel_drafting;
   init.time_budget = c.ssd.time_budget;
+  // The device data path: offered when the target's GPU can join an NCCL link.
+  const absl::StatusOr<DeviceChoice> target = ParseDevice(o.target_device);
+  init.bulk_link =
+      c.ssd.device_data_path && NcclChannel::Available() && target.ok() && target->cuda;
   init.replay_file = c.replay.file;
   init.replay_alpha = c.replay.alpha;
   init.replay_candidate_hit = c.replay.candidate_hit;
@@ -121,7 +127,7 @@ absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init) {
 }
 
 absl::Status OfferSsdInit(TcpChannel& channel, const SsdInit& init, absl::Duration timeout,
-                          const std::function<bool()>& cancelled) {
+                          const std::function<bool()>& cancelled, SsdReady* answer) {
   SPECD_RETURN_IF_ERROR(channel.Send(init, absl::Seconds(10)));
   const absl::Time deadline = absl::Now() + timeout;
   Message message;
@@ -139,6 +145,10 @@ absl::Status OfferSsdInit(TcpChannel& channel, const SsdInit& init, absl::Durati
     }
     if (*type == MessageType::kHeartbeat) continue;
     if (const SsdReady* ready = std::get_if<SsdReady>(&message)) {
+      if (answer != nullptr) *answer = *ready;
+      if (ready->bulk_link && !init.bulk_link) {
+        return absl::InvalidArgumentError("its SsdReady takes a device data path not offered");
+      }
       if (!ready->ok) {
         return absl::FailedPreconditionError(absl::StrCat("its SsdReady says: ", ready->reason));
       }

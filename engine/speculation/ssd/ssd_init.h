@@ -36,9 +36,10 @@ absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init);
 // the speculator's SsdReady (its draft loads meanwhile; `cancelled`, when given, is asked about
 // every 100 ms), then switches the channel to SsdInitLimits(init). FailedPrecondition with the
 // speculator's reason when it could not start; Cancelled; DeadlineExceeded; the channel's error
-// when it broke or the peer sent something else. The channel is unusable after an error.
+// when it broke or the peer sent something else. The channel is unusable after an error. The
+// SsdReady goes to `ready` when given (whether the speculator took the device data path).
 absl::Status OfferSsdInit(TcpChannel& channel, const SsdInit& init, absl::Duration timeout,
-                          const std::function<bool()>& cancelled = {});
+                          const std::function<bool()>& cancelled = {}, SsdReady* ready = nullptr);
 
 // The speculator's half: the verifier's SsdInit, waiting up to `timeout`. Errors say what came
 // instead (a malformed or oversized SsdInit: the decoder's error naming the field; a Shutdown:

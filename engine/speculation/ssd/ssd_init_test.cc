@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "engine/base/status.h"
 #include "engine/distributed/distributed_test_util.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/distributed/tcp_channel.h"
 #include "engine/speculation/ssd/ssd_process.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
@@ -103,6 +104,29 @@ TEST(SsdInitTest, TheVerifiersSettingsSurviveTheWire) {
   EXPECT_EQ(w->max_num_seqs, 8);
   EXPECT_EQ(w->max_model_len, 512);
   EXPECT_EQ(SsdInitLimits(*init), SsdWireLimits(kDraftVocab, 8, 512));
+}
+
+// The device data path is offered only from a target on a GPU, with NCCL in the build and
+// "data_path": "device" (the default); the offer and the SsdReady's answer survive the wire.
+TEST(SsdInitTest, TheDeviceDataPathIsOfferedOnlyFromAGpuTarget) {
+  SsdSpeculatorOptions o = VerifierOptions();
+  o.target_device = "cpu";
+  EXPECT_FALSE(MakeSsdInit(o).bulk_link) << "a CPU target has no GPU to receive on";
+  o.target_device = "cuda:1";
+  EXPECT_EQ(MakeSsdInit(o).bulk_link, NcclChannel::Available());
+  o.config.ssd.device_data_path = false;
+  EXPECT_FALSE(MakeSsdInit(o).bulk_link) << "\"data_path\": \"host\"";
+  SsdInit offer = MakeSsdInit(o);
+  offer.bulk_link = true;
+  absl::StatusOr<SsdInit> init = OverTheWire(offer);
+  ASSERT_TRUE(init.ok()) << init.status();
+  EXPECT_TRUE(init->bulk_link);
+  FrameBuffer frame;
+  const SsdReady ready{.ok = true, .device = "cuda:1", .reason = "", .bulk_link = true};
+  ASSERT_TRUE(EncodeFrame(ready, 0, SsdHandshakeLimits(), &frame).ok());
+  Message decoded;
+  ASSERT_TRUE(DecodeFrame(frame.bytes(), SsdHandshakeLimits(), &decoded).ok());
+  EXPECT_EQ(std::get<SsdReady>(decoded), ready);
 }
 
 TEST(SsdInitTest, ValuesNoVerifierSendsAreRefusedNamingTheField) {

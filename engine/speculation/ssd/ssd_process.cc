@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/distributed/tcp_channel.h"
+#include "engine/runner/model_runner.h"
 #include "engine/speculation/ssd/ssd_init.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "engine/speculation/ssd/ssd_worker.h"
@@ -20,6 +22,8 @@ namespace {
 constexpr absl::Duration kInitWait = absl::Seconds(30);
 // Pause before joining again after a failed init: the same init would fail the same way at once.
 constexpr absl::Duration kRejoinAfterFailedInit = absl::Seconds(2);
+// How long joining the device data path's NCCL link may take (its first init loads NCCL).
+constexpr absl::Duration kBulkLinkWait = absl::Seconds(60);
 
 // The process's state across joins: the worker and the init its draft was loaded for.
 class SpeculatorProcess {
@@ -98,8 +102,15 @@ absl::Status SpeculatorProcess::JoinAndServe() {
   if (loaded.ok()) loaded = channel->SetLimits(SsdInitLimits(*init));
   SsdReady ready;
   ready.ok = loaded.ok();
+  int32_t bulk_device = -1;  // the draft's GPU when the device data path is taken
   if (ready.ok) {
     ready.device = worker_->draft_device().substr(0, kMaxTextBytes);
+    absl::StatusOr<DeviceChoice> device = ParseDevice(Overridden(*init).device);
+    if (init->bulk_link && NcclChannel::Available() && device.ok() && device->cuda &&
+        worker_->keeps_rows_on_device()) {
+      ready.bulk_link = true;
+      bulk_device = device->index;
+    }
   } else {
     ready.reason = std::string(loaded.message()).substr(0, kMaxTextBytes);
   }
@@ -110,8 +121,23 @@ absl::Status SpeculatorProcess::JoinAndServe() {
     return loaded;
   }
   SPECD_RETURN_IF_ERROR(answered);
+  // The device data path: both ends join its NCCL link before the first round (a failure here
+  // makes the verifier offer it no more: the next join sends q rows inline).
+  std::unique_ptr<NcclChannel> bulk;
+  if (ready.bulk_link) {
+    absl::StatusOr<std::unique_ptr<NcclChannel>> link =
+        NcclChannel::Create(*channel, Role::kSpeculator, bulk_device, kBulkLinkWait);
+    if (!link.ok()) {
+      return absl::Status(link.status().code(),
+                          absl::StrCat("the device data path: ", link.status().message()));
+    }
+    bulk = *std::move(link);
+  }
   worker_->DropAll();  // a verifier that just joined knows none of our sequences
-  return worker_->ServeChannel(*channel);
+  const absl::Status served = worker_->ServeChannel(*channel, bulk.get());
+  // Whatever ended the link, the verifier is gone from it: nothing to finalize together.
+  if (bulk != nullptr) bulk->Abort();
+  return served;
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
       local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {}
 
 SsdSpeculator::~SsdSpeculator() {
+  if (bulk_) bulk_->Abort();  // the speculator ends its half without finalizing together
   if (channel_) {
     channel_->Send(Shutdown{"verifier stopping"}, absl::Milliseconds(100)).IgnoreError();
     channel_->Close();
@@ -90,8 +91,10 @@ absl::Status SsdSpeculator::StartListening() {
                          TcpListener::Listen(address.first, address.second,
                                              SsdHello(Role::kVerifier), std::move(tls)));
   if (ssd.launch) policy.expected_pid = INT32_MAX;  // nobody until the first launch
+  const absl::StatusOr<DeviceChoice> target = ParseDevice(options_.target_device);
   acceptor_ = std::make_unique<SsdAcceptor>(std::move(listener), policy, MakeSsdInit(options_),
-                                            options_.init_timeout);
+                                            options_.init_timeout,
+                                            target.ok() && target->cuda ? target->index : -1);
   SPECD_LOG_INFO("ssd: listening for the speculator on {}:{}", address.first, port());
   return absl::OkStatus();
 }
@@ -108,8 +111,8 @@ absl::StatusOr<std::unique_ptr<SsdSpeculator>> SsdSpeculator::Create(
   // missing GPU) is a startup error, reported with the reason it printed.
   const absl::Time deadline = absl::Now() + o.startup_timeout;
   while (!s->channel_) {
-    if (std::unique_ptr<TcpChannel> c = s->acceptor_->WaitFor(absl::Milliseconds(100))) {
-      s->Adopt(std::move(c));
+    if (SsdLink link = s->acceptor_->WaitFor(absl::Milliseconds(100))) {
+      s->Adopt(std::move(link));
       break;
     }
     if (o.config.ssd.launch && !s->process_.Running()) {
@@ -170,15 +173,19 @@ void SsdSpeculator::MaybeLaunch() {
   SPECD_LOG_INFO("ssd: launched the speculator (pid {})", process_.pid());
 }
 
-void SsdSpeculator::Adopt(std::unique_ptr<TcpChannel> channel) {
+void SsdSpeculator::Adopt(SsdLink link) {
   if (channel_) {
     SPECD_LOG_INFO("ssd: an authenticated speculator replaces the current link");
+    if (bulk_) bulk_->Abort();
     channel_->Close();
   }
-  SPECD_LOG_INFO("ssd: speculator joined from {}", channel->peer_address());
+  SPECD_LOG_INFO("ssd: speculator joined from {} (q rows {})", link.channel->peer_address(),
+                 link.bulk ? "GPU to GPU" : "over TCP");
   bytes_before_.sent = stats_.bytes_sent;
   bytes_before_.received = stats_.bytes_received;
-  channel_ = std::move(channel);
+  channel_ = std::move(link.channel);
+  bulk_ = std::move(link.bulk);
+  stats_.device_data_path = bulk_ != nullptr;
   for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
   released_.clear();
   ++stats_.connects;
@@ -190,6 +197,9 @@ void SsdSpeculator::LinkDown(const absl::Status& why) {
                  why.ToString());
   ++stats_.link_failures;
   stats_.connected = false;
+  stats_.device_data_path = false;
+  if (bulk_) bulk_->Abort();  // a receive the speculator never sends for ends now
+  bulk_.reset();
   if (channel_) channel_->Close();
   channel_.reset();
   // A launched speculator that stopped answering is replaced; a dead one is reaped.
@@ -218,7 +228,7 @@ absl::Status SsdSpeculator::Propose(std::span<const DraftInput> inputs,
                                     std::vector<Draft>* drafts) {
   drafts->assign(inputs.size(), Draft{});
   round_open_ = false;
-  if (std::unique_ptr<TcpChannel> joined = acceptor_->Take()) Adopt(std::move(joined));
+  if (SsdLink joined = acceptor_->Take()) Adopt(std::move(joined));
   stats_.refused_joins = acceptor_->refused();
   if (!channel_) MaybeLaunch();
   if (channel_) {
@@ -248,6 +258,7 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
     return absl::InternalError(absl::StrCat("ssd: ", response.drafts.size(), " drafts for ",
                                             request.seqs.size(), " sequences"));
   }
+  SPECD_RETURN_IF_ERROR(ReceiveRows(response, timeout));
   stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
   stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
   AddSpeculatorStages(response);
@@ -258,7 +269,7 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   }
   const int64_t end_ns = MonotonicNanos();
   // Transfer: building and sending the request, then reading the reply from its first byte
-  // (and checking it); wait: between the two.
+  // (and checking it, and the device data path's receive of its q rows); wait: between the two.
   round_.at(SsdVerifierStage::kTransfer) =
       NanosToSeconds(start_ns, stamps_.sent) + NanosToSeconds(stamps_.first_byte, lookup_ns);
   round_.at(SsdVerifierStage::kWait) = NanosToSeconds(stamps_.sent, stamps_.first_byte);
@@ -357,6 +368,29 @@ absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration
   return absl::OkStatus();
 }
 
+absl::Status SsdSpeculator::ReceiveRows(const SpeculateResponse& response, absl::Duration timeout) {
+  bulk_rows_ = nullptr;
+  if (!response.probs_out_of_band) return absl::OkStatus();
+  if (bulk_ == nullptr) {
+    return absl::FailedPreconditionError("ssd: q rows sent out of band without a device data path");
+  }
+  bulk_offsets_.clear();
+  uint64_t rows = 0;
+  for (const SpeculateDraft& d : response.drafts) {
+    bulk_offsets_.push_back(rows);
+    rows += d.has_probs ? d.num_tokens : 0;
+  }
+  if (rows == 0) return absl::OkStatus();
+  const size_t bytes = rows * static_cast<size_t>(options_.vocab_size) * sizeof(float);
+  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes));
+  SPECD_RETURN_IF_ERROR(bulk_->Recv(buffer, bytes, bulk_->stream()));
+  // Verification reads the rows on the target's stream: they must be complete first.
+  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), timeout));
+  bulk_rows_ = static_cast<const float*>(buffer);
+  stats_.device_rows += static_cast<int64_t>(rows);
+  return absl::OkStatus();
+}
+
 void SsdSpeculator::AddSpeculatorStages(const SpeculateResponse& response) {
   SsdTimeline& t = stats_.timeline;
   ++t.speculator_rounds;
@@ -418,7 +452,11 @@ void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const
                                                       : DraftOrigin::kPrimary;
   out.tokens.assign(tokens.begin(), tokens.end());
   s.num_remote_drafts = static_cast<int32_t>(out.tokens.size());
-  if (!in.params->greedy() && !out.tokens.empty()) {
+  if (!in.params->greedy() && !out.tokens.empty() && d.has_probs && bulk_rows_ != nullptr) {
+    const auto index = static_cast<size_t>(&d - response.drafts.data());
+    out.device_probs =
+        bulk_rows_ + bulk_offsets_[index] * static_cast<uint64_t>(options_.vocab_size);
+  } else if (!in.params->greedy() && !out.tokens.empty()) {
     const std::span<const float> rows =
         response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));
     out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts

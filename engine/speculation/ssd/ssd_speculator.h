@@ -48,6 +48,9 @@ struct SsdSpeculatorOptions {
   int32_t max_num_seqs = 256;
   int32_t max_model_len = 0;
   int32_t max_num_batched_tokens = 2048;  // tokens of one draft forward pass
+  // The target's device: on a GPU, the device data path (config.ssd.device_data_path) brings the
+  // speculator's q rows there over NCCL.
+  std::string target_device = "cpu";
   // The draft's runner, as the verifier sets it up for its speculator.
   std::string device = "cpu";  // config.speculator_device, else the target's
   int32_t num_threads = 0;     // CPU threads; 0: one per core
@@ -109,7 +112,7 @@ class SsdSpeculator : public Speculator {
   absl::Status StartListening();
   // Makes an admitted speculator's channel the link (replacing an older one): it knows nothing,
   // so every sequence goes to it whole.
-  void Adopt(std::unique_ptr<TcpChannel> channel);
+  void Adopt(SsdLink link);
   // Starts the speculator process when we launch it and none runs (at most every few seconds).
   void MaybeLaunch();
   void LinkDown(const absl::Status& why);
@@ -121,6 +124,9 @@ class SsdSpeculator : public Speculator {
   absl::Status SendReleases(absl::Duration timeout);
   int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent);
   absl::Status AwaitResponse(absl::Duration timeout, absl::Duration wait);
+  // The response's q rows that travel on the device data path received into bulk_'s buffer on
+  // the target's GPU (row offsets per response draft in bulk_offsets_); nothing when inline.
+  absl::Status ReceiveRows(const SpeculateResponse& response, absl::Duration timeout);
   // The speculator's stage times from the response (SpeculateResponse::*_ns) into the timeline.
   void AddSpeculatorStages(const SpeculateResponse& response);
   void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
@@ -129,6 +135,12 @@ class SsdSpeculator : public Speculator {
   WireLimits limits_;
   std::unique_ptr<SsdAcceptor> acceptor_;
   std::unique_ptr<TcpChannel> channel_;
+  // The device data path beside channel_ (null: q rows inline), the rows the last response sent
+  // on it ([rows, vocab] f32 on the target's GPU, valid until the next Propose), and each
+  // response draft's first row there.
+  std::unique_ptr<NcclChannel> bulk_;
+  const float* bulk_rows_ = nullptr;
+  std::vector<uint64_t> bulk_offsets_;
   Subprocess process_;
   std::atomic<int32_t> pid_{-1};  // process_'s pid for other threads
   absl::Time last_launch_ = absl::InfinitePast();

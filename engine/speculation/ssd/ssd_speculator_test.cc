@@ -4,7 +4,8 @@
 // request's Saguaro C comes from its resolved speculation options, else the default by
 // temperature. The init exchange: a joining speculator gets the verifier's settings in its
 // SsdInit; one that cannot start (SsdReady not ok), answers the init with something else, or
-// speaks an older protocol never joins, and the verifier drafts locally meanwhile.
+// speaks an older protocol never joins, and the verifier drafts locally meanwhile. The device
+// data path: declined, q rows go inline; a link that cannot come up falls back to TCP.
 #include "engine/speculation/ssd/ssd_speculator.h"
 
 #include <array>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "engine/base/monotonic_clock.h"
 #include "engine/distributed/link_auth.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/distributed/tcp_channel.h"
 #include "engine/speculation/saguaro/saguaro.h"
 #include "engine/speculation/ssd/ssd_init.h"
@@ -36,8 +38,9 @@ const std::vector<int32_t> kDrafts = {5, 6, 7, 8};  // what the scripted specula
 // The stage times every scripted response reports, ns (SsdSpeculatorStage order).
 constexpr std::array<uint64_t, kNumSsdSpeculatorStages> kStageNs = {1000, 2000, 3000, 4000, 5000};
 
-// How the scripted speculator answers the verifier's SsdInit.
-enum class InitAnswer { kReady, kCannotStart, kHeartbeatThenClose };
+// How the scripted speculator answers the verifier's SsdInit: ready (taking the device data path
+// when offered: kReadyTakingDevicePath), unable to start, or with something else.
+enum class InitAnswer { kReady, kReadyTakingDevicePath, kCannotStart, kHeartbeatThenClose };
 
 // The speculator process's end: answers the SsdInit as told, then every request with kDrafts for
 // each sequence, and keeps the init and the requests. Serve runs on its own thread until the link
@@ -64,10 +67,14 @@ class ScriptedSpeculator {
     }
     switch (answer_) {
       case InitAnswer::kReady:
+      case InitAnswer::kReadyTakingDevicePath: {
         if (absl::Status s = (*channel)->SetLimits(SsdInitLimits(*init)); !s.ok()) return s;
-        (void)(*channel)->Send(SsdReady{.ok = true, .device = "scripted", .reason = ""},
-                               absl::Seconds(5));
+        const bool take = answer_ == InitAnswer::kReadyTakingDevicePath && init->bulk_link;
+        (void)(*channel)->Send(
+            SsdReady{.ok = true, .device = "scripted", .reason = "", .bulk_link = take},
+            absl::Seconds(5));
         break;
+      }
       case InitAnswer::kCannotStart:
         (void)(*channel)->Send(
             SsdReady{.ok = false, .device = "", .reason = "no draft on this host"},
@@ -434,6 +441,88 @@ TEST(SsdSpeculatorTest, ASpeculatorOfAnOlderProtocolIsRefusedAtHello) {
   drafts = ProposeRepeating(*v.ssd);
   ASSERT_EQ(drafts.size(), 1u);
   EXPECT_EQ(drafts[0].origin, DraftOrigin::kLocal);
+}
+
+// A speculator that does not take the offered device data path (its draft on the CPU, or no NCCL
+// there) gets a link whose q rows go inline over TCP.
+TEST(SsdSpeculatorTest, ASpeculatorDecliningTheDevicePathServesOverTcp) {
+  Verifier v;
+  ASSERT_NE(v.ssd, nullptr);
+  v.options.target_device = "cuda:0";
+  v.ssd.reset();
+  ASSERT_EQ(setenv(kLinkSecretEnv, LinkSecretToHex(v.secret).c_str(), 1), 0);
+  absl::StatusOr<std::unique_ptr<SsdSpeculator>> created = SsdSpeculator::Create(v.options);
+  unsetenv(kLinkSecretEnv);
+  ASSERT_TRUE(created.ok()) << created.status();
+  v.ssd = *std::move(created);
+  ScriptedSpeculator peer;
+  PeerThread thread(v, peer);
+  ASSERT_TRUE(WaitConnected(*v.ssd));
+  ASSERT_TRUE(peer.init().has_value());
+  EXPECT_EQ(peer.init()->bulk_link, NcclChannel::Available()) << "offered from a GPU target";
+  EXPECT_FALSE(v.ssd->stats().device_data_path);
+  const std::vector<Draft> drafts = ProposeRepeating(*v.ssd);
+  ASSERT_EQ(drafts.size(), 1u);
+  EXPECT_EQ(drafts[0].origin, DraftOrigin::kPrimary);
+  EXPECT_EQ(drafts[0].tokens, kDrafts);
+  EXPECT_EQ(drafts[0].device_probs, nullptr);
+  EXPECT_EQ(v.ssd->stats().device_rows, 0);
+}
+
+// The device data path's fallback: when its NCCL link cannot come up (here the verifier's GPU
+// is missing; on a real pair, no peer access or no NCCL), that speculator is refused, later
+// joins are not offered the path, and the next one serves over TCP.
+TEST(SsdSpeculatorTest, ADevicePathThatCannotComeUpFallsBackToTcp) {
+  absl::StatusOr<LinkSecret> secret = NewLinkSecret();
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  absl::StatusOr<std::unique_ptr<TcpListener>> listener =
+      TcpListener::Listen("127.0.0.1", 0, SsdHello(Role::kVerifier), nullptr);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  AcceptPolicy policy;
+  policy.secret = *secret;
+  SsdSpeculatorOptions options;
+  options.config.draft_model = "/models/draft";
+  options.config.num_speculative_tokens = kK;
+  options.vocab_size = kVocab;
+  options.max_num_seqs = kMaxNumSeqs;
+  options.max_model_len = kMaxModelLen;
+  SsdInit init = MakeSsdInit(options);
+  init.bulk_link = true;  // offered, whatever this build has
+  constexpr int32_t kNoSuchGpu = 4096;
+  SsdAcceptor acceptor(*std::move(listener), policy, init, absl::Seconds(30), kNoSuchGpu);
+  ScriptedSpeculator first(InitAnswer::kReadyTakingDevicePath);
+  std::thread([&, port = acceptor.port()] {
+    EXPECT_TRUE(first.Serve(port, *secret).ok());
+  }).join();  // its link is closed once the device path failed
+  ASSERT_TRUE(first.init().has_value());
+  EXPECT_TRUE(first.init()->bulk_link);
+  EXPECT_EQ(acceptor.refused(), 1);
+  EXPECT_FALSE(acceptor.Take());
+  ScriptedSpeculator second(InitAnswer::kReadyTakingDevicePath);
+  std::thread serving([&, port = acceptor.port()] { (void)second.Serve(port, *secret); });
+  SsdLink link = acceptor.WaitFor(absl::Seconds(60));
+  ASSERT_TRUE(link) << "the next speculator joins";
+  EXPECT_EQ(link.bulk, nullptr);
+  ASSERT_TRUE(second.init().has_value());
+  EXPECT_FALSE(second.init()->bulk_link) << "not offered again";
+  // A round over TCP.
+  SpeculateRequest request;
+  request.round_id = 1;
+  SpeculateSeq m;
+  m.seq_id = 7;
+  m.flags = kSeqNew;
+  m.num_draft_tokens = kK;
+  request.AddSeq(m, std::vector<int32_t>{1, 2, 3});
+  ASSERT_TRUE(link.channel->Send(request, absl::Seconds(10)).ok());
+  Message reply;
+  absl::StatusOr<MessageType> type = link.channel->Recv(absl::Seconds(30), &reply);
+  ASSERT_TRUE(type.ok()) << type.status();
+  ASSERT_EQ(*type, MessageType::kSpeculateResponse);
+  const auto& response = std::get<SpeculateResponse>(reply);
+  ASSERT_EQ(response.drafts.size(), 1u);
+  EXPECT_FALSE(response.probs_out_of_band);
+  link.channel->Close();
+  serving.join();
 }
 
 }  // namespace

@@ -71,12 +71,14 @@ struct SsdStats {
   double speculator_cache_seconds = 0;  // ... of which building the cache
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  int64_t device_rows = 0;  // q rows received GPU to GPU (the device data path), not in bytes_*
   // Per acceptance length k of the round before (index k, grown as needed): sequences whose
   // outcome the speculator was told, and of those the ones it had in its cache.
   std::vector<int64_t> outcomes_by_accepted_len;
   std::vector<int64_t> hits_by_accepted_len;
   SsdTimeline timeline;  // the round's stages on both sides
   bool connected = false;
+  bool device_data_path = false;  // the current link moves q rows GPU to GPU
 };
 
 }  // namespace specd

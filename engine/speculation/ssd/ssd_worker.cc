@@ -8,6 +8,7 @@
 #include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
 #include "engine/speculation/ngram.h"
+#include "engine/speculation/ssd/cache_budget.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 
 namespace specd {
@@ -22,6 +23,8 @@ constexpr int32_t kMaxCandidates = 16;
 // step costs about the same for 1 or a few dozen rows (it reads its weights once), so branches
 // of every candidate rank share passes up to this many rows; beyond it, waves go by rank.
 constexpr size_t kMaxBranchesPerPass = 64;
+// The draft runner's round graphs round chunk lengths up to a multiple of this.
+constexpr int32_t kWaveQueryLenMultiple = 4;
 // Device memory for the cache's sampled q rows (DraftModelSpeculator::KeepProbsOnDevice): 1 GiB
 // holds 256 branches of K 7 over a 128K vocabulary; branches past it keep theirs on the host.
 constexpr int64_t kKeptRowsBytes = int64_t{1} << 30;
@@ -42,84 +45,11 @@ uint64_t NanosBetween(int64_t start_ns, int64_t end_ns) {
   return end_ns > start_ns ? static_cast<uint64_t>(end_ns - start_ns) : 0;
 }
 
-// Decay of the wave cost model's older samples, per newer one.
-constexpr double kWaveDecay = 0.9;
 // The share of the verifier's window the build plans for: a wave still running when the
 // verifier's next request arrives delays the answer to it.
 constexpr double kWindowShare = 0.9;
 
 }  // namespace
-
-void WaveCostModel::Add(double branches, double seconds) {
-  // A one-off stall (a CUDA graph captured for a new shape, a page fault) must not stop the
-  // cache from growing for many rounds: a sample counts at most twice the prediction once a few
-  // waves are in (a wave that really got dearer still moves the estimate, doubling each time).
-  if (weight_ >= 3) seconds = std::min(seconds, 2 * Predict(branches));
-  weight_ = weight_ * kWaveDecay + 1;
-  sx_ = sx_ * kWaveDecay + branches;
-  sy_ = sy_ * kWaveDecay + seconds;
-  sxx_ = sxx_ * kWaveDecay + branches * branches;
-  sxy_ = sxy_ * kWaveDecay + branches * seconds;
-}
-
-double WaveCostModel::Predict(double branches) const {
-  if (weight_ <= 0) return 0;
-  const double mx = sx_ / weight_, my = sy_ / weight_;
-  const double var = sxx_ / weight_ - mx * mx;
-  // Waves of (nearly) one size: in proportion above it; below it, half of the cost is taken as
-  // fixed (a pass reads its weights whatever its rows), until a second size is measured.
-  if (var < 1.0 || mx <= 0) {
-    if (mx <= 0) return my;
-    return branches >= mx ? my * branches / mx : my * (0.5 + 0.5 * branches / mx);
-  }
-  const double slope = std::max(0.0, (sxy_ / weight_ - mx * my) / var);
-  return std::max(0.0, my + slope * (branches - mx));
-}
-
-int32_t BranchesWithin(const WaveCostModel& model, double window, int32_t per_wave,
-                       int32_t max_branches) {
-  if (per_wave < 1 || window <= 0) return 0;
-  const double full = model.Predict(per_wave);
-  int32_t branches = 0;
-  double spent = 0;
-  while (branches < max_branches) {
-    const int32_t wave = std::min(per_wave, max_branches - branches);
-    if (wave == per_wave && spent + full <= window) {  // a whole wave more fits
-      spent += full;
-      branches += wave;
-      continue;
-    }
-    // The last wave: the most branches that still fit.
-    int32_t fit = 0;
-    for (int32_t n = wave; n >= 1; --n) {
-      if (spent + model.Predict(n) <= window) {
-        fit = n;
-        break;
-      }
-    }
-    return branches + fit;
-  }
-  return branches;
-}
-
-std::vector<int32_t> SplitBudget(int32_t total, std::span<const int32_t> cap) {
-  std::vector<int32_t> out(cap.size(), 0);
-  int32_t left = std::max(0, total);
-  // Rounds of an even share over the sequences still below their caps.
-  while (left > 0) {
-    int32_t open = 0;
-    for (size_t i = 0; i < cap.size(); ++i) open += out[i] < cap[i] ? 1 : 0;
-    if (open == 0) break;
-    const int32_t share = std::max(1, left / open);
-    for (size_t i = 0; i < cap.size() && left > 0; ++i) {
-      const int32_t give = std::min({share, cap[i] - out[i], left});
-      if (give <= 0) continue;
-      out[i] += give;
-      left -= give;
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOptions& options) {
   const SpeculativeConfig& c = options.config;
@@ -133,8 +63,28 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
         r.max_num_batched_tokens,
         static_cast<int64_t>(kMaxBranchesPerPass) * (c.num_speculative_tokens + 1)));
   }
+  // The cache's waves mix catch-ups of every acceptance length: chunk lengths rounded to 4 share
+  // graph shapes.
+  r.round_graph_q_len_multiple = kWaveQueryLenMultiple;
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(r));
   const int32_t vocab = runner->config().vocab_size;
+  // Their graphs are captured now, not in the verification windows of the first requests (a
+  // capture takes tens of ms; a window a few). A parallel draft's pass: the catch-up (the
+  // accepted drafts and the bonus, 1 to K + 1 tokens) and K mask tokens, a row per token; a
+  // draft model's: the catch-up, a row per sequence, then decode steps (captured at load).
+  {
+    const int32_t K = c.num_speculative_tokens;
+    std::vector<int32_t> q_lens;
+    for (int32_t n = c.parallel_drafting ? K + 1 : 2;
+         n <= (c.parallel_drafting ? 2 * K + 1 : K + 1); ++n) {
+      q_lens.push_back(n);
+    }
+    const absl::Time start = absl::Now();
+    SPECD_RETURN_IF_ERROR(runner->CaptureRoundGraphs(static_cast<int32_t>(kMaxBranchesPerPass),
+                                                     q_lens, c.parallel_drafting));
+    SPECD_LOG_INFO("ssd speculator: round graphs for the cache's waves ready in {}",
+                   absl::FormatDuration(absl::Now() - start));
+  }
   SPECD_ASSIGN_OR_RETURN(
       std::unique_ptr<DraftModelSpeculator> draft,
       DraftModelSpeculator::Create(std::move(runner), vocab, r.max_num_batched_tokens));
@@ -354,7 +304,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
   DraftBackups(request, round);
   const int64_t reply_start = MonotonicNanos();
-  Reply(request, round, response);
+  SPECD_RETURN_IF_ERROR(Reply(request, round, response));
   last_response_ = absl::Now();
   NoteStages(response, triage_start, draft_start, reply_start, MonotonicNanos());
   // Busy since the last response: the cache built after it, then this answer.
@@ -421,16 +371,15 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
   if (cached && cached->tokens.size() < wanted) {
     SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
     r.served = Served::kHit;
-    Draft& d = round.partial[i];
-    d.tokens = std::move(cached->tokens);
-    d.probs = std::move(cached->probs);
-    SPECD_RETURN_IF_ERROR(HostProbs(cached->kept_probs, d.probs));
-    d.candidates = std::move(cached->candidates);
+    Result& p = round.partial[i];
+    p.draft.tokens = std::move(cached->tokens);
+    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, p));
+    p.draft.candidates = std::move(cached->candidates);
+    const std::vector<int32_t>& had = p.draft.tokens;
     round.resume_tokens.emplace_back(s.tokens);
-    round.resume_tokens.back().insert(round.resume_tokens.back().end(), d.tokens.begin(),
-                                      d.tokens.end());
+    round.resume_tokens.back().insert(round.resume_tokens.back().end(), had.begin(), had.end());
     round.primary.push_back(InputFor(m.seq_id, s, round.resume_tokens.back(),
-                                     static_cast<int32_t>(wanted - d.tokens.size())));
+                                     static_cast<int32_t>(wanted - had.size())));
     round.primary_cache.push_back(CacheOptionsFor(s));
     round.primary_of.push_back(i);
     ++stats_.hits;
@@ -439,8 +388,7 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
     SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
     r.served = Served::kHit;
     r.draft.tokens = std::move(cached->tokens);
-    r.draft.probs = std::move(cached->probs);
-    SPECD_RETURN_IF_ERROR(HostProbs(cached->kept_probs, r.draft.probs));
+    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, r));
     r.draft.candidates = std::move(cached->candidates);
     ++stats_.hits;
   } else if (backup_tier) {
@@ -458,11 +406,29 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
   return absl::OkStatus();
 }
 
-absl::Status SsdWorker::HostProbs(std::shared_ptr<const KeptProbs>& kept,
-                                  std::vector<float>& probs) {
-  if (kept == nullptr) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*kept, &probs));
-  kept.reset();
+absl::Status SsdWorker::MoveRows(std::vector<float>& probs, std::shared_ptr<const KeptProbs>& kept,
+                                 Result& to) {
+  if (kept != nullptr && to.draft.probs.empty()) {
+    to.kept.push_back(std::move(kept));
+    return absl::OkStatus();
+  }
+  if (kept == nullptr && probs.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(HostRows(to));  // rows on the host on either side: all go there
+  if (kept != nullptr) {
+    SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*kept, &probs));
+    kept.reset();
+  }
+  to.draft.probs.insert(to.draft.probs.end(), probs.begin(), probs.end());
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::HostRows(Result& r) {
+  std::vector<float> rows;
+  for (const std::shared_ptr<const KeptProbs>& k : r.kept) {
+    SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*k, &rows));
+    r.draft.probs.insert(r.draft.probs.end(), rows.begin(), rows.end());
+  }
+  r.kept.clear();
   return absl::OkStatus();
 }
 
@@ -471,21 +437,20 @@ absl::Status SsdWorker::DraftMisses(Round& round) {
   const absl::Time t = absl::Now();
   std::vector<Draft> proposed;
   SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed));
-  for (Draft& d : proposed) SPECD_RETURN_IF_ERROR(HostProbs(d.kept_probs, d.probs));
   for (size_t j = 0; j < round.primary.size(); ++j) {
-    Draft& d = round.results[round.primary_of[j]].draft;
-    Draft& resumed = round.partial[round.primary_of[j]];
-    if (resumed.tokens.empty()) {
-      d = std::move(proposed[j]);
-      continue;
-    }
     // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
-    // drafts it had still stand).
-    d = std::move(resumed);
-    d.tokens.insert(d.tokens.end(), proposed[j].tokens.begin(), proposed[j].tokens.end());
-    d.probs.insert(d.probs.end(), proposed[j].probs.begin(), proposed[j].probs.end());
-    d.candidates.insert(d.candidates.end(), proposed[j].candidates.begin(),
-                        proposed[j].candidates.end());
+    // drafts it had still stand). A miss had none.
+    Result& r = round.results[round.primary_of[j]];
+    Result& resumed = round.partial[round.primary_of[j]];
+    Draft& rest = proposed[j];
+    r.draft.tokens = std::move(resumed.draft.tokens);
+    r.draft.probs = std::move(resumed.draft.probs);
+    r.draft.candidates = std::move(resumed.draft.candidates);
+    r.kept = std::move(resumed.kept);
+    r.draft.tokens.insert(r.draft.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    r.draft.candidates.insert(r.draft.candidates.end(), rest.candidates.begin(),
+                              rest.candidates.end());
+    SPECD_RETURN_IF_ERROR(MoveRows(rest.probs, rest.kept_probs, r));
   }
   // b* compares a full re-draft with the backup: resumed branches alone are no sample of it.
   // A new sequence's first drafts include its prompt's prefill, which no later miss pays: such
@@ -512,9 +477,23 @@ void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
   if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-void SsdWorker::Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response) {
+absl::Status SsdWorker::Reply(const SpeculateRequest& request, Round& round,
+                              SpeculateResponse* response) {
   uint32_t prob_rows = 0;
   const size_t vocab = static_cast<size_t>(vocab_size());
+  // Sampled drafts need their q rows (a backup's deterministic drafts have none: one-hot). They
+  // go GPU to GPU when the link has a device data path and every such draft keeps its rows on
+  // the draft's device; otherwise all of them inline.
+  auto has_rows = [&](size_t i) {
+    return (request.seqs[i].flags & kSeqWantProbs) != 0 &&
+           round.results[i].served != Served::kBackup && !round.results[i].draft.tokens.empty();
+  };
+  bool out_of_band = bulk_ != nullptr;
+  for (size_t i = 0; i < request.seqs.size(); ++i) {
+    if (has_rows(i) && round.results[i].kept.empty()) out_of_band = false;
+  }
+  bulk_ranges_.clear();
+  bulk_blocks_.clear();
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
     auto it = seqs_.find(m.seq_id);
@@ -524,11 +503,12 @@ void SsdWorker::Reply(const SpeculateRequest& request, Round& round, SpeculateRe
     }
     Seq& s = it->second;
     Result& r = round.results[i];
-    const bool want_probs = (m.flags & kSeqWantProbs) != 0;
+    const bool rows_wanted = has_rows(i);
+    if (rows_wanted && !out_of_band) SPECD_RETURN_IF_ERROR(HostRows(r));
     size_t n = std::min<size_t>(r.draft.tokens.size(), m.num_draft_tokens);
-    // Sampled drafts need their q rows (a backup's deterministic drafts have none: one-hot).
-    const bool has_rows = want_probs && r.served != Served::kBackup;
-    if (has_rows && (r.draft.probs.size() < n * vocab || prob_rows + n > kSsdMaxProbRows)) n = 0;
+    size_t have = r.draft.probs.size() / vocab;
+    for (const std::shared_ptr<const KeptProbs>& k : r.kept) have += k->num_rows;
+    if (rows_wanted && (have < n || (!out_of_band && prob_rows + n > kSsdMaxProbRows))) n = 0;
     s.drafts.assign(r.draft.tokens.begin(), r.draft.tokens.begin() + n);
     // A backup that found nothing still served the sequence (it decodes plainly, and the cache
     // is built for k = 0); a draft model that gave nothing (KV full, no room for q rows) did not.
@@ -544,12 +524,42 @@ void SsdWorker::Reply(const SpeculateRequest& request, Round& round, SpeculateRe
                                : s.served == Served::kBackup  ? DraftStatus::kMissBackup
                                                               : DraftStatus::kNone;
     std::span<const float> rows;
-    if (has_rows && n > 0) {
+    const bool with_rows = rows_wanted && n > 0;
+    if (with_rows && out_of_band) {
+      // The first n rows of the kept blocks, in order.
+      auto left = static_cast<int32_t>(n);
+      for (size_t b = 0; b < r.kept.size() && left > 0; ++b) {
+        const int32_t take = std::min(left, r.kept[b]->num_rows);
+        bulk_ranges_.push_back({r.kept[b]->first_row, take});
+        bulk_blocks_.push_back(r.kept[b]);
+        left -= take;
+      }
+    } else if (with_rows) {
       rows = std::span<const float>(r.draft.probs).first(n * vocab);
-      prob_rows += static_cast<uint32_t>(n);
     }
-    response->AddDraft(m.seq_id, status, s.drafts, rows);
+    if (with_rows) prob_rows += static_cast<uint32_t>(n);
+    response->AddDraft(m.seq_id, status, s.drafts, rows, with_rows);
   }
+  response->probs_out_of_band = out_of_band && prob_rows > 0;
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::SendRows() {
+  if (bulk_ranges_.empty()) return absl::OkStatus();
+  int64_t rows = 0;
+  for (const ModelRunner::RowRange& r : bulk_ranges_) rows += r.count;
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(vocab_size()) * 4;
+  // The last round's send is done (the verifier received it before sending this round's
+  // request): the buffer is free. Then gather, and send on the link's stream, which the build
+  // that follows does not wait for.
+  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), absl::Seconds(30)));
+  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes));
+  SPECD_RETURN_IF_ERROR(draft_->runner().CopyKeptRows(bulk_ranges_, buffer));
+  bulk_ranges_.clear();
+  bulk_blocks_.clear();
+  SPECD_RETURN_IF_ERROR(bulk_->Send(buffer, bytes, bulk_->stream()));
+  stats_.device_rows += rows;
+  return absl::OkStatus();
 }
 
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
@@ -720,7 +730,12 @@ void SsdWorker::DropAll() {
   for (uint64_t id : ids) Drop(id);
 }
 
-absl::Status SsdWorker::ServeChannel(Channel& channel) {
+absl::Status SsdWorker::ServeChannel(Channel& channel, NcclChannel* bulk) {
+  // The link is the caller's: forgotten when serving ends, however it ends.
+  struct Forget {
+    NcclChannel*& link;
+    ~Forget() { link = nullptr; }
+  } forget{bulk_ = bulk};
   Message message;
   Message reply = SpeculateResponse();
   bool pending = false;  // BuildCache stopped because `message` arrived
@@ -748,6 +763,7 @@ absl::Status SsdWorker::ServeChannel(Channel& channel) {
         SPECD_RETURN_IF_ERROR(Handle(std::get<SpeculateRequest>(message), &response));
         const int64_t send_start = MonotonicNanos();
         SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
+        SPECD_RETURN_IF_ERROR(SendRows());
         send_ns_ = NanosBetween(send_start, MonotonicNanos());
         stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReply)] += send_ns_ * 1e-9;
         SPECD_RETURN_IF_ERROR(options_.config.ssd.complete_cache ? BuildCache()

@@ -36,10 +36,12 @@
 #include "absl/time/time.h"
 #include "engine/distributed/channel.h"
 #include "engine/distributed/messages.h"
+#include "engine/distributed/nccl_channel.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/saguaro/saguaro.h"
 #include "engine/speculation/spec_config.h"
+#include "engine/speculation/ssd/cache_budget.h"
 #include "engine/speculation/ssd/ssd_stats.h"
 
 namespace specd {
@@ -63,6 +65,7 @@ struct SsdWorkerStats {
   int64_t misses_backup = 0;
   int64_t branches = 0;         // cached speculations built
   int64_t budget_branches = 0;  // the last time-budgeted build's budget (0: fixed or none yet)
+  int64_t device_rows = 0;      // q rows sent GPU to GPU (the device data path)
   // Seconds per stage of the round (SsdSpeculatorStage order), what the responses report.
   std::array<double, kNumSsdSpeculatorStages> stage_seconds{};
 };
@@ -73,32 +76,6 @@ struct TierSeconds {
   double primary = 0;  // a primary re-draft of the misses
   double backup = 0;   // a backup draft
 };
-
-// What one wave of the cache build (one batched Propose over its branches: K + 1 passes of a
-// draft model, one pass of a parallel draft) costs, in seconds, against its number of branches:
-// a least-squares line over the recent waves (each older one counts 0.9 as much as the next).
-// Before waves of two sizes were seen, a wave of n branches is predicted from the mean wave: in
-// proportion above the mean size, with half of its cost fixed below it. Once three waves are in,
-// a sample counts at most twice its prediction (one-off stalls).
-class WaveCostModel {
- public:
-  void Add(double branches, double seconds);
-  // Predicted seconds of a wave of `branches`; 0 before any wave.
-  double Predict(double branches) const;
-  bool measured() const { return weight_ > 0; }
-
- private:
-  double weight_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
-};
-
-// The most branches whose waves (of at most per_wave each) the model predicts to build within
-// `window` seconds, at most max_branches; 0 when not even one fits.
-int32_t BranchesWithin(const WaveCostModel& model, double window, int32_t per_wave,
-                       int32_t max_branches);
-
-// Splits `total` branches evenly over sequences, each getting at most cap[i] (what is left
-// above a cap goes to the others; earlier sequences get the remainder of an uneven split).
-std::vector<int32_t> SplitBudget(int32_t total, std::span<const int32_t> cap);
 
 // b* from what the worker measured (saguaro.h CriticalBatchSize over 1..max_batch_size): p_hit
 // is the share of sequence-rounds served from the cache (stats: hits over hits and misses),
@@ -113,8 +90,11 @@ class SsdWorker {
   static absl::StatusOr<std::unique_ptr<SsdWorker>> Create(const SsdWorkerOptions& options);
 
   // Serves rounds over a connected channel whose init is done (ssd_process.h joins the verifier)
-  // until the verifier sends Shutdown (OK) or the link breaks (Unavailable).
-  absl::Status ServeChannel(Channel& channel);
+  // until the verifier sends Shutdown (OK) or the link breaks (Unavailable). With `bulk` (the
+  // device data path the init agreed on) sampled drafts' q rows go GPU to GPU on it, right
+  // after the response that announces them (probs_out_of_band), whenever every served row is
+  // kept on the draft's device; otherwise inline.
+  absl::Status ServeChannel(Channel& channel, NcclChannel* bulk = nullptr);
   // Forgets every sequence: a verifier that just joined knows none of them.
   void DropAll();
 
@@ -135,6 +115,8 @@ class SsdWorker {
   WireLimits limits() const;
   // Where the draft runs, for logs and the verifier's SsdReady.
   std::string draft_device() const { return draft_->runner().device_name(); }
+  // Whether sampled drafts' q rows stay on the draft's device (what the device data path sends).
+  bool keeps_rows_on_device() const { return draft_->runner().SamplesSpeculationOnDevice(); }
   // b* in force: the configured critical batch size, or the one the measured hit rate and
   // latencies give (saguaro.h CriticalBatchSize).
   int32_t critical_batch_size() const;
@@ -163,10 +145,13 @@ class SsdWorker {
   };
 
   // What a request sequence gets this round: its drafts (K + 1 when the draft model made them:
-  // the last one only gives the cache a row for k = K), their q rows, candidates, and how.
+  // the last one only gives the cache a row for k = K), their q rows, candidates, and how. The
+  // q rows are on the host (draft.probs) or, all of them, in kept rows on the draft's device
+  // (`kept`, in draft order; draft.probs then empty).
   struct Result {
     Served served = Served::kNone;
     Draft draft;
+    std::vector<std::shared_ptr<const KeptProbs>> kept;
   };
   // Handle's state for one request, by request index.
   struct Round {
@@ -179,7 +164,7 @@ class SsdWorker {
     // from the drafts it has (its context is the outcome's, its KV holds them), in the
     // primary's pass. resume_tokens holds their contexts (DraftInputs point into it).
     std::vector<std::vector<int32_t>> resume_tokens;
-    std::vector<Draft> partial;
+    std::vector<Result> partial;
     bool any_miss = false;  // a full re-draft is in the primary's pass (b* times it)
     bool any_new = false;   // ... of a new sequence (its prompt's prefill: not timed for b*)
   };
@@ -196,12 +181,18 @@ class SsdWorker {
                       std::optional<CachedDraft> cached, bool backup_tier, Round& round);
   // The primary's pass over the misses and partial hits.
   absl::Status DraftMisses(Round& round);
-  // A served draft's q rows kept on the draft's device brought into `probs` (the reply carries
-  // them), the device block freed; nothing when none are kept.
-  absl::Status HostProbs(std::shared_ptr<const KeptProbs>& kept, std::vector<float>& probs);
+  // Appends the q rows of the next drafts (`probs` on the host, or `kept` on the device) to
+  // `to`'s: kept while all of them are, else all brought to the host.
+  absl::Status MoveRows(std::vector<float>& probs, std::shared_ptr<const KeptProbs>& kept,
+                        Result& to);
+  // `r`'s kept q rows brought to the host (draft.probs), the device blocks freed.
+  absl::Status HostRows(Result& r);
   void DraftBackups(const SpeculateRequest& request, Round& round);
-  // The response, in request order; each sequence remembers what it was sent.
-  void Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
+  // The response, in request order; each sequence remembers what it was sent. With the device
+  // data path, the q rows it announces out of band wait in bulk_ranges_ for SendRows.
+  absl::Status Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
+  // After the response went out: the rows it announced gathered into the link's buffer and sent.
+  absl::Status SendRows();
   // The round's timeline (MonotonicNanos stamps of Handle's phases): the response's stage
   // times since the last response, added to stats_.
   void NoteStages(SpeculateResponse* response, int64_t triage_start, int64_t draft_start,
@@ -255,6 +246,11 @@ class SsdWorker {
   uint64_t receive_ns_ = 0;
   uint64_t send_ns_ = 0;
   std::vector<uint64_t> served_;  // sequences of the last response, in order
+  // The device data path (ServeChannel's), and the kept rows the last response announced: their
+  // ranges in send order, and the blocks holding them (alive until they are gathered).
+  NcclChannel* bulk_ = nullptr;
+  std::vector<ModelRunner::RowRange> bulk_ranges_;
+  std::vector<std::shared_ptr<const KeptProbs>> bulk_blocks_;
   int32_t f_max_ = 0;
 };
 
