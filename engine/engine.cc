@@ -42,14 +42,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
   }
   if (!options.speculative.eagle3_model.empty()) {
-    // The target's runner holds the head (and captures the hidden states it reads).
     SPECD_ASSIGN_OR_RETURN(const ModelConfig target, LoadModelConfig(options.model_dir));
     if (target.is_nsa()) {
       return absl::InvalidArgumentError(
           "--speculative-config: an EAGLE-3 head drafts for a dense Llama-style target; this "
           "model is an NSA model");
     }
-    runner.eagle3_head = options.speculative.eagle3_model;
+    if (HeadDraftsInSsdSpeculator(options.speculative)) {
+      // The head drafts in SSD's speculator: the target keeps the hidden states it reads.
+      SPECD_RETURN_IF_ERROR(CaptureForSsdHead(options.speculative, target, &runner));
+    } else {
+      // The target's runner holds the head (and captures the hidden states it reads).
+      runner.eagle3_head = options.speculative.eagle3_model;
+    }
   }
   if (options.tensor_parallel.size > 1) {
     SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateTpGroup(runner, ToTpGroupOptions(options)));
@@ -57,6 +62,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     SPECD_ASSIGN_OR_RETURN(engine->runner_, CreateModelRunner(runner));
   }
   ModelRunner& target = *engine->runner_;
+  if (!runner.capture_hidden_layers.empty()) {  // (empty ids would stop an in-process head's)
+    const absl::Status s = target.CaptureHiddenStates(runner.capture_hidden_layers);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("the SSD speculator's EAGLE-3 head: ", s.message()));
+    }
+  }
   const ModelConfig& config = target.config();
   if (std::filesystem::exists(std::filesystem::path(options.model_dir) / "tokenizer.json")) {
     SPECD_ASSIGN_OR_RETURN(engine->tokenizer_, Tokenizer::FromDir(options.model_dir));

@@ -14,12 +14,21 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/runner/model_runner.h"
 
 namespace specd {
 
 struct TpGroupOptions;
 // EngineOptions::tensor_parallel for CreateTpGroup (engine_tp.cc).
 TpGroupOptions ToTpGroupOptions(const EngineOptions& options);
+
+// An EAGLE-3 head in SSD's speculator (engine_ssd.cc; HeadDraftsInSsdSpeculator): the head's
+// config.json read against `target` (its weights stay unread here), and `runner` set to keep the
+// hidden states of the head's layers (RunnerOptions::capture_hidden_layers). InvalidArgument
+// naming the file and field for a head that does not fit the target (its target_hidden_size,
+// vocabulary or layer ids).
+absl::Status CaptureForSsdHead(const SpeculativeConfig& spec, const ModelConfig& target,
+                               RunnerOptions* runner);
 
 // The only state shared with front-end threads: the inbox (new requests, aborts, pauses,
 // control flags) and the stats snapshot the engine thread publishes after every step.

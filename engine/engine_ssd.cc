@@ -8,15 +8,35 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
+#include "engine/base/mapped_file.h"
 #include "engine/base/status.h"
 #include "engine/distributed/link_auth.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
+#include "engine/model/eagle3_head.h"
 #include "engine/speculation/ssd/ssd_process.h"
 #include "engine/speculation/ssd/ssd_speculator.h"
 #include "engine/step/speculator_set.h"
 
 namespace specd {
+
+absl::Status CaptureForSsdHead(const SpeculativeConfig& spec, const ModelConfig& target,
+                               RunnerOptions* runner) {
+  const std::string file = spec.eagle3_model + "/config.json";
+  absl::StatusOr<Eagle3Config> head;
+  if (absl::StatusOr<std::string> text = ReadFileToString(file); text.ok()) {
+    head = ParseEagle3Config(*text, file, target);
+  } else {
+    head = text.status();
+  }
+  if (!head.ok()) {
+    return absl::Status(head.status().code(),
+                        absl::StrCat("--speculative-config: the SSD speculator's EAGLE-3 head: ",
+                                     head.status().message()));
+  }
+  runner->capture_hidden_layers = head->aux_layer_ids;
+  return absl::OkStatus();
+}
 
 absl::Status Engine::CreateSsd(const RunnerOptions& target) {
   const SpeculativeConfig& spec = options_.speculative;
@@ -33,13 +53,21 @@ absl::Status Engine::CreateSsd(const RunnerOptions& target) {
   o.load_format = target.load_format;  // as an in-process draft inherits it
   o.gpu_memory_utilization = spec.ssd.gpu_memory_utilization > 0 ? spec.ssd.gpu_memory_utilization
                                                                  : target.gpu_memory_utilization;
+  if (HeadDraftsInSsdSpeculator(spec)) {
+    // The head reads the target's embedding and shapes, and rows of its layers' hidden states.
+    o.target_model = options_.model_dir;
+    o.hidden_width =
+        static_cast<int32_t>(target.capture_hidden_layers.size()) * runner_->config().hidden_size;
+  }
   absl::StatusOr<std::unique_ptr<SsdSpeculator>> ssd = SsdSpeculator::Create(o);
   if (!ssd.ok()) {
     return absl::Status(ssd.status().code(), absl::StrCat("ssd: ", ssd.status().message()));
   }
   speculators_->set_ssd(*std::move(ssd));
-  SPECD_LOG_INFO("engine: SSD speculator with draft {} on {} (K {}, fan-out {} {}, backup {})",
-                 spec.draft_model, o.device, spec.num_speculative_tokens, spec.ssd.fan_out,
+  SPECD_LOG_INFO("engine: SSD speculator with {} {} on {} (K {}, fan-out {} {}, backup {})",
+                 o.hidden_width > 0 ? "EAGLE-3 head" : "draft",
+                 o.hidden_width > 0 ? spec.eagle3_model : spec.draft_model, o.device,
+                 spec.num_speculative_tokens, spec.ssd.fan_out,
                  spec.ssd.geometric_fan_out ? "geometric" : "constant", spec.ssd.backup);
   return absl::OkStatus();
 }

@@ -94,6 +94,16 @@ const std::string kParallelSsdConfig =
     R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 1, "cache_build": "complete", )"
     R"("critical_batch_size": 1024, "speculator_timeout_ms": 60000})";
 
+// The same with the EAGLE-3 head the project trained for codepair (models/codepair/eagle3) in
+// the speculator (issue 34 point 1): the verifier sends the target's hidden states with each
+// outcome, and the head's branches draft from its own outputs where the target's are not known
+// yet.
+const std::string kHeadSsdConfig =
+    R"({"method": "ssd", "eagle3_model": ")" + EnvOr("SPECD_SOURCE_DIR", SPECD_SOURCE_DIR) +
+    R"(/models/codepair/eagle3", "num_speculative_tokens": 2, )"
+    R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 1, "cache_build": "complete", )"
+    R"("critical_batch_size": 1024, "speculator_timeout_ms": 60000})";
+
 // SPECD_SSD_TEST_DATA_PATH: "device" (the default) or "host".
 std::string DataPath() { return EnvOr("SPECD_SSD_TEST_DATA_PATH", "device"); }
 
@@ -364,6 +374,34 @@ TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedParallelDraftsFollowTheTar
   // Measured: dof 6 at 2000 requests, 5 at 1200 (groups with too few draws are left out).
   EXPECT_GE(target.dof, 3) << "the token under test must be uncertain";
   EXPECT_LT(target.statistic, target.critical);  // measured: 7.41 against 22.68, 2.48 against 20.75
+}
+
+// The same pipeline with the EAGLE-3 head in the speculator: its cache hits (drafted from the
+// head's own outputs at the positions being verified, with Saguaro sampling) follow the target.
+TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedHeadDraftsFollowTheTarget) {
+  auto observer = std::make_shared<SsdObserver>();
+  auto engine = MakeSsdEngine(observer, kHeadSsdConfig);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = TestPrompt(*engine);
+  ASSERT_TRUE(engine->Start().ok());
+  const HitRoundSample s = SampleHitRounds(*engine, prompt, kParallelRuns, 3000000);
+  const SsdStats stats = observer->Last();
+  std::printf(
+      "[ SSD cache hits, EAGLE-3 head ] second rounds %lld, hits %lld (%lld full, %lld partial); "
+      "speculator: %lld hits, %lld primary, %lld backup; %lld hidden rows sent\n",
+      (long long)s.second_rounds, (long long)s.hits, (long long)s.hits_full,
+      (long long)s.hits_partial, (long long)stats.drafts_hit, (long long)stats.drafts_miss_primary,
+      (long long)stats.drafts_miss_backup, (long long)stats.hidden_rows);
+  EXPECT_EQ(stats.link_failures, 0);
+  EXPECT_GT(stats.hidden_rows, 0);
+  EXPECT_EQ(s.first_round_hits, 0) << "a first round cannot hit";
+  EXPECT_GE(s.second_rounds, kParallelRuns * 95 / 100);
+  EXPECT_GE(s.hits, s.second_rounds / 2);
+  const ChiSquareResult target = ChiSquareAgainst(s, kTarget);
+  std::printf("[ SSD cache hits, EAGLE-3 head, vs target ] statistic %.2f, critical %.2f, dof %d\n",
+              target.statistic, target.critical, target.dof);
+  EXPECT_GE(target.dof, 3) << "the token under test must be uncertain";
+  EXPECT_LT(target.statistic, target.critical);
 }
 
 // Negative control over the same pipeline: verification with the deliberately wrong acceptance

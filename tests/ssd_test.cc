@@ -26,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <thread>
@@ -165,20 +166,15 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
 
 INSTANTIATE_TEST_SUITE_P(K, SsdLosslessTest, ::testing::Values(4, 7));
 
-// The speculator drafts with the parallel draft (one pass per round and per cache wave, issue
-// 34 point 1): greedy output equals plain decoding's on 24 prompts, with the complete cache
-// (hits independent of timing) and with the default interruptible, time-budgeted cache. Sampled
-// requests: ssd_cache_sampling_test.
-TEST(SsdParallelDraftTest, GreedyOutputEqualsPlainWithAParallelDraftInTheSpeculator) {
+// Greedy output with SSD equals plain decoding's on 24 prompts, with the complete cache (hits
+// independent of timing: it must serve a quarter of the rounds) and with the default
+// interruptible, time-budgeted cache. `config(build)`: the server's speculative config.
+void ExpectGreedySsdEqualsPlain(const char* label,
+                                const std::function<std::string(const std::string&)>& config) {
   for (const char* build : {"complete", "interruptible"}) {
     SCOPED_TRACE(build);
     auto observer = std::make_shared<SsdObserver>();
-    auto engine = MakeEngine(kTarget,
-                             SsdConfig(4,
-                                       std::string(R"(, "parallel": true, "cache_build": ")") +
-                                           build + R"(", "speculator_timeout_ms": 60000)",
-                                       kPard),
-                             observer);
+    auto engine = MakeEngine(kTarget, config(build), observer);
     ASSERT_NE(engine, nullptr);
     std::vector<GenerateRequest> plain_requests =
         AllPrompts(*engine, {SpeculationMethod::kNone, 0});
@@ -198,15 +194,40 @@ TEST(SsdParallelDraftTest, GreedyOutputEqualsPlainWithAParallelDraftInTheSpecula
       accepted += r.usage.num_accepted_tokens;
     }
     const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
-    std::printf("[ SSD, parallel draft, %s cache ] %.3f tokens per round; hits %lld of %lld\n",
-                build, drafts ? 1.0 + double(accepted) / drafts : 0.0, (long long)s.drafts_hit,
-                (long long)told);
+    std::printf(
+        "[ SSD, %s, %s cache ] %.3f tokens per round; hits %lld of %lld; %lld hidden "
+        "rows sent\n",
+        label, build, drafts ? 1.0 + double(accepted) / drafts : 0.0, (long long)s.drafts_hit,
+        (long long)told, (long long)s.hidden_rows);
     EXPECT_EQ(s.link_failures, 0);
     EXPECT_GT(drafts, 0);
     if (std::string(build) == "complete") {
       EXPECT_GT(s.drafts_hit, told / 4) << "the speculation cache should serve rounds";
     }
   }
+}
+
+// The speculator drafts with the parallel draft (one pass per round and per cache wave, issue
+// 34 point 1). Sampled requests: ssd_cache_sampling_test.
+TEST(SsdParallelDraftTest, GreedyOutputEqualsPlainWithAParallelDraftInTheSpeculator) {
+  ExpectGreedySsdEqualsPlain("parallel draft", [](const std::string& build) {
+    return SsdConfig(
+        4,
+        R"(, "parallel": true, "cache_build": ")" + build + R"(", "speculator_timeout_ms": 60000)",
+        kPard);
+  });
+}
+
+// The speculator drafts with the EAGLE-3 head the project trained for codepair (issue 34 point
+// 1): the verifier's target captures the head's layers and sends their hidden states with each
+// outcome. Sampled requests: ssd_cache_sampling_test.
+TEST(SsdEagle3Test, GreedyOutputEqualsPlainWithTheHeadInTheSpeculator) {
+  const std::string head = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  ExpectGreedySsdEqualsPlain("EAGLE-3 head", [&](const std::string& build) {
+    return R"({"method": "ssd", "eagle3_model": ")" + head +
+           R"(", "num_speculative_tokens": 4, "speculator_binary": ")" + SPECD_BINARY +
+           R"(", "fan_out": 3, "cache_build": ")" + build + R"(", "speculator_timeout_ms": 60000})";
+  });
 }
 
 // A speculator that cannot start (no such draft model) fails the server's start with the reason,

@@ -30,6 +30,8 @@ inline WireLimits TestLimits() {
   l.max_request_tokens = 256;
   l.max_prob_rows = 48;  // max_batch * max_draft_tokens: every draft may be sampled
   l.max_release_ids = 32;
+  l.hidden_width = 3;  // an EAGLE-3 head's target rows (tiny)
+  l.max_hidden_rows = 40;
   return l;
 }
 
@@ -58,6 +60,8 @@ inline SpeculateRequest MakeRequest(uint64_t round, const WireLimits& limits) {
   r.round_id = round;
   const uint32_t num_seqs = 1 + static_cast<uint32_t>(round % limits.max_batch);
   std::vector<int32_t> tokens;
+  std::vector<float> hidden;
+  uint32_t hidden_left = limits.max_hidden_rows;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     SpeculateSeq s;
     s.seq_id = 1000 + i;
@@ -75,7 +79,15 @@ inline SpeculateRequest MakeRequest(uint64_t round, const WireLimits& limits) {
     s.saguaro_c = 0.25f * static_cast<float>(rng() % 5);
     tokens.resize(is_new ? 1 + rng() % 20 : s.accepted_len + 1u);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % limits.vocab_size);
-    r.AddSeq(s, tokens);
+    SpeculateSeq& added = r.AddSeq(s, tokens);
+    // Some sequences carry the target's hidden rows of the positions they commit.
+    const auto rows = static_cast<uint32_t>(std::min<size_t>(tokens.size() - 1, hidden_left));
+    if (limits.hidden_width > 0 && (round + i) % 2 == 0 && rows > 0) {
+      hidden.resize(size_t{rows} * limits.hidden_width);
+      for (float& h : hidden) h = static_cast<float>(rng() % 1000) / 8.0f - 60.0f;
+      r.AddHidden(added, static_cast<uint32_t>(rng() % 8), hidden, limits.hidden_width);
+      hidden_left -= rows;
+    }
   }
   return r;
 }
@@ -166,6 +178,9 @@ inline std::vector<Message> AllSampleMessages() {
                   .critical_batch_size = 12,
                   .backup = "random",
                   .complete_cache = true,
+                  .eagle3_head = "/models/head",
+                  .target_model = "/models/target",
+                  .hidden_width = 1152,
                   .replay_file = "/data/replay.jsonl",
                   .replay_alpha = 0.6,
                   .replay_candidate_hit = 0.85,

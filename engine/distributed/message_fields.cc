@@ -19,7 +19,7 @@ namespace {
 
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
 constexpr uint64_t kRequestFixedBytes = 8 + 8 + 4;
-constexpr uint64_t kRequestSeqBytes = 8 + 1 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 8 + 4 + 4;
+constexpr uint64_t kRequestSeqBytes = 8 + 1 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4;
 constexpr uint64_t kResponseFixedBytes = 8 + 8 + 8 + 4 * 8 + 1 + 4;
 constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
 
@@ -92,15 +92,16 @@ void CheckDraft(const SpeculateDraft& d, const WireLimits& limits, FieldErrors* 
 
 void PutLimits(const WireLimits& l, ByteWriter& w) {
   for (uint32_t v : {l.max_batch, l.max_draft_tokens, l.max_fan_out, l.vocab_size, l.max_seq_tokens,
-                     l.max_request_tokens, l.max_prob_rows, l.max_release_ids}) {
+                     l.max_request_tokens, l.max_prob_rows, l.max_release_ids, l.hidden_width,
+                     l.max_hidden_rows}) {
     w.U32(v);
   }
 }
 
 void GetLimits(ByteReader& r, WireLimits* l) {
-  for (uint32_t* v :
-       {&l->max_batch, &l->max_draft_tokens, &l->max_fan_out, &l->vocab_size, &l->max_seq_tokens,
-        &l->max_request_tokens, &l->max_prob_rows, &l->max_release_ids}) {
+  for (uint32_t* v : {&l->max_batch, &l->max_draft_tokens, &l->max_fan_out, &l->vocab_size,
+                      &l->max_seq_tokens, &l->max_request_tokens, &l->max_prob_rows,
+                      &l->max_release_ids, &l->hidden_width, &l->max_hidden_rows}) {
     *v = r.U32("limits");
   }
 }
@@ -184,7 +185,7 @@ void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) 
   if (m.seqs.size() > limits.max_batch) {
     return e->Fail("num_seqs", absl::StrCat(m.seqs.size(), " > max_batch ", limits.max_batch));
   }
-  uint64_t total = 0;
+  uint64_t total = 0, hidden_rows = 0;
   for (size_t i = 0; i < m.seqs.size() && e->ok(); ++i) {
     const SpeculateSeq& s = m.seqs[i];
     e->SetItem(i);
@@ -194,13 +195,22 @@ void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) 
     }
     CheckTokenIds(m.TokensOf(s), limits, "seqs[].tokens", e);
     total += s.num_tokens;
+    hidden_rows += s.num_hidden;
+    if (s.num_hidden > 0 &&
+        s.hidden_offset + uint64_t{s.num_hidden} * limits.hidden_width > m.hidden.size()) {
+      return e->Fail("seqs[].hidden_offset", "rows out of range of SpeculateRequest::hidden");
+    }
   }
   if (total > limits.max_request_tokens) {
     e->Fail("tokens",
             absl::StrCat(total, " new tokens > max_request_tokens ", limits.max_request_tokens));
   }
+  if (hidden_rows > limits.max_hidden_rows) {
+    e->Fail("hidden",
+            absl::StrCat(hidden_rows, " hidden rows > max_hidden_rows ", limits.max_hidden_rows));
+  }
 }
-void Put(const SpeculateRequest& m, const WireLimits&, ByteWriter& w) {
+void Put(const SpeculateRequest& m, const WireLimits& limits, ByteWriter& w) {
   w.U64(m.round_id);
   w.U64(m.window_ns);
   w.U32(static_cast<uint32_t>(m.seqs.size()));
@@ -218,6 +228,9 @@ void Put(const SpeculateRequest& m, const WireLimits&, ByteWriter& w) {
     w.F32(s.saguaro_c);
     w.U32(s.num_tokens);
     w.I32Array(m.TokensOf(s));
+    w.U32(s.hidden_position);
+    w.U32(s.num_hidden);
+    w.F32Array(m.HiddenOf(s, limits.hidden_width));
   }
 }
 void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
@@ -230,6 +243,8 @@ void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
   }
   m->seqs.resize(num_seqs);
   m->tokens.clear();
+  m->hidden.clear();
+  uint64_t hidden_rows = 0;
   for (uint32_t i = 0; i < num_seqs && r.ok(); ++i) {
     r.SetItem(i);
     SpeculateSeq& s = m->seqs[i];
@@ -256,6 +271,24 @@ void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
     m->tokens.resize(s.token_offset + s.num_tokens);
     r.I32Array("seqs[].tokens", s.num_tokens, m->tokens.data() + s.token_offset);
     if (r.ok()) CheckTokenIds(m->TokensOf(s), limits, "seqs[].tokens", &r);
+    s.hidden_position = r.U32("seqs[].hidden_position");
+    s.num_hidden = r.U32("seqs[].num_hidden");
+    if (!r.ok()) return;
+    s.hidden_offset = s.num_hidden > 0 ? m->hidden.size() : 0;  // as AddSeq / AddHidden set it
+    hidden_rows += s.num_hidden;
+    if (hidden_rows > limits.max_hidden_rows) {
+      return r.Fail("seqs[].num_hidden",
+                    absl::StrCat("request total > max_hidden_rows ", limits.max_hidden_rows));
+    }
+    if (uint64_t{s.hidden_position} + s.num_hidden > limits.max_seq_tokens) {
+      return r.Fail("seqs[].hidden_position",
+                    absl::StrCat(s.hidden_position, " + ", s.num_hidden, " > max_seq_tokens ",
+                                 limits.max_seq_tokens));
+    }
+    const size_t floats = size_t{s.num_hidden} * limits.hidden_width;
+    if (floats == 0) continue;
+    m->hidden.resize(s.hidden_offset + floats);
+    r.F32Array("seqs[].hidden", floats, m->hidden.data() + s.hidden_offset);
   }
 }
 
@@ -418,7 +451,8 @@ uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& l) {
     case MessageType::kHelloAck:
       return kMaxHandshakePayloadBytes;
     case MessageType::kSpeculateRequest:
-      return kRequestFixedBytes + kRequestSeqBytes * l.max_batch + 4ull * l.max_request_tokens;
+      return kRequestFixedBytes + kRequestSeqBytes * l.max_batch + 4ull * l.max_request_tokens +
+             4ull * l.hidden_width * l.max_hidden_rows;
     case MessageType::kSpeculateResponse:
       return kResponseFixedBytes + (kResponseDraftBytes + 4ull * l.max_draft_tokens) * l.max_batch +
              4ull * l.vocab_size * l.max_prob_rows;

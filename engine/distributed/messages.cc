@@ -91,6 +91,10 @@ absl::Status WireLimits::Validate() const {
   if (vocab_size > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("WireLimits.vocab_size must fit int32");
   }
+  if ((hidden_width == 0) != (max_hidden_rows == 0)) {
+    return absl::InvalidArgumentError(
+        "WireLimits.hidden_width and max_hidden_rows are both 0 or both set");
+  }
   if (MaxFrameBytes() > 0xFFFFFFFFull) {
     return absl::InvalidArgumentError(
         absl::StrCat("WireLimits allow a ", MaxFrameBytes(), "-byte frame (> 4 GiB): lower ",
@@ -109,6 +113,19 @@ uint64_t WireLimits::MaxPayloadBytes() const {
 void SpeculateRequest::Clear() {
   seqs.clear();
   tokens.clear();
+  hidden.clear();
+}
+
+void SpeculateRequest::AddHidden(SpeculateSeq& seq, uint32_t position, std::span<const float> rows,
+                                 size_t width) {
+  seq.hidden_position = position;
+  seq.hidden_offset = hidden.size();
+  seq.num_hidden = width > 0 ? static_cast<uint32_t>(rows.size() / width) : 0;
+  hidden.insert(hidden.end(), rows.begin(), rows.begin() + size_t{seq.num_hidden} * width);
+}
+
+std::span<const float> SpeculateRequest::HiddenOf(const SpeculateSeq& seq, size_t width) const {
+  return std::span<const float>(hidden).subspan(seq.hidden_offset, size_t{seq.num_hidden} * width);
 }
 
 SpeculateSeq& SpeculateRequest::AddSeq(const SpeculateSeq& seq,
@@ -116,6 +133,9 @@ SpeculateSeq& SpeculateRequest::AddSeq(const SpeculateSeq& seq,
   SpeculateSeq& s = seqs.emplace_back(seq);
   s.token_offset = static_cast<uint32_t>(tokens.size());
   s.num_tokens = static_cast<uint32_t>(new_tokens.size());
+  s.hidden_position = 0;
+  s.num_hidden = 0;
+  s.hidden_offset = 0;
   tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
   return s;
 }

@@ -50,7 +50,10 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // Version 7: the device data path. SsdInit offers it (bulk_link) and SsdReady accepts it; the
 // two ends then join an NCCL link (BulkLinkInit), and sampled drafts' q rows travel on it
 // (SpeculateResponse::probs_out_of_band).
-inline constexpr uint16_t kProtocolVersion = 7;
+// Version 8: an EAGLE-3 head in the speculator. SsdInit names it (eagle3_head, target_model);
+// each SpeculateSeq carries the target's hidden states of the positions it commits
+// (hidden_position, num_hidden), under the limits' hidden_width and max_hidden_rows.
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -98,6 +101,10 @@ struct WireLimits {
   // vocabularies at large batch should send rows over the bulk link (probs_out_of_band) instead.
   uint32_t max_prob_rows = 256;
   uint32_t max_release_ids = 4096;  // seq ids in one Release
+  // Version >= 8: target hidden-state rows (SpeculateSeq::num_hidden) of hidden_width floats
+  // each, at most max_hidden_rows in one SpeculateRequest (both 0: none travel).
+  uint32_t hidden_width = 0;
+  uint32_t max_hidden_rows = 0;
 
   // InvalidArgument when a field is out of range or the largest frame would exceed 4 GiB.
   absl::Status Validate() const;
@@ -166,6 +173,14 @@ struct SpeculateSeq {
   // kSeqNew. They live in SpeculateRequest::tokens[token_offset, token_offset + num_tokens).
   uint32_t token_offset = 0;
   uint32_t num_tokens = 0;
+  // Version >= 8, an EAGLE-3 head in the speculator: the target's hidden states (the head's aux
+  // layers, concatenated: WireLimits::hidden_width floats a row) at the sequence's positions
+  // [hidden_position, hidden_position + num_hidden): what the target computed since the last
+  // request for positions now committed, the bonus token's excepted (not run yet). They live in
+  // SpeculateRequest::hidden from hidden_offset (floats) on.
+  uint32_t hidden_position = 0;
+  uint32_t num_hidden = 0;
+  uint64_t hidden_offset = 0;
 
   bool operator==(const SpeculateSeq&) const = default;
 };
@@ -179,13 +194,20 @@ struct SpeculateRequest {
   uint64_t window_ns = 0;
   std::vector<SpeculateSeq> seqs;  // [num_seqs] (<= max_batch)
   std::vector<int32_t> tokens;     // [sum of num_tokens] new committed token ids
+  std::vector<float> hidden;       // [sum of num_hidden, hidden_width] target hidden states
 
-  // Empties seqs and tokens, keeping their capacity.
+  // Empties seqs, tokens and hidden, keeping their capacity.
   void Clear();
-  // Appends `seq` with `new_tokens` (sets its token_offset and num_tokens); returns it.
+  // Appends `seq` with `new_tokens` (sets its token_offset and num_tokens, no hidden rows);
+  // returns it.
   SpeculateSeq& AddSeq(const SpeculateSeq& seq, std::span<const int32_t> new_tokens);
+  // Gives `seq` (the last one added) the hidden rows `rows` ([n, width] f32) of positions
+  // [position, position + n).
+  void AddHidden(SpeculateSeq& seq, uint32_t position, std::span<const float> rows, size_t width);
   // The new committed tokens of `seq` (which must be one of seqs).
   std::span<const int32_t> TokensOf(const SpeculateSeq& seq) const;
+  // Its hidden rows ([num_hidden, width] f32).
+  std::span<const float> HiddenOf(const SpeculateSeq& seq, size_t width) const;
 
   bool operator==(const SpeculateRequest&) const = default;
 };
@@ -317,6 +339,12 @@ struct SsdInit {
   // Version >= 7: the verifier offers the device data path (its target is on a GPU and the
   // build has NCCL): q rows GPU to GPU on an NCCL link beside this channel, not inline.
   bool bulk_link = false;
+  // Version >= 8: the speculator drafts with this EAGLE-3 head (its directory; "" a draft model),
+  // for the target in target_model (the head's embedding and the target's shapes), and each
+  // request carries the target's hidden states, hidden_width floats a row.
+  std::string eagle3_head;
+  std::string target_model;
+  uint32_t hidden_width = 0;
   // Benchmarks' controlled acceptance (DraftReplayOptions); replay_file "" is off.
   std::string replay_file;
   double replay_alpha = 0;

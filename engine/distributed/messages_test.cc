@@ -268,6 +268,43 @@ TEST(MessagesTest, RejectsLengthsOverTheReceiversLimits) {
   EXPECT_TRUE(absl::StrContains(status.message(), "payload_bytes 9 > limit 8")) << status;
 }
 
+// Target hidden states (an EAGLE-3 head in the speculator, version 8): a request over
+// max_hidden_rows, or whose rows run past max_seq_tokens, is refused naming the field; the
+// encoder refuses rows out of range of SpeculateRequest::hidden.
+TEST(MessagesTest, HiddenRowsAreBoundedByTheLimits) {
+  const WireLimits small = TestLimits();
+  WireLimits big = small;
+  big.max_hidden_rows = 200;
+  SpeculateRequest r;
+  SpeculateSeq s;
+  s.seq_id = 3;
+  s.flags = kSeqNew;
+  const std::vector<float> rows(size_t{small.max_hidden_rows + 1} * small.hidden_width, 0.5f);
+  r.AddHidden(r.AddSeq(s, std::vector<int32_t>(small.max_hidden_rows + 2, 1)), 0, rows,
+              small.hidden_width);
+  ASSERT_EQ(r.seqs[0].num_hidden, small.max_hidden_rows + 1);
+  absl::Status status = DecodeStatus(Encode(r, 0, big), small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "num_hidden: request total > max_hidden_rows 40"))
+      << status;
+  r.Clear();
+  r.AddHidden(r.AddSeq(s, {{1, 2, 3}}), small.max_seq_tokens - 1,
+              std::span<const float>(rows).first(2 * small.hidden_width), small.hidden_width);
+  status = DecodeStatus(Encode(r, 0, big), small);
+  EXPECT_TRUE(absl::StrContains(status.message(), "hidden_position: 63 + 2 > max_seq_tokens 64"))
+      << status;
+  FrameBuffer buffer;
+  r.Clear();
+  r.AddHidden(r.AddSeq(s, {{1, 2, 3}}), 0, std::span<const float>(rows).first(6),
+              small.hidden_width);
+  r.hidden.resize(3);  // one row of the two
+  status = EncodeFrame(r, 0, small, &buffer);
+  EXPECT_TRUE(absl::StrContains(status.message(), "hidden_offset: rows out of range")) << status;
+  // Both limits or neither.
+  WireLimits half = small;
+  half.max_hidden_rows = 0;
+  EXPECT_FALSE(half.Validate().ok());
+}
+
 TEST(MessagesTest, EncoderRefusesBadFieldsNamingThem) {
   const WireLimits limits = TestLimits();
   FrameBuffer buffer;

@@ -15,9 +15,9 @@ namespace {
 constexpr uint64_t kTextBytes = 2 + kMaxTextBytes;
 // Sizes: 4 u32; draft_model, device; num_threads, block_size; load_format; gpu share, KV bytes;
 // K, lookup min and max, fan_out; geometric; critical batch; backup; complete, parallel, time
-// budget, bulk link; replay.
+// budget, bulk link; head, target, hidden width; replay.
 constexpr uint64_t kSsdInitBytes = 4 * 4 + 2 * kTextBytes + 2 * 4 + kTextBytes + 8 + 8 + 4 * 4 + 1 +
-                                   4 + kTextBytes + 4 + kTextBytes + 8 + 8 + 8;
+                                   4 + kTextBytes + 4 + 2 * kTextBytes + 4 + kTextBytes + 8 + 8 + 8;
 constexpr uint64_t kSsdReadyBytes = 1 + 2 * kTextBytes + 1;
 constexpr uint32_t kMaxInt32 = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
 
@@ -64,6 +64,11 @@ void Check(const SsdInit& m, const WireLimits&, FieldErrors* e) {
   CheckCount(m.fan_out, 0, "fan_out", e);
   CheckCount(m.critical_batch_size, 0, "critical_batch_size", e);
   CheckText(m.backup, "backup", e);
+  CheckText(m.eagle3_head, "eagle3_head", e);
+  CheckText(m.target_model, "target_model", e);
+  if (m.eagle3_head.empty() != (m.hidden_width == 0)) {
+    e->Fail("hidden_width", "set exactly when an EAGLE-3 head is named");
+  }
   CheckText(m.replay_file, "replay_file", e);
   CheckFraction(m.replay_alpha, true, "replay_alpha", e);
   CheckFraction(m.replay_candidate_hit, true, "replay_candidate_hit", e);
@@ -90,6 +95,9 @@ void Put(const SsdInit& m, const WireLimits&, ByteWriter& w) {
   w.U8(m.parallel_drafting ? 1 : 0);
   w.U8(m.time_budget ? 1 : 0);
   w.U8(m.bulk_link ? 1 : 0);
+  w.Text(m.eagle3_head);
+  w.Text(m.target_model);
+  w.U32(m.hidden_width);
   w.Text(m.replay_file);
   w.F64(m.replay_alpha);
   w.F64(m.replay_candidate_hit);
@@ -118,6 +126,9 @@ void Get(ByteReader& r, const WireLimits& l, SsdInit* m) {
   m->parallel_drafting = GetBool(r, "parallel_drafting");
   m->time_budget = GetBool(r, "time_budget");
   m->bulk_link = GetBool(r, "bulk_link");
+  r.Text("eagle3_head", kMaxTextBytes, &m->eagle3_head);
+  r.Text("target_model", kMaxTextBytes, &m->target_model);
+  m->hidden_width = r.U32("hidden_width");
   r.Text("replay_file", kMaxTextBytes, &m->replay_file);
   m->replay_alpha = r.F64("replay_alpha");
   m->replay_candidate_hit = r.F64("replay_candidate_hit");

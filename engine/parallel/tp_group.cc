@@ -98,6 +98,10 @@ class TpLeaderRunner final : public ModelRunner {
   std::span<const float> captured_hidden_states() const override {
     return local_->captured_hidden_states();
   }
+  absl::Status CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                std::vector<float>* out) const override {
+    return local_->CopyCapturedRows(ranges, width, out);
+  }
   Eagle3Compute* eagle3() override { return local_->eagle3(); }
 
   absl::Status GroupStatus() const override {

@@ -18,8 +18,58 @@ constexpr int64_t kCpuPoolRows = int64_t{kCpuPoolRegions} * kEagle3PoolWindow + 
 
 class CpuEagle3Compute : public Eagle3Compute {
  public:
+  // target null: standalone (SetHostCapture supplies the rows).
   CpuEagle3Compute(std::unique_ptr<Eagle3Head> head, ModelRunner* target)
       : head_(std::move(head)), target_(target) {}
+
+  bool Standalone() const override { return target_ == nullptr; }
+  absl::Status SetHostCapture(std::span<const float> rows) override {
+    if (target_ != nullptr) return Eagle3Compute::SetHostCapture(rows);
+    capture_ = rows;
+    return absl::OkStatus();
+  }
+  absl::Status CopyHidden(std::span<const int32_t> from, std::span<const int32_t> to) override {
+    if (from.size() != to.size()) {
+      return absl::InvalidArgumentError("eagle3: CopyHidden of mismatched row lists");
+    }
+    const int64_t h = head_->hidden_size();
+    int64_t max_to = -1;
+    for (int32_t t : to) {
+      if (t < 0 || t >= kCpuPoolRows) {
+        return absl::InvalidArgumentError(absl::StrCat("eagle3: CopyHidden into pool row ", t));
+      }
+      max_to = std::max<int64_t>(max_to, t);
+    }
+    if (pool_.size() < static_cast<size_t>((max_to + 1) * h)) pool_.resize((max_to + 1) * h);
+    for (size_t i = 0; i < from.size(); ++i) {
+      const float* src = HiddenRow(from[i]);
+      if (src == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("eagle3: CopyHidden of row ", from[i], ", which is empty"));
+      }
+      std::memmove(&pool_[to[i] * h], src, sizeof(float) * h);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ForkCache(int64_t parent, int64_t child, int32_t slots) override {
+    if (kv_.contains(child)) {
+      return absl::AlreadyExistsError(absl::StrCat("eagle3: sequence ", child, " exists"));
+    }
+    Eagle3Head::Kv& kv = kv_[child];
+    if (auto it = kv_.find(parent); it != kv_.end()) {
+      kv = it->second;
+      kv.Truncate(slots);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AdoptCache(int64_t parent, int64_t child) override {
+    auto it = kv_.find(child);
+    if (it == kv_.end()) return absl::NotFoundError(absl::StrCat("eagle3: no sequence ", child));
+    Eagle3Head::Kv kv = std::move(it->second);
+    kv_.erase(it);
+    kv_[parent] = std::move(kv);
+    return absl::OkStatus();
+  }
 
   const Eagle3Config& config() const override { return head_->config(); }
   std::span<const int32_t> draft_to_target() const override { return head_->draft_to_target(); }
@@ -28,7 +78,8 @@ class CpuEagle3Compute : public Eagle3Compute {
 
   absl::Status Fuse(std::span<const int32_t> capture_rows,
                     std::span<const int32_t> pool_rows) override {
-    const std::span<const float> captured = target_->captured_hidden_states();
+    const std::span<const float> captured =
+        target_ != nullptr ? target_->captured_hidden_states() : capture_;
     const int64_t width = head_->fc_input_size(), h = head_->hidden_size();
     const int64_t captured_rows = static_cast<int64_t>(captured.size()) / width;
     if (capture_rows.size() != pool_rows.size()) {
@@ -56,13 +107,7 @@ class CpuEagle3Compute : public Eagle3Compute {
     head_rows_.clear();
     for (size_t r = 0; r < rows.size(); ++r) {
       const Row& row = rows[r];
-      const float* src = nullptr;
-      if (row.hidden >= 0 && static_cast<size_t>((int64_t{row.hidden} + 1) * h) <= pool_.size()) {
-        src = &pool_[row.hidden * h];
-      } else if (row.hidden < 0 &&
-                 -int64_t{row.hidden} * h <= static_cast<int64_t>(logits_prenorm_.size())) {
-        src = &logits_prenorm_[(-int64_t{row.hidden} - 1) * h];
-      }
+      const float* src = HiddenRow(row.hidden);
       if (src == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("eagle3: row ", r, " reads hidden row ", row.hidden, ", which is empty"));
@@ -107,8 +152,22 @@ class CpuEagle3Compute : public Eagle3Compute {
   void Release(int64_t seq) override { kv_.erase(seq); }
 
  private:
+  // Row::hidden's row: a pool row (>= 0) or the last pass's prenorm of a logits row; null when
+  // it holds nothing.
+  const float* HiddenRow(int32_t hidden) const {
+    const int64_t h = head_->hidden_size();
+    if (hidden >= 0 && static_cast<size_t>((int64_t{hidden} + 1) * h) <= pool_.size()) {
+      return &pool_[hidden * h];
+    }
+    if (hidden < 0 && -int64_t{hidden} * h <= static_cast<int64_t>(logits_prenorm_.size())) {
+      return &logits_prenorm_[(-int64_t{hidden} - 1) * h];
+    }
+    return nullptr;
+  }
+
   std::unique_ptr<Eagle3Head> head_;
   ModelRunner* target_;
+  std::span<const float> capture_;                   // standalone: SetHostCapture's rows
   absl::node_hash_map<int64_t, Eagle3Head::Kv> kv_;  // stable: rows point into it
   std::vector<float> pool_;                          // [touched rows, hidden]
   std::vector<float> prenorm_;                       // the last pass's prenorm rows
@@ -172,6 +231,21 @@ absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateCpuEagle3Compute(const std:
     return absl::Status(s.code(), absl::StrCat("EAGLE-3 head: ", s.message()));
   }
   return std::make_unique<CpuEagle3Compute>(*std::move(head), target);
+}
+
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCpuEagle3Compute(
+    const std::string& dir, const std::string& target_dir) {
+  absl::StatusOr<ModelConfig> target = LoadModelConfig(target_dir);
+  if (!target.ok()) {
+    return absl::Status(target.status().code(),
+                        absl::StrCat("EAGLE-3 head: its target: ", target.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<Eagle3Head>> head = Eagle3Head::Load(dir, target_dir, *target);
+  if (!head.ok()) {
+    return absl::Status(head.status().code(),
+                        absl::StrCat("EAGLE-3 head: ", head.status().message()));
+  }
+  return std::make_unique<CpuEagle3Compute>(*std::move(head), nullptr);
 }
 
 }  // namespace specd

@@ -170,6 +170,40 @@ class Eagle3Compute {
   virtual void Truncate(int64_t /*seq*/, int32_t /*slot*/) {}
   // The sequence ended.
   virtual void Release(int64_t /*seq*/) {}
+
+  // ---- A head without its target beside it (SSD's speculator, ssd/eagle3_drafter.h) ----
+  // Whether the caller supplies the target's hidden states (SetHostCapture) and the cache forks;
+  // false for a compute held by a target runner (its Fuse reads the runner's capture).
+  virtual bool Standalone() const { return false; }
+  // The rows Fuse reads from now on: [n, fc input] f32 on the host (the caller keeps them alive
+  // until the Fuse that reads them).
+  virtual absl::Status SetHostCapture(std::span<const float> /*rows*/) {
+    return absl::UnimplementedError("EAGLE-3 head: its target's capture is its runner's");
+  }
+  // Copies hidden rows: pool row to[i] gets pool row from[i] (>= 0) or the prenorm output of
+  // logits row -from[i] - 1 of the last Forward (< 0, as Row::hidden).
+  virtual absl::Status CopyHidden(std::span<const int32_t> /*from*/,
+                                  std::span<const int32_t> /*to*/) {
+    return absl::UnimplementedError("EAGLE-3 head: no hidden-row copies");
+  }
+  // A paged cache (the CUDA head): rows name their block tables (Row::block_table), which the
+  // caller allocates from kv_blocks() blocks of kv_block_size() slots (the last block is the
+  // compute's scratch: never handed out); CopyKvBlocks copies whole blocks (src, dst) so forks
+  // share full blocks and copy the rest. Otherwise (the CPU head) a cache per sequence, forked
+  // by ForkCache: `child` (a new sequence) gets `parent`'s entries of slots below `slots`;
+  // AdoptCache gives `parent` the child's cache instead of its own (the child is gone).
+  virtual bool PagedCache() const { return false; }
+  virtual int32_t kv_blocks() const { return 0; }
+  virtual int32_t kv_block_size() const { return 0; }
+  virtual absl::Status CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> /*src_dst*/) {
+    return absl::UnimplementedError("EAGLE-3 head: no paged cache");
+  }
+  virtual absl::Status ForkCache(int64_t /*parent*/, int64_t /*child*/, int32_t /*slots*/) {
+    return absl::UnimplementedError("EAGLE-3 head: no cache forks");
+  }
+  virtual absl::Status AdoptCache(int64_t /*parent*/, int64_t /*child*/) {
+    return absl::UnimplementedError("EAGLE-3 head: no cache forks");
+  }
 };
 
 // The CPU compute over `target`'s captured hidden states: loads the head from `dir` (its
@@ -178,5 +212,23 @@ class Eagle3Compute {
 absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateCpuEagle3Compute(const std::string& dir,
                                                                       const std::string& target_dir,
                                                                       ModelRunner* target);
+// A standalone CPU compute (Standalone(): SSD's speculator): the head of `dir` for the target in
+// `target_dir` (its config.json, and its embedding when the head has none); Fuse reads the rows
+// of SetHostCapture.
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCpuEagle3Compute(
+    const std::string& dir, const std::string& target_dir);
+
+// A standalone compute on `device` (CreateStandaloneEagle3Compute in model_runner.h picks the
+// backend).
+struct StandaloneEagle3Options {
+  std::string dir;         // the head's folder
+  std::string target_dir;  // the target's (config.json; its embedding when the head has none)
+  std::string device = "cpu";
+  bool dummy = false;        // load_format "dummy": random weights (CUDA)
+  int32_t max_states = 512;  // sequences and branches alive at once (pool regions)
+  int32_t max_model_len = 2048;
+  int32_t block_size = 16;     // a paged cache's
+  int64_t kv_cache_bytes = 0;  // a paged cache's; 0: 2 GiB
+};
 
 }  // namespace specd

@@ -100,6 +100,25 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptio
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneEagle3Compute(
+    const StandaloneEagle3Options& options) {
+  SPECD_ASSIGN_OR_RETURN(const DeviceChoice device, ParseDevice(options.device));
+  if (!device.cuda) {
+    if (options.dummy) {
+      return absl::InvalidArgumentError(
+          "EAGLE-3 head: load_format dummy (random weights) needs a CUDA device");
+    }
+    return CreateStandaloneCpuEagle3Compute(options.dir, options.target_dir);
+  }
+#ifdef SPECD_HAS_CUDA
+  return CreateStandaloneCudaEagle3Compute(options, device.index);
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("device '", options.device,
+                   "': this build has no CUDA (configure with -DSPECD_ENABLE_CUDA=ON)"));
+#endif
+}
+
 float SpeculationUniform(uint64_t seed, int64_t num_generated, SpeculationDraw kind) {
   // The top bit keeps these counters apart from the plain draws' (SampleRows: num_generated).
   const uint64_t counter = (uint64_t{1} << 63) | (static_cast<uint64_t>(num_generated) << 2) |
@@ -374,6 +393,24 @@ absl::Status ModelRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids
       absl::StrCat(device_name(),
                    ": this runner exports the target's hidden states only for the EAGLE-3 head "
                    "it holds (RunnerOptions::eagle3_head)"));
+}
+
+absl::Status ModelRunner::CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                           std::vector<float>* out) const {
+  const std::span<const float> captured = captured_hidden_states();
+  const int64_t rows = width > 0 ? static_cast<int64_t>(captured.size()) / width : 0;
+  for (const RowRange& r : ranges) {
+    if (r.first < 0 || r.count < 0 || int64_t{r.first} + r.count > rows) {
+      return absl::OutOfRangeError(absl::StrCat("CopyCapturedRows: rows [", r.first, ", ",
+                                                int64_t{r.first} + r.count, ") of ", rows,
+                                                " captured by the last pass"));
+    }
+  }
+  for (const RowRange& r : ranges) {
+    const auto begin = captured.begin() + int64_t{r.first} * width;
+    out->insert(out->end(), begin, begin + int64_t{r.count} * width);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specd

@@ -56,6 +56,11 @@ struct RunnerOptions : DeviceOptions, BatchLimits {
   // the model (on rank 0 of a tensor-parallel group: workers ignore it) and captures the hidden
   // states it reads. Empty: none.
   std::string eagle3_head;
+  // Hidden states kept for a consumer outside the runner (an EAGLE-3 head in SSD's speculator):
+  // the CUDA runner sets aside the capture of these layers' inputs (rank 0) before it sizes its
+  // KV cache and captures its graphs, so that CaptureHiddenStates(these ids) can turn it on; the
+  // CPU runner needs nothing in advance. Ignored when eagle3_head is set. Empty: none.
+  std::vector<int32_t> capture_hidden_layers;
 };
 
 // How a tensor-parallel Step or StepGreedyVerify brings the vocabulary-parallel LM head's shards
@@ -229,6 +234,14 @@ class ModelRunner {
   // of RunnerOptions::eagle3_head only).
   virtual absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids);
   virtual std::span<const float> captured_hidden_states() const { return {}; }
+  // The captured rows `ranges` of the last pass (indices into its new tokens, batch order),
+  // range after range, appended to *out ([sum of counts, width] f32, host); `width`: the
+  // capture's row width (ids.size() * hidden). For a consumer outside the runner (SSD's
+  // speculator): the default reads captured_hidden_states(); the CUDA runner copies just these
+  // rows from its device. OutOfRange when the last pass left fewer rows (none captured: none),
+  // InvalidArgument for a width other than the capture's where the runner knows it.
+  virtual absl::Status CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                        std::vector<float>* out) const;
   // The EAGLE-3 head of RunnerOptions::eagle3_head, or null.
   virtual Eagle3Compute* eagle3() { return nullptr; }
 
@@ -263,6 +276,10 @@ absl::StatusOr<DeviceChoice> ParseDevice(std::string_view device);
 // no GPU for "cuda", a build without CUDA, not enough GPU memory for the weights or the KV
 // cache: ResourceExhausted with the bytes needed and available).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const RunnerOptions& options);
+// An EAGLE-3 head without its target (SSD's speculator): the CPU compute, or the CUDA one on a
+// "cuda:N" device (FailedPrecondition in a build without CUDA).
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneEagle3Compute(
+    const StandaloneEagle3Options& options);
 
 // options.max_model_len checked against the model (0: the model's max_position_embeddings).
 absl::StatusOr<int32_t> ResolveMaxModelLen(const ModelConfig& config, int32_t requested);

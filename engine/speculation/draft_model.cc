@@ -22,21 +22,6 @@ int32_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return static_cast<int32_t>(ia - a.begin());
 }
 
-// Appends one position's candidates to draft.candidates: `top`, ids ranked best first (TopF of
-// the raw logits: ties to the lower id). A greedy draft `first` (>= 0) leads its row even where
-// penalties, min_tokens bans or a replay made it differ from the raw logits' argmax.
-void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft) {
-  if (first >= 0 && !top.empty() && top.front() != first) {
-    auto it = std::find(top.begin(), top.end(), first);
-    if (it == top.end()) {  // it displaces the last
-      top.back() = first;
-      it = top.end() - 1;
-    }
-    std::rotate(top.begin(), it, it + 1);  // `first` to the front, the rest keep their order
-  }
-  draft.candidates.insert(draft.candidates.end(), top.begin(), top.end());
-}
-
 // Whether `cache` asks for Saguaro sampling (applied to sampled drafts only).
 bool SaguaroSampling(const DraftModelSpeculator::CacheDraftOptions& cache) {
   return cache.saguaro_fan_out > 0 && cache.saguaro_c >= 0.0f && cache.saguaro_c < 1.0f;
@@ -55,6 +40,18 @@ void SetCacheRow(const DraftInput& in, const DraftModelSpeculator::CacheDraftOpt
 }
 
 }  // namespace
+
+void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft) {
+  if (first >= 0 && !top.empty() && top.front() != first) {
+    auto it = std::find(top.begin(), top.end(), first);
+    if (it == top.end()) {  // it displaces the last
+      top.back() = first;
+      it = top.end() - 1;
+    }
+    std::rotate(top.begin(), it, it + 1);  // `first` to the front, the rest keep their order
+  }
+  draft.candidates.insert(draft.candidates.end(), top.begin(), top.end());
+}
 
 absl::StatusOr<std::unique_ptr<DraftModelSpeculator>> DraftModelSpeculator::Create(
     std::unique_ptr<ModelRunner> runner, int32_t target_vocab, int32_t max_tokens_per_forward) {

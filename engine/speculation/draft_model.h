@@ -47,6 +47,12 @@
 
 namespace specd {
 
+// SSD's candidates (DraftModelSpeculator::CacheDraftOptions): appends one drafted position's to
+// draft.candidates, `top` ranked best first (ties to the lower id); a greedy draft `first`
+// (>= 0) leads its row even where penalties, min_tokens bans or a replay made it differ from the
+// raw logits' argmax (it displaces the last when absent).
+void AppendCandidates(std::vector<int32_t> top, int32_t first, Draft& draft);
+
 class DraftModelSpeculator : public Speculator {
  public:
   // What SSD's speculation cache asks of one input's drafts (Propose's `cache`); the defaults

@@ -120,6 +120,11 @@ struct SsdOptions {
   // verifier's on an NCCL link when both ends are on GPUs (TCP carries the rest); "host": inline
   // in the TCP responses, through both hosts' memory.
   bool device_data_path = true;
+  // ("speculator_drafter": "eagle3") the speculator drafts with the EAGLE-3 head of
+  // SpeculativeConfig::eagle3_model instead of the draft model: the verifier's target keeps the
+  // head's layers' hidden states and sends those of every committed position with the outcome.
+  // The default: "draft_model" when a draft model is named, else "eagle3".
+  bool eagle3_drafter = false;
   float saguaro_c = -1.0f;          // default C for sampled requests; < 0: by temperature
   int32_t critical_batch_size = 0;  // b*: misses of batches this large go to the backup; 0: from
                                     // the measured hit rate and latencies (saguaro.h)

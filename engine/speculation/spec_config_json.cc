@@ -125,6 +125,12 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     return ConfigFieldError("data_path", "must be \"device\" or \"host\"");
   }
   o->device_data_path = path == "device";
+  if (auto it = j.find("speculator_drafter"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "draft_model" && *it != "eagle3")) {
+      return ConfigFieldError("speculator_drafter", "must be \"draft_model\" or \"eagle3\"");
+    }
+    o->eagle3_drafter = *it == "eagle3";
+  }
   if (auto it = j.find("speculator_gpu_memory_utilization"); it != j.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() <= 0.0 || it->get<double>() > 1.0) {
       return ConfigFieldError("speculator_gpu_memory_utilization", "must be a number in (0, 1]");
@@ -279,6 +285,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "cache_build",
                                            "cache_budget",
                                            "data_path",
+                                           "speculator_drafter",
                                            "speculator_gpu_memory_utilization",
                                            "speculator_secret_file",
                                            "speculator_tls_cert",
@@ -372,8 +379,23 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
   if (config.method == SpeculationMethod::kDraftModel && config.draft_model.empty()) {
     return ConfigFieldError("model", "is required for method draft_model");
   }
-  if (config.method == SpeculationMethod::kSsd && config.draft_model.empty()) {
-    return ConfigFieldError("model", "is required for method ssd (the speculator's draft model)");
+  if (auto it = j.find("speculator_drafter");
+      (it == j.end() || it->is_null()) && config.method == SpeculationMethod::kSsd &&
+      config.draft_model.empty() && !config.eagle3_model.empty()) {
+    config.ssd.eagle3_drafter = true;  // the head is all the speculator could draft with
+  }
+  if (config.ssd.eagle3_drafter && config.eagle3_model.empty()) {
+    return ConfigFieldError("speculator_drafter",
+                            "eagle3 needs the head's directory in \"eagle3_model\"");
+  }
+  if (config.ssd.eagle3_drafter && config.parallel_drafting) {
+    return ConfigFieldError("speculator_drafter", "eagle3 does not draft in parallel");
+  }
+  if (config.method == SpeculationMethod::kSsd && config.draft_model.empty() &&
+      !config.ssd.eagle3_drafter) {
+    return ConfigFieldError("model",
+                            "is required for method ssd (the speculator's draft model), or "
+                            "\"eagle3_model\" for an EAGLE-3 head in the speculator");
   }
   if (config.parallel_drafting && config.draft_model.empty()) {
     return ConfigFieldError("parallel", "drafts with a draft model: name it with \"model\"");
@@ -408,6 +430,7 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
   j["cache_budget"] = c.ssd.time_budget ? "time" : "fixed";
   j["data_path"] = c.ssd.device_data_path ? "device" : "host";
+  j["speculator_drafter"] = c.ssd.eagle3_drafter ? "eagle3" : "draft_model";
   if (c.ssd.gpu_memory_utilization > 0) {
     j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;
   }

@@ -75,6 +75,10 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
       {R"({"method": "ssd", "model": "d", "cache_budget": "all"})", "cache_budget"},
       {R"({"method": "ssd", "model": "d", "data_path": "pcie"})", "data_path"},
+      {R"({"method": "ssd", "model": "d", "speculator_drafter": "head"})", "speculator_drafter"},
+      {R"({"method": "ssd", "speculator_drafter": "eagle3"})", "speculator_drafter"},
+      {R"({"method": "ssd", "eagle3_model": "h", "speculator_drafter": "draft_model"})",
+       "\"model\""},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 0})",
        "speculator_gpu_memory_utilization"},
       {R"({"method": "ssd", "model": "d", "speculator_gpu_memory_utilization": 1.5})",
@@ -524,6 +528,31 @@ TEST(SpeculativeConfigTest, ReadsEagle3HeadsAndParallelDraftingAndWritesThemBack
     auto refused = ParseSpeculativeConfig(bad);
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// SSD's speculator drafts with the EAGLE-3 head when asked ("speculator_drafter": "eagle3"), and
+// by default when the head is all the config names; the draft model otherwise.
+TEST(SpeculativeConfigTest, ReadsTheSsdSpeculatorsDrafter) {
+  const struct {
+    const char* json;
+    bool head;
+  } cases[] = {
+      {R"({"method": "ssd", "eagle3_model": "h"})", true},
+      {R"({"method": "ssd", "model": "d", "eagle3_model": "h"})", false},
+      {R"({"method": "ssd", "model": "d", "eagle3_model": "h", "speculator_drafter": "eagle3"})",
+       true},
+      {R"({"method": "eagle3", "model": "h"})", false},
+      {R"({"method": "ssd", "model": "d"})", false},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<SpeculativeConfig> config = ParseSpeculativeConfig(c.json);
+    ASSERT_TRUE(config.ok()) << c.json << ": " << config.status();
+    EXPECT_EQ(config->ssd.eagle3_drafter, c.head) << c.json;
+    absl::StatusOr<SpeculativeConfig> back =
+        ParseSpeculativeConfig(SpeculativeConfigToJson(*config));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->ssd.eagle3_drafter, c.head) << c.json;
   }
 }
 

@@ -190,6 +190,8 @@ absl::StatusOr<std::unique_ptr<AutoStrategy>> AutoStrategy::Create(
   return a;
 }
 
+bool AutoStrategy::MayChoose(DraftMethod m) const { return policy_->profile().Has(m); }
+
 void AutoStrategy::Choose(const StepPlan& plan, std::span<const SampleRow> rows,
                           std::span<LiveRequest* const> row_requests, int32_t num_waiting) {
   const absl::Time start = absl::Now();

@@ -58,6 +58,8 @@ class AutoStrategy {
   void FinishStep(int64_t committed, absl::Time step_start, EngineObserver* observer);
   // A request that auto ran has finished.
   void Forget(uint64_t id);
+  // Whether the policy may ever give an `auto` request method `m` (the profile prices it).
+  bool MayChoose(DraftMethod m) const;
 
  private:
   AutoStrategy() = default;

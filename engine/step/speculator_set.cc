@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/base/field_status.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/speculation/draft_model.h"
@@ -44,15 +45,16 @@ absl::StatusOr<std::unique_ptr<SpeculatorSet>> SpeculatorSet::Create(
   // Benchmarks' controlled acceptance: one recording, followed by the draft model and the head.
   // (SSD's draft runs in the speculator process, which reads the recording itself.)
   const bool local_draft = !spec.draft_model.empty() && spec.method != SpeculationMethod::kSsd;
+  const bool local_head = !spec.eagle3_model.empty() && !HeadDraftsInSsdSpeculator(spec);
   std::shared_ptr<const DraftReplay> replay;
-  if (spec.replay.enabled() && (local_draft || !spec.eagle3_model.empty())) {
+  if (spec.replay.enabled() && (local_draft || local_head)) {
     SPECD_ASSIGN_OR_RETURN(replay, DraftReplay::Load(spec.replay, target->config().vocab_size));
     SPECD_LOG_WARN(
         "engine: drafts in replay mode (controlled acceptance alpha {}, {} trajectories): a "
         "benchmark setting, not a drafter's acceptance",
         spec.replay.alpha, replay->num_trajectories());
   }
-  if (!spec.eagle3_model.empty()) SPECD_RETURN_IF_ERROR(set->CreateEagle3(spec, target, replay));
+  if (local_head) SPECD_RETURN_IF_ERROR(set->CreateEagle3(spec, target, replay));
   // SSD's draft runs in the speculator process, not here.
   if (local_draft) {
     SPECD_RETURN_IF_ERROR(set->CreateDraftModel(options, target, target_runner, replay));
@@ -67,6 +69,7 @@ absl::Status SpeculatorSet::CreateDraftModel(const SpeculatorSetOptions& options
   const SpeculativeConfig& spec = options.speculative;
   RunnerOptions draft = target_runner;
   draft.eagle3_head.clear();
+  draft.capture_hidden_layers.clear();
   // The draft draws one row per sequence; a parallel draft K rows per sequence in one pass.
   draft.max_sample_rows = spec.parallel_drafting
                               ? static_cast<int32_t>(std::min<int64_t>(
@@ -152,8 +155,15 @@ const SsdStats* SpeculatorSet::ssd_stats() const {
 absl::StatusOr<ResolvedSpeculation> SpeculatorSet::Resolve(const SpeculationParams& request,
                                                            const SpeculativeConfig& server,
                                                            bool target_is_nsa) const {
-  return ResolveSpeculation(request, server, draft_ != nullptr, ssd_ != nullptr, vegas_ != nullptr,
-                            target_is_nsa);
+  SPECD_ASSIGN_OR_RETURN(ResolvedSpeculation resolved,
+                         ResolveSpeculation(request, server, draft_ != nullptr, ssd_ != nullptr,
+                                            vegas_ != nullptr, target_is_nsa));
+  if (resolved.method == SpeculationMethod::kEagle3 && eagle3_ == nullptr) {
+    return FieldError("speculation.method",
+                      "speculation.method eagle3 needs an EAGLE-3 head in this process; this "
+                      "server's head drafts in its SSD speculator (use method ssd)");
+  }
+  return resolved;
 }
 
 void SpeculatorSet::Release(uint64_t id, uint32_t used) const {

@@ -31,6 +31,13 @@ inline constexpr std::array<DraftMethod, 6> kDraftingMethods = {
     DraftMethod::kDraftModel, DraftMethod::kNgram,     DraftMethod::kSsd,
     DraftMethod::kVegas,      DraftMethod::kStreaming, DraftMethod::kEagle3};
 
+// An EAGLE-3 head in SSD's speculator (method ssd, "speculator_drafter": "eagle3"): the head
+// drafts in the speculator process, not here (no Eagle3Speculator: method eagle3 is not served);
+// the target keeps the head's layers' hidden states for it (Engine::Create).
+inline bool HeadDraftsInSsdSpeculator(const SpeculativeConfig& c) {
+  return c.method == SpeculationMethod::kSsd && c.ssd.eagle3_drafter;
+}
+
 struct SpeculatorSetOptions {
   SpeculativeConfig speculative;
   int32_t tensor_parallel_size = 1;  // vegas and streaming draft on one rank only

@@ -76,6 +76,8 @@ LiveRequest& StepPipeline::Add(RequestId id, GenerateRequest request,
       r.seq.set_reuses_cached_prefix(false);
     }
   }
+  // A head in SSD's speculator has a cache of its own: the same, across the process boundary.
+  if (SsdHeadMayDraft(spec)) r.seq.set_reuses_cached_prefix(false);
   r.on_output = std::move(on_output);
   r.arrival = arrival;
   scheduler_.Add(&r.seq);
@@ -188,6 +190,7 @@ absl::StatusOr<bool> StepPipeline::Run(const std::function<void()>& on_scheduled
     return failed;
   }
   FeedEagle3();
+  FeedSsd();
   // Apply.
   const int64_t commit_start_ns = MonotonicNanos();
   Apply(plan);
@@ -245,6 +248,32 @@ void StepPipeline::FeedEagle3() {
   const absl::Status s = eagle3->OnTargetPass(batch_, eagle3_wanted_);
   // The head then has no hidden states for these positions: it drafts less, nothing more.
   if (!s.ok()) SPECD_LOG_WARN("engine: EAGLE-3 head missed a target pass: {}", s.ToString());
+}
+
+bool StepPipeline::SsdHeadMayDraft(const ResolvedSpeculation& spec) const {
+  const SsdSpeculator* ssd = speculators_->ssd();
+  if (ssd == nullptr || !ssd->wants_hidden()) return false;
+  return spec.method == SpeculationMethod::kSsd ||
+         (spec.method == SpeculationMethod::kAuto && !spec.Forbids(SpeculationMethod::kSsd) &&
+          strategy_->MayChoose(DraftMethod::kSsd));
+}
+
+void StepPipeline::FeedSsd() {
+  SsdSpeculator* ssd = speculators_->ssd();
+  if (ssd == nullptr || !ssd->wants_hidden()) return;
+  ssd_wanted_.assign(batch_.size(), 0);
+  bool any = false;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    auto it = live_.find(static_cast<RequestId>(batch_[i].seq_id));
+    if (it == live_.end() || !SsdHeadMayDraft(it->second->spec)) continue;
+    ssd_wanted_[i] = 1;
+    // Its rows wait in the speculator's client until sent: Release must reach it.
+    it->second->used_speculators |= 1u << DraftMethodIndex(DraftMethod::kSsd);
+    any = true;
+  }
+  if (!any) return;
+  const absl::Status s = ssd->OnTargetPass(batch_, ssd_wanted_, *runner_);
+  if (!s.ok()) SPECD_LOG_WARN("engine: the SSD speculator missed a target pass: {}", s.ToString());
 }
 
 void StepPipeline::PlanSampling(const StepPlan& plan) {

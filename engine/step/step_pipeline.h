@@ -9,8 +9,8 @@
 //   the runner, sampled on the device, exact on the host) runs ONE target pass over the whole
 //   ragged batch, built once for it: prefill chunks, plain decodes and drafted decodes (the
 //   sequence's last token, then its drafts). A plain step is the zero-draft case. Then token
-//   trees' accepted paths are compacted in the KV and the EAGLE-3 head gets the pass's hidden
-//   states.
+//   trees' accepted paths are compacted in the KV and the EAGLE-3 head (in process, or in SSD's
+//   speculator) gets the pass's hidden states.
 // - Apply: the one commit path. Each speculator is told its rows' outcomes, then every row's
 //   tokens (a plain row's one token; a drafted row's accepted drafts and the correction or bonus
 //   token) are committed in order (stop strings, max_tokens, logprobs) and the accepted drafts'
@@ -106,6 +106,13 @@ class StepPipeline {
   // After a successful target pass: the EAGLE-3 head gets the pass's hidden states of the
   // sequences that draft with it.
   void FeedEagle3();
+  // ... and SSD's speculator, when an EAGLE-3 head drafts there, those of the sequences that
+  // may draft with SSD.
+  void FeedSsd();
+  // Whether `spec` may draft with an SSD speculator that wants the target's hidden states:
+  // method ssd, or auto when the policy may pick ssd (hidden states a pass does not hand over
+  // cannot be had later).
+  bool SsdHeadMayDraft(const ResolvedSpeculation& spec) const;
   // Ends every request of the step with `failed`.
   void FailStep(const StepPlan& plan, const absl::Status& failed);
   // Apply: tells each speculator its rows' outcomes, then commits every row's tokens.
@@ -169,8 +176,10 @@ class StepPipeline {
   int64_t step_start_ns_ = 0;                   // ... in MonotonicNanos (SSD's round timeline)
   int32_t num_spec_rows_ = 0;                   // rows with drafts this step
   bool ssd_proposed_ = false;                   // SSD's speculator proposed this step
-  // [num_chunks] FeedEagle3: whether the chunk's sequence drafts with the EAGLE-3 head.
+  // [num_chunks] FeedEagle3: whether the chunk's sequence drafts with the EAGLE-3 head; FeedSsd:
+  // with SSD's speculator's head.
   std::vector<uint8_t> eagle3_wanted_;
+  std::vector<uint8_t> ssd_wanted_;
 };
 
 }  // namespace specd

@@ -43,7 +43,8 @@
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete] [--cache-budget time|fixed]
-//               [--data-path device|host] [--critical-batch-size B]]
+//               [--data-path device|host] [--critical-batch-size B]
+//               [--ssd-drafter draft_model|eagle3 (the head of --eagle3 in the speculator)]]
 #include <unistd.h>
 
 #include <algorithm>
@@ -189,6 +190,10 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.cost_profile = f.cost_profile;
   o.tensor_parallel.size = f.tensor_parallel_size;
   o.tensor_parallel.worker_binary = f.specd;  // "": this binary, which is not specd
+  if (f.ssd_drafter == "eagle3" && f.eagle3.empty()) {
+    std::fprintf(stderr, "spec_bench: --ssd-drafter eagle3 needs the head (--eagle3 HEAD_DIR)\n");
+    std::exit(2);
+  }
   if (f.tensor_parallel_size > 1 && f.specd.empty()) {
     std::fprintf(stderr, "spec_bench: --tensor-parallel-size needs --specd PATH (its workers)\n");
     std::exit(2);
@@ -307,6 +312,7 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   ssd.ssd.time_budget = f.cache_budget == "time";
   ssd.ssd.device_data_path = f.data_path == "device";
   ssd.ssd.critical_batch_size = f.critical_batch_size;
+  ssd.ssd.eagle3_drafter = f.ssd_drafter == "eagle3";
   ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
   return ssd;
 }
@@ -319,8 +325,10 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Step
       "cache, q rows via %s\n",
       engine->device_name().c_str(),
       f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
-      f.parallel ? "parallel draft" : "draft model", f.fan_out,
-      f.cache_budget == "time" && f.cache_build != "complete" ? "time" : "fixed",
+      f.ssd_drafter == "eagle3" ? "EAGLE-3 head"
+      : f.parallel              ? "parallel draft"
+                                : "draft model",
+      f.fan_out, f.cache_budget == "time" && f.cache_build != "complete" ? "time" : "fixed",
       f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
       f.cache_build.c_str(), f.data_path.c_str());
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.max_k()}, WarmUp(f));

@@ -46,6 +46,7 @@ struct SpecBenchFlags {
   std::string cache_budget = "time";  // SSD: "time" (the measured window) or "fixed" (F)
   std::string data_path = "device";   // SSD: q rows GPU to GPU ("device") or over TCP ("host")
   int critical_batch_size = 0;        // SSD: b* (0: measured; large: misses never go to backup)
+  std::string ssd_drafter = "draft_model";  // SSD: the speculator's drafter ("eagle3": --eagle3)
   std::string load_format = "auto";
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
   int max_model_len = 2048;
@@ -125,6 +126,8 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       f->speculator_device = value();
     } else if (a == "--critical-batch-size") {
       ok = absl::SimpleAtoi(value(), &f->critical_batch_size) && f->critical_batch_size >= 0;
+    } else if (a == "--ssd-drafter") {
+      ok = (f->ssd_drafter = value()) == "draft_model" || f->ssd_drafter == "eagle3";
     } else if (a == "--data-path") {
       ok = (f->data_path = value()) == "device" || f->data_path == "host";
     } else if (a == "--cache-budget") {

@@ -19,7 +19,8 @@
 #     the chi-square tests of sampled SSD cache hits, verifier and speculator on the GPUs)
 #     and ssd_replay_bench (8B / 1B shapes, random weights, controlled acceptance alpha 0.8;
 #     the time budget and "fixed" F side by side; ssd_replay_bench 32b: Qwen3-32B + 0.6B shapes;
-#     ssd_parallel_replay_bench: the parallel 1B draft in the speculator; with three or more
+#     ssd_parallel_replay_bench: the parallel 1B draft in the speculator; ssd_eagle3_replay_bench
+#     and ssd_eagle3_bench codepair: the EAGLE-3 head in the speculator; with three or more
 #     GPUs, ssd_tp_replay_bench: a TP 2 verifier and the speculator on a third GPU)
 #     decode_bench (decode, throughput, TTFT and prefill against the roofline)
 # Our binaries get WORK/lib first on LD_LIBRARY_PATH; python3 keeps the machine's own libraries.
@@ -425,6 +426,19 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --parallel --load-format dummy --random-prompts 128 --max-model-len 1024 \
     --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 --replay-alpha 0.8 \
     --replay-hit 0.9 --ssd --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
+  # Issue 34 point 1: the EAGLE-3 head in the speculator on cuda:1 against the same head in
+  # process, 8B shapes, controlled acceptance (every output checked against plain decoding's);
+  # the verifier sends the target's hidden states with each outcome. Then codepair's trained
+  # head, real acceptance.
+  run_step "ssd_eagle3_replay_bench" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --eagle3 "models/shapes/eagle3-llama-3.1-8b" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 \
+    --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
+    --speculator-device cuda:1 --fan-out 3
+  run_step "ssd_eagle3_bench codepair" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --eagle3 models/codepair/eagle3 --batches 1,16 --k 4 --max-tokens 128 --ssd \
+    --ssd-drafter eagle3 --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
   # Issue 34 point 4: a tensor-parallel verifier (TP 2 on GPUs 0-1, rank 0 talks to the
   # speculator) and the speculator on a third GPU, beside plain decoding and draft-model
   # speculation at TP 2; where three or more GPUs are visible.
@@ -538,7 +552,8 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
   "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" "ssd_replay_bench 32b" \
-  "ssd_parallel_replay_bench" "ssd_tp_replay_bench" "ssd_replay_bench (1 gpu)"; do
+  "ssd_parallel_replay_bench" "ssd_eagle3_replay_bench" "ssd_eagle3_bench codepair" \
+  "ssd_tp_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
   tail -n 12 "$WORK/steps/${s//[^A-Za-z0-9_.-]/_}.out"

@@ -59,6 +59,7 @@ CudaEagle3Compute::~CudaEagle3Compute() {
         "catch-up; sampled: {} rounds in one graph, {} chained graphs",
         rounds_in_graph_, chains_in_graph_, sampled_rounds_in_graph_, sampled_chains_in_graph_);
   }
+  if (owns_stream_ && options_.stream != nullptr) cudaStreamDestroy(options_.stream);
 }
 
 absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> CudaEagle3Compute::Create(
@@ -236,6 +237,12 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
     SPECD_ASSIGN_OR_RETURN(
         draw_in_host_, cuda::PinnedMemory::Allocate(draw_bytes, "EAGLE-3 sampled graph inputs"));
   }
+  if (options_.standalone) {
+    SPECD_RETURN_IF_ERROR(alloc(host_capture_, tokens * f * 2, "EAGLE-3 target rows"));
+    SPECD_ASSIGN_OR_RETURN(
+        host_capture_staging_,
+        cuda::PinnedMemory::Allocate(static_cast<size_t>(tokens * f * 2), "EAGLE-3 target rows"));
+  }
   SPECD_RETURN_IF_ERROR(alloc(d2t_dev_, dv * 4, "EAGLE-3 draft map"));
   SPECD_RETURN_IF_ERROR(
       cuda::Check(cudaMemcpyAsync(d2t_dev_.as(), d2t_.data(), static_cast<size_t>(dv) * 4,
@@ -267,6 +274,7 @@ absl::Status CudaEagle3Compute::AllocateKv(int32_t num_blocks) {
   SPECD_RETURN_IF_ERROR(
       cuda::Check(cudaMemset(kv_.as(), 0, kv_.bytes()), "EAGLE-3 KV cache zero-fill"));
   scratch_block_ = num_blocks - 1;  // the target's scratch block (CudaRunner's last)
+  num_kv_blocks_ = num_blocks;
   k_cache_ = kv_.as<__nv_bfloat16>();
   v_cache_ = Offset(k_cache_, int64_t{num_blocks} * KvBlockBytes() / 4);
   return absl::OkStatus();
@@ -333,6 +341,114 @@ absl::Status CudaEagle3Compute::Fuse(std::span<const int32_t> capture_rows,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::SetHostCapture(std::span<const float> rows) {
+  if (!options_.standalone) return Eagle3Compute::SetHostCapture(rows);
+  const int64_t f = static_cast<int64_t>(config_.aux_layer_ids.size()) * config_.target_hidden_size;
+  const int64_t n = static_cast<int64_t>(rows.size()) / f;
+  if (n * f != static_cast<int64_t>(rows.size()) || n > options_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", rows.size(),
+                                                   " floats of target rows (rows of ", f,
+                                                   ", at most ", options_.max_tokens, ")"));
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  // The staging is free: the last upload was waited for.
+  auto* staged = host_capture_staging_.as<uint16_t>();
+  for (size_t i = 0; i < rows.size(); ++i) staged[i] = FloatToBf16(rows[i]);
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemcpyAsync(host_capture_.as(), staged, rows.size() * 2,
+                                                    cudaMemcpyHostToDevice, options_.stream),
+                                    "EAGLE-3 head: target rows"));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head: target rows"));
+  set_capture(host_capture_.as<__nv_bfloat16>(), n);
+  return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::CopyHidden(std::span<const int32_t> from,
+                                           std::span<const int32_t> to) {
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError("EAGLE-3 head: CopyHidden of mismatched row lists");
+  }
+  if (from.empty()) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  const int64_t h = config_.layer.hidden_size;
+  // The last pass's prenorm rows: the half it wrote (Forward flipped prenorm_half_ to it).
+  const int64_t prenorm_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
+  auto* table = table_.as<__nv_bfloat16>();
+  for (size_t i = 0; i < from.size(); ++i) {
+    const int64_t src = from[i] >= 0 ? from[i] : prenorm_base + (-int64_t{from[i]} - 1);
+    if ((from[i] >= 0 && from[i] >= pool_rows_) ||
+        (from[i] < 0 && -int64_t{from[i]} > max_logit_rows_) || to[i] < 0 || to[i] >= pool_rows_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("EAGLE-3 head: CopyHidden of row ", from[i], " into pool row ", to[i]));
+    }
+    if (src == to[i]) continue;
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        cudaMemcpyAsync(Offset(table, int64_t{to[i]} * h), Offset(table, src * h),
+                        static_cast<size_t>(h) * 2, cudaMemcpyDeviceToDevice, options_.stream),
+        "EAGLE-3 head: hidden rows"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
+  if (k_cache_ == nullptr) return absl::FailedPreconditionError("EAGLE-3 head: no KV cache");
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  const int64_t half = KvBlockBytes() / 4;  // one block's K (or V), in elements
+  for (const auto& [src, dst] : src_dst) {
+    if (src < 0 || dst < 0 || src >= num_kv_blocks_ || dst >= num_kv_blocks_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("EAGLE-3 head: KV block copy ", src, " -> ", dst));
+    }
+    for (__nv_bfloat16* cache : {k_cache_, v_cache_}) {
+      SPECD_RETURN_IF_ERROR(cuda::Check(
+          cudaMemcpyAsync(Offset(cache, dst * half), Offset(cache, src * half),
+                          static_cast<size_t>(half) * 2, cudaMemcpyDeviceToDevice, options_.stream),
+          "EAGLE-3 head: KV block copy"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCudaEagle3Compute(
+    const StandaloneEagle3Options& options, int32_t device) {
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(device), "cudaSetDevice"));
+  SPECD_ASSIGN_OR_RETURN(ModelConfig target, LoadModelConfig(options.target_dir));
+  cudaStream_t stream = nullptr;
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                    "EAGLE-3 head: stream"));
+  CudaEagle3Compute::Options o;
+  o.dir = options.dir;
+  o.target_dir = options.target_dir;
+  o.dummy = options.dummy;
+  o.target = &target;
+  o.max_tokens = 512;  // target rows of one Fuse
+  o.max_seqs = std::max(1, options.max_states);
+  o.max_model_len = options.max_model_len;
+  o.block_size = options.block_size;
+  cudaDeviceProp prop{};
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaGetDeviceProperties(&prop, device), "device properties"));
+  o.num_sms = prop.multiProcessorCount;
+  o.device = device;
+  o.stream = stream;
+  o.eager = true;
+  o.standalone = true;
+  absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> c = CudaEagle3Compute::Create(o);
+  if (!c.ok()) {
+    cudaStreamDestroy(stream);
+    return c.status();
+  }
+  (*c)->AdoptTarget(std::move(target), stream);
+  const int64_t bytes = options.kv_cache_bytes > 0 ? options.kv_cache_bytes : int64_t{2} << 30;
+  const auto blocks = static_cast<int32_t>(
+      std::max<int64_t>(2, std::min<int64_t>(bytes / (*c)->KvBlockBytes(), INT32_MAX)));
+  SPECD_RETURN_IF_ERROR((*c)->AllocateKv(blocks));
+  SPECD_LOG_INFO(
+      "cuda:{}: EAGLE-3 head {} for SSD's speculator: weights {}, buffers {}, KV {} blocks of {}",
+      device, options.dir, cuda::FormatBytes((*c)->weight_bytes()),
+      cuda::FormatBytes((*c)->buffer_bytes()), blocks, options.block_size);
+  return std::unique_ptr<Eagle3Compute>(*std::move(c));
 }
 
 absl::Status CudaEagle3Compute::RunPiece(std::span<const Row> rows, size_t begin, size_t end,

@@ -88,6 +88,10 @@ class CudaEagle3Compute : public Eagle3Compute {
     cudaStream_t stream = nullptr;  // the target's
     bool eager = false;             // no graphs (enforce_eager)
     DeviceDraws* draws = nullptr;   // sampled drafts on the device (not owned); null: none
+    // SSD's speculator (CreateStandaloneCudaEagle3Compute): no target beside it. SetHostCapture
+    // supplies the rows Fuse reads (at most max_tokens a call), the caller allocates the KV
+    // blocks of its rows' block tables, and the compute owns `stream`.
+    bool standalone = false;
   };
   // On the current device. InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot
   // draft for the target; ResourceExhausted when its weights or buffers do not fit.
@@ -103,6 +107,13 @@ class CudaEagle3Compute : public Eagle3Compute {
     capture_rows_ = rows;
   }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // Standalone (Options::standalone): the target's config it holds, and the stream it owns.
+  void AdoptTarget(ModelConfig target, cudaStream_t stream) {
+    owned_target_ = std::move(target);
+    options_.target = &owned_target_;
+    options_.stream = stream;
+    owns_stream_ = true;
+  }
   int64_t buffer_bytes() const { return buffer_bytes_; }
 
   const Eagle3Config& config() const override { return config_; }
@@ -141,6 +152,15 @@ class CudaEagle3Compute : public Eagle3Compute {
                     std::span<const int32_t> pool_rows) override;
   absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
                        std::vector<int32_t>* ids, std::vector<float>* logits) override;
+  // Standalone: the rows come from the host (bf16 on the device), pool rows are copied, and the
+  // caller's block tables share blocks that CopyKvBlocks copies.
+  bool Standalone() const override { return options_.standalone; }
+  absl::Status SetHostCapture(std::span<const float> rows) override;
+  absl::Status CopyHidden(std::span<const int32_t> from, std::span<const int32_t> to) override;
+  bool PagedCache() const override { return options_.standalone; }
+  int32_t kv_blocks() const override { return num_kv_blocks_; }
+  int32_t kv_block_size() const override { return options_.block_size; }
+  absl::Status CopyKvBlocks(std::span<const std::pair<int32_t, int32_t>> src_dst) override;
 
  private:
   struct Weights {
@@ -221,6 +241,13 @@ class CudaEagle3Compute : public Eagle3Compute {
                     int64_t n, int64_t k, void* y, int64_t ldy, bool f32_out);
 
   Options options_;
+  ModelConfig owned_target_;  // standalone: the target's config (options_.target points here)
+  bool owns_stream_ = false;
+  int32_t num_kv_blocks_ = 0;
+  // Standalone: SetHostCapture's rows on the device ([max_tokens, fc input] bf16) and their
+  // host staging.
+  cuda::DeviceMemory host_capture_;
+  cuda::PinnedMemory host_capture_staging_;
   Eagle3Config config_;
   std::vector<int32_t> d2t_;  // draft id -> target id
   Weights w_;

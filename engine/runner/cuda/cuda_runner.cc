@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <utility>
@@ -116,18 +117,41 @@ absl::Status CudaRunner::State::CreateEagle3(const RunnerOptions& o) {
   eagle3_draws = MakeEagle3Draws();
   e.draws = eagle3_draws.get();
   SPECD_ASSIGN_OR_RETURN(eagle3, CudaEagle3Compute::Create(e));
-  const std::vector<int32_t>& ids = eagle3->config().aux_layer_ids;
-  SPECD_ASSIGN_OR_RETURN(
-      capture, cuda::DeviceMemory::Allocate(
-                   static_cast<size_t>(limits.max_tokens * static_cast<int64_t>(ids.size()) *
-                                       config.hidden_size * 2),
-                   "EAGLE-3 hidden-state capture"));
-  forward->SetCapture(ids, capture.as<__nv_bfloat16>());
+  SPECD_RETURN_IF_ERROR(
+      AllocateCapture(eagle3->config().aux_layer_ids, "EAGLE-3 hidden-state capture"));
   eagle3->set_capture(capture.as<__nv_bfloat16>(), limits.max_tokens);
   SPECD_LOG_INFO("{}: EAGLE-3 head {}: weights {}, buffers {}, capture {}", name, o.eagle3_head,
                  cuda::FormatBytes(eagle3->weight_bytes()),
                  cuda::FormatBytes(eagle3->buffer_bytes()),
                  cuda::FormatBytes(static_cast<int64_t>(capture.bytes())));
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::State::AllocateCapture(std::vector<int32_t> ids, const char* what) {
+  const size_t bytes = static_cast<size_t>(limits.max_tokens * static_cast<int64_t>(ids.size()) *
+                                           config.hidden_size * int64_t{2});  // bf16
+  SPECD_ASSIGN_OR_RETURN(capture, cuda::DeviceMemory::Allocate(bytes, what));
+  capture_layers = std::move(ids);
+  forward->SetCapture(capture_layers, capture.as<__nv_bfloat16>());
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::State::CreateCapture(const RunnerOptions& o) {
+  const std::vector<int32_t>& ids = o.capture_hidden_layers;
+  if (ids.empty() || eagle3 != nullptr || worker) return absl::OkStatus();
+  for (int32_t id : ids) {
+    if (id < 0 || id >= config.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden-state capture: layer id ", id,
+                                                     " is outside [0, ", config.num_layers, ")"));
+    }
+  }
+  SPECD_RETURN_IF_ERROR(AllocateCapture(ids, "hidden-state capture"));
+  SPECD_ASSIGN_OR_RETURN(capture_host,
+                         cuda::PinnedMemory::Allocate(capture.bytes(), "hidden-state capture"));
+  SPECD_LOG_INFO("{}: hidden states of layers {} kept for the speculator: capture {} (+ {} host)",
+                 name, absl::StrJoin(capture_layers, ","),
+                 cuda::FormatBytes(static_cast<int64_t>(capture.bytes())),
+                 cuda::FormatBytes(static_cast<int64_t>(capture_host.bytes())));
   return absl::OkStatus();
 }
 
@@ -292,6 +316,7 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   l.max_decode_batch = max_decode;  // a decode step has at most this many sequences
   SPECD_RETURN_IF_ERROR(s->AllocateBuffers());
   SPECD_RETURN_IF_ERROR(s->CreateEagle3(o));
+  SPECD_RETURN_IF_ERROR(s->CreateCapture(o));  // before the KV's size and the graphs
   SPECD_RETURN_IF_ERROR(s->SizeAndAllocateKv(o));
   SPECD_ASSIGN_OR_RETURN(const cuda::MemoryInfo before, cuda::GetMemoryInfo());
   SPECD_RETURN_IF_ERROR(ShapeError(s->WarmUpAndCapture(), s->config, s->block_size));
@@ -521,12 +546,59 @@ absl::Status CudaRunner::RankCandidates(std::span<const SequenceInput> batch, in
 
 absl::Status CudaRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids) {
   if (layer_ids.empty()) return absl::OkStatus();
-  if (s_->eagle3 != nullptr &&
-      std::equal(layer_ids.begin(), layer_ids.end(), s_->eagle3->config().aux_layer_ids.begin(),
-                 s_->eagle3->config().aux_layer_ids.end())) {
-    return absl::OkStatus();  // captured on the device for the head this runner holds
+  const std::vector<int32_t>& own = s_->capture_layers;
+  if (s_->capture.as() != nullptr &&
+      std::equal(layer_ids.begin(), layer_ids.end(), own.begin(), own.end())) {
+    return absl::OkStatus();  // captured on the device since creation (every graph holds it)
   }
-  return ModelRunner::CaptureHiddenStates(layer_ids);
+  return absl::UnimplementedError(
+      absl::StrCat(s_->name,
+                   ": hidden states are captured only for the layers set at creation (the head of "
+                   "RunnerOptions::eagle3_head, or RunnerOptions::capture_hidden_layers)"));
+}
+
+absl::Status CudaRunner::CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                          std::vector<float>* out) const {
+  State& s = *s_;
+  if (s.capture_host.as() == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        s.name, ": no hidden states kept for a consumer (RunnerOptions::capture_hidden_layers)"));
+  }
+  const int64_t own = static_cast<int64_t>(s.capture_layers.size()) * s.config.hidden_size;
+  if (width != own) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyCapturedRows: rows of ", width, " floats; the capture's are ", own));
+  }
+  for (const RowRange& r : ranges) {
+    if (r.first < 0 || r.count < 0 || int64_t{r.first} + r.count > s.captured_tokens) {
+      return absl::OutOfRangeError(absl::StrCat("CopyCapturedRows: rows [", r.first, ", ",
+                                                int64_t{r.first} + r.count, ") of ",
+                                                s.captured_tokens, " captured by the last pass"));
+    }
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s.device), "cudaSetDevice"));
+  // After every pass queued before; the ranges land one after another in the staging buffer.
+  const size_t row_bytes = static_cast<size_t>(own) * sizeof(uint16_t);  // bf16
+  auto* staged = s.capture_host.as<uint16_t>();
+  int64_t at = 0;
+  for (const RowRange& r : ranges) {
+    if (r.count == 0) continue;
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        cudaMemcpyAsync(staged + at * own, s.capture.as<uint16_t>() + int64_t{r.first} * own,
+                        row_bytes * static_cast<size_t>(r.count), cudaMemcpyDeviceToHost, s.stream),
+        "copy of captured hidden states"));
+    at += r.count;
+  }
+  SPECD_RETURN_IF_ERROR(s.Sync("copy of captured hidden states"));
+  // bf16 is the high half of an f32.
+  const size_t first = out->size();
+  out->resize(first + static_cast<size_t>(at * own));
+  float* dst = out->data() + first;
+  for (int64_t i = 0; i < at * own; ++i) {
+    const uint32_t bits = uint32_t{staged[i]} << 16;
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+  return absl::OkStatus();
 }
 
 Eagle3Compute* CudaRunner::eagle3() { return s_->eagle3.get(); }

@@ -24,6 +24,10 @@
 
 namespace specd {
 
+// The standalone EAGLE-3 head of SSD's speculator on GPU `device` (cuda_eagle3.cc).
+absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCudaEagle3Compute(
+    const StandaloneEagle3Options& options, int32_t device);
+
 // Visible CUDA devices; 0 when there is none or no driver.
 int32_t CudaDeviceCount();
 
@@ -53,9 +57,14 @@ class CudaRunner : public ModelRunner {
   absl::Status Run(const StepRequest& request, StepResult* result) override;
   bool RanksCandidatesOnDevice() const override;
   // EAGLE-3: the head of RunnerOptions::eagle3_head runs on this GPU (cuda_eagle3.h) and reads
-  // the hidden states on the device; CaptureHiddenStates accepts only its layers, and nothing
-  // is kept on the host (captured_hidden_states() is empty).
+  // the hidden states on the device; without a head, RunnerOptions::capture_hidden_layers sets
+  // a capture aside for a consumer elsewhere (SSD's speculator). CaptureHiddenStates accepts
+  // only those layers (the capture is in every graph from creation on); nothing is kept on the
+  // host (captured_hidden_states() is empty): CopyCapturedRows copies the rows asked for from
+  // the device (bf16, widened to f32) once the passes queued before finished.
   absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override;
+  absl::Status CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                std::vector<float>* out) const override;
   Eagle3Compute* eagle3() override;
 
   // Speculation with p and q on this GPU: GpuSampler::EnqueueProbs builds the processed rows in

@@ -155,6 +155,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
     num_tokens += static_cast<int64_t>(in.tokens.size());
     decode = decode && in.tokens.size() == 1;
   }
+  captured_tokens = num_tokens;  // the rows CudaForward's capture will hold
   Launch launch;
   launch.key = key;
   launch.merge_k = key.merge_k;

@@ -246,8 +246,18 @@ struct CudaRunner::State {
   // every forward pass ([max_tokens, 3 * hidden] bf16, CudaForward::SetCapture).
   std::unique_ptr<CudaEagle3Compute> eagle3;
   cuda::DeviceMemory capture;
-  // cuda_runner.cc: loads the head and allocates its buffers and the capture (before the KV).
+  // The layers `capture` holds (the head's, or RunnerOptions::capture_hidden_layers), and the
+  // last pass's tokens it holds rows of (Prepare).
+  std::vector<int32_t> capture_layers;
+  int64_t captured_tokens = 0;
+  // RunnerOptions::capture_hidden_layers without a head: CopyCapturedRows' staging of the rows
+  // it copies ([max_tokens, capture_layers.size() * hidden] bf16, pinned host).
+  cuda::PinnedMemory capture_host;
+  // cuda_runner.cc: loads the head and allocates its buffers and the capture (before the KV);
+  // CreateCapture allocates the capture for capture_hidden_layers when no head does.
   absl::Status CreateEagle3(const RunnerOptions& o);
+  absl::Status CreateCapture(const RunnerOptions& o);
+  absl::Status AllocateCapture(std::vector<int32_t> ids, const char* what);
   std::unique_ptr<CudaForward> forward;
   std::unique_ptr<GpuSampler> sampler;
   cuda::PinnedMemory inputs_host;  // the input region's staging twin

@@ -22,7 +22,12 @@ absl::Status InitFieldError(const char* field, const std::string& problem) {
 
 // The values SsdInit's decoder leaves to the speculation's own rules.
 absl::Status CheckSpeculation(const SsdInit& init) {
-  if (init.draft_model.empty()) return InitFieldError("draft_model", "empty: no draft to load");
+  if (init.draft_model.empty() && init.eagle3_head.empty()) {
+    return InitFieldError("draft_model", "empty, and no eagle3_head: nothing to draft with");
+  }
+  if (!init.eagle3_head.empty() && (init.target_model.empty() || init.hidden_width == 0)) {
+    return InitFieldError("target_model", "an EAGLE-3 head needs the target's directory and width");
+  }
   if (init.num_speculative_tokens < 1 || init.num_speculative_tokens > kMaxSpeculativeTokens) {
     return InitFieldError(
         "num_speculative_tokens",
@@ -75,6 +80,11 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
   const absl::StatusOr<DeviceChoice> target = ParseDevice(o.target_device);
   init.bulk_link =
       c.ssd.device_data_path && NcclChannel::Available() && target.ok() && target->cuda;
+  if (c.ssd.eagle3_drafter) {
+    init.eagle3_head = c.eagle3_model;
+    init.target_model = o.target_model;
+    init.hidden_width = static_cast<uint32_t>(std::max(0, o.hidden_width));
+  }
   init.replay_file = c.replay.file;
   init.replay_alpha = c.replay.alpha;
   init.replay_candidate_hit = c.replay.candidate_hit;
@@ -83,9 +93,9 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
 }
 
 WireLimits SsdInitLimits(const SsdInit& init) {
-  return SsdWireLimits(static_cast<int32_t>(init.vocab_size),
-                       static_cast<int32_t>(init.max_num_seqs),
-                       static_cast<int32_t>(init.max_model_len));
+  return SsdWireLimits(
+      static_cast<int32_t>(init.vocab_size), static_cast<int32_t>(init.max_num_seqs),
+      static_cast<int32_t>(init.max_model_len), static_cast<int32_t>(init.hidden_width));
 }
 
 absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init) {
@@ -106,6 +116,11 @@ absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init) {
   c.ssd.complete_cache = init.complete_cache;
   c.parallel_drafting = init.parallel_drafting;
   c.ssd.time_budget = init.time_budget;
+  c.eagle3_model = init.eagle3_head;
+  c.ssd.eagle3_drafter = !init.eagle3_head.empty();
+  w.target_model = init.target_model;
+  w.hidden_width = static_cast<int32_t>(init.hidden_width);
+  w.vocab_size = static_cast<int32_t>(init.vocab_size);
   c.ssd.gpu_memory_utilization = init.gpu_memory_utilization;
   c.replay.file = init.replay_file;
   c.replay.alpha = init.replay_alpha;

@@ -106,6 +106,48 @@ TEST(SsdInitTest, TheVerifiersSettingsSurviveTheWire) {
   EXPECT_EQ(SsdInitLimits(*init), SsdWireLimits(kDraftVocab, 8, 512));
 }
 
+// An EAGLE-3 head in the speculator (issue 34 point 1): the head, the target's directory and the
+// width of its hidden-state rows survive the wire, the limits carry that width, and an init that
+// names a head without them is refused naming the field.
+TEST(SsdInitTest, AnEagle3HeadsSettingsSurviveTheWire) {
+  SsdSpeculatorOptions o = VerifierOptions();
+  o.config.draft_model.clear();
+  o.config.eagle3_model = "/models/head";
+  o.config.ssd.eagle3_drafter = true;
+  o.target_model = "/models/target";
+  o.hidden_width = 1152;
+  const SsdInit sent = MakeSsdInit(o);
+  EXPECT_EQ(sent.eagle3_head, "/models/head");
+  absl::StatusOr<SsdInit> init = OverTheWire(sent);
+  ASSERT_TRUE(init.ok()) << init.status();
+  EXPECT_EQ(*init, sent);
+  absl::StatusOr<SsdWorkerOptions> w = SsdWorkerOptionsFrom(*init);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->config.ssd.eagle3_drafter);
+  EXPECT_EQ(w->config.eagle3_model, "/models/head");
+  EXPECT_EQ(w->target_model, "/models/target");
+  EXPECT_EQ(w->hidden_width, 1152);
+  EXPECT_EQ(w->vocab_size, kDraftVocab);
+  const WireLimits limits = SsdInitLimits(*init);
+  EXPECT_EQ(limits.hidden_width, 1152u);
+  EXPECT_GT(limits.max_hidden_rows, 0u);
+  EXPECT_TRUE(limits.Validate().ok());
+  // No head: no hidden rows travel.
+  EXPECT_EQ(SsdInitLimits(MakeSsdInit(VerifierOptions())).hidden_width, 0u);
+
+  SsdInit no_target = sent;
+  no_target.target_model.clear();
+  absl::StatusOr<SsdWorkerOptions> refused = SsdWorkerOptionsFrom(no_target);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "SsdInit.target_model"))
+      << refused.status();
+  SsdInit no_width = sent;
+  no_width.hidden_width = 0;
+  absl::StatusOr<SsdInit> decoded = OverTheWire(no_width);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_TRUE(absl::StrContains(decoded.status().message(), "hidden_width")) << decoded.status();
+}
+
 // The device data path is offered only from a target on a GPU, with NCCL in the build and
 // "data_path": "device" (the default); the offer and the SsdReady's answer survive the wire.
 TEST(SsdInitTest, TheDeviceDataPathIsOfferedOnlyFromAGpuTarget) {

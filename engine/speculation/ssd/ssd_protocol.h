@@ -17,9 +17,15 @@ namespace specd {
 // sequences beyond it get no drafts that round (lossless: they decode plainly).
 inline constexpr uint32_t kSsdMaxProbRows = 256;
 
+// Most bytes of target hidden states one SpeculateRequest carries (an EAGLE-3 head in the
+// speculator): rows past it are not sent (the head then lacks those positions: drafts accept
+// less, nothing else).
+inline constexpr int64_t kSsdMaxHiddenBytes = int64_t{1} << 30;
+
 // Limits for a verifier batching up to max_num_seqs sequences over `vocab` ids and prompts of up
-// to max_model_len tokens.
-inline WireLimits SsdWireLimits(int32_t vocab, int32_t max_num_seqs, int32_t max_model_len) {
+// to max_model_len tokens; hidden_width > 0: requests carry hidden-state rows that wide.
+inline WireLimits SsdWireLimits(int32_t vocab, int32_t max_num_seqs, int32_t max_model_len,
+                                int32_t hidden_width = 0) {
   WireLimits l;
   l.max_batch = static_cast<uint32_t>(max_num_seqs);
   l.max_draft_tokens = static_cast<uint32_t>(kMaxSpeculativeTokens);
@@ -30,6 +36,12 @@ inline WireLimits SsdWireLimits(int32_t vocab, int32_t max_num_seqs, int32_t max
       std::min<int64_t>(int64_t{max_num_seqs} * max_model_len, int64_t{4} << 20));
   l.max_prob_rows = kSsdMaxProbRows;
   l.max_release_ids = 4096;
+  if (hidden_width > 0) {
+    l.hidden_width = static_cast<uint32_t>(hidden_width);
+    l.max_hidden_rows = static_cast<uint32_t>(std::max<int64_t>(
+        1, std::min<int64_t>(l.max_request_tokens,
+                             kSsdMaxHiddenBytes / (int64_t{hidden_width} * int64_t{4}))));
+  }
   return l;
 }
 

@@ -58,7 +58,7 @@ bool IsLoopbackHost(const std::string& host) {
 
 SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
     : options_(o),
-      limits_(SsdWireLimits(o.vocab_size, o.max_num_seqs, o.max_model_len)),
+      limits_(SsdInitLimits(MakeSsdInit(o))),  // the acceptor's: the speculator's too
       local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {}
 
 SsdSpeculator::~SsdSpeculator() {
@@ -218,6 +218,7 @@ void SsdSpeculator::OnVerified(std::span<const VerifiedRound> rounds) {
 }
 
 void SsdSpeculator::Release(uint64_t seq_id) {
+  hidden_.erase(seq_id);
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   if (it->second.synced && channel_) released_.push_back(seq_id);
@@ -293,11 +294,18 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
   request.Clear();
   request.round_id = ++round_id_;
   uint64_t budget = limits_.max_request_tokens;
+  uint64_t hidden_budget = limits_.max_hidden_rows;
+  if (options_.max_hidden_rows > 0) {
+    hidden_budget = std::min<uint64_t>(hidden_budget, options_.max_hidden_rows);
+  }
   int64_t new_tokens = 0;
   for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
     const DraftInput& in = inputs[i];
     SeqState& s = seqs_[in.seq_id];
-    if (s.synced && in.tokens.size() < s.num_sent) s = SeqState{};  // preempted and restarted
+    if (s.synced && in.tokens.size() < s.num_sent) {  // preempted and restarted
+      s = SeqState{};
+      hidden_.erase(in.seq_id);
+    }
     SpeculateSeq m;
     m.seq_id = in.seq_id;
     std::span<const int32_t> fresh = in.tokens;
@@ -324,7 +332,8 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
       const float c = in.speculation != nullptr ? in.speculation->saguaro_c : -1.0f;
       m.saguaro_c = c >= 0.0f ? c : DefaultDownweight(p.temperature);
     }
-    request.AddSeq(m, fresh);
+    SpeculateSeq& added = request.AddSeq(m, fresh);
+    if (wants_hidden()) AttachHidden(in, s, added, &hidden_budget);
     sent[i] = static_cast<int32_t>(request.seqs.size()) - 1;
     s.synced = true;
     s.num_sent = in.tokens.size();
@@ -461,6 +470,99 @@ void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const
         response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));
     out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
   }
+}
+
+absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,
+                                         std::span<const uint8_t> wanted,
+                                         const ModelRunner& target) {
+  if (!wants_hidden()) return absl::OkStatus();
+  if (wanted.size() != batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ssd: ", wanted.size(), " flags for ",
+                                                   batch.size(), " chunks of the target pass"));
+  }
+  // The pass recomputed each wanted chunk from its start: what its sequence held from there on
+  // is stale (a tree chunk's nodes are not the sequence's positions: only dropped).
+  hidden_ranges_.clear();
+  int32_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& in = batch[i];
+    const auto n = static_cast<int32_t>(in.tokens.size());
+    if (wanted[i] && in.seq_id >= 0) {
+      if (auto it = hidden_.find(static_cast<uint64_t>(in.seq_id)); it != hidden_.end()) {
+        TruncateHidden(it->second, in.start_pos);
+      }
+      if (in.tree == nullptr && n > 0) hidden_ranges_.push_back({row, n});
+    }
+    row += n;
+  }
+  if (hidden_ranges_.empty()) return absl::OkStatus();
+  hidden_copy_.clear();
+  const size_t width = limits_.hidden_width;
+  const absl::Status copied =
+      target.CopyCapturedRows(hidden_ranges_, static_cast<int64_t>(width), &hidden_copy_);
+  if (!copied.ok()) {
+    // The head then lacks these positions: its drafts accept less, nothing else.
+    if (!short_capture_logged_) {
+      SPECD_LOG_DEBUG("ssd: the target pass left no hidden states for the speculator's head: {}",
+                      copied.ToString());
+      short_capture_logged_ = true;
+    }
+    return absl::OkStatus();
+  }
+  size_t at = 0;  // first row of the next wanted chunk in hidden_copy_
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& in = batch[i];
+    if (!wanted[i] || in.seq_id < 0 || in.tree != nullptr || in.tokens.empty()) continue;
+    const size_t floats = in.tokens.size() * width;
+    StoreHidden(static_cast<uint64_t>(in.seq_id), in.start_pos,
+                std::span<const float>(hidden_copy_).subspan(at, floats));
+    at += floats;
+  }
+  return absl::OkStatus();
+}
+
+void SsdSpeculator::TruncateHidden(HiddenRun& run, int32_t from) const {
+  const int32_t keep = std::clamp(from - run.first, 0, HiddenRows(run));
+  run.rows.resize(static_cast<size_t>(keep) * limits_.hidden_width);
+}
+
+void SsdSpeculator::StoreHidden(uint64_t seq_id, int32_t position, std::span<const float> rows) {
+  HiddenRun& run = hidden_[seq_id];
+  TruncateHidden(run, position);
+  // Rows before a gap can never end the run a request sends: a new run starts here.
+  if (run.rows.empty() || run.first + HiddenRows(run) != position) {
+    run.rows.clear();
+    run.first = position;
+  }
+  run.rows.insert(run.rows.end(), rows.begin(), rows.end());
+}
+
+void SsdSpeculator::AttachHidden(const DraftInput& in, SeqState& s, SpeculateSeq& m,
+                                 uint64_t* budget) {
+  // Positions [.., end) have the target's hidden states; the last committed token's (the
+  // bonus, or the first sampled token) is computed by the next pass.
+  const auto end = static_cast<int32_t>(in.tokens.size()) - 1;
+  auto it = hidden_.find(in.seq_id);
+  if (it != hidden_.end()) {
+    const HiddenRun& run = it->second;
+    const int32_t from = std::max(run.first, s.hidden_sent);
+    const uint64_t room = *budget;
+    // Only a run reaching the last committed token's predecessor is the sequence's present.
+    if (run.first + HiddenRows(run) >= end && from < end && room > 0) {
+      // Too many for the request: the latest positions, which the head needs most.
+      const auto n = static_cast<int32_t>(std::min<uint64_t>(end - from, room));
+      const size_t width = limits_.hidden_width;
+      const size_t offset = static_cast<size_t>(end - n - run.first) * width;
+      std::get<SpeculateRequest>(request_).AddHidden(
+          m, static_cast<uint32_t>(end - n),
+          std::span<const float>(run.rows).subspan(offset, static_cast<size_t>(n) * width), width);
+      *budget -= static_cast<uint64_t>(n);
+      stats_.hidden_rows += n;
+    }
+    // Sent, past sending (older than what went), or a rejected draft's: nothing stays.
+    hidden_.erase(it);
+  }
+  s.hidden_sent = std::max(s.hidden_sent, end);
 }
 
 }  // namespace specd

@@ -13,7 +13,10 @@
 // and must be that process; one started by hand proves it holds the secret file's secret, over TLS
 // when configured; it then receives its settings in an SsdInit and answers SsdReady once its
 // draft is loaded (ssd_init.h), all on the acceptor's thread. A refused connection or a failed
-// init never touches the current link or the launched process. Engine thread only.
+// init never touches the current link or the launched process. With an EAGLE-3 head in the
+// speculator (hidden_width > 0), the engine hands over each target pass's hidden states
+// (OnTargetPass); each sequence's rows wait here until the next request carries those of its
+// committed positions to the speculator. Engine thread only.
 #pragma once
 
 #include <atomic>
@@ -30,6 +33,7 @@
 #include "engine/distributed/channel.h"
 #include "engine/distributed/messages.h"
 #include "engine/distributed/tcp_channel.h"
+#include "engine/runner/model_runner.h"
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/spec_config.h"
 #include "engine/speculation/speculator.h"
@@ -51,6 +55,14 @@ struct SsdSpeculatorOptions {
   // The target's device: on a GPU, the device data path (config.ssd.device_data_path) brings the
   // speculator's q rows there over NCCL.
   std::string target_device = "cpu";
+  // An EAGLE-3 head in the speculator (config.ssd.eagle3_drafter): the target's directory (the
+  // head's embedding and the target's shapes) and the width of a hidden-state row the target
+  // captures (the head's aux layers times the target's hidden size).
+  std::string target_model;
+  int32_t hidden_width = 0;
+  // Most hidden-state rows one request carries, below the wire limit's (0: the wire limit's,
+  // WireLimits::max_hidden_rows): rows beyond it are not sent, the latest kept first.
+  int32_t max_hidden_rows = 0;
   // The draft's runner, as the verifier sets it up for its speculator.
   std::string device = "cpu";  // config.speculator_device, else the target's
   int32_t num_threads = 0;     // CPU threads; 0: one per core
@@ -75,6 +87,19 @@ class SsdSpeculator : public Speculator {
   // Records each sequence's accepted length; the next Propose sends it with the outcome.
   void OnVerified(std::span<const VerifiedRound> rounds) override;
   void Release(uint64_t seq_id) override;
+
+  // An EAGLE-3 head drafts in the speculator: requests carry the target's hidden states.
+  bool wants_hidden() const { return limits_.hidden_width > 0; }
+  // After a target pass: `batch` as run and which of its chunks belong to sequences that may
+  // draft with SSD (`wanted[i]` for batch[i]). Keeps each wanted chunk's rows of the captured
+  // hidden states (`target`'s CopyCapturedRows: the chunk's tokens at their offset in batch
+  // order, hidden_width floats a row) for positions [start_pos, start_pos + n), replacing what
+  // the sequence held from start_pos on (a later chunk supersedes rejected drafts' rows). A tree
+  // chunk only drops them. A runner that hands over fewer rows than the pass had tokens leaves
+  // nothing stored for the pass (logged once, at debug). InvalidArgument for a `wanted` of
+  // another size. No-op unless wants_hidden().
+  absl::Status OnTargetPass(std::span<const SequenceInput> batch, std::span<const uint8_t> wanted,
+                            const ModelRunner& target);
 
   // The engine's stages of the round whose drafts the last Propose fetched from the speculator
   // (seconds, MonotonicNanos-based): the step's verification pass without host acceptance, the
@@ -105,6 +130,13 @@ class SsdSpeculator : public Speculator {
     // Drafts of the speculator's last reply handed to the engine (0: none, or the round used
     // local drafts): only an outcome of those is the speculator's to hear.
     int32_t num_remote_drafts = 0;
+    // Hidden rows: positions below it were sent to the speculator (or can no longer be).
+    int32_t hidden_sent = 0;
+  };
+  // A sequence's target hidden states not sent yet: one run of consecutive positions.
+  struct HiddenRun {
+    int32_t first = 0;        // the position of its first row
+    std::vector<float> rows;  // [n, hidden_width] f32, host: positions [first, first + n)
   };
 
   explicit SsdSpeculator(const SsdSpeculatorOptions& o);
@@ -130,6 +162,17 @@ class SsdSpeculator : public Speculator {
   // The speculator's stage times from the response (SpeculateResponse::*_ns) into the timeline.
   void AddSpeculatorStages(const SpeculateResponse& response);
   void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
+  // Hidden rows: the run's positions [from, ...) dropped; `rows` ([n, hidden_width]) of
+  // positions [position, position + n) appended (a gap before them replaces the run).
+  void TruncateHidden(HiddenRun& run, int32_t from) const;
+  void StoreHidden(uint64_t seq_id, int32_t position, std::span<const float> rows);
+  // Gives `m` (just added for `in`) the stored rows of the positions the speculator lacks: the
+  // run ending at the last committed token's predecessor, at most *budget rows (the latest
+  // ones), then drops everything stored for the sequence.
+  void AttachHidden(const DraftInput& in, SeqState& s, SpeculateSeq& m, uint64_t* budget);
+  int32_t HiddenRows(const HiddenRun& run) const {
+    return static_cast<int32_t>(run.rows.size() / limits_.hidden_width);
+  }
 
   SsdSpeculatorOptions options_;
   WireLimits limits_;
@@ -150,6 +193,10 @@ class SsdSpeculator : public Speculator {
   } bytes_before_;  // bytes of the links before the current one
   NgramSpeculator local_;
   absl::flat_hash_map<uint64_t, SeqState> seqs_;
+  absl::flat_hash_map<uint64_t, HiddenRun> hidden_;   // wants_hidden(): rows not sent yet
+  std::vector<ModelRunner::RowRange> hidden_ranges_;  // OnTargetPass's scratch
+  std::vector<float> hidden_copy_;                    // [rows, hidden_width] its copy
+  bool short_capture_logged_ = false;
   std::vector<uint64_t> released_;
   Message request_ = SpeculateRequest();
   Message reply_;

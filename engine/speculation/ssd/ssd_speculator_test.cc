@@ -5,7 +5,9 @@
 // temperature. The init exchange: a joining speculator gets the verifier's settings in its
 // SsdInit; one that cannot start (SsdReady not ok), answers the init with something else, or
 // speaks an older protocol never joins, and the verifier drafts locally meanwhile. The device
-// data path: declined, q rows go inline; a link that cannot come up falls back to TCP.
+// data path: declined, q rows go inline; a link that cannot come up falls back to TCP. An
+// EAGLE-3 head in the speculator: requests carry the target's hidden states of committed
+// positions.
 #include "engine/speculation/ssd/ssd_speculator.h"
 
 #include <array>
@@ -135,7 +137,9 @@ class ScriptedSpeculator {
 // A verifier that lets speculators join on its own (launch off) with a fresh secret, whose
 // Create does not wait for one.
 struct Verifier {
-  Verifier() {
+  // hidden_width > 0: an EAGLE-3 head drafts in the speculator, requests carry hidden states
+  // (at most max_hidden_rows a request, 0: the wire limit's).
+  explicit Verifier(int32_t hidden_width = 0, int32_t max_hidden_rows = 0) {
     absl::StatusOr<LinkSecret> s = NewLinkSecret();
     EXPECT_TRUE(s.ok()) << s.status();
     secret = *s;
@@ -151,6 +155,13 @@ struct Verifier {
     options.device = "cuda:3";
     options.num_threads = 6;
     options.startup_timeout = absl::Milliseconds(1);  // the scripted speculator joins afterwards
+    if (hidden_width > 0) {
+      options.config.ssd.eagle3_drafter = true;
+      options.config.eagle3_model = "/models/head";
+      options.target_model = "/models/target";
+      options.hidden_width = hidden_width;
+      options.max_hidden_rows = max_hidden_rows;
+    }
     absl::StatusOr<std::unique_ptr<SsdSpeculator>> created = SsdSpeculator::Create(options);
     EXPECT_TRUE(created.ok()) << created.status();
     if (created.ok()) ssd = *std::move(created);
@@ -523,6 +534,207 @@ TEST(SsdSpeculatorTest, ADevicePathThatCannotComeUpFallsBackToTcp) {
   EXPECT_FALSE(response.probs_out_of_band);
   link.channel->Close();
   serving.join();
+}
+
+// A target whose last pass "captured" the rows a test sets ([rows, width] f32); it runs nothing.
+class CapturedRowsRunner : public ModelRunner {
+ public:
+  const ModelConfig& config() const override { return config_; }
+  std::string device_name() const override { return "captured rows"; }
+  int32_t num_kv_blocks() const override { return 0; }
+  int32_t block_size() const override { return 16; }
+  int32_t max_model_len() const override { return kMaxModelLen; }
+  int32_t max_sample_rows() const override { return 1; }
+  absl::Status Run(const StepRequest&, StepResult*) override {
+    return absl::UnimplementedError("captured rows only");
+  }
+  std::span<const float> captured_hidden_states() const override { return captured; }
+
+  std::vector<float> captured;
+
+ private:
+  ModelConfig config_;
+};
+
+constexpr int32_t kWidth = 3;  // floats of a hidden row
+
+// The value the target's pass "computed" at (sequence, position, column): distinct and exact.
+float HiddenValue(int64_t seq, int32_t position, int32_t column) {
+  return static_cast<float>(seq * 10000 + position * 10 + column);
+}
+
+// Sets `runner`'s capture to the rows of `batch` (each chunk's positions, in batch order).
+void Capture(std::span<const SequenceInput> batch, CapturedRowsRunner& runner) {
+  runner.captured.clear();
+  for (const SequenceInput& in : batch) {
+    for (size_t i = 0; i < in.tokens.size(); ++i) {
+      for (int32_t c = 0; c < kWidth; ++c) {
+        runner.captured.push_back(
+            HiddenValue(in.seq_id, in.start_pos + static_cast<int32_t>(i), c));
+      }
+    }
+  }
+}
+
+// What `request` carries for `m` are the rows of positions [first, first + n) of sequence m.
+void ExpectRows(const SpeculateRequest& request, const SpeculateSeq& m, int32_t first, int32_t n) {
+  EXPECT_EQ(m.hidden_position, static_cast<uint32_t>(first));
+  ASSERT_EQ(m.num_hidden, static_cast<uint32_t>(n));
+  const std::span<const float> rows = request.HiddenOf(m, kWidth);
+  ASSERT_EQ(rows.size(), static_cast<size_t>(n * kWidth));
+  for (int32_t r = 0; r < n; ++r) {
+    for (int32_t c = 0; c < kWidth; ++c) {
+      EXPECT_EQ(rows[r * kWidth + c], HiddenValue(static_cast<int64_t>(m.seq_id), first + r, c))
+          << "row " << r << " column " << c;
+    }
+  }
+}
+
+// An EAGLE-3 head in the speculator reads, at position p, the target's hidden state of p: a new
+// sequence's request carries its prompt's rows (the first sampled token has none yet); after a
+// verified round, exactly the rows of the positions the round committed before its bonus token
+// (the verification chunk's first position and the accepted drafts'), never a rejected draft's,
+// nor a row sent before; a request carries at most max_hidden_rows, the latest of each sequence.
+TEST(SsdSpeculatorTest, SendsTheTargetsHiddenStatesOfCommittedPositionsOnly) {
+  constexpr int32_t kMaxHiddenRows = 6;
+  Verifier v(kWidth, kMaxHiddenRows);
+  ASSERT_NE(v.ssd, nullptr);
+  SsdSpeculator* ssd = v.ssd.get();
+  ASSERT_TRUE(ssd->wants_hidden());
+  ScriptedSpeculator peer;
+  PeerThread serving(v, peer);
+  ASSERT_TRUE(WaitConnected(*ssd));
+  CapturedRowsRunner target;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+
+  // The prompt's pass, beside a chunk of a sequence that does not draft with SSD.
+  std::vector<int32_t> tokens = {10, 11, 12, 13, 14};  // positions 0..4
+  const std::vector<int32_t> other = {20, 21};
+  std::vector<SequenceInput> batch(2);
+  batch[0].seq_id = 9;
+  batch[0].tokens = other;
+  batch[1].seq_id = 1;
+  batch[1].tokens = tokens;
+  const std::vector<uint8_t> wanted = {0, 1};
+  Capture(batch, target);
+  ASSERT_TRUE(ssd->OnTargetPass(batch, wanted, target).ok());
+
+  // Round 1: the prompt and the first sampled token (position 5, not run yet).
+  tokens.push_back(15);
+  DraftInput in;
+  in.seq_id = 1;
+  in.tokens = tokens;
+  in.num_draft_tokens = kK;
+  in.params = &greedy;
+  std::vector<Draft> drafts;
+  ASSERT_TRUE(ssd->Propose({&in, 1}, &drafts).ok());
+  ASSERT_EQ(drafts[0].tokens, kDrafts);
+  SpeculateRequest request = peer.LastRequest();
+  ASSERT_EQ(request.seqs.size(), 1u);
+  EXPECT_TRUE(request.seqs[0].flags & kSeqNew);
+  ExpectRows(request, request.seqs[0], 0, 5);
+
+  // Its verification: the last token and the four drafts at positions 5..9; two accepted.
+  std::vector<int32_t> chunk = {15};
+  chunk.insert(chunk.end(), kDrafts.begin(), kDrafts.end());
+  batch.assign(1, SequenceInput{});
+  batch[0].seq_id = 1;
+  batch[0].start_pos = 5;
+  batch[0].tokens = chunk;
+  Capture(batch, target);
+  ASSERT_TRUE(ssd->OnTargetPass(batch, std::vector<uint8_t>{1}, target).ok());
+  const VerifiedRound told{.seq_id = 1,
+                           .num_drafts = kK,
+                           .num_accepted = 2,
+                           .next_token = 30,
+                           .scores = {},
+                           .num_scored = 0};
+  ssd->OnVerified({&told, 1});
+  tokens.insert(tokens.end(), {kDrafts[0], kDrafts[1], 30});  // L = 9: positions 0..8
+
+  // Round 2, with a new sequence whose prompt has 7 rows: seq 1 gets positions 5..7 (L - 1 ..
+  // L + k - 1 of the chunk at L = 6, k = 2), seq 2 the last 3 of its 7 that fit the budget.
+  std::vector<int32_t> prompt2 = {40, 41, 42, 43, 44, 45, 46};
+  batch[0].seq_id = 2;
+  batch[0].start_pos = 0;
+  batch[0].tokens = prompt2;
+  Capture(batch, target);
+  ASSERT_TRUE(ssd->OnTargetPass(batch, std::vector<uint8_t>{1}, target).ok());
+  prompt2.push_back(47);
+  std::vector<DraftInput> inputs(2, in);
+  inputs[0].tokens = tokens;
+  inputs[1].seq_id = 2;
+  inputs[1].tokens = prompt2;
+  ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+  request = peer.LastRequest();
+  ASSERT_EQ(request.seqs.size(), 2u);
+  EXPECT_EQ(request.seqs[0].accepted_len, 2);
+  ExpectRows(request, request.seqs[0], 5, 3);
+  ExpectRows(request, request.seqs[1], 4, kMaxHiddenRows - 3);
+  EXPECT_EQ(request.hidden.size(), static_cast<size_t>(kMaxHiddenRows * kWidth));
+  EXPECT_EQ(ssd->stats().hidden_rows, 5 + kMaxHiddenRows);
+
+  // Plain decodes of both (their last tokens at positions 8 and 7), one token each: round 3
+  // carries those rows alone; seq 2's rows left over the budget are not sent later either.
+  batch.assign(2, SequenceInput{});
+  batch[0].seq_id = 1;
+  batch[0].start_pos = 8;
+  batch[0].tokens = std::span<const int32_t>(tokens).subspan(8);
+  batch[1].seq_id = 2;
+  batch[1].start_pos = 7;
+  batch[1].tokens = std::span<const int32_t>(prompt2).subspan(7);
+  Capture(batch, target);
+  ASSERT_TRUE(ssd->OnTargetPass(batch, std::vector<uint8_t>{1, 1}, target).ok());
+  tokens.push_back(31);
+  prompt2.push_back(48);
+  inputs[0].tokens = tokens;
+  inputs[1].tokens = prompt2;
+  ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+  request = peer.LastRequest();
+  ASSERT_EQ(request.seqs.size(), 2u);
+  ExpectRows(request, request.seqs[0], 8, 1);
+  ExpectRows(request, request.seqs[1], 7, 1);
+}
+
+// A runner that hands over fewer rows than the pass had tokens leaves nothing for that pass; a
+// released sequence's rows are gone.
+TEST(SsdSpeculatorTest, AShortCaptureStoresNothingAndReleaseDropsTheRows) {
+  Verifier v(kWidth);
+  ASSERT_NE(v.ssd, nullptr);
+  SsdSpeculator* ssd = v.ssd.get();
+  ScriptedSpeculator peer;
+  PeerThread serving(v, peer);
+  ASSERT_TRUE(WaitConnected(*ssd));
+  CapturedRowsRunner target;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> tokens = {10, 11, 12, 13};
+  std::vector<SequenceInput> batch(1);
+  batch[0].seq_id = 1;
+  batch[0].tokens = tokens;
+  Capture(batch, target);
+  target.captured.resize(target.captured.size() - kWidth);  // one row short
+  ASSERT_TRUE(ssd->OnTargetPass(batch, std::vector<uint8_t>{1}, target).ok());
+  batch[0].seq_id = 2;
+  Capture(batch, target);
+  ASSERT_TRUE(ssd->OnTargetPass(batch, std::vector<uint8_t>{1}, target).ok());
+  ssd->Release(2);
+  tokens.push_back(14);
+  std::vector<DraftInput> inputs(2);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i].seq_id = i + 1;
+    inputs[i].tokens = tokens;
+    inputs[i].num_draft_tokens = kK;
+    inputs[i].params = &greedy;
+  }
+  std::vector<Draft> drafts;
+  ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+  const SpeculateRequest request = peer.LastRequest();
+  ASSERT_EQ(request.seqs.size(), 2u);
+  EXPECT_EQ(request.seqs[0].num_hidden, 0u);
+  EXPECT_EQ(request.seqs[1].num_hidden, 0u);
+  EXPECT_TRUE(request.hidden.empty());
 }
 
 }  // namespace

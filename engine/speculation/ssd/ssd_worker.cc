@@ -9,6 +9,7 @@
 #include "engine/base/status.h"
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/ssd/cache_budget.h"
+#include "engine/speculation/ssd/eagle3_drafter.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 
 namespace specd {
@@ -53,63 +54,36 @@ constexpr double kWindowShare = 0.9;
 
 absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOptions& options) {
   const SpeculativeConfig& c = options.config;
-  if (c.draft_model.empty()) return absl::InvalidArgumentError("ssd speculator: no draft model");
-  RunnerOptions r = options.draft;
-  r.model_dir = c.draft_model;
-  if (options.max_model_len > 0) r.max_model_len = options.max_model_len;
-  // A parallel draft draws K + 1 rows per branch in one pass: room for a wave of branches.
-  if (c.parallel_drafting) {
-    r.max_sample_rows = static_cast<int32_t>(std::min<int64_t>(
-        r.max_num_batched_tokens,
-        static_cast<int64_t>(kMaxBranchesPerPass) * (c.num_speculative_tokens + 1)));
-  }
-  // The cache's waves mix catch-ups of every acceptance length: chunk lengths rounded to 4 share
-  // graph shapes.
-  r.round_graph_q_len_multiple = kWaveQueryLenMultiple;
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, CreateModelRunner(r));
-  const int32_t vocab = runner->config().vocab_size;
-  // Their graphs are captured now, not in the verification windows of the first requests (a
-  // capture takes tens of ms; a window a few). A parallel draft's pass: the catch-up (the
-  // accepted drafts and the bonus, 1 to K + 1 tokens) and K mask tokens, a row per token; a
-  // draft model's: the catch-up, a row per sequence, then decode steps (captured at load).
-  {
-    const int32_t K = c.num_speculative_tokens;
-    std::vector<int32_t> q_lens;
-    for (int32_t n = c.parallel_drafting ? K + 1 : 2;
-         n <= (c.parallel_drafting ? 2 * K + 1 : K + 1); ++n) {
-      q_lens.push_back(n);
+  std::unique_ptr<CacheDrafter> draft;
+  if (c.ssd.eagle3_drafter) {
+    if (c.eagle3_model.empty() || options.target_model.empty() || options.hidden_width <= 0) {
+      return absl::InvalidArgumentError(
+          "ssd speculator: an EAGLE-3 head needs its and the target's directories and the "
+          "width of the target's hidden-state rows");
     }
-    const absl::Time start = absl::Now();
-    SPECD_RETURN_IF_ERROR(runner->CaptureRoundGraphs(static_cast<int32_t>(kMaxBranchesPerPass),
-                                                     q_lens, c.parallel_drafting));
-    SPECD_LOG_INFO("ssd speculator: round graphs for the cache's waves ready in {}",
-                   absl::FormatDuration(absl::Now() - start));
-  }
-  SPECD_ASSIGN_OR_RETURN(
-      std::unique_ptr<DraftModelSpeculator> draft,
-      DraftModelSpeculator::Create(std::move(runner), vocab, r.max_num_batched_tokens));
-  if (c.parallel_drafting) {
-    SPECD_ASSIGN_OR_RETURN(const int32_t mask,
-                           DraftModelSpeculator::ReadMaskToken(c.draft_model, vocab));
-    draft->set_parallel(mask);
-  }
-  if (c.replay.enabled()) {
-    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay, DraftReplay::Load(c.replay, vocab));
-    SPECD_LOG_WARN(
-        "ssd speculator: draft in replay mode (controlled acceptance alpha {}, "
-        "candidate hit {}): a benchmark setting",
-        c.replay.alpha, c.replay.candidate_hit);
-    draft->set_replay(std::move(replay));
-  }
-  // Sampled branches keep their q rows on the draft's device while cached, a block of K + 1 rows
-  // each, as many as the cache can hold (the time budget's at most kMaxCandidates per acceptance
-  // length and sequence) within kKeptRowsBytes.
-  {
-    const int32_t rows = c.num_speculative_tokens + 1;
-    const int64_t block_bytes = int64_t{rows} * vocab * static_cast<int64_t>(sizeof(float));
-    const int64_t blocks = std::min<int64_t>(int64_t{options.max_num_seqs} * rows * kMaxCandidates,
-                                             kKeptRowsBytes / block_bytes);
-    SPECD_RETURN_IF_ERROR(draft->KeepProbsOnDevice(rows, static_cast<int32_t>(blocks)));
+    SPECD_ASSIGN_OR_RETURN(
+        std::unique_ptr<Eagle3CacheDrafter> head,
+        CreateEagle3CacheDrafter(c.eagle3_model, options.target_model, options.draft.device,
+                                 options.vocab_size,
+                                 options.max_model_len > 0 ? options.max_model_len : 2048,
+                                 options.draft.load_format == "dummy", c.draft_kv_cache_bytes));
+    if (c.replay.enabled()) {
+      SPECD_ASSIGN_OR_RETURN(std::unique_ptr<DraftReplay> replay,
+                             DraftReplay::Load(c.replay, head->vocab_size()));
+      SPECD_LOG_WARN(
+          "ssd speculator: the head drafts in replay mode (controlled acceptance "
+          "alpha {}): a benchmark setting",
+          c.replay.alpha);
+      head->set_replay(std::move(replay));
+    }
+    draft = std::move(head);
+  } else {
+    DraftModelDrafterOptions d;
+    d.max_branches_per_pass = static_cast<int32_t>(kMaxBranchesPerPass);
+    d.wave_query_len_multiple = kWaveQueryLenMultiple;
+    d.kept_rows_bytes = kKeptRowsBytes;
+    d.max_candidates = kMaxCandidates;
+    SPECD_ASSIGN_OR_RETURN(draft, CreateDraftModelCacheDrafter(options, d));
   }
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
@@ -121,18 +95,18 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
   return std::unique_ptr<SsdWorker>(new SsdWorker(options, std::move(draft), std::move(stats)));
 }
 
-SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
+SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<CacheDrafter> draft,
                      OutcomeStats stats)
     : options_(options), draft_(std::move(draft)), outcomes_(std::move(stats)), rng_(options.seed) {
   f_max_ = outcomes_.options().max_fan_out;
 }
 
-int32_t SsdWorker::vocab_size() const { return draft_->runner().config().vocab_size; }
+int32_t SsdWorker::vocab_size() const { return draft_->vocab_size(); }
 
 WireLimits SsdWorker::limits() const {
-  const int32_t len =
-      options_.max_model_len > 0 ? options_.max_model_len : draft_->runner().max_model_len();
-  return SsdWireLimits(vocab_size(), options_.max_num_seqs, len);
+  const int32_t len = options_.max_model_len > 0 ? options_.max_model_len : draft_->max_model_len();
+  return SsdWireLimits(vocab_size(), options_.max_num_seqs, len,
+                       options_.config.ssd.eagle3_drafter ? options_.hidden_width : 0);
 }
 
 int32_t MeasuredCriticalBatchSize(const SsdWorkerStats& stats, double alpha, int32_t K,
@@ -299,6 +273,13 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     Seq* s = SyncOutcome(m, request.TokensOf(m), &cached);
     if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
     SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
+    // The target's hidden states of the committed positions (a head reads them; after Triage,
+    // which made a hit's branch the sequence's).
+    if (m.num_hidden > 0) {
+      SPECD_RETURN_IF_ERROR(draft_->AddTargetRows(
+          m.seq_id, s->tokens, static_cast<int32_t>(m.hidden_position),
+          request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width)))));
+    }
   }
   const int64_t draft_start = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
@@ -406,37 +387,11 @@ absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
   return absl::OkStatus();
 }
 
-absl::Status SsdWorker::MoveRows(std::vector<float>& probs, std::shared_ptr<const KeptProbs>& kept,
-                                 Result& to) {
-  if (kept != nullptr && to.draft.probs.empty()) {
-    to.kept.push_back(std::move(kept));
-    return absl::OkStatus();
-  }
-  if (kept == nullptr && probs.empty()) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(HostRows(to));  // rows on the host on either side: all go there
-  if (kept != nullptr) {
-    SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*kept, &probs));
-    kept.reset();
-  }
-  to.draft.probs.insert(to.draft.probs.end(), probs.begin(), probs.end());
-  return absl::OkStatus();
-}
-
-absl::Status SsdWorker::HostRows(Result& r) {
-  std::vector<float> rows;
-  for (const std::shared_ptr<const KeptProbs>& k : r.kept) {
-    SPECD_RETURN_IF_ERROR(draft_->ReadKeptProbs(*k, &rows));
-    r.draft.probs.insert(r.draft.probs.end(), rows.begin(), rows.end());
-  }
-  r.kept.clear();
-  return absl::OkStatus();
-}
-
 absl::Status SsdWorker::DraftMisses(Round& round) {
   if (round.primary.empty()) return absl::OkStatus();
   const absl::Time t = absl::Now();
   std::vector<Draft> proposed;
-  SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed));
+  SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed, {}));
   for (size_t j = 0; j < round.primary.size(); ++j) {
     // A partial hit: the drafts it had, then the rest (an empty rest: the KV was full; the
     // drafts it had still stand). A miss had none.
@@ -477,91 +432,6 @@ void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
   if (any_backup) Ema(&seconds_.backup, absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-absl::Status SsdWorker::Reply(const SpeculateRequest& request, Round& round,
-                              SpeculateResponse* response) {
-  uint32_t prob_rows = 0;
-  const size_t vocab = static_cast<size_t>(vocab_size());
-  // Sampled drafts need their q rows (a backup's deterministic drafts have none: one-hot). They
-  // go GPU to GPU when the link has a device data path and every such draft keeps its rows on
-  // the draft's device; otherwise all of them inline.
-  auto has_rows = [&](size_t i) {
-    return (request.seqs[i].flags & kSeqWantProbs) != 0 &&
-           round.results[i].served != Served::kBackup && !round.results[i].draft.tokens.empty();
-  };
-  bool out_of_band = bulk_ != nullptr;
-  for (size_t i = 0; i < request.seqs.size(); ++i) {
-    if (has_rows(i) && round.results[i].kept.empty()) out_of_band = false;
-  }
-  bulk_ranges_.clear();
-  bulk_blocks_.clear();
-  for (size_t i = 0; i < request.seqs.size(); ++i) {
-    const SpeculateSeq& m = request.seqs[i];
-    auto it = seqs_.find(m.seq_id);
-    if (it == seqs_.end()) {
-      response->AddDraft(m.seq_id, DraftStatus::kNone, {}, {});
-      continue;
-    }
-    Seq& s = it->second;
-    Result& r = round.results[i];
-    const bool rows_wanted = has_rows(i);
-    if (rows_wanted && !out_of_band) SPECD_RETURN_IF_ERROR(HostRows(r));
-    size_t n = std::min<size_t>(r.draft.tokens.size(), m.num_draft_tokens);
-    size_t have = r.draft.probs.size() / vocab;
-    for (const std::shared_ptr<const KeptProbs>& k : r.kept) have += k->num_rows;
-    if (rows_wanted && (have < n || (!out_of_band && prob_rows + n > kSsdMaxProbRows))) n = 0;
-    s.drafts.assign(r.draft.tokens.begin(), r.draft.tokens.begin() + n);
-    // A backup that found nothing still served the sequence (it decodes plainly, and the cache
-    // is built for k = 0); a draft model that gave nothing (KV full, no room for q rows) did not.
-    s.served = n > 0 || r.served == Served::kBackup ? r.served : Served::kNone;
-    s.candidates = std::move(r.draft.candidates);
-    s.num_rows = r.served == Served::kBackup
-                     ? 0
-                     : std::min<int32_t>(static_cast<int32_t>(s.candidates.size()) / f_max_,
-                                         static_cast<int32_t>(n) + 1);
-    ++s.round;
-    const DraftStatus status = s.served == Served::kHit       ? DraftStatus::kHit
-                               : s.served == Served::kPrimary ? DraftStatus::kMissPrimary
-                               : s.served == Served::kBackup  ? DraftStatus::kMissBackup
-                                                              : DraftStatus::kNone;
-    std::span<const float> rows;
-    const bool with_rows = rows_wanted && n > 0;
-    if (with_rows && out_of_band) {
-      // The first n rows of the kept blocks, in order.
-      auto left = static_cast<int32_t>(n);
-      for (size_t b = 0; b < r.kept.size() && left > 0; ++b) {
-        const int32_t take = std::min(left, r.kept[b]->num_rows);
-        bulk_ranges_.push_back({r.kept[b]->first_row, take});
-        bulk_blocks_.push_back(r.kept[b]);
-        left -= take;
-      }
-    } else if (with_rows) {
-      rows = std::span<const float>(r.draft.probs).first(n * vocab);
-    }
-    if (with_rows) prob_rows += static_cast<uint32_t>(n);
-    response->AddDraft(m.seq_id, status, s.drafts, rows, with_rows);
-  }
-  response->probs_out_of_band = out_of_band && prob_rows > 0;
-  return absl::OkStatus();
-}
-
-absl::Status SsdWorker::SendRows() {
-  if (bulk_ranges_.empty()) return absl::OkStatus();
-  int64_t rows = 0;
-  for (const ModelRunner::RowRange& r : bulk_ranges_) rows += r.count;
-  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(vocab_size()) * 4;
-  // The last round's send is done (the verifier received it before sending this round's
-  // request): the buffer is free. Then gather, and send on the link's stream, which the build
-  // that follows does not wait for.
-  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), absl::Seconds(30)));
-  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes));
-  SPECD_RETURN_IF_ERROR(draft_->runner().CopyKeptRows(bulk_ranges_, buffer));
-  bulk_ranges_.clear();
-  bulk_blocks_.clear();
-  SPECD_RETURN_IF_ERROR(bulk_->Send(buffer, bytes, bulk_->stream()));
-  stats_.device_rows += rows;
-  return absl::OkStatus();
-}
-
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   const absl::Time start = absl::Now();
   // A backup-served sequence has no candidates along its drafts: the draft model's row at
@@ -576,7 +446,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     cache.push_back(CacheOptionsFor(s));
   }
   if (!inputs.empty()) {
-    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed));
+    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, {}));
     for (size_t j = 0; j < inputs.size(); ++j) {
       Seq& s = seqs_[inputs[j].seq_id];
       s.candidates = std::move(proposed[j].candidates);
@@ -605,10 +475,12 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     building.push_back(id);
     if (draft_->parallel()) rows_per_branch = std::max(rows_per_branch, s.num_draft_tokens + 1);
   }
+  // A head reruns the positions whose target hidden states just arrived, once, before the
+  // branches fork from them.
+  SPECD_RETURN_IF_ERROR(draft_->PrepareForks(building));
   const size_t per_pass = std::max<size_t>(
-      1,
-      std::min<size_t>(kMaxBranchesPerPass,
-                       static_cast<size_t>(draft_->runner().max_sample_rows() / rows_per_branch)));
+      1, std::min<size_t>(kMaxBranchesPerPass,
+                          static_cast<size_t>(draft_->max_rows_per_pass() / rows_per_branch)));
   // The time budget: as many branches as the measured waves build within the verifier's
   // measured window, evenly over the sequences (at most what each can use: f_max_ per
   // acceptance length). Something is always built, even when not one wave fits: a draft

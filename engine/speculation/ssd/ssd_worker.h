@@ -42,6 +42,7 @@
 #include "engine/speculation/saguaro/saguaro.h"
 #include "engine/speculation/spec_config.h"
 #include "engine/speculation/ssd/cache_budget.h"
+#include "engine/speculation/ssd/cache_drafter.h"
 #include "engine/speculation/ssd/ssd_stats.h"
 
 namespace specd {
@@ -54,6 +55,11 @@ struct SsdWorkerOptions {
   int32_t max_num_seqs = 256;  // the verifier's: sizes the wire limits
   int32_t max_model_len = 0;   // the verifier's context limit (0: the draft's)
   uint64_t seed = 0x5eed;      // backup random drafts
+  // config.ssd.eagle3_drafter: the head (config.eagle3_model) drafts for the target in this
+  // directory, whose hidden-state rows are hidden_width floats wide.
+  std::string target_model;
+  int32_t hidden_width = 0;
+  int32_t vocab_size = 0;  // the verifier's (0: not checked against the head's)
 };
 
 // What the worker did, cumulative (the verifier also gets per-draft status in each response).
@@ -110,13 +116,13 @@ class SsdWorker {
   const SsdWorkerStats& stats() const { return stats_; }
   // The draft model's KV blocks: free now, and all of them (tests check nothing leaks).
   int32_t draft_free_blocks() const { return draft_->num_free_blocks(); }
-  int32_t draft_total_blocks() const { return draft_->runner().num_kv_blocks(); }
+  int32_t draft_total_blocks() const { return draft_->num_total_blocks(); }
   int32_t vocab_size() const;
   WireLimits limits() const;
   // Where the draft runs, for logs and the verifier's SsdReady.
-  std::string draft_device() const { return draft_->runner().device_name(); }
+  std::string draft_device() const { return draft_->device_name(); }
   // Whether sampled drafts' q rows stay on the draft's device (what the device data path sends).
-  bool keeps_rows_on_device() const { return draft_->runner().SamplesSpeculationOnDevice(); }
+  bool keeps_rows_on_device() const { return draft_->keeps_rows_on_device(); }
   // b* in force: the configured critical batch size, or the one the measured hit rate and
   // latencies give (saguaro.h CriticalBatchSize).
   int32_t critical_batch_size() const;
@@ -169,7 +175,7 @@ class SsdWorker {
     bool any_new = false;   // ... of a new sequence (its prompt's prefill: not timed for b*)
   };
 
-  SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<DraftModelSpeculator> draft,
+  SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<CacheDrafter> draft,
             OutcomeStats stats);
   // Handle's phases. SyncOutcome: applies the outcome the verifier sent (records it, takes the
   // cached speculation for it, extends the context); nullptr for an unknown sequence.
@@ -223,7 +229,7 @@ class SsdWorker {
   void ReleaseBranches(uint64_t seq_id);
 
   SsdWorkerOptions options_;
-  std::unique_ptr<DraftModelSpeculator> draft_;
+  std::unique_ptr<CacheDrafter> draft_;  // the draft model or the EAGLE-3 head
   OutcomeStats outcomes_;
   SpeculationCache cache_;
   absl::node_hash_map<uint64_t, Seq> seqs_;  // node: DraftInputs point into a Seq
