@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<CacheDrafter>> CreateDraftModelCacheDrafter(
       q_lens.push_back(n);
     }
     const absl::Time start = absl::Now();
-    SPECD_RETURN_IF_ERROR(runner->CaptureRoundGraphs(d.max_branches_per_pass,
-                                                     q_lens, c.parallel_drafting));
+    SPECD_RETURN_IF_ERROR(
+        runner->CaptureRoundGraphs(d.max_branches_per_pass, q_lens, c.parallel_drafting));
     SPECD_LOG_INFO("ssd speculator: round graphs for the cache's waves ready in {}",
                    absl::FormatDuration(absl::Now() - start));
   }
@@ -75,8 +75,8 @@ absl::StatusOr<std::unique_ptr<CacheDrafter>> CreateDraftModelCacheDrafter(
   {
     const int32_t rows = c.num_speculative_tokens + 1;
     const int64_t block_bytes = int64_t{rows} * vocab * static_cast<int64_t>(sizeof(float));
-    const int64_t blocks = std::min<int64_t>(int64_t{options.max_num_seqs} * rows * d.max_candidates,
-                                             d.kept_rows_bytes / block_bytes);
+    const int64_t blocks = std::min<int64_t>(
+        int64_t{options.max_num_seqs} * rows * d.max_candidates, d.kept_rows_bytes / block_bytes);
     SPECD_RETURN_IF_ERROR(draft->KeepProbsOnDevice(rows, static_cast<int32_t>(blocks)));
   }
   return std::unique_ptr<CacheDrafter>(new DraftModelCacheDrafter(std::move(draft)));

@@ -61,8 +61,7 @@ class CacheDrafter {
   // Sampled q rows kept on the drafter's device (DraftModelSpeculator::KeepProbsOnDevice).
   virtual bool keeps_rows_on_device() const { return false; }
   virtual absl::Status ReadKeptProbs(const KeptProbs& kept, std::vector<float>* probs) const;
-  virtual absl::Status CopyKeptRows(std::span<const ModelRunner::RowRange> ranges,
-                                    void* dst) const;
+  virtual absl::Status CopyKeptRows(std::span<const ModelRunner::RowRange> ranges, void* dst) const;
 
   // KV blocks free and in all (tests check nothing leaks); 0 where the drafter has none.
   virtual int32_t num_free_blocks() const { return 0; }

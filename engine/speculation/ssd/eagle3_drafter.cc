@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/runner/model_runner.h"
 #include "engine/base/status.h"
+#include "engine/runner/model_runner.h"
 #include "engine/sample/acceptance.h"
 #include "engine/speculation/saguaro/saguaro.h"
 
@@ -157,8 +157,8 @@ absl::Status Eagle3CacheDrafter::AddTargetRows(uint64_t seq_id, std::span<const 
   // Rows [p0, p1) of the positions as the capture Fuse reads (one call takes at most
   // kRunAtOnceRows).
   auto capture = [&](int32_t p0, int32_t p1) {
-    return compute_->SetHostCapture(
-        rows.subspan(static_cast<size_t>(p0 - position) * width, static_cast<size_t>(p1 - p0) * width));
+    return compute_->SetHostCapture(rows.subspan(static_cast<size_t>(p0 - position) * width,
+                                                 static_cast<size_t>(p1 - p0) * width));
   };
   // Rows older than the ring run now, in pieces, from scratch pool rows.
   const int32_t ring_from = std::max(position, position + n - kEagle3PoolWindow);
@@ -233,8 +233,8 @@ absl::Status Eagle3CacheDrafter::Fork(uint64_t parent, uint64_t child, int32_t n
   c->tokens.assign(p.tokens.begin(), p.tokens.begin() + n);
   c->entries = std::max(0, std::min(p.entries, n - 1));
   if (allocator_ == nullptr) {
-    SPECD_RETURN_IF_ERROR(compute_->ForkCache(static_cast<int64_t>(parent),
-                                              static_cast<int64_t>(child), c->entries));
+    SPECD_RETURN_IF_ERROR(
+        compute_->ForkCache(static_cast<int64_t>(parent), static_cast<int64_t>(child), c->entries));
   } else {
     // Full blocks below the fork point shared, the partial one copied (the child writes there).
     const int32_t full = c->entries / block_size_;
@@ -342,8 +342,8 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
                                          std::vector<Draft>* drafts,
                                          const std::function<bool()>& stop) {
   if (!cache.empty() && cache.size() != inputs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("eagle3 drafter: ", cache.size(),
-                                                   " cache options for ", inputs.size(), " inputs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eagle3 drafter: ", cache.size(), " cache options for ", inputs.size(), " inputs"));
   }
   drafts->resize(inputs.size());
   for (Draft& d : *drafts) d.Reset();
@@ -409,15 +409,14 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
       const size_t before = d.tokens.size();
       const CacheDraftOptions& c = cache.empty() ? kNoCache : cache[a.input];
       if (host_flags_[r]) {
-        DrawDraft(in, c, *a.state,
-                  std::span<const float>(logits_).subspan(host_row++ * size_t(vocab_),
-                                                          size_t(vocab_)),
-                  d);
+        DrawDraft(
+            in, c, *a.state,
+            std::span<const float>(logits_).subspan(host_row++ * size_t(vocab_), size_t(vocab_)),
+            d);
       } else {
-        DeviceDraft(in, c, ids_[r],
-                    std::span<const int32_t>(cand_ids_).subspan(r * size_t(device_k),
-                                                                size_t(device_k)),
-                    d);
+        DeviceDraft(
+            in, c, ids_[r],
+            std::span<const int32_t>(cand_ids_).subspan(r * size_t(device_k), size_t(device_k)), d);
       }
       a.state->entries = a.next_position;
       if (d.tokens.size() == before) continue;  // no mass left: the chain ends
@@ -463,8 +462,7 @@ absl::StatusOr<std::unique_ptr<Eagle3CacheDrafter>> CreateEagle3CacheDrafter(
   o.dummy = dummy;
   o.max_model_len = max_model_len;
   o.kv_cache_bytes = kv_cache_bytes;
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Compute> compute,
-                         CreateStandaloneEagle3Compute(o));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Compute> compute, CreateStandaloneEagle3Compute(o));
   return Eagle3CacheDrafter::Create(std::move(compute), target_vocab, max_model_len, o.device);
 }
 

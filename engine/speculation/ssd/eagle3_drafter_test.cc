@@ -110,9 +110,8 @@ std::unique_ptr<Eagle3CacheDrafter> MakeDrafter(int32_t vocab) {
   return d.ok() ? *std::move(d) : nullptr;
 }
 
-std::vector<int32_t> Drafts(Eagle3CacheDrafter& d, uint64_t seq,
-                            const std::vector<int32_t>& tokens, int32_t k,
-                            std::vector<int32_t>* candidates = nullptr) {
+std::vector<int32_t> Drafts(Eagle3CacheDrafter& d, uint64_t seq, const std::vector<int32_t>& tokens,
+                            int32_t k, std::vector<int32_t>* candidates = nullptr) {
   DraftInput in = Target::Input(seq, tokens, k);
   CacheDrafter::CacheDraftOptions cache;
   cache.num_candidates = 4;
@@ -152,15 +151,14 @@ TEST(Eagle3DrafterTest, DraftsAsTheInProcessHeadFromTheSameTargetPasses) {
   const std::vector<int32_t> argmax = target.Pass(chunk, n - 1, &hidden);
   int32_t k = 0;
   while (k < kK && drafts[k] == argmax[k]) ++k;
-  std::vector<int32_t> next = Concat(context, std::vector<int32_t>(drafts.begin(),
-                                                                   drafts.begin() + k));
+  std::vector<int32_t> next =
+      Concat(context, std::vector<int32_t>(drafts.begin(), drafts.begin() + k));
   next.push_back(argmax[k]);
   // The rows of the accepted positions: n - 1 .. n - 1 + k.
   const auto width = hidden.size() / chunk.size();
-  ASSERT_TRUE(drafter
-                  ->AddTargetRows(1, next, n - 1,
-                                  std::span<const float>(hidden).first((k + 1) * width))
-                  .ok());
+  ASSERT_TRUE(
+      drafter->AddTargetRows(1, next, n - 1, std::span<const float>(hidden).first((k + 1) * width))
+          .ok());
   const std::vector<int32_t> reference2 = target.HeadDrafts(next);
   const std::vector<int32_t> drafts2 = Drafts(*drafter, 1, next, kK);
   EXPECT_EQ(drafts2, reference2) << "accepted " << k;
