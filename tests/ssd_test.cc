@@ -282,9 +282,10 @@ TEST(SsdSamplingTest, GreedyWithEachSamplingOptionEqualsPlain) {
 
 // Streams the 48 prompts through the serving engine while `fault` is done to the speculator
 // once the first tokens arrived; every request must finish with plain decoding's output.
-void RunWithFault(int signal) {
+void RunWithFault(int signal,
+                  const std::string& config = SsdConfig(4, R"(, "speculator_timeout_ms": 500)")) {
   auto observer = std::make_shared<SsdObserver>();
-  auto engine = MakeEngine(kTarget, SsdConfig(4, R"(, "speculator_timeout_ms": 500)"), observer);
+  auto engine = MakeEngine(kTarget, config, observer);
   ASSERT_NE(engine, nullptr);
   auto plain = engine->GenerateBatch(AllPrompts(*engine, {SpeculationMethod::kNone, 0}));
   ASSERT_TRUE(plain.ok());
@@ -387,6 +388,14 @@ void RunWithFault(int signal) {
 
 TEST(SsdFaultTest, SpeculatorKilledMidStream) { RunWithFault(SIGKILL); }
 TEST(SsdFaultTest, SpeculatorStoppedMidStream) { RunWithFault(SIGSTOP); }
+// The same with the EAGLE-3 head in the speculator: the relaunched one gets every sequence anew
+// but not the hidden states the dead one had (it drafts from what comes next: lossless).
+TEST(SsdFaultTest, HeadSpeculatorKilledMidStream) {
+  RunWithFault(SIGKILL, R"({"method": "ssd", "eagle3_model": ")" + std::string(SPECD_SOURCE_DIR) +
+                            R"(/models/codepair/eagle3", "num_speculative_tokens": 4, )"
+                            R"("speculator_binary": ")" SPECD_BINARY R"(", "fan_out": 3, )"
+                            R"("speculator_timeout_ms": 500})");
+}
 
 // A loopback port nobody listens on now (the verifier binds it next).
 uint16_t FreePort() {

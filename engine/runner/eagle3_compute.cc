@@ -40,14 +40,13 @@ class CpuEagle3Compute : public Eagle3Compute {
       }
       max_to = std::max<int64_t>(max_to, t);
     }
-    if (pool_.size() < static_cast<size_t>((max_to + 1) * h)) pool_.resize((max_to + 1) * h);
     for (size_t i = 0; i < from.size(); ++i) {
       const float* src = HiddenRow(from[i]);
       if (src == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("eagle3: CopyHidden of row ", from[i], ", which is empty"));
       }
-      std::memmove(&pool_[to[i] * h], src, sizeof(float) * h);
+      std::memmove(PoolRow(to[i]), src, sizeof(float) * h);
     }
     return absl::OkStatus();
   }
@@ -92,9 +91,7 @@ class CpuEagle3Compute : public Eagle3Compute {
                                                        capture_rows[i], " (", captured_rows,
                                                        " captured) into pool row ", pool_rows[i]));
       }
-      const auto need = static_cast<size_t>((int64_t{pool_rows[i]} + 1) * h);
-      if (pool_.size() < need) pool_.resize(need);
-      head_->Fuse(&captured[int64_t{capture_rows[i]} * width], 1, &pool_[pool_rows[i] * h]);
+      head_->Fuse(&captured[int64_t{capture_rows[i]} * width], 1, PoolRow(pool_rows[i]));
     }
     return absl::OkStatus();
   }
@@ -156,8 +153,9 @@ class CpuEagle3Compute : public Eagle3Compute {
   // it holds nothing.
   const float* HiddenRow(int32_t hidden) const {
     const int64_t h = head_->hidden_size();
-    if (hidden >= 0 && static_cast<size_t>((int64_t{hidden} + 1) * h) <= pool_.size()) {
-      return &pool_[hidden * h];
+    if (hidden >= 0 && hidden < kCpuPoolRows) {
+      const std::vector<float>& chunk = pool_[hidden / kEagle3PoolWindow];
+      if (!chunk.empty()) return &chunk[(hidden % kEagle3PoolWindow) * h];
     }
     if (hidden < 0 && -int64_t{hidden} * h <= static_cast<int64_t>(logits_prenorm_.size())) {
       return &logits_prenorm_[(-int64_t{hidden} - 1) * h];
@@ -169,9 +167,19 @@ class CpuEagle3Compute : public Eagle3Compute {
   ModelRunner* target_;
   std::span<const float> capture_;                   // standalone: SetHostCapture's rows
   absl::node_hash_map<int64_t, Eagle3Head::Kv> kv_;  // stable: rows point into it
-  std::vector<float> pool_;                          // [touched rows, hidden]
-  std::vector<float> prenorm_;                       // the last pass's prenorm rows
-  std::vector<float> logits_prenorm_;                // those of its logits rows
+  // Pool row `row` (in [0, kCpuPoolRows)), its chunk of kEagle3PoolWindow rows allocated when
+  // first written: a sequence's region, or scratch rows, touch only their own.
+  float* PoolRow(int32_t row) {
+    const int64_t h = head_->hidden_size();
+    std::vector<float>& chunk = pool_[row / kEagle3PoolWindow];
+    if (chunk.empty()) chunk.resize(static_cast<size_t>(kEagle3PoolWindow * h));
+    return &chunk[(row % kEagle3PoolWindow) * h];
+  }
+  // [kCpuPoolRows / kEagle3PoolWindow chunks] x [kEagle3PoolWindow, hidden]
+  std::vector<std::vector<float>> pool_ =
+      std::vector<std::vector<float>>((kCpuPoolRows + kEagle3PoolWindow - 1) / kEagle3PoolWindow);
+  std::vector<float> prenorm_;         // the last pass's prenorm rows
+  std::vector<float> logits_prenorm_;  // those of its logits rows
   std::vector<float> inputs_, scratch_logits_;
   std::vector<Eagle3Head::Row> head_rows_;
 };
