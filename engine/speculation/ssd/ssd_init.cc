@@ -76,10 +76,14 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
   init.complete_cache = c.ssd.complete_cache;
   init.parallel_drafting = c.parallel_drafting;
   init.time_budget = c.ssd.time_budget;
-  // The device data path: offered when the target's GPU can join an NCCL link.
+  // The device data path: offered when the target's GPU can join an NCCL link with the
+  // speculator's, which must be another GPU (NCCL takes one rank per device).
   const absl::StatusOr<DeviceChoice> target = ParseDevice(o.target_device);
-  init.bulk_link =
-      c.ssd.device_data_path && NcclChannel::Available() && target.ok() && target->cuda;
+  const absl::StatusOr<DeviceChoice> draft = ParseDevice(o.device);
+  const bool same_gpu =
+      target.ok() && draft.ok() && target->cuda && draft->cuda && target->index == draft->index;
+  init.bulk_link = c.ssd.device_data_path && NcclChannel::Available() && target.ok() &&
+                   target->cuda && !same_gpu;
   if (c.ssd.eagle3_drafter) {
     init.eagle3_head = c.eagle3_model;
     init.target_model = o.target_model;

@@ -156,6 +156,11 @@ TEST(SsdInitTest, TheDeviceDataPathIsOfferedOnlyFromAGpuTarget) {
   EXPECT_FALSE(MakeSsdInit(o).bulk_link) << "a CPU target has no GPU to receive on";
   o.target_device = "cuda:1";
   EXPECT_EQ(MakeSsdInit(o).bulk_link, NcclChannel::Available());
+  o.device = "cuda:1";
+  EXPECT_FALSE(MakeSsdInit(o).bulk_link)
+      << "the speculator on the target's GPU: one NCCL rank each";
+  o.device = "cuda:0";
+  EXPECT_EQ(MakeSsdInit(o).bulk_link, NcclChannel::Available());
   o.config.ssd.device_data_path = false;
   EXPECT_FALSE(MakeSsdInit(o).bulk_link) << "\"data_path\": \"host\"";
   SsdInit offer = MakeSsdInit(o);
