@@ -79,7 +79,7 @@ class CpuEagle3Compute : public Eagle3Compute {
                     std::span<const int32_t> pool_rows) override {
     const std::span<const float> captured =
         target_ != nullptr ? target_->captured_hidden_states() : capture_;
-    const int64_t width = head_->fc_input_size(), h = head_->hidden_size();
+    const int64_t width = head_->fc_input_size();
     const int64_t captured_rows = static_cast<int64_t>(captured.size()) / width;
     if (capture_rows.size() != pool_rows.size()) {
       return absl::InvalidArgumentError("eagle3: Fuse of mismatched row lists");
