@@ -282,8 +282,10 @@ TEST(SsdSamplingTest, GreedyWithEachSamplingOptionEqualsPlain) {
 
 // Streams the 48 prompts through the serving engine while `fault` is done to the speculator
 // once the first tokens arrived; every request must finish with plain decoding's output.
-void RunWithFault(int signal,
-                  const std::string& config = SsdConfig(4, R"(, "speculator_timeout_ms": 500)")) {
+// The draft model's fault config: a short reply deadline.
+std::string FaultConfig() { return SsdConfig(4, R"(, "speculator_timeout_ms": 500)"); }
+
+void RunWithFault(int signal, const std::string& config) {
   auto observer = std::make_shared<SsdObserver>();
   auto engine = MakeEngine(kTarget, config, observer);
   ASSERT_NE(engine, nullptr);
@@ -386,8 +388,8 @@ void RunWithFault(int signal,
   engine->Stop();
 }
 
-TEST(SsdFaultTest, SpeculatorKilledMidStream) { RunWithFault(SIGKILL); }
-TEST(SsdFaultTest, SpeculatorStoppedMidStream) { RunWithFault(SIGSTOP); }
+TEST(SsdFaultTest, SpeculatorKilledMidStream) { RunWithFault(SIGKILL, FaultConfig()); }
+TEST(SsdFaultTest, SpeculatorStoppedMidStream) { RunWithFault(SIGSTOP, FaultConfig()); }
 // The same with the EAGLE-3 head in the speculator: the relaunched one gets every sequence anew
 // but not the hidden states the dead one had (it drafts from what comes next: lossless).
 TEST(SsdFaultTest, HeadSpeculatorKilledMidStream) {
