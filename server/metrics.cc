@@ -219,6 +219,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   ssd_hidden_rows_ = NewCounter(r, "specd_ssd_hidden_rows_total",
                                 "SSD: the target's hidden-state rows sent to an EAGLE-3 head in "
                                 "the speculator.");
+  ssd_device_hidden_rows_ =
+      NewCounter(r, "specd_ssd_device_hidden_rows_total",
+                 "SSD: of those, the rows sent GPU to GPU (the device data path).");
   ssd_device_path_ = NewGauge(r, "specd_ssd_device_data_path",
                               "SSD: 1 while the speculator link moves q rows GPU to GPU (NCCL).");
   auto* stage_seconds = family(
@@ -394,6 +397,7 @@ void Metrics::OnSsd(const SsdStats& s) {
   add(ssd_link_failures_, s.link_failures, last.link_failures);
   add(ssd_device_rows_, s.device_rows, last.device_rows);
   add(ssd_hidden_rows_, s.hidden_rows, last.hidden_rows);
+  add(ssd_device_hidden_rows_, s.device_hidden_rows, last.device_hidden_rows);
   add(ssd_connects_, s.connects, last.connects);
   add(ssd_launches_, s.launches, last.launches);
   add(ssd_refused_joins_, s.refused_joins, last.refused_joins);

@@ -128,6 +128,7 @@ class Metrics : public EngineObserver {
   prometheus::Gauge* ssd_connected_ = nullptr;
   prometheus::Counter* ssd_device_rows_ = nullptr;  // q rows GPU to GPU (the device data path)
   prometheus::Counter* ssd_hidden_rows_ = nullptr;  // target hidden rows sent to a head
+  prometheus::Counter* ssd_device_hidden_rows_ = nullptr;  // ... of them GPU to GPU
   prometheus::Gauge* ssd_device_path_ = nullptr;
   // The round's timeline: {side, stage} seconds and {side} rounds, made once (label lookups
   // allocate; these are updated after every step).

@@ -18,7 +18,7 @@ void CheckText(const std::string& text, const char* field, FieldErrors* e) {
 namespace {
 
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
-constexpr uint64_t kRequestFixedBytes = 8 + 8 + 4;
+constexpr uint64_t kRequestFixedBytes = 8 + 8 + 1 + 4;
 constexpr uint64_t kRequestSeqBytes = 8 + 1 + 2 + 2 + 2 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4;
 constexpr uint64_t kResponseFixedBytes = 8 + 8 + 8 + 4 * 8 + 1 + 4;
 constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
@@ -195,11 +195,18 @@ void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) 
     }
     CheckTokenIds(m.TokensOf(s), limits, "seqs[].tokens", e);
     total += s.num_tokens;
+    if (m.hidden_out_of_band && s.num_hidden > 0 &&
+        s.hidden_offset != hidden_rows * limits.hidden_width) {
+      return e->Fail("seqs[].hidden_offset", "out-of-band rows not in the sequences' order");
+    }
     hidden_rows += s.num_hidden;
-    if (s.num_hidden > 0 &&
+    if (!m.hidden_out_of_band && s.num_hidden > 0 &&
         s.hidden_offset + uint64_t{s.num_hidden} * limits.hidden_width > m.hidden.size()) {
       return e->Fail("seqs[].hidden_offset", "rows out of range of SpeculateRequest::hidden");
     }
+  }
+  if (m.hidden_out_of_band && !m.hidden.empty()) {
+    e->Fail("hidden", "inline rows with hidden_out_of_band");
   }
   if (total > limits.max_request_tokens) {
     e->Fail("tokens",
@@ -213,6 +220,7 @@ void Check(const SpeculateRequest& m, const WireLimits& limits, FieldErrors* e) 
 void Put(const SpeculateRequest& m, const WireLimits& limits, ByteWriter& w) {
   w.U64(m.round_id);
   w.U64(m.window_ns);
+  w.U8(m.hidden_out_of_band ? 1 : 0);
   w.U32(static_cast<uint32_t>(m.seqs.size()));
   for (const SpeculateSeq& s : m.seqs) {
     w.U64(s.seq_id);
@@ -236,6 +244,9 @@ void Put(const SpeculateRequest& m, const WireLimits& limits, ByteWriter& w) {
 void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
   m->round_id = r.U64("round_id");
   m->window_ns = r.U64("window_ns");
+  const uint8_t out_of_band = r.U8("hidden_out_of_band");
+  if (r.ok() && out_of_band > 1) r.Fail("hidden_out_of_band", "not a bool");
+  m->hidden_out_of_band = out_of_band == 1;
   const uint32_t num_seqs = r.U32("num_seqs");
   if (!r.ok()) return;
   if (num_seqs > limits.max_batch) {
@@ -274,7 +285,10 @@ void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
     s.hidden_position = r.U32("seqs[].hidden_position");
     s.num_hidden = r.U32("seqs[].num_hidden");
     if (!r.ok()) return;
-    s.hidden_offset = s.num_hidden > 0 ? m->hidden.size() : 0;  // as AddSeq / AddHidden set it
+    // As AddSeq / AddHidden / AddHiddenOutOfBand set it.
+    s.hidden_offset = s.num_hidden == 0       ? 0
+                      : m->hidden_out_of_band ? hidden_rows * limits.hidden_width
+                                              : m->hidden.size();
     hidden_rows += s.num_hidden;
     if (hidden_rows > limits.max_hidden_rows) {
       return r.Fail("seqs[].num_hidden",
@@ -286,7 +300,7 @@ void Get(ByteReader& r, const WireLimits& limits, SpeculateRequest* m) {
                                  limits.max_seq_tokens));
     }
     const size_t floats = size_t{s.num_hidden} * limits.hidden_width;
-    if (floats == 0) continue;
+    if (floats == 0 || m->hidden_out_of_band) continue;
     m->hidden.resize(s.hidden_offset + floats);
     r.F32Array("seqs[].hidden", floats, m->hidden.data() + s.hidden_offset);
   }

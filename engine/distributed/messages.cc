@@ -111,6 +111,7 @@ uint64_t WireLimits::MaxPayloadBytes() const {
 }
 
 void SpeculateRequest::Clear() {
+  hidden_out_of_band = false;
   seqs.clear();
   tokens.clear();
   hidden.clear();
@@ -124,7 +125,21 @@ void SpeculateRequest::AddHidden(SpeculateSeq& seq, uint32_t position, std::span
   hidden.insert(hidden.end(), rows.begin(), rows.begin() + size_t{seq.num_hidden} * width);
 }
 
+void SpeculateRequest::AddHiddenOutOfBand(SpeculateSeq& seq, uint32_t position, uint32_t n,
+                                          size_t width) {
+  seq.hidden_position = position;
+  seq.hidden_offset = NumHiddenRows() * width;
+  seq.num_hidden = n;
+}
+
+uint64_t SpeculateRequest::NumHiddenRows() const {
+  uint64_t rows = 0;
+  for (const SpeculateSeq& s : seqs) rows += s.num_hidden;
+  return rows;
+}
+
 std::span<const float> SpeculateRequest::HiddenOf(const SpeculateSeq& seq, size_t width) const {
+  if (hidden_out_of_band) return {};
   return std::span<const float>(hidden).subspan(seq.hidden_offset, size_t{seq.num_hidden} * width);
 }
 

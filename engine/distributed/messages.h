@@ -53,7 +53,9 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // Version 8: an EAGLE-3 head in the speculator. SsdInit names it (eagle3_head, target_model);
 // each SpeculateSeq carries the target's hidden states of the positions it commits
 // (hidden_position, num_hidden), under the limits' hidden_width and max_hidden_rows.
-inline constexpr uint16_t kProtocolVersion = 8;
+// Version 9: on the device data path those hidden states travel on the NCCL link as bf16 rows
+// (SpeculateRequest::hidden_out_of_band), not in the frame.
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -192,6 +194,10 @@ struct SpeculateRequest {
   // Version >= 6: the verifier's time from reading its last response to sending this request,
   // in nanoseconds: the window the speculator's cache build had (0: no earlier round).
   uint64_t window_ns = 0;
+  // Version >= 9: the hidden rows travel on the bulk link (NcclChannel) right after this frame,
+  // [sum of num_hidden, hidden_width] bf16 in seqs' order (a sequence's first row is its
+  // hidden_offset / hidden_width); `hidden` is then empty.
+  bool hidden_out_of_band = false;
   std::vector<SpeculateSeq> seqs;  // [num_seqs] (<= max_batch)
   std::vector<int32_t> tokens;     // [sum of num_tokens] new committed token ids
   std::vector<float> hidden;       // [sum of num_hidden, hidden_width] target hidden states
@@ -204,6 +210,11 @@ struct SpeculateRequest {
   // Gives `seq` (the last one added) the hidden rows `rows` ([n, width] f32) of positions
   // [position, position + n).
   void AddHidden(SpeculateSeq& seq, uint32_t position, std::span<const float> rows, size_t width);
+  // With hidden_out_of_band: gives `seq` (the last one added) `n` rows of positions
+  // [position, position + n) that travel on the bulk link after those of the earlier sequences.
+  void AddHiddenOutOfBand(SpeculateSeq& seq, uint32_t position, uint32_t n, size_t width);
+  // Rows of all sequences (inline or out of band).
+  uint64_t NumHiddenRows() const;
   // The new committed tokens of `seq` (which must be one of seqs).
   std::span<const int32_t> TokensOf(const SpeculateSeq& seq) const;
   // Its hidden rows ([num_hidden, width] f32).

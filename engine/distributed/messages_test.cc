@@ -305,6 +305,39 @@ TEST(MessagesTest, HiddenRowsAreBoundedByTheLimits) {
   EXPECT_FALSE(half.Validate().ok());
 }
 
+// Version 9: on the device data path the hidden rows travel on the NCCL link; the frame carries
+// each sequence's position and count, its rows' place in the bulk transfer follows the
+// sequences' order, and inline rows beside the flag are refused.
+TEST(MessagesTest, OutOfBandHiddenRowsCarryCountsOnly) {
+  const WireLimits limits = TestLimits();
+  SpeculateRequest r;
+  r.hidden_out_of_band = true;
+  SpeculateSeq s;
+  s.seq_id = 3;
+  s.flags = kSeqNew;
+  r.AddHiddenOutOfBand(r.AddSeq(s, {{1, 2, 3, 4}}), 0, 3, limits.hidden_width);
+  s.seq_id = 4;
+  r.AddSeq(s, {{5}});  // no rows
+  s.seq_id = 5;
+  r.AddHiddenOutOfBand(r.AddSeq(s, {{6, 7}}), 9, 1, limits.hidden_width);
+  EXPECT_EQ(r.NumHiddenRows(), 4u);
+  EXPECT_EQ(r.seqs[2].hidden_offset, 3u * limits.hidden_width);
+  EXPECT_TRUE(r.HiddenOf(r.seqs[0], limits.hidden_width).empty());
+  const std::vector<uint8_t> frame = Encode(r, 0, limits);
+  Message decoded;
+  ASSERT_TRUE(DecodeFrame(frame, limits, &decoded).ok());
+  ASSERT_TRUE(std::holds_alternative<SpeculateRequest>(decoded));
+  EXPECT_EQ(std::get<SpeculateRequest>(decoded), r);
+  FrameBuffer buffer;
+  r.hidden.assign(limits.hidden_width, 0.5f);
+  absl::Status status = EncodeFrame(r, 0, limits, &buffer);
+  EXPECT_TRUE(absl::StrContains(status.message(), "inline rows with hidden_out_of_band")) << status;
+  r.hidden.clear();
+  r.seqs[2].hidden_offset = 0;
+  status = EncodeFrame(r, 0, limits, &buffer);
+  EXPECT_TRUE(absl::StrContains(status.message(), "not in the sequences' order")) << status;
+}
+
 TEST(MessagesTest, EncoderRefusesBadFieldsNamingThem) {
   const WireLimits limits = TestLimits();
   FrameBuffer buffer;

@@ -88,8 +88,9 @@ struct NcclChannel::Impl {
   int rank = 0;
   int device = 0;
   cudaStream_t stream = nullptr;  // stream(): created with the communicator, destroyed after it
-  void* buffer = nullptr;         // Buffer(): cudaMalloc'd on `device`
-  size_t buffer_bytes = 0;
+  // Buffer(): cudaMalloc'd on `device`, one per slot.
+  void* buffer[kNumBuffers] = {};
+  size_t buffer_bytes[kNumBuffers] = {};
   absl::Mutex mu;  // guards the communicator against Abort from another thread
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   bool failed ABSL_GUARDED_BY(mu) = false;  // abort instead of finalizing on destruction
@@ -201,26 +202,41 @@ NcclChannel::~NcclChannel() {
   }
   // The communicator is gone: nothing can still be queued on the stream or use the buffer.
   cudaSetDevice(impl_->device);
-  if (impl_->buffer != nullptr) cudaFree(impl_->buffer);
+  for (void* b : impl_->buffer) {
+    if (b != nullptr) cudaFree(b);
+  }
   if (impl_->stream != nullptr) cudaStreamDestroy(impl_->stream);
 }
 
 void* NcclChannel::stream() const { return impl_->stream; }
 
-absl::StatusOr<void*> NcclChannel::Buffer(size_t bytes) {
-  if (bytes <= impl_->buffer_bytes) return impl_->buffer;
+absl::StatusOr<void*> NcclChannel::Buffer(size_t bytes, int slot) {
+  if (slot < 0 || slot >= kNumBuffers) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL channel buffer slot ", slot));
+  }
+  void*& buffer = impl_->buffer[slot];
+  size_t& have = impl_->buffer_bytes[slot];
+  if (bytes <= have) return buffer;
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
-  if (impl_->buffer != nullptr) {
+  if (buffer != nullptr) {
     SPECD_RETURN_IF_ERROR(Synchronize(impl_->stream, absl::Seconds(30)));
-    SPECD_RETURN_IF_ERROR(cuda::Check(cudaFree(impl_->buffer), "cudaFree (NCCL channel buffer)"));
-    impl_->buffer = nullptr;
-    impl_->buffer_bytes = 0;
+    SPECD_RETURN_IF_ERROR(cuda::Check(cudaFree(buffer), "cudaFree (NCCL channel buffer)"));
+    buffer = nullptr;
+    have = 0;
   }
   const size_t grown = bytes + bytes / 4;  // rounds of slowly growing batches allocate rarely
   SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMalloc(&impl_->buffer, grown), "cudaMalloc (NCCL channel buffer)"));
-  impl_->buffer_bytes = grown;
-  return impl_->buffer;
+      cuda::Check(cudaMalloc(&buffer, grown), "cudaMalloc (NCCL channel buffer)"));
+  have = grown;
+  return buffer;
+}
+
+absl::Status NcclChannel::Copy(void* device_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
+  return cuda::Check(
+      cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, impl_->stream),
+      "NCCL channel copy");
 }
 
 absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda_stream) {
@@ -291,7 +307,11 @@ void NcclChannel::Abort() {}
 
 void* NcclChannel::stream() const { return nullptr; }
 
-absl::StatusOr<void*> NcclChannel::Buffer(size_t) {
+absl::StatusOr<void*> NcclChannel::Buffer(size_t, int) {
+  return absl::UnimplementedError("built without NCCL");
+}
+
+absl::Status NcclChannel::Copy(void*, const void*, size_t) {
   return absl::UnimplementedError("built without NCCL");
 }
 

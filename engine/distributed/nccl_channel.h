@@ -67,9 +67,13 @@ class NcclChannel {
   // not wait behind, or hold up, the caller's compute stream.
   void* stream() const;
   // A device buffer of at least `bytes` on this rank's GPU, owned by the channel (the SSD data
-  // path's send staging or receive target). Growing it first waits for stream() and drops its
-  // contents; the pointer stays valid until the next larger request or the channel's end.
-  absl::StatusOr<void*> Buffer(size_t bytes);
+  // path's send staging or receive target); `slot` (< kNumBuffers) picks one of several
+  // independent ones. Growing one first waits for stream() and drops its contents; the pointer
+  // stays valid until the next larger request of that slot or the channel's end.
+  static constexpr int kNumBuffers = 4;
+  absl::StatusOr<void*> Buffer(size_t bytes, int slot = 0);
+  // Enqueues a device-to-device copy of `bytes` bytes on this rank's GPU on stream().
+  absl::Status Copy(void* device_dst, const void* device_src, size_t bytes);
 
   // This process's rank: 0 verifier, 1 speculator.
   int rank() const;

@@ -102,6 +102,11 @@ class TpLeaderRunner final : public ModelRunner {
                                 std::vector<float>* out) const override {
     return local_->CopyCapturedRows(ranges, width, out);
   }
+  bool CapturesOnDevice() const override { return local_->CapturesOnDevice(); }
+  absl::Status CopyCapturedRowsOnDevice(std::span<const RowRange> ranges, int64_t width,
+                                        void* device_out) const override {
+    return local_->CopyCapturedRowsOnDevice(ranges, width, device_out);
+  }
   Eagle3Compute* eagle3() override { return local_->eagle3(); }
 
   absl::Status GroupStatus() const override {

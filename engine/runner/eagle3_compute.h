@@ -180,6 +180,13 @@ class Eagle3Compute {
   virtual absl::Status SetHostCapture(std::span<const float> /*rows*/) {
     return absl::UnimplementedError("EAGLE-3 head: its target's capture is its runner's");
   }
+  // Or rows already on the compute's device ([n, fc input] bf16; the CUDA head): Fuse reads them
+  // there. Each call first waits for the compute's queued work (the rows before are free after
+  // it); SetDeviceCapture(nullptr, 0) just waits. Unimplemented unless TakesDeviceCapture().
+  virtual bool TakesDeviceCapture() const { return false; }
+  virtual absl::Status SetDeviceCapture(const void* /*rows*/, int64_t /*n*/) {
+    return absl::UnimplementedError("EAGLE-3 head: no device capture");
+  }
   // Copies hidden rows: pool row to[i] gets pool row from[i] (>= 0) or the prenorm output of
   // logits row -from[i] - 1 of the last Forward (< 0, as Row::hidden).
   virtual absl::Status CopyHidden(std::span<const int32_t> /*from*/,

@@ -395,6 +395,12 @@ absl::Status ModelRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids
                    "it holds (RunnerOptions::eagle3_head)"));
 }
 
+absl::Status ModelRunner::CopyCapturedRowsOnDevice(std::span<const RowRange>, int64_t,
+                                                   void*) const {
+  return absl::UnimplementedError(
+      absl::StrCat("CopyCapturedRowsOnDevice: ", device_name(), " keeps no capture on a device"));
+}
+
 absl::Status ModelRunner::CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
                                            std::vector<float>* out) const {
   const std::span<const float> captured = captured_hidden_states();

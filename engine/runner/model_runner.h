@@ -242,6 +242,13 @@ class ModelRunner {
   // InvalidArgument for a width other than the capture's where the runner knows it.
   virtual absl::Status CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
                                         std::vector<float>* out) const;
+  // The same rows left on the device for a consumer that moves them GPU to GPU (SSD's device
+  // data path): copied to consecutive rows at `device_out` ([sum of counts, width] bf16, device
+  // memory of this runner's GPU) after every pass queued before, and waited for. Unimplemented
+  // unless CapturesOnDevice().
+  virtual bool CapturesOnDevice() const { return false; }
+  virtual absl::Status CopyCapturedRowsOnDevice(std::span<const RowRange> ranges, int64_t width,
+                                                void* device_out) const;
   // The EAGLE-3 head of RunnerOptions::eagle3_head, or null.
   virtual Eagle3Compute* eagle3() { return nullptr; }
 

@@ -365,6 +365,16 @@ absl::Status CudaEagle3Compute::SetHostCapture(std::span<const float> rows) {
   return absl::OkStatus();
 }
 
+absl::Status CudaEagle3Compute::SetDeviceCapture(const void* rows, int64_t n) {
+  if (!options_.standalone) return Eagle3Compute::SetDeviceCapture(rows, n);
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  // The last Fuse may still read the rows before (and its upload arena is refilled next).
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head: device target rows"));
+  set_capture(static_cast<const __nv_bfloat16*>(rows), rows == nullptr ? 0 : n);
+  return absl::OkStatus();
+}
+
 absl::Status CudaEagle3Compute::CopyHidden(std::span<const int32_t> from,
                                            std::span<const int32_t> to) {
   if (from.size() != to.size()) {

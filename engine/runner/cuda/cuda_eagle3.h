@@ -89,8 +89,8 @@ class CudaEagle3Compute : public Eagle3Compute {
     bool eager = false;             // no graphs (enforce_eager)
     DeviceDraws* draws = nullptr;   // sampled drafts on the device (not owned); null: none
     // SSD's speculator (CreateStandaloneCudaEagle3Compute): no target beside it. SetHostCapture
-    // supplies the rows Fuse reads (at most max_tokens a call), the caller allocates the KV
-    // blocks of its rows' block tables, and the compute owns `stream`.
+    // (at most max_tokens rows a call) or SetDeviceCapture supplies the rows Fuse reads, the caller
+    // allocates the KV blocks of its rows' block tables, and the compute owns `stream`.
     bool standalone = false;
   };
   // On the current device. InvalidArgument prefixed "EAGLE-3 head: " for a head that cannot
@@ -156,6 +156,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   // caller's block tables share blocks that CopyKvBlocks copies.
   bool Standalone() const override { return options_.standalone; }
   absl::Status SetHostCapture(std::span<const float> rows) override;
+  bool TakesDeviceCapture() const override { return options_.standalone; }
+  absl::Status SetDeviceCapture(const void* rows, int64_t n) override;
   absl::Status CopyHidden(std::span<const int32_t> from, std::span<const int32_t> to) override;
   bool PagedCache() const override { return options_.standalone; }
   int32_t kv_blocks() const override { return num_kv_blocks_; }

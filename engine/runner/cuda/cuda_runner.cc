@@ -557,9 +557,9 @@ absl::Status CudaRunner::CaptureHiddenStates(std::span<const int32_t> layer_ids)
                    "RunnerOptions::eagle3_head, or RunnerOptions::capture_hidden_layers)"));
 }
 
-absl::Status CudaRunner::CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
-                                          std::vector<float>* out) const {
-  State& s = *s_;
+absl::Status CudaRunner::CheckCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                           const char* what) const {
+  const State& s = *s_;
   if (s.capture_host.as() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         s.name, ": no hidden states kept for a consumer (RunnerOptions::capture_hidden_layers)"));
@@ -567,15 +567,23 @@ absl::Status CudaRunner::CopyCapturedRows(std::span<const RowRange> ranges, int6
   const int64_t own = static_cast<int64_t>(s.capture_layers.size()) * s.config.hidden_size;
   if (width != own) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CopyCapturedRows: rows of ", width, " floats; the capture's are ", own));
+        absl::StrCat(what, ": rows of ", width, " floats; the capture's are ", own));
   }
   for (const RowRange& r : ranges) {
     if (r.first < 0 || r.count < 0 || int64_t{r.first} + r.count > s.captured_tokens) {
-      return absl::OutOfRangeError(absl::StrCat("CopyCapturedRows: rows [", r.first, ", ",
+      return absl::OutOfRangeError(absl::StrCat(what, ": rows [", r.first, ", ",
                                                 int64_t{r.first} + r.count, ") of ",
                                                 s.captured_tokens, " captured by the last pass"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                          std::vector<float>* out) const {
+  State& s = *s_;
+  SPECD_RETURN_IF_ERROR(CheckCapturedRows(ranges, width, "CopyCapturedRows"));
+  const int64_t own = width;
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s.device), "cudaSetDevice"));
   // After every pass queued before; the ranges land one after another in the staging buffer.
   const size_t row_bytes = static_cast<size_t>(own) * sizeof(uint16_t);  // bf16
@@ -599,6 +607,28 @@ absl::Status CudaRunner::CopyCapturedRows(std::span<const RowRange> ranges, int6
     std::memcpy(dst + i, &bits, sizeof(bits));
   }
   return absl::OkStatus();
+}
+
+bool CudaRunner::CapturesOnDevice() const { return s_->capture_host.as() != nullptr; }
+
+absl::Status CudaRunner::CopyCapturedRowsOnDevice(std::span<const RowRange> ranges, int64_t width,
+                                                  void* device_out) const {
+  State& s = *s_;
+  SPECD_RETURN_IF_ERROR(CheckCapturedRows(ranges, width, "CopyCapturedRowsOnDevice"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(s.device), "cudaSetDevice"));
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(uint16_t);  // bf16
+  auto* dst = static_cast<uint16_t*>(device_out);
+  int64_t at = 0;
+  for (const RowRange& r : ranges) {
+    if (r.count == 0) continue;
+    SPECD_RETURN_IF_ERROR(cuda::Check(
+        cudaMemcpyAsync(dst + at * width, s.capture.as<uint16_t>() + int64_t{r.first} * width,
+                        row_bytes * static_cast<size_t>(r.count), cudaMemcpyDeviceToDevice,
+                        s.stream),
+        "device copy of captured hidden states"));
+    at += r.count;
+  }
+  return s.Sync("device copy of captured hidden states");
 }
 
 Eagle3Compute* CudaRunner::eagle3() { return s_->eagle3.get(); }

@@ -65,6 +65,10 @@ class CudaRunner : public ModelRunner {
   absl::Status CaptureHiddenStates(std::span<const int32_t> layer_ids) override;
   absl::Status CopyCapturedRows(std::span<const RowRange> ranges, int64_t width,
                                 std::vector<float>* out) const override;
+  // With a capture for a consumer elsewhere (no head here): the rows stay bf16 on this GPU.
+  bool CapturesOnDevice() const override;
+  absl::Status CopyCapturedRowsOnDevice(std::span<const RowRange> ranges, int64_t width,
+                                        void* device_out) const override;
   Eagle3Compute* eagle3() override;
 
   // Speculation with p and q on this GPU: GpuSampler::EnqueueProbs builds the processed rows in
@@ -108,6 +112,10 @@ class CudaRunner : public ModelRunner {
 
  private:
   struct State;  // device, model, buffers, graphs: cuda_runner_state.h
+  // CopyCapturedRows(OnDevice)'s checks: a capture for a consumer, its width, ranges in the last
+  // pass.
+  absl::Status CheckCapturedRows(std::span<const RowRange> ranges, int64_t width,
+                                 const char* what) const;
   // What EnqueueStep queues after the forward pass.
   enum class SampleMode {
     kIds,          // draws, ids copied back

@@ -52,6 +52,15 @@ class CacheDrafter {
                                      int32_t /*position*/, std::span<const float> /*rows*/) {
     return absl::OkStatus();
   }
+  // The same from rows on the drafter's GPU ([n, width] bf16, valid during the call), when
+  // reads_hidden_on_device() (an EAGLE-3 head on a GPU: SSD's device data path sends them).
+  virtual bool reads_hidden_on_device() const { return false; }
+  virtual absl::Status AddTargetRowsOnDevice(uint64_t /*seq_id*/,
+                                             std::span<const int32_t> /*tokens*/,
+                                             int32_t /*position*/, const void* /*rows*/,
+                                             int32_t /*n*/) {
+    return absl::UnimplementedError("this drafter reads no hidden states on a device");
+  }
   // Before the cache's branches fork from these sequences: whatever makes their state current
   // (a head reruns the positions whose target hidden states arrived).
   virtual absl::Status PrepareForks(std::span<const uint64_t> /*seq_ids*/) {

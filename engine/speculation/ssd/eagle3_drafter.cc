@@ -135,6 +135,33 @@ int32_t Eagle3CacheDrafter::QueueRows(uint64_t seq, State& s, int32_t from, int3
 
 absl::Status Eagle3CacheDrafter::AddTargetRows(uint64_t seq_id, std::span<const int32_t> tokens,
                                                int32_t position, std::span<const float> rows) {
+  const int64_t width = HiddenWidth();
+  const auto n = static_cast<int32_t>(static_cast<int64_t>(rows.size()) / width);
+  return AddRows(seq_id, tokens, position, n, [&](int32_t skip, int32_t count) {
+    return compute_->SetHostCapture(
+        rows.subspan(static_cast<size_t>(skip) * width, static_cast<size_t>(count) * width));
+  });
+}
+
+bool Eagle3CacheDrafter::reads_hidden_on_device() const { return compute_->TakesDeviceCapture(); }
+
+absl::Status Eagle3CacheDrafter::AddTargetRowsOnDevice(uint64_t seq_id,
+                                                       std::span<const int32_t> tokens,
+                                                       int32_t position, const void* rows,
+                                                       int32_t n) {
+  const int64_t width = HiddenWidth();
+  const absl::Status added = AddRows(seq_id, tokens, position, n, [&](int32_t skip, int32_t count) {
+    return compute_->SetDeviceCapture(
+        static_cast<const uint16_t*>(rows) + static_cast<int64_t>(skip) * width, count);
+  });
+  // The rows are the caller's only during the call: the passes reading them end first.
+  const absl::Status released = compute_->SetDeviceCapture(nullptr, 0);
+  return added.ok() ? released : added;
+}
+
+absl::Status Eagle3CacheDrafter::AddRows(
+    uint64_t seq_id, std::span<const int32_t> tokens, int32_t position, int32_t n,
+    const std::function<absl::Status(int32_t skip, int32_t count)>& capture_rows) {
   State* s = StateOf(seq_id);
   const int32_t common = CommonPrefix(s->tokens, tokens);
   if (common < static_cast<int32_t>(tokens.size())) {
@@ -146,9 +173,6 @@ absl::Status Eagle3CacheDrafter::AddTargetRows(uint64_t seq_id, std::span<const 
     }
     s->entries = std::min(s->entries, std::max(0, common - 1));
   }
-  const auto width = static_cast<int64_t>(compute_->config().aux_layer_ids.size()) *
-                     compute_->config().target_hidden_size;
-  auto n = static_cast<int32_t>(static_cast<int64_t>(rows.size()) / width);
   // Position p's row reads token p + 1: the rows stop before the last committed token.
   n = std::min(n, static_cast<int32_t>(tokens.size()) - 1 - position);
   // No pool region (more states than the compute has): this sequence drafts nothing.
@@ -156,10 +180,7 @@ absl::Status Eagle3CacheDrafter::AddTargetRows(uint64_t seq_id, std::span<const 
   const auto seq = static_cast<int64_t>(seq_id);
   // Rows [p0, p1) of the positions as the capture Fuse reads (one call takes at most
   // kRunAtOnceRows).
-  auto capture = [&](int32_t p0, int32_t p1) {
-    return compute_->SetHostCapture(rows.subspan(static_cast<size_t>(p0 - position) * width,
-                                                 static_cast<size_t>(p1 - p0) * width));
-  };
+  auto capture = [&](int32_t p0, int32_t p1) { return capture_rows(p0 - position, p1 - p0); };
   // Rows older than the ring run now, in pieces, from scratch pool rows.
   const int32_t ring_from = std::max(position, position + n - kEagle3PoolWindow);
   if (ring_from > position) {

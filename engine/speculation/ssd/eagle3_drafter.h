@@ -60,6 +60,9 @@ class Eagle3CacheDrafter : public CacheDrafter {
   void Release(uint64_t seq_id) override;
   absl::Status AddTargetRows(uint64_t seq_id, std::span<const int32_t> tokens, int32_t position,
                              std::span<const float> rows) override;
+  bool reads_hidden_on_device() const override;
+  absl::Status AddTargetRowsOnDevice(uint64_t seq_id, std::span<const int32_t> tokens,
+                                     int32_t position, const void* rows, int32_t n) override;
   absl::Status PrepareForks(std::span<const uint64_t> seq_ids) override;
 
   // Benchmarks only: greedy drafts and their candidates follow `replay` (controlled acceptance);
@@ -96,6 +99,15 @@ class Eagle3CacheDrafter : public CacheDrafter {
   // The state of `seq_id`; a new one takes a pool region (none when none is free: it then never
   // holds a hidden state and drafts nothing).
   State* StateOf(uint64_t seq_id);
+  int64_t HiddenWidth() const {
+    return static_cast<int64_t>(compute_->config().aux_layer_ids.size()) *
+           compute_->config().target_hidden_size;
+  }
+  // AddTargetRows' work for `n` rows of positions [position, position + n): capture_rows(skip,
+  // count) makes rows [skip, skip + count) of them the rows Fuse reads.
+  absl::Status AddRows(
+      uint64_t seq_id, std::span<const int32_t> tokens, int32_t position, int32_t n,
+      const std::function<absl::Status(int32_t skip, int32_t count)>& capture_rows);
   int32_t RingRow(const State& s, int32_t position) const;
   bool HasHidden(const State& s, int32_t position) const;
   void SetHidden(State& s, int32_t position);

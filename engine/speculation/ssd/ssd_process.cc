@@ -107,7 +107,7 @@ absl::Status SpeculatorProcess::JoinAndServe() {
     ready.device = worker_->draft_device().substr(0, kMaxTextBytes);
     absl::StatusOr<DeviceChoice> device = ParseDevice(Overridden(*init).device);
     if (init->bulk_link && NcclChannel::Available() && device.ok() && device->cuda &&
-        worker_->keeps_rows_on_device()) {
+        (worker_->keeps_rows_on_device() || worker_->reads_hidden_on_device())) {
       ready.bulk_link = true;
       bulk_device = device->index;
     }

@@ -184,8 +184,17 @@ void SsdSpeculator::Adopt(SsdLink link) {
   bytes_before_.sent = stats_.bytes_sent;
   bytes_before_.received = stats_.bytes_received;
   channel_ = std::move(link.channel);
+  device_hidden_.reset();
+  row_link_.reset();
   bulk_ = std::move(link.bulk);
   stats_.device_data_path = bulk_ != nullptr;
+  if (bulk_ != nullptr && wants_hidden()) {
+    // The hidden rows go GPU to GPU from now on; those kept on the host are not sent.
+    hidden_.clear();
+    row_link_ = NcclRowLink(*bulk_, options_.config.ssd.timeout_ms);
+    device_hidden_ = std::make_unique<DeviceHiddenStore>(
+        *row_link_, static_cast<size_t>(limits_.hidden_width) * 2, MaxHiddenRows());
+  }
   for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
   released_.clear();
   ++stats_.connects;
@@ -199,6 +208,8 @@ void SsdSpeculator::LinkDown(const absl::Status& why) {
   stats_.connected = false;
   stats_.device_data_path = false;
   if (bulk_) bulk_->Abort();  // a receive the speculator never sends for ends now
+  device_hidden_.reset();     // its rows live in the link's buffers
+  row_link_.reset();
   bulk_.reset();
   if (channel_) channel_->Close();
   channel_.reset();
@@ -217,8 +228,13 @@ void SsdSpeculator::OnVerified(std::span<const VerifiedRound> rounds) {
   }
 }
 
-void SsdSpeculator::Release(uint64_t seq_id) {
+void SsdSpeculator::DropHidden(uint64_t seq_id) {
   hidden_.erase(seq_id);
+  if (device_hidden_) device_hidden_->Erase(seq_id);
+}
+
+void SsdSpeculator::Release(uint64_t seq_id) {
+  DropHidden(seq_id);
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   if (it->second.synced && channel_) released_.push_back(seq_id);
@@ -251,6 +267,11 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   SPECD_RETURN_IF_ERROR(SendReleases(timeout));
   std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
   const int64_t new_tokens = SyncOutcomes(inputs, sent);
+  if (device_hidden_) {
+    // The request's hidden rows, GPU to GPU: the speculator receives them once it read it.
+    SPECD_ASSIGN_OR_RETURN(const int64_t rows, device_hidden_->SendQueued());
+    stats_.device_hidden_rows += rows;
+  }
   // New sequences make the speculator prefill their prompts first: allow for that.
   SPECD_RETURN_IF_ERROR(AwaitResponse(timeout, timeout + kPrefillAllowancePerToken * new_tokens));
   const auto& request = std::get<SpeculateRequest>(request_);
@@ -294,17 +315,15 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
   request.Clear();
   request.round_id = ++round_id_;
   uint64_t budget = limits_.max_request_tokens;
-  uint64_t hidden_budget = limits_.max_hidden_rows;
-  if (options_.max_hidden_rows > 0) {
-    hidden_budget = std::min<uint64_t>(hidden_budget, options_.max_hidden_rows);
-  }
+  request.hidden_out_of_band = device_hidden_ != nullptr;
+  uint64_t hidden_budget = MaxHiddenRows();
   int64_t new_tokens = 0;
   for (size_t i = 0; i < inputs.size() && request.seqs.size() < limits_.max_batch; ++i) {
     const DraftInput& in = inputs[i];
     SeqState& s = seqs_[in.seq_id];
     if (s.synced && in.tokens.size() < s.num_sent) {  // preempted and restarted
       s = SeqState{};
-      hidden_.erase(in.seq_id);
+      DropHidden(in.seq_id);
     }
     SpeculateSeq m;
     m.seq_id = in.seq_id;
@@ -491,11 +510,20 @@ absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,
       if (auto it = hidden_.find(static_cast<uint64_t>(in.seq_id)); it != hidden_.end()) {
         TruncateHidden(it->second, in.start_pos);
       }
+      if (device_hidden_) device_hidden_->Truncate(static_cast<uint64_t>(in.seq_id), in.start_pos);
       if (in.tree == nullptr && n > 0) hidden_ranges_.push_back({row, n});
     }
     row += n;
   }
   if (hidden_ranges_.empty()) return absl::OkStatus();
+  if (device_hidden_ && target.CapturesOnDevice()) {
+    int64_t rows = 0;
+    for (const ModelRunner::RowRange& r : hidden_ranges_) rows += r.count;
+    const absl::Status kept = KeepOnDevice(batch, wanted, target, rows);
+    // A link that cannot take the rows is down (the speculator's stalled or gone).
+    if (!kept.ok() && channel_) LinkDown(kept);
+    return absl::OkStatus();
+  }
   hidden_copy_.clear();
   const size_t width = limits_.hidden_width;
   const absl::Status copied =
@@ -521,6 +549,22 @@ absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,
   return absl::OkStatus();
 }
 
+absl::Status SsdSpeculator::KeepOnDevice(std::span<const SequenceInput> batch,
+                                         std::span<const uint8_t> wanted, const ModelRunner& target,
+                                         int64_t rows) {
+  SPECD_ASSIGN_OR_RETURN(void* to, device_hidden_->BeginPass(rows));
+  SPECD_RETURN_IF_ERROR(target.CopyCapturedRowsOnDevice(hidden_ranges_, limits_.hidden_width, to));
+  int64_t at = 0;  // the next wanted chunk's first row in the pass's copy
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& in = batch[i];
+    if (!wanted[i] || in.seq_id < 0 || in.tree != nullptr || in.tokens.empty()) continue;
+    const auto n = static_cast<int32_t>(in.tokens.size());
+    device_hidden_->Store(static_cast<uint64_t>(in.seq_id), in.start_pos, at, n);
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
 void SsdSpeculator::TruncateHidden(HiddenRun& run, int32_t from) const {
   const int32_t keep = std::clamp(from - run.first, 0, HiddenRows(run));
   run.rows.resize(static_cast<size_t>(keep) * limits_.hidden_width);
@@ -542,6 +586,24 @@ void SsdSpeculator::AttachHidden(const DraftInput& in, SeqState& s, SpeculateSeq
   // Positions [.., end) have the target's hidden states; the last committed token's (the
   // bonus, or the first sampled token) is computed by the next pass.
   const auto end = static_cast<int32_t>(in.tokens.size()) - 1;
+  if (device_hidden_) {
+    int32_t first = 0, count = 0;
+    if (device_hidden_->Run(in.seq_id, &first, &count)) {
+      const int32_t from = std::max(first, s.hidden_sent);
+      if (first + count >= end && from<end&& * budget> 0) {
+        const auto n = static_cast<int32_t>(std::min<uint64_t>(end - from, *budget));
+        device_hidden_->Queue(in.seq_id, end - n, n);
+        std::get<SpeculateRequest>(request_).AddHiddenOutOfBand(
+            m, static_cast<uint32_t>(end - n), static_cast<uint32_t>(n), limits_.hidden_width);
+        *budget -= static_cast<uint64_t>(n);
+        stats_.hidden_rows += n;
+      }
+      device_hidden_->Erase(in.seq_id);
+    }
+    hidden_.erase(in.seq_id);  // kept before the device path came up: not sent
+    s.hidden_sent = std::max(s.hidden_sent, end);
+    return;
+  }
   auto it = hidden_.find(in.seq_id);
   if (it != hidden_.end()) {
     const HiddenRun& run = it->second;

@@ -16,9 +16,12 @@
 // init never touches the current link or the launched process. With an EAGLE-3 head in the
 // speculator (hidden_width > 0), the engine hands over each target pass's hidden states
 // (OnTargetPass); each sequence's rows wait here until the next request carries those of its
-// committed positions to the speculator. Engine thread only.
+// committed positions to the speculator: on the host, inline in the request, or, on the device
+// data path, bf16 on the target's GPU (DeviceHiddenStore), sent GPU to GPU on the NCCL link right
+// after the request. Engine thread only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -37,6 +40,7 @@
 #include "engine/speculation/ngram.h"
 #include "engine/speculation/spec_config.h"
 #include "engine/speculation/speculator.h"
+#include "engine/speculation/ssd/device_hidden_store.h"
 #include "engine/speculation/ssd/ssd_acceptor.h"
 #include "engine/speculation/ssd/ssd_stats.h"
 
@@ -170,6 +174,18 @@ class SsdSpeculator : public Speculator {
   // run ending at the last committed token's predecessor, at most *budget rows (the latest
   // ones), then drops everything stored for the sequence.
   void AttachHidden(const DraftInput& in, SeqState& s, SpeculateSeq& m, uint64_t* budget);
+  // OnTargetPass on the device data path: the wanted chunks' rows (hidden_ranges_) copied into
+  // device_hidden_ on the target's GPU.
+  absl::Status KeepOnDevice(std::span<const SequenceInput> batch, std::span<const uint8_t> wanted,
+                            const ModelRunner& target, int64_t rows);
+  // Forgets `seq_id`'s stored hidden rows (host and device).
+  void DropHidden(uint64_t seq_id);
+  // Most hidden rows one request carries (the wire limit's, or options_.max_hidden_rows).
+  int32_t MaxHiddenRows() const {
+    const uint32_t wire = limits_.max_hidden_rows;
+    return static_cast<int32_t>(
+        options_.max_hidden_rows > 0 ? std::min<uint32_t>(wire, options_.max_hidden_rows) : wire);
+  }
   int32_t HiddenRows(const HiddenRun& run) const {
     return static_cast<int32_t>(run.rows.size() / limits_.hidden_width);
   }
@@ -182,6 +198,9 @@ class SsdSpeculator : public Speculator {
   // on it ([rows, vocab] f32 on the target's GPU, valid until the next Propose), and each
   // response draft's first row there.
   std::unique_ptr<NcclChannel> bulk_;
+  // The hidden rows on the device data path (wants_hidden() and a bulk link), else null.
+  std::unique_ptr<DeviceRowLink> row_link_;
+  std::unique_ptr<DeviceHiddenStore> device_hidden_;
   const float* bulk_rows_ = nullptr;
   std::vector<uint64_t> bulk_offsets_;
   Subprocess process_;
@@ -193,7 +212,7 @@ class SsdSpeculator : public Speculator {
   } bytes_before_;  // bytes of the links before the current one
   NgramSpeculator local_;
   absl::flat_hash_map<uint64_t, SeqState> seqs_;
-  absl::flat_hash_map<uint64_t, HiddenRun> hidden_;   // wants_hidden(): rows not sent yet
+  absl::flat_hash_map<uint64_t, HiddenRun> hidden_;   // wants_hidden(): rows not sent yet (host)
   std::vector<ModelRunner::RowRange> hidden_ranges_;  // OnTargetPass's scratch
   std::vector<float> hidden_copy_;                    // [rows, hidden_width] its copy
   bool short_capture_logged_ = false;

@@ -72,8 +72,10 @@ struct SsdStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t device_rows = 0;  // q rows received GPU to GPU (the device data path), not in bytes_*
-  // Target hidden-state rows sent to an EAGLE-3 head in the speculator (in bytes_sent).
+  // Target hidden-state rows sent to an EAGLE-3 head in the speculator (inline ones in
+  // bytes_sent), and of those the ones sent GPU to GPU (the device data path).
   int64_t hidden_rows = 0;
+  int64_t device_hidden_rows = 0;
   // Per acceptance length k of the round before (index k, grown as needed): sequences whose
   // outcome the speculator was told, and of those the ones it had in its cache.
   std::vector<int64_t> outcomes_by_accepted_len;

@@ -267,6 +267,8 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   Round round(request.seqs.size());
   served_.clear();
   const int64_t triage_start = MonotonicNanos();
+  SPECD_ASSIGN_OR_RETURN(const void* device_hidden, ReceiveHidden(request));
+  const auto width = static_cast<size_t>(std::max(0, options_.hidden_width));
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
     std::optional<CachedDraft> cached;
@@ -275,10 +277,15 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
     // The target's hidden states of the committed positions (a head reads them; after Triage,
     // which made a hit's branch the sequence's).
-    if (m.num_hidden > 0) {
-      SPECD_RETURN_IF_ERROR(draft_->AddTargetRows(
+    if (m.num_hidden > 0 && device_hidden != nullptr) {
+      SPECD_RETURN_IF_ERROR(draft_->AddTargetRowsOnDevice(
           m.seq_id, s->tokens, static_cast<int32_t>(m.hidden_position),
-          request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width)))));
+          static_cast<const uint16_t*>(device_hidden) + m.hidden_offset,
+          static_cast<int32_t>(m.num_hidden)));
+    } else if (m.num_hidden > 0) {
+      SPECD_RETURN_IF_ERROR(draft_->AddTargetRows(m.seq_id, s->tokens,
+                                                  static_cast<int32_t>(m.hidden_position),
+                                                  request.HiddenOf(m, width)));
     }
   }
   const int64_t draft_start = MonotonicNanos();
@@ -292,6 +299,23 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
                                             build_seconds_ * 1e9);
   return absl::OkStatus();
+}
+
+absl::StatusOr<const void*> SsdWorker::ReceiveHidden(const SpeculateRequest& request) {
+  if (!request.hidden_out_of_band) return nullptr;
+  const uint64_t rows = request.NumHiddenRows();
+  if (rows == 0) return nullptr;
+  if (bulk_ == nullptr || !draft_->reads_hidden_on_device()) {
+    return absl::FailedPreconditionError(
+        "ssd speculator: hidden rows sent out of band without a device data path");
+  }
+  const size_t bytes = rows * static_cast<size_t>(options_.hidden_width) * 2;  // bf16
+  // Slot 1: slot 0 holds the q rows the last response sent (SendRows).
+  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes, 1));
+  SPECD_RETURN_IF_ERROR(bulk_->Recv(buffer, bytes, bulk_->stream()));
+  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), absl::Seconds(30)));
+  stats_.device_hidden_rows += static_cast<int64_t>(rows);
+  return buffer;
 }
 
 SsdWorker::Round::Round(size_t num_seqs) : results(num_seqs), partial(num_seqs) {

@@ -69,9 +69,10 @@ struct SsdWorkerStats {
   int64_t hits_partial = 0;  // of hits: branches the build had not finished, resumed
   int64_t misses_primary = 0;
   int64_t misses_backup = 0;
-  int64_t branches = 0;         // cached speculations built
-  int64_t budget_branches = 0;  // the last time-budgeted build's budget (0: fixed or none yet)
-  int64_t device_rows = 0;      // q rows sent GPU to GPU (the device data path)
+  int64_t branches = 0;            // cached speculations built
+  int64_t budget_branches = 0;     // the last time-budgeted build's budget (0: fixed or none yet)
+  int64_t device_rows = 0;         // q rows sent GPU to GPU (the device data path)
+  int64_t device_hidden_rows = 0;  // target hidden rows received GPU to GPU
   // Seconds per stage of the round (SsdSpeculatorStage order), what the responses report.
   std::array<double, kNumSsdSpeculatorStages> stage_seconds{};
 };
@@ -109,6 +110,9 @@ class SsdWorker {
   // BuildCache stops before its next forward pass once `stop` returns true (the verifier's next
   // message arrived), keeping unfinished branches for partial hits.
   absl::Status Handle(const SpeculateRequest& request, SpeculateResponse* response);
+  // A request's hidden rows sent out of band: received from the bulk link into its buffer on
+  // the draft's GPU (nullptr when the request has none); the offsets are the request's.
+  absl::StatusOr<const void*> ReceiveHidden(const SpeculateRequest& request);
   absl::Status BuildCache(const std::function<bool()>& stop = {});
   // Drops a sequence (the verifier's Release).
   void Drop(uint64_t seq_id);
@@ -123,6 +127,9 @@ class SsdWorker {
   std::string draft_device() const { return draft_->device_name(); }
   // Whether sampled drafts' q rows stay on the draft's device (what the device data path sends).
   bool keeps_rows_on_device() const { return draft_->keeps_rows_on_device(); }
+  // Whether the drafter reads the target's hidden states on its device (an EAGLE-3 head on a
+  // GPU): the device data path then brings them there.
+  bool reads_hidden_on_device() const { return draft_->reads_hidden_on_device(); }
   // b* in force: the configured critical batch size, or the one the measured hit rate and
   // latencies give (saguaro.h CriticalBatchSize).
   int32_t critical_batch_size() const;
