@@ -147,6 +147,9 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
       run.cache_ms =
           1e3 * (after.speculator_cache_seconds - before.speculator_cache_seconds) / remote;
       run.device_rows = static_cast<double>(after.device_rows - before.device_rows) / remote;
+      run.hidden_rows = static_cast<double>(after.hidden_rows - before.hidden_rows) / remote;
+      run.device_hidden_rows =
+          static_cast<double>(after.device_hidden_rows - before.device_hidden_rows) / remote;
       run.tcp_bytes = static_cast<double>(after.bytes_sent - before.bytes_sent +
                                           after.bytes_received - before.bytes_received) /
                       remote;

@@ -37,6 +37,8 @@ struct Run {
   double round_share = -1;
   // SSD: q rows received GPU to GPU (the device data path) and bytes over TCP, per round.
   double device_rows = 0, tcp_bytes = 0;
+  // SSD with a head in the speculator: target hidden rows sent, and of those GPU to GPU.
+  double hidden_rows = 0, device_hidden_rows = 0;
   // Per speculative step (one verification round of every speculating request; the engine's
   // timers): the speculators' Propose calls, the verification pass, and the rest of the step.
   double step_draft_ms = 0, step_verify_ms = 0, step_rest_ms = 0;
@@ -122,17 +124,18 @@ inline void PrintPlainRow(int batch, double tokens_per_s) {
 }
 
 inline void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
-  char hits[400] = "";
+  char hits[512] = "";
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
                   "  (cache hits %.1f%%; misses %lld primary, %lld backup; %lld none, %lld local "
                   "rounds; timed rounds %.0f%% of the run; per round: verifier waits %.3f ms, "
                   "speculator answers in %.3f ms and builds the cache in %.3f ms, %.1f q rows "
-                  "GPU to GPU, %.1f KB over TCP)",
+                  "GPU to GPU, %.1f hidden rows (%.1f GPU to GPU), %.1f KB over TCP)",
                   100 * r.hit_rate, static_cast<long long>(r.misses_primary),
                   static_cast<long long>(r.misses_backup), static_cast<long long>(r.drafts_none),
                   static_cast<long long>(r.local_rounds), 100 * r.round_share, r.wait_ms,
-                  r.busy_ms - r.cache_ms, r.cache_ms, r.device_rows, r.tcp_bytes / 1e3);
+                  r.busy_ms - r.cache_ms, r.cache_ms, r.device_rows, r.hidden_rows,
+                  r.device_hidden_rows, r.tcp_bytes / 1e3);
   }
   char equal[128] = "";
   if (r.equal >= 0) {

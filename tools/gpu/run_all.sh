@@ -436,6 +436,13 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --max-model-len 1024 --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 \
     --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
     --speculator-device cuda:1 --fan-out 3
+  # The same with the hidden rows inline over TCP ("data_path": "host"), the device path's A/B.
+  run_step "ssd_eagle3_replay_bench host" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --eagle3 "models/shapes/eagle3-llama-3.1-8b" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 1 \
+    --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
+    --speculator-device cuda:1 --fan-out 3 --data-path host
   run_step "ssd_eagle3_bench codepair" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
     --eagle3 models/codepair/eagle3 --batches 1,16 --k 4 --max-tokens 128 --ssd \
     --ssd-drafter eagle3 --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3
@@ -552,7 +559,8 @@ for s in "attention_bench" "sdpa_bench.py" "gemm_bench" "verify_torch_bench.py" 
   "verify_step 8b k=8 t=0" "verify_step 8b k=8 t=1" \
   "ssd_bench k=4 interruptible" "ssd_bench k=4 complete" "ssd_bench k=7 interruptible" \
   "ssd_bench k=7 complete" "ssd_replay_bench" "ssd_replay_bench fixed" "ssd_replay_bench 32b" \
-  "ssd_parallel_replay_bench" "ssd_eagle3_replay_bench" "ssd_eagle3_bench codepair" \
+  "ssd_parallel_replay_bench" "ssd_eagle3_replay_bench" "ssd_eagle3_replay_bench host" \
+  "ssd_eagle3_bench codepair" \
   "ssd_tp_replay_bench" "ssd_replay_bench (1 gpu)"; do
   [[ -n "${passed[$s]:-}" ]] || continue
   echo "-- $s"
