@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/base/float16.h"
 #include "engine/base/log.h"
 #include "engine/base/mapped_file.h"
@@ -442,7 +446,10 @@ absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCudaEagle3Compute
   o.num_sms = prop.multiProcessorCount;
   o.device = device;
   o.stream = stream;
-  o.eager = true;
+  // Its cache waves (one row per branch) replay the one-step graphs, captured below;
+  // SPECD_SSD_HEAD_GRAPHS=0 keeps every pass eager (for side-by-side runs).
+  const char* graphs_env = std::getenv("SPECD_SSD_HEAD_GRAPHS");
+  o.eager = graphs_env != nullptr && std::string_view(graphs_env) == "0";
   o.standalone = true;
   absl::StatusOr<std::unique_ptr<CudaEagle3Compute>> c = CudaEagle3Compute::Create(o);
   if (!c.ok()) {
@@ -454,6 +461,12 @@ absl::StatusOr<std::unique_ptr<Eagle3Compute>> CreateStandaloneCudaEagle3Compute
   const auto blocks = static_cast<int32_t>(
       std::max<int64_t>(2, std::min<int64_t>(bytes / (*c)->KvBlockBytes(), INT32_MAX)));
   SPECD_RETURN_IF_ERROR((*c)->AllocateKv(blocks));
+  const absl::Time start = absl::Now();
+  SPECD_ASSIGN_OR_RETURN(const int32_t graphs, (*c)->CaptureStepGraphs());
+  if (graphs > 0) {
+    SPECD_LOG_INFO("cuda:{}: EAGLE-3 head: {} step graphs captured in {:.0f} ms", device, graphs,
+                   absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
   SPECD_LOG_INFO(
       "cuda:{}: EAGLE-3 head {} for SSD's speculator: weights {}, buffers {}, KV {} blocks of {}",
       device, options.dir, cuda::FormatBytes((*c)->weight_bytes()),

@@ -101,6 +101,10 @@ class CudaEagle3Compute : public Eagle3Compute {
   // Bytes of one KV block of the head's layer; AllocateKv(n) takes n of them.
   int64_t KvBlockBytes() const;
   absl::Status AllocateKv(int32_t num_blocks);
+  // Captures the one-step graph of every batch bucket (both prenorm halves) now, so that no
+  // capture lands inside a timed pass (SSD's speculator: its cache waves are such steps).
+  // Needs the KV cache; a no-op with Options::eager. Returns the graphs captured.
+  absl::StatusOr<int32_t> CaptureStepGraphs();
   // The target's capture: [rows, fc input] bf16 on the device (CudaForward::SetCapture).
   void set_capture(const __nv_bfloat16* capture, int64_t rows) {
     capture_ = capture;

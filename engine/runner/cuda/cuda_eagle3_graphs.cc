@@ -238,6 +238,25 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
   return absl::OkStatus();
 }
 
+absl::StatusOr<int32_t> CudaEagle3Compute::CaptureStepGraphs() {
+  if (options_.eager || k_cache_ == nullptr) return 0;
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  const GraphLayout g(options_.max_seqs, 1);
+  int32_t captured = 0;
+  for (int32_t bucket : buckets_) {
+    for (int32_t half : {0, 1}) {
+      if (graphs_.contains({bucket, half})) continue;
+      // Padding rows only: the warm-up writes no KV and reads the scratch block.
+      SPECD_RETURN_IF_ERROR(StageGraphInputs({}, bucket, 1, g, 1 - half));
+      SPECD_RETURN_IF_ERROR(CaptureStepGraph(bucket, half, GraphPass(g, bucket, 0, half)));
+      ++captured;
+    }
+  }
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 step graphs"));
+  return captured;
+}
+
 // The step's kernels, the argmax and the copy of the ids to the host: run once eagerly (cuBLASLt
 // chooses its algorithms outside capture; the inputs are the real step's), then captured.
 absl::Status CudaEagle3Compute::CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p) {

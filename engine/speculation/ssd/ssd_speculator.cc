@@ -267,11 +267,6 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   SPECD_RETURN_IF_ERROR(SendReleases(timeout));
   std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
   const int64_t new_tokens = SyncOutcomes(inputs, sent);
-  if (device_hidden_) {
-    // The request's hidden rows, GPU to GPU: the speculator receives them once it read it.
-    SPECD_ASSIGN_OR_RETURN(const int64_t rows, device_hidden_->SendQueued());
-    stats_.device_hidden_rows += rows;
-  }
   // New sequences make the speculator prefill their prompts first: allow for that.
   SPECD_RETURN_IF_ERROR(AwaitResponse(timeout, timeout + kPrefillAllowancePerToken * new_tokens));
   const auto& request = std::get<SpeculateRequest>(request_);
@@ -372,6 +367,12 @@ absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration
           ? static_cast<uint64_t>(now - stamps_.first_byte)
           : 0;
   SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
+  if (device_hidden_) {
+    // The request's hidden rows, GPU to GPU, after it: the speculator posts their receive once
+    // it read it (the link's first transfer also waits for the peer to connect).
+    SPECD_ASSIGN_OR_RETURN(const int64_t rows, device_hidden_->SendQueued());
+    stats_.device_hidden_rows += rows;
+  }
   stamps_.sent = MonotonicNanos();
   for (;;) {
     const absl::Duration left = wait - (absl::Now() - start);
