@@ -267,26 +267,26 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   Round round(request.seqs.size());
   served_.clear();
   const int64_t triage_start = MonotonicNanos();
-  SPECD_ASSIGN_OR_RETURN(const void* device_hidden, ReceiveHidden(request));
-  const auto width = static_cast<size_t>(std::max(0, options_.hidden_width));
+  SPECD_ASSIGN_OR_RETURN(device_hidden_, ReceiveHidden(request));
+  deferred_hidden_.clear();
+  deferred_request_ = &request;
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
     std::optional<CachedDraft> cached;
     Seq* s = SyncOutcome(m, request.TokensOf(m), &cached);
     if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
+    const bool full_hit =
+        cached && cached->tokens.size() >= static_cast<size_t>(m.num_draft_tokens) + 1;
     SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
     // The target's hidden states of the committed positions (a head reads them; after Triage,
-    // which made a hit's branch the sequence's).
-    if (m.num_hidden > 0 && device_hidden != nullptr) {
-      SPECD_RETURN_IF_ERROR(draft_->AddTargetRowsOnDevice(
-          m.seq_id, s->tokens, static_cast<int32_t>(m.hidden_position),
-          static_cast<const uint16_t*>(device_hidden) + m.hidden_offset,
-          static_cast<int32_t>(m.num_hidden)));
-    } else if (m.num_hidden > 0) {
-      SPECD_RETURN_IF_ERROR(draft_->AddTargetRows(m.seq_id, s->tokens,
-                                                  static_cast<int32_t>(m.hidden_position),
-                                                  request.HiddenOf(m, width)));
+    // which made a hit's branch the sequence's). A complete hit's drafts need none: its rows
+    // are added after the reply (AddDeferredHidden), off the verifier's wait.
+    if (m.num_hidden == 0) continue;
+    if (full_hit && round.results[i].served == Served::kHit) {
+      deferred_hidden_.push_back(i);
+      continue;
     }
+    SPECD_RETURN_IF_ERROR(AddHidden(request, m, s->tokens));
   }
   const int64_t draft_start = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
@@ -298,6 +298,32 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   // Busy since the last response: the cache built after it, then this answer.
   response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
                                             build_seconds_ * 1e9);
+  return absl::OkStatus();
+}
+
+absl::Status SsdWorker::AddHidden(const SpeculateRequest& request, const SpeculateSeq& m,
+                                  std::span<const int32_t> tokens) {
+  const auto position = static_cast<int32_t>(m.hidden_position);
+  if (request.hidden_out_of_band) {
+    if (device_hidden_ == nullptr) return absl::OkStatus();
+    return draft_->AddTargetRowsOnDevice(
+        m.seq_id, tokens, position, static_cast<const uint16_t*>(device_hidden_) + m.hidden_offset,
+        static_cast<int32_t>(m.num_hidden));
+  }
+  return draft_->AddTargetRows(
+      m.seq_id, tokens, position,
+      request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width))));
+}
+
+absl::Status SsdWorker::AddDeferredHidden() {
+  const SpeculateRequest* request = std::exchange(deferred_request_, nullptr);
+  if (request == nullptr) return absl::OkStatus();
+  for (size_t i : deferred_hidden_) {
+    const SpeculateSeq& m = request->seqs[i];
+    auto it = seqs_.find(m.seq_id);
+    if (it != seqs_.end()) SPECD_RETURN_IF_ERROR(AddHidden(*request, m, it->second.tokens));
+  }
+  deferred_hidden_.clear();
   return absl::OkStatus();
 }
 
@@ -458,6 +484,7 @@ void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
 
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   const absl::Time start = absl::Now();
+  SPECD_RETURN_IF_ERROR(AddDeferredHidden());
   // A backup-served sequence has no candidates along its drafts: the draft model's row at
   // position 1 (from the context) gives the cache its likeliest outcomes, k = 0.
   std::vector<DraftInput> inputs;

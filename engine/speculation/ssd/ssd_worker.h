@@ -113,6 +113,7 @@ class SsdWorker {
   // A request's hidden rows sent out of band: received from the bulk link into its buffer on
   // the draft's GPU (nullptr when the request has none); the offsets are the request's.
   absl::StatusOr<const void*> ReceiveHidden(const SpeculateRequest& request);
+
   absl::Status BuildCache(const std::function<bool()>& stop = {});
   // Drops a sequence (the verifier's Release).
   void Drop(uint64_t seq_id);
@@ -190,6 +191,14 @@ class SsdWorker {
                    std::optional<CachedDraft>* cached);
   // Who serves request sequence i: a hit (adopting its branch; a partial one resumes in the
   // primary's pass), the backup tier or the primary.
+  // The hidden rows of complete hits, which Handle leaves for after the reply (off the verifier's
+  // wait): added to the drafter when the cache build starts (the request Handle answered is
+  // still the caller's then).
+  absl::Status AddDeferredHidden();
+  // Gives the drafter `m`'s hidden rows (inline, or out of band in device_hidden_) for the
+  // sequence's committed `tokens`.
+  absl::Status AddHidden(const SpeculateRequest& request, const SpeculateSeq& m,
+                         std::span<const int32_t> tokens);
   absl::Status Triage(const SpeculateSeq& m, size_t i, const Seq& s,
                       std::optional<CachedDraft> cached, bool backup_tier, Round& round);
   // The primary's pass over the misses and partial hits.
@@ -262,6 +271,11 @@ class SsdWorker {
   // The device data path (ServeChannel's), and the kept rows the last response announced: their
   // ranges in send order, and the blocks holding them (alive until they are gathered).
   NcclChannel* bulk_ = nullptr;
+  // The last request's hidden rows received on the draft's GPU (ReceiveHidden; null: inline or
+  // none), and the request's sequences whose rows wait for AddDeferredHidden.
+  const void* device_hidden_ = nullptr;
+  std::vector<size_t> deferred_hidden_;
+  const SpeculateRequest* deferred_request_ = nullptr;
   std::vector<ModelRunner::RowRange> bulk_ranges_;
   std::vector<std::shared_ptr<const KeptProbs>> bulk_blocks_;
   int32_t f_max_ = 0;
