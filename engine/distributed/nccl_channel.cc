@@ -14,7 +14,6 @@
 #include <nccl.h>
 
 #include <cstring>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -29,7 +28,6 @@ namespace specd {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Microseconds(20);
-constexpr absl::Duration kSpinTime = absl::Microseconds(500);  // Poll spins this long first
 constexpr absl::Duration kEnqueueTimeout = absl::Seconds(30);  // an ncclSend still being queued
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
 
@@ -101,7 +99,6 @@ struct NcclChannel::Impl {
   // releasing the mutex between polls so Abort can interrupt. DeadlineExceeded past `deadline`.
   absl::Status Poll(absl::Time deadline, std::string_view what, bool wait_stream,
                     cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu) {
-    const absl::Time start = absl::Now();
     while (true) {
       const cudaError_t e = wait_stream ? cudaStreamQuery(stream) : cudaSuccess;
       {
@@ -119,18 +116,11 @@ struct NcclChannel::Impl {
         }
         if (e == cudaSuccess && state == ncclSuccess) return absl::OkStatus();
       }
-      const absl::Time now = absl::Now();
-      if (now >= deadline) {
+      if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat(DistView(what), ": not done in time; the peer stalled or died"));
       }
-      // A transfer of the SSD round usually ends within tens of microseconds: spin first (a
-      // sleep costs the timer slack, ~50 us, on every poll), then poll gently.
-      if (now - start < kSpinTime) {
-        std::this_thread::yield();
-      } else {
-        absl::SleepFor(kPollInterval);
-      }
+      absl::SleepFor(kPollInterval);
     }
   }
 
