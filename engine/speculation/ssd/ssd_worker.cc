@@ -275,24 +275,15 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     receive_ns_ += ns;
     stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReceive)] += ns * 1e-9;
   }
-  deferred_hidden_.clear();
-  deferred_request_ = &request;
   for (size_t i = 0; i < request.seqs.size(); ++i) {
     const SpeculateSeq& m = request.seqs[i];
     std::optional<CachedDraft> cached;
     Seq* s = SyncOutcome(m, request.TokensOf(m), &cached);
     if (s == nullptr) continue;  // unknown (we restarted): the verifier resends it whole
-    const bool full_hit =
-        cached && cached->tokens.size() >= static_cast<size_t>(m.num_draft_tokens) + 1;
     SPECD_RETURN_IF_ERROR(Triage(m, i, *s, std::move(cached), backup_tier, round));
     // The target's hidden states of the committed positions (a head reads them; after Triage,
-    // which made a hit's branch the sequence's). A complete hit's drafts need none: its rows
-    // are added after the reply (AddDeferredHidden), off the verifier's wait.
+    // which made a hit's branch the sequence's).
     if (m.num_hidden == 0) continue;
-    if (full_hit && round.results[i].served == Served::kHit) {
-      deferred_hidden_.push_back(i);
-      continue;
-    }
     SPECD_RETURN_IF_ERROR(AddHidden(request, m, s->tokens));
   }
   const int64_t draft_start = MonotonicNanos();
@@ -320,18 +311,6 @@ absl::Status SsdWorker::AddHidden(const SpeculateRequest& request, const Specula
   return draft_->AddTargetRows(
       m.seq_id, tokens, position,
       request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width))));
-}
-
-absl::Status SsdWorker::AddDeferredHidden() {
-  const SpeculateRequest* request = std::exchange(deferred_request_, nullptr);
-  if (request == nullptr) return absl::OkStatus();
-  for (size_t i : deferred_hidden_) {
-    const SpeculateSeq& m = request->seqs[i];
-    auto it = seqs_.find(m.seq_id);
-    if (it != seqs_.end()) SPECD_RETURN_IF_ERROR(AddHidden(*request, m, it->second.tokens));
-  }
-  deferred_hidden_.clear();
-  return absl::OkStatus();
 }
 
 absl::StatusOr<const void*> SsdWorker::ReceiveHidden(const SpeculateRequest& request) {
@@ -491,7 +470,6 @@ void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
 
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   const absl::Time start = absl::Now();
-  SPECD_RETURN_IF_ERROR(AddDeferredHidden());
   // A backup-served sequence has no candidates along its drafts: the draft model's row at
   // position 1 (from the context) gives the cache its likeliest outcomes, k = 0.
   std::vector<DraftInput> inputs;

@@ -191,10 +191,6 @@ class SsdWorker {
                    std::optional<CachedDraft>* cached);
   // Who serves request sequence i: a hit (adopting its branch; a partial one resumes in the
   // primary's pass), the backup tier or the primary.
-  // The hidden rows of complete hits, which Handle leaves for after the reply (off the verifier's
-  // wait): added to the drafter when the cache build starts (the request Handle answered is
-  // still the caller's then).
-  absl::Status AddDeferredHidden();
   // Gives the drafter `m`'s hidden rows (inline, or out of band in device_hidden_) for the
   // sequence's committed `tokens`.
   absl::Status AddHidden(const SpeculateRequest& request, const SpeculateSeq& m,
@@ -272,10 +268,8 @@ class SsdWorker {
   // ranges in send order, and the blocks holding them (alive until they are gathered).
   NcclChannel* bulk_ = nullptr;
   // The last request's hidden rows received on the draft's GPU (ReceiveHidden; null: inline or
-  // none), and the request's sequences whose rows wait for AddDeferredHidden.
+  // none).
   const void* device_hidden_ = nullptr;
-  std::vector<size_t> deferred_hidden_;
-  const SpeculateRequest* deferred_request_ = nullptr;
   std::vector<ModelRunner::RowRange> bulk_ranges_;
   std::vector<std::shared_ptr<const KeptProbs>> bulk_blocks_;
   int32_t f_max_ = 0;
