@@ -388,12 +388,20 @@ TEST(SsdCacheSamplingTest, TokensVerifiedAgainstCachedHeadDraftsFollowTheTarget)
   const SsdStats stats = observer->Last();
   std::printf(
       "[ SSD cache hits, EAGLE-3 head ] second rounds %lld, hits %lld (%lld full, %lld partial); "
-      "speculator: %lld hits, %lld primary, %lld backup; %lld hidden rows sent\n",
+      "speculator: %lld hits, %lld primary, %lld backup; %lld hidden rows sent, %lld GPU to "
+      "GPU\n",
       (long long)s.second_rounds, (long long)s.hits, (long long)s.hits_full,
       (long long)s.hits_partial, (long long)stats.drafts_hit, (long long)stats.drafts_miss_primary,
-      (long long)stats.drafts_miss_backup, (long long)stats.hidden_rows);
+      (long long)stats.drafts_miss_backup, (long long)stats.hidden_rows,
+      (long long)stats.device_hidden_rows);
   EXPECT_EQ(stats.link_failures, 0);
   EXPECT_GT(stats.hidden_rows, 0);
+  // Both ends on GPUs: the device data path carries every hidden row; otherwise none.
+  if (stats.device_data_path) {
+    EXPECT_EQ(stats.device_hidden_rows, stats.hidden_rows);
+  } else {
+    EXPECT_EQ(stats.device_hidden_rows, 0);
+  }
   EXPECT_EQ(s.first_round_hits, 0) << "a first round cannot hit";
   EXPECT_GE(s.second_rounds, kParallelRuns * 95 / 100);
   EXPECT_GE(s.hits, s.second_rounds / 2);
