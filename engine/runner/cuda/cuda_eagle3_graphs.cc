@@ -252,8 +252,7 @@ absl::StatusOr<int32_t> CudaEagle3Compute::CaptureStepGraphs() {
       ++captured;
     }
   }
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 step graphs"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 step graphs"));
   return captured;
 }
 
