@@ -521,8 +521,12 @@ absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,
     int64_t rows = 0;
     for (const ModelRunner::RowRange& r : hidden_ranges_) rows += r.count;
     const absl::Status kept = KeepOnDevice(batch, wanted, target, rows);
-    // A link that cannot take the rows is down (the speculator's stalled or gone).
-    if (!kept.ok() && channel_) LinkDown(kept);
+    if (!kept.ok() && !short_capture_logged_) {
+      // The head then lacks these positions: its drafts accept less, nothing else.
+      SPECD_LOG_DEBUG("ssd: the target pass's hidden states stay off the device path: {}",
+                      kept.ToString());
+      short_capture_logged_ = true;
+    }
     return absl::OkStatus();
   }
   hidden_copy_.clear();
@@ -553,8 +557,14 @@ absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,
 absl::Status SsdSpeculator::KeepOnDevice(std::span<const SequenceInput> batch,
                                          std::span<const uint8_t> wanted, const ModelRunner& target,
                                          int64_t rows) {
-  SPECD_ASSIGN_OR_RETURN(void* to, device_hidden_->BeginPass(rows));
-  SPECD_RETURN_IF_ERROR(target.CopyCapturedRowsOnDevice(hidden_ranges_, limits_.hidden_width, to));
+  absl::StatusOr<void*> to = device_hidden_->BeginPass(rows);
+  if (!to.ok()) {
+    // The link's stream did not drain: its last send never completed (the speculator stalled
+    // or died), so the link is down.
+    if (channel_) LinkDown(to.status());
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(target.CopyCapturedRowsOnDevice(hidden_ranges_, limits_.hidden_width, *to));
   int64_t at = 0;  // the next wanted chunk's first row in the pass's copy
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
