@@ -220,6 +220,16 @@ absl::Status Eagle3CacheDrafter::AddRows(
   SPECD_RETURN_IF_ERROR(compute_->Fuse(from_, to_));
   // The positions from here on read the head's own outputs: rerun with the target's.
   s->entries = std::min(s->entries, ring_from);
+  // Positions before these rows without a hidden state can never be run (a speculator that
+  // joined mid-sequence gets the target's rows from the verifier's next pass on): the cache
+  // skips through the last of them, whose entries stay absent or stale (drafts accept less;
+  // verification keeps the output exact), rather than never drafting again.
+  for (int32_t q = ring_from - 1; q >= s->entries; --q) {
+    if (!HasHidden(*s, q)) {
+      s->entries = q + 1;
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 

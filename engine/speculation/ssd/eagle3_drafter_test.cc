@@ -3,7 +3,8 @@
 // exactly what the in-process head (engine/speculation/eagle3.h) drafts from the same target
 // passes, for a long prompt (rows older than the ring run at once) and after a verified round;
 // a branch forked for an outcome drafts what the sequence itself would draft for it; adopting a
-// branch and releasing everything gives every pool region back.
+// branch and releasing everything gives every pool region back; a sequence whose rows start
+// midway (a speculator that rejoined) still drafts.
 #include "engine/speculation/ssd/eagle3_drafter.h"
 
 #include <cstdio>
@@ -289,6 +290,28 @@ TEST(Eagle3DrafterTest, TheWorkerServesHitsFromTheHeadsCache) {
   EXPECT_EQ(w.stats().hits, hits);
   w.Drop(7);
   EXPECT_EQ(w.draft_free_blocks(), 0);  // the head holds no KV blocks
+}
+
+// A speculator that joins mid-sequence (a restart) gets the sequence's tokens whole but the
+// target's hidden states only from the verifier's next pass on: the positions before them can
+// never be run, and the head skips them and drafts instead of waiting for them forever.
+TEST(Eagle3DrafterTest, ASequenceJoinedMidwayDraftsFromTheRowsItGets) {
+  Target target;
+  auto drafter = MakeDrafter(target.vocab());
+  ASSERT_NE(drafter, nullptr);
+  const std::vector<int32_t> prompt = Prompt(1);
+  std::vector<float> hidden;
+  std::vector<int32_t> context = prompt;
+  context.push_back(target.Pass(prompt, 0, &hidden).back());
+  const auto width = hidden.size() / prompt.size();
+  // Only the last 5 committed positions' rows (those of a verification pass), none before.
+  const auto first = static_cast<int32_t>(prompt.size()) - 5;
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(drafter
+                  ->AddTargetRows(7, context, first,
+                                  std::span<const float>(hidden).subspan(first * width, 5 * width))
+                  .ok());
+  EXPECT_EQ(Drafts(*drafter, 7, context, kK).size(), size_t{kK});
 }
 
 TEST(Eagle3DrafterTest, AMissingTargetOrAnotherVocabularyIsRefused) {
