@@ -214,14 +214,16 @@ TEST(TpTest, CodepairAll48PromptsAtTp2EqualTp1) {
   EXPECT_GE(equal, 46) << "of 48 prompts";
 }
 
-TEST(TpTest, SsdAtTp2EqualsPlainDecoding) {
+// SSD at TP 2 (rank 0 talks to the speculator) with `drafter` (the speculative config's fields
+// naming it): greedy output equals HF's, and the speculator's cache served rounds.
+void ExpectSsdAtTp2EqualsPlainDecoding(const std::string& drafter) {
   const std::string dir = kModels + "/codepair/target";
   EngineOptions o = TpOptions(dir, 2);
   o.max_model_len = 1024;
-  auto spec = ParseSpeculativeConfig(
-      std::string(R"({"method": "ssd", "model": ")") + kModels +
-      R"(/codepair/draft", "num_speculative_tokens": 4, "speculator_binary": ")" + SPECD_BINARY +
-      R"(", "fan_out": 3, "speculator_timeout_ms": 60000})");
+  auto spec =
+      ParseSpeculativeConfig(R"({"method": "ssd", )" + drafter +
+                             R"(, "num_speculative_tokens": 4, "speculator_binary": ")" +
+                             SPECD_BINARY + R"(", "fan_out": 3, "speculator_timeout_ms": 60000})");
   ASSERT_TRUE(spec.ok()) << spec.status();
   o.speculative = *spec;
   auto engine = MakeEngine(o);
@@ -236,13 +238,26 @@ TEST(TpTest, SsdAtTp2EqualsPlainDecoding) {
   }
   auto batch = engine->GenerateBatch(requests);
   ASSERT_TRUE(batch.ok()) << batch.status();
-  int64_t drafts = 0;
+  int64_t drafts = 0, hits = 0;
   for (size_t i = 0; i < golden.size(); ++i) {
     EXPECT_EQ((*batch)[i].ids(), golden[i]["greedy_ids"].get<std::vector<int32_t>>())
         << "prompt " << i;
     drafts += (*batch)[i].usage.num_drafts;
+    hits += (*batch)[i].usage.num_cache_hit_drafts;
   }
   EXPECT_GT(drafts, 0);
+  EXPECT_GT(hits, 0) << "the speculator's cache served no round";
+}
+
+TEST(TpTest, SsdAtTp2EqualsPlainDecoding) {
+  ExpectSsdAtTp2EqualsPlainDecoding(R"("model": ")" + kModels + R"(/codepair/draft")");
+}
+
+// The EAGLE-3 head in the speculator: rank 0 sends it the hidden states it captured (whole
+// after the all-reduce) with each outcome.
+TEST(TpTest, SsdWithTheHeadInTheSpeculatorAtTp2EqualsPlainDecoding) {
+  ExpectSsdAtTp2EqualsPlainDecoding(R"("eagle3_model": ")" + std::string(SPECD_SOURCE_DIR) +
+                                    R"(/models/codepair/eagle3")");
 }
 
 TEST(TpTest, ShapesThatDoNotShardAreRefusedNamingThem) {
