@@ -72,6 +72,21 @@ class CacheDrafter {
   virtual absl::Status ReadKeptProbs(const KeptProbs& kept, std::vector<float>* probs) const;
   virtual absl::Status CopyKeptRows(std::span<const ModelRunner::RowRange> ranges, void* dst) const;
 
+  // The drafter's own counters since the last call (SPECD_SSD_TRACE=1's log lines; zero where
+  // it keeps none): Propose's passes and their rows, and seconds in them.
+  struct Trace {
+    int64_t passes = 0, rows = 0;
+    double forward = 0, candidates = 0, copies = 0;
+    void Add(const Trace& t) {
+      passes += t.passes;
+      rows += t.rows;
+      forward += t.forward;
+      candidates += t.candidates;
+      copies += t.copies;
+    }
+  };
+  virtual Trace TakeTrace() { return {}; }
+
   // KV blocks free and in all (tests check nothing leaks); 0 where the drafter has none.
   virtual int32_t num_free_blocks() const { return 0; }
   virtual int32_t num_total_blocks() const { return 0; }

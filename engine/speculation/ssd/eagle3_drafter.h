@@ -29,6 +29,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -64,6 +65,7 @@ class Eagle3CacheDrafter : public CacheDrafter {
   absl::Status AddTargetRowsOnDevice(uint64_t seq_id, std::span<const int32_t> tokens,
                                      int32_t position, const void* rows, int32_t n) override;
   absl::Status PrepareForks(std::span<const uint64_t> seq_ids) override;
+  Trace TakeTrace() override { return std::exchange(trace_, Trace{}); }
 
   // Benchmarks only: greedy drafts and their candidates follow `replay` (controlled acceptance);
   // the head's passes still run.
@@ -142,6 +144,7 @@ class Eagle3CacheDrafter : public CacheDrafter {
   std::vector<float> logits_, probs_;     // scratch
   std::vector<int32_t> cand_ids_;         // scratch: device-ranked candidates
   std::vector<float> cand_logprobs_;      // scratch
+  Trace trace_;  // TakeTrace's: seconds in Forward, TopCandidates and CopyHidden
 };
 
 // The head of `head_dir` for the target in `target_dir` on `device` (the CPU, or a GPU with its

@@ -1,9 +1,12 @@
 #include "engine/speculation/ssd/ssd_worker.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/base/log.h"
 #include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
@@ -99,6 +102,26 @@ SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<CacheDraft
                      OutcomeStats stats)
     : options_(options), draft_(std::move(draft)), outcomes_(std::move(stats)), rng_(options.seed) {
   f_max_ = outcomes_.options().max_fan_out;
+  const char* trace = std::getenv("SPECD_SSD_TRACE");
+  trace_ = trace != nullptr && std::string_view(trace) == "1";
+}
+
+void SsdWorker::LogTrace() {
+  TraceSums& t = trace_sums_;
+  if (!trace_ || t.rounds < kTraceRounds) return;
+  const double r = static_cast<double>(t.rounds);
+  auto passes = [&](const CacheDrafter::Trace& p) {
+    return absl::StrFormat("%.2f passes (%.1f rows), forward %.3f, candidates %.3f, copies %.3f",
+                           p.passes / r, p.rows / std::max<double>(1.0, p.passes),
+                           1e3 * p.forward / r, 1e3 * p.candidates / r, 1e3 * p.copies / r);
+  };
+  SPECD_LOG_INFO(
+      "ssd trace, ms a round over {} rounds: receive hidden {:.3f}, add hidden {:.3f}; draft "
+      "{:.3f} ({} misses, {} partial hits, {} inputs; {}); build {:.3f} ({})",
+      t.rounds, 1e3 * t.receive_hidden / r, 1e3 * t.add_hidden / r, 1e3 * t.draft / r, t.misses,
+      t.partial, t.primary_inputs, passes(t.draft_passes), 1e3 * t.build / r,
+      passes(t.build_passes));
+  t = TraceSums{};
 }
 
 int32_t SsdWorker::vocab_size() const { return draft_->vocab_size(); }
@@ -287,7 +310,22 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     SPECD_RETURN_IF_ERROR(AddHidden(request, m, s->tokens));
   }
   const int64_t draft_start = MonotonicNanos();
+  const int64_t misses_before = stats_.misses_primary, partial_before = stats_.hits_partial;
+  if (trace_) trace_sums_.build_passes.Add(draft_->TakeTrace());
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
+  if (trace_) {
+    TraceSums& t = trace_sums_;
+    ++t.rounds;
+    t.receive_hidden += NanosBetween(receive_start, triage_start) * 1e-9;
+    t.add_hidden += NanosBetween(triage_start, draft_start) * 1e-9;  // with triage
+    t.draft += NanosBetween(draft_start, MonotonicNanos()) * 1e-9;
+    t.misses += stats_.misses_primary - misses_before;
+    t.partial += stats_.hits_partial - partial_before;
+    t.primary_inputs += static_cast<int64_t>(round.primary.size());
+    t.draft_passes.Add(draft_->TakeTrace());
+    t.build += build_seconds_;
+    LogTrace();
+  }
   DraftBackups(request, round);
   const int64_t reply_start = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(Reply(request, round, response));
@@ -607,9 +645,22 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
       cache.push_back(CacheOptionsFor(s));
     }
     SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, wave_stop));
+    const double wave_seconds = absl::ToDoubleSeconds(absl::Now() - wave_start);
     if (!stopped) {
-      wave_cost_.Add(static_cast<double>(wave.size()),
-                     absl::ToDoubleSeconds(absl::Now() - wave_start));
+      wave_cost_.Add(static_cast<double>(wave.size()), wave_seconds);
+    } else {
+      // Cut short after `done` of its passes: the passes' rate still says what the whole wave
+      // costs. Without this sample a budget too large for the window would never shrink: its
+      // waves would always be cut, and only complete waves taught the model.
+      size_t done = 0, full = 0;
+      for (size_t j = 0; j < wave.size(); ++j) {
+        done = std::max(done, proposed[j].tokens.size());
+        full = std::max(full, static_cast<size_t>(std::max(0, inputs[j].num_draft_tokens)));
+      }
+      if (done > 0 && done < full && !draft_->parallel()) {
+        wave_cost_.Add(static_cast<double>(wave.size()),
+                       wave_seconds * static_cast<double>(full) / static_cast<double>(done));
+      }
     }
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];

@@ -270,6 +270,17 @@ class SsdWorker {
   // The last request's hidden rows received on the draft's GPU (ReceiveHidden; null: inline or
   // none).
   const void* device_hidden_ = nullptr;
+  // SPECD_SSD_TRACE=1: where the speculator's rounds went, logged every kTraceRounds rounds
+  // (diagnostics for side-by-side runs; off by default).
+  struct TraceSums {
+    int64_t rounds = 0, misses = 0, partial = 0, primary_inputs = 0;
+    double receive_hidden = 0, add_hidden = 0, draft = 0, build = 0;
+    CacheDrafter::Trace draft_passes, build_passes;
+  };
+  static constexpr int64_t kTraceRounds = 64;
+  bool trace_ = false;
+  TraceSums trace_sums_;
+  void LogTrace();
   std::vector<ModelRunner::RowRange> bulk_ranges_;
   std::vector<std::shared_ptr<const KeptProbs>> bulk_blocks_;
   int32_t f_max_ = 0;
