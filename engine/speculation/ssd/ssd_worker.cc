@@ -657,7 +657,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
         done = std::max(done, proposed[j].tokens.size());
         full = std::max(full, static_cast<size_t>(std::max(0, inputs[j].num_draft_tokens)));
       }
-      if (done > 0 && done < full && !draft_->parallel()) {
+      if (done > 0 && done <= full && !draft_->parallel()) {
         wave_cost_.Add(static_cast<double>(wave.size()),
                        wave_seconds * static_cast<double>(full) / static_cast<double>(done));
       }
