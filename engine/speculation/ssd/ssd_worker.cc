@@ -104,6 +104,8 @@ SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<CacheDraft
   f_max_ = outcomes_.options().max_fan_out;
   const char* trace = std::getenv("SPECD_SSD_TRACE");
   trace_ = trace != nullptr && std::string_view(trace) == "1";
+  const char* cut = std::getenv("SPECD_SSD_CUT_WAVE_SAMPLES");
+  cut_wave_samples_ = cut == nullptr || std::string_view(cut) != "0";
 }
 
 void SsdWorker::LogTrace() {
@@ -657,7 +659,7 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
         done = std::max(done, proposed[j].tokens.size());
         full = std::max(full, static_cast<size_t>(std::max(0, inputs[j].num_draft_tokens)));
       }
-      if (done > 0 && done <= full && !draft_->parallel()) {
+      if (cut_wave_samples_ && done > 0 && done <= full && !draft_->parallel()) {
         wave_cost_.Add(static_cast<double>(wave.size()),
                        wave_seconds * static_cast<double>(full) / static_cast<double>(done));
       }

@@ -278,6 +278,10 @@ class SsdWorker {
     CacheDrafter::Trace draft_passes, build_passes;
   };
   static constexpr int64_t kTraceRounds = 64;
+  // A cache wave cut short counts as a cost sample at its passes' rate;
+  // SPECD_SSD_CUT_WAVE_SAMPLES=0 leaves it out (only complete waves count), for side-by-side
+  // runs.
+  bool cut_wave_samples_ = true;
   bool trace_ = false;
   TraceSums trace_sums_;
   void LogTrace();
