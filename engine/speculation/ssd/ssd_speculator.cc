@@ -601,7 +601,8 @@ void SsdSpeculator::AttachHidden(const DraftInput& in, SeqState& s, SpeculateSeq
     int32_t first = 0, count = 0;
     if (device_hidden_->Run(in.seq_id, &first, &count)) {
       const int32_t from = std::max(first, s.hidden_sent);
-      if (first + count >= end && from<end&& * budget> 0) {
+      const bool room = *budget > 0;
+      if (first + count >= end && from < end && room) {
         const auto n = static_cast<int32_t>(std::min<uint64_t>(end - from, *budget));
         device_hidden_->Queue(in.seq_id, end - n, n);
         std::get<SpeculateRequest>(request_).AddHiddenOutOfBand(

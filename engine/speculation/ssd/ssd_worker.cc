@@ -295,6 +295,7 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   const int64_t receive_start = MonotonicNanos();
   SPECD_ASSIGN_OR_RETURN(device_hidden_, ReceiveHidden(request));
   const int64_t triage_start = MonotonicNanos();
+  const int64_t misses_before = stats_.misses_primary, partial_before = stats_.hits_partial;
   if (device_hidden_ != nullptr) {
     const uint64_t ns = NanosBetween(receive_start, triage_start);
     receive_ns_ += ns;
@@ -312,7 +313,6 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
     SPECD_RETURN_IF_ERROR(AddHidden(request, m, s->tokens));
   }
   const int64_t draft_start = MonotonicNanos();
-  const int64_t misses_before = stats_.misses_primary, partial_before = stats_.hits_partial;
   if (trace_) trace_sums_.build_passes.Add(draft_->TakeTrace());
   SPECD_RETURN_IF_ERROR(DraftMisses(round));
   if (trace_) {
