@@ -86,6 +86,8 @@ class CacheDrafter {
     }
   };
   virtual Trace TakeTrace() { return {}; }
+  // Turns the counters on (off by default: the timing stays out of the passes).
+  virtual void set_trace(bool /*on*/) {}
 
   // KV blocks free and in all (tests check nothing leaks); 0 where the drafter has none.
   virtual int32_t num_free_blocks() const { return 0; }

@@ -424,16 +424,18 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
       host_flags_.push_back(host ? 1 : 0);
       if (!host && !cache.empty()) device_k = std::max(device_k, cache[a.input].num_candidates);
     }
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = tracing_ ? absl::Now() : absl::InfinitePast();
     SPECD_RETURN_IF_ERROR(compute_->Forward(rows_, host_flags_, &ids_, &logits_));
-    const absl::Time t1 = absl::Now();
+    const absl::Time t1 = tracing_ ? absl::Now() : absl::InfinitePast();
     if (device_k > 0) {
       SPECD_RETURN_IF_ERROR(compute_->TopCandidates(device_k, &cand_ids_, &cand_logprobs_));
     }
-    ++trace_.passes;
-    trace_.rows += static_cast<int64_t>(rows_.size());
-    trace_.forward += absl::ToDoubleSeconds(t1 - t0);
-    trace_.candidates += absl::ToDoubleSeconds(absl::Now() - t1);
+    if (tracing_) {
+      ++trace_.passes;
+      trace_.rows += static_cast<int64_t>(rows_.size());
+      trace_.forward += absl::ToDoubleSeconds(t1 - t0);
+      trace_.candidates += absl::ToDoubleSeconds(absl::Now() - t1);
+    }
     size_t host_row = 0;
     // Each sequence's draft from its logits row, and that row's output kept as the hidden state
     // of the next position (the next row's, and a branch's forked there).
@@ -467,9 +469,9 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
         active_[next++] = a;
       }
     }
-    const absl::Time t2 = absl::Now();
+    const absl::Time t2 = tracing_ ? absl::Now() : absl::InfinitePast();
     SPECD_RETURN_IF_ERROR(compute_->CopyHidden(from_, to_));
-    trace_.copies += absl::ToDoubleSeconds(absl::Now() - t2);
+    if (tracing_) trace_.copies += absl::ToDoubleSeconds(absl::Now() - t2);
     active_.resize(next);
     rows_.clear();
     if (active_.empty() || (stop && stop())) break;

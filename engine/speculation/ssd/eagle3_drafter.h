@@ -66,6 +66,7 @@ class Eagle3CacheDrafter : public CacheDrafter {
                                      int32_t position, const void* rows, int32_t n) override;
   absl::Status PrepareForks(std::span<const uint64_t> seq_ids) override;
   Trace TakeTrace() override { return std::exchange(trace_, Trace{}); }
+  void set_trace(bool on) override { tracing_ = on; }
 
   // Benchmarks only: greedy drafts and their candidates follow `replay` (controlled acceptance);
   // the head's passes still run.
@@ -144,6 +145,7 @@ class Eagle3CacheDrafter : public CacheDrafter {
   std::vector<float> logits_, probs_;     // scratch
   std::vector<int32_t> cand_ids_;         // scratch: device-ranked candidates
   std::vector<float> cand_logprobs_;      // scratch
+  bool tracing_ = false;
   Trace trace_;  // TakeTrace's: seconds in Forward, TopCandidates and CopyHidden
 };
 

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "engine/base/log.h"
 #include "engine/base/monotonic_clock.h"
 #include "engine/base/status.h"
@@ -104,26 +103,9 @@ SsdWorker::SsdWorker(const SsdWorkerOptions& options, std::unique_ptr<CacheDraft
   f_max_ = outcomes_.options().max_fan_out;
   const char* trace = std::getenv("SPECD_SSD_TRACE");
   trace_ = trace != nullptr && std::string_view(trace) == "1";
+  draft_->set_trace(trace_);
   const char* cut = std::getenv("SPECD_SSD_CUT_WAVE_SAMPLES");
   cut_wave_samples_ = cut == nullptr || std::string_view(cut) != "0";
-}
-
-void SsdWorker::LogTrace() {
-  TraceSums& t = trace_sums_;
-  if (!trace_ || t.rounds < kTraceRounds) return;
-  const double r = static_cast<double>(t.rounds);
-  auto passes = [&](const CacheDrafter::Trace& p) {
-    return absl::StrFormat("%.2f passes (%.1f rows), forward %.3f, candidates %.3f, copies %.3f",
-                           p.passes / r, p.rows / std::max<double>(1.0, p.passes),
-                           1e3 * p.forward / r, 1e3 * p.candidates / r, 1e3 * p.copies / r);
-  };
-  SPECD_LOG_INFO(
-      "ssd trace, ms a round over {} rounds: receive hidden {:.3f}, add hidden {:.3f}; draft "
-      "{:.3f} ({} misses, {} partial hits, {} inputs; {}); build {:.3f} ({})",
-      t.rounds, 1e3 * t.receive_hidden / r, 1e3 * t.add_hidden / r, 1e3 * t.draft / r, t.misses,
-      t.partial, t.primary_inputs, passes(t.draft_passes), 1e3 * t.build / r,
-      passes(t.build_passes));
-  t = TraceSums{};
 }
 
 int32_t SsdWorker::vocab_size() const { return draft_->vocab_size(); }
@@ -337,37 +319,6 @@ absl::Status SsdWorker::Handle(const SpeculateRequest& request, SpeculateRespons
   response->busy_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(last_response_ - start) +
                                             build_seconds_ * 1e9);
   return absl::OkStatus();
-}
-
-absl::Status SsdWorker::AddHidden(const SpeculateRequest& request, const SpeculateSeq& m,
-                                  std::span<const int32_t> tokens) {
-  const auto position = static_cast<int32_t>(m.hidden_position);
-  if (request.hidden_out_of_band) {
-    if (device_hidden_ == nullptr) return absl::OkStatus();
-    return draft_->AddTargetRowsOnDevice(
-        m.seq_id, tokens, position, static_cast<const uint16_t*>(device_hidden_) + m.hidden_offset,
-        static_cast<int32_t>(m.num_hidden));
-  }
-  return draft_->AddTargetRows(
-      m.seq_id, tokens, position,
-      request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width))));
-}
-
-absl::StatusOr<const void*> SsdWorker::ReceiveHidden(const SpeculateRequest& request) {
-  if (!request.hidden_out_of_band) return nullptr;
-  const uint64_t rows = request.NumHiddenRows();
-  if (rows == 0) return nullptr;
-  if (bulk_ == nullptr || !draft_->reads_hidden_on_device()) {
-    return absl::FailedPreconditionError(
-        "ssd speculator: hidden rows sent out of band without a device data path");
-  }
-  const size_t bytes = rows * static_cast<size_t>(options_.hidden_width) * 2;  // bf16
-  // Slot 1: slot 0 holds the q rows the last response sent (SendRows).
-  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes, 1));
-  SPECD_RETURN_IF_ERROR(bulk_->Recv(buffer, bytes, bulk_->stream()));
-  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), absl::Seconds(30)));
-  stats_.device_hidden_rows += static_cast<int64_t>(rows);
-  return buffer;
 }
 
 SsdWorker::Round::Round(size_t num_seqs) : results(num_seqs), partial(num_seqs) {

@@ -1,7 +1,13 @@
-// SsdWorker's q rows (ssd_worker.h): where a served draft's rows are (the host, or kept rows on
-// the draft's device), the response that announces them, and their send on the device data path.
+// SsdWorker's rows (ssd_worker.h): where a served draft's q rows are (the host, or kept rows on
+// the draft's device), the response that announces them, and their send on the device data path;
+// the target's hidden rows a request brings (inline, or received on the device data path); and
+// the SPECD_SSD_TRACE log line.
 #include <algorithm>
+#include <string>
 
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "engine/base/log.h"
 #include "engine/base/status.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
 #include "engine/speculation/ssd/ssd_worker.h"
@@ -117,6 +123,55 @@ absl::Status SsdWorker::SendRows() {
   SPECD_RETURN_IF_ERROR(bulk_->Send(buffer, bytes, bulk_->stream()));
   stats_.device_rows += rows;
   return absl::OkStatus();
+}
+
+absl::Status SsdWorker::AddHidden(const SpeculateRequest& request, const SpeculateSeq& m,
+                                  std::span<const int32_t> tokens) {
+  const auto position = static_cast<int32_t>(m.hidden_position);
+  if (request.hidden_out_of_band) {
+    if (device_hidden_ == nullptr) return absl::OkStatus();
+    return draft_->AddTargetRowsOnDevice(
+        m.seq_id, tokens, position, static_cast<const uint16_t*>(device_hidden_) + m.hidden_offset,
+        static_cast<int32_t>(m.num_hidden));
+  }
+  return draft_->AddTargetRows(
+      m.seq_id, tokens, position,
+      request.HiddenOf(m, static_cast<size_t>(std::max(0, options_.hidden_width))));
+}
+
+absl::StatusOr<const void*> SsdWorker::ReceiveHidden(const SpeculateRequest& request) {
+  if (!request.hidden_out_of_band) return nullptr;
+  const uint64_t rows = request.NumHiddenRows();
+  if (rows == 0) return nullptr;
+  if (bulk_ == nullptr || !draft_->reads_hidden_on_device()) {
+    return absl::FailedPreconditionError(
+        "ssd speculator: hidden rows sent out of band without a device data path");
+  }
+  const size_t bytes = rows * static_cast<size_t>(options_.hidden_width) * 2;  // bf16
+  // Slot 1: slot 0 holds the q rows the last response sent (SendRows).
+  SPECD_ASSIGN_OR_RETURN(void* buffer, bulk_->Buffer(bytes, 1));
+  SPECD_RETURN_IF_ERROR(bulk_->Recv(buffer, bytes, bulk_->stream()));
+  SPECD_RETURN_IF_ERROR(bulk_->Synchronize(bulk_->stream(), absl::Seconds(30)));
+  stats_.device_hidden_rows += static_cast<int64_t>(rows);
+  return buffer;
+}
+
+void SsdWorker::LogTrace() {
+  TraceSums& t = trace_sums_;
+  if (!trace_ || t.rounds < kTraceRounds) return;
+  const double r = static_cast<double>(t.rounds);
+  auto passes = [&](const CacheDrafter::Trace& p) {
+    return absl::StrFormat("%.2f passes (%.1f rows), forward %.3f, candidates %.3f, copies %.3f",
+                           p.passes / r, p.rows / std::max<double>(1.0, p.passes),
+                           1e3 * p.forward / r, 1e3 * p.candidates / r, 1e3 * p.copies / r);
+  };
+  SPECD_LOG_INFO(
+      "ssd trace, ms a round over {} rounds: receive hidden {:.3f}, add hidden {:.3f}; draft "
+      "{:.3f} ({} misses, {} partial hits, {} inputs; {}); build {:.3f} ({})",
+      t.rounds, 1e3 * t.receive_hidden / r, 1e3 * t.add_hidden / r, 1e3 * t.draft / r, t.misses,
+      t.partial, t.primary_inputs, passes(t.draft_passes), 1e3 * t.build / r,
+      passes(t.build_passes));
+  t = TraceSums{};
 }
 
 }  // namespace specd
