@@ -222,6 +222,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   ssd_device_hidden_rows_ =
       NewCounter(r, "specd_ssd_device_hidden_rows_total",
                  "SSD: of those, the rows sent GPU to GPU (the device data path).");
+  ssd_offer_rounds_ =
+      NewCounter(r, "specd_ssd_offer_rounds_total",
+                 "SSD: rounds whose every draft came from the speculator's cache offers (no "
+                 "round trip, no wait).");
   ssd_device_path_ = NewGauge(r, "specd_ssd_device_data_path",
                               "SSD: 1 while the speculator link moves q rows GPU to GPU (NCCL).");
   auto* stage_seconds = family(
@@ -398,6 +402,7 @@ void Metrics::OnSsd(const SsdStats& s) {
   add(ssd_device_rows_, s.device_rows, last.device_rows);
   add(ssd_hidden_rows_, s.hidden_rows, last.hidden_rows);
   add(ssd_device_hidden_rows_, s.device_hidden_rows, last.device_hidden_rows);
+  add(ssd_offer_rounds_, s.offer_rounds, last.offer_rounds);
   add(ssd_connects_, s.connects, last.connects);
   add(ssd_launches_, s.launches, last.launches);
   add(ssd_refused_joins_, s.refused_joins, last.refused_joins);

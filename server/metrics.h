@@ -129,6 +129,7 @@ class Metrics : public EngineObserver {
   prometheus::Counter* ssd_device_rows_ = nullptr;  // q rows GPU to GPU (the device data path)
   prometheus::Counter* ssd_hidden_rows_ = nullptr;  // target hidden rows sent to a head
   prometheus::Counter* ssd_device_hidden_rows_ = nullptr;  // ... of them GPU to GPU
+  prometheus::Counter* ssd_offer_rounds_ = nullptr;        // rounds drafted from cache offers
   prometheus::Gauge* ssd_device_path_ = nullptr;
   // The round's timeline: {side, stage} seconds and {side} rounds, made once (label lookups
   // allocate; these are updated after every step).

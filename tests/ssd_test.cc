@@ -145,10 +145,12 @@ TEST_P(SsdLosslessTest, GreedyOutputEqualsPlainOnAll48Prompts) {
   const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
   std::printf(
       "[ SSD K=%d, 48 prompts ] %.3f tokens per round; cache hits %lld of %lld drafts (%.1f%%), "
-      "primary misses %lld, backup misses %lld, local rounds %lld, wait %.2fs\n",
+      "primary misses %lld, backup misses %lld, local rounds %lld, rounds from cache offers %lld "
+      "of %lld, wait %.2fs\n",
       k, drafts ? 1.0 + double(accepted) / drafts : 0.0, (long long)s.drafts_hit, (long long)told,
       told ? 100.0 * s.drafts_hit / told : 0.0, (long long)s.drafts_miss_primary,
-      (long long)s.drafts_miss_backup, (long long)s.local_rounds, s.wait_seconds);
+      (long long)s.drafts_miss_backup, (long long)s.local_rounds, (long long)s.offer_rounds,
+      (long long)s.rounds, s.wait_seconds);
   for (size_t j = 0; j < s.outcomes_by_accepted_len.size(); ++j) {
     std::printf("    k=%zu: %lld outcomes, %lld hits\n", j,
                 (long long)s.outcomes_by_accepted_len[j], (long long)s.hits_by_accepted_len[j]);
@@ -196,9 +198,9 @@ void ExpectGreedySsdEqualsPlain(const char* label,
     const int64_t told = s.drafts_hit + s.drafts_miss_primary + s.drafts_miss_backup;
     std::printf(
         "[ SSD, %s, %s cache ] %.3f tokens per round; hits %lld of %lld; %lld hidden "
-        "rows sent\n",
+        "rows sent; %lld of %lld rounds drafted from cache offers\n",
         label, build, drafts ? 1.0 + double(accepted) / drafts : 0.0, (long long)s.drafts_hit,
-        (long long)told, (long long)s.hidden_rows);
+        (long long)told, (long long)s.hidden_rows, (long long)s.offer_rounds, (long long)s.rounds);
     EXPECT_EQ(s.link_failures, 0);
     EXPECT_GT(drafts, 0);
     if (std::string(build) == "complete") {

@@ -125,6 +125,21 @@ inline SpeculateResponse MakeResponse(const SpeculateRequest& request, const Wir
   return r;
 }
 
+// A CacheOffer of three branches (two outcomes of one sequence, one of another).
+inline CacheOffer MakeOffer() {
+  CacheOffer o;
+  o.round_id = 13;
+  o.cache_build_ns = 4'200'000;
+  o.receive_ns = 31'000;
+  o.triage_ns = 12'000;
+  o.draft_ns = 0;
+  const int32_t a[] = {5, 6, 7, 8}, b[] = {9, 1, 2, 3}, c[] = {4};
+  o.AddDraft(7, 0, 11, a);
+  o.AddDraft(7, 2, 12, b);
+  o.AddDraft(0xFFFFFFFFFFFFFFFFull, 1, 49, c);
+  return o;
+}
+
 // One non-trivial message of every type, in variant order.
 inline std::vector<Message> AllSampleMessages() {
   const WireLimits limits = TestLimits();
@@ -181,11 +196,13 @@ inline std::vector<Message> AllSampleMessages() {
                   .eagle3_head = "/models/head",
                   .target_model = "/models/target",
                   .hidden_width = 1152,
+                  .cache_offers = true,
                   .replay_file = "/data/replay.jsonl",
                   .replay_alpha = 0.6,
                   .replay_candidate_hit = 0.85,
                   .replay_seed = 0xFFFFFFFFFFull},
-          SsdReady{.ok = false, .device = "", .reason = "no such draft: /models/draft"}};
+          SsdReady{.ok = false, .device = "", .reason = "no such draft: /models/draft"},
+          MakeOffer()};
 }
 
 // Encodes `message` into a plain byte vector (test convenience; fails the process on error).

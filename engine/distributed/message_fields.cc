@@ -15,6 +15,17 @@ void CheckText(const std::string& text, const char* field, FieldErrors* e) {
     e->Fail(field, absl::StrCat("length ", text.size(), " > limit ", kMaxTextBytes));
 }
 
+void CheckTokenIds(std::span<const int32_t> ids, const WireLimits& limits, const char* field,
+                   FieldErrors* e) {
+  const int64_t vocab = limits.vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
+      return e->Fail(field, absl::StrCat("token ", i, " is ", ids[i], ", outside [0, ",
+                                         vocab > 0 ? absl::StrCat(vocab) : "2^31", ")"));
+    }
+  }
+}
+
 namespace {
 
 // Frozen Hello/HelloAck layouts may grow in later versions; this bounds what we read of them.
@@ -26,17 +37,6 @@ constexpr uint64_t kResponseDraftBytes = 8 + 1 + 1 + 2;
 // --- shared checks --------------------------------------------------------------------------
 
 bool InUnitInterval(float v) { return v >= 0.0f && v <= 1.0f; }  // false for NaN
-
-void CheckTokenIds(std::span<const int32_t> ids, const WireLimits& limits, const char* field,
-                   FieldErrors* e) {
-  const int64_t vocab = limits.vocab_size;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
-      return e->Fail(field, absl::StrCat("token ", i, " is ", ids[i], ", outside [0, ",
-                                         vocab > 0 ? absl::StrCat(vocab) : "2^31", ")"));
-    }
-  }
-}
 
 // The fixed fields of one request sequence (its tokens are checked separately).
 void CheckSeq(const SpeculateSeq& s, const WireLimits& limits, FieldErrors* e) {
@@ -487,7 +487,8 @@ uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& l) {
       return MaxTpPayloadBytes(type, l);
     case MessageType::kSsdInit:
     case MessageType::kSsdReady:
-      return MaxSsdInitPayloadBytes(type);
+    case MessageType::kCacheOffer:
+      return MaxSsdInitPayloadBytes(type, l);
   }
   return 0;
 }

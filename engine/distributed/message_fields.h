@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "engine/distributed/messages.h"
@@ -17,6 +18,9 @@ inline constexpr uint64_t kMaxHandshakePayloadBytes = 4096;
 
 // Records that `text` is longer than kMaxTextBytes, naming `field` (the layouts' text check).
 void CheckText(const std::string& text, const char* field, FieldErrors* e);
+// Records the first id outside [0, vocab_size) (any non-negative id when vocab_size is 0).
+void CheckTokenIds(std::span<const int32_t> ids, const WireLimits& limits, const char* field,
+                   FieldErrors* e);
 
 void Check(const Hello& m, const WireLimits& limits, FieldErrors* e);
 void Put(const Hello& m, const WireLimits& limits, ByteWriter& w);
@@ -71,7 +75,7 @@ void Put(const TpJoin& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, TpJoin* m);
 uint64_t MaxTpPayloadBytes(MessageType type, const WireLimits& limits);
 
-// ssd_message_fields.cc: the SSD link's init exchange.
+// ssd_message_fields.cc: the SSD link's init exchange and its cache offers.
 void Check(const SsdInit& m, const WireLimits& limits, FieldErrors* e);
 void Put(const SsdInit& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, SsdInit* m);
@@ -79,8 +83,12 @@ void Get(ByteReader& r, const WireLimits& limits, SsdInit* m);
 void Check(const SsdReady& m, const WireLimits& limits, FieldErrors* e);
 void Put(const SsdReady& m, const WireLimits& limits, ByteWriter& w);
 void Get(ByteReader& r, const WireLimits& limits, SsdReady* m);
-// SsdInit's and SsdReady's largest payloads (fixed: their fields are bounded texts and numbers).
-uint64_t MaxSsdInitPayloadBytes(MessageType type);
+
+void Check(const CacheOffer& m, const WireLimits& limits, FieldErrors* e);
+void Put(const CacheOffer& m, const WireLimits& limits, ByteWriter& w);
+void Get(ByteReader& r, const WireLimits& limits, CacheOffer* m);
+// SsdInit's, SsdReady's (fixed: bounded texts and numbers) and CacheOffer's largest payloads.
+uint64_t MaxSsdInitPayloadBytes(MessageType type, const WireLimits& limits);
 
 // Largest payload of `type` under `limits`, in bytes.
 uint64_t MaxPayloadBytesOf(MessageType type, const WireLimits& limits);

@@ -16,7 +16,7 @@ namespace {
 
 using dist_internal::MaxPayloadBytesOf;
 
-constexpr uint16_t kNumMessageTypes = 15;
+constexpr uint16_t kNumMessageTypes = 16;
 bool KnownType(uint16_t type) { return type >= 1 && type <= kNumMessageTypes; }
 bool IsHandshake(MessageType t) { return t == MessageType::kHello || t == MessageType::kHelloAck; }
 
@@ -42,9 +42,10 @@ absl::Status CheckHandshakeVersion(const FrameHeader& header, size_t payload_byt
 
 std::string_view MessageTypeName(MessageType type) {
   static constexpr std::string_view kNames[] = {
-      "Hello",     "HelloAck", "SpeculateRequest", "SpeculateResponse", "Release",
-      "Heartbeat", "Shutdown", "BulkLinkInit",     "HelloAuth",         "TpInit",
-      "TpReady",   "TpStep",   "TpJoin",           "SsdInit",           "SsdReady"};
+      "Hello",     "HelloAck",  "SpeculateRequest", "SpeculateResponse",
+      "Release",   "Heartbeat", "Shutdown",         "BulkLinkInit",
+      "HelloAuth", "TpInit",    "TpReady",          "TpStep",
+      "TpJoin",    "SsdInit",   "SsdReady",         "CacheOffer"};
   const auto i = static_cast<uint16_t>(type);
   return KnownType(i) ? kNames[i - 1] : "Unknown";
 }
@@ -157,6 +158,38 @@ SpeculateSeq& SpeculateRequest::AddSeq(const SpeculateSeq& seq,
 
 std::span<const int32_t> SpeculateRequest::TokensOf(const SpeculateSeq& seq) const {
   return std::span<const int32_t>(tokens).subspan(seq.token_offset, seq.num_tokens);
+}
+
+bool SpeculateRequest::WantsResponse() const {
+  return seqs.empty() || std::any_of(seqs.begin(), seqs.end(), [](const SpeculateSeq& s) {
+           return (s.flags & kSeqOfferHit) == 0;
+         });
+}
+
+void CacheOffer::Clear() {
+  round_id = cache_build_ns = receive_ns = triage_ns = draft_ns = 0;
+  drafts.clear();
+  tokens.clear();
+}
+
+OfferedDraft& CacheOffer::AddDraft(uint64_t seq_id, uint16_t accepted_len, int32_t bonus,
+                                   std::span<const int32_t> draft) {
+  OfferedDraft& d = drafts.emplace_back();
+  d.seq_id = seq_id;
+  d.accepted_len = accepted_len;
+  d.bonus = bonus;
+  d.token_offset = static_cast<uint32_t>(tokens.size());
+  d.num_tokens = static_cast<uint32_t>(draft.size());
+  tokens.insert(tokens.end(), draft.begin(), draft.end());
+  return d;
+}
+
+std::span<const int32_t> CacheOffer::TokensOf(const OfferedDraft& draft) const {
+  return std::span<const int32_t>(tokens).subspan(draft.token_offset, draft.num_tokens);
+}
+
+uint64_t CacheOffer::MaxDrafts(const WireLimits& limits) {
+  return limits.max_fan_out > 0 ? kMaxOfferDrafts : 0;
 }
 
 void SpeculateResponse::Clear() {
@@ -329,6 +362,9 @@ absl::Status DecodePayload(const FrameHeader& header, std::span<const uint8_t> p
       break;
     case MessageType::kSsdReady:
       decode(static_cast<SsdReady*>(nullptr));
+      break;
+    case MessageType::kCacheOffer:
+      decode(static_cast<CacheOffer*>(nullptr));
       break;
   }
   if (!r.ok()) return r.status();

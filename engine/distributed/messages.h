@@ -55,7 +55,11 @@ inline constexpr uint32_t kWireMagic = 0x44435053;  // bytes "SPCD" on the wire
 // (hidden_position, num_hidden), under the limits' hidden_width and max_hidden_rows.
 // Version 9: on the device data path those hidden states travel on the NCCL link as bf16 rows
 // (SpeculateRequest::hidden_out_of_band), not in the frame.
-inline constexpr uint16_t kProtocolVersion = 9;
+// Version 10: cache offers. With SsdInit.cache_offers the speculator sends the verifier each
+// complete greedy cache branch as its build finishes a wave (CacheOffer); a round whose every
+// outcome was offered takes its drafts from the offer and sends a request that gets no
+// response (every sequence flagged kSeqOfferHit).
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kFrameHeaderBytes = 24;
 inline constexpr size_t kMaxTextBytes = 1024;      // fingerprints, reasons
 inline constexpr size_t kMaxBulkTokenBytes = 512;  // BulkLinkInit::token (ncclUniqueId: 128)
@@ -79,6 +83,7 @@ enum class MessageType : uint16_t {
   kTpJoin = 13,
   kSsdInit = 14,
   kSsdReady = 15,
+  kCacheOffer = 16,
 };
 // "SpeculateRequest", ...; "Unknown" for values outside the enum (static storage).
 std::string_view MessageTypeName(MessageType type);
@@ -149,7 +154,11 @@ struct HelloAck {
 inline constexpr uint8_t kSeqNew = 1;        // first request for this seq_id: tokens = its prompt
 inline constexpr uint8_t kSeqRelease = 2;    // last one: drop the sequence after this round
 inline constexpr uint8_t kSeqWantProbs = 4;  // sampled request: return q rows with the drafts
-inline constexpr uint8_t kSeqKnownFlags = kSeqNew | kSeqRelease | kSeqWantProbs;
+// Version >= 10: the verifier took this outcome's drafts from a CacheOffer (the branch offered
+// for it, first num_draft_tokens tokens); a request whose every sequence says so gets no
+// response.
+inline constexpr uint8_t kSeqOfferHit = 8;
+inline constexpr uint8_t kSeqKnownFlags = kSeqNew | kSeqRelease | kSeqWantProbs | kSeqOfferHit;
 
 // The request's sampling parameters, which sampled drafts follow (see engine/sample).
 struct DraftSampling {
@@ -219,6 +228,8 @@ struct SpeculateRequest {
   std::span<const int32_t> TokensOf(const SpeculateSeq& seq) const;
   // Its hidden rows ([num_hidden, width] f32).
   std::span<const float> HiddenOf(const SpeculateSeq& seq, size_t width) const;
+  // False when every sequence took its drafts from an offer (kSeqOfferHit): no response then.
+  bool WantsResponse() const;
 
   bool operator==(const SpeculateRequest&) const = default;
 };
@@ -277,6 +288,49 @@ struct SpeculateResponse {
   uint64_t NumProbRows() const;
 
   bool operator==(const SpeculateResponse&) const = default;
+};
+
+// Version >= 10, most branches one CacheOffer carries (a cache build's wave has fewer; a larger
+// one would go in several offers).
+inline constexpr uint32_t kMaxOfferDrafts = 1024;
+
+// One offered cache branch: the drafts for the outcome (accepted_len k, bonus token t*) of a
+// sequence's drafts under verification.
+struct OfferedDraft {
+  uint64_t seq_id = 0;
+  uint16_t accepted_len = 0;
+  int32_t bonus = 0;
+  // CacheOffer::tokens[token_offset, token_offset + num_tokens) (<= max_draft_tokens).
+  uint32_t token_offset = 0;
+  uint32_t num_tokens = 0;
+
+  bool operator==(const OfferedDraft&) const = default;
+};
+
+// Speculator -> verifier, version >= 10, with SsdInit.cache_offers: after each wave of the cache
+// build that follows request round_id, the greedy branches that wave completed (a sampled
+// sequence's need q rows and are never offered). The speculator's stage times ride along, for the
+// round timeline of a round that takes its drafts from the offer (no response carries them):
+// cache_build_ns the build so far, and receive / triage / draft of request round_id when it got
+// no response (else 0: its response carried them).
+struct CacheOffer {
+  uint64_t round_id = 0;
+  uint64_t cache_build_ns = 0;
+  uint64_t receive_ns = 0;
+  uint64_t triage_ns = 0;
+  uint64_t draft_ns = 0;
+  std::vector<OfferedDraft> drafts;  // <= MaxDrafts(limits)
+  std::vector<int32_t> tokens;
+
+  void Clear();
+  OfferedDraft& AddDraft(uint64_t seq_id, uint16_t accepted_len, int32_t bonus,
+                         std::span<const int32_t> draft);
+  std::span<const int32_t> TokensOf(const OfferedDraft& draft) const;
+  // Most drafts one offer carries under `limits`: kMaxOfferDrafts on a link with a speculation
+  // cache (max_fan_out > 0), none on others (the handshake's and tensor-parallel limits).
+  static uint64_t MaxDrafts(const WireLimits& limits);
+
+  bool operator==(const CacheOffer&) const = default;
 };
 
 // Verifier -> speculator: drop these sequences (finished, aborted, preempted).
@@ -356,6 +410,8 @@ struct SsdInit {
   std::string eagle3_head;
   std::string target_model;
   uint32_t hidden_width = 0;
+  // Version >= 10: the speculator sends CacheOffers (SsdOptions::cache_offers).
+  bool cache_offers = false;
   // Benchmarks' controlled acceptance (DraftReplayOptions); replay_file "" is off.
   std::string replay_file;
   double replay_alpha = 0;
@@ -481,9 +537,9 @@ struct TpStep {
 };
 
 // One message; the alternative's index + 1 is its MessageType.
-using Message =
-    std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release, Heartbeat, Shutdown,
-                 BulkLinkInit, HelloAuth, TpInit, TpReady, TpStep, TpJoin, SsdInit, SsdReady>;
+using Message = std::variant<Hello, HelloAck, SpeculateRequest, SpeculateResponse, Release,
+                             Heartbeat, Shutdown, BulkLinkInit, HelloAuth, TpInit, TpReady, TpStep,
+                             TpJoin, SsdInit, SsdReady, CacheOffer>;
 // The MessageType of the alternative `message` holds.
 MessageType TypeOf(const Message& message);
 

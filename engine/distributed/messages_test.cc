@@ -338,6 +338,52 @@ TEST(MessagesTest, OutOfBandHiddenRowsCarryCountsOnly) {
   EXPECT_TRUE(absl::StrContains(status.message(), "not in the sequences' order")) << status;
 }
 
+// Version 10: a cache offer's branches are checked as drafts are (token ids, K) and bounded per
+// offer; links without a speculation cache (the handshake's, tensor parallelism's) carry none.
+// A request whose every sequence took an offer wants no response.
+TEST(MessagesTest, CacheOffersAreCheckedAndBounded) {
+  const WireLimits limits = TestLimits();
+  FrameBuffer buffer;
+  const auto error_of = [&](const CacheOffer& o) {
+    return std::string(EncodeFrame(o, 0, limits, &buffer).message());
+  };
+  CacheOffer o = distributed_test::MakeOffer();
+  EXPECT_EQ(error_of(o), "");
+  o.drafts[1].bonus = static_cast<int32_t>(limits.vocab_size);
+  EXPECT_TRUE(absl::StrContains(error_of(o), "CacheOffer.drafts[1].bonus: token 0 is 50"))
+      << error_of(o);
+  o = distributed_test::MakeOffer();
+  o.drafts[0].accepted_len = static_cast<uint16_t>(limits.max_draft_tokens + 1);
+  EXPECT_TRUE(absl::StrContains(error_of(o), "drafts[0].accepted_len: 7 > max_draft_tokens 6"))
+      << error_of(o);
+  o = distributed_test::MakeOffer();
+  o.AddDraft(9, 0, 1, std::vector<int32_t>(limits.max_draft_tokens + 1, 2));
+  EXPECT_TRUE(absl::StrContains(error_of(o), "drafts[3].num_tokens")) << error_of(o);
+  o = distributed_test::MakeOffer();
+  o.tokens[o.drafts[2].token_offset] = -1;
+  EXPECT_TRUE(absl::StrContains(error_of(o), "drafts[2].tokens: token 0 is -1")) << error_of(o);
+  o.Clear();
+  for (uint32_t i = 0; i <= kMaxOfferDrafts; ++i) o.AddDraft(i, 0, 1, std::vector<int32_t>{2});
+  EXPECT_TRUE(absl::StrContains(error_of(o), "num_drafts: 1025 > limit 1024")) << error_of(o);
+  // A tensor-parallel link has no speculation cache: not even one branch fits its frames.
+  EXPECT_EQ(CacheOffer::MaxDrafts(TpWireLimits()), 0u);
+  EXPECT_FALSE(EncodeFrame(distributed_test::MakeOffer(), 0, TpWireLimits(), &buffer).ok());
+  const std::vector<uint8_t> frame = Encode(distributed_test::MakeOffer(), 0, limits);
+  EXPECT_FALSE(DecodeStatus(frame, TpWireLimits()).ok());
+
+  SpeculateRequest r;
+  EXPECT_TRUE(r.WantsResponse()) << "an empty request is answered";
+  SpeculateSeq s;
+  s.seq_id = 1;
+  s.flags = kSeqOfferHit;
+  r.AddSeq(s, {{4}});
+  s.seq_id = 2;
+  r.AddSeq(s, {{5}});
+  EXPECT_FALSE(r.WantsResponse());
+  r.seqs[1].flags = 0;
+  EXPECT_TRUE(r.WantsResponse()) << "one sequence asks: the request is answered";
+}
+
 TEST(MessagesTest, EncoderRefusesBadFieldsNamingThem) {
   const WireLimits limits = TestLimits();
   FrameBuffer buffer;

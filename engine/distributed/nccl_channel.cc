@@ -13,7 +13,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -28,6 +31,22 @@ namespace specd {
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Microseconds(20);
+
+// Between two polls of a transfer: a sleep of kPollInterval (nanosleep rounds it up to the
+// timer slack, some 50-80 us), or with SPECD_NCCL_SPIN_POLLS=1 a yield, for side-by-side runs of
+// what the sleeps cost a round.
+void PollPause() {
+  static const bool spin = [] {
+    const char* v = std::getenv("SPECD_NCCL_SPIN_POLLS");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  if (spin) {
+    std::this_thread::yield();
+  } else {
+    absl::SleepFor(kPollInterval);
+  }
+}
+
 constexpr absl::Duration kEnqueueTimeout = absl::Seconds(30);  // an ncclSend still being queued
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(5);
 
@@ -120,7 +139,7 @@ struct NcclChannel::Impl {
         return absl::DeadlineExceededError(
             absl::StrCat(DistView(what), ": not done in time; the peer stalled or died"));
       }
-      absl::SleepFor(kPollInterval);
+      PollPause();
     }
   }
 

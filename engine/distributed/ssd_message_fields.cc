@@ -15,10 +15,14 @@ namespace {
 constexpr uint64_t kTextBytes = 2 + kMaxTextBytes;
 // Sizes: 4 u32; draft_model, device; num_threads, block_size; load_format; gpu share, KV bytes;
 // K, lookup min and max, fan_out; geometric; critical batch; backup; complete, parallel, time
-// budget, bulk link; head, target, hidden width; replay.
+// budget, bulk link; head, target, hidden width; cache offers; replay.
 constexpr uint64_t kSsdInitBytes = 4 * 4 + 2 * kTextBytes + 2 * 4 + kTextBytes + 8 + 8 + 4 * 4 + 1 +
-                                   4 + kTextBytes + 4 + 2 * kTextBytes + 4 + kTextBytes + 8 + 8 + 8;
+                                   4 + kTextBytes + 4 + 2 * kTextBytes + 4 + 1 + kTextBytes + 8 +
+                                   8 + 8;
 constexpr uint64_t kSsdReadyBytes = 1 + 2 * kTextBytes + 1;
+// CacheOffer: round id and four stage times, the count; per draft seq id, k, bonus, length.
+constexpr uint64_t kOfferFixedBytes = 5 * 8 + 4;
+constexpr uint64_t kOfferDraftBytes = 8 + 2 + 4 + 2;
 constexpr uint32_t kMaxInt32 = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
 
 // A count the engine holds as int32: in [lo, 2^31).
@@ -98,6 +102,7 @@ void Put(const SsdInit& m, const WireLimits&, ByteWriter& w) {
   w.Text(m.eagle3_head);
   w.Text(m.target_model);
   w.U32(m.hidden_width);
+  w.U8(m.cache_offers ? 1 : 0);
   w.Text(m.replay_file);
   w.F64(m.replay_alpha);
   w.F64(m.replay_candidate_hit);
@@ -129,6 +134,7 @@ void Get(ByteReader& r, const WireLimits& l, SsdInit* m) {
   r.Text("eagle3_head", kMaxTextBytes, &m->eagle3_head);
   r.Text("target_model", kMaxTextBytes, &m->target_model);
   m->hidden_width = r.U32("hidden_width");
+  m->cache_offers = GetBool(r, "cache_offers");
   r.Text("replay_file", kMaxTextBytes, &m->replay_file);
   m->replay_alpha = r.F64("replay_alpha");
   m->replay_candidate_hit = r.F64("replay_candidate_hit");
@@ -154,10 +160,91 @@ void Get(ByteReader& r, const WireLimits&, SsdReady* m) {
   m->bulk_link = GetBool(r, "bulk_link");
 }
 
-uint64_t MaxSsdInitPayloadBytes(MessageType type) {
-  return type == MessageType::kSsdInit    ? kSsdInitBytes
-         : type == MessageType::kSsdReady ? kSsdReadyBytes
-                                          : 0;
+// ---- CacheOffer ----
+namespace {
+// An offered branch's fixed fields (its tokens are checked separately).
+void CheckOfferedDraft(const OfferedDraft& d, const WireLimits& limits, FieldErrors* e) {
+  if (d.accepted_len > limits.max_draft_tokens) {
+    e->Fail("drafts[].accepted_len",
+            absl::StrCat(d.accepted_len, " > max_draft_tokens ", limits.max_draft_tokens));
+  }
+  if (d.num_tokens > limits.max_draft_tokens) {
+    e->Fail("drafts[].num_tokens",
+            absl::StrCat(d.num_tokens, " > max_draft_tokens ", limits.max_draft_tokens));
+  }
+  const int32_t bonus[] = {d.bonus};
+  CheckTokenIds(bonus, limits, "drafts[].bonus", e);
+}
+}  // namespace
+
+void Check(const CacheOffer& m, const WireLimits& limits, FieldErrors* e) {
+  if (m.drafts.size() > CacheOffer::MaxDrafts(limits)) {
+    return e->Fail("num_drafts",
+                   absl::StrCat(m.drafts.size(), " > limit ", CacheOffer::MaxDrafts(limits)));
+  }
+  for (size_t i = 0; i < m.drafts.size() && e->ok(); ++i) {
+    const OfferedDraft& d = m.drafts[i];
+    e->SetItem(i);
+    CheckOfferedDraft(d, limits, e);
+    if (uint64_t{d.token_offset} + d.num_tokens > m.tokens.size()) {
+      return e->Fail("drafts[].token_offset", "tokens out of range of CacheOffer::tokens");
+    }
+    CheckTokenIds(m.TokensOf(d), limits, "drafts[].tokens", e);
+  }
+}
+void Put(const CacheOffer& m, const WireLimits&, ByteWriter& w) {
+  for (uint64_t v : {m.round_id, m.cache_build_ns, m.receive_ns, m.triage_ns, m.draft_ns}) w.U64(v);
+  w.U32(static_cast<uint32_t>(m.drafts.size()));
+  for (const OfferedDraft& d : m.drafts) {
+    w.U64(d.seq_id);
+    w.U16(d.accepted_len);
+    w.I32(d.bonus);
+    w.U16(static_cast<uint16_t>(d.num_tokens));
+    w.I32Array(m.TokensOf(d));
+  }
+}
+void Get(ByteReader& r, const WireLimits& limits, CacheOffer* m) {
+  m->round_id = r.U64("round_id");
+  m->cache_build_ns = r.U64("cache_build_ns");
+  m->receive_ns = r.U64("receive_ns");
+  m->triage_ns = r.U64("triage_ns");
+  m->draft_ns = r.U64("draft_ns");
+  const uint32_t n = r.U32("num_drafts");
+  if (!r.ok()) return;
+  if (n > CacheOffer::MaxDrafts(limits)) {
+    return r.Fail("num_drafts", absl::StrCat(n, " > limit ", CacheOffer::MaxDrafts(limits)));
+  }
+  m->drafts.resize(n);
+  m->tokens.clear();
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    r.SetItem(i);
+    OfferedDraft& d = m->drafts[i];
+    d.seq_id = r.U64("drafts[].seq_id");
+    d.accepted_len = r.U16("drafts[].accepted_len");
+    d.bonus = r.I32("drafts[].bonus");
+    d.num_tokens = r.U16("drafts[].num_tokens");
+    if (!r.ok()) return;
+    CheckOfferedDraft(d, limits, &r);
+    if (!r.ok()) return;
+    d.token_offset = static_cast<uint32_t>(m->tokens.size());
+    m->tokens.resize(d.token_offset + d.num_tokens);
+    r.I32Array("drafts[].tokens", d.num_tokens, m->tokens.data() + d.token_offset);
+    if (r.ok()) CheckTokenIds(m->TokensOf(d), limits, "drafts[].tokens", &r);
+  }
+}
+
+uint64_t MaxSsdInitPayloadBytes(MessageType type, const WireLimits& limits) {
+  switch (type) {
+    case MessageType::kSsdInit:
+      return kSsdInitBytes;
+    case MessageType::kSsdReady:
+      return kSsdReadyBytes;
+    case MessageType::kCacheOffer:
+      return kOfferFixedBytes +
+             (kOfferDraftBytes + 4ull * limits.max_draft_tokens) * CacheOffer::MaxDrafts(limits);
+    default:
+      return 0;
+  }
 }
 
 }  // namespace specd::dist_internal

@@ -120,6 +120,11 @@ struct SsdOptions {
   // verifier's on an NCCL link when both ends are on GPUs (TCP carries the rest); "host": inline
   // in the TCP responses, through both hosts' memory.
   bool device_data_path = true;
+  // ("cache_offers") the speculator sends the verifier its greedy cache branches as its build
+  // completes them (wire version 10), and a greedy round whose every outcome was offered takes
+  // its drafts from the offer without asking: a hit then costs no round trip. false: every
+  // round asks and waits for the response.
+  bool cache_offers = true;
   // ("speculator_drafter": "eagle3") the speculator drafts with the EAGLE-3 head of
   // SpeculativeConfig::eagle3_model instead of the draft model: the verifier's target keeps the
   // head's layers' hidden states and sends those of every committed position with the outcome.

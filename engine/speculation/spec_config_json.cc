@@ -125,6 +125,9 @@ absl::Status ReadSsdOptions(const json& j, SsdOptions* o) {
     return ConfigFieldError("data_path", "must be \"device\" or \"host\"");
   }
   o->device_data_path = path == "device";
+  if (ReadJsonBool(j, "cache_offers", &o->cache_offers) != JsonFieldError::kNone) {
+    return ConfigFieldError("cache_offers", "must be true or false");
+  }
   if (auto it = j.find("speculator_drafter"); it != j.end() && !it->is_null()) {
     if (!it->is_string() || (*it != "draft_model" && *it != "eagle3")) {
       return ConfigFieldError("speculator_drafter", "must be \"draft_model\" or \"eagle3\"");
@@ -285,6 +288,7 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view text) 
                                            "cache_build",
                                            "cache_budget",
                                            "data_path",
+                                           "cache_offers",
                                            "speculator_drafter",
                                            "speculator_gpu_memory_utilization",
                                            "speculator_secret_file",
@@ -430,6 +434,7 @@ std::string SpeculativeConfigToJson(const SpeculativeConfig& c) {
   j["cache_build"] = c.ssd.complete_cache ? "complete" : "interruptible";
   j["cache_budget"] = c.ssd.time_budget ? "time" : "fixed";
   j["data_path"] = c.ssd.device_data_path ? "device" : "host";
+  j["cache_offers"] = c.ssd.cache_offers;
   j["speculator_drafter"] = c.ssd.eagle3_drafter ? "eagle3" : "draft_model";
   if (c.ssd.gpu_memory_utilization > 0) {
     j["speculator_gpu_memory_utilization"] = c.ssd.gpu_memory_utilization;

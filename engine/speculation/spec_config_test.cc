@@ -71,6 +71,7 @@ TEST(SpeculativeConfigTest, RejectsBadInputNamingTheField) {
       {R"({"method": "ssd", "model": "d", "backup": "eagle"})", "backup"},
       {R"({"method": "ssd", "model": "d", "speculator_address": "nohost"})", "HOST:PORT"},
       {R"({"method": "ssd", "model": "d", "launch_speculator": 1})", "launch_speculator"},
+      {R"({"method": "ssd", "model": "d", "cache_offers": "yes"})", "cache_offers"},
       {R"({"method": "ssd", "model": "d", "speculator_timeout_ms": 0})", "speculator_timeout_ms"},
       {R"({"method": "ssd", "model": "d", "cache_build": "lazy"})", "cache_build"},
       {R"({"method": "ssd", "model": "d", "cache_budget": "all"})", "cache_budget"},
@@ -109,7 +110,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
           "critical_batch_size": 8, "backup": "random", "speculator_address": "0.0.0.0:7000",
           "launch_speculator": false, "speculator_timeout_ms": 500, "cache_build": "complete",
           "cache_budget": "fixed", "parallel": true, "speculator_gpu_memory_utilization": 0.8,
-          "data_path": "host"})");
+          "data_path": "host", "cache_offers": false})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->method, SpeculationMethod::kSsd);
   EXPECT_EQ(c->num_speculative_tokens, 7);
@@ -125,6 +126,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_TRUE(c->ssd.complete_cache);
   EXPECT_FALSE(c->ssd.time_budget);
   EXPECT_FALSE(c->ssd.device_data_path);
+  EXPECT_FALSE(c->ssd.cache_offers);
   EXPECT_TRUE(c->parallel_drafting);
   EXPECT_DOUBLE_EQ(c->ssd.gpu_memory_utilization, 0.8);
   // The JSON writer and the reader agree.
@@ -133,6 +135,7 @@ TEST(SpeculativeConfigTest, ParsesSsdOptions) {
   EXPECT_EQ(SpeculativeConfigToJson(*back), SpeculativeConfigToJson(*c));
   EXPECT_EQ(back->ssd.backup, "random");
   EXPECT_FALSE(back->ssd.time_budget);
+  EXPECT_FALSE(back->ssd.cache_offers);
   EXPECT_TRUE(back->parallel_drafting);
   EXPECT_DOUBLE_EQ(back->ssd.gpu_memory_utilization, 0.8);
   EXPECT_EQ(back->speculator_device, "cuda:1");

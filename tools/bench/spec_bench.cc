@@ -43,7 +43,7 @@
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete] [--cache-budget time|fixed]
-//               [--data-path device|host] [--critical-batch-size B]
+//               [--data-path device|host] [--cache-offers 0|1] [--critical-batch-size B]
 //               [--ssd-drafter draft_model|eagle3 (the head of --eagle3 in the speculator)]]
 #include <unistd.h>
 
@@ -135,6 +135,7 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     run.misses_backup = after.drafts_miss_backup - before.drafts_miss_backup;
     run.drafts_none = after.drafts_none - before.drafts_none;
     run.local_rounds = after.local_rounds - before.local_rounds;
+    run.offer_rounds = after.offer_rounds - before.offer_rounds;
     if (batch_run.seconds > 0) {
       run.round_share =
           (after.timeline.verifier_round_seconds - before.timeline.verifier_round_seconds) /
@@ -314,6 +315,7 @@ SpeculativeConfig SsdConfig(const Flags& f, const SpeculativeConfig& draft) {
   ssd.ssd.complete_cache = f.cache_build == "complete";
   ssd.ssd.time_budget = f.cache_budget == "time";
   ssd.ssd.device_data_path = f.data_path == "device";
+  ssd.ssd.cache_offers = f.cache_offers == 1;
   ssd.ssd.critical_batch_size = f.critical_batch_size;
   ssd.ssd.eagle3_drafter = f.ssd_drafter == "eagle3";
   ssd.ssd.gpu_memory_utilization = f.speculator_gpu_memory_utilization;
@@ -325,7 +327,7 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Step
   std::unique_ptr<Engine> engine = MakeEngine(f, SsdConfig(f, draft), acc);
   std::printf(
       "ssd: verifier on %s, speculator on %s (%s), fan-out %d (geometric, %s budget), C %s, %s "
-      "cache, q rows via %s\n",
+      "cache, q rows via %s, cache offers %s\n",
       engine->device_name().c_str(),
       f.speculator_device.empty() ? f.device.c_str() : f.speculator_device.c_str(),
       f.ssd_drafter == "eagle3" ? "EAGLE-3 head"
@@ -333,7 +335,7 @@ void RunSsd(const Flags& f, const SpeculativeConfig& draft, std::shared_ptr<Step
                                 : "draft model",
       f.fan_out, f.cache_budget == "time" && f.cache_build != "complete" ? "time" : "fixed",
       f.saguaro_c < 0 ? "by temperature" : std::to_string(f.saguaro_c).c_str(),
-      f.cache_build.c_str(), f.data_path.c_str());
+      f.cache_build.c_str(), f.data_path.c_str(), f.cache_offers == 1 ? "on" : "off");
   Measure(*engine, *acc, prompts, 1, {SpeculationMethod::kSsd, f.max_k()}, WarmUp(f));
   for (BatchSweep& sweep : sweeps) {
     for (int k : f.ks) {

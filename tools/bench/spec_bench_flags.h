@@ -45,6 +45,7 @@ struct SpecBenchFlags {
   std::string cache_build = "interruptible";
   std::string cache_budget = "time";  // SSD: "time" (the measured window) or "fixed" (F)
   std::string data_path = "device";   // SSD: q rows GPU to GPU ("device") or over TCP ("host")
+  int cache_offers = 1;               // SSD: the speculator offers its greedy branches (1) or not
   int critical_batch_size = 0;        // SSD: b* (0: measured; large: misses never go to backup)
   std::string ssd_drafter = "draft_model";  // SSD: the speculator's drafter ("eagle3": --eagle3)
   std::string load_format = "auto";
@@ -128,6 +129,9 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       ok = absl::SimpleAtoi(value(), &f->critical_batch_size) && f->critical_batch_size >= 0;
     } else if (a == "--ssd-drafter") {
       ok = (f->ssd_drafter = value()) == "draft_model" || f->ssd_drafter == "eagle3";
+    } else if (a == "--cache-offers") {
+      ok = absl::SimpleAtoi(value(), &f->cache_offers) &&
+           (f->cache_offers == 0 || f->cache_offers == 1);
     } else if (a == "--data-path") {
       ok = (f->data_path = value()) == "device" || f->data_path == "host";
     } else if (a == "--cache-budget") {

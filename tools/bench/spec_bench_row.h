@@ -34,6 +34,7 @@ struct Run {
   // SSD: what else the rounds held, and how much of the run's wall time the timed rounds cover
   // (the rest: prefill steps, steps without the speculator).
   int64_t misses_primary = 0, misses_backup = 0, drafts_none = 0, local_rounds = 0;
+  int64_t offer_rounds = 0;  // rounds drafted from the speculator's cache offers (no wait)
   double round_share = -1;
   // SSD: q rows received GPU to GPU (the device data path) and bytes over TCP, per round.
   double device_rows = 0, tcp_bytes = 0;
@@ -128,14 +129,15 @@ inline void PrintRow(int batch, const std::string& method, const Run& r, double 
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
                   "  (cache hits %.1f%%; misses %lld primary, %lld backup; %lld none, %lld local "
-                  "rounds; timed rounds %.0f%% of the run; per round: verifier waits %.3f ms, "
+                  "rounds; %lld rounds from offers; timed rounds %.0f%% of the run; per round: "
+                  "verifier waits %.3f ms, "
                   "speculator answers in %.3f ms and builds the cache in %.3f ms, %.1f q rows "
                   "GPU to GPU, %.1f hidden rows (%.1f GPU to GPU), %.1f KB over TCP)",
                   100 * r.hit_rate, static_cast<long long>(r.misses_primary),
                   static_cast<long long>(r.misses_backup), static_cast<long long>(r.drafts_none),
-                  static_cast<long long>(r.local_rounds), 100 * r.round_share, r.wait_ms,
-                  r.busy_ms - r.cache_ms, r.cache_ms, r.device_rows, r.hidden_rows,
-                  r.device_hidden_rows, r.tcp_bytes / 1e3);
+                  static_cast<long long>(r.local_rounds), static_cast<long long>(r.offer_rounds),
+                  100 * r.round_share, r.wait_ms, r.busy_ms - r.cache_ms, r.cache_ms, r.device_rows,
+                  r.hidden_rows, r.device_hidden_rows, r.tcp_bytes / 1e3);
   }
   char equal[128] = "";
   if (r.equal >= 0) {

@@ -443,6 +443,14 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --max-model-len 1024 --max-num-seqs 64 --batches 1,16 --k 7 --max-tokens 128 --repeats 1 \
     --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
     --speculator-device cuda:1 --fan-out 3 --data-path host
+  # The same without cache offers (every round asks and waits for its response): their A/B.
+  run_step "ssd_eagle3_replay_bench offers off" 300 "${OURS[@]}" "$WORK/bin/spec_bench" \
+    --device cuda:0 --model "$DIR/models/shapes/llama-3.1-8b" \
+    --draft "$DIR/models/shapes/llama-3.2-1b" --eagle3 "models/shapes/eagle3-llama-3.1-8b" \
+    --load-format dummy --random-prompts 128 --max-model-len 1024 --max-num-seqs 64 \
+    --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 --replay-alpha 0.8 --replay-hit 0.9 \
+    --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" --speculator-device cuda:1 \
+    --fan-out 3 --cache-offers 0
   run_step "ssd_eagle3_bench codepair" 200 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
     --eagle3 models/codepair/eagle3 --batches 1,16 --k 4 --max-tokens 128 --ssd \
     --ssd-drafter eagle3 --specd "$WORK/bin/specd" --speculator-device cuda:1 --fan-out 3

@@ -76,6 +76,7 @@ SsdInit MakeSsdInit(const SsdSpeculatorOptions& o) {
   init.complete_cache = c.ssd.complete_cache;
   init.parallel_drafting = c.parallel_drafting;
   init.time_budget = c.ssd.time_budget;
+  init.cache_offers = c.ssd.cache_offers;
   // The device data path: offered when the target's GPU can join an NCCL link with the
   // speculator's, which must be another GPU (NCCL takes one rank per device).
   const absl::StatusOr<DeviceChoice> target = ParseDevice(o.target_device);
@@ -120,6 +121,7 @@ absl::StatusOr<SsdWorkerOptions> SsdWorkerOptionsFrom(const SsdInit& init) {
   c.ssd.complete_cache = init.complete_cache;
   c.parallel_drafting = init.parallel_drafting;
   c.ssd.time_budget = init.time_budget;
+  c.ssd.cache_offers = init.cache_offers;
   c.eagle3_model = init.eagle3_head;
   c.ssd.eagle3_drafter = !init.eagle3_head.empty();
   w.target_model = init.target_model;

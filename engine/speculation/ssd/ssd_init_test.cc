@@ -39,6 +39,7 @@ SsdSpeculatorOptions VerifierOptions() {
           "prompt_lookup_min": 2, "prompt_lookup_max": 3, "draft_kv_cache_bytes": 16777216,
           "fan_out": 4, "fan_out_mode": "constant", "critical_batch_size": 12,
           "backup": "random", "cache_build": "complete", "cache_budget": "fixed",
+          "cache_offers": false,
           "replay": {"file": "/data/replay.jsonl", "alpha": 0.6, "candidate_hit": 0.85,
                      "seed": 99}})");
   EXPECT_TRUE(config.ok()) << config.status();
@@ -87,6 +88,7 @@ TEST(SsdInitTest, TheVerifiersSettingsSurviveTheWire) {
   EXPECT_EQ(got.ssd.backup, "random");
   EXPECT_TRUE(got.ssd.complete_cache);
   EXPECT_FALSE(got.ssd.time_budget);
+  EXPECT_FALSE(got.ssd.cache_offers);
   EXPECT_TRUE(got.parallel_drafting);
   EXPECT_EQ(got.replay.file, "/data/replay.jsonl");
   EXPECT_EQ(got.replay.alpha, 0.6);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -59,7 +60,30 @@ bool IsLoopbackHost(const std::string& host) {
 SsdSpeculator::SsdSpeculator(const SsdSpeculatorOptions& o)
     : options_(o),
       limits_(SsdInitLimits(MakeSsdInit(o))),  // the acceptor's: the speculator's too
-      local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {}
+      local_(o.config.prompt_lookup_min, o.config.prompt_lookup_max) {
+  const char* trace = std::getenv("SPECD_SSD_TRACE");
+  trace_ = trace != nullptr && std::string_view(trace) == "1";
+}
+
+void SsdSpeculator::Trace(int64_t start_ns, int64_t offers_ns, int64_t synced_ns, bool offered) {
+  if (!trace_) return;
+  auto& t = trace_sums_;
+  ++t.rounds;
+  t.offer_rounds += offered ? 1 : 0;
+  t.offers += NanosToSeconds(start_ns, offers_ns);
+  t.sync += NanosToSeconds(offers_ns, synced_ns);
+  t.frame += NanosToSeconds(synced_ns, stamps_.frame_sent);
+  t.hidden += NanosToSeconds(stamps_.frame_sent, stamps_.sent);
+  if (t.rounds < kTraceRounds) return;
+  const double r = static_cast<double>(t.rounds);
+  SPECD_LOG_INFO(
+      "ssd trace (verifier), ms a round over {} rounds ({} from offers): releases and offers "
+      "read {:.3f}, lookup and outcomes {:.3f}, request frame sent {:.3f}, hidden rows' "
+      "transfer enqueued {:.3f}",
+      t.rounds, t.offer_rounds, 1e3 * t.offers / r, 1e3 * t.sync / r, 1e3 * t.frame / r,
+      1e3 * t.hidden / r);
+  t = {};
+}
 
 SsdSpeculator::~SsdSpeculator() {
   if (bulk_) bulk_->Abort();  // the speculator ends its half without finalizing together
@@ -197,6 +221,8 @@ void SsdSpeculator::Adopt(SsdLink link) {
   }
   for (auto& [id, s] : seqs_) s = SeqState{};  // it knows nothing: every sequence goes whole
   released_.clear();
+  offers_.clear();
+  offers_round_ = 0;
   ++stats_.connects;
   stats_.connected = true;
 }
@@ -213,6 +239,8 @@ void SsdSpeculator::LinkDown(const absl::Status& why) {
   bulk_.reset();
   if (channel_) channel_->Close();
   channel_.reset();
+  offers_.clear();
+  offers_round_ = 0;
   // A launched speculator that stopped answering is replaced; a dead one is reaped.
   if (options_.config.ssd.launch) {
     pid_ = -1;
@@ -235,6 +263,7 @@ void SsdSpeculator::DropHidden(uint64_t seq_id) {
 
 void SsdSpeculator::Release(uint64_t seq_id) {
   DropHidden(seq_id);
+  offers_.erase(seq_id);
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   if (it->second.synced && channel_) released_.push_back(seq_id);
@@ -265,10 +294,19 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   const absl::Duration timeout = absl::Milliseconds(options_.config.ssd.timeout_ms);
   const int64_t start_ns = MonotonicNanos();
   SPECD_RETURN_IF_ERROR(SendReleases(timeout));
+  if (options_.config.ssd.cache_offers) {
+    SPECD_RETURN_IF_ERROR(ReadOffers());
+    SPECD_ASSIGN_OR_RETURN(const bool offered, OfferedRound(inputs, drafts, start_ns));
+    if (offered) return absl::OkStatus();
+  }
+  const int64_t offers_ns = MonotonicNanos();
   std::vector<int32_t> sent(inputs.size(), -1);  // request index of each input, or -1
   const int64_t new_tokens = SyncOutcomes(inputs, sent);
+  const int64_t synced_ns = MonotonicNanos();
+  SPECD_RETURN_IF_ERROR(SendRequest(timeout));
+  Trace(start_ns, offers_ns, synced_ns, false);
   // New sequences make the speculator prefill their prompts first: allow for that.
-  SPECD_RETURN_IF_ERROR(AwaitResponse(timeout, timeout + kPrefillAllowancePerToken * new_tokens));
+  SPECD_RETURN_IF_ERROR(AwaitResponse(timeout + kPrefillAllowancePerToken * new_tokens));
   const auto& request = std::get<SpeculateRequest>(request_);
   const auto& response = std::get<SpeculateResponse>(reply_);
   if (response.drafts.size() != request.seqs.size()) {
@@ -278,7 +316,8 @@ absl::Status SsdSpeculator::RemoteRound(std::span<const DraftInput> inputs,
   SPECD_RETURN_IF_ERROR(ReceiveRows(response, timeout));
   stats_.speculator_busy_seconds += response.busy_ns * 1e-9;
   stats_.speculator_cache_seconds += response.cache_build_ns * 1e-9;
-  AddSpeculatorStages(response);
+  AddSpeculatorStages({response.receive_ns, response.triage_ns, response.draft_ns,
+                       response.cache_build_ns, response.reply_ns});
   const int64_t lookup_ns = MonotonicNanos();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (sent[i] >= 0)
@@ -304,8 +343,101 @@ absl::Status SsdSpeculator::SendReleases(absl::Duration timeout) {
   return channel_->Send(release, timeout);
 }
 
-int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
-                                    std::vector<int32_t>& sent) {
+absl::Status SsdSpeculator::ReadOffers() {
+  for (;;) {
+    absl::StatusOr<MessageType> type = channel_->Recv(absl::ZeroDuration(), &inbox_);
+    if (!type.ok()) {
+      return absl::IsDeadlineExceeded(type.status()) ? absl::OkStatus() : type.status();
+    }
+    if (*type == MessageType::kShutdown) return absl::UnavailableError("the speculator shut down");
+    if (*type != MessageType::kCacheOffer) continue;
+    const auto& offer = std::get<CacheOffer>(inbox_);
+    if (offer.round_id != round_id_) continue;  // for outcomes already past
+    if (offers_round_ != round_id_) {
+      for (auto& [id, offered] : offers_) offered.clear();
+      offer_tokens_.clear();
+      offers_round_ = round_id_;
+    }
+    for (const OfferedDraft& d : offer.drafts) {
+      const std::span<const int32_t> tokens = offer.TokensOf(d);
+      offers_[d.seq_id].push_back(
+          {d.accepted_len, d.bonus, static_cast<uint32_t>(offer_tokens_.size()), d.num_tokens});
+      offer_tokens_.insert(offer_tokens_.end(), tokens.begin(), tokens.end());
+    }
+    offer_stages_ = {offer.receive_ns, offer.triage_ns, offer.draft_ns, offer.cache_build_ns, 0};
+  }
+}
+
+const SsdSpeculator::Offered* SsdSpeculator::FindOffered(const DraftInput& in,
+                                                         const SeqState& s) const {
+  // As the speculator applies an outcome (SsdWorker::SyncOutcome): k accepted drafts of the
+  // ones it sent in the last round, then the bonus token, nothing more.
+  if (!s.synced || s.round != offers_round_ || s.num_remote_drafts == 0 || !in.params->greedy() ||
+      in.tokens.size() < s.num_sent) {
+    return nullptr;
+  }
+  const auto k = static_cast<size_t>(std::max(s.accepted_len, 0));
+  const int32_t want = std::min<int32_t>(in.num_draft_tokens, limits_.max_draft_tokens);
+  if (in.tokens.size() - s.num_sent != k + 1 || want <= 0) return nullptr;
+  auto it = offers_.find(in.seq_id);
+  if (it == offers_.end()) return nullptr;
+  const int32_t bonus = in.tokens[s.num_sent + k];
+  for (const Offered& o : it->second) {
+    if (o.k == k && o.bonus == bonus && o.num_tokens >= static_cast<uint32_t>(want)) return &o;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<bool> SsdSpeculator::OfferedRound(std::span<const DraftInput> inputs,
+                                                 std::vector<Draft>* drafts, int64_t start_ns) {
+  if (inputs.empty() || offers_round_ != round_id_ || offers_.empty()) return false;
+  const int64_t lookup_ns = MonotonicNanos();
+  offered_k_.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto it = seqs_.find(inputs[i].seq_id);
+    const Offered* o = it == seqs_.end() ? nullptr : FindOffered(inputs[i], it->second);
+    if (o == nullptr) return false;
+    const int32_t want = std::min<int32_t>(inputs[i].num_draft_tokens, limits_.max_draft_tokens);
+    Draft& d = (*drafts)[i];
+    d.tokens.assign(offer_tokens_.begin() + o->offset, offer_tokens_.begin() + o->offset + want);
+    d.origin = DraftOrigin::kCacheHit;
+    offered_k_.push_back(o->k);
+  }
+  const int64_t lookup_end_ns = MonotonicNanos();
+  offered_sent_.assign(inputs.size(), -1);
+  SyncOutcomes(inputs, offered_sent_, /*offer_hits=*/true);
+  const int64_t synced_ns = MonotonicNanos();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (offered_sent_[i] < 0) {  // not in the request: the speculator does not adopt the branch
+      (*drafts)[i] = Draft{};
+      continue;
+    }
+    seqs_[inputs[i].seq_id].num_remote_drafts = static_cast<int32_t>((*drafts)[i].tokens.size());
+    CountOutcome(offered_k_[i], /*hit=*/true);
+    ++stats_.drafts_hit;
+  }
+  SPECD_RETURN_IF_ERROR(SendRequest(absl::Milliseconds(options_.config.ssd.timeout_ms)));
+  Trace(start_ns, lookup_ns, synced_ns, true);
+  // No response: the speculator's build for these drafts' outcomes starts once it read this.
+  stamps_.first_byte = stamps_.sent;
+  ++stats_.rounds;
+  ++stats_.offer_rounds;
+  stats_.bytes_sent = bytes_before_.sent + static_cast<int64_t>(channel_->bytes_sent());
+  stats_.bytes_received = bytes_before_.received + static_cast<int64_t>(channel_->bytes_received());
+  AddSpeculatorStages(offer_stages_);
+  const double build = offer_stages_[static_cast<int>(SsdSpeculatorStage::kBuild)] * 1e-9;
+  stats_.speculator_cache_seconds += build;
+  for (uint64_t ns : offer_stages_) stats_.speculator_busy_seconds += ns * 1e-9;
+  round_.at(SsdVerifierStage::kTransfer) =
+      NanosToSeconds(start_ns, lookup_ns) + NanosToSeconds(lookup_end_ns, MonotonicNanos());
+  round_.at(SsdVerifierStage::kWait) = 0;
+  round_.at(SsdVerifierStage::kCacheLookup) = NanosToSeconds(lookup_ns, lookup_end_ns);
+  round_open_ = true;
+  return true;
+}
+
+int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent,
+                                    bool offer_hits) {
   auto& request = std::get<SpeculateRequest>(request_);
   request.Clear();
   request.round_id = ++round_id_;
@@ -332,6 +464,7 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
     } else {
       m.flags |= kSeqNew;
     }
+    if (offer_hits) m.flags |= kSeqOfferHit;
     if (fresh.empty() || fresh.size() > limits_.max_seq_tokens || fresh.size() > budget) continue;
     budget -= fresh.size();
     if (m.flags & kSeqNew) new_tokens += static_cast<int64_t>(fresh.size());
@@ -353,20 +486,21 @@ int64_t SsdSpeculator::SyncOutcomes(std::span<const DraftInput> inputs,
     s.num_sent = in.tokens.size();
     s.accepted_len = 0;
     s.num_remote_drafts = 0;
+    s.round = request.round_id;
   }
   return new_tokens;
 }
 
-absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration wait) {
-  const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
-  const absl::Time start = absl::Now();
-  // The window the speculator's cache build had: since its last response came in.
+absl::Status SsdSpeculator::SendRequest(absl::Duration timeout) {
+  // The window the speculator's cache build had: since its last response came in (or, after a
+  // round drafted from an offer, since that round's request went out).
   const int64_t now = MonotonicNanos();
   std::get<SpeculateRequest>(request_).window_ns =
       stamps_.first_byte > 0 && now > stamps_.first_byte
           ? static_cast<uint64_t>(now - stamps_.first_byte)
           : 0;
   SPECD_RETURN_IF_ERROR(channel_->Send(request_, timeout));
+  stamps_.frame_sent = MonotonicNanos();
   if (device_hidden_) {
     // The request's hidden rows, GPU to GPU, after it: the speculator posts their receive once
     // it read it (the link's first transfer also waits for the peer to connect).
@@ -374,6 +508,12 @@ absl::Status SsdSpeculator::AwaitResponse(absl::Duration timeout, absl::Duration
     stats_.device_hidden_rows += rows;
   }
   stamps_.sent = MonotonicNanos();
+  return absl::OkStatus();
+}
+
+absl::Status SsdSpeculator::AwaitResponse(absl::Duration wait) {
+  const uint64_t round_id = std::get<SpeculateRequest>(request_).round_id;
+  const absl::Time start = absl::Now();
   for (;;) {
     const absl::Duration left = wait - (absl::Now() - start);
     absl::StatusOr<MessageType> type =
@@ -420,14 +560,10 @@ absl::Status SsdSpeculator::ReceiveRows(const SpeculateResponse& response, absl:
   return absl::OkStatus();
 }
 
-void SsdSpeculator::AddSpeculatorStages(const SpeculateResponse& response) {
+void SsdSpeculator::AddSpeculatorStages(const SpeculatorStagesNs& ns) {
   SsdTimeline& t = stats_.timeline;
   ++t.speculator_rounds;
-  t.at(SsdSpeculatorStage::kReceive) += response.receive_ns * 1e-9;
-  t.at(SsdSpeculatorStage::kTriage) += response.triage_ns * 1e-9;
-  t.at(SsdSpeculatorStage::kDraft) += response.draft_ns * 1e-9;
-  t.at(SsdSpeculatorStage::kBuild) += response.cache_build_ns * 1e-9;
-  t.at(SsdSpeculatorStage::kReply) += response.reply_ns * 1e-9;
+  for (int i = 0; i < kNumSsdSpeculatorStages; ++i) t.speculator[i] += ns[i] * 1e-9;
 }
 
 void SsdSpeculator::EndRound(const EngineRoundSeconds& engine) {
@@ -452,13 +588,7 @@ void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const
   const auto& response = std::get<SpeculateResponse>(reply_);
   SeqState& s = seqs_[in.seq_id];
   if (!(m.flags & kSeqNew)) {  // the speculator was told an outcome: count it by k
-    const size_t k = m.accepted_len;
-    if (stats_.outcomes_by_accepted_len.size() <= k) {
-      stats_.outcomes_by_accepted_len.resize(k + 1);
-      stats_.hits_by_accepted_len.resize(k + 1);
-    }
-    ++stats_.outcomes_by_accepted_len[k];
-    stats_.hits_by_accepted_len[k] += d.status == DraftStatus::kHit ? 1 : 0;
+    CountOutcome(m.accepted_len, d.status == DraftStatus::kHit);
   }
   switch (d.status) {
     case DraftStatus::kHit:
@@ -490,6 +620,15 @@ void SsdSpeculator::TakeDraft(const DraftInput& in, const SpeculateSeq& m, const
         response.ProbsOf(d, static_cast<uint32_t>(options_.vocab_size));
     out.probs.assign(rows.begin(), rows.end());  // empty: deterministic (backup) drafts
   }
+}
+
+void SsdSpeculator::CountOutcome(size_t k, bool hit) {
+  if (stats_.outcomes_by_accepted_len.size() <= k) {
+    stats_.outcomes_by_accepted_len.resize(k + 1);
+    stats_.hits_by_accepted_len.resize(k + 1);
+  }
+  ++stats_.outcomes_by_accepted_len[k];
+  stats_.hits_by_accepted_len[k] += hit ? 1 : 0;
 }
 
 absl::Status SsdSpeculator::OnTargetPass(std::span<const SequenceInput> batch,

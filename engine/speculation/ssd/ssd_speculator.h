@@ -18,10 +18,14 @@
 // (OnTargetPass); each sequence's rows wait here until the next request carries those of its
 // committed positions to the speculator: on the host, inline in the request, or, on the device
 // data path, bf16 on the target's GPU (DeviceHiddenStore), sent GPU to GPU on the NCCL link right
-// after the request. Engine thread only.
+// after the request. With cache offers (the default; SsdOptions::cache_offers) the speculator
+// also sends its complete greedy cache branches as it builds them; a round whose every outcome
+// was offered takes its drafts from the offer, sends the outcomes and waits for nothing.
+// Engine thread only.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -136,6 +140,13 @@ class SsdSpeculator : public Speculator {
     int32_t num_remote_drafts = 0;
     // Hidden rows: positions below it were sent to the speculator (or can no longer be).
     int32_t hidden_sent = 0;
+    uint64_t round = 0;  // the request that last carried it (its drafts' cache is that round's)
+  };
+  // A branch a CacheOffer offered: the drafts for outcome (k, bonus), offer_tokens_[offset, +n).
+  struct Offered {
+    uint16_t k = 0;
+    int32_t bonus = 0;
+    uint32_t offset = 0, num_tokens = 0;
   };
   // A sequence's target hidden states not sent yet: one run of consecutive positions.
   struct HiddenRun {
@@ -158,13 +169,31 @@ class SsdSpeculator : public Speculator {
   // index or -1 when it does not fit), returning the new sequences' prompt tokens; the send and
   // the wait for the matching response; one input's drafts from the response, and the counts.
   absl::Status SendReleases(absl::Duration timeout);
-  int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent);
-  absl::Status AwaitResponse(absl::Duration timeout, absl::Duration wait);
+  int64_t SyncOutcomes(std::span<const DraftInput> inputs, std::vector<int32_t>& sent,
+                       bool offer_hits = false);
+  // Sends request_ (with its hidden rows on the device data path after it).
+  absl::Status SendRequest(absl::Duration timeout);
+  // Waits up to `wait` for the response to request_.
+  absl::Status AwaitResponse(absl::Duration wait);
+  // Cache offers: reads every message already in without waiting, keeping the offers of the
+  // last request's round (offers_); a Shutdown is Unavailable.
+  absl::Status ReadOffers();
+  // When every input's outcome was offered (greedy, synced, in the last request, wanting no
+  // more drafts than the offer holds): their drafts from the offer, the request sent with each
+  // sequence flagged kSeqOfferHit and no response awaited; true. Otherwise nothing, false.
+  absl::StatusOr<bool> OfferedRound(std::span<const DraftInput> inputs, std::vector<Draft>* drafts,
+                                    int64_t start_ns);
+  // The offered branch for `in`'s outcome, or nullptr.
+  const Offered* FindOffered(const DraftInput& in, const SeqState& s) const;
+  // Counts `in`'s outcome (accepted length k) and whether the cache had it.
+  void CountOutcome(size_t k, bool hit);
   // The response's q rows that travel on the device data path received into bulk_'s buffer on
   // the target's GPU (row offsets per response draft in bulk_offsets_); nothing when inline.
   absl::Status ReceiveRows(const SpeculateResponse& response, absl::Duration timeout);
-  // The speculator's stage times from the response (SpeculateResponse::*_ns) into the timeline.
-  void AddSpeculatorStages(const SpeculateResponse& response);
+  // The speculator's stage times (a response's or a cache offer's, ns in SsdSpeculatorStage
+  // order) into the timeline.
+  using SpeculatorStagesNs = std::array<uint64_t, kNumSsdSpeculatorStages>;
+  void AddSpeculatorStages(const SpeculatorStagesNs& ns);
   void TakeDraft(const DraftInput& in, const SpeculateSeq& m, const SpeculateDraft& d, Draft& out);
   // Hidden rows: the run's positions [from, ...) dropped; `rows` ([n, hidden_width]) of
   // positions [position, position + n) appended (a gap before them replaces the run).
@@ -219,15 +248,36 @@ class SsdSpeculator : public Speculator {
   std::vector<uint64_t> released_;
   Message request_ = SpeculateRequest();
   Message reply_;
+  // Cache offers of request offers_round_'s round (SsdOptions::cache_offers), by sequence; the
+  // last one's speculator stage times; ReadOffers' message.
+  absl::flat_hash_map<uint64_t, std::vector<Offered>> offers_;
+  std::vector<int32_t> offer_tokens_;
+  uint64_t offers_round_ = 0;
+  SpeculatorStagesNs offer_stages_{};  // SsdSpeculatorStage order (reply: 0)
+  Message inbox_;
+  std::vector<uint16_t> offered_k_;    // OfferedRound's scratch: each input's k
+  std::vector<int32_t> offered_sent_;  // ... and its request index
   uint64_t round_id_ = 0;
   // The verifier's stages of the round in progress (transfer, wait, cache lookup: what Propose
   // measured), open from a remote round's Propose until EndRound adds it to stats_.timeline.
   SsdTimeline round_;
   bool round_open_ = false;
-  // AwaitResponse's MonotonicNanos stamps: the request sent, the reply's first byte read.
+  // SendRequest's and AwaitResponse's MonotonicNanos stamps: the request's frame sent, the
+  // request sent (its hidden rows' transfer enqueued after the frame), the reply's first byte.
   struct {
-    int64_t sent = 0, first_byte = 0;
+    int64_t frame_sent = 0, sent = 0, first_byte = 0;
   } stamps_;
+  // SPECD_SSD_TRACE=1: where the verifier's transfer stage goes (offers read, outcomes synced,
+  // the frame sent, the hidden rows' transfer enqueued), logged every kTraceRounds rounds.
+  static constexpr int64_t kTraceRounds = 64;
+  bool trace_ = false;
+  struct {
+    int64_t rounds = 0, offer_rounds = 0;
+    double offers = 0, sync = 0, frame = 0, hidden = 0;
+  } trace_sums_;
+  // A remote round's stamps since `start_ns`: `offers_ns` after ReadOffers, `synced_ns` after
+  // SyncOutcomes (then stamps_).
+  void Trace(int64_t start_ns, int64_t offers_ns, int64_t synced_ns, bool offered);
   SsdStats stats_;
 };
 

@@ -108,9 +108,39 @@ class ScriptedSpeculator {
         std::lock_guard lock(mu_);
         requests_.push_back(request);
       }
+      if (!request.WantsResponse()) continue;  // its drafts came from an offer
       if (!(*channel)->Send(reply, absl::Seconds(5)).ok()) break;
+      std::optional<CacheOffer> offer;
+      {
+        std::lock_guard lock(mu_);
+        if (!offers_.empty()) {
+          offer = std::move(offers_.front());
+          offers_.erase(offers_.begin());
+        }
+      }
+      if (!offer) continue;
+      offer->round_id = request.round_id;
+      if (!(*channel)->Send(*offer, absl::Seconds(5)).ok()) break;
+      std::lock_guard lock(mu_);
+      ++offers_sent_;
     }
     return absl::OkStatus();
+  }
+  // Sends `offer` (its round_id set) right after the next response.
+  void OfferAfterNextResponse(CacheOffer offer) {
+    std::lock_guard lock(mu_);
+    offers_.push_back(std::move(offer));
+  }
+  // Waits up to 10 s until `n` offers went out, or `n` requests came in.
+  bool WaitOffersSent(int n) {
+    return WaitFor([&] { return offers_sent_ >= n; });
+  }
+  bool WaitRequests(size_t n) {
+    return WaitFor([&] { return requests_.size() >= n; });
+  }
+  size_t NumRequests() {
+    std::lock_guard lock(mu_);
+    return requests_.size();
   }
   // The last request that carried sequences.
   SpeculateRequest LastRequest() {
@@ -132,6 +162,20 @@ class ScriptedSpeculator {
   std::mutex mu_;
   std::optional<SsdInit> init_;
   std::vector<SpeculateRequest> requests_;
+  std::vector<CacheOffer> offers_;  // to send after the next responses
+  int offers_sent_ = 0;
+
+  template <typename Done>
+  bool WaitFor(Done done) {
+    for (int i = 0; i < 1000; ++i) {
+      {
+        std::lock_guard lock(mu_);
+        if (done()) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
 };
 
 // A verifier that lets speculators join on its own (launch off) with a fresh secret, whose
@@ -139,7 +183,8 @@ class ScriptedSpeculator {
 struct Verifier {
   // hidden_width > 0: an EAGLE-3 head drafts in the speculator, requests carry hidden states
   // (at most max_hidden_rows a request, 0: the wire limit's).
-  explicit Verifier(int32_t hidden_width = 0, int32_t max_hidden_rows = 0) {
+  explicit Verifier(int32_t hidden_width = 0, int32_t max_hidden_rows = 0,
+                    bool cache_offers = true) {
     absl::StatusOr<LinkSecret> s = NewLinkSecret();
     EXPECT_TRUE(s.ok()) << s.status();
     secret = *s;
@@ -149,6 +194,7 @@ struct Verifier {
             "fan_out": 5, "launch_speculator": false, "speculator_address": "127.0.0.1:0"})");
     EXPECT_TRUE(config.ok()) << config.status();
     options.config = *config;
+    options.config.ssd.cache_offers = cache_offers;
     options.vocab_size = kVocab;
     options.max_num_seqs = kMaxNumSeqs;
     options.max_model_len = kMaxModelLen;
@@ -278,6 +324,118 @@ TEST(SsdSpeculatorTest, SendsTheToldAcceptedLengthAndTheRequestsSaguaroC) {
   EXPECT_EQ(Find(second, 2)->accepted_len, 0) << "told nothing: no drafts were accepted";
   EXPECT_EQ(second.TokensOf(*Find(second, 1)).size(), 3u);
   EXPECT_EQ(ssd->stats().local_rounds, local_rounds) << "both rounds answered remotely";
+}
+
+// Cache offers (wire version 10): a round whose every outcome the speculator offered takes the
+// offered drafts, flags each sequence kSeqOfferHit and waits for no response; a round with one
+// outcome not offered asks for all of them, as does a sampled sequence; with cache_offers off
+// the verifier never takes an offer.
+TEST(SsdSpeculatorTest, ARoundWhoseOutcomesWereOfferedTakesTheOfferWithoutWaiting) {
+  for (const bool offers_on : {true, false}) {
+    SCOPED_TRACE(offers_on ? "cache offers on" : "cache offers off");
+    Verifier v(0, 0, offers_on);
+    ASSERT_NE(v.ssd, nullptr);
+    SsdSpeculator* ssd = v.ssd.get();
+    ScriptedSpeculator peer;
+    PeerThread serving(v, peer);
+    ASSERT_TRUE(WaitConnected(*ssd));
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    SamplingParams sampled;
+    sampled.temperature = 0.7f;
+    const std::vector<int32_t> prompt = {10, 11, 12, 13, 14};
+    std::vector<DraftInput> inputs(2);
+    std::vector<std::vector<int32_t>> tokens(2, prompt);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i].seq_id = i + 1;
+      inputs[i].tokens = tokens[i];
+      inputs[i].num_draft_tokens = kK;
+      inputs[i].params = &greedy;
+    }
+    auto commit = [&](size_t i, int32_t accepted, std::vector<int32_t> fresh) {
+      const VerifiedRound told{.seq_id = i + 1,
+                               .num_drafts = kK,
+                               .num_accepted = accepted,
+                               .next_token = fresh.back(),
+                               .scores = {},
+                               .num_scored = 0};
+      ssd->OnVerified({&told, 1});
+      tokens[i].insert(tokens[i].end(), fresh.begin(), fresh.end());
+      inputs[i].tokens = tokens[i];
+    };
+    // Round 1 asks (nothing offered yet); the peer then offers sequence 1's outcome (2
+    // accepted, bonus 9) and another of it, and sequence 2's (none accepted, bonus 30).
+    CacheOffer offer;
+    offer.cache_build_ns = 7000;
+    offer.AddDraft(1, 2, 9, std::vector<int32_t>{21, 22, 23, 24});
+    offer.AddDraft(1, 2, 3, std::vector<int32_t>{41, 42, 43, 44});
+    offer.AddDraft(2, 0, 30, std::vector<int32_t>{31, 32, 33, 34, 35});
+    peer.OfferAfterNextResponse(offer);
+    std::vector<Draft> drafts;
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    EXPECT_EQ(drafts[0].tokens, kDrafts);
+    ASSERT_TRUE(peer.WaitOffersSent(1));
+    commit(0, 2, {5, 6, 9});
+    commit(1, 0, {30});
+    const size_t asked = peer.NumRequests();
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    ASSERT_TRUE(peer.WaitRequests(asked + 1));
+    const SpeculateRequest second = peer.LastRequest();
+    ASSERT_NE(Find(second, 1), nullptr);
+    ASSERT_NE(Find(second, 2), nullptr);
+    EXPECT_EQ(Find(second, 1)->accepted_len, 2);
+    EXPECT_EQ(Find(second, 2)->accepted_len, 0);
+    if (offers_on) {
+      EXPECT_EQ(drafts[0].tokens, (std::vector<int32_t>{21, 22, 23, 24}));
+      EXPECT_EQ(drafts[1].tokens, (std::vector<int32_t>{31, 32, 33, 34})) << "K of them";
+      EXPECT_EQ(drafts[0].origin, DraftOrigin::kCacheHit);
+      EXPECT_EQ(ssd->stats().offer_rounds, 1);
+      EXPECT_EQ(ssd->stats().drafts_hit, 2);
+      EXPECT_EQ(ssd->last_wait_seconds(), 0.0);
+      EXPECT_FALSE(second.WantsResponse());
+      EXPECT_TRUE(Find(second, 1)->flags & kSeqOfferHit);
+      EXPECT_TRUE(Find(second, 2)->flags & kSeqOfferHit);
+    } else {
+      EXPECT_EQ(drafts[0].tokens, kDrafts) << "asked the speculator";
+      EXPECT_EQ(ssd->stats().offer_rounds, 0);
+      EXPECT_TRUE(second.WantsResponse());
+    }
+    // Nothing was offered for round 2: round 3 asks. Its response is followed by an offer of
+    // sequence 1's outcome only (all 4 drafts accepted, bonus 50).
+    CacheOffer partial;
+    partial.AddDraft(1, 4, 50, std::vector<int32_t>{1, 2, 3, 4});
+    peer.OfferAfterNextResponse(partial);
+    commit(
+        0, 4,
+        {drafts[0].tokens[0], drafts[0].tokens[1], drafts[0].tokens[2], drafts[0].tokens[3], 51});
+    commit(1, 1, {drafts[1].tokens[0], 60});
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    EXPECT_EQ(drafts[0].tokens, kDrafts);
+    EXPECT_EQ(drafts[1].origin, DraftOrigin::kPrimary);
+    EXPECT_TRUE(peer.LastRequest().WantsResponse());
+    ASSERT_TRUE(peer.WaitOffersSent(2));
+    // Round 4: sequence 1's outcome was offered, sequence 2's was not: the round asks.
+    commit(0, 4, {5, 6, 7, 8, 50});
+    commit(1, 0, {61});
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    EXPECT_EQ(drafts[0].tokens, kDrafts);
+    EXPECT_EQ(drafts[0].origin, DraftOrigin::kPrimary);
+    EXPECT_TRUE(peer.LastRequest().WantsResponse());
+    EXPECT_EQ(ssd->stats().offer_rounds, offers_on ? 1 : 0);
+    // A sampled sequence never takes an offer (its drafts need q rows).
+    CacheOffer sampled_offer;
+    sampled_offer.AddDraft(1, 0, 7, std::vector<int32_t>{1, 2, 3, 4});
+    peer.OfferAfterNextResponse(sampled_offer);
+    inputs.resize(1);
+    inputs[0].params = &sampled;
+    commit(0, 0, {62});
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    ASSERT_TRUE(peer.WaitOffersSent(3));
+    commit(0, 0, {7});
+    ASSERT_TRUE(ssd->Propose(inputs, &drafts).ok());
+    EXPECT_EQ(drafts[0].tokens, kDrafts);
+    EXPECT_EQ(ssd->stats().offer_rounds, offers_on ? 1 : 0);
+  }
 }
 
 TEST(SsdSpeculatorTest, AJoiningSpeculatorGetsTheVerifiersSettingsInItsInit) {

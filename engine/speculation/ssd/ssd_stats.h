@@ -45,7 +45,9 @@ struct SsdTimeline {
   int64_t verifier_rounds = 0;
   double verifier_round_seconds = 0;  // the rounds' wall time: the stages sum to it
   std::array<double, kNumSsdVerifierStages> verifier{};
-  int64_t speculator_rounds = 0;  // responses whose stage times arrived
+  // Responses whose stage times arrived, and rounds drafted from a cache offer (their stage
+  // times ride on the offer; its reply stage is 0).
+  int64_t speculator_rounds = 0;
   std::array<double, kNumSsdSpeculatorStages> speculator{};
 
   double& at(SsdVerifierStage s) { return verifier[static_cast<int>(s)]; }
@@ -56,7 +58,10 @@ struct SsdTimeline {
 
 // Counters since start (the engine turns them into metrics).
 struct SsdStats {
-  int64_t rounds = 0;                   // Propose calls that reached the speculator
+  int64_t rounds = 0;  // Propose calls that reached the speculator
+  // Of them, rounds whose every sequence took its drafts from a cache offer (wire version 10):
+  // no wait, no response.
+  int64_t offer_rounds = 0;
   int64_t local_rounds = 0;             // rounds drafted locally: no speculator connected
   int64_t drafts_hit = 0;               // sequences served from the speculation cache
   int64_t drafts_miss_primary = 0;      // cache misses re-drafted by the draft model

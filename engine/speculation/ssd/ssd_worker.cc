@@ -26,6 +26,8 @@ constexpr int32_t kMaxCandidates = 16;
 // step costs about the same for 1 or a few dozen rows (it reads its weights once), so branches
 // of every candidate rank share passes up to this many rows; beyond it, waves go by rank.
 constexpr size_t kMaxBranchesPerPass = 64;
+// A wave's offer fits one CacheOffer.
+static_assert(kMaxBranchesPerPass <= kMaxOfferDrafts);
 // The draft runner's round graphs round chunk lengths up to a multiple of this.
 constexpr int32_t kWaveQueryLenMultiple = 4;
 // Device memory for the cache's sampled q rows (DraftModelSpeculator::KeepProbsOnDevice): 1 GiB
@@ -615,25 +617,47 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
                        wave_seconds * static_cast<double>(full) / static_cast<double>(done));
       }
     }
+    const bool offering = options_.config.ssd.cache_offers && channel_ != nullptr;
+    offer_.Clear();
     for (size_t j = 0; j < wave.size(); ++j) {
       Branch& br = wave[j];
       Draft& d = proposed[j];
       // Empty: the draft's KV is full (this outcome will miss); short: the build was stopped
       // mid-branch, and a hit resumes it from the drafts it has (Handle).
       if (d.tokens.empty()) continue;
+      const Seq& s = seqs_[br.seq_id];
+      // A complete greedy branch (its K drafts and the row for k = K) is the verifier's to take
+      // without asking; a sampled one needs its q rows, a short one its remaining passes.
+      if (offering && s.params.greedy() && d.tokens.size() > size_t(s.num_draft_tokens)) {
+        offer_.AddDraft(br.seq_id, static_cast<uint16_t>(br.k), br.bonus,
+                        std::span<const int32_t>(d.tokens).first(s.num_draft_tokens));
+      }
       CachedDraft c;
       c.tokens = std::move(d.tokens);
       c.probs = std::move(d.probs);
       c.kept_probs = std::move(d.kept_probs);
       c.candidates = std::move(d.candidates);
       c.branch_id = br.branch_id;
-      cache_.Insert(br.seq_id, seqs_[br.seq_id].round, br.k, br.bonus, std::move(c));
+      cache_.Insert(br.seq_id, s.round, br.k, br.bonus, std::move(c));
       ++stats_.branches;
     }
+    // Not once the verifier's next message is in: it asked already, or needs no offer.
+    if (!offer_.drafts.empty() && !(stop && stop())) SPECD_RETURN_IF_ERROR(SendOffer(start));
   }
   build_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
   stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kBuild)] += build_seconds_;
   return absl::OkStatus();
+}
+
+absl::Status SsdWorker::SendOffer(absl::Time build_start) {
+  offer_.round_id = offer_round_;
+  offer_.cache_build_ns =
+      static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - build_start));
+  offer_.receive_ns = unanswered_ns_.receive;
+  offer_.triage_ns = unanswered_ns_.triage;
+  offer_.draft_ns = unanswered_ns_.draft;
+  stats_.offered += static_cast<int64_t>(offer_.drafts.size());
+  return channel_->Send(offer_, absl::Seconds(30));
 }
 
 void SsdWorker::DropAll() {
@@ -646,8 +670,12 @@ absl::Status SsdWorker::ServeChannel(Channel& channel, NcclChannel* bulk) {
   // The link is the caller's: forgotten when serving ends, however it ends.
   struct Forget {
     NcclChannel*& link;
-    ~Forget() { link = nullptr; }
-  } forget{bulk_ = bulk};
+    Channel*& channel;
+    ~Forget() {
+      link = nullptr;
+      channel = nullptr;
+    }
+  } forget{bulk_ = bulk, channel_ = &channel};
   Message message;
   Message reply = SpeculateResponse();
   bool pending = false;  // BuildCache stopped because `message` arrived
@@ -671,13 +699,25 @@ absl::Status SsdWorker::ServeChannel(Channel& channel, NcclChannel* bulk) {
     pending = false;
     switch (TypeOf(message)) {
       case MessageType::kSpeculateRequest: {
+        const auto& request = std::get<SpeculateRequest>(message);
         auto& response = std::get<SpeculateResponse>(reply);
-        SPECD_RETURN_IF_ERROR(Handle(std::get<SpeculateRequest>(message), &response));
-        const int64_t send_start = MonotonicNanos();
-        SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
-        SPECD_RETURN_IF_ERROR(SendRows());
-        send_ns_ = NanosBetween(send_start, MonotonicNanos());
-        stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReply)] += send_ns_ * 1e-9;
+        SPECD_RETURN_IF_ERROR(Handle(request, &response));
+        offer_round_ = request.round_id;
+        unanswered_ns_ = {};
+        if (request.WantsResponse()) {
+          const int64_t send_start = MonotonicNanos();
+          SPECD_RETURN_IF_ERROR(channel.Send(reply, absl::Seconds(30)));
+          SPECD_RETURN_IF_ERROR(SendRows());
+          send_ns_ = NanosBetween(send_start, MonotonicNanos());
+          stats_.stage_seconds[static_cast<int>(SsdSpeculatorStage::kReply)] += send_ns_ * 1e-9;
+        } else {
+          // Every drafts came from an offer (greedy: no q rows to send); the verifier verifies
+          // them already. The offers that follow carry this request's stage times.
+          ++stats_.offer_rounds;
+          unanswered_ns_ = {response.receive_ns, response.triage_ns, response.draft_ns};
+          bulk_ranges_.clear();
+          bulk_blocks_.clear();
+        }
         SPECD_RETURN_IF_ERROR(options_.config.ssd.complete_cache ? BuildCache()
                                                                  : BuildCache(arrived));
         break;

@@ -73,6 +73,8 @@ struct SsdWorkerStats {
   int64_t budget_branches = 0;     // the last time-budgeted build's budget (0: fixed or none yet)
   int64_t device_rows = 0;         // q rows sent GPU to GPU (the device data path)
   int64_t device_hidden_rows = 0;  // target hidden rows received GPU to GPU
+  int64_t offered = 0;             // cache branches sent in CacheOffers
+  int64_t offer_rounds = 0;        // requests whose drafts all came from an offer (no response)
   // Seconds per stage of the round (SsdSpeculatorStage order), what the responses report.
   std::array<double, kNumSsdSpeculatorStages> stage_seconds{};
 };
@@ -101,6 +103,9 @@ class SsdWorker {
   // device data path the init agreed on) sampled drafts' q rows go GPU to GPU on it, right
   // after the response that announces them (probs_out_of_band), whenever every served row is
   // kept on the draft's device; otherwise inline.
+  // With config.ssd.cache_offers the build sends the verifier its complete greedy branches after
+  // each wave (CacheOffer), and a request whose every sequence took its drafts from an offer
+  // (SpeculateRequest::WantsResponse false) is handled without a response.
   absl::Status ServeChannel(Channel& channel, NcclChannel* bulk = nullptr);
   // Forgets every sequence: a verifier that just joined knows none of them.
   void DropAll();
@@ -108,7 +113,9 @@ class SsdWorker {
   // One round: the response to `request`. Then BuildCache precomputes the next outcomes' drafts.
   // Public for tests (ServeChannel calls both).
   // BuildCache stops before its next forward pass once `stop` returns true (the verifier's next
-  // message arrived), keeping unfinished branches for partial hits.
+  // message arrived), keeping unfinished branches for partial hits. A request that wants no
+  // response (every sequence's drafts came from an offer) still fills `response`, which is not
+  // sent; its stage times then ride on the next offers.
   absl::Status Handle(const SpeculateRequest& request, SpeculateResponse* response);
   // A request's hidden rows sent out of band: received from the bulk link into its buffer on
   // the draft's GPU (nullptr when the request has none); the offsets are the request's.
@@ -211,6 +218,10 @@ class SsdWorker {
   absl::Status Reply(const SpeculateRequest& request, Round& round, SpeculateResponse* response);
   // After the response went out: the rows it announced gathered into the link's buffer and sent.
   absl::Status SendRows();
+  // BuildCache's offer of a wave's complete greedy branches (offer_), sent on channel_ when
+  // cache offers are on and the verifier's next message is not in yet; `build_start` dates the
+  // build for the offer's cache_build_ns.
+  absl::Status SendOffer(absl::Time build_start);
   // The round's timeline (MonotonicNanos stamps of Handle's phases): the response's stage
   // times since the last response, added to stats_.
   void NoteStages(SpeculateResponse* response, int64_t triage_start, int64_t draft_start,
@@ -264,6 +275,15 @@ class SsdWorker {
   uint64_t receive_ns_ = 0;
   uint64_t send_ns_ = 0;
   std::vector<uint64_t> served_;  // sequences of the last response, in order
+  // ServeChannel's channel while it serves (cache offers go out on it), the last request's
+  // round id (the offers' round_id) and, when it got no response, its stage times (the offers
+  // carry them); the offer being composed.
+  Channel* channel_ = nullptr;
+  uint64_t offer_round_ = 0;
+  struct {
+    uint64_t receive = 0, triage = 0, draft = 0;
+  } unanswered_ns_;
+  CacheOffer offer_;
   // The device data path (ServeChannel's), and the kept rows the last response announced: their
   // ranges in send order, and the blocks holding them (alive until they are gathered).
   NcclChannel* bulk_ = nullptr;

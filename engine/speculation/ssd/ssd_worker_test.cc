@@ -10,6 +10,7 @@
 #include <array>
 #include <fstream>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -456,28 +457,130 @@ TEST(SsdWorkerTest, LargeBatchesFallBackToTheBackupAndUnknownSequencesGetNothing
   EXPECT_EQ(w->draft_free_blocks(), w->draft_total_blocks());
 }
 
+// The verifier's end of a served channel: the next SpeculateResponse, skipping the cache offers
+// before it (counted in *offers).
+absl::StatusOr<const SpeculateResponse*> NextResponse(TcpChannel& verifier, Message& m,
+                                                      int* offers = nullptr) {
+  for (;;) {
+    absl::StatusOr<MessageType> type = verifier.Recv(absl::Seconds(10), &m);
+    if (!type.ok()) return type.status();
+    if (*type == MessageType::kSpeculateResponse) return &std::get<SpeculateResponse>(m);
+    if (*type != MessageType::kCacheOffer) {
+      return absl::InternalError(std::string(MessageTypeName(*type)));
+    }
+    if (offers != nullptr) ++*offers;
+  }
+}
+
+// A served channel: the worker's loop on its own thread, the verifier's end here. On a failed
+// assertion the verifier end closes, which ends the loop, before the join.
+struct ServedWorker {
+  explicit ServedWorker(SsdWorker& w) {
+    int fds[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    verifier = TcpChannel::FromConnectedSocket(fds[0], w.limits(), "v");
+    speculator = TcpChannel::FromConnectedSocket(fds[1], w.limits(), "s");
+    loop = std::thread([this, &w] { served = w.ServeChannel(*speculator); });
+  }
+  ~ServedWorker() {
+    verifier->Close();
+    if (loop.joinable()) loop.join();
+  }
+  std::unique_ptr<TcpChannel> verifier, speculator;
+  absl::Status served;
+  std::thread loop;
+};
+
+// Cache offers (wire version 10): after the response, the build sends the verifier its complete
+// greedy branches, each the drafts a fresh draft model makes for its outcome (a sampled
+// sequence's never); a request that took its drafts from an offer gets no response, and the
+// loop goes on with the offered branch as the sequence's drafts.
+TEST(SsdWorkerTest, OffersCompleteGreedyBranchesAndAnswersNoRoundThatTookOne) {
+  auto w = MakeWorker(R"(, "cache_build": "complete")");
+  ASSERT_NE(w, nullptr);
+  ServedWorker served(*w);
+  TcpChannel& verifier = *served.verifier;
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  req.round_id = 1;
+  req.AddSeq(Seq(3, kSeqNew, 0), prompt);
+  SpeculateSeq sampled = Seq(4, kSeqNew | kSeqWantProbs, 0);
+  sampled.sampling = {0.8f, 1.0f, 0, 0.0f, 11};
+  req.AddSeq(sampled, prompt);
+  ASSERT_TRUE(verifier.Send(req, absl::Seconds(5)).ok());
+  Message m;
+  absl::StatusOr<MessageType> type = verifier.Recv(absl::Seconds(10), &m);
+  ASSERT_TRUE(type.ok()) << type.status();
+  ASSERT_EQ(*type, MessageType::kSpeculateResponse) << "the response comes first";
+  const std::vector<int32_t> d = TokensOf(std::get<SpeculateResponse>(m), 0);
+  ASSERT_EQ(d.size(), size_t{kK});
+  // The complete build of round 1: one wave, so one offer, of sequence 3's branches only:
+  // F = 3 candidates at each of the K + 1 acceptance lengths.
+  type = verifier.Recv(absl::Seconds(10), &m);
+  ASSERT_TRUE(type.ok()) << type.status();
+  ASSERT_EQ(*type, MessageType::kCacheOffer);
+  const CacheOffer offer = std::get<CacheOffer>(m);
+  EXPECT_EQ(offer.round_id, 1u);
+  EXPECT_GT(offer.cache_build_ns, 0u);
+  ASSERT_EQ(offer.drafts.size(), size_t{(kK + 1) * 3});
+  const OfferedDraft* taken = nullptr;
+  for (const OfferedDraft& o : offer.drafts) {
+    EXPECT_EQ(o.seq_id, 3u) << "a sampled sequence's branches need q rows: never offered";
+    EXPECT_EQ(o.num_tokens, uint32_t{kK});
+    if (o.accepted_len == 2 && taken == nullptr) taken = &o;
+  }
+  ASSERT_NE(taken, nullptr);
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), d.begin(), d.begin() + 2);
+  context.push_back(taken->bonus);
+  const std::span<const int32_t> offered = offer.TokensOf(*taken);
+  EXPECT_EQ(std::vector<int32_t>(offered.begin(), offered.end()), Fresh(context).tokens)
+      << "an offered branch must equal a fresh draft";
+
+  // Round 2 took that branch from the offer: no response, and the build that follows offers
+  // the outcomes of its drafts (round 2's offer is the next message).
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(3, kSeqOfferHit, 2), std::vector<int32_t>{d[0], d[1], taken->bonus});
+  ASSERT_FALSE(req.WantsResponse());
+  ASSERT_TRUE(verifier.Send(req, absl::Seconds(5)).ok());
+  type = verifier.Recv(absl::Seconds(10), &m);
+  ASSERT_TRUE(type.ok()) << type.status();
+  ASSERT_EQ(*type, MessageType::kCacheOffer) << "round 2 wanted no response";
+  const CacheOffer second = std::get<CacheOffer>(m);
+  EXPECT_EQ(second.round_id, 2u);
+  EXPECT_GT(second.receive_ns + second.triage_ns, 0u) << "the unanswered round's stage times";
+  ASSERT_FALSE(second.drafts.empty());
+
+  // Round 3 asks, for an outcome offered in round 2: a hit with the offered drafts.
+  const OfferedDraft& next = second.drafts.front();
+  std::vector<int32_t> fresh(offered.begin(), offered.begin() + next.accepted_len);
+  fresh.push_back(next.bonus);
+  req.Clear();
+  req.round_id = 3;
+  req.AddSeq(Seq(3, 0, next.accepted_len), fresh);
+  ASSERT_TRUE(verifier.Send(req, absl::Seconds(5)).ok());
+  absl::StatusOr<const SpeculateResponse*> third = NextResponse(verifier, m);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ((*third)->round_id, 3u);
+  EXPECT_EQ((*third)->drafts.at(0).status, DraftStatus::kHit);
+  const std::span<const int32_t> next_tokens = second.TokensOf(next);
+  EXPECT_EQ(TokensOf(**third, 0), std::vector<int32_t>(next_tokens.begin(), next_tokens.end()));
+  ASSERT_TRUE(verifier.Send(Shutdown{"done"}, absl::Seconds(5)).ok());
+  served.loop.join();
+  EXPECT_TRUE(served.served.ok()) << served.served;
+  EXPECT_EQ(w->stats().offer_rounds, 1);
+  EXPECT_GE(w->stats().offered, int64_t{2} * (kK + 1) * 3);
+}
+
 // The serving loop over a real channel, with a verifier that sends each round's outcome the
 // moment the drafts arrive: the cache build is interrupted every round, and no request may be
 // lost to it (every round is answered, in order, within the timeout).
 TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
   auto w = MakeWorker();
   ASSERT_NE(w, nullptr);
-  int fds[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  std::unique_ptr<TcpChannel> verifier = TcpChannel::FromConnectedSocket(fds[0], w->limits(), "v");
-  std::unique_ptr<TcpChannel> speculator =
-      TcpChannel::FromConnectedSocket(fds[1], w->limits(), "s");
-  absl::Status served;
-  std::thread loop([&] { served = w->ServeChannel(*speculator); });
-  // On a failed assertion the verifier end closes, which ends the loop, before the join.
-  struct Joiner {
-    TcpChannel* verifier;
-    std::thread* loop;
-    ~Joiner() {
-      verifier->Close();
-      if (loop->joinable()) loop->join();
-    }
-  } joiner{verifier.get(), &loop};
+  ServedWorker served(*w);
+  TcpChannel* verifier = served.verifier.get();
   const std::vector<int32_t> prompt = Prompt();
   SpeculateRequest req;
   req.round_id = 1;
@@ -486,11 +589,12 @@ TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
   int hits = 0;
   // The stage times the responses reported (ns, SsdSpeculatorStage order).
   std::array<uint64_t, kNumSsdSpeculatorStages> reported{};
+  int offers = 0;  // cache offers that came in before a response
   for (uint64_t round = 1; round <= 24; ++round) {
     ASSERT_TRUE(verifier->Send(req, absl::Seconds(5)).ok());
-    absl::StatusOr<MessageType> type = verifier->Recv(absl::Seconds(10), &reply);
-    ASSERT_TRUE(type.ok()) << "round " << round << ": " << type.status();
-    const auto& resp = std::get<SpeculateResponse>(reply);
+    absl::StatusOr<const SpeculateResponse*> got = NextResponse(*verifier, reply, &offers);
+    ASSERT_TRUE(got.ok()) << "round " << round << ": " << got.status();
+    const SpeculateResponse& resp = **got;
     ASSERT_EQ(resp.round_id, round);
     hits += resp.drafts[0].status == DraftStatus::kHit ? 1 : 0;
     reported[0] += resp.receive_ns;
@@ -507,9 +611,9 @@ TEST(SsdWorkerTest, ServingLoopAnswersEveryRoundWhileBuildingTheCache) {
     req.AddSeq(Seq(3, 0, 2), std::vector<int32_t>{d[0], d[1], (d[1] + 1) % w->vocab_size()});
   }
   ASSERT_TRUE(verifier->Send(Shutdown{"done"}, absl::Seconds(5)).ok());
-  loop.join();
-  EXPECT_TRUE(served.ok()) << served;  // the loop ended on the Shutdown
-  std::printf("[ serving loop ] 24 rounds, %d cache hits\n", hits);
+  served.loop.join();
+  EXPECT_TRUE(served.served.ok()) << served.served;  // the loop ended on the Shutdown
+  std::printf("[ serving loop ] 24 rounds, %d cache hits, %d offers\n", hits, offers);
   // The round's timeline: every stage ran (the first round's new sequence is a miss the draft
   // model drafts), and the responses reported what the worker measured, except the last build
   // and send, which no response followed.
