@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <thread>
 
@@ -106,6 +107,17 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(Channel& control, Role role, absl:
 struct NcclChannel::Impl {
   int rank = 0;
   int device = 0;
+  // SendAsync's thread (started with the first one) and its one job at a time.
+  struct Job {
+    const void* data = nullptr;
+    size_t bytes = 0;
+    cudaStream_t stream = nullptr;
+  };
+  std::thread sender;
+  absl::Mutex job_mu;
+  std::optional<Job> job ABSL_GUARDED_BY(job_mu);
+  bool stopping ABSL_GUARDED_BY(job_mu) = false;
+  absl::Status job_status ABSL_GUARDED_BY(job_mu);
   cudaStream_t stream = nullptr;  // stream(): created with the communicator, destroyed after it
   // Buffer(): cudaMalloc'd on `device`, one per slot.
   void* buffer[kNumBuffers] = {};
@@ -142,6 +154,38 @@ struct NcclChannel::Impl {
       PollPause();
     }
   }
+
+  // Waits until SendAsync's job (if any) is queued; its status, then cleared.
+  absl::Status JoinSend() ABSL_LOCKS_EXCLUDED(job_mu) {
+    absl::MutexLock lock(&job_mu);
+    job_mu.Await(absl::Condition(
+        +[](std::optional<Job>* j) { return !j->has_value(); }, &job));
+    return std::exchange(job_status, absl::OkStatus());
+  }
+  // The sender thread: each job's ncclSend, then the next.
+  void SendLoop() ABSL_LOCKS_EXCLUDED(job_mu) {
+    for (;;) {
+      Job j;
+      {
+        absl::MutexLock lock(&job_mu);
+        job_mu.Await(absl::Condition(this, &Impl::HasWork));
+        if (!job.has_value()) return;  // stopping
+        j = *job;
+      }
+      absl::Status s = cuda::Check(cudaSetDevice(device), "cudaSetDevice");
+      if (s.ok()) {
+        s = Enqueue(
+            [&](ncclComm_t comm) {
+              return ncclSend(j.data, j.bytes, ncclUint8, 1 - rank, comm, j.stream);
+            },
+            "ncclSend");
+      }
+      absl::MutexLock lock(&job_mu);
+      job_status = s;
+      job.reset();
+    }
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu) { return job.has_value() || stopping; }
 
   // Enqueues one point-to-point operation (send or receive) and waits until NCCL queued it (the
   // first operation also connects the two ranks).
@@ -204,6 +248,14 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel& contro
 }
 
 NcclChannel::~NcclChannel() {
+  if (impl_->sender.joinable()) {
+    (void)impl_->JoinSend();
+    {
+      absl::MutexLock lock(&impl_->job_mu);
+      impl_->stopping = true;
+    }
+    impl_->sender.join();
+  }
   {
     absl::MutexLock lock(&impl_->mu);
     if (ncclComm_t comm = std::exchange(impl_->comm, nullptr); comm != nullptr) {
@@ -233,6 +285,7 @@ absl::StatusOr<void*> NcclChannel::Buffer(size_t bytes, int slot) {
   if (slot < 0 || slot >= kNumBuffers) {
     return absl::InvalidArgumentError(absl::StrCat("NCCL channel buffer slot ", slot));
   }
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
   void*& buffer = impl_->buffer[slot];
   size_t& have = impl_->buffer_bytes[slot];
   if (bytes <= have) return buffer;
@@ -251,6 +304,7 @@ absl::StatusOr<void*> NcclChannel::Buffer(size_t bytes, int slot) {
 }
 
 absl::Status NcclChannel::Copy(void* device_dst, const void* device_src, size_t bytes) {
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
   if (bytes == 0) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
   return cuda::Check(
@@ -258,7 +312,17 @@ absl::Status NcclChannel::Copy(void* device_dst, const void* device_src, size_t 
       "NCCL channel copy");
 }
 
+absl::Status NcclChannel::SendAsync(const void* device_data, size_t bytes, void* cuda_stream) {
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
+  if (!impl_->sender.joinable())
+    impl_->sender = std::thread([impl = impl_.get()] { impl->SendLoop(); });
+  absl::MutexLock lock(&impl_->job_mu);
+  impl_->job = Impl::Job{device_data, bytes, static_cast<cudaStream_t>(cuda_stream)};
+  return absl::OkStatus();
+}
+
 absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda_stream) {
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
   const int peer = 1 - impl_->rank;
   // The caller's thread may have another GPU current (the verifier's engine thread, the
   // communicator having been made on the accept thread).
@@ -272,6 +336,7 @@ absl::Status NcclChannel::Send(const void* device_data, size_t bytes, void* cuda
 }
 
 absl::Status NcclChannel::Recv(void* device_data, size_t bytes, void* cuda_stream) {
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
   const int peer = 1 - impl_->rank;
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(impl_->device), "cudaSetDevice"));
   return impl_->Enqueue(
@@ -283,6 +348,7 @@ absl::Status NcclChannel::Recv(void* device_data, size_t bytes, void* cuda_strea
 }
 
 absl::Status NcclChannel::Synchronize(void* cuda_stream, absl::Duration timeout) {
+  SPECD_RETURN_IF_ERROR(impl_->JoinSend());
   return impl_->Poll(absl::Now() + timeout, "NCCL transfer", true,
                      static_cast<cudaStream_t>(cuda_stream));
 }
@@ -311,6 +377,10 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Create(Channel&, Role,
 NcclChannel::~NcclChannel() = default;
 
 absl::Status NcclChannel::Send(const void*, size_t, void*) {
+  return absl::UnimplementedError("built without NCCL");
+}
+
+absl::Status NcclChannel::SendAsync(const void*, size_t, void*) {
   return absl::UnimplementedError("built without NCCL");
 }
 

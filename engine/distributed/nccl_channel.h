@@ -52,6 +52,11 @@ class NcclChannel {
   // must post a Recv of the same size. Asynchronous: done when the stream reaches it. The first
   // operation also connects the two ranks and waits (up to 30 s, or until Abort) for the peer.
   absl::Status Send(const void* device_data, size_t bytes, void* cuda_stream);
+  // Send, enqueued by the channel's own thread (queuing an NCCL operation takes a few hundred
+  // microseconds the caller need not wait for). Every other call here first waits until that
+  // send is queued (so operations reach NCCL and the stream in the order they were called) and
+  // returns its error if it failed; so does the next SendAsync.
+  absl::Status SendAsync(const void* device_data, size_t bytes, void* cuda_stream);
   // Enqueues receiving `bytes` bytes from the peer into `device_data` ([bytes] u8, device).
   absl::Status Recv(void* device_data, size_t bytes, void* cuda_stream);
 

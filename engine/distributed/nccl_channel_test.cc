@@ -1,7 +1,8 @@
 // NcclChannel on a real 2-GPU machine (ctest label gpu; exits 77, "skipped", with fewer than two
 // GPUs visible). Each test forks a verifier (GPU 0) and a speculator (GPU 1) from a parent that
 // never touches CUDA (a CUDA context does not survive fork). They meet over TcpChannel, bootstrap
-// NCCL through it, and move q rows GPU to GPU: content checked row by row, throughput printed. A
+// NCCL through it, and move q rows GPU to GPU (sent directly and, every other round, by the
+// channel's thread: SendAsync): content checked row by row, throughput printed. A
 // second test kills the speculator while the verifier waits on a receive: Synchronize must time
 // out, the control channel report Unavailable, and Abort end the transfer (no hang).
 #include "engine/distributed/nccl_channel.h"
@@ -94,7 +95,11 @@ int RunSpeculator(uint16_t port, bool stall) {
       response.AddDraft(seq, DraftStatus::kHit, draft, {}, /*has_probs=*/true);
     }
     EXPECT_OR_EXIT((*channel)->Send(response, absl::Seconds(10)).ok(), 25);
-    EXPECT_OR_EXIT((*nccl)->Send(device, n * 4, stream).ok(), 26);
+    // Every other round the channel's thread queues the send (SendAsync); Synchronize waits
+    // for it to be queued first.
+    const absl::Status sent = round % 2 == 1 ? (*nccl)->SendAsync(device, n * 4, stream)
+                                             : (*nccl)->Send(device, n * 4, stream);
+    EXPECT_OR_EXIT(sent.ok(), 26);
     EXPECT_OR_EXIT((*nccl)->Synchronize(stream, absl::Seconds(10)).ok(), 27);
     if (stall) {
       while (true) ::pause();

@@ -23,8 +23,9 @@ class NcclLink : public DeviceRowLink {
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
     return link_.Copy(dst, src, bytes);
   }
+  // Queued by the link's thread: the engine thread goes on to the next verification pass.
   absl::Status Send(const void* data, size_t bytes) override {
-    return link_.Send(data, bytes, link_.stream());
+    return link_.SendAsync(data, bytes, link_.stream());
   }
   absl::Status Synchronize() override {
     return link_.Synchronize(link_.stream(), absl::Milliseconds(timeout_ms_));
