@@ -37,4 +37,21 @@ cudaError_t EmbeddingGather(const int32_t* token_ids, int64_t num_tokens,
                                   stream);
 }
 
+cudaError_t CopyRows(const RowCopies& copies, __nv_bfloat16* table, int64_t row_elems,
+                     cudaStream_t stream) {
+  if (copies.count < 0 || copies.count > kMaxRowCopies || row_elems <= 0 ||
+      row_elems % kBf16PerVec16 != 0 || table == nullptr || !IsAligned(table, 16)) {
+    return cudaErrorInvalidValue;
+  }
+  for (int32_t i = 0; i < copies.count; ++i) {
+    if (copies.src[i] < 0 || copies.dst[i] < 0) return cudaErrorInvalidValue;
+  }
+  if (copies.count == 0) return cudaSuccess;
+  const int64_t blocks = CeilDiv(row_elems / kBf16PerVec16, int64_t{kCopyRowsThreads});
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  CopyRowsKernel<<<static_cast<unsigned>(blocks), kCopyRowsThreads, 0, stream>>>(copies, table,
+                                                                                 row_elems);
+  return cudaGetLastError();
+}
+
 }  // namespace specd::kernels

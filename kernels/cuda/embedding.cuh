@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/embedding.h"
 
 namespace specd::kernels {
 
@@ -27,6 +28,20 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     for (int j = 0; j < kVec; ++j) y.v[j] = __float2bfloat16_rn(0.0f);
   }
   y.Store(out + static_cast<int64_t>(blockIdx.x) * hidden + col);
+}
+
+constexpr int kCopyRowsThreads = 128;
+
+// Grid ceil(row_elems / 8 / kCopyRowsThreads): each thread owns one 16-byte column of a row and
+// copies it for every copy in list order. Arguments as in embedding.h CopyRows.
+__global__ void __launch_bounds__(kCopyRowsThreads)
+    CopyRowsKernel(const RowCopies copies, __nv_bfloat16* table, int64_t row_elems) {
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kBf16PerVec16;
+  if (col >= row_elems) return;
+  for (int32_t i = 0; i < copies.count; ++i) {
+    const auto v = Bf16Vec<kBf16PerVec16>::Load(table + copies.src[i] * row_elems + col);
+    v.Store(table + copies.dst[i] * row_elems + col);
+  }
 }
 
 }  // namespace specd::kernels

@@ -26,4 +26,24 @@ cudaError_t EmbeddingGather(const int32_t* token_ids, int64_t num_tokens,
                             const __nv_bfloat16* table, int64_t vocab_start, int64_t num_rows,
                             int64_t hidden, __nv_bfloat16* out, cudaStream_t stream);
 
+// At most this many copies in one CopyRows launch (its list travels as a kernel parameter).
+inline constexpr int32_t kMaxRowCopies = 64;
+// A CopyRows list, passed by value (no upload): copy i moves row src[i] to row dst[i].
+struct RowCopies {
+  int32_t count = 0;
+  int32_t src[kMaxRowCopies];
+  int32_t dst[kMaxRowCopies];
+};
+
+// Copies rows of one bf16 table in place, in list order: row dst[i] <- row src[i] for
+// i < copies.count, a copy reading what an earlier one wrote (as that many cudaMemcpyAsync calls
+// would, in one launch: an EAGLE-3 head's hidden rows, tens a drafting pass, each a few KB).
+// One thread per 16-byte column of a row (8 bf16), each copying its column for every copy in
+// order. Reference: kernels/ref/embedding.h CopyRows.
+//   table  [rows, row_elems] bf16, device, in/out (the caller keeps indices inside it)
+// cudaErrorInvalidValue unless 0 <= count <= kMaxRowCopies, row_elems > 0 a multiple of 8, table
+// non-null and 16-byte aligned, every index >= 0; count == 0 launches nothing. Graph-capturable.
+cudaError_t CopyRows(const RowCopies& copies, __nv_bfloat16* table, int64_t row_elems,
+                     cudaStream_t stream);
+
 }  // namespace specd::kernels

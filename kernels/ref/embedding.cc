@@ -19,4 +19,17 @@ template void EmbeddingGather<float>(const int32_t*, int64_t, const float*, int6
 template void EmbeddingGather<double>(const int32_t*, int64_t, const double*, int64_t, int64_t,
                                       int64_t, double*);
 
+template <typename T>
+void CopyRows(const int32_t* src, const int32_t* dst, int64_t count, T* table, int64_t row_elems) {
+  for (int64_t i = 0; i < count; ++i) {
+    const T* from = table + int64_t{src[i]} * row_elems;
+    T* to = table + int64_t{dst[i]} * row_elems;
+    if (from == to) continue;
+    for (int64_t j = 0; j < row_elems; ++j) to[j] = from[j];
+  }
+}
+
+template void CopyRows<float>(const int32_t*, const int32_t*, int64_t, float*, int64_t);
+template void CopyRows<uint16_t>(const int32_t*, const int32_t*, int64_t, uint16_t*, int64_t);
+
 }  // namespace specd::kernels::ref

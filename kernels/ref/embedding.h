@@ -22,4 +22,15 @@ extern template void EmbeddingGather<float>(const int32_t*, int64_t, const float
 extern template void EmbeddingGather<double>(const int32_t*, int64_t, const double*, int64_t,
                                              int64_t, int64_t, double*);
 
+// Copies rows of one table in place, in order: row dst[i] <- row src[i] for i < count (a copy
+// reads what an earlier one wrote). The definition of kernels::CopyRows.
+//   src, dst  [count] int32, host, in (rows of the table)
+//   table     [rows, row_elems] T, host, in/out
+template <typename T>
+void CopyRows(const int32_t* src, const int32_t* dst, int64_t count, T* table, int64_t row_elems);
+
+extern template void CopyRows<float>(const int32_t*, const int32_t*, int64_t, float*, int64_t);
+extern template void CopyRows<uint16_t>(const int32_t*, const int32_t*, int64_t, uint16_t*,
+                                        int64_t);
+
 }  // namespace specd::kernels::ref

@@ -51,8 +51,11 @@ uint64_t NanosBetween(int64_t start_ns, int64_t end_ns) {
 }
 
 // The share of the verifier's window the build plans for: a wave still running when the
-// verifier's next request arrives delays the answer to it.
+// verifier's next request arrives delays the answer to it. With cache offers less: an offer
+// must be in before the verifier's next round starts, and one that comes late costs that round
+// a request and its response (a wave cut short costs only its remaining passes).
 constexpr double kWindowShare = 0.9;
+constexpr double kOfferWindowShare = 0.8;
 
 }  // namespace
 
@@ -528,15 +531,15 @@ absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
     }
     // The window started about when our response went out.
     const double spent = absl::ToDoubleSeconds(absl::Now() - last_response_);
+    const double share = options_.config.ssd.cache_offers ? kOfferWindowShare : kWindowShare;
     // The floor: a draft model's wave runs a pass per draft and stops between them, so one wave
     // of F's budget costs at most a pass past the window; a parallel draft's wave is one pass
     // that cannot stop: one branch per sequence (the likeliest outcome) keeps it measured.
     const int32_t floor = std::min(fixed, draft_->parallel() ? static_cast<int32_t>(building.size())
                                                              : static_cast<int32_t>(per_pass));
-    const int32_t total =
-        std::max(BranchesWithin(wave_cost_, kWindowShare * window_seconds_ - spent,
-                                static_cast<int32_t>(per_pass), max_branches),
-                 floor);
+    const int32_t total = std::max(BranchesWithin(wave_cost_, share * window_seconds_ - spent,
+                                                  static_cast<int32_t>(per_pass), max_branches),
+                                   floor);
     budget = SplitBudget(total, cap);
     stats_.budget_branches = total;
   }
