@@ -19,4 +19,9 @@ inline double NanosToSeconds(int64_t start_ns, int64_t end_ns) {
   return end_ns > start_ns ? static_cast<double>(end_ns - start_ns) * 1e-9 : 0.0;
 }
 
+// Nanoseconds from `start_ns` to `end_ns`; 0 when end precedes start.
+inline uint64_t NanosBetween(int64_t start_ns, int64_t end_ns) {
+  return end_ns > start_ns ? static_cast<uint64_t>(end_ns - start_ns) : 0;
+}
+
 }  // namespace specd
