@@ -255,8 +255,8 @@ class SsdSpeculator : public Speculator {
   uint64_t offers_round_ = 0;
   SpeculatorStagesNs offer_stages_{};  // SsdSpeculatorStage order (reply: 0)
   Message inbox_;
-  std::vector<uint16_t> offered_k_;    // OfferedRound's scratch: each input's k
-  std::vector<int32_t> offered_sent_;  // ... and its request index
+  std::vector<const Offered*> offered_;  // OfferedRound's scratch: each input's offered branch
+  std::vector<int32_t> offered_sent_;    // ... and its request index
   uint64_t round_id_ = 0;
   // The verifier's stages of the round in progress (transfer, wait, cache lookup: what Propose
   // measured), open from a remote round's Propose until EndRound adds it to stats_.timeline.

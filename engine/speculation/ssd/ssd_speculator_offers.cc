@@ -80,16 +80,20 @@ absl::StatusOr<bool> SsdSpeculator::OfferedRound(std::span<const DraftInput> inp
                                                  std::vector<Draft>* drafts, int64_t start_ns) {
   if (inputs.empty() || offers_round_ != round_id_ || offers_.empty()) return false;
   const int64_t lookup_ns = MonotonicNanos();
-  offered_k_.clear();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto it = seqs_.find(inputs[i].seq_id);
-    const Offered* o = it == seqs_.end() ? nullptr : FindOffered(inputs[i], it->second);
+  // Every input's offered branch first: a round that asks keeps its drafts untouched.
+  offered_.clear();
+  for (const DraftInput& in : inputs) {
+    auto it = seqs_.find(in.seq_id);
+    const Offered* o = it == seqs_.end() ? nullptr : FindOffered(in, it->second);
     if (o == nullptr) return false;
+    offered_.push_back(o);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
     const int32_t want = std::min<int32_t>(inputs[i].num_draft_tokens, limits_.max_draft_tokens);
+    const auto from = offer_tokens_.begin() + offered_[i]->offset;
     Draft& d = (*drafts)[i];
-    d.tokens.assign(offer_tokens_.begin() + o->offset, offer_tokens_.begin() + o->offset + want);
+    d.tokens.assign(from, from + want);
     d.origin = DraftOrigin::kCacheHit;
-    offered_k_.push_back(o->k);
   }
   const int64_t lookup_end_ns = MonotonicNanos();
   offered_sent_.assign(inputs.size(), -1);
@@ -101,7 +105,7 @@ absl::StatusOr<bool> SsdSpeculator::OfferedRound(std::span<const DraftInput> inp
       continue;
     }
     seqs_[inputs[i].seq_id].num_remote_drafts = static_cast<int32_t>((*drafts)[i].tokens.size());
-    CountOutcome(offered_k_[i], /*hit=*/true);
+    CountOutcome(offered_[i]->k, /*hit=*/true);
     ++stats_.drafts_hit;
   }
   SPECD_RETURN_IF_ERROR(SendRequest(absl::Milliseconds(options_.config.ssd.timeout_ms)));
