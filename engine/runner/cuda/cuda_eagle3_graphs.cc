@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/base/status.h"
 #include "engine/runner/cuda/cuda_eagle3.h"
+#include "engine/runner/cuda/cuda_eagle3_util.h"
 #include "kernels/cuda/draft_vocab.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/sampling.h"
@@ -22,10 +23,7 @@
 namespace specd {
 namespace {
 
-absl::Status Launch(cudaError_t e, const char* kernel) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return cuda::Check(e, absl::StrCat("EAGLE-3 head: ", kernel));
-}
+using eagle3_cuda::Launch;
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
