@@ -6,6 +6,7 @@
 //     through the Engine's serving API;
 // (e) out-of-memory at weight load and KV allocation as clear errors;
 // (f) round graphs: verification steps replayed through CUDA graphs against eager runs;
+// (g) the standalone EAGLE-3 head's candidates ranked with its pass (SSD's speculator);
 // plus the fill kernels (kernels/cuda/init.h).
 //
 // Data: models under $SPECD_SHARED_DIR/models (default: the build's SPECD_SHARED_DIR), shapes
@@ -525,6 +526,76 @@ TEST(CudaOomTest, KvCacheThatDoesNotFitIsResourceExhaustedAndTheGpuStaysUsable) 
   o.gpu_memory_utilization = 0.9;  // after both failures a normal load still works
   auto ok = CreateModelRunner(o);
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// ---- the standalone EAGLE-3 head (SSD's speculator) ----
+
+// SSD's speculator ranks the candidates of every pass (Eagle3Compute::PrefetchCandidates): the
+// ranking rides on the pass and comes back with its ids. It must equal the ranking made after the
+// pass (TopCandidates alone), for the k prefetched, and another k still ranks afresh.
+TEST(StandaloneEagle3CudaTest, PrefetchedCandidatesEqualTheOnesRankedAfterThePass) {
+  const std::string head = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  ASSERT_TRUE(DataPresent(head));
+  ASSERT_TRUE(DataPresent(ModelDir("codepair/target")));
+  StandaloneEagle3Options o;
+  o.dir = head;
+  o.target_dir = ModelDir("codepair/target");
+  o.device = "cuda:0";
+  o.max_model_len = 512;
+  o.kv_cache_bytes = int64_t{64} << 20;
+  auto compute = CreateStandaloneEagle3Compute(o);
+  ASSERT_TRUE(compute.ok()) << compute.status();
+  Eagle3Compute& c = **compute;
+  ASSERT_TRUE(c.RanksOnDevice());
+  constexpr int32_t kSeqs = 4;
+  const int64_t width =
+      static_cast<int64_t>(c.config().aux_layer_ids.size()) * c.config().target_hidden_size;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> capture(static_cast<size_t>(kSeqs * width));
+  for (float& x : capture) x = normal(rng);
+  ASSERT_TRUE(c.SetHostCapture(capture).ok());
+  std::vector<int32_t> capture_rows, pool_rows;
+  for (int32_t i = 0; i < kSeqs; ++i) {
+    capture_rows.push_back(i);
+    pool_rows.push_back(i * kEagle3PoolWindow);
+  }
+  ASSERT_TRUE(c.Fuse(capture_rows, pool_rows).ok());
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  std::vector<Eagle3Compute::Row> rows(kSeqs);
+  for (int32_t i = 0; i < kSeqs; ++i) {
+    tables[i] = {i};
+    rows[i].seq = i;
+    rows[i].token = 11 + 5 * i;
+    rows[i].position = 0;
+    rows[i].hidden = pool_rows[i];
+    rows[i].logits = true;
+    rows[i].block_table = tables[i];
+  }
+  const std::vector<uint8_t> on_device(kSeqs, 0);
+  auto pass = [&](int32_t prefetch, int32_t k, std::vector<int32_t>* ids,
+                  std::vector<float>* logprobs) {
+    std::vector<int32_t> argmax;
+    std::vector<float> logits;
+    c.PrefetchCandidates(prefetch);
+    ASSERT_TRUE(c.Forward(rows, on_device, &argmax, &logits).ok());
+    c.PrefetchCandidates(0);
+    ASSERT_TRUE(c.TopCandidates(k, ids, logprobs).ok());
+    ASSERT_EQ(ids->size(), size_t{kSeqs} * k);
+    for (int32_t i = 0; i < kSeqs; ++i) EXPECT_EQ((*ids)[size_t(i) * k], argmax[i]) << i;
+  };
+  std::vector<int32_t> after_ids, prefetched_ids, other_ids;
+  std::vector<float> after_lp, prefetched_lp, other_lp;
+  pass(0, 4, &after_ids, &after_lp);
+  pass(4, 4, &prefetched_ids, &prefetched_lp);
+  EXPECT_EQ(prefetched_ids, after_ids);
+  EXPECT_EQ(prefetched_lp, after_lp);
+  pass(4, 2, &other_ids, &other_lp);  // prefetched 4, asked 2: ranked afresh
+  for (int32_t i = 0; i < kSeqs; ++i) {
+    for (int32_t j = 0; j < 2; ++j) {
+      EXPECT_EQ(other_ids[size_t(i) * 2 + j], after_ids[size_t(i) * 4 + j]) << i << "," << j;
+    }
+  }
 }
 
 TEST(CudaDeviceTest, AMissingGpuIsInvalidArgument) {

@@ -87,6 +87,11 @@ class Eagle3Compute {
                                      std::vector<float>* /*logprobs*/) {
     return absl::UnimplementedError("EAGLE-3 head: candidates are ranked on the host");
   }
+  // From now on each Forward also ranks its logits rows' k best (TopCandidates' work, 0: off)
+  // and brings them back with its ids, so that TopCandidates(k) right after it waits for the
+  // device no second time (SSD's speculator ranks every pass). A compute that ranks on the
+  // host, or a TopCandidates with another k, just ranks as without it.
+  virtual void PrefetchCandidates(int32_t /*k*/) {}
 
   // Runs `rows` (a sequence's rows consecutive, slots ascending). For the rows with logits,
   // in order: (*ids)[k] the argmax over the draft vocabulary as a target id (lowest on ties);

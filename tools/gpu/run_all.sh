@@ -436,6 +436,14 @@ if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
     --max-model-len 1024 --max-num-seqs 64 --batches 1,4,16 --k 7 --max-tokens 128 --repeats 1 \
     --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
     --speculator-device cuda:1 --fan-out 3
+  # Issue 34's head target is at batch 1: a longer run (512 tokens, 128 rounds), twice, so the
+  # first rounds (before the window and the waves are measured) weigh little.
+  run_step "ssd_eagle3_replay_bench b1" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
+    --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \
+    --eagle3 "models/shapes/eagle3-llama-3.1-8b" --load-format dummy --random-prompts 128 \
+    --max-model-len 1024 --max-num-seqs 64 --batches 1 --k 7 --max-tokens 512 --repeats 2 \
+    --replay-alpha 0.8 --replay-hit 0.9 --ssd --ssd-drafter eagle3 --specd "$WORK/bin/specd" \
+    --speculator-device cuda:1 --fan-out 3
   # The same with the hidden rows inline over TCP ("data_path": "host"), the device path's A/B.
   run_step "ssd_eagle3_replay_bench host" 300 "${OURS[@]}" "$WORK/bin/spec_bench" --device cuda:0 \
     --model "$DIR/models/shapes/llama-3.1-8b" --draft "$DIR/models/shapes/llama-3.2-1b" \

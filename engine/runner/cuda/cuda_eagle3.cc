@@ -434,6 +434,7 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
   const int64_t vocab = config_.layer.vocab_size;
   bool any_host = false;
   for (uint8_t f : host_logits) any_host = any_host || f != 0;
+  ready_k_ = 0;
   if (!any_host && m == static_cast<int64_t>(rows.size())) {
     bool ran = false;
     SPECD_RETURN_IF_ERROR(RunStepGraph(rows, &ran));
@@ -473,6 +474,7 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
                       "EAGLE-3 head: logits"));
     }
   }
+  SPECD_RETURN_IF_ERROR(PrefetchForForward(static_cast<int32_t>(m)));
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 head pass"));
   for (int64_t k = 0; k < m; ++k) {
     ids->push_back(d2t_[ids_host_.as<int32_t>()[k]]);
@@ -485,14 +487,7 @@ absl::Status CudaEagle3Compute::Forward(std::span<const Row> rows,
   return absl::OkStatus();
 }
 
-absl::Status CudaEagle3Compute::TopCandidates(int32_t k, std::vector<int32_t>* ids,
-                                              std::vector<float>* logprobs) {
-  const int32_t m = last_logit_rows_;
-  if (k < 1 || k > kernels::kMaxTopK) {
-    return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", k, " candidates a row"));
-  }
-  if (m == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+absl::Status CudaEagle3Compute::EnqueueCandidates(int32_t k, int32_t m) {
   const auto dv = static_cast<int32_t>(config_.draft_vocab_size);
   const size_t n = static_cast<size_t>(m) * k;
   cudaStream_t st = options_.stream;
@@ -509,12 +504,44 @@ absl::Status CudaEagle3Compute::TopCandidates(int32_t k, std::vector<int32_t>* i
   SPECD_RETURN_IF_ERROR(
       cuda::Check(cudaMemcpyAsync(host_ids, cand_ids_.as(), n * 4, cudaMemcpyDeviceToHost, st),
                   "EAGLE-3 head: candidates"));
-  SPECD_RETURN_IF_ERROR(
-      cuda::Check(cudaMemcpyAsync(host_lp, cand_logprobs_.as(), n * 4, cudaMemcpyDeviceToHost, st),
-                  "EAGLE-3 head: candidates"));
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 head candidates"));
+  return cuda::Check(
+      cudaMemcpyAsync(host_lp, cand_logprobs_.as(), n * 4, cudaMemcpyDeviceToHost, st),
+      "EAGLE-3 head: candidates");
+}
+
+void CudaEagle3Compute::CollectCandidates(int32_t k, int32_t m, std::vector<int32_t>* ids,
+                                          std::vector<float>* logprobs) const {
+  const size_t n = static_cast<size_t>(m) * k;
+  const auto* host_ids = cand_host_.as<int32_t>();
+  const auto* host_lp = reinterpret_cast<const float*>(host_ids + n);
   for (size_t i = 0; i < n; ++i) ids->push_back(d2t_[host_ids[i]]);
   logprobs->insert(logprobs->end(), host_lp, host_lp + n);
+}
+
+absl::Status CudaEagle3Compute::PrefetchForForward(int32_t m) {
+  if (prefetch_k_ < 1 || prefetch_k_ > kernels::kMaxTopK || m == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(EnqueueCandidates(prefetch_k_, m));
+  ready_k_ = prefetch_k_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaEagle3Compute::TopCandidates(int32_t k, std::vector<int32_t>* ids,
+                                              std::vector<float>* logprobs) {
+  const int32_t m = last_logit_rows_;
+  if (k < 1 || k > kernels::kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: ", k, " candidates a row"));
+  }
+  if (m == 0) return absl::OkStatus();
+  if (k == ready_k_) {  // the Forward ranked them already
+    ready_k_ = 0;
+    CollectCandidates(k, m, ids, logprobs);
+    return absl::OkStatus();
+  }
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
+  SPECD_RETURN_IF_ERROR(EnqueueCandidates(k, m));
+  SPECD_RETURN_IF_ERROR(
+      cuda::Check(cudaStreamSynchronize(options_.stream), "EAGLE-3 head candidates"));
+  CollectCandidates(k, m, ids, logprobs);
   return absl::OkStatus();
 }
 

@@ -132,6 +132,7 @@ class CudaEagle3Compute : public Eagle3Compute {
   bool RanksOnDevice() const override { return true; }
   absl::Status TopCandidates(int32_t k, std::vector<int32_t>* ids,
                              std::vector<float>* logprobs) override;
+  void PrefetchCandidates(int32_t k) override { prefetch_k_ = k; }
   // Chains: one captured graph runs a round's draft steps after the first, each step's draw
   // (greedy: the argmax mapped to target ids; sampled: Options::draws' Enqueue, q into the
   // slots) feeding the next; one read of the ids at the end.
@@ -207,6 +208,13 @@ class CudaEagle3Compute : public Eagle3Compute {
   // A draft step (every row its sequence's only one, every row drawing on the device) through
   // the graph of its bucket; false in *ran when it must run eagerly.
   absl::Status RunStepGraph(std::span<const Row> rows, bool* ran);
+  // Queues the ranking of the last pass's `m` logits rows (k best each) and their copy to
+  // cand_host_; CollectCandidates reads that copy once the stream reached it.
+  absl::Status EnqueueCandidates(int32_t k, int32_t m);
+  void CollectCandidates(int32_t k, int32_t m, std::vector<int32_t>* ids,
+                         std::vector<float>* logprobs) const;
+  // Forward's prefetch (PrefetchCandidates) before its wait: ready_k_ = the k it ranked.
+  absl::Status PrefetchForForward(int32_t m);
   absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
   // DraftRound's catch-up pass: checks the groups' rows (group g starts at rows[first[g]]) and
   // queues the upload of round_in_ for them, padded to `bucket` sequences of `per_seq` rows.
@@ -323,6 +331,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   // TopCandidates: [max_seqs, kMaxTreeTopK] ids and log-probabilities, the top-k workspace.
   cuda::DeviceMemory cand_ids_, cand_logprobs_, topk_workspace_;
   cuda::PinnedMemory cand_host_;  // ids then log-probabilities
+  int32_t prefetch_k_ = 0;        // PrefetchCandidates'
+  int32_t ready_k_ = 0;           // cand_host_ holds the last Forward's rows ranked k best (0: not)
 };
 
 }  // namespace specd

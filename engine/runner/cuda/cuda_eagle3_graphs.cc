@@ -230,6 +230,7 @@ absl::Status CudaEagle3Compute::RunStepGraph(std::span<const Row> rows, bool* ra
     SPECD_RETURN_IF_ERROR(CaptureStepGraph(bucket, half, GraphPass(g, bucket, 0, half)));
   }
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaGraphLaunch(graphs_.at(key), st), "EAGLE-3 graph launch"));
+  SPECD_RETURN_IF_ERROR(PrefetchForForward(num));
   SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft step"));
   prenorm_half_ = half;
   *ran = true;
@@ -412,6 +413,7 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
   }
   prenorm_half_ = (steps - 1) % 2 == 0 ? first_half : 1 - first_half;
   last_logit_rows_ = num;
+  ready_k_ = 0;
   ++(draws == nullptr ? chains_in_graph_ : sampled_chains_in_graph_);
   *ran = true;
   return absl::OkStatus();
@@ -588,6 +590,7 @@ absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t st
   }
   prenorm_half_ = step_half(steps - 1);
   last_logit_rows_ = num;
+  ready_k_ = 0;
   ++(draws == nullptr ? rounds_in_graph_ : sampled_rounds_in_graph_);
   *ran = true;
   return absl::OkStatus();

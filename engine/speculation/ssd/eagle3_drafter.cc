@@ -425,7 +425,10 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
       if (!host && !cache.empty()) device_k = std::max(device_k, cache[a.input].num_candidates);
     }
     const absl::Time t0 = tracing_ ? absl::Now() : absl::InfinitePast();
+    // The candidates come back with the pass's ids: one wait for the device a pass.
+    compute_->PrefetchCandidates(device_k);
     SPECD_RETURN_IF_ERROR(compute_->Forward(rows_, host_flags_, &ids_, &logits_));
+    compute_->PrefetchCandidates(0);
     const absl::Time t1 = tracing_ ? absl::Now() : absl::InfinitePast();
     if (device_k > 0) {
       SPECD_RETURN_IF_ERROR(compute_->TopCandidates(device_k, &cand_ids_, &cand_logprobs_));

@@ -348,49 +348,6 @@ SsdWorker::Seq* SsdWorker::SyncOutcome(const SpeculateSeq& m, std::span<const in
   return &s;
 }
 
-absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
-                               std::optional<CachedDraft> cached, bool backup_tier, Round& round) {
-  if (m.num_draft_tokens == 0) return absl::OkStatus();
-  Result& r = round.results[i];
-  const size_t wanted = static_cast<size_t>(m.num_draft_tokens) + 1;  // + the cache's row for K
-  if (cached && cached->tokens.size() < wanted) {
-    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
-    r.served = Served::kHit;
-    Result& p = round.partial[i];
-    p.draft.tokens = std::move(cached->tokens);
-    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, p));
-    p.draft.candidates = std::move(cached->candidates);
-    const std::vector<int32_t>& had = p.draft.tokens;
-    round.resume_tokens.emplace_back(s.tokens);
-    round.resume_tokens.back().insert(round.resume_tokens.back().end(), had.begin(), had.end());
-    round.primary.push_back(InputFor(m.seq_id, s, round.resume_tokens.back(),
-                                     static_cast<int32_t>(wanted - had.size())));
-    round.primary_cache.push_back(CacheOptionsFor(s));
-    round.primary_of.push_back(i);
-    ++stats_.hits;
-    ++stats_.hits_partial;
-  } else if (cached) {
-    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
-    r.served = Served::kHit;
-    r.draft.tokens = std::move(cached->tokens);
-    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, r));
-    r.draft.candidates = std::move(cached->candidates);
-    ++stats_.hits;
-  } else if (backup_tier) {
-    r.served = Served::kBackup;
-    ++stats_.misses_backup;
-  } else {
-    r.served = Served::kPrimary;
-    round.primary.push_back(InputFor(m.seq_id, s, s.tokens, m.num_draft_tokens + 1));
-    round.primary_cache.push_back(CacheOptionsFor(s));
-    round.primary_of.push_back(i);
-    round.any_miss = true;
-    round.any_new = round.any_new || (m.flags & kSeqNew) != 0;
-    ++stats_.misses_primary;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status SsdWorker::DraftMisses(Round& round) {
   if (round.primary.empty()) return absl::OkStatus();
   const absl::Time t = absl::Now();
@@ -438,25 +395,10 @@ void SsdWorker::DraftBackups(const SpeculateRequest& request, Round& round) {
 
 absl::Status SsdWorker::BuildCache(const std::function<bool()>& stop) {
   const absl::Time start = absl::Now();
-  // A backup-served sequence has no candidates along its drafts: the draft model's row at
-  // position 1 (from the context) gives the cache its likeliest outcomes, k = 0.
+  SPECD_RETURN_IF_ERROR(CompleteRows());
   std::vector<DraftInput> inputs;
   std::vector<DraftModelSpeculator::CacheDraftOptions> cache;  // [inputs]
   std::vector<Draft> proposed;
-  for (uint64_t id : served_) {
-    Seq& s = seqs_[id];
-    if (s.served != Served::kBackup) continue;
-    inputs.push_back(InputFor(id, s, s.tokens, 1));
-    cache.push_back(CacheOptionsFor(s));
-  }
-  if (!inputs.empty()) {
-    SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, {}));
-    for (size_t j = 0; j < inputs.size(); ++j) {
-      Seq& s = seqs_[inputs[j].seq_id];
-      s.candidates = std::move(proposed[j].candidates);
-      s.num_rows = std::min<int32_t>(1, static_cast<int32_t>(s.candidates.size()) / f_max_);
-    }
-  }
   // Every branch: the sequence's context, d_1..d_k, then a candidate t* for position k + 1.
   // Branches are ordered by candidate rank (every sequence's best candidate at every k first,
   // then the second best, ...) and drafted in waves of at most kMaxBranchesPerPass, one batched

@@ -158,15 +158,17 @@ class SsdWorker {
     int32_t fan_out = 0;           // F per acceptance length
     std::vector<int32_t> drafts;   // sent this round (<= K)
     // The draft's candidates at positions 1..num_rows (row j: position j + 1), F_max each, best
-    // first; num_rows = drafts + 1 when the draft model made the drafts, 1 after the backup.
+    // first; num_rows = drafts + 1 when the draft model made the drafts (after CompleteRows for a
+    // sequential re-draft), 1 after the backup.
     std::vector<int32_t> candidates;
     int32_t num_rows = 0;
     Served served = Served::kNone;
     uint64_t round = 0;
   };
 
-  // What a request sequence gets this round: its drafts (K + 1 when the draft model made them:
-  // the last one only gives the cache a row for k = K), their q rows, candidates, and how. The
+  // What a request sequence gets this round: its drafts (K + 1 from a cache branch or a parallel
+  // draft: the last one only gives the cache a row for k = K; K from a sequential re-draft,
+  // whose row for k = K CompleteRows adds), their q rows, candidates, and how. The
   // q rows are on the host (draft.probs) or, all of them, in kept rows on the draft's device
   // (`kept`, in draft order; draft.probs then empty).
   struct Result {
@@ -206,6 +208,13 @@ class SsdWorker {
                       std::optional<CachedDraft> cached, bool backup_tier, Round& round);
   // The primary's pass over the misses and partial hits.
   absl::Status DraftMisses(Round& round);
+  // Drafts a sequence gets before its response goes out: K for a sequential drafter (the row
+  // for k = K, one more pass, waits for CompleteRows in the build, off the verifier's wait);
+  // K + 1 for a parallel draft, whose one pass draws them all.
+  int32_t DraftsBeforeReply(int32_t num_draft_tokens) const;
+  // BuildCache's first pass: the candidate rows the served sequences still lack (a backup's
+  // k = 0 row, a sequential drafter's row for k = K).
+  absl::Status CompleteRows();
   // Appends the q rows of the next drafts (`probs` on the host, or `kept` on the device) to
   // `to`'s: kept while all of them are, else all brought to the host.
   absl::Status MoveRows(std::vector<float>& probs, std::shared_ptr<const KeptProbs>& kept,

@@ -1,7 +1,11 @@
 // SsdWorker's serving loop over the verifier's channel (ssd_worker.h): requests answered (or,
-// when their drafts came from an offer, not), the cache built between them and offered as it
+// when their drafts came from an offer, not), who serves each sequence of a request (Triage),
+// the cache built between them (its first pass, CompleteRows, here) and offered as it
 // completes, and the round timeline's stage times.
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/base/log.h"
@@ -44,6 +48,93 @@ absl::Status SsdWorker::SendOffer(absl::Time build_start) {
   offer_.draft_ns = unanswered_ns_.draft;
   stats_.offered += static_cast<int64_t>(offer_.drafts.size());
   return channel_->Send(offer_, absl::Seconds(30));
+}
+
+absl::Status SsdWorker::Triage(const SpeculateSeq& m, size_t i, const Seq& s,
+                               std::optional<CachedDraft> cached, bool backup_tier, Round& round) {
+  if (m.num_draft_tokens == 0) return absl::OkStatus();
+  Result& r = round.results[i];
+  const auto wanted = static_cast<size_t>(DraftsBeforeReply(m.num_draft_tokens));
+  if (cached && cached->tokens.size() < wanted) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    Result& p = round.partial[i];
+    p.draft.tokens = std::move(cached->tokens);
+    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, p));
+    p.draft.candidates = std::move(cached->candidates);
+    const std::vector<int32_t>& had = p.draft.tokens;
+    round.resume_tokens.emplace_back(s.tokens);
+    round.resume_tokens.back().insert(round.resume_tokens.back().end(), had.begin(), had.end());
+    round.primary.push_back(InputFor(m.seq_id, s, round.resume_tokens.back(),
+                                     static_cast<int32_t>(wanted - had.size())));
+    round.primary_cache.push_back(CacheOptionsFor(s));
+    round.primary_of.push_back(i);
+    ++stats_.hits;
+    ++stats_.hits_partial;
+  } else if (cached) {
+    SPECD_RETURN_IF_ERROR(draft_->Adopt(m.seq_id, cached->branch_id));
+    r.served = Served::kHit;
+    r.draft.tokens = std::move(cached->tokens);
+    SPECD_RETURN_IF_ERROR(MoveRows(cached->probs, cached->kept_probs, r));
+    r.draft.candidates = std::move(cached->candidates);
+    ++stats_.hits;
+  } else if (backup_tier) {
+    r.served = Served::kBackup;
+    ++stats_.misses_backup;
+  } else {
+    r.served = Served::kPrimary;
+    round.primary.push_back(InputFor(m.seq_id, s, s.tokens, static_cast<int32_t>(wanted)));
+    round.primary_cache.push_back(CacheOptionsFor(s));
+    round.primary_of.push_back(i);
+    round.any_miss = true;
+    round.any_new = round.any_new || (m.flags & kSeqNew) != 0;
+    ++stats_.misses_primary;
+  }
+  return absl::OkStatus();
+}
+
+int32_t SsdWorker::DraftsBeforeReply(int32_t num_draft_tokens) const {
+  return draft_->parallel() ? num_draft_tokens + 1 : num_draft_tokens;
+}
+
+absl::Status SsdWorker::CompleteRows() {
+  // One pass for all: a backup-served sequence has no candidates along its drafts, so the
+  // draft's row at position 1 (from the context) gives the cache its likeliest outcomes, k = 0;
+  // a sequence sent all K drafts of a sequential drafter (DraftsBeforeReply) still lacks the row
+  // for k = K, its draft's next row (the drafter's state holds the K drafts: one position).
+  std::vector<DraftInput> inputs;
+  std::vector<DraftModelSpeculator::CacheDraftOptions> cache;  // [inputs]
+  std::vector<std::vector<int32_t>> contexts;                  // the drafts' inputs point into it
+  contexts.reserve(served_.size());
+  for (uint64_t id : served_) {
+    Seq& s = seqs_[id];
+    if (s.served == Served::kBackup) {
+      inputs.push_back(InputFor(id, s, s.tokens, 1));
+    } else if (s.served != Served::kNone && s.num_draft_tokens > 0 &&
+               s.drafts.size() == size_t(s.num_draft_tokens) && s.num_rows == s.num_draft_tokens) {
+      contexts.emplace_back(s.tokens);
+      contexts.back().insert(contexts.back().end(), s.drafts.begin(), s.drafts.end());
+      inputs.push_back(InputFor(id, s, contexts.back(), 1));
+    } else {
+      continue;
+    }
+    cache.push_back(CacheOptionsFor(s));
+  }
+  if (inputs.empty()) return absl::OkStatus();
+  std::vector<Draft> proposed;
+  SPECD_RETURN_IF_ERROR(draft_->Propose(inputs, cache, &proposed, {}));
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    Seq& s = seqs_[inputs[j].seq_id];
+    std::vector<int32_t>& row = proposed[j].candidates;
+    if (s.served == Served::kBackup) {
+      s.candidates = std::move(row);
+      s.num_rows = std::min<int32_t>(1, static_cast<int32_t>(s.candidates.size()) / f_max_);
+    } else if (row.size() >= size_t(f_max_)) {  // empty: the KV is full (no branch for k = K)
+      s.candidates.insert(s.candidates.end(), row.begin(), row.begin() + f_max_);
+      ++s.num_rows;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SsdWorker::ServeChannel(Channel& channel, NcclChannel* bulk) {

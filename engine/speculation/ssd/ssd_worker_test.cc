@@ -55,7 +55,8 @@ std::unique_ptr<SsdWorker> MakeWorker(const std::string& extra = "",
 
 // What a fresh draft model proposes greedily after `tokens` (K drafts, and the top candidates
 // at each drafted position).
-Draft Fresh(const std::vector<int32_t>& tokens, int32_t num_candidates = 8) {
+Draft Fresh(const std::vector<int32_t>& tokens, int32_t num_candidates = 8,
+            int32_t num_drafts = kK) {
   auto runner = CreateModelRunner(DraftRunner());
   EXPECT_TRUE(runner.ok());
   const int32_t vocab = (*runner)->config().vocab_size;
@@ -67,7 +68,7 @@ Draft Fresh(const std::vector<int32_t>& tokens, int32_t num_candidates = 8) {
   DraftInput in;
   in.seq_id = 1;
   in.tokens = tokens;
-  in.num_draft_tokens = kK;
+  in.num_draft_tokens = num_drafts;
   in.params = &greedy;
   in.history = &history;
   DraftModelSpeculator::CacheDraftOptions cache;
@@ -108,6 +109,35 @@ std::vector<int32_t> FirstRound(SsdWorker& w, const std::vector<int32_t>& prompt
   EXPECT_EQ(resp->drafts.size(), 1u);
   EXPECT_EQ(resp->drafts.at(0).status, DraftStatus::kMissPrimary);  // nothing cached yet
   return TokensOf(*resp, 0);
+}
+
+// A miss waits for K passes of the draft model, not K + 1: its response carries the K drafts, and
+// the row for k = K (the outcome where the verifier accepts all of them) comes with the build's
+// first pass, so that outcome still hits.
+TEST(SsdWorkerTest, AMissRepliesAfterKPassesAndTheBuildStillCachesAllAccepted) {
+  auto w = MakeWorker();
+  ASSERT_NE(w, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  const std::vector<int32_t> d = FirstRound(*w, prompt, &req, &resp);
+  const Draft fresh = Fresh(prompt, 3, kK + 1);
+  ASSERT_EQ(d, std::vector<int32_t>(fresh.tokens.begin(), fresh.tokens.begin() + kK));
+  ASSERT_TRUE(w->BuildCache().ok());
+  EXPECT_EQ(w->stats().branches, 15) << "F 3 at each of K + 1 = 5 acceptance lengths";
+  // All K accepted, then the draft's second-best candidate at position K + 1.
+  const int32_t bonus = fresh.candidates.at(size_t{kK} * 3 + 1);
+  ASSERT_NE(bonus, fresh.tokens.at(kK));
+  std::vector<int32_t> outcome = d;
+  outcome.push_back(bonus);
+  req.Clear();
+  req.round_id = 2;
+  req.AddSeq(Seq(7, 0, kK), outcome);
+  ASSERT_TRUE(w->Handle(req, &resp).ok());
+  EXPECT_EQ(resp.drafts.at(0).status, DraftStatus::kHit);
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), outcome.begin(), outcome.end());
+  EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens);
 }
 
 // A build cut short (the verifier's next request came) keeps its unfinished branches: a hit on
