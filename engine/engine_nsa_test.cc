@@ -99,10 +99,11 @@ TEST(EngineNsaTest, ChunkedPrefillAndPreemptionOfConcurrentRequestsMatchGoldens)
   auto observer = std::make_shared<PreemptionCounter>();
   EngineOptions options;
   options.max_num_batched_tokens = 100;  // prompts of 601 ids: 7 chunks, blocks cut mid-chunk
-  // 66 blocks of 16 tokens (fp32 K and V, 6 layers, one KV head of 32): exactly the two prompts'
+  // 66 blocks of 16 tokens (fp32 K and V, 6 layers, one KV head of 32, and each block's one
+  // compressed entry: the mean K and V of the NSA block ending in it): exactly the two prompts'
   // 38 + 28, so both are admitted and the first new block either needs preempts the other.
   options.max_model_len = 640;
-  options.kv_cache_bytes = 66 * int64_t{2 * 6 * 16 * 32 * 4};
+  options.kv_cache_bytes = 66 * int64_t{6 * (2 * 16 * 32 + 2 * 32) * 4};
   options.observer = observer;
   auto engine = MakeNsaEngine(options);
   ASSERT_NE(engine, nullptr);

@@ -21,12 +21,19 @@ absl::Status KvCacheSpec::Validate() const {
           absl::StrCat("KvCacheSpec: ", f.name, " must be positive, got ", f.value));
     }
   }
+  const int32_t c = compressed_block_size;
+  if (c < 0 || (c > 0 && block_size % c != 0 && c % block_size != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("KvCacheSpec: compressed_block_size ", c,
+                                                   " must be 0, a multiple of ", "block_size ",
+                                                   block_size, " or a divisor of it"));
+  }
   return absl::OkStatus();
 }
 
 bool operator==(const KvCacheSpec& a, const KvCacheSpec& b) {
   return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.block_size == b.block_size && a.num_blocks == b.num_blocks;
+         a.head_dim == b.head_dim && a.block_size == b.block_size && a.num_blocks == b.num_blocks &&
+         a.compressed_block_size == b.compressed_block_size;
 }
 
 absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const KvCacheSpec& spec) {
@@ -38,6 +45,11 @@ CpuKvCache::CpuKvCache(const KvCacheSpec& spec) : spec_(spec) {
   const size_t layer_floats = static_cast<size_t>(spec.num_blocks) * spec.block_floats();
   keys_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
   values_.assign(spec.num_layers, std::vector<float>(layer_floats, 0.0f));
+  const size_t compressed_floats =
+      static_cast<size_t>(spec.num_blocks) * spec.compressed_per_block() * spec.compressed_floats();
+  if (compressed_floats > 0) {
+    compressed_.assign(spec.num_layers, std::vector<float>(compressed_floats, 0.0f));
+  }
 }
 
 absl::Status CpuKvCache::MoveSlots(std::span<const KvSlotMove> moves) {

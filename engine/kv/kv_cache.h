@@ -22,14 +22,30 @@ struct KvCacheSpec {
   int32_t head_dim = 0;
   int32_t block_size = 16;  // tokens per block
   int32_t num_blocks = 0;
+  // NSA models: tokens per compression block (NsaConfig::block_size); 0: none. The cache then
+  // keeps, beside the paged K/V, each complete compression block's mean key and value in the
+  // page holding the block's last position (its compressed entry), so a page carries the means
+  // of the blocks it completes wherever it goes (prefix-cache reuse, preemption). A multiple of
+  // block_size or a divisor of it.
+  int32_t compressed_block_size = 0;
 
   // Floats of one token's K (or V) in one layer: num_kv_heads * head_dim.
   int64_t slot_floats() const { return int64_t{num_kv_heads} * head_dim; }
   // Floats of one block's K (or V) in one layer.
   int64_t block_floats() const { return slot_floats() * block_size; }
-  // Bytes of the whole cache (K and V, every layer).
+  // Compressed entries per page: one per compression block ending in it (0 without them).
+  int32_t compressed_per_block() const {
+    if (compressed_block_size <= 0) return 0;
+    return compressed_block_size < block_size ? block_size / compressed_block_size : 1;
+  }
+  // Floats of one compressed entry: [num_kv_heads, 2, head_dim], the mean key then the mean
+  // value of each KV head.
+  int64_t compressed_floats() const { return 2 * slot_floats(); }
+  // Bytes of the whole cache (K and V, and the compressed entries, every layer).
   int64_t total_bytes() const {
-    return 2 * int64_t{num_layers} * num_blocks * block_floats() * int64_t{sizeof(float)};
+    return int64_t{num_layers} * num_blocks *
+           (2 * block_floats() + compressed_per_block() * compressed_floats()) *
+           int64_t{sizeof(float)};
   }
 
   // InvalidArgument unless every field is positive.
@@ -68,6 +84,15 @@ class CpuKvCache {
     return values_[layer].data() + Offset(block, slot);
   }
 
+  // Compressed entry `entry` (< spec().compressed_per_block()) of a page in one layer:
+  // [num_kv_heads, 2, head_dim] f32. Only when spec().compressed_block_size > 0.
+  float* CompressedEntry(int32_t layer, int32_t block, int32_t entry) {
+    return compressed_[layer].data() + CompressedOffset(block, entry);
+  }
+  const float* CompressedEntry(int32_t layer, int32_t block, int32_t entry) const {
+    return compressed_[layer].data() + CompressedOffset(block, entry);
+  }
+
   // Copies every layer's K and V of each move's `from` slot to its `to` slot, moves in order.
   // InvalidArgument (before copying anything) for a slot past the block table or a block id
   // outside the cache.
@@ -83,10 +108,17 @@ class CpuKvCache {
     return (int64_t{block} * spec_.block_size + slot) * spec_.slot_floats();
   }
 
+  int64_t CompressedOffset(int32_t block, int32_t entry) const {
+    return (int64_t{block} * spec_.compressed_per_block() + entry) * spec_.compressed_floats();
+  }
+
   KvCacheSpec spec_;
   // Per layer: [num_blocks, block_size, num_kv_heads, head_dim] f32.
   std::vector<std::vector<float>> keys_;    // [num_layers]
   std::vector<std::vector<float>> values_;  // [num_layers]
+  // Per layer: [num_blocks, compressed_per_block, num_kv_heads, 2, head_dim] f32 (empty without
+  // compressed entries).
+  std::vector<std::vector<float>> compressed_;  // [num_layers]
 };
 
 }  // namespace specd

@@ -40,6 +40,33 @@ TEST(CpuKvCacheTest, SlotsAreDisjointAndLaidOutBlockMajor) {
   EXPECT_EQ(spec.total_bytes(), 2 * 2 * 6 * 5 * 12 * 4);
 }
 
+// An NSA model's compressed entries: one per compression block ending in a page (several when the
+// block is shorter than a page), counted in the cache's bytes; a block size that neither divides
+// the page nor is a multiple of it is refused.
+TEST(CpuKvCacheTest, CompressedEntriesArePerPageAndCounted) {
+  KvCacheSpec spec = SmallSpec();
+  spec.block_size = 8;
+  spec.compressed_block_size = 16;
+  ASSERT_TRUE(spec.Validate().ok());
+  EXPECT_EQ(spec.compressed_per_block(), 1);
+  EXPECT_EQ(spec.total_bytes(), 2 * 6 * (2 * 8 * 12 + 1 * 24) * 4);
+  spec.compressed_block_size = 4;
+  EXPECT_EQ(spec.compressed_per_block(), 2);
+  auto cache = CpuKvCache::Create(spec);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  CpuKvCache& kv = **cache;
+  EXPECT_EQ(kv.CompressedEntry(1, 3, 1) - kv.CompressedEntry(1, 0, 0), (3 * 2 + 1) * 24);
+  kv.CompressedEntry(1, 3, 1)[0] = 5.0f;
+  EXPECT_EQ(kv.CompressedEntry(0, 3, 1)[0], 0.0f);  // layers are separate storage
+  spec.compressed_block_size = 6;
+  EXPECT_EQ(spec.Validate().code(), absl::StatusCode::kInvalidArgument);
+  spec.compressed_block_size = -1;
+  EXPECT_EQ(spec.Validate().code(), absl::StatusCode::kInvalidArgument);
+  spec.compressed_block_size = 0;
+  EXPECT_EQ(spec.compressed_per_block(), 0);
+  EXPECT_EQ(spec.total_bytes(), 2 * 6 * (2 * 8 * 12) * 4);
+}
+
 TEST(CpuKvCacheTest, MoveSlotsCopiesEveryLayerInOrderAndChecksFirst) {
   auto cache = CpuKvCache::Create(SmallSpec());
   ASSERT_TRUE(cache.ok());

@@ -80,6 +80,8 @@ KvCacheSpec Model::MakeKvCacheSpec(int32_t num_blocks, int32_t block_size) const
   spec.head_dim = local_.head_dim;
   spec.block_size = block_size;
   spec.num_blocks = num_blocks;
+  // NSA: each complete block's mean K / V kept in its last page (NsaAttention reads them).
+  if (local_.is_nsa()) spec.compressed_block_size = local_.nsa.block_size;
   return spec;
 }
 

@@ -80,40 +80,61 @@ std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block,
   return order;
 }
 
-void NsaAttention::Compress(const TokenLayout& layout, const CpuKvCache& kv, int32_t layer) {
+void NsaAttention::Compress(const TokenLayout& layout, CpuKvCache& kv, int32_t layer) {
   const int32_t bs = shape_.nsa.block_size, kv_bs = kv.spec().block_size;
-  const int32_t hd = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  const int64_t entry_floats = int64_t{shape_.num_kv_heads} * 2 * shape_.head_dim;
   const size_t num_seqs = layout.block_tables.size();
+  seq_begin_.assign(num_seqs, INT32_MAX);
   seq_end_.assign(num_seqs, -1);
   for (size_t t = 0; t < layout.positions.size(); ++t) {
-    int32_t& end = seq_end_[layout.seq_of_token[t]];
-    end = std::max(end, layout.positions[t]);
+    const int32_t s = layout.seq_of_token[t];
+    seq_begin_[s] = std::min(seq_begin_[s], layout.positions[t]);
+    seq_end_[s] = std::max(seq_end_[s], layout.positions[t]);
   }
+  // With the cache's compressed entries (KvCacheSpec::compressed_block_size), only the blocks
+  // this pass completes are averaged (their last position is among its new tokens: a rewritten
+  // position's block is rewritten up to its end before anything reads it); the others were when
+  // their last position was written. Without them, every complete block is.
+  const bool kept = kv.spec().compressed_block_size == bs;
   cmp_.resize(num_seqs);
   for (size_t s = 0; s < num_seqs; ++s) {
     const int32_t num_blocks = (seq_end_[s] + 1) / bs;
     std::vector<float>& cmp = cmp_[s];
-    cmp.assign(int64_t{num_blocks} * kv_heads * 2 * hd, 0.0f);
+    cmp.assign(int64_t{num_blocks} * entry_floats, 0.0f);
     const std::span<const int32_t> table = layout.block_tables[s];
-    for (int32_t c = 0; c < num_blocks; ++c) {
-      for (int32_t j = c * bs; j < (c + 1) * bs; ++j) {
-        const int32_t block = table[j / kv_bs], slot = j % kv_bs;
-        for (int32_t g = 0; g < kv_heads; ++g) {
-          float* mean = &cmp[(int64_t{c} * kv_heads + g) * 2 * hd];
-          const float* key = kv.KeySlot(layer, block, slot) + int64_t{g} * hd;
-          const float* value = kv.ValueSlot(layer, block, slot) + int64_t{g} * hd;
-          for (int32_t d = 0; d < hd; ++d) {
-            mean[d] += key[d];
-            mean[hd + d] += value[d];
-          }
-        }
-      }
-      float* block_means = &cmp[int64_t{c} * kv_heads * 2 * hd];
-      for (int64_t d = 0; d < int64_t{kv_heads} * 2 * hd; ++d) {
-        block_means[d] /= static_cast<float>(bs);
+    const int32_t first_new = kept ? seq_begin_[s] / bs : 0;
+    for (int32_t c = first_new; c < num_blocks; ++c) {
+      MeanOfBlock(table, kv, layer, c, &cmp[int64_t{c} * entry_floats]);
+      if (!kept) continue;
+      const int32_t last = (c + 1) * bs - 1;
+      std::copy_n(&cmp[int64_t{c} * entry_floats], entry_floats,
+                  kv.CompressedEntry(layer, table[last / kv_bs], (last % kv_bs) / bs));
+    }
+    for (int32_t c = 0; c < std::min(first_new, num_blocks); ++c) {
+      const int32_t last = (c + 1) * bs - 1;
+      std::copy_n(kv.CompressedEntry(layer, table[last / kv_bs], (last % kv_bs) / bs), entry_floats,
+                  &cmp[int64_t{c} * entry_floats]);
+    }
+  }
+}
+
+void NsaAttention::MeanOfBlock(std::span<const int32_t> table, const CpuKvCache& kv, int32_t layer,
+                               int32_t c, float* mean) const {
+  const int32_t bs = shape_.nsa.block_size, kv_bs = kv.spec().block_size;
+  const int32_t hd = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  for (int32_t j = c * bs; j < (c + 1) * bs; ++j) {
+    const int32_t block = table[j / kv_bs], slot = j % kv_bs;
+    for (int32_t g = 0; g < kv_heads; ++g) {
+      float* m = mean + int64_t{g} * 2 * hd;
+      const float* key = kv.KeySlot(layer, block, slot) + int64_t{g} * hd;
+      const float* value = kv.ValueSlot(layer, block, slot) + int64_t{g} * hd;
+      for (int32_t d = 0; d < hd; ++d) {
+        m[d] += key[d];
+        m[hd + d] += value[d];
       }
     }
   }
+  for (int64_t d = 0; d < int64_t{kv_heads} * 2 * hd; ++d) mean[d] /= static_cast<float>(bs);
 }
 
 // out = softmax(scale * Q . K[positions]^T) . V[positions] for the `group` query heads of KV head
@@ -320,7 +341,7 @@ void NsaAttention::CountLoads(const TokenLayout& layout, std::span<const SsvStra
 
 void NsaAttention::Run(ThreadPool& pool, const TokenLayout& layout, const float* q,
                        int64_t q_stride, const float* gate_logits, int64_t gate_stride,
-                       const CpuKvCache& kv, int32_t layer, float* out,
+                       CpuKvCache& kv, int32_t layer, float* out,
                        std::span<const SsvStrategy* const> ssv) {
   const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
   if (num_tokens == 0) return;

@@ -9,9 +9,12 @@
 //     candidates c <= i (all of them while i < S); every key j <= p of the selected blocks;
 //   window:     the keys p - window_size + 1 .. p;
 // mixed by independent sigmoid gates: o = g_slc * o_slc + g_cmp * o_cmp + g_swa * o_swa.
-// The compressed blocks are recomputed from the paged KV on every call (each sequence's complete
-// blocks once per layer), so prefill, decode, chunked prefill, verification chunks, prefix-cache
-// reuse and preemption all read one source of truth; no cache beside the paged KV to keep in step.
+// The compressed blocks live in the paged cache (KvCacheSpec::compressed_block_size, a Model's
+// cache): a block's means are computed once, by the pass that writes its last position, and kept
+// in the page holding that position, so prefix-cache reuse and preemption carry them with the
+// page and a rewritten position (a rejected draft) recomputes its block when the block's end is
+// written again; decode reads a block's means instead of its keys. A cache without them (tests
+// that fill K/V directly) has every complete block recomputed from the paged KV on every call.
 // A sequence's chunk may carry an SSV strategy (engine/model/ssv.h): its queries then attend the
 // selections the strategy names, and what they read is counted (ssv_stats). Each Run goes in two
 // phases over the tokens: the compressed branch and every query's own selection, then the
@@ -52,8 +55,8 @@ class NsaAttention {
   // sequence's tokens must be contiguous in the layout, in position order (Model::Forward's).
   // Reuse layers read what the last refresh layer kept: run the layers of one batch in order.
   void Run(ThreadPool& pool, const TokenLayout& layout, const float* q, int64_t q_stride,
-           const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv, int32_t layer,
-           float* out, std::span<const SsvStrategy* const> ssv = {});
+           const float* gate_logits, int64_t gate_stride, CpuKvCache& kv, int32_t layer, float* out,
+           std::span<const SsvStrategy* const> ssv = {});
 
   // The blocks KV head `kv_head` selected for the last token of the batch of the last Run of
   // `layer`, ascending ([<= block_counts] block indices); empty before any Run. For tests and
@@ -65,8 +68,13 @@ class NsaAttention {
 
  private:
   struct Task;
-  // Means of each sequence's complete blocks up to its last new token (into cmp_).
-  void Compress(const TokenLayout& layout, const CpuKvCache& kv, int32_t layer);
+  // Means of each sequence's complete blocks up to its last new token (into cmp_): those the
+  // pass completes computed (and kept in the cache's compressed entries), the others read there.
+  void Compress(const TokenLayout& layout, CpuKvCache& kv, int32_t layer);
+  // The mean key then value of block c of a sequence ([num_kv_heads, 2, head_dim] into `mean`,
+  // zeroed by the caller).
+  void MeanOfBlock(std::span<const int32_t> table, const CpuKvCache& kv, int32_t layer, int32_t c,
+                   float* mean) const;
   void AttendCompressed(const float* q, const std::vector<float>& cmp, int32_t num_visible,
                         int32_t own_block, int32_t kv_head, Task& task) const;
   void AttendPositions(const float* q, std::span<const int32_t> table, const CpuKvCache& kv,
@@ -88,7 +96,8 @@ class NsaAttention {
   // Per sequence of the current Run: [num_complete_blocks, num_kv_heads, 2, head_dim] f32, the
   // mean key then the mean value of each block and KV head.
   std::vector<std::vector<float>> cmp_;
-  std::vector<int32_t> seq_end_;  // [num_seqs] last position of each sequence's new tokens
+  std::vector<int32_t> seq_begin_;  // [num_seqs] first position of each sequence's new tokens
+  std::vector<int32_t> seq_end_;    // [num_seqs] last position of each sequence's new tokens
   // [num_layers][num_kv_heads][<= block_counts] the last token's selection per layer.
   std::vector<std::vector<std::vector<int32_t>>> last_selection_;
   // Per token of the current Run: [T, num_heads, head_dim] f32 the compressed branch; [T *

@@ -1,4 +1,5 @@
-// Unit tests of NSA attention's rules on a hand-made KV cache: the window holds exactly
+// Unit tests of NSA attention's rules on a hand-made KV cache (and the compressed entries a
+// Model's cache keeps against recomputing them): the window holds exactly
 // window_size keys, a block becomes visible to compression exactly at p = (c + 1) * B - 1, the
 // selected branch reads its blocks up to the query only, and the block selection forces
 // {0, i - 1, i} and keeps the top S. Queries are zero, so every branch averages the values of
@@ -9,6 +10,7 @@
 
 #include <memory>
 #include <numeric>
+#include <random>
 #include <vector>
 
 namespace specd {
@@ -103,6 +105,82 @@ TEST_F(NsaRulesTest, SelectedBranchReadsItsBlocksUpToTheQuery) {
   const std::vector<float> two = Attend(100, kSelected, /*block_counts=*/2);
   EXPECT_EQ(selection_, (std::vector<int32_t>{0, 2}));
   EXPECT_NEAR(two[1], 47.5f, 1e-4);  // keys 0 .. 31 and 64 .. 95
+}
+
+// A Model's cache keeps each complete block's means in the page of its last position
+// (KvCacheSpec::compressed_block_size): computed once, by the pass that writes that position.
+// Through a prefill chunk, decode steps, verification chunks whose drafts are rewritten (a block
+// completed by a rejected draft), and a second sequence reusing the first's pages (a prefix-cache
+// hit), the output equals the same attention over a cache without them, which recomputes every
+// block on every call.
+TEST(NsaCompressedEntriesTest, KeptMeansEqualMeansRecomputedEveryCall) {
+  constexpr int32_t kHeads = 4, kKvHeads = 2, kDim = 4, kBlocks = 16;
+  KvCacheSpec spec{1, kKvHeads, kDim, kKvBlock, kBlocks};
+  auto plain = CpuKvCache::Create(spec);
+  spec.compressed_block_size = kBlock;
+  auto kept = CpuKvCache::Create(spec);
+  ASSERT_TRUE(plain.ok() && kept.ok());
+  ASSERT_EQ(spec.compressed_per_block(), 1);
+  std::vector<int32_t> table(kBlocks);
+  std::iota(table.rbegin(), table.rend(), 0);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // New K/V at positions [from, to) of the sequence over `t`.
+  auto write = [&](int32_t from, int32_t to, std::span<const int32_t> t) {
+    for (int32_t j = from; j < to; ++j) {
+      for (int32_t x = 0; x < kKvHeads * kDim; ++x) {
+        const float k = normal(rng), v = normal(rng);
+        for (CpuKvCache* c : {plain->get(), kept->get()}) {
+          c->KeySlot(0, t[j / kKvBlock], j % kKvBlock)[x] = k;
+          c->ValueSlot(0, t[j / kKvBlock], j % kKvBlock)[x] = v;
+        }
+      }
+    }
+  };
+  const NsaShape shape{kHeads, kKvHeads, kDim, NsaConfig{kBlock, 4, kWindow}};
+  NsaAttention on_plain(shape, 1), on_kept(shape, 1);
+  ThreadPool pool(1);
+  // One chunk of positions [from, to) of a sequence over `t`; the outputs on both caches.
+  auto run = [&](int32_t from, int32_t to, std::span<const int32_t> t) {
+    std::vector<int32_t> positions, seq_of_token;
+    for (int32_t p = from; p < to; ++p) {
+      positions.push_back(p);
+      seq_of_token.push_back(0);
+    }
+    const std::vector<std::span<const int32_t>> tables = {t};
+    const TokenLayout layout{positions, seq_of_token, tables};
+    std::vector<float> q(positions.size() * kHeads * kDim), gates(positions.size() * kHeads * 3);
+    for (float& x : q) x = normal(rng);
+    for (float& x : gates) x = normal(rng);
+    std::vector<float> a(q.size()), b(q.size());
+    on_plain.Run(pool, layout, q.data(), kHeads * kDim, gates.data(), kHeads * 3, **plain, 0,
+                 a.data());
+    on_kept.Run(pool, layout, q.data(), kHeads * kDim, gates.data(), kHeads * 3, **kept, 0,
+                b.data());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_FLOAT_EQ(b[i], a[i]) << "chunk [" << from << ", " << to << "), element " << i;
+    }
+  };
+  write(0, 40, table);
+  run(0, 40, table);  // a prefill chunk: block 0 completes
+  for (int32_t p = 40; p < 90; ++p) {
+    write(p, p + 1, table);
+    run(p, p + 1, table);  // decode: block 1 completes at 63
+  }
+  write(90, 98, table);
+  run(90, 98, table);     // a verification chunk: its drafts complete block 2 at 95
+  write(93, 101, table);  // drafts from 93 on were rejected: rewritten, block 2 again
+  run(93, 101, table);
+  for (int32_t p = 101; p < 140; ++p) {
+    write(p, p + 1, table);
+    run(p, p + 1, table);
+  }
+  // A second sequence whose first 8 pages (positions 0 .. 127) are the first's (the first holds
+  // 9): its first pass starts at 128 and reads blocks 0 .. 3 from the pages it reuses.
+  std::vector<int32_t> second(table.begin(), table.begin() + 8);
+  second.insert(second.end(), table.begin() + 9, table.end());
+  write(128, 150, second);
+  run(128, 150, second);
 }
 
 TEST(NsaSelectBlocksTest, ForcesFirstPreviousAndOwnBlockThenKeepsTheTopS) {
