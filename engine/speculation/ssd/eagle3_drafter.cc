@@ -431,6 +431,10 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
     compute_->PrefetchCandidates(0);
     const absl::Time t1 = tracing_ ? absl::Now() : absl::InfinitePast();
     if (device_k > 0) {
+      // TopCandidates appends: this pass's rows only (without the clear every pass read the
+      // first pass's candidates, and the scratch grew for as long as the speculator ran).
+      cand_ids_.clear();
+      cand_logprobs_.clear();
       SPECD_RETURN_IF_ERROR(compute_->TopCandidates(device_k, &cand_ids_, &cand_logprobs_));
     }
     if (tracing_) {

@@ -4,7 +4,8 @@
 // passes, for a long prompt (rows older than the ring run at once) and after a verified round;
 // a branch forked for an outcome drafts what the sequence itself would draft for it; adopting a
 // branch and releasing everything gives every pool region back; a sequence whose rows start
-// midway (a speculator that rejoined) still drafts.
+// midway (a speculator that rejoined) still drafts; each draft takes the candidates its own pass
+// ranked on a "device".
 #include "engine/speculation/ssd/eagle3_drafter.h"
 
 #include <cstdio>
@@ -312,6 +313,90 @@ TEST(Eagle3DrafterTest, ASequenceJoinedMidwayDraftsFromTheRowsItGets) {
                                   std::span<const float>(hidden).subspan(first * width, 5 * width))
                   .ok());
   EXPECT_EQ(Drafts(*drafter, 7, context, kK).size(), size_t{kK});
+}
+
+// The head's compute with candidates ranked "on the device" (as the CUDA head's are): each pass's
+// rows get [their argmax, 1000 + p, 2000 + p, 3000 + p], p the pass's number, so a draft's
+// candidates show which pass they came from. The rest is the CPU head's.
+class PassNumberedCandidates : public Eagle3Compute {
+ public:
+  explicit PassNumberedCandidates(std::unique_ptr<Eagle3Compute> inner)
+      : inner_(std::move(inner)) {}
+  const Eagle3Config& config() const override { return inner_->config(); }
+  std::span<const int32_t> draft_to_target() const override { return inner_->draft_to_target(); }
+  int32_t num_pool_regions() const override { return inner_->num_pool_regions(); }
+  absl::Status Fuse(std::span<const int32_t> capture_rows,
+                    std::span<const int32_t> pool_rows) override {
+    return inner_->Fuse(capture_rows, pool_rows);
+  }
+  bool RanksOnDevice() const override { return true; }
+  absl::Status TopCandidates(int32_t k, std::vector<int32_t>* ids,
+                             std::vector<float>* logprobs) override {
+    for (int32_t argmax : last_ids_) {
+      for (int32_t j = 0; j < k; ++j) {
+        ids->push_back(j == 0 ? argmax : 1000 * j + passes_);
+        logprobs->push_back(-static_cast<float>(j));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Forward(std::span<const Row> rows, std::span<const uint8_t> host_logits,
+                       std::vector<int32_t>* ids, std::vector<float>* logits) override {
+    ++passes_;
+    const absl::Status s = inner_->Forward(rows, host_logits, ids, logits);
+    last_ids_ = *ids;
+    return s;
+  }
+  bool Standalone() const override { return true; }
+  absl::Status SetHostCapture(std::span<const float> rows) override {
+    return inner_->SetHostCapture(rows);
+  }
+  absl::Status CopyHidden(std::span<const int32_t> from, std::span<const int32_t> to) override {
+    return inner_->CopyHidden(from, to);
+  }
+  absl::Status ForkCache(int64_t parent, int64_t child, int32_t slots) override {
+    return inner_->ForkCache(parent, child, slots);
+  }
+  absl::Status AdoptCache(int64_t parent, int64_t child) override {
+    return inner_->AdoptCache(parent, child);
+  }
+  void Truncate(int64_t seq, int32_t slot) override { inner_->Truncate(seq, slot); }
+  void Release(int64_t seq) override { inner_->Release(seq); }
+
+ private:
+  std::unique_ptr<Eagle3Compute> inner_;
+  std::vector<int32_t> last_ids_;
+  int32_t passes_ = 0;
+};
+
+// A compute that ranks on the device gives every pass its own candidates, and each draft takes
+// its own pass's: over a Propose's passes and from one Propose to the next.
+TEST(Eagle3DrafterTest, EachDraftTakesTheCandidatesItsOwnPassRanked) {
+  Target target;
+  auto inner = CreateStandaloneCpuEagle3Compute(kHead, kTarget);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto drafter = Eagle3CacheDrafter::Create(
+      std::make_unique<PassNumberedCandidates>(*std::move(inner)), target.vocab(), 512, "cpu");
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  const std::vector<int32_t> prompt = Prompt(1);
+  std::vector<float> hidden;
+  std::vector<int32_t> context = prompt;
+  context.push_back(target.Pass(prompt, 0, &hidden).back());
+  ASSERT_TRUE((*drafter)->AddTargetRows(1, context, 0, hidden).ok());
+  int32_t pass = 0;
+  for (int call = 0; call < 2; ++call) {
+    std::vector<int32_t> candidates;
+    const std::vector<int32_t> drafts = Drafts(**drafter, 1, context, kK, &candidates);
+    ASSERT_EQ(drafts.size(), size_t{kK});
+    ASSERT_EQ(candidates.size(), size_t{kK} * 4);
+    for (int32_t j = 0; j < kK; ++j) {
+      ++pass;
+      EXPECT_EQ(candidates[size_t(j) * 4], drafts[j]) << "call " << call << ", draft " << j;
+      EXPECT_EQ(candidates[size_t(j) * 4 + 1], 1000 + pass) << "call " << call << ", draft " << j;
+      EXPECT_EQ(candidates[size_t(j) * 4 + 3], 3000 + pass) << "call " << call << ", draft " << j;
+    }
+    context.insert(context.end(), drafts.begin(), drafts.end());  // as if all were accepted
+  }
 }
 
 TEST(Eagle3DrafterTest, AMissingTargetOrAnotherVocabularyIsRefused) {
