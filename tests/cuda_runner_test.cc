@@ -6,7 +6,8 @@
 //     through the Engine's serving API;
 // (e) out-of-memory at weight load and KV allocation as clear errors;
 // (f) round graphs: verification steps replayed through CUDA graphs against eager runs;
-// (g) the standalone EAGLE-3 head's candidates ranked with its pass (SSD's speculator);
+// (g) the standalone EAGLE-3 head (SSD's speculator): candidates ranked with their pass, and a
+//     miss's ranked round against its passes one at a time;
 // plus the fill kernels (kernels/cuda/init.h).
 //
 // Data: models under $SPECD_SHARED_DIR/models (default: the build's SPECD_SHARED_DIR), shapes
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -40,6 +42,7 @@
 
 #include "engine/engine.h"
 #include "engine/runner/model_runner.h"
+#include "engine/speculation/ssd/eagle3_drafter.h"
 #include "kernels/cuda/init.h"
 #include "kernels/ref/bf16.h"
 #include "tests/cuda_test_util.h"
@@ -596,6 +599,93 @@ TEST(StandaloneEagle3CudaTest, PrefetchedCandidatesEqualTheOnesRankedAfterThePas
       EXPECT_EQ(other_ids[size_t(i) * 2 + j], after_ids[size_t(i) * 4 + j]) << i << "," << j;
     }
   }
+}
+
+// SSD's speculator drafts a miss as one ranked round on the device (the catch-up and K - 1 steps
+// in one graph, every step's candidates and prenorm rows kept) where nothing may stop it between
+// passes. Its drafts and candidates equal the ones the passes give one at a time (a `stop` that
+// never stops forces those), and so does a branch forked from its drafts afterwards, which reads
+// the prenorm rows the round kept.
+TEST(StandaloneEagle3CudaTest, ARankedRoundDraftsAsThePassesDoAndKeepsTheirRows) {
+  const std::string head = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  const std::string target = ModelDir("codepair/target");
+  ASSERT_TRUE(DataPresent(head));
+  ASSERT_TRUE(DataPresent(target));
+  const nlohmann::json config = ReadJson(target + "/config.json");
+  const auto vocab = config["vocab_size"].get<int32_t>();
+  auto round =
+      CreateEagle3CacheDrafter(head, target, "cuda:0", vocab, 512, false, int64_t{64} << 20);
+  auto passes =
+      CreateEagle3CacheDrafter(head, target, "cuda:0", vocab, 512, false, int64_t{64} << 20);
+  ASSERT_TRUE(round.ok()) << round.status();
+  ASSERT_TRUE(passes.ok()) << passes.status();
+  const int64_t width = config["hidden_size"].get<int64_t>() * 3;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> token(3, vocab - 1);
+  std::vector<int32_t> context(24);
+  for (int32_t& t : context) t = token(rng);
+  std::vector<float> rows(static_cast<size_t>(context.size() - 1) * width);
+  for (float& x : rows) x = normal(rng);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  TokenHistory history;
+  constexpr int32_t kK = 5;
+  auto draft = [&](Eagle3CacheDrafter& d, uint64_t seq, const std::vector<int32_t>& tokens,
+                   bool one_at_a_time) {
+    DraftInput in;
+    in.seq_id = seq;
+    in.tokens = tokens;
+    in.num_draft_tokens = kK;
+    in.params = &greedy;
+    in.history = &history;
+    CacheDrafter::CacheDraftOptions cache;
+    cache.num_candidates = 4;
+    std::vector<Draft> out;
+    const std::function<bool()> never = [] { return false; };
+    EXPECT_TRUE(d.Propose({&in, 1}, {&cache, 1}, &out, one_at_a_time ? never : nullptr).ok());
+    return out.at(0);
+  };
+  // The prompt (its catch-up is too long for a round graph), then a verified outcome: two drafts
+  // accepted and a bonus token, their target rows sent, a catch-up of 3 rows: the round.
+  Draft first[2], second[2];
+  for (int which = 0; which < 2; ++which) {
+    Eagle3CacheDrafter& d = which == 0 ? **round : **passes;
+    ASSERT_TRUE(d.AddTargetRows(1, context, 0, rows).ok());
+    first[which] = draft(d, 1, context, which == 1);
+  }
+  ASSERT_EQ(first[0].tokens, first[1].tokens);
+  EXPECT_EQ(first[0].candidates, first[1].candidates);
+  std::vector<int32_t> next = context;
+  next.insert(next.end(), first[0].tokens.begin(), first[0].tokens.begin() + 2);
+  next.push_back(token(rng));
+  std::vector<float> more(3 * static_cast<size_t>(width));
+  for (float& x : more) x = normal(rng);
+  const int64_t captured = (*round)->graphs_captured();
+  for (int which = 0; which < 2; ++which) {
+    Eagle3CacheDrafter& d = which == 0 ? **round : **passes;
+    ASSERT_TRUE(d.AddTargetRows(1, next, static_cast<int32_t>(context.size()) - 1, more).ok());
+    second[which] = draft(d, 1, next, which == 1);
+  }
+  EXPECT_EQ((*round)->rounds_on_device(), 1) << "the second Propose, and only it, is a round";
+  EXPECT_GT((*round)->graphs_captured(), captured) << "its graph was captured (SSD's b* skips it)";
+  EXPECT_EQ((*passes)->rounds_on_device(), 0);
+  EXPECT_EQ(second[0].tokens, second[1].tokens);
+  EXPECT_EQ(second[0].candidates, second[1].candidates);
+  ASSERT_EQ(second[0].tokens.size(), size_t{kK});
+  // A branch for outcome (3, the second candidate at position 4), drafted one pass at a time on
+  // both: it forks from the rows each kept for the drafts.
+  std::vector<int32_t> branch = next;
+  branch.insert(branch.end(), second[0].tokens.begin(), second[0].tokens.begin() + 3);
+  branch.push_back(second[0].candidates.at(3 * 4 + 1));
+  Draft forked[2];
+  for (int which = 0; which < 2; ++which) {
+    Eagle3CacheDrafter& d = which == 0 ? **round : **passes;
+    ASSERT_TRUE(d.Fork(1, 50, static_cast<int32_t>(next.size()) + 3).ok());
+    forked[which] = draft(d, 50, branch, true);
+  }
+  EXPECT_EQ(forked[0].tokens, forked[1].tokens);
+  EXPECT_EQ(forked[0].candidates, forked[1].candidates);
 }
 
 TEST(CudaDeviceTest, AMissingGpuIsInvalidArgument) {

@@ -146,6 +146,29 @@ class Eagle3Compute {
     return absl::OkStatus();
   }
 
+  // SSD's speculator (a greedy round whose every draft feeds its cache): DraftRound's greedy round
+  // (rows: each sequence's catch-up; `steps` chain steps after it, each fed the argmax of the step
+  // before) that also ranks each drawing row's k best as TopCandidates does, and copies each
+  // drawing row's prenorm output to pool row keep_rows[s * sequences + i] (step s of sequence i,
+  // s = 0 the catch-up's). out: ids [steps + 1, sequences] (target ids, as DraftRound's), then
+  // candidates [steps + 1, sequences, k] (target ids) and their log-probabilities. *ran false
+  // (nothing run, nothing written): the caller runs Forward and TopCandidates a pass at a time;
+  // the default, and the CUDA head where the round does not fit its graphs.
+  // CUDA graphs captured so far (SSD's b* leaves passes that captured one out of its timings).
+  virtual int64_t graphs_captured() const { return 0; }
+
+  struct RankedRound {
+    std::vector<int32_t> ids;
+    std::vector<int32_t> candidates;
+    std::vector<float> logprobs;
+  };
+  virtual absl::Status DraftRankedRound(std::span<const Row> /*rows*/, int32_t /*steps*/,
+                                        int32_t /*k*/, std::span<const int32_t> /*keep_rows*/,
+                                        RankedRound* /*out*/, bool* ran) {
+    *ran = false;
+    return absl::OkStatus();
+  }
+
   // Sampled drafts whose distributions stay on the device (the CUDA head): DrawRows draws
   // logits rows logits_rows[i] of the last Forward as ModelRunner::StepDraft draws a row
   // (rows[i]'s processed distribution over the target vocabulary, zero outside the draft

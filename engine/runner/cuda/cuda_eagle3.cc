@@ -35,12 +35,15 @@ CudaEagle3Compute::~CudaEagle3Compute() {
   for (auto& [key, exec] : round_graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : sampled_chain_graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : sampled_round_graphs_) cudaGraphExecDestroy(exec);
-  if (rounds_in_graph_ + chains_in_graph_ + sampled_rounds_in_graph_ + sampled_chains_in_graph_ >
+  for (auto& [key, exec] : ranked_round_graphs_) cudaGraphExecDestroy(exec);
+  if (rounds_in_graph_ + chains_in_graph_ + sampled_rounds_in_graph_ + sampled_chains_in_graph_ +
+          ranked_rounds_ >
       0) {
     SPECD_LOG_INFO(
-        "EAGLE-3 head: {} greedy rounds in one graph, {} chained graphs after an eager "
-        "catch-up; sampled: {} rounds in one graph, {} chained graphs",
-        rounds_in_graph_, chains_in_graph_, sampled_rounds_in_graph_, sampled_chains_in_graph_);
+        "EAGLE-3 head: {} greedy rounds in one graph ({} of them ranked), {} chained graphs after "
+        "an eager catch-up; sampled: {} rounds in one graph, {} chained graphs",
+        rounds_in_graph_, ranked_rounds_, chains_in_graph_, sampled_rounds_in_graph_,
+        sampled_chains_in_graph_);
   }
   if (owns_stream_ && options_.stream != nullptr) cudaStreamDestroy(options_.stream);
 }

@@ -145,6 +145,12 @@ class CudaEagle3Compute : public Eagle3Compute {
   // catch-up.
   absl::Status DraftRound(std::span<const Row> rows, int32_t steps, const ChainDraws* draws,
                           std::vector<int32_t>* ids, bool* ran) override;
+  // The same greedy round graph with every step's top k (kernels::TopKRows, LogSoftmaxAt) and
+  // prenorm rows (into keep rows of table_) kept inside it, for at most kMaxRankedSeqs sequences;
+  // the kept rows reach their pool rows by kernels::CopyRows after it.
+  absl::Status DraftRankedRound(std::span<const Row> rows, int32_t steps, int32_t k,
+                                std::span<const int32_t> keep_rows, RankedRound* out,
+                                bool* ran) override;
   // Sampled drafts: kernels::ExpandColumns writes the rows over the target vocabulary into
   // Options::draws, which draws them. ReserveDrawSlots pads `seqs` to its graphs' bucket.
   bool DrawsOnDevice() const override { return options_.draws != nullptr; }
@@ -162,6 +168,11 @@ class CudaEagle3Compute : public Eagle3Compute {
   bool Standalone() const override { return options_.standalone; }
   absl::Status SetHostCapture(std::span<const float> rows) override;
   bool TakesDeviceCapture() const override { return options_.standalone; }
+  int64_t graphs_captured() const override {
+    return static_cast<int64_t>(graphs_.size() + chain_graphs_.size() + round_graphs_.size() +
+                                ranked_round_graphs_.size() + sampled_chain_graphs_.size() +
+                                sampled_round_graphs_.size());
+  }
   absl::Status SetDeviceCapture(const void* rows, int64_t n) override;
   absl::Status CopyHidden(std::span<const int32_t> from, std::span<const int32_t> to) override;
   bool PagedCache() const override { return options_.standalone; }
@@ -190,6 +201,8 @@ class CudaEagle3Compute : public Eagle3Compute {
   // Most catch-up rows per sequence a round graph runs (the verification attention's longest
   // query run, kernels::kMaxVerifyQueryLen).
   static constexpr int32_t kMaxRoundRows = 16;
+  // Sequences a ranked round takes (SSD's misses): its keep rows and candidates are sized by it.
+  static constexpr int32_t kMaxRankedSeqs = 16;
   // Byte offsets of a graph's inputs (cuda_eagle3_graphs.cc) for `steps` steps of `seqs` rows.
   struct GraphLayout {
     GraphLayout(int64_t seqs, int32_t steps);
@@ -216,6 +229,10 @@ class CudaEagle3Compute : public Eagle3Compute {
   // Forward's prefetch (PrefetchCandidates) before its wait: ready_k_ = the k it ranked.
   absl::Status PrefetchForForward(int32_t m);
   absl::Status CaptureStepGraph(int32_t bucket, int32_t half, const Pass& p);
+  // DraftRound's work, and DraftRankedRound's when ranked_k > 0 (its steps' candidates into
+  // ranked_ and prenorm rows into the keep rows). *num: the sequences.
+  absl::Status RunRound(std::span<const Row> rows, int32_t steps, const ChainDraws* draws,
+                        int32_t ranked_k, std::vector<int32_t>* ids, int32_t* num, bool* ran);
   // DraftRound's catch-up pass: checks the groups' rows (group g starts at rows[first[g]]) and
   // queues the upload of round_in_ for them, padded to `bucket` sequences of `per_seq` rows.
   absl::StatusOr<Pass> StageRoundInputs(std::span<const Row> rows, std::span<const size_t> first,
@@ -305,6 +322,15 @@ class CudaEagle3Compute : public Eagle3Compute {
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, cudaGraphExec_t> round_graphs_;
   cuda::DeviceMemory round_in_;
   cuda::PinnedMemory round_in_host_;
+  // Ranked round graphs, keyed as round_graphs_ plus k; their candidates ([kMaxChainSteps,
+  // kMaxRankedSeqs, kMaxTopK] draft ids, then log-probabilities) and the host twin; the keep rows
+  // at table_ rows keep_base_ + step * kMaxRankedSeqs + i.
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>, cudaGraphExec_t>
+      ranked_round_graphs_;
+  cuda::DeviceMemory ranked_;
+  cuda::PinnedMemory ranked_host_;
+  int64_t keep_base_ = 0;
+  int64_t ranked_rounds_ = 0;
   std::vector<Row> round_chain_rows_;  // scratch
   // Sampled chain and round graphs, keyed as the greedy ones plus the slot layout (chains:
   // first slot, stride; rounds: stride), captured over the slots' storage draws_storage_ (a

@@ -1,7 +1,7 @@
 // CudaEagle3Compute's captured graphs and device draws (cuda_eagle3.h): the one-step graph of a
 // draft step (one row per sequence), the chained graph of a round's greedy draft steps after the
-// first, the round graph of a whole greedy round (the catch-up and those steps), and the sampled
-// draws handed to the target runner.
+// first, and the sampled draws handed to the target runner (the round graphs of a whole round:
+// cuda_eagle3_rounds.cc).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,18 +24,9 @@ namespace specd {
 namespace {
 
 using eagle3_cuda::Launch;
+using eagle3_cuda::ReplayOrCapture;
 
 size_t Align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-// SPECD_EAGLE3_ROUND_GRAPHS=0 turns round graphs off (the catch-up runs eagerly, drafts 2..K as
-// one chained graph), kept for measuring what they save, side by side. Read once per process.
-bool RoundGraphsEnabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SPECD_EAGLE3_ROUND_GRAPHS");
-    return value == nullptr || std::string_view(value) != "0";
-  }();
-  return enabled;
-}
 
 // SPECD_EAGLE3_SAMPLED_GRAPHS=0 turns the sampled chain and round graphs off (sampled rounds run a
 // pass and a draw per step, as before them), for the same kind of side-by-side measurement.
@@ -45,25 +36,6 @@ bool SampledGraphsEnabled() {
     return value == nullptr || std::string_view(value) != "0";
   }();
   return enabled;
-}
-
-// Replays graphs[key], or on first use runs `enqueue` eagerly (which also lets cuBLASLt choose its
-// algorithms outside capture) and captures it for the next calls. Capturing runs nothing; a
-// second run would not repeat the first, as a step overwrites the prenorm half the one before it
-// read.
-template <typename Key>
-absl::Status ReplayOrCapture(std::map<Key, cudaGraphExec_t>& graphs, const Key& key,
-                             cudaStream_t st, const std::function<absl::Status()>& enqueue,
-                             const char* what) {
-  auto it = graphs.find(key);
-  if (it != graphs.end()) {
-    return cuda::Check(cudaGraphLaunch(it->second, st), "EAGLE-3 graph launch");
-  }
-  SPECD_RETURN_IF_ERROR(enqueue());
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), what));
-  SPECD_ASSIGN_OR_RETURN(cudaGraphExec_t exec, cuda::CaptureGraph(st, enqueue, what));
-  graphs[key] = exec;
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -415,183 +387,6 @@ absl::Status CudaEagle3Compute::DraftChain(std::span<const Row> rows, int32_t st
   last_logit_rows_ = num;
   ready_k_ = 0;
   ++(draws == nullptr ? chains_in_graph_ : sampled_chains_in_graph_);
-  *ran = true;
-  return absl::OkStatus();
-}
-
-// The catch-up pass of a round graph over round_in_: sequence g's rows (rows[first[g]] up to the
-// next group's first) checked and staged, padded to `bucket` sequences of `per_seq` rows, and
-// their upload queued; its prenorm rows go to half catch_up_half.
-absl::StatusOr<CudaEagle3Compute::Pass> CudaEagle3Compute::StageRoundInputs(
-    std::span<const Row> rows, std::span<const size_t> first, int32_t bucket, int32_t per_seq,
-    int32_t catch_up_half) {
-  const auto num = static_cast<int32_t>(first.size());
-  // The catch-up's inputs: sequence g's rows at g * per_seq ..., front-padded by copies of its
-  // first row at the positions before it (slot -1: no KV written; the verification attention
-  // needs each run's queries at its last positions); a padding sequence's rows read the scratch
-  // block, as the chain's padding does.
-  const RoundLayout lay(max_rows_, options_.max_seqs);
-  auto* in = round_in_host_.as<uint8_t>();
-  auto* tokens = reinterpret_cast<int32_t*>(in + lay.tokens);
-  auto* positions = reinterpret_cast<int32_t*>(in + lay.positions);
-  auto* hidden = reinterpret_cast<int32_t*>(in + lay.hidden);
-  auto* seq_lens = reinterpret_cast<int32_t*>(in + lay.seq_lens);
-  auto* cu = reinterpret_cast<int32_t*>(in + lay.cu);
-  auto* logits_rows = reinterpret_cast<int32_t*>(in + lay.logits_rows);
-  auto* slots = reinterpret_cast<int64_t*>(in + lay.slots);
-  const int32_t bs = options_.block_size;
-  const int64_t read_base = pool_rows_ + int64_t{prenorm_half_} * max_logit_rows_;
-  for (int32_t s = 0; s < bucket; ++s) {
-    const int32_t base = s * per_seq;
-    cu[s] = base;
-    logits_rows[s] = base + per_seq - 1;
-    if (s >= num) {
-      seq_lens[s] = per_seq;
-      for (int32_t j = 0; j < per_seq; ++j) {
-        tokens[base + j] = 0;
-        positions[base + j] = j;
-        hidden[base + j] = 0;
-        slots[base + j] = -1;
-      }
-      continue;
-    }
-    const size_t begin = first[s], end = s + 1 < num ? first[s + 1] : rows.size();
-    const auto pad = per_seq - static_cast<int32_t>(end - begin);
-    seq_lens[s] = rows[end - 1].position + 1;
-    for (int32_t j = 0; j < per_seq; ++j) {
-      const Row& r = rows[begin + std::max(0, j - pad)];
-      const int32_t pos = rows[end - 1].position - (per_seq - 1 - j);
-      const int64_t block = pos / bs;
-      if (pos >= options_.max_model_len || block >= static_cast<int64_t>(r.block_table.size()) ||
-          r.token < 0 || r.token >= config_.layer.vocab_size ||
-          (r.hidden >= 0 ? r.hidden >= pool_rows_ : -int64_t{r.hidden} > max_logit_rows_)) {
-        return absl::InvalidArgumentError(absl::StrCat("EAGLE-3 head: catch-up row (position ",
-                                                       r.position, ", token ", r.token, ", hidden ",
-                                                       r.hidden, ") is malformed"));
-      }
-      tokens[base + j] = r.token;
-      positions[base + j] = pos;
-      hidden[base + j] = r.hidden >= 0 ? r.hidden : static_cast<int32_t>(read_base - r.hidden - 1);
-      slots[base + j] = j < pad ? -1 : int64_t{r.block_table[block]} * bs + pos % bs;
-    }
-  }
-  cu[bucket] = bucket * per_seq;
-  SPECD_RETURN_IF_ERROR(cuda::Check(
-      cudaMemcpyAsync(round_in_.as(), in, lay.bytes, cudaMemcpyHostToDevice, options_.stream),
-      "EAGLE-3 round inputs"));
-  const auto* dev = round_in_.as<uint8_t>();
-  Pass p;
-  p.tokens = reinterpret_cast<const int32_t*>(dev + lay.tokens);
-  p.positions = reinterpret_cast<const int32_t*>(dev + lay.positions);
-  p.hidden = reinterpret_cast<const int32_t*>(dev + lay.hidden);
-  p.seq_lens = reinterpret_cast<const int32_t*>(dev + lay.seq_lens);
-  p.cu_q_lens = reinterpret_cast<const int32_t*>(dev + lay.cu);
-  p.rows = reinterpret_cast<const int32_t*>(dev + lay.logits_rows);
-  p.slots = reinterpret_cast<const int64_t*>(dev + lay.slots);
-  p.tables = graph_tables_.as<int32_t>();
-  p.table_stride = max_blocks_per_seq_;
-  p.num_groups = bucket;
-  p.max_q_len = per_seq;
-  p.n = int64_t{bucket} * per_seq;
-  p.m = bucket;
-  p.prenorm_dst = pool_rows_ + int64_t{catch_up_half} * max_logit_rows_;
-  return p;
-}
-
-absl::Status CudaEagle3Compute::DraftRound(std::span<const Row> rows, int32_t steps,
-                                           const ChainDraws* draws, std::vector<int32_t>* ids,
-                                           bool* ran) {
-  *ran = false;
-  if (!RoundGraphsEnabled() || options_.eager || k_cache_ == nullptr || rows.empty() || steps < 1 ||
-      steps >= kMaxChainSteps) {
-    return absl::OkStatus();
-  }
-  // Groups: each sequence's rows, consecutive positions, chain rows, only the last drawing.
-  std::vector<size_t> first;
-  int32_t longest = 1;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    if (r.tree != nullptr || (r.slot >= 0 && r.slot != r.position)) return absl::OkStatus();
-    if (i == 0 || r.seq != rows[i - 1].seq) {
-      if (i > 0 && !rows[i - 1].logits) return absl::OkStatus();
-      first.push_back(i);
-    } else if (rows[i - 1].logits || r.position != rows[i - 1].position + 1) {
-      return absl::OkStatus();
-    }
-    longest = std::max(longest, static_cast<int32_t>(i - first.back() + 1));
-  }
-  if (!rows.back().logits) return absl::OkStatus();
-  const auto num = static_cast<int32_t>(first.size());
-  int32_t per_seq = 1;  // catch-up rows per sequence in the graph
-  while (per_seq < longest) per_seq *= 2;
-  if (num > options_.max_seqs || per_seq > kMaxRoundRows || per_seq > options_.block_size) {
-    return absl::OkStatus();
-  }
-  const int32_t bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), num);
-  if (int64_t{bucket} * per_seq > max_rows_) return absl::OkStatus();
-  for (int32_t g = 0; g < num; ++g) {
-    const size_t end = g + 1 < num ? first[g + 1] : rows.size();
-    const auto pad = per_seq - static_cast<int32_t>(end - first[g]);
-    if (rows[first[g]].position < pad) return absl::OkStatus();  // no earlier positions to pad
-  }
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaSetDevice(options_.device), "cudaSetDevice"));
-  if (draws != nullptr) {
-    if (draws->first_slot != 0) return absl::OkStatus();  // round graphs draw from slot 0 on
-    SPECD_ASSIGN_OR_RETURN(const bool staged, StageDraws(*draws, num, bucket, steps + 1));
-    if (!staged) return absl::OkStatus();
-  }
-  // The chain's inputs: sequence g's row at its last row's position + 1, reading the prenorm of
-  // the catch-up's logits row g (the half the catch-up writes), its token the catch-up's argmax.
-  const int32_t catch_up_half = 1 - prenorm_half_;
-  round_chain_rows_.clear();
-  for (int32_t g = 0; g < num; ++g) {
-    const size_t last = (g + 1 < num ? first[g + 1] : rows.size()) - 1;
-    Row c;
-    c.seq = rows[last].seq;
-    c.position = rows[last].position + 1;
-    c.hidden = -g - 1;
-    c.logits = true;
-    c.block_table = rows[last].block_table;
-    round_chain_rows_.push_back(c);
-  }
-  const GraphLayout g(options_.max_seqs, steps);
-  SPECD_RETURN_IF_ERROR(StageGraphInputs(round_chain_rows_, bucket, steps, g, catch_up_half));
-  SPECD_ASSIGN_OR_RETURN(const Pass p,
-                         StageRoundInputs(rows, first, bucket, per_seq, catch_up_half));
-  cudaStream_t st = options_.stream;
-  // The catch-up writes half catch_up_half; chain step s writes the other half when s is even.
-  auto step_half = [&](int32_t s) { return s % 2 == 0 ? 1 - catch_up_half : catch_up_half; };
-  auto enqueue = [&]() -> absl::Status {
-    SPECD_RETURN_IF_ERROR(Body(p));
-    SPECD_RETURN_IF_ERROR(PickIds(bucket, g.seqs, 0, draws, 0));
-    for (int32_t s = 0; s < steps; ++s) {
-      SPECD_RETURN_IF_ERROR(Body(GraphPass(g, bucket, s, step_half(s), /*after_round=*/true)));
-      SPECD_RETURN_IF_ERROR(PickIds(bucket, g.seqs, s + 1, draws, s + 1));
-    }
-    return cuda::Check(cudaMemcpyAsync(chain_ids_host_.as(), chain_ids_.as(),
-                                       size_t(steps + 1) * g.seqs * 4, cudaMemcpyDeviceToHost, st),
-                       "EAGLE-3 head: round ids");
-  };
-  if (draws == nullptr) {
-    SPECD_RETURN_IF_ERROR(ReplayOrCapture(round_graphs_,
-                                          std::make_tuple(bucket, per_seq, steps, catch_up_half),
-                                          st, enqueue, "EAGLE-3 round graph"));
-  } else {
-    SPECD_RETURN_IF_ERROR(
-        ReplayOrCapture(sampled_round_graphs_,
-                        std::make_tuple(bucket, per_seq, steps, catch_up_half, draws->slot_stride),
-                        st, enqueue, "EAGLE-3 sampled round graph"));
-  }
-  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(st), "EAGLE-3 draft round"));
-  ids->clear();
-  const int32_t* host = chain_ids_host_.as<int32_t>();
-  for (int32_t s = 0; s <= steps; ++s) {
-    ids->insert(ids->end(), host + int64_t{s} * g.seqs, host + int64_t{s} * g.seqs + num);
-  }
-  prenorm_half_ = step_half(steps - 1);
-  last_logit_rows_ = num;
-  ready_k_ = 0;
-  ++(draws == nullptr ? rounds_in_graph_ : sampled_rounds_in_graph_);
   *ran = true;
   return absl::OkStatus();
 }

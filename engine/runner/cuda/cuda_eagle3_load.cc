@@ -142,7 +142,10 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
     return absl::OkStatus();
   };
   pool_rows_ = seqs * kEagle3PoolWindow + tokens;
-  SPECD_RETURN_IF_ERROR(alloc(table_, (pool_rows_ + 2 * rows) * h * 2, "EAGLE-3 pool"));
+  // Then the prenorm halves, then a ranked round's keep rows.
+  keep_base_ = pool_rows_ + 2 * rows;
+  SPECD_RETURN_IF_ERROR(alloc(
+      table_, (keep_base_ + int64_t{kMaxChainSteps} * kMaxRankedSeqs) * h * 2, "EAGLE-3 pool"));
   SPECD_RETURN_IF_ERROR(alloc(features_, tokens * f * 2, "EAGLE-3 features"));
   SPECD_RETURN_IF_ERROR(alloc(fused_, tokens * h * 2, "EAGLE-3 features"));
   const int64_t r = max_rows_;
@@ -187,6 +190,11 @@ absl::Status CudaEagle3Compute::AllocateBuffers() {
       alloc(round_in_, static_cast<int64_t>(round_bytes), "EAGLE-3 round graph inputs"));
   SPECD_ASSIGN_OR_RETURN(round_in_host_,
                          cuda::PinnedMemory::Allocate(round_bytes, "EAGLE-3 round graph inputs"));
+  const int64_t ranked = int64_t{kMaxChainSteps} * kMaxRankedSeqs * kernels::kMaxTopK;
+  SPECD_RETURN_IF_ERROR(alloc(ranked_, ranked * 8, "EAGLE-3 ranked round candidates"));
+  SPECD_ASSIGN_OR_RETURN(ranked_host_,
+                         cuda::PinnedMemory::Allocate(static_cast<size_t>(ranked) * 8,
+                                                      "EAGLE-3 ranked round candidates"));
   const int64_t chain_ids = int64_t{kMaxChainSteps} * seqs;
   SPECD_RETURN_IF_ERROR(alloc(chain_ids_, chain_ids * 4, "EAGLE-3 chain ids"));
   SPECD_ASSIGN_OR_RETURN(chain_ids_host_, cuda::PinnedMemory::Allocate(

@@ -76,9 +76,11 @@ class CacheDrafter {
   // it keeps none): Propose's passes and their rows, and seconds in them.
   struct Trace {
     int64_t passes = 0, rows = 0;
+    int64_t rounds = 0;  // passes that ran as one round on the device (a head's ranked rounds)
     double forward = 0, candidates = 0, copies = 0;
     void Add(const Trace& t) {
       passes += t.passes;
+      rounds += t.rounds;
       rows += t.rows;
       forward += t.forward;
       candidates += t.candidates;
@@ -86,6 +88,9 @@ class CacheDrafter {
     }
   };
   virtual Trace TakeTrace() { return {}; }
+  // CUDA graphs captured so far (a pass that captured one took many times its replay: the
+  // worker's b* leaves such a pass out of its timings); 0 where the drafter captures none.
+  virtual int64_t graphs_captured() const { return 0; }
   // Turns the counters on (off by default: the timing stays out of the passes).
   virtual void set_trace(bool /*on*/) {}
 

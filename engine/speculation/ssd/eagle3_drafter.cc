@@ -409,6 +409,11 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
     a.next_position = n - 1;
     active_.push_back(a);
   }
+  if (!stop) {  // a build's wave stops between passes: it runs them one at a time
+    bool done = false;
+    SPECD_RETURN_IF_ERROR(ProposeRound(inputs, cache, drafts, &done));
+    if (done) return absl::OkStatus();
+  }
   while (!rows_.empty()) {
     // Logits rows come to the host only where the compute cannot rank them (or the draw needs
     // the processed row: sampled, penalties, bans); the rest take the argmax and the candidates
@@ -498,6 +503,67 @@ absl::Status Eagle3CacheDrafter::Propose(std::span<const DraftInput> inputs,
     }
     active_.resize(kept);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Eagle3CacheDrafter::ProposeRound(std::span<const DraftInput> inputs,
+                                              std::span<const CacheDraftOptions> cache,
+                                              std::vector<Draft>* drafts, bool* done) {
+  *done = false;
+  if (active_.empty() || cache.empty() || !compute_->RanksOnDevice()) return absl::OkStatus();
+  const int32_t K = inputs[active_[0].input].num_draft_tokens;
+  int32_t k = 0;
+  for (const Active& a : active_) {
+    const DraftInput& in = inputs[a.input];
+    if (in.num_draft_tokens != K || !in.params->greedy() || in.params->has_penalties() ||
+        (in.num_banned_positions > 0 && !in.banned.empty()) ||
+        a.next_position + K - 1 >= max_model_len_) {
+      return absl::OkStatus();
+    }
+    k = std::max(k, cache[a.input].num_candidates);
+  }
+  if (K < 2 || k < 1) return absl::OkStatus();
+  // The chain's K - 1 positions get their KV slots first (the rows' block tables then cover
+  // them), and each draft's prenorm row its ring row, as the passes' CopyHidden gives them.
+  ids_.clear();  // keep rows: [K, sequences]
+  for (Active& a : active_) {
+    if (!PrepareSlots(*a.state, a.next_position, a.next_position + K - 2)) return absl::OkStatus();
+  }
+  for (Eagle3Compute::Row& r : rows_) {
+    if (allocator_ != nullptr)
+      r.block_table = states_.at(static_cast<uint64_t>(r.seq))->blocks.ids();
+  }
+  for (int32_t step = 0; step < K; ++step) {
+    for (const Active& a : active_) ids_.push_back(RingRow(*a.state, a.next_position + step));
+  }
+  const absl::Time t0 = tracing_ ? absl::Now() : absl::InfinitePast();
+  bool ran = false;
+  SPECD_RETURN_IF_ERROR(compute_->DraftRankedRound(rows_, K - 1, k, ids_, &ranked_, &ran));
+  if (!ran) return absl::OkStatus();  // the passes, one at a time
+  ++rounds_on_device_;
+  if (tracing_) {
+    ++trace_.rounds;
+    trace_.passes += K;
+    trace_.rows += static_cast<int64_t>(rows_.size()) + int64_t{K - 1} * active_.size();
+    trace_.forward += absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+  const size_t num = active_.size();
+  for (int32_t step = 0; step < K; ++step) {
+    for (size_t i = 0; i < num; ++i) {
+      Active& a = active_[i];
+      const size_t at = static_cast<size_t>(step) * num + i;
+      Draft& d = (*drafts)[a.input];
+      DeviceDraft(inputs[a.input], cache[a.input], ranked_.ids[at],
+                  std::span<const int32_t>(ranked_.candidates).subspan(at * k, size_t(k)), d);
+      a.state->entries = a.next_position;
+      a.state->tokens.push_back(d.tokens.back());
+      SetHidden(*a.state, a.next_position);
+      ++a.next_position;
+    }
+  }
+  rows_.clear();
+  active_.clear();
+  *done = true;
   return absl::OkStatus();
 }
 

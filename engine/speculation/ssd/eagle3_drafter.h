@@ -71,6 +71,9 @@ class Eagle3CacheDrafter : public CacheDrafter {
   // Benchmarks only: greedy drafts and their candidates follow `replay` (controlled acceptance);
   // the head's passes still run.
   void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
+  // Propose calls drafted as one ranked round on the device (ProposeRound).
+  int64_t rounds_on_device() const { return rounds_on_device_; }
+  int64_t graphs_captured() const override { return compute_->graphs_captured(); }
   // Tests: live states (sequences and branches) and free pool regions.
   int32_t num_states() const { return static_cast<int32_t>(states_.size()); }
   int32_t num_free_regions() const { return static_cast<int32_t>(free_regions_.size()); }
@@ -122,6 +125,13 @@ class Eagle3CacheDrafter : public CacheDrafter {
   // another state shares is copied first, its slots below `from` kept). False when the KV
   // blocks run out (the table is then short of `to`).
   bool PrepareSlots(State& s, int32_t from, int32_t to);
+  // Propose's drafts as one round on the device (Eagle3Compute::DraftRankedRound: the catch-up in
+  // rows_, then K - 1 steps, every step's candidates and prenorm row kept), when every active
+  // sequence drafts K greedy tokens ranked on the device and nothing may stop it between passes;
+  // *done false (nothing drafted, rows_ as they were): the passes run one at a time.
+  absl::Status ProposeRound(std::span<const DraftInput> inputs,
+                            std::span<const CacheDraftOptions> cache, std::vector<Draft>* drafts,
+                            bool* done);
   // A greedy draft from the device: the compute's argmax and its `ranked` candidates (best first).
   void DeviceDraft(const DraftInput& in, const CacheDraftOptions& cache, int32_t argmax,
                    std::span<const int32_t> ranked, Draft& draft) const;
@@ -144,7 +154,9 @@ class Eagle3CacheDrafter : public CacheDrafter {
   std::vector<int32_t> ids_, from_, to_;  // scratch
   std::vector<float> logits_, probs_;     // scratch
   std::vector<int32_t> cand_ids_;         // scratch: device-ranked candidates
-  std::vector<float> cand_logprobs_;      // scratch
+  Eagle3Compute::RankedRound ranked_;     // scratch: ProposeRound's
+  int64_t rounds_on_device_ = 0;
+  std::vector<float> cand_logprobs_;  // scratch
   bool tracing_ = false;
   Trace trace_;  // TakeTrace's: seconds in Forward, TopCandidates and CopyHidden
 };

@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<SsdWorker>> SsdWorker::Create(const SsdWorkerOpti
     d.max_candidates = kMaxCandidates;
     SPECD_ASSIGN_OR_RETURN(draft, CreateDraftModelCacheDrafter(options, d));
   }
+  if (options.wrap_drafter) draft = options.wrap_drafter(std::move(draft));
   OutcomeStatsOptions o;
   o.num_draft_tokens = kMaxSpeculativeTokens;  // per-k counters for any K a request asks for
   // A time budget may give one acceptance length up to kMaxCandidates branches.
@@ -351,6 +352,7 @@ SsdWorker::Seq* SsdWorker::SyncOutcome(const SpeculateSeq& m, std::span<const in
 absl::Status SsdWorker::DraftMisses(Round& round) {
   if (round.primary.empty()) return absl::OkStatus();
   const absl::Time t = absl::Now();
+  const int64_t captured = draft_->graphs_captured();
   std::vector<Draft> proposed;
   SPECD_RETURN_IF_ERROR(draft_->Propose(round.primary, round.primary_cache, &proposed, {}));
   for (size_t j = 0; j < round.primary.size(); ++j) {
@@ -372,8 +374,11 @@ absl::Status SsdWorker::DraftMisses(Round& round) {
   // A new sequence's first drafts include its prompt's prefill, which no later miss pays: such
   // a pass is no sample either (every request starts with one, so it would dominate the
   // average at high hit rates and send later misses to the backup, which drafts nothing on
-  // unfamiliar text). A one-off stall counts at most twice the average.
-  if (round.any_miss && !round.any_new) {
+  // unfamiliar text). Nor is a pass that captured a CUDA graph (the first re-draft of its shape:
+  // tens of times a replay, and as the first sample it would send every later miss to the
+  // backup, which then never times the primary again). A one-off stall counts at most twice
+  // the average.
+  if (round.any_miss && !round.any_new && draft_->graphs_captured() == captured) {
     double sample = absl::ToDoubleSeconds(absl::Now() - t);
     if (seconds_.primary > 0) sample = std::min(sample, 2 * seconds_.primary);
     Ema(&seconds_.primary, sample);

@@ -60,6 +60,8 @@ struct SsdWorkerOptions {
   std::string target_model;
   int32_t hidden_width = 0;
   int32_t vocab_size = 0;  // the verifier's (0: not checked against the head's)
+  // Tests: wraps the drafter the worker loads (unset: none).
+  std::function<std::unique_ptr<CacheDrafter>(std::unique_ptr<CacheDrafter>)> wrap_drafter;
 };
 
 // What the worker did, cumulative (the verifier also gets per-draft status in each response).
@@ -144,6 +146,7 @@ class SsdWorker {
   // Tests: the online estimates and the cache.
   const OutcomeStats& outcomes() const { return outcomes_; }
   const SpeculationCache& cache() const { return cache_; }
+  const TierSeconds& tier_seconds() const { return seconds_; }
 
  private:
   // Who served a sequence's drafts this round.

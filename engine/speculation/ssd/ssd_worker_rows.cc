@@ -161,9 +161,11 @@ void SsdWorker::LogTrace() {
   if (!trace_ || t.rounds < kTraceRounds) return;
   const double r = static_cast<double>(t.rounds);
   auto passes = [&](const CacheDrafter::Trace& p) {
-    return absl::StrFormat("%.2f passes (%.1f rows), forward %.3f, candidates %.3f, copies %.3f",
-                           p.passes / r, p.rows / std::max<double>(1.0, p.passes),
-                           1e3 * p.forward / r, 1e3 * p.candidates / r, 1e3 * p.copies / r);
+    return absl::StrFormat(
+        "%.2f passes (%.1f rows; %lld rounds on the device), forward %.3f, candidates %.3f, "
+        "copies %.3f",
+        p.passes / r, p.rows / std::max<double>(1.0, p.passes), static_cast<long long>(p.rounds),
+        1e3 * p.forward / r, 1e3 * p.candidates / r, 1e3 * p.copies / r);
   };
   SPECD_LOG_INFO(
       "ssd trace, ms a round over {} rounds: receive hidden {:.3f}, add hidden {:.3f}; draft "

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <span>
@@ -138,6 +139,80 @@ TEST(SsdWorkerTest, AMissRepliesAfterKPassesAndTheBuildStillCachesAllAccepted) {
   std::vector<int32_t> context = prompt;
   context.insert(context.end(), outcome.begin(), outcome.end());
   EXPECT_EQ(TokensOf(resp, 0), Fresh(context).tokens);
+}
+
+// A drafter that says it captured a CUDA graph during its next Propose, which then takes 300 ms
+// (a first capture's cost); otherwise the draft model's.
+class CapturingDrafter : public CacheDrafter {
+ public:
+  explicit CapturingDrafter(std::unique_ptr<CacheDrafter> inner, bool* capture_next)
+      : inner_(std::move(inner)), capture_next_(capture_next) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  int32_t max_model_len() const override { return inner_->max_model_len(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  int32_t max_rows_per_pass() const override { return inner_->max_rows_per_pass(); }
+  absl::Status Propose(std::span<const DraftInput> inputs, std::span<const CacheDraftOptions> cache,
+                       std::vector<Draft>* drafts, const std::function<bool()>& stop) override {
+    if (*capture_next_) {
+      *capture_next_ = false;
+      ++captured_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return inner_->Propose(inputs, cache, drafts, stop);
+  }
+  absl::Status Fork(uint64_t parent, uint64_t child, int32_t num_tokens) override {
+    return inner_->Fork(parent, child, num_tokens);
+  }
+  absl::Status Adopt(uint64_t parent, uint64_t child) override {
+    return inner_->Adopt(parent, child);
+  }
+  void Release(uint64_t seq_id) override { inner_->Release(seq_id); }
+  int32_t num_free_blocks() const override { return inner_->num_free_blocks(); }
+  int32_t num_total_blocks() const override { return inner_->num_total_blocks(); }
+  int64_t graphs_captured() const override { return captured_; }
+
+ private:
+  std::unique_ptr<CacheDrafter> inner_;
+  bool* capture_next_;
+  int64_t captured_ = 0;
+};
+
+// b* times a primary re-draft only when it captured no graph: a first capture (tens of replays'
+// time) taken as the first sample would make the primary look slow enough to send every later
+// miss to the backup, which never times the primary again.
+TEST(SsdWorkerTest, ARedraftThatCapturedAGraphIsNoSampleOfThePrimarysTime) {
+  SsdWorkerOptions o;
+  auto config = ParseSpeculativeConfig(R"({"method": "ssd", "model": ")" + kDraft +
+                                       R"(", "num_speculative_tokens": 4, "fan_out": 3})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  o.config = *config;
+  o.draft = DraftRunner();
+  o.max_num_seqs = 16;
+  o.max_model_len = 512;
+  bool capture_next = false;
+  o.wrap_drafter = [&](std::unique_ptr<CacheDrafter> inner) -> std::unique_ptr<CacheDrafter> {
+    return std::make_unique<CapturingDrafter>(std::move(inner), &capture_next);
+  };
+  auto w = SsdWorker::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::vector<int32_t> prompt = Prompt();
+  SpeculateRequest req;
+  SpeculateResponse resp;
+  FirstRound(**w, prompt, &req, &resp);  // a new sequence's re-draft: no sample either
+  EXPECT_EQ((*w)->tier_seconds().primary, 0.0);
+  // No cache was built, so every outcome misses: one re-draft that captures, then one that does
+  // not.
+  for (int round = 2; round <= 3; ++round) {
+    capture_next = round == 2;
+    req.Clear();
+    req.round_id = static_cast<uint64_t>(round);
+    req.AddSeq(Seq(7, 0, 0), std::vector<int32_t>{prompt.at(static_cast<size_t>(round))});
+    ASSERT_TRUE((*w)->Handle(req, &resp).ok());
+    ASSERT_EQ(resp.drafts.at(0).status, DraftStatus::kMissPrimary);
+    if (round == 2) EXPECT_EQ((*w)->tier_seconds().primary, 0.0) << "the capturing pass counted";
+  }
+  EXPECT_GT((*w)->tier_seconds().primary, 0.0);
+  EXPECT_LT((*w)->tier_seconds().primary, 0.3) << "the capturing pass counted";
 }
 
 // A build cut short (the verifier's next request came) keeps its unfinished branches: a hit on
