@@ -15,5 +15,6 @@ void AddSamplingOps(std::vector<OpSpec>* table);   // op_table_sampling.cc
 void AddGemmOps(std::vector<OpSpec>* table);       // op_table_gemm.cc
 void AddVerifyOps(std::vector<OpSpec>* table);     // op_table_verify.cc: speculation verification
 void AddDraftOps(std::vector<OpSpec>* table);      // op_table_draft.cc: draft-vocabulary maps
+void AddNsaOps(std::vector<OpSpec>* table);        // op_table_nsa.cc: NSA / SSV attention
 
 }  // namespace specd::kernels::check

@@ -271,6 +271,7 @@ const std::vector<OpSpec>& OpTable() {
     AddGemmOps(t);
     AddVerifyOps(t);
     AddDraftOps(t);
+    AddNsaOps(t);
     return t;
   }();
   return *table;

@@ -97,26 +97,6 @@ size_t PartialOutBytes(int64_t num_seqs, int32_t num_splits, const AttentionShap
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
-// Launches the combine kernel as a programmatic dependent of the decode kernel (sm_90: it may
-// start while the decode grid drains and waits in-kernel for its results); where the attribute
-// is refused, a plain launch.
-template <int kHeadDim>
-cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, int num_splits,
-                          int num_q_heads, int64_t num_rows, __nv_bfloat16* out, int64_t out_stride,
-                          cudaStream_t stream) {
-  auto kernel = attention::DecodeCombineKernel<kHeadDim>;
-  int64_t num_ctas = num_rows;
-  if (kHeadDim == 128 && num_splits <= attention::kCombineFewMaxSplits) {  // a quarter row per CTA
-    kernel = num_splits <= 32 ? attention::DecodeCombineFewKernel<32>
-                              : attention::DecodeCombineFewKernel<attention::kCombineFewMaxSplits>;
-    num_ctas = num_rows * attention::kCombineFewCtasPerRow;
-    if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
-  }
-  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), attention::kCombineThreads, 0,
-                         stream, partial_out, partial_lse, num_splits, num_q_heads, out,
-                         out_stride);
-}
-
 template <int kHeadDim, int kRows>
 cudaError_t LaunchDecode(const DecodeParams& params, int64_t num_ctas, cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim, kRows>;
@@ -154,9 +134,9 @@ cudaError_t LaunchDecodeAndCombine(const DecodeParams& params, int64_t num_seqs,
     err = LaunchDecode<kHeadDim, 8>(params, num_ctas, stream);
   }
   if (err != cudaSuccess || params.num_splits == 1) return err;
-  return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
-                                 params.num_q_heads, num_seqs * params.num_q_heads, params.out,
-                                 params.out_stride, stream);
+  return attention::LaunchCombine<kHeadDim>(
+      params.partial_out, params.partial_lse, params.num_splits, params.num_q_heads,
+      num_seqs * params.num_q_heads, params.out, params.out_stride, stream);
 }
 
 // Warps per verification CTA (16 rows each) for runs of max_q_len queries, and the row tiles.
@@ -201,9 +181,9 @@ cudaError_t LaunchVerifyAndCombine(const typename Variant::Params& params, int64
   kernel<<<static_cast<unsigned>(num_ctas), kWarps * kWarpSize, kSmem, stream>>>(params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || params.num_splits == 1) return err;
-  return LaunchCombine<kHeadDim>(params.partial_out, params.partial_lse, params.num_splits,
-                                 params.num_q_heads, num_tokens * params.num_q_heads,
-                                 params.pre.out, params.pre.out_stride, stream);
+  return attention::LaunchCombine<kHeadDim>(
+      params.partial_out, params.partial_lse, params.num_splits, params.num_q_heads,
+      num_tokens * params.num_q_heads, params.pre.out, params.pre.out_stride, stream);
 }
 
 template <typename Variant, int kHeadDim>

@@ -4,6 +4,7 @@
 // files only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -219,6 +220,26 @@ __global__ void __launch_bounds__(kCombineThreads)
   result.v[3] = __float2bfloat16_rn(acc.w * inv);
   const int64_t seq = row / num_q_heads, head = row % num_q_heads;
   result.Store(out + seq * out_stride + head * kHeadDim + 4 * (group * kGroupCols + lane));
+}
+
+// Launches the combine kernel as a programmatic dependent of the kernel that wrote the partial
+// rows (sm_90: it may start while that grid drains and waits in-kernel for its results); where the
+// attribute is refused, a plain launch. Head dims of 128 with few splits take a quarter row per
+// CTA. For .cu files (attention.cu, vegas.cu, nsa.cu).
+template <int kHeadDim>
+cudaError_t LaunchCombine(const float* partial_out, const float* partial_lse, int num_splits,
+                          int num_q_heads, int64_t num_rows, __nv_bfloat16* out, int64_t out_stride,
+                          cudaStream_t stream) {
+  auto kernel = DecodeCombineKernel<kHeadDim>;
+  int64_t num_ctas = num_rows;
+  if (kHeadDim == 128 && num_splits <= kCombineFewMaxSplits) {
+    kernel = num_splits <= 32 ? DecodeCombineFewKernel<32>
+                              : DecodeCombineFewKernel<kCombineFewMaxSplits>;
+    num_ctas = num_rows * kCombineFewCtasPerRow;
+  }
+  if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
+  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), kCombineThreads, 0, stream,
+                         partial_out, partial_lse, num_splits, num_q_heads, out, out_stride);
 }
 
 }  // namespace specd::kernels::attention

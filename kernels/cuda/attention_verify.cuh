@@ -104,6 +104,45 @@ template <typename Variant>
 struct VerifyTreeMask<Variant, std::void_t<decltype(Variant::kTreeMask)>>
     : std::bool_constant<Variant::kTreeMask> {};
 
+// Variant::kCustomRows, false where absent (the dense, tree and Vegas variants). A custom-rows
+// variant (the NSA variants, nsa_attention.cuh) takes over what the default derives from a
+// sequence's run: the CTA's unit (blockIdx' sequence slot) is whatever its Keys name, rows are
+// (query, branch, q head) with Variant::kBranches softmaxes per query and head, each row's
+// position, key range and mask come from Keys, and every CTA writes fp32 partial rows (even with
+// one split) for the variant's own combine; it waits for its predecessor grid first, so its
+// launcher may launch it as a programmatic dependent. Its Keys add to the default members:
+//   Keys(params, unit, kv_head)  first_token, num_queries, table_row (the block-table row)
+//   Position(qi)                 query qi's position
+//   KeyRange(q_first, q_last, kv_lo, kv_hi)   keys any row of queries q_first..q_last may see
+//   WarpNeedsTile<kHeadDim>(key0, pos, qi, branch, valid)  false (warp-uniform) skips the tile's
+//                                math for the warp, whose rows would mask all of it
+//   MaskTile<kHeadDim>(params, s, key0, pos, qi, branch, t)   scales and masks a tile's scores
+//   TileScores<kHeadDim>(params, s, key0, token, head, valid, pos, t)  with kScoreHook
+// Partial row of (token, q head h, branch b): (token * num_q_heads + h) * kBranches + b.
+template <typename Variant, typename = void>
+struct VerifyCustomRows : std::false_type {};
+template <typename Variant>
+struct VerifyCustomRows<Variant, std::void_t<decltype(Variant::kCustomRows)>>
+    : std::bool_constant<Variant::kCustomRows> {};
+
+// Softmaxes per (query, q head) row group: Variant::kBranches for custom-rows variants, else 1.
+template <typename Variant, bool = VerifyCustomRows<Variant>::value>
+struct VerifyBranches : std::integral_constant<int, 1> {};
+template <typename Variant>
+struct VerifyBranches<Variant, true> : std::integral_constant<int, Variant::kBranches> {};
+
+// The CTA's key map: Keys(params, seq) for the default rows, Keys(params, unit, kv_head) for
+// custom rows.
+template <typename Variant>
+__device__ __forceinline__ typename Variant::Keys MakeVerifyKeys(const typename Variant::Params& vp,
+                                                                 int seq, int kv_head) {
+  if constexpr (VerifyCustomRows<Variant>::value) {
+    return typename Variant::Keys(vp, seq, kv_head);
+  } else {
+    return typename Variant::Keys(vp, seq);
+  }
+}
+
 template <int kHeadDim, int kWarps, int kStages, typename Variant = DenseVerifyVariant>
 __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     PagedVerifyKernel(const typename Variant::Params vp) {
@@ -111,12 +150,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   constexpr int kThreads = kWarps * kWarpSize;
   constexpr int kCtaRows = 16 * kWarps;
   constexpr bool kTreeMask = VerifyTreeMask<Variant>::value;
-  static_assert(kStages >= 2);
+  constexpr bool kCustomRows = VerifyCustomRows<Variant>::value;
+  constexpr int kBranches = VerifyBranches<Variant>::value;
+  static_assert(kStages >= 2 && !(kTreeMask && kCustomRows));
   extern __shared__ uint4 verify_smem[];  // K stages, then V stages
   __nv_bfloat16* k_smem = reinterpret_cast<__nv_bfloat16*>(verify_smem);
   __nv_bfloat16* v_smem = k_smem + kStages * Cfg::kTileElems;
   const PrefillParams& p = vp.pre;
   AllowDependentLaunch();
+  // Custom rows (the NSA launchers) launch it as a programmatic dependent (common.cuh).
+  if constexpr (kCustomRows) WaitForPrerequisiteGrid();
   // The metadata read before the first KV copy stays in L2 (KV copies: LoadPrefillKvTile).
   const uint64_t meta_policy = L2EvictLastPolicy();
   int index = blockIdx.x;
@@ -126,33 +169,51 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   index /= vp.num_row_tiles;
   const int kv_head = index % p.num_kv_heads;
   const int seq = index / p.num_kv_heads;
-  typename Variant::Keys keys(vp, seq);
+  auto keys = MakeVerifyKeys<Variant>(vp, seq, kv_head);
   const int group = p.group;
-  const int q_begin = LoadHinted(p.cu_q_lens + seq, meta_policy);
-  const int q_end = LoadHinted(p.cu_q_lens + seq + 1, meta_policy);
-  const int seq_lens_value = LoadHinted(p.seq_lens + seq, meta_policy);
-  const int q_len = min(q_end - q_begin, vp.max_q_len);
-  const int num_rows = q_len * group;
+  // Rows per query: the q-head group times the variant's branches (1 but for custom rows).
+  const int query_rows = group * kBranches;
+  int q_begin, q_len, seq_lens_value = 0, kv_lo, kv_hi;
+  if constexpr (kCustomRows) {
+    q_begin = keys.first_token;
+    q_len = min(keys.num_queries, vp.max_q_len);
+  } else {
+    q_begin = LoadHinted(p.cu_q_lens + seq, meta_policy);
+    const int q_end = LoadHinted(p.cu_q_lens + seq + 1, meta_policy);
+    seq_lens_value = LoadHinted(p.seq_lens + seq, meta_policy);
+    q_len = min(q_end - q_begin, vp.max_q_len);
+  }
+  const int num_rows = q_len * query_rows;
   const int r0 = row_tile * kCtaRows;
   if (r0 >= num_rows) return;  // CTA-uniform; no token owns these rows
-  const int seq_len = keys.Count(min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size));
+  int seq_len = 0;             // custom rows: unused (their keys say where they are)
+  if constexpr (!kCustomRows) {
+    seq_len = keys.Count(min(seq_lens_value, p.max_blocks_per_seq << p.log2_block_size));
+  }
   const int ctx = seq_len - q_len;            // position of query 0
   [[maybe_unused]] int tree_start = INT_MAX;  // the tree variant's first tree slot
   if constexpr (kTreeMask) tree_start = TreeStart(vp.tree, seq, seq_len);
   // Keys any row of this CTA may see: [kv_lo, kv_hi), then this split's share of its tiles.
-  const int q_first = r0 / group, q_last = (min(num_rows, r0 + kCtaRows) - 1) / group;
-  const int kv_hi = max(0, min(seq_len, ctx + q_last + 1));
-  const int kv_lo = p.sliding_window > 0 ? max(0, ctx + q_first - p.sliding_window + 1) : 0;
+  const int q_first = r0 / query_rows, q_last = (min(num_rows, r0 + kCtaRows) - 1) / query_rows;
+  if constexpr (kCustomRows) {
+    keys.KeyRange(q_first, q_last, kv_lo, kv_hi);
+  } else {
+    kv_hi = max(0, min(seq_len, ctx + q_last + 1));
+    kv_lo = p.sliding_window > 0 ? max(0, ctx + q_first - p.sliding_window + 1) : 0;
+  }
   const int first = kv_lo / Cfg::kBlockN;
   const int last = max(first, (kv_hi + Cfg::kBlockN - 1) / Cfg::kBlockN);
   const int per_split = (last - first + vp.num_splits - 1) / vp.num_splits;
   const int tile_begin = first + split * per_split;
   const int num_tiles = max(0, min(tile_begin + per_split, last) - tile_begin);
 
-  if (num_tiles == 0 && vp.num_splits > 1) {  // CTA-uniform: an empty partial (lse -inf only)
+  if (num_tiles == 0 && (vp.num_splits > 1 || kCustomRows)) {  // CTA-uniform: an empty partial
     for (int r = r0 + threadIdx.x; r < min(num_rows, r0 + kCtaRows); r += kThreads) {
-      const int64_t token = q_begin + r / group, head = kv_head * group + r % group;
-      vp.partial_lse[(token * vp.num_q_heads + head) * vp.num_splits + split] = kNegInf;
+      const int64_t token = q_begin + r / query_rows;
+      const int in_query = r % query_rows;
+      int64_t row = token * vp.num_q_heads + kv_head * group + in_query % group;
+      if constexpr (kCustomRows) row = row * kBranches + in_query / group;
+      vp.partial_lse[row * vp.num_splits + split] = kNegInf;
     }
     return;
   }
@@ -163,16 +224,27 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   // This lane's rows g and g + 8 of the warp's 16: query, q head, position; Q as A fragments
   // (rows past num_rows are zeros and never written).
   int row_token[2], row_head[2], row_pos[2];
+  [[maybe_unused]] int row_query[2], row_branch[2];  // custom rows: query in the run, branch
   bool row_valid[2];
   uint32_t qf[Cfg::kKChunks][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = warp_row0 + g + 8 * h;
     row_valid[h] = r < num_rows;
-    const int qi = row_valid[h] ? r / group : 0;
-    row_token[h] = q_begin + qi;
-    row_head[h] = kv_head * group + (row_valid[h] ? r % group : 0);
-    row_pos[h] = ctx + qi;
+    if constexpr (kCustomRows) {
+      const int qi = row_valid[h] ? r / query_rows : 0;
+      const int in_query = row_valid[h] ? r % query_rows : 0;
+      row_query[h] = qi;
+      row_branch[h] = in_query / group;
+      row_token[h] = q_begin + qi;
+      row_head[h] = kv_head * group + in_query % group;
+      row_pos[h] = keys.Position(qi);
+    } else {
+      const int qi = row_valid[h] ? r / group : 0;
+      row_token[h] = q_begin + qi;
+      row_head[h] = kv_head * group + (row_valid[h] ? r % group : 0);
+      row_pos[h] = ctx + qi;
+    }
     const __nv_bfloat16* src = p.q + static_cast<int64_t>(row_token[h]) * p.q_stride +
                                static_cast<int64_t>(row_head[h]) * kHeadDim + 2 * t;
 #pragma unroll
@@ -182,14 +254,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     }
   }
   // Positions of the warp's first and last rows, for the tile-needs-a-mask test.
-  const int warp_pos_lo = ctx + warp_row0 / group;
-  const int warp_pos_hi = ctx + (min(num_rows, warp_row0 + 16) - 1) / group;
+  [[maybe_unused]] const int warp_pos_lo = ctx + warp_row0 / group;
+  [[maybe_unused]] const int warp_pos_hi = ctx + (min(num_rows, warp_row0 + 16) - 1) / group;
   float o[Cfg::kOTiles][4];
 #pragma unroll
   for (int j = 0; j < Cfg::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
 
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  int table_row = seq;
+  if constexpr (kCustomRows) table_row = keys.table_row;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(table_row) * p.max_blocks_per_seq;
   // Prologue: the first kStages - 1 tiles, one cp.async group each (empty past the end, so the
   // group count stays uniform for the waits).
 #pragma unroll
@@ -221,6 +295,12 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     stage = stage + 1 == kStages ? 0 : stage + 1;
     if (!warp_active) continue;
     const int tile = tile_begin + it;
+    if constexpr (kCustomRows) {  // warp-uniform: no row of the warp sees a key of the tile
+      if (!keys.template WarpNeedsTile<kHeadDim>(tile * Cfg::kBlockN, row_pos, row_query,
+                                                 row_branch, row_valid)) {
+        continue;
+      }
+    }
 
     // S = Q K^T: ldmatrix x4 gives B of two k-chunks for 8 keys.
     float s[Cfg::kSTiles][4];
@@ -246,34 +326,42 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
         }
       }
     }
-    if constexpr (Variant::kScoreHook) {  // the raw scores, before the scale and the mask
+    if constexpr (Variant::kScoreHook && kCustomRows) {  // raw scores, before scale and mask
+      keys.template TileScores<kHeadDim>(vp, s, tile * Cfg::kBlockN, row_token, row_head, row_valid,
+                                         row_pos, t);
+    } else if constexpr (Variant::kScoreHook) {
       Variant::template TileScores<kHeadDim>(vp, s, tile * Cfg::kBlockN, ctx, seq, kv_head,
                                              warp_row0, num_rows, q_len, lane);
     }
     // Causal and window mask per row (only where the tile reaches past some row's visible keys).
     const int key0 = tile * Cfg::kBlockN;
-    // Tree variant: a tile that reaches the tree (CTA-uniform) takes the causal mask, then the
-    // tree bits of rows g and g + 8 (their query tokens' mask rows).
-    [[maybe_unused]] bool tree_tile = false;
-    if constexpr (kTreeMask) tree_tile = key0 + Cfg::kBlockN > tree_start;
-    const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
-                            (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
-                            key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi || tree_tile;
+    if constexpr (kCustomRows) {  // each row's own mask (branch, selection, window)
+      keys.template MaskTile<kHeadDim>(vp, s, key0, row_pos, row_query, row_branch, t);
+    } else {
+      // Tree variant: a tile that reaches the tree (CTA-uniform) takes the causal mask, then the
+      // tree bits of rows g and g + 8 (their query tokens' mask rows).
+      [[maybe_unused]] bool tree_tile = false;
+      if constexpr (kTreeMask) tree_tile = key0 + Cfg::kBlockN > tree_start;
+      const bool needs_mask = key0 + Cfg::kBlockN - 1 > warp_pos_lo ||
+                              (p.sliding_window > 0 && key0 <= warp_pos_hi - p.sliding_window) ||
+                              key0 < kv_lo || key0 + Cfg::kBlockN > kv_hi || tree_tile;
 #pragma unroll
-    for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 8 * nt + 2 * t + (e & 1);
-        const int pos = row_pos[e >> 1];
-        const bool valid = !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
-                                           (p.sliding_window == 0 || key > pos - p.sliding_window));
-        s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * nt + 2 * t + (e & 1);
+          const int pos = row_pos[e >> 1];
+          const bool valid =
+              !needs_mask || (key <= pos && key >= kv_lo && key < kv_hi &&
+                              (p.sliding_window == 0 || key > pos - p.sliding_window));
+          s[nt][e] = valid ? s[nt][e] * p.scale_log2 : kNegInf;
+        }
       }
-    }
-    if constexpr (kTreeMask) {
-      if (tree_tile) {
-        ApplyTreeMaskRow<Cfg::kBlockN>(s, 0, vp.tree, row_token[0], tree_start, key0, t);
-        ApplyTreeMaskRow<Cfg::kBlockN>(s, 1, vp.tree, row_token[1], tree_start, key0, t);
+      if constexpr (kTreeMask) {
+        if (tree_tile) {
+          ApplyTreeMaskRow<Cfg::kBlockN>(s, 0, vp.tree, row_token[0], tree_start, key0, t);
+          ApplyTreeMaskRow<Cfg::kBlockN>(s, 1, vp.tree, row_token[1], tree_start, key0, t);
+        }
       }
     }
     SoftmaxAndAccumulatePV<kHeadDim>(s, m, l, o, v_stage, lane);
@@ -286,7 +374,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     const float row_sum = QuadSum(l[h]);
     if (!row_valid[h]) continue;
     const float inv_l = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
-    if (vp.num_splits == 1) {
+    if (vp.num_splits == 1 && !kCustomRows) {
       __nv_bfloat16* dst = p.out + static_cast<int64_t>(row_token[h]) * p.out_stride +
                            static_cast<int64_t>(row_head[h]) * kHeadDim + 2 * t;
 #pragma unroll
@@ -295,9 +383,9 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
             __floats2bfloat162_rn(o[j][2 * h] * inv_l, o[j][2 * h + 1] * inv_l);
       }
     } else {
-      const int64_t prow =
-          (static_cast<int64_t>(row_token[h]) * vp.num_q_heads + row_head[h]) * vp.num_splits +
-          split;
+      int64_t vrow = static_cast<int64_t>(row_token[h]) * vp.num_q_heads + row_head[h];
+      if constexpr (kCustomRows) vrow = vrow * kBranches + row_branch[h];
+      const int64_t prow = vrow * vp.num_splits + split;
       if (t == 0) vp.partial_lse[prow] = row_sum > 0.0f ? m[h] + __log2f(row_sum) : kNegInf;
       if (row_sum == 0.0f) continue;  // lse -inf: the combine kernel ignores the row's bits
       float* dst = vp.partial_out + prow * kHeadDim + 2 * t;

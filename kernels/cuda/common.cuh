@@ -124,4 +124,31 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   return cudaGetLastError();
 }
 
+// Exclusive prefix sum of x over a kThreads block (every thread calls it) and the total;
+// `scratch` holds kThreads / 32 + 1 words and may be reused after the call's last barrier.
+template <int kThreads>
+__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t x, uint32_t* scratch,
+                                                      uint32_t& total) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  uint32_t inclusive = x;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += y;
+  }
+  if (lane == kWarpSize - 1) scratch[warp] = inclusive;
+  __syncthreads();
+  uint32_t before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const uint32_t v = scratch[w];
+    before += w < warp ? v : 0u;
+    total += v;
+  }
+  __syncthreads();  // scratch may be rewritten by the caller's next call
+  return before + inclusive - x;
+}
+
 }  // namespace specd::kernels

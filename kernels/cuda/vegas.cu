@@ -102,23 +102,12 @@ bool VerifyArgs(const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k
   return true;
 }
 
-// attention.cu's LaunchCombine: the merge of the splits as a programmatic dependent launch
-// (a plain launch where the attribute is refused).
+// The merge of the splits (attention_combine.cuh).
 template <int kHeadDim>
 cudaError_t LaunchCombine(const VerifyParams& vp, int64_t num_tokens, cudaStream_t stream) {
-  auto kernel = attention::DecodeCombineKernel<kHeadDim>;
-  const int64_t num_rows = num_tokens * vp.num_q_heads;
-  int64_t num_ctas = num_rows;
-  if (kHeadDim == 128 && vp.num_splits <= attention::kCombineFewMaxSplits) {
-    kernel = vp.num_splits <= 32
-                 ? attention::DecodeCombineFewKernel<32>
-                 : attention::DecodeCombineFewKernel<attention::kCombineFewMaxSplits>;
-    num_ctas = num_rows * attention::kCombineFewCtasPerRow;
-    if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
-  }
-  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), attention::kCombineThreads, 0,
-                         stream, vp.partial_out, vp.partial_lse, vp.num_splits, vp.num_q_heads,
-                         vp.pre.out, vp.pre.out_stride);
+  return attention::LaunchCombine<kHeadDim>(vp.partial_out, vp.partial_lse, vp.num_splits,
+                                            vp.num_q_heads, num_tokens * vp.num_q_heads, vp.pre.out,
+                                            vp.pre.out_stride, stream);
 }
 
 template <typename Variant, int kHeadDim, int kWarps>

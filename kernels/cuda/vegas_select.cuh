@@ -63,31 +63,6 @@ __global__ void __launch_bounds__(kCombineThreads)
   combined[static_cast<int64_t>(pair) * combined_stride + j] = (row0 + row1) * 0.5f;
 }
 
-// Exclusive prefix sum of x over the block (every thread calls it), and the block's total.
-__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t x, uint32_t* warp_totals,
-                                                      uint32_t& total) {
-  constexpr int kWarps = kSelectThreads / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  uint32_t inclusive = x;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += y;
-  }
-  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
-  __syncthreads();
-  uint32_t before = 0;
-  total = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const uint32_t value = warp_totals[w];
-    before += w < warp ? value : 0;
-    total += value;
-  }
-  __syncthreads();  // the next call may overwrite warp_totals
-  return before + inclusive - x;
-}
-
 // The 4 combined scores of tokens j0 .. j0 + 3 (j0 a multiple of 4, below the row's padded
 // length), as keys; tokens at or past n are not read into the selection.
 __device__ __forceinline__ void LoadKeys(const float* row, int j0, uint32_t (&keys)[kSelectItems]) {
@@ -202,7 +177,8 @@ __global__ void __launch_bounds__(kSelectThreads)
       num_at += at[e];
     }
     uint32_t total;
-    const uint32_t before = BlockExclusiveSum(num_above | (num_at << 16), warp_totals, total);
+    const uint32_t before =
+        BlockExclusiveSum<kSelectThreads>(num_above | (num_at << 16), warp_totals, total);
     int above_before = above_seen + static_cast<int>(before & 0xffffu);
     int at_before = at_seen + static_cast<int>(before >> 16);
 #pragma unroll

@@ -1,0 +1,298 @@
+// NSA kernels besides the attention mainloop's variants (launchers in nsa.cu, contracts in
+// nsa.h): block compression, the top-S block selection from the compressed logits, the SSV group
+// union plan, and the merge of the sparse branches' splits with the gates. Include from .cu files
+// only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/attention_common.cuh"
+
+namespace specd::kernels::nsa {
+
+using attention::kNegInf;
+
+constexpr int kCompressThreads = 256;
+constexpr int kSelectThreads = 256;
+constexpr int kSelectMaxItems = 16;  // candidates per thread: up to 4096 blocks
+constexpr int kUnionThreads = 256;
+constexpr int kUnionMaxItems = 16;  // context blocks per thread: up to 4096
+constexpr int kCombineWarps = 4;
+
+// ---------------------------------------------------------------------------------------------
+// NsaCompressKernel: one CTA per token; where the token's position p ends block c = p / B, each
+// thread owns columns (kv head, d) of K then V and sums the block's B rows in position order.
+//   cmp_k, cmp_v  [num_pages, num_kv_heads, epp, head_dim] bf16
+__global__ void __launch_bounds__(kCompressThreads)
+    NsaCompressKernel(const __nv_bfloat16* __restrict__ k_cache,
+                      const __nv_bfloat16* __restrict__ v_cache, const int32_t* block_tables,
+                      int max_blocks_per_seq, const int32_t* positions, const int32_t* token_seqs,
+                      int num_kv_heads, int head_dim, int page_size, int block_size, int epp,
+                      __nv_bfloat16* cmp_k, __nv_bfloat16* cmp_v) {
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  const int token = blockIdx.x;
+  const int seq = token_seqs[token], pos = positions[token];
+  if (seq < 0 || pos < 0 || (pos + 1) % block_size != 0) return;
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
+  const int first = pos + 1 - block_size;
+  const int64_t entry_page = table[pos / page_size];
+  const int entry_row = (pos % page_size) / block_size;
+  for (int i = threadIdx.x; i < 2 * num_kv_heads * head_dim; i += kCompressThreads) {
+    const bool value = i >= num_kv_heads * head_dim;
+    const int col = value ? i - num_kv_heads * head_dim : i;
+    const int kv_head = col / head_dim, d = col % head_dim;
+    const __nv_bfloat16* cache = value ? v_cache : k_cache;
+    float sum = 0.0f;
+    for (int j = first; j <= pos; ++j) {
+      const int64_t page = __ldg(table + j / page_size);
+      sum += __bfloat162float(
+          cache[((page * num_kv_heads + kv_head) * page_size + j % page_size) * head_dim + d]);
+    }
+    const float mean = sum / static_cast<float>(block_size);
+    __nv_bfloat16* dst = value ? cmp_v : cmp_k;
+    dst[((entry_page * num_kv_heads + kv_head) * epp + entry_row) * head_dim + d] =
+        __float2bfloat16_rn(mean);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NsaSelectKernel: one CTA per (token, kv head). Each q head's log2-sum-exp over its visible
+// logits, the block scores (the heads' probabilities summed in head order, forced blocks
+// {0, i - 1, i} set to `group`), then the top S by a 4-pass radix select over the scores' bits
+// (scores are >= 0, so their bits order them), ties to the lower index, written ascending.
+//   logits      [num_tokens, num_q_heads, logit_stride] fp32, log2 domain (NsaCompressedVariant)
+//   selections  [num_tokens, num_kv_heads, S] int32
+__global__ void __launch_bounds__(kSelectThreads)
+    NsaSelectKernel(const float* __restrict__ logits, int64_t logit_stride,
+                    const int32_t* positions, const int32_t* token_seqs, int num_q_heads,
+                    int num_kv_heads, int log2_b, int block_counts, int32_t* selections) {
+  constexpr int kWarps = kSelectThreads / kWarpSize;
+  __shared__ float head_lse[kMaxBlockThreads / kWarpSize * 8];  // up to 256 heads per kv head
+  __shared__ uint32_t keys[kSelectThreads * kSelectMaxItems];
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t scratch[kWarps + 1];
+  __shared__ uint32_t found[2];  // digit, remaining rank
+  WaitForPrerequisiteGrid();     // launched as a programmatic dependent (common.cuh)
+  const int token = blockIdx.x / num_kv_heads, kv_head = blockIdx.x % num_kv_heads;
+  const int group = num_q_heads / num_kv_heads;
+  int32_t* out = selections + static_cast<int64_t>(blockIdx.x) * block_counts;
+  const int seq = token_seqs[token], pos = positions[token];
+  const int own = pos >> log2_b, n = own + 1, visible = (pos + 1) >> log2_b;
+  if (seq < 0 || pos < 0 || n <= block_counts) {
+    for (int k = threadIdx.x; k < block_counts; k += kSelectThreads) {
+      out[k] = seq >= 0 && pos >= 0 && k < n ? k : -1;
+    }
+    return;
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const float* head_logits =
+      logits + (static_cast<int64_t>(token) * num_q_heads + kv_head * group) * logit_stride;
+  for (int h = warp; h < group; h += kWarps) {
+    const float* row = head_logits + h * logit_stride;
+    float m = kNegInf;
+    for (int c = lane; c < visible; c += kWarpSize) m = fmaxf(m, row[c]);
+#pragma unroll
+    for (int o = kWarpSize / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sum = 0.0f;
+    for (int c = lane; c < visible; c += kWarpSize) sum += exp2f(row[c] - m);
+    sum = WarpReduceSum(sum);
+    if (lane == 0) head_lse[h] = m + __log2f(sum);
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < n; c += kSelectThreads) {
+    float score = 0.0f;
+    if (c < visible) {
+      for (int h = 0; h < group; ++h)
+        score += exp2f(head_logits[h * logit_stride + c] - head_lse[h]);
+    }
+    if (c == 0 || c == own - 1 || c == own) score = static_cast<float>(group);
+    keys[c] = __float_as_uint(score);
+  }
+  // Radix select of the S-th largest key: `prefix` its bits so far, `remaining` its rank among
+  // the keys sharing them.
+  uint32_t prefix = 0, prefix_mask = 0;
+  uint32_t remaining = block_counts;
+#pragma unroll 1
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    hist[threadIdx.x] = 0;  // kSelectThreads == 256 bins
+    __syncthreads();
+    for (int c = threadIdx.x; c < n; c += kSelectThreads) {
+      if ((keys[c] & prefix_mask) == prefix) atomicAdd(&hist[(keys[c] >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (warp ==
+        0) {  // lane l: bins 8 l .. 8 l + 7; the digit holding rank `remaining` from the top
+      uint32_t local = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) local += hist[8 * lane + b];
+      uint32_t above = local;  // inclusive suffix sum over lanes >= lane
+#pragma unroll
+      for (int o = 1; o < kWarpSize; o *= 2) {
+        const uint32_t y = __shfl_down_sync(0xffffffffu, above, o);
+        if (lane + o < kWarpSize) above += y;
+      }
+      const uint32_t excl = above - local;
+      if (excl < remaining && remaining <= above) {
+        uint32_t cum = excl;
+        for (int b = 7; b >= 0; --b) {
+          const uint32_t count = hist[8 * lane + b];
+          if (cum + count >= remaining) {
+            found[0] = 8 * lane + b;
+            found[1] = remaining - cum;
+            break;
+          }
+          cum += count;
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= found[0] << shift;
+    prefix_mask |= 255u << shift;
+    remaining = found[1];
+    __syncthreads();
+  }
+  // Keys above the threshold, then the `remaining` lowest-index keys equal to it; thread j owns
+  // the contiguous candidates [j * per, (j + 1) * per) so the scans run in index order.
+  const int per = (n + kSelectThreads - 1) / kSelectThreads;
+  const int c0 = threadIdx.x * per, c1 = min(n, c0 + per);
+  uint32_t equal = 0;
+  for (int c = c0; c < c1; ++c) equal += keys[c] == prefix;
+  uint32_t total = 0;
+  const uint32_t equal_start = BlockExclusiveSum<kSelectThreads>(equal, scratch, total);
+  uint32_t chosen = 0, equal_before = equal_start;
+  for (int c = c0; c < c1; ++c) {
+    chosen += keys[c] > prefix || (keys[c] == prefix && equal_before++ < remaining);
+  }
+  uint32_t slot = BlockExclusiveSum<kSelectThreads>(chosen, scratch, total);
+  equal_before = equal_start;
+  for (int c = c0; c < c1; ++c) {
+    if (keys[c] > prefix || (keys[c] == prefix && equal_before++ < remaining)) out[slot++] = c;
+  }
+  for (int k = static_cast<int>(total) + threadIdx.x; k < block_counts; k += kSelectThreads) {
+    out[k] = -1;  // never: S of n > S candidates are always chosen
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NsaUnionKernel: one CTA per (group, kv head). The blocks any of the group's queries reads --
+// each query's attended selection (its own, or the group's first query's with `shared`; entries
+// < 0 or past the query's own block dropped) and every block of the window range
+// [(p_first - W + 1) / B, p_last / B] -- as an ascending list with, per block, the bit of each
+// query whose selection holds it. A flag per context block in shared memory, then a compaction.
+//   union_blocks, union_masks  [num_groups, num_kv_heads, max_union]; union_counts [.., ..]
+__global__ void __launch_bounds__(kUnionThreads)
+    NsaUnionKernel(const int32_t* groups, int max_group_size, const int32_t* positions,
+                   const int32_t* token_seqs, const int32_t* selections, bool shared,
+                   int num_kv_heads, int log2_b, int block_counts, int window, int max_blocks,
+                   int max_union, int32_t* union_blocks, uint32_t* union_masks,
+                   int32_t* union_counts) {
+  constexpr uint32_t kWindowFlag = 1u << 31;
+  extern __shared__ uint32_t flags[];  // [max_blocks]
+  __shared__ uint32_t scratch[kUnionThreads / kWarpSize + 1];
+  WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
+  const int unit = blockIdx.x / num_kv_heads, kv_head = blockIdx.x % num_kv_heads;
+  const int first = groups[2 * unit];
+  const int count = min(groups[2 * unit + 1], max_group_size);
+  const int64_t list = blockIdx.x;
+  if (count <= 0 || token_seqs[first] < 0) {
+    if (threadIdx.x == 0) union_counts[list] = 0;
+    return;
+  }
+  const int p_first = positions[first], p_last = positions[first + count - 1];
+  const int num_blocks = min((p_last >> log2_b) + 1, max_blocks);
+  for (int b = threadIdx.x; b < num_blocks; b += kUnionThreads) flags[b] = 0;
+  __syncthreads();
+  const int w_lo = max(0, p_first - window + 1) >> log2_b;
+  for (int b = w_lo + threadIdx.x; b < num_blocks; b += kUnionThreads) {
+    atomicOr(&flags[b], kWindowFlag);
+  }
+  for (int i = threadIdx.x; i < count * block_counts; i += kUnionThreads) {
+    const int qi = i / block_counts;
+    const int source = shared ? first : first + qi;
+    const int b =
+        selections[(static_cast<int64_t>(source) * num_kv_heads + kv_head) * block_counts +
+                   i % block_counts];
+    const int own = positions[first + qi] >> log2_b;
+    if (b >= 0 && b <= own && b < num_blocks) atomicOr(&flags[b], 1u << qi);
+  }
+  __syncthreads();
+  const int per = (num_blocks + kUnionThreads - 1) / kUnionThreads;
+  const int b0 = threadIdx.x * per, b1 = min(num_blocks, b0 + per);
+  uint32_t used = 0;
+  for (int b = b0; b < b1; ++b) used += flags[b] != 0;
+  uint32_t total = 0;
+  uint32_t slot = BlockExclusiveSum<kUnionThreads>(used, scratch, total);
+  int32_t* blocks = union_blocks + list * max_union;
+  uint32_t* masks = union_masks + list * max_union;
+  for (int b = b0; b < b1; ++b) {
+    if (flags[b] == 0) continue;
+    if (slot < static_cast<uint32_t>(max_union)) {
+      blocks[slot] = b;
+      masks[slot] = flags[b] & ~kWindowFlag;
+    }
+    ++slot;
+  }
+  if (threadIdx.x == 0) union_counts[list] = min(static_cast<int>(total), max_union);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NsaCombineGateKernel: one warp per (token, q head), lane l owning columns 4 l .. 4 l + 3 (lanes
+// past head_dim / 4 idle). Each branch's splits merge by their log2-sum-exps (splits with lse
+// -inf weigh 0, their rows unread); then the gated sum with o_cmp. Padding tokens are skipped.
+//   partial_out  [num_tokens, num_q_heads, 2, num_splits, head_dim] fp32 (branch 0 selected)
+//   partial_lse  [num_tokens, num_q_heads, 2, num_splits] fp32
+template <int kHeadDim>
+__global__ void __launch_bounds__(kCombineWarps* kWarpSize)
+    NsaCombineGateKernel(const float* __restrict__ partial_out,
+                         const float* __restrict__ partial_lse, int num_splits, int num_q_heads,
+                         int64_t num_tokens, const int32_t* token_seqs,
+                         const __nv_bfloat16* __restrict__ o_cmp, int64_t o_cmp_stride,
+                         const __nv_bfloat16* __restrict__ gate_logits, int64_t gate_stride,
+                         __nv_bfloat16* out, int64_t out_stride) {
+  AllowDependentLaunch();
+  WaitForPrerequisiteGrid();
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / kWarpSize;
+  if (row >= num_tokens * num_q_heads || lane >= kHeadDim / 4) return;
+  const int64_t token = row / num_q_heads;
+  const int head = static_cast<int>(row % num_q_heads);
+  if (token_seqs[token] < 0) return;
+  float4 branch[2];
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    const int64_t vrow = row * 2 + b;
+    const float* lse = partial_lse + vrow * num_splits;
+    float max_lse = kNegInf;
+    for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse[s]);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float weight_sum = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float l = lse[s];
+      if (l == kNegInf) continue;
+      const float w = exp2f(l - max_lse);
+      const float4 o = *reinterpret_cast<const float4*>(
+          partial_out + (vrow * num_splits + s) * kHeadDim + 4 * lane);
+      weight_sum += w;
+      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+    }
+    const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+    branch[b] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+  const __nv_bfloat16* gate = gate_logits + token * gate_stride + 3 * head;
+  const float g_cmp = 1.0f / (1.0f + __expf(-__bfloat162float(gate[0])));
+  const float g_slc = 1.0f / (1.0f + __expf(-__bfloat162float(gate[1])));
+  const float g_swa = 1.0f / (1.0f + __expf(-__bfloat162float(gate[2])));
+  const Bf16Vec<4> cmp =
+      Bf16Vec<4>::Load(o_cmp + token * o_cmp_stride + head * kHeadDim + 4 * lane);
+  const float slc[4] = {branch[0].x, branch[0].y, branch[0].z, branch[0].w};
+  const float swa[4] = {branch[1].x, branch[1].y, branch[1].z, branch[1].w};
+  Bf16Vec<4> result;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    result.v[i] =
+        __float2bfloat16_rn(g_slc * slc[i] + g_cmp * __bfloat162float(cmp.v[i]) + g_swa * swa[i]);
+  }
+  result.Store(out + token * out_stride + head * kHeadDim + 4 * lane);
+}
+
+}  // namespace specd::kernels::nsa
