@@ -1,8 +1,9 @@
 // Tensor parallelism's weight shards on a real GPU (ctest label gpu; exits 77, "skipped", where
 // no GPU is visible): a rank's slices of a checkpoint, and of a dummy model, loaded by
 // cuda_weights at TP 2 and 4, equal the same slices of the world-size-1 load, on one GPU; and the
-// dummy fill at an offset is the slice of the whole fill. The TP runner itself (NCCL, two GPUs,
-// timing) is tested in cuda_tp_test.cc.
+// dummy fill at an offset is the slice of the whole fill; and an NSA checkpoint loads under fla's
+// names with its gate rows after v. The TP runner itself (NCCL, two GPUs, timing) is tested in
+// cuda_tp_test.cc.
 // Data: as cuda_runner_test ($SPECD_SHARED_DIR/models).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -15,9 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runner/cuda/cuda_weights.h"
 #include "kernels/cuda/init.h"
+#include "kernels/ref/bf16.h"
 #include "tests/cuda_test_util.h"
 
 namespace specd {
@@ -142,6 +145,55 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTpWeightsTest,
                            }
                            return name;
                          });
+
+// An NSA checkpoint (fla's names: model.embeddings, attn_norm, attn.*, mlp_norm) loads with its
+// gate logits' rows (g_proj, 3 per query head) after v in the fused projection, each tensor the
+// checkpoint's values in bf16.
+TEST(CudaNsaWeightsTest, FlaNamesLoadAndTheGateRowsFollowV) {
+  const std::string dir = ModelDir("nsa-codepair");
+  ASSERT_TRUE(DataPresent(dir));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->is_nsa());
+  const WeightSource source{dir, false, 3};
+  auto tied = OutputIsTied(*config, source);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  auto shard = MakeTpShard(*config, {0, 1});
+  ASSERT_TRUE(shard.ok());
+  auto w = LoadCudaWeights(*config, *shard, source, *tied);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(static_cast<int64_t>(w->storage.bytes()), CudaWeightBytes(*config, *shard, *tied));
+  auto ckpt = SafetensorsCheckpoint::OpenDir(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const int64_t h = config->hidden_size, q = config->q_size(), kv = config->kv_size();
+  const int64_t gates = config->gate_size();
+  auto bits = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    auto f = ckpt->ReadF32(name, shape);
+    EXPECT_TRUE(f.ok()) << f.status();
+    std::vector<uint16_t> out;
+    if (f.ok()) {
+      for (float x : *f) out.push_back(kernels::FloatToBf16(x));
+    }
+    return out;
+  };
+  EXPECT_EQ(Download(w->embed, int64_t{config->vocab_size} * h),
+            bits("model.embeddings.weight", {config->vocab_size, h}));
+  for (int32_t l = 0; l < config->num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::vector<uint16_t> qkv = Download(w->layers[l].qkv, (q + 2 * kv + gates) * h);
+    std::vector<uint16_t> want = bits(p + "attn.q_proj.weight", {q, h});
+    for (const char* part : {"attn.k_proj.weight", "attn.v_proj.weight"}) {
+      const std::vector<uint16_t> rows = bits(p + part, {kv, h});
+      want.insert(want.end(), rows.begin(), rows.end());
+    }
+    const std::vector<uint16_t> g = bits(p + "attn.g_proj.weight", {gates, h});
+    want.insert(want.end(), g.begin(), g.end());
+    EXPECT_EQ(qkv, want) << "layer " << l << ": q, k, v, then the gates";
+    EXPECT_EQ(Download(w->layers[l].input_norm, h), bits(p + "attn_norm.weight", {h}));
+    EXPECT_EQ(Download(w->layers[l].post_norm, h), bits(p + "mlp_norm.weight", {h}));
+  }
+}
 
 TEST(CudaTpFillTest, UniformFillAtAnOffsetIsTheSliceOfTheWholeFill) {
   const int64_t n = 50000, first = 12345, m = 20000;

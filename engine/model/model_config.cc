@@ -345,4 +345,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   return config;
 }
 
+TensorNames TensorNamesOf(ModelFamily family) {
+  if (family == ModelFamily::kNsa) {
+    return {"model.embeddings.weight", "attn_norm.weight", "attn.", "mlp_norm.weight"};
+  }
+  return {};
+}
+
 }  // namespace specd

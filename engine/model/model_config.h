@@ -78,6 +78,19 @@ struct ModelConfig {
   int32_t gate_size() const { return is_nsa() ? 3 * num_heads : 0; }
 };
 
+// A family's checkpoint tensor names, for every backend's loader (fla's module tree (NSA) is not
+// transformers'): the embedding, and per layer (after "model.layers.<i>.") the input norm, the
+// attention module's prefix (its q_proj / k_proj / v_proj / o_proj and NSA's g_proj, the gate
+// logits, 3 rows per query head) and the post-attention norm. The MLP, final norm and LM head
+// are named alike in every family.
+struct TensorNames {
+  const char* embed = "model.embed_tokens.weight";
+  const char* input_norm = "input_layernorm.weight";
+  const char* attn = "self_attn.";
+  const char* post_norm = "post_attention_layernorm.weight";
+};
+TensorNames TensorNamesOf(ModelFamily family);
+
 // Parses config.json text; `file` names it in error messages. InvalidArgument for bad
 // JSON, missing/negative/inconsistent fields, unknown RoPE types or unsupported
 // architectures. The generation defaults come from the config's bos/eos ids.

@@ -7,21 +7,6 @@
 namespace specd {
 namespace {
 
-// Tensor names differ by family: fla's module tree (NSA) is not transformers'.
-struct TensorNames {
-  const char* embed = "model.embed_tokens.weight";
-  const char* input_norm = "input_layernorm.weight";
-  const char* attn = "self_attn.";
-  const char* post_norm = "post_attention_layernorm.weight";
-};
-
-TensorNames TensorNamesOf(ModelFamily family) {
-  if (family == ModelFamily::kNsa) {
-    return {"model.embeddings.weight", "attn_norm.weight", "attn.", "mlp_norm.weight"};
-  }
-  return {};
-}
-
 // Reads rows [row_begin, row_begin + num_rows) of `name` (of `shape`, all columns) into `dest`
 // starting at float `offset` (fused matrices).
 absl::Status ReadRowsInto(const SafetensorsCheckpoint& ckpt, const std::string& name,

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <numeric>
 
 namespace specd {
@@ -55,7 +57,24 @@ struct NsaAttention::Task {
 NsaAttention::NsaAttention(const NsaShape& shape, int32_t num_layers)
     : shape_(shape),
       scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)))),
-      last_selection_(num_layers) {}
+      last_selection_(num_layers),
+      last_margin_(num_layers, std::numeric_limits<float>::infinity()) {}
+
+float NsaAttention::LastRunSelectionMargin(int32_t layer) const {
+  if (layer < 0 || layer >= static_cast<int32_t>(last_margin_.size())) {
+    return std::numeric_limits<float>::infinity();
+  }
+  return last_margin_[layer];
+}
+
+float NsaSelectionMargin(std::span<const float> scores, int32_t own_block, int32_t count) {
+  if (own_block + 1 <= count) return std::numeric_limits<float>::infinity();
+  std::vector<float> sorted(scores.begin(), scores.begin() + own_block + 1);
+  std::nth_element(sorted.begin(), sorted.begin() + count, sorted.end(), std::greater<float>());
+  const float next = sorted[count];
+  const float kth = *std::min_element(sorted.begin(), sorted.begin() + count);
+  return kth - next;
+}
 
 std::span<const int32_t> NsaAttention::LastTokenSelection(int32_t layer, int32_t kv_head) const {
   if (layer < 0 || layer >= static_cast<int32_t>(last_selection_.size())) return {};
@@ -204,6 +223,8 @@ void NsaAttention::SelectToken(int64_t t, const TokenLayout& layout, const float
               cmp_out_.begin() + (t * shape_.num_heads + int64_t{g} * group) * hd);
     own_[t * shape_.num_kv_heads + g] =
         NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts);
+    token_margin_[t] = std::min(token_margin_[t], NsaSelectionMargin(task.block_scores, own_block,
+                                                                     shape_.nsa.block_counts));
   }
 }
 
@@ -348,6 +369,7 @@ void NsaAttention::Run(ThreadPool& pool, const TokenLayout& layout, const float*
   Compress(layout, kv, layer);
   cmp_out_.resize(num_tokens * shape_.num_heads * shape_.head_dim);
   own_.resize(num_tokens * shape_.num_kv_heads);
+  token_margin_.assign(num_tokens, std::numeric_limits<float>::infinity());
   const int64_t keys_per_token =
       int64_t{shape_.nsa.block_counts} * shape_.nsa.block_size + shape_.nsa.window_size;
   const bool serial =
@@ -369,6 +391,7 @@ void NsaAttention::Run(ThreadPool& pool, const TokenLayout& layout, const float*
   for_tokens([&](int64_t t, Task& task) { SelectToken(t, layout, q, q_stride, task); });
   const int32_t kv_heads = shape_.num_kv_heads;
   last_selection_[layer].assign(own_.begin() + (num_tokens - 1) * kv_heads, own_.end());
+  last_margin_[layer] = *std::min_element(token_margin_.begin(), token_margin_.end());
   ResolveSelections(layout, ssv, layer);
   for_tokens([&](int64_t t, Task& task) {
     AttendToken(t, layout, q, q_stride, gate_logits, gate_stride, kv, layer, out, task);

@@ -62,6 +62,12 @@ class NsaAttention {
   // `layer`, ascending ([<= block_counts] block indices); empty before any Run. For tests and
   // selection metrics.
   std::span<const int32_t> LastTokenSelection(int32_t layer, int32_t kv_head) const;
+  // How near the last Run of `layer` came to a different selection: over every query and KV head
+  // of the batch, the smallest gap between the S-th best candidate block's score and the next one's
+  // (scores are probabilities summed over a KV head's query heads, at most `group`); +inf when no
+  // query had more candidates than S. Another precision (a GPU's bf16) may select differently
+  // where this is small. For tests.
+  float LastRunSelectionMargin(int32_t layer) const;
 
   // Running totals over the chunks that ran with a strategy.
   const SsvLoadStats& ssv_stats() const { return ssv_stats_; }
@@ -100,6 +106,8 @@ class NsaAttention {
   std::vector<int32_t> seq_end_;    // [num_seqs] last position of each sequence's new tokens
   // [num_layers][num_kv_heads][<= block_counts] the last token's selection per layer.
   std::vector<std::vector<std::vector<int32_t>>> last_selection_;
+  std::vector<float> last_margin_;   // [num_layers] LastRunSelectionMargin
+  std::vector<float> token_margin_;  // [T] per token of the current Run: its smallest margin
   // Per token of the current Run: [T, num_heads, head_dim] f32 the compressed branch; [T *
   // num_kv_heads] its own selection, the one it attends (into own_ or kept_), and, for tokens
   // of a sequence with a strategy, the selection of the last refresh layer.
@@ -117,5 +125,8 @@ class NsaAttention {
 // the top `count` by score (ties to the lower index), ascending. Writes scores' forced entries.
 std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block, int32_t group,
                                      int32_t count);
+// The gap between the count-th and the (count + 1)-th best of scores[0 .. own_block] (after
+// NsaSelectBlocks forced its entries); +inf with no more than `count` candidates.
+float NsaSelectionMargin(std::span<const float> scores, int32_t own_block, int32_t count);
 
 }  // namespace specd

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -199,6 +200,16 @@ TEST(NsaSelectBlocksTest, KeepsEveryCandidateWhileTheyAreAtMostS) {
   EXPECT_EQ(NsaSelectBlocks(scores, 7, 16, 8), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
   std::vector<float> one(1, 0.0f);
   EXPECT_EQ(NsaSelectBlocks(one, 0, 16, 8), (std::vector<int32_t>{0}));
+}
+
+// The margin is the gap between the S-th and (S + 1)-th candidate scores after the forced
+// entries: how far a query's selection is from another one.
+TEST(NsaSelectBlocksTest, TheMarginIsTheGapAtTheSthScore) {
+  std::vector<float> scores = {0.1f, 2.0f, 0.5f, 1.0f, 0.2f, 7.0f, 3.0f, 0.0f, 0.0f, 0.3f, 0.0f};
+  NsaSelectBlocks(scores, 10, 16, 4);  // forced 0, 9, 10 (16), then 5 (7); next best 6 (3)
+  EXPECT_FLOAT_EQ(NsaSelectionMargin(scores, 10, 4), 4.0f);
+  EXPECT_FLOAT_EQ(NsaSelectionMargin(scores, 10, 6), 1.0f);  // block 1 (2) over block 3 (1)
+  EXPECT_EQ(NsaSelectionMargin(scores, 10, 11), std::numeric_limits<float>::infinity());
 }
 
 }  // namespace

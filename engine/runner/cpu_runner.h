@@ -48,6 +48,7 @@ class CpuRunner : public ModelRunner {
   // One rank (a tensor-parallel group's workers get no trees) and a dense model (NSA attention
   // takes no tree mask).
   bool SupportsTokenTrees() const override;
+  bool SupportsLossySsv() const override { return true; }
   absl::Status MoveKv(std::span<const KvSlotMove> moves) override;
 
  private:

@@ -74,13 +74,14 @@ TEST(CreateModelRunnerTest, CudaWithoutCudaInTheBuildIsAClearError) {
 
 #ifdef SPECD_TEST_HAS_CUDA
 // Refused before the device is touched: the same answer with or without a visible GPU.
-TEST(CreateModelRunnerTest, CudaRefusesNsaModelsUntilItsForwardExists) {
+TEST(CreateModelRunnerTest, CudaRefusesNsaModelsUnderTensorParallelism) {
   RunnerOptions o = CpuOptions();
   o.model_dir = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
   o.device = "cuda";
+  o.tp = {0, 2};
   auto runner = CreateModelRunner(o);
-  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnimplemented) << runner.status();
-  EXPECT_NE(runner.status().message().find("Native Sparse Attention"), std::string::npos)
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument) << runner.status();
+  EXPECT_NE(runner.status().message().find("tensor parallelism"), std::string::npos)
       << runner.status();
 }
 #endif

@@ -217,6 +217,9 @@ class ModelRunner {
   // Token trees (SequenceInput::tree, engine/model/token_tree.h): whether Step, Forward and
   // the verify calls take chunks with a tree, and MoveKv works.
   virtual bool SupportsTokenTrees() const { return false; }
+  // NSA targets: whether chunks may carry a lossy SSV strategy (SequenceInput::ssv: shared mode,
+  // or a reuse schedule); every NSA runner takes exact ones.
+  virtual bool SupportsLossySsv() const { return false; }
   // After a tree's verification the accepted path's K/V move to consecutive slots: every
   // layer's K and V at slot `from` of each move's sequence are copied to slot `to`, in order.
   // InvalidArgument for a slot outside a move's blocks (nothing moved); Unimplemented unless

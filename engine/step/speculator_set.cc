@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<SpeculatorSet>> SpeculatorSet::Create(
   std::unique_ptr<SpeculatorSet> set(new SpeculatorSet());
   const SpeculativeConfig& spec = options.speculative;
   set->trees_ok_ = target->SupportsTokenTrees();
+  set->lossy_ssv_ok_ = target->SupportsLossySsv();
   set->ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
   // Self-speculation needs the runner's attention options (ChunkAttention: the CPU Model, or the
   // CUDA runner's Vegas kernels) on one rank, on a dense target (an NSA model's attention is
@@ -32,6 +33,12 @@ absl::StatusOr<std::unique_ptr<SpeculatorSet>> SpeculatorSet::Create(
   if (!nsa && spec.ssv != SsvStrategy{}) {
     return absl::InvalidArgumentError(
         "--speculative-config: \"ssv\" sets how an NSA model verifies; this model is not one");
+  }
+  if (spec.ssv.lossy() && !set->lossy_ssv_ok_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-config: SSV strategy ", SsvStrategyName(spec.ssv),
+        " is lossy (shared mode or a reuse schedule); this backend runs exact strategies only "
+        "(lossy ones run on the CPU backend)"));
   }
   if (options.tensor_parallel_size <= 1 && !nsa) {
     set->vegas_ = std::make_unique<VegasSpeculator>(target);
@@ -158,6 +165,12 @@ absl::StatusOr<ResolvedSpeculation> SpeculatorSet::Resolve(const SpeculationPara
   SPECD_ASSIGN_OR_RETURN(ResolvedSpeculation resolved,
                          ResolveSpeculation(request, server, draft_ != nullptr, ssd_ != nullptr,
                                             vegas_ != nullptr, target_is_nsa));
+  if (resolved.ssv.lossy() && !lossy_ssv_ok_) {
+    return FieldError("speculation.ssv",
+                      absl::StrCat("speculation.ssv: strategy ", SsvStrategyName(resolved.ssv),
+                                   " is lossy (shared mode or a reuse schedule); this server's "
+                                   "backend runs exact strategies only"));
+  }
   if (resolved.method == SpeculationMethod::kEagle3 && eagle3_ == nullptr) {
     return FieldError("speculation.method",
                       "speculation.method eagle3 needs an EAGLE-3 head in this process; this "

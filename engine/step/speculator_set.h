@@ -95,6 +95,7 @@ class SpeculatorSet {
   // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
   std::unique_ptr<Eagle3Speculator> eagle3_;
   bool trees_ok_ = false;
+  bool lossy_ssv_ok_ = false;  // the target takes lossy SSV strategies (ModelRunner)
 };
 
 }  // namespace specd

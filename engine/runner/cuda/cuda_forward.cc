@@ -73,12 +73,16 @@ CudaForward::CudaForward(const ModelConfig& config, const TpShard& shard, Commun
   shape_.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
   shape_.sliding_window = config_.sliding_window;
   max_blocks_per_seq_ = (limits.max_model_len + limits.block_size - 1) / limits.block_size;
-  qkv_stride_ = int64_t{config_.q_size()} + 2 * int64_t{config_.kv_size()};
+  // NSA's gate logits follow v in each row (CudaLayerWeights::qkv).
+  qkv_stride_ =
+      int64_t{config_.q_size()} + 2 * int64_t{config_.kv_size()} + int64_t{config_.gate_size()};
   lm_stride_ = shard.world_size == 1 ? config_.vocab_size : (shard.vocab_shard + 15) / 16 * 16;
 }
 
 int64_t CudaForward::KvBlockBytes(const ModelConfig& c, int32_t block_size) {
-  return 2 * int64_t{c.num_layers} * c.num_kv_heads * block_size * c.head_dim * 2;
+  const int64_t compressed =
+      c.is_nsa() ? CudaNsaAttention::CompressedBytesPerBlock(c, block_size) : 0;
+  return 2 * int64_t{c.num_layers} * c.num_kv_heads * block_size * c.head_dim * 2 + compressed;
 }
 
 absl::StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(
@@ -153,6 +157,11 @@ absl::Status CudaForward::AllocateBuffers(int32_t num_sms) {
     workspace = std::max(workspace, kernels::PagedDecodeWorkspaceBytes(n, splits, shape_));
   }
   SPECD_RETURN_IF_ERROR(alloc(workspace_, static_cast<int64_t>(workspace), "attention workspace"));
+  if (config_.is_nsa()) {
+    SPECD_ASSIGN_OR_RETURN(nsa_, CudaNsaAttention::Create(config_, limits_.block_size, t,
+                                                          limits_.max_model_len, num_sms_));
+    buffer_bytes_ += nsa_->buffer_bytes();
+  }
   // RoPE table, built once from the model's (scaled) inverse frequencies as the CPU path does.
   SPECD_ASSIGN_OR_RETURN(rope_,
                          MakeRopeTable(config_.rope, config_.head_dim, limits_.max_model_len));
@@ -176,7 +185,7 @@ absl::Status CudaForward::AllocateKv(int32_t num_blocks) {
     k_cache_.push_back(reinterpret_cast<__nv_bfloat16*>(base + (2 * l) * layer_bytes));
     v_cache_.push_back(reinterpret_cast<__nv_bfloat16*>(base + (2 * l + 1) * layer_bytes));
   }
-  return absl::OkStatus();
+  return nsa_ != nullptr ? nsa_->AllocateKv(num_blocks) : absl::OkStatus();
 }
 
 absl::Status CudaForward::RunGemm(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w,
@@ -189,6 +198,11 @@ absl::Status CudaForward::RunGemm(const __nv_bfloat16* x, int64_t ldx, const __n
 }
 
 absl::Status CudaForward::SupportsVegas() const {
+  if (nsa_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "attention options (Vegas score collection, sparse attention) are not supported by NSA "
+        "models");
+  }
   const int32_t group = shape_.num_q_heads / shape_.num_kv_heads;
   if (shape_.head_dim > 128 || shape_.sliding_window != 0 || group > 16 || shard_.world_size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -262,6 +276,13 @@ absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cu
 absl::Status CudaForward::Attention(int32_t layer, const ForwardArgs& a, cudaStream_t stream) {
   auto* qkv = qkv_.as<__nv_bfloat16>();
   auto* attn = attn_.as<__nv_bfloat16>();
+  if (nsa_ != nullptr) {
+    if (a.vegas != nullptr || a.tree != nullptr) {
+      return absl::InvalidArgumentError("NSA models run neither attention options nor token trees");
+    }
+    return nsa_->Run(layer, a.nsa, a.positions, a.block_tables, max_blocks_per_seq_, a.num_tokens,
+                     qkv, qkv_stride_, k_cache_[layer], v_cache_[layer], attn, stream);
+  }
   if (a.vegas != nullptr) return VegasAttention(layer, a, stream);
   if (a.decode) {
     return Launch(kernels::PagedDecodeAttention(

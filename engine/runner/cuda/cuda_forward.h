@@ -2,7 +2,8 @@
 // embedding, per layer (RMSNorm / fused residual add + RMSNorm, fused qkv GEMM (+ bias), per-head
 // q/k norm + RoPE + KV write (one launch), paged decode or prefill attention, o_proj, fused add +
 // norm, gate_up GEMM, SiLU-and-mul, down GEMM), final norm, then the LM head on the rows that are
-// sampled.
+// sampled. A family whose attention is not dense brings its own (NSA: CudaNsaAttention, which
+// the fused projection also feeds the gate logits); the rest of its layer is the dense one.
 // It owns the activation buffers, the paged bf16 KV cache, the RoPE table and the cuBLASLt
 // handle; every launch reads its per-step inputs from device memory, so Run can be captured in a
 // CUDA graph and replayed with new inputs. Engine thread only.
@@ -24,6 +25,7 @@
 #include "engine/base/cuda/cuda_util.h"
 #include "engine/model/model_config.h"
 #include "engine/model/tensor_parallel.h"
+#include "engine/runner/cuda/cuda_nsa.h"
 #include "engine/runner/cuda/cuda_weights.h"
 #include "engine/runner/model_runner.h"  // kMaxSampleCandidates
 #include "kernels/cuda/attention.h"
@@ -91,6 +93,9 @@ struct ForwardArgs {
   const ForwardVegas* vegas = nullptr;
   // Token trees (eager steps, never `decode`): the attention's tree masks; null: none.
   const kernels::AttentionTreeMask* tree = nullptr;
+  // NSA models (the family's attention, CudaNsaAttention): each token's sequence and the step's
+  // groups. Unused by other families.
+  ForwardNsa nsa;
 };
 
 // The RoPE table of RopeInvFreq(rope, head_dim) for positions [0, max_positions): [max_positions,
@@ -111,8 +116,8 @@ class CudaForward {
       const ModelConfig& config, const TpShard& shard, Communicator* comm,
       const CudaWeights* weights, const ForwardLimits& limits, int32_t num_sms);
 
-  // Bytes of one KV block over every layer (K and V, bf16) for `config`'s KV heads: pass the
-  // rank's LocalModelConfig under tensor parallelism.
+  // Bytes of one KV block over every layer (K and V, bf16; and an NSA model's compressed
+  // entries) for `config`'s KV heads: pass the rank's LocalModelConfig under tensor parallelism.
   static int64_t KvBlockBytes(const ModelConfig& config, int32_t block_size);
   // Allocates the cache: num_blocks blocks, zero-filled (padding rows read block 0 of a scratch
   // block the caller reserves among them).
@@ -191,7 +196,7 @@ class CudaForward {
   kernels::AttentionShape shape_;
   int32_t max_blocks_per_seq_ = 0;
   int32_t num_sms_ = 0;
-  int64_t qkv_stride_ = 0;  // q_size + 2 kv_size
+  int64_t qkv_stride_ = 0;  // q_size + 2 kv_size + gate_size
   // Row stride of a rank's LM-head block in gathered_logits_: vocab_shard rounded up to 16
   // (64-byte rows); the vocabulary itself at world size 1, where the block is logits_.
   int64_t lm_stride_ = 0;
@@ -219,6 +224,8 @@ class CudaForward {
   std::vector<__nv_bfloat16*> k_cache_;  // [num_layers]
   std::vector<__nv_bfloat16*> v_cache_;  // [num_layers]
   int64_t buffer_bytes_ = 0;
+  // The family's attention where it is not the dense kernels' (NSA); null for dense families.
+  std::unique_ptr<CudaNsaAttention> nsa_;
   std::vector<int32_t> capture_layers_;  // SetCapture
   __nv_bfloat16* capture_ = nullptr;
 };

@@ -13,12 +13,14 @@
 #include "engine/base/cuda/cuda_util.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/model/ssv.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runner/cuda/cuda_forward.h"
 #include "engine/runner/cuda/cuda_runner_state.h"
 #include "engine/runner/cuda/cuda_sampling.h"
 #include "engine/runner/cuda/cuda_weights.h"
 #include "kernels/cuda/init.h"
+#include "kernels/cuda/nsa.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/verify.h"
 
@@ -233,6 +235,18 @@ absl::Status CudaRunner::State::Validate(std::span<const SequenceInput> batch) c
     if (in.tokens.empty() || in.start_pos < 0) return bad("no tokens or a negative start_pos");
     if (in.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, in));
     if (in.tree != nullptr) SPECD_RETURN_IF_ERROR(ValidateTree(s, in));
+    if (in.ssv != nullptr) {
+      // The GPU's grouped kernel runs SSV's exact mode (lossless) with every layer refreshing;
+      // shared mode and reuse schedules (lossy) run on the CPU only for now.
+      if (!config.is_nsa()) return bad("an SSV strategy needs an NSA model");
+      SPECD_RETURN_IF_ERROR(ValidateSsvStrategy(*in.ssv, "ssv."));
+      if (in.ssv->lossy() || in.ssv->group_size > kernels::kNsaMaxGroupSize) {
+        return bad(absl::StrCat("SSV strategy ", SsvStrategyName(*in.ssv),
+                                ": the CUDA runner runs exact mode, every layer refreshing, groups "
+                                "of at most ",
+                                kernels::kNsaMaxGroupSize, " (shared mode and reuse: CPU only)"));
+      }
+    }
     if (end > max_model_len) {
       return bad(
           absl::StrCat("positions up to ", end - 1, " exceed max_model_len ", max_model_len));
@@ -277,13 +291,14 @@ absl::Status ShapeError(const absl::Status& s, const ModelConfig& c, int32_t blo
       " query / ", c.num_kv_heads, " KV heads, block_size ", block_size, "): ", s.message()));
 }
 
-// Families whose CUDA forward does not exist yet.
-absl::Status CheckCudaSupports(const std::string& model_dir) {
-  SPECD_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
-  if (config.is_nsa()) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, ": ", config.architecture,
-        " (Native Sparse Attention) has no CUDA forward yet; run it on the CPU (--device cpu)"));
+// What the CUDA forward cannot run, refused before the device is touched: NSA models under
+// tensor parallelism (their heads' selections are not sharded yet; the CPU refuses it too).
+absl::Status CheckCudaSupports(const RunnerOptions& o) {
+  SPECD_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(o.model_dir));
+  if (config.is_nsa() && o.tp.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.model_dir, ": NSA models do not run under tensor parallelism yet (world size ",
+        o.tp.world_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -301,7 +316,7 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   s->comm = o.comm;
   s->worker = o.tp.rank != 0;
   // Refused before the device is touched, so the answer is the same with or without a GPU.
-  SPECD_RETURN_IF_ERROR(CheckCudaSupports(o.model_dir));
+  SPECD_RETURN_IF_ERROR(CheckCudaSupports(o));
   SPECD_RETURN_IF_ERROR(s->SelectDevice(device));
   SPECD_RETURN_IF_ERROR(s->LoadModel(o));
   ForwardLimits& l = s->limits;

@@ -13,6 +13,7 @@
 #include "engine/base/status.h"
 #include "engine/model/token_tree.h"
 #include "engine/runner/cuda/cuda_runner_state.h"
+#include "kernels/cuda/nsa.h"
 
 namespace specd {
 
@@ -44,6 +45,8 @@ InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows) {
   l.seq_lens = take(4 * size_t(num_seqs));
   l.cu_q_lens = take(4 * (size_t(num_seqs) + 1));
   l.logit_rows = take(4 * num_rows);
+  l.token_seqs = take(4 * num_tokens);
+  l.nsa_groups = take(8 * num_tokens);
   l.bytes = offset;
   return l;
 }
@@ -145,6 +148,40 @@ absl::StatusOr<GraphKey> CudaRunner::State::EnsureGraph(GraphKey key) {
   return key;
 }
 
+// An NSA step's token -> sequence map and groups (ForwardNsa), into the host inputs `h`: each
+// sequence's tokens in groups of C consecutive ones (its SSV strategy's group size, exact mode;
+// without one, kNsaMaxGroupSize: the grouped kernel reads each group's blocks once, and every
+// query still attends its own selection, so grouping changes no result). A graph's plan is fixed
+// by its key: every sequence slot gets q_len groups (enough for C = 1), empty where its tokens run
+// out (padding slots: all empty), so capture and replay launch the same plan.
+void CudaRunner::State::NsaLayout(std::span<const SequenceInput> batch, const GraphKey& key,
+                                  int32_t padded_seqs, int64_t padded_tokens, void* h,
+                                  const InputLayout& l, ForwardNsa& nsa) const {
+  constexpr int32_t kG = kernels::kNsaMaxGroupSize;
+  int32_t* seqs = At<int32_t>(h, l.token_seqs);
+  int32_t* groups = At<int32_t>(h, l.nsa_groups);
+  std::fill(seqs, seqs + padded_tokens, -1);
+  int32_t num_groups = 0, max_group = 1;
+  int32_t t = 0;
+  for (int32_t s = 0; s < padded_seqs; ++s) {
+    const bool real = s < static_cast<int32_t>(batch.size());
+    const auto n = real ? static_cast<int32_t>(batch[s].tokens.size()) : 1;
+    const int32_t c = real && batch[s].ssv != nullptr ? batch[s].ssv->group_size : kG;
+    if (real) std::fill_n(seqs + t, n, s);
+    const int32_t slots = key.graph() ? key.q_len : (n + c - 1) / c;
+    for (int32_t j = 0; j < slots; ++j) {
+      const int32_t count = real ? std::clamp(n - j * c, 0, c) : 0;
+      groups[2 * num_groups] = t + std::min(j * c, n);
+      groups[2 * num_groups + 1] = count;
+      ++num_groups;
+      max_group = std::max(max_group, count);
+    }
+    t += n;
+  }
+  nsa.num_groups = num_groups;
+  nsa.max_group_size = key.graph() ? std::min(key.q_len, kG) : max_group;
+}
+
 absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput> batch,
                                                   std::span<const int32_t> logit_rows,
                                                   GraphKey key) {
@@ -196,6 +233,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
     max_q_len = std::max(max_q_len, n);
     max_seq_len = std::max(max_seq_len, len);
   }
+  if (config.is_nsa()) NsaLayout(batch, key, padded_seqs, padded_tokens, h, l, launch.args.nsa);
   for (int32_t s = num_seqs; s < padded_seqs; ++s, ++t) {  // graph padding: 1-token dummies
     At<int32_t>(h, l.token_ids)[t] = 0;
     At<int32_t>(h, l.positions)[t] = 0;
@@ -237,6 +275,11 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   a.seq_lens = At<int32_t>(inputs.as(), l.seq_lens);
   a.cu_q_lens = At<int32_t>(inputs.as(), l.cu_q_lens);
   a.block_tables = tables.as<int32_t>();
+  if (config.is_nsa()) {
+    a.nsa.token_seqs = At<int32_t>(inputs.as(), l.token_seqs);
+    a.nsa.groups = At<int32_t>(inputs.as(), l.nsa_groups);
+    a.nsa.max_context = graph ? max_model_len : max_seq_len;
+  }
   launch.num_rows = static_cast<int32_t>(logit_rows.size());
   launch.logit_rows = At<int32_t>(inputs.as(), l.logit_rows);
   return launch;

@@ -69,6 +69,7 @@ struct GraphKey {
 // padded sizes, or an eager step's real sizes), so one copy moves them all.
 struct InputLayout {
   size_t slots = 0, token_ids = 0, positions = 0, seq_lens = 0, cu_q_lens = 0, logit_rows = 0;
+  size_t token_seqs = 0, nsa_groups = 0;  // NSA models' (ForwardNsa); room for every token
   size_t bytes = 0;
 };
 InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows);
@@ -213,6 +214,11 @@ struct CudaRunner::State {
   // padded layout; eager: the real sizes, logits rows gathered from `logit_rows`.
   absl::StatusOr<Launch> Prepare(std::span<const SequenceInput> batch,
                                  std::span<const int32_t> logit_rows, GraphKey key);
+  // Prepare's part for NSA models: the token -> sequence map and the groups into the staged
+  // inputs `h` (laid out by `l`), their counts into `nsa`.
+  void NsaLayout(std::span<const SequenceInput> batch, const GraphKey& key, int32_t padded_seqs,
+                 int64_t padded_tokens, void* h, const cuda_runner_internal::InputLayout& l,
+                 ForwardNsa& nsa) const;
   absl::Status Execute(const Launch& launch);
   // What a graph holds: the forward and the LM head of its padded rows.
   absl::Status RunGraphBody(const Launch& launch);

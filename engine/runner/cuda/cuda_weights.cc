@@ -114,19 +114,24 @@ class Plan {
 };
 
 void PlanLayer(const ModelConfig& c, const TpShard& s, int32_t i, CudaLayerWeights& w, Plan& plan) {
+  const TensorNames names = TensorNamesOf(c.family);
   const std::string p = absl::StrCat("model.layers.", i, ".");
-  const std::string a = p + "self_attn.";
+  const std::string a = p + names.attn;
   const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size(), hd = c.head_dim;
   const int64_t ffn = c.intermediate_size;
   const int64_t q0 = s.head_begin * hd, qn = s.q_size(c.head_dim);
   const int64_t k0 = s.kv_head_begin * hd, kn = s.kv_size(c.head_dim);
   const int64_t f0 = s.intermediate_begin, fn = s.intermediate;
-  plan.Add(Init::kNorm, {Whole(p + "input_layernorm.weight", {hidden})}, &w.input_norm);
-  plan.Add(Init::kMatrix,
-           {Rows(a + "q_proj.weight", {q, hidden}, q0, qn),
-            Rows(a + "k_proj.weight", {kv, hidden}, k0, kn),
-            Rows(a + "v_proj.weight", {kv, hidden}, k0, kn)},
-           &w.qkv);
+  plan.Add(Init::kNorm, {Whole(p + names.input_norm, {hidden})}, &w.input_norm);
+  std::vector<Part> qkv = {Rows(a + "q_proj.weight", {q, hidden}, q0, qn),
+                           Rows(a + "k_proj.weight", {kv, hidden}, k0, kn),
+                           Rows(a + "v_proj.weight", {kv, hidden}, k0, kn)};
+  // NSA's gate logits (3 rows per query head) follow v, so one GEMM gives q, k, v and the gates
+  // (the CPU loader's layout too). Tensor parallelism refuses NSA: the rank holds every head.
+  if (const int64_t gates = c.gate_size(); gates > 0) {
+    qkv.push_back(Rows(a + "g_proj.weight", {gates, hidden}, 0, gates));
+  }
+  plan.Add(Init::kMatrix, std::move(qkv), &w.qkv);
   if (c.qkv_bias) {
     plan.Add(Init::kBias,
              {Rows(a + "q_proj.bias", {q}, q0, qn), Rows(a + "k_proj.bias", {kv}, k0, kn),
@@ -145,7 +150,7 @@ void PlanLayer(const ModelConfig& c, const TpShard& s, int32_t i, CudaLayerWeigh
       plan.Skip();
     }
   }
-  plan.Add(Init::kNorm, {Whole(p + "post_attention_layernorm.weight", {hidden})}, &w.post_norm);
+  plan.Add(Init::kNorm, {Whole(p + names.post_norm, {hidden})}, &w.post_norm);
   plan.Add(Init::kMatrix,
            {Rows(p + "mlp.gate_proj.weight", {ffn, hidden}, f0, fn),
             Rows(p + "mlp.up_proj.weight", {ffn, hidden}, f0, fn)},
@@ -162,7 +167,7 @@ Plan MakePlan(const ModelConfig& c, const TpShard& s, bool tied, CudaWeights& w)
   w.vocab_begin = s.vocab_begin;
   w.vocab_rows = s.vocab_local;
   plan.Add(Init::kMatrix,
-           {Rows("model.embed_tokens.weight", {vocab, hidden}, s.vocab_begin, s.vocab_local)},
+           {Rows(TensorNamesOf(c.family).embed, {vocab, hidden}, s.vocab_begin, s.vocab_local)},
            &w.embed);
   for (int32_t i = 0; i < c.num_layers; ++i) PlanLayer(c, s, i, w.layers[i], plan);
   plan.Add(Init::kNorm, {Whole("model.norm.weight", {hidden})}, &w.final_norm);

@@ -26,15 +26,17 @@ namespace specd {
 // only; world size 1 holds the whole model.
 struct CudaLayerWeights {
   const __nv_bfloat16* input_norm = nullptr;  // [hidden]
-  const __nv_bfloat16* qkv = nullptr;         // [q_size + 2 kv_size, hidden] rows: q, k, v
-  const __nv_bfloat16* qkv_bias = nullptr;    // [q_size + 2 kv_size] or null
-  const __nv_bfloat16* q_norm = nullptr;      // [head_dim] or null (Qwen3)
-  const __nv_bfloat16* k_norm = nullptr;      // [head_dim] or null (Qwen3)
-  const __nv_bfloat16* o_proj = nullptr;      // [hidden, q_size]
-  const __nv_bfloat16* o_bias = nullptr;      // [hidden] or null (and null on ranks > 0)
-  const __nv_bfloat16* post_norm = nullptr;   // [hidden]
-  const __nv_bfloat16* gate_up = nullptr;     // [2 intermediate, hidden] rows: gate, up
-  const __nv_bfloat16* down = nullptr;        // [hidden, intermediate]
+  // [q_size + 2 kv_size + gate_size, hidden] rows: q, k, v, then NSA's gate logits (none for
+  // other families)
+  const __nv_bfloat16* qkv = nullptr;
+  const __nv_bfloat16* qkv_bias = nullptr;   // [q_size + 2 kv_size] or null
+  const __nv_bfloat16* q_norm = nullptr;     // [head_dim] or null (Qwen3)
+  const __nv_bfloat16* k_norm = nullptr;     // [head_dim] or null (Qwen3)
+  const __nv_bfloat16* o_proj = nullptr;     // [hidden, q_size]
+  const __nv_bfloat16* o_bias = nullptr;     // [hidden] or null (and null on ranks > 0)
+  const __nv_bfloat16* post_norm = nullptr;  // [hidden]
+  const __nv_bfloat16* gate_up = nullptr;    // [2 intermediate, hidden] rows: gate, up
+  const __nv_bfloat16* down = nullptr;       // [hidden, intermediate]
 };
 
 // Every pointer is device memory inside `storage`, bf16.
