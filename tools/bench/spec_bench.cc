@@ -41,6 +41,7 @@
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
 //              [--max-num-seqs N] [--no-prefix-caching] [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
+//              [--ssv-group-size C (an NSA target's verification: SSV exact, groups of C)]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete] [--cache-budget time|fixed]
 //               [--data-path device|host] [--cache-offers 0|1] [--critical-batch-size B]
@@ -191,6 +192,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.enable_prefix_caching = f.prefix_caching;
   o.observer = std::move(acc);
   o.speculative = spec;
+  if (f.ssv_group_size > 0) o.speculative.ssv.group_size = f.ssv_group_size;
   o.cost_profile = f.cost_profile;
   o.tensor_parallel.size = f.tensor_parallel_size;
   o.tensor_parallel.worker_binary = f.specd;  // "": this binary, which is not specd

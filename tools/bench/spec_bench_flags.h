@@ -47,6 +47,7 @@ struct SpecBenchFlags {
   std::string data_path = "device";   // SSD: q rows GPU to GPU ("device") or over TCP ("host")
   int cache_offers = 1;               // SSD: the speculator offers its greedy branches (1) or not
   int critical_batch_size = 0;        // SSD: b* (0: measured; large: misses never go to backup)
+  int ssv_group_size = 0;  // NSA targets: --ssv-group-size C (SSV exact; 0: the server's default)
   std::string ssd_drafter = "draft_model";  // SSD: the speculator's drafter ("eagle3": --eagle3)
   std::string load_format = "auto";
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
@@ -165,6 +166,9 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       ok = absl::SimpleAtod(value(), &f->replay_hit) && f->replay_hit >= 0 && f->replay_hit <= 1;
     } else if (a == "--replay-file") {
       ok = !(f->replay_file = value()).empty();
+    } else if (a == "--ssv-group-size") {
+      ok = absl::SimpleAtoi(value(), &f->ssv_group_size) && f->ssv_group_size >= 1 &&
+           f->ssv_group_size <= 16;
     } else if (a == "--batches") {
       ok = ParseIntList(value(), 1, 1 << 20, &f->batches);
     } else {

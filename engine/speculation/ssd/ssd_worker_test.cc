@@ -209,7 +209,9 @@ TEST(SsdWorkerTest, ARedraftThatCapturedAGraphIsNoSampleOfThePrimarysTime) {
     req.AddSeq(Seq(7, 0, 0), std::vector<int32_t>{prompt.at(static_cast<size_t>(round))});
     ASSERT_TRUE((*w)->Handle(req, &resp).ok());
     ASSERT_EQ(resp.drafts.at(0).status, DraftStatus::kMissPrimary);
-    if (round == 2) EXPECT_EQ((*w)->tier_seconds().primary, 0.0) << "the capturing pass counted";
+    if (round == 2) {
+      EXPECT_EQ((*w)->tier_seconds().primary, 0.0) << "the capturing pass counted";
+    }
   }
   EXPECT_GT((*w)->tier_seconds().primary, 0.0);
   EXPECT_LT((*w)->tier_seconds().primary, 0.3) << "the capturing pass counted";
