@@ -14,12 +14,14 @@
 // margin, NsaAttention::LastRunSelectionMargin), printed, and rare;
 //  - greedy speculation (the codepair draft, SSV exact) gives plain decoding's ids, and lossy SSV
 //    strategies are refused (the GPU runs exact ones only);
+//  - chunked prefill, preemption (recompute) and the prefix cache keep the ids;
 //  - the load under tensor parallelism refused before any device work.
 // Data: as cuda_runner_test ($SPECD_SHARED_DIR/models).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -226,6 +228,25 @@ TEST(CudaNsaTest, ARaggedBatchEqualsEachSequenceAlone) {
 
 // ---- Speculation on the NSA target: the codepair draft (same tokenizer) on the GPU ----
 
+// Two greedy continuations of `prompt` that should agree: equal, or equal up to a first
+// divergence the CPU explains (its logits nearly tied between the two ids, GreedyAgrees' rule, or
+// its selection for that query nearly tied, kNearTie); printed either way.
+void ExpectSameIdsUpToNearTies(const std::string& what, const std::vector<int32_t>& prompt,
+                               const std::vector<int32_t>& want, const std::vector<int32_t>& got,
+                               Harness& cpu, Harness& gpu) {
+  size_t k = 0;
+  while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
+  if (k == want.size() && k == got.size()) return;
+  ASSERT_LT(k, std::min(want.size(), got.size())) << what << ": lengths differ";
+  std::vector<int32_t> prefix = prompt;
+  prefix.insert(prefix.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
+  const float margin = CpuLastQueryMargin(prefix);
+  const bool tie = GreedyAgrees(what, prefix, {want[k]}, {got[k]}, cpu, gpu);
+  std::printf("[ %s ] diverges at %zu: selection margin %.4f%s\n", what.c_str(), k, margin,
+              tie || margin < kNearTie ? ", a near tie" : "");
+  EXPECT_TRUE(tie || margin < kNearTie) << what << " at generated position " << k;
+}
+
 GenerateRequest GreedyRequest(std::vector<int32_t> prompt, int32_t max_tokens) {
   GenerateRequest r;
   r.prompt_ids = std::move(prompt);
@@ -283,18 +304,7 @@ TEST(CudaNsaTest, SpeculationWithSsvExactGivesThePlainIds) {
       drafts += spec->usage.num_draft_tokens;
       accepted += spec->usage.num_accepted_tokens;
       const std::string what = absl::StrCat("prompt ", p, " SSV exact C ", c);
-      const std::vector<int32_t> want = plain->ids(), got = spec->ids();
-      size_t k = 0;
-      while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
-      if (k == want.size() && k == got.size()) continue;
-      ASSERT_LT(k, std::min(want.size(), got.size())) << what << ": lengths differ";
-      std::vector<int32_t> prefix = prompts[p];
-      prefix.insert(prefix.end(), want.begin(), want.begin() + static_cast<int64_t>(k));
-      const float margin = CpuLastQueryMargin(prefix);
-      const bool tie = GreedyAgrees(what, prefix, {want[k]}, {got[k]}, cpu, gpu);
-      std::printf("[ %s ] diverges at %zu: selection margin %.4f%s\n", what.c_str(), k, margin,
-                  tie || margin < kNearTie ? ", a near tie" : "");
-      EXPECT_TRUE(tie || margin < kNearTie) << what << " at generated position " << k;
+      ExpectSameIdsUpToNearTies(what, prompts[p], plain->ids(), spec->ids(), cpu, gpu);
     }
   }
   std::printf("[ nsa-codepair + codepair draft on the GPU ] %lld of %lld drafts accepted\n",
@@ -313,6 +323,70 @@ TEST(CudaNsaTest, SpeculationWithSsvExactGivesThePlainIds) {
   EngineOptions lossy = o;
   lossy.speculative.ssv = SsvStrategy{.group_size = 4, .mode = SsvMode::kShared};
   EXPECT_EQ(Engine::Create(lossy).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Counts preempted sequences; any thread.
+class PreemptionCounter : public EngineObserver {
+ public:
+  void OnPreemption(int32_t n) override { preempted_ += n; }
+  int64_t preempted() const { return preempted_.load(); }
+
+ private:
+  std::atomic<int64_t> preempted_{0};
+};
+
+// Two golden prompts submitted together, prefilled in chunks of 100 ids (blocks cut mid-chunk) in
+// a KV pool that holds exactly both prompts, so decoding preempts one and recomputes it (its
+// pages and their compressed entries); then the first again, served from the prefix cache. Each
+// gets plain decoding's ids (a lone request with room) up to near ties.
+TEST(CudaNsaTest, ChunkedPrefillPreemptionAndThePrefixCacheKeepTheIds) {
+  ASSERT_TRUE(DataPresent(Dir()));
+  const std::vector<Golden> goldens = Goldens();
+  ASSERT_GE(goldens.size(), size_t{4});
+  EngineOptions o;
+  o.model_dir = Dir();
+  o.device = "cuda";
+  o.max_model_len = 640;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 1024;
+  o.kv_cache_bytes = int64_t{64} << 20;
+  auto roomy = Engine::Create(o);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  auto observer = std::make_shared<PreemptionCounter>();
+  o.max_num_batched_tokens = 100;
+  // 38 + 28 pages of 16 tokens for the two prompts, plus the runner's scratch page: a page is
+  // 6 layers of bf16 K and V (16 x 32 each) and one compressed entry (the mean K and V).
+  o.kv_cache_bytes = 67 * int64_t{6 * (2 * 16 * 32 * 2 + 2 * 32 * 2)};
+  o.observer = observer;
+  auto tight = Engine::Create(o);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  RunnerOptions ro = NsaOptions("cuda");
+  Harness gpu(MakeRunner(ro));
+  ro.device = "cpu";
+  Harness cpu(MakeRunner(ro));
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  const size_t picks[] = {0, 3};
+  std::vector<std::vector<int32_t>> plain;
+  for (size_t e : picks) {
+    auto r = (*roomy)->Generate(GreedyRequest(goldens[e].prompt, 24));
+    ASSERT_TRUE(r.ok()) << r.status();
+    plain.push_back(r->ids());
+  }
+  roomy->reset();
+  std::vector<GenerateRequest> both;
+  for (size_t e : picks) both.push_back(GreedyRequest(goldens[e].prompt, 24));
+  auto results = (*tight)->GenerateBatch(both);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), size_t{2});
+  EXPECT_GT(observer->preempted(), 0) << "the pool holds both prompts and no more";
+  for (size_t i = 0; i < 2; ++i) {
+    ExpectSameIdsUpToNearTies(absl::StrCat("golden ", picks[i], " preempted"),
+                              goldens[picks[i]].prompt, plain[i], (*results)[i].ids(), cpu, gpu);
+  }
+  auto again = (*tight)->GenerateBatch(std::span(both).first(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectSameIdsUpToNearTies("golden 0 from the prefix cache", goldens[0].prompt, plain[0],
+                            (*again)[0].ids(), cpu, gpu);
 }
 
 TEST(CudaNsaTest, TensorParallelismIsRefused) {

@@ -96,12 +96,16 @@ absl::Status CudaNsaAttention::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(o_cmp_, t * config_.q_size() * 2, "NSA compressed branch"));
   SPECD_RETURN_IF_ERROR(alloc(selections_, t * config_.num_kv_heads * shape_.block_counts * 4,
                               "NSA block selections"));
-  // The most any step needs: every token its own group (decode), or groups of every size up to
-  // the kernels' largest (verification chains, prefill chunks), at the longest context.
+  // The most any step needs at the longest context: the kernels' split counts grow as a step's
+  // groups get fewer (to fill the GPU), and the partial rows with tokens x splits. A step of n
+  // groups of at most g tokens has at most min(max_tokens, n g) tokens: every such step.
   size_t bytes = 0;
+  const auto most_groups = static_cast<int32_t>(std::min<int64_t>(t, INT32_MAX));
   for (int32_t g = 1; g <= kernels::kNsaMaxGroupSize; g *= 2) {
-    const auto groups = static_cast<int32_t>(std::min<int64_t>(t, INT32_MAX));
-    bytes = std::max(bytes, WorkspaceBytes(t, groups, g, max_model_len_));
+    for (int32_t groups = 1; groups <= most_groups; ++groups) {
+      const int64_t tokens = std::min<int64_t>(t, int64_t{groups} * g);
+      bytes = std::max(bytes, WorkspaceBytes(tokens, groups, g, max_model_len_));
+    }
   }
   return alloc(workspace_, static_cast<int64_t>(std::max<size_t>(bytes, 256)), "NSA workspace");
 }
@@ -140,10 +144,22 @@ absl::Status CudaNsaAttention::Run(int32_t layer, const ForwardNsa& nsa, const i
                                 cmp_v_[layer], block_tables, max_blocks_per_seq};
   const kernels::NsaTokens tokens{positions, nsa.token_seqs, num_tokens};
   const kernels::NsaGroups groups{nsa.groups, nsa.num_groups, nsa.max_group_size};
-  const int32_t select_splits =
+  // The planned splits, fewer where the workspace would not hold them (it holds every step shape
+  // AllocateBuffers foresaw; fewer splits only cost parallelism).
+  int32_t select_splits =
       kernels::NsaSelectSplits(nsa.num_groups, nsa.max_group_size, max_context, num_sms_, shape_);
-  const int32_t attend_splits =
+  while (select_splits > 1 &&
+         kernels::NsaSelectWorkspaceBytes(num_tokens, select_splits, max_context, shape_) >
+             workspace_.bytes()) {
+    --select_splits;
+  }
+  int32_t attend_splits =
       kernels::NsaAttendSplits(nsa.num_groups, nsa.max_group_size, max_context, num_sms_, shape_);
+  while (attend_splits > 1 && kernels::NsaAttendWorkspaceBytes(
+                                  num_tokens, nsa.num_groups, nsa.max_group_size, attend_splits,
+                                  max_context, shape_) > workspace_.bytes()) {
+    --attend_splits;
+  }
   const int64_t q_size = config_.q_size();
   const __nv_bfloat16* gates = Offset(qkv, q_size + 2 * int64_t{config_.kv_size()});
   auto* o_cmp = o_cmp_.as<__nv_bfloat16>();
