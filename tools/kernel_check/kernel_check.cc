@@ -2,6 +2,7 @@
 //   kernel_check --mode check [--op NAME]  outputs vs the fp64 reference (flash-attention rule)
 //   kernel_check --mode perf  [--op NAME]  time per launch (CUDA events) and GB/s, against a
 //                                          device-to-device cudaMemcpy timed in the same run
+//   --shape TEXT: only the shapes whose printed form contains TEXT (one row under a profiler)
 // Exit status: 0 when every check passed (perf always 0 unless CUDA fails), 1 on a failed check,
 // 2 on bad arguments, 77 when no GPU is visible.
 #include <algorithm>
@@ -18,14 +19,15 @@ namespace {
 
 struct Options {
   std::string mode;
-  std::string op;  // empty: every op
+  std::string op;     // empty: every op
+  std::string shape;  // empty: every shape; else a substring of OpShape::ToString()
 };
 
 bool ParseArgs(int argc, char** argv, Options* options) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--mode" || arg == "--op") && i + 1 < argc) {
-      (arg == "--mode" ? options->mode : options->op) = argv[++i];
+    if ((arg == "--mode" || arg == "--op" || arg == "--shape") && i + 1 < argc) {
+      (arg == "--mode" ? options->mode : arg == "--op" ? options->op : options->shape) = argv[++i];
     } else {
       return false;
     }
@@ -36,6 +38,9 @@ bool ParseArgs(int argc, char** argv, Options* options) {
 bool Selected(const Options& options, const OpSpec& op) {
   return options.op.empty() || options.op == op.name;
 }
+bool Selected(const Options& options, const OpShape& shape) {
+  return options.shape.empty() || shape.ToString().find(options.shape) != std::string::npos;
+}
 
 int RunCheck(const Options& options) {
   int num_failed = 0, num_checks = 0;
@@ -44,6 +49,7 @@ int RunCheck(const Options& options) {
   for (const OpSpec& op : OpTable()) {
     if (!Selected(options, op)) continue;
     for (const OpShape& shape : op.check_shapes) {
+      if (!Selected(options, shape)) continue;
       for (const ErrorCheck& e : op.make(shape)->Check()) {
         ++num_checks;
         num_failed += e.passed ? 0 : 1;
@@ -101,6 +107,7 @@ int RunPerf(const Options& options) {
   for (const OpSpec& op : OpTable()) {
     if (!Selected(options, op)) continue;
     for (const OpShape& shape : op.perf_shapes) {
+      if (!Selected(options, shape)) continue;
       auto op_case = op.make(shape);
       const double ms = TimeLaunchMs([&](cudaStream_t s) { return op_case->Launch(s); }, stream);
       const double gbps = op_case->BytesMoved() / (ms * 1e6);
@@ -117,7 +124,7 @@ int RunPerf(const Options& options) {
 int Main(int argc, char** argv) {
   Options options;
   if (!ParseArgs(argc, argv, &options)) {
-    std::fprintf(stderr, "usage: kernel_check --mode check|perf [--op NAME]\nops:");
+    std::fprintf(stderr, "usage: kernel_check --mode check|perf [--op NAME] [--shape TEXT]\nops:");
     for (const OpSpec& op : OpTable()) std::fprintf(stderr, " %s", op.name.c_str());
     std::fprintf(stderr, "\n");
     return 2;
