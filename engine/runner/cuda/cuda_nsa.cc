@@ -98,10 +98,11 @@ absl::Status CudaNsaAttention::AllocateBuffers() {
                               "NSA block selections"));
   // The most any step needs at the longest context: the kernels' split counts grow as a step's
   // groups get fewer (to fill the GPU), and the partial rows with tokens x splits. A step of n
-  // groups of at most g tokens has at most min(max_tokens, n g) tokens: every such step.
+  // groups of at most g tokens has at most min(max_tokens, n g) tokens: every such step, every g
+  // (a request's SSV group size is any of 1-16). Run lowers splits should a step still need more.
   size_t bytes = 0;
   const auto most_groups = static_cast<int32_t>(std::min<int64_t>(t, INT32_MAX));
-  for (int32_t g = 1; g <= kernels::kNsaMaxGroupSize; g *= 2) {
+  for (int32_t g = 1; g <= kernels::kNsaMaxGroupSize; ++g) {
     for (int32_t groups = 1; groups <= most_groups; ++groups) {
       const int64_t tokens = std::min<int64_t>(t, int64_t{groups} * g);
       bytes = std::max(bytes, WorkspaceBytes(tokens, groups, g, max_model_len_));
