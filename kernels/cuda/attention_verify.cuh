@@ -125,6 +125,18 @@ template <typename Variant>
 struct VerifyCustomRows<Variant, std::void_t<decltype(Variant::kCustomRows)>>
     : std::bool_constant<Variant::kCustomRows> {};
 
+// Variant::kStagedKeys, false where absent. A staged-keys variant (NsaSparseVariant) copies what
+// its key map reads per tile -- for the sparse NSA keys, the union's block ids, query masks and
+// physical pages -- for the CTA's tiles into shared memory once, before the first tile, so no tile
+// waits on a chain of global loads to find its keys. Its Keys add
+//   Stage<kThreads>(params, smem, key_begin, key_end)  all threads; the kernel syncs after it
+// and its Params a `staged_bytes` member: the dynamic shared memory past the K/V stages.
+template <typename Variant, typename = void>
+struct VerifyStagedKeys : std::false_type {};
+template <typename Variant>
+struct VerifyStagedKeys<Variant, std::void_t<decltype(Variant::kStagedKeys)>>
+    : std::bool_constant<Variant::kStagedKeys> {};
+
 // Softmaxes per (query, q head) row group: Variant::kBranches for custom-rows variants, else 1.
 template <typename Variant, bool = VerifyCustomRows<Variant>::value>
 struct VerifyBranches : std::integral_constant<int, 1> {};
@@ -153,7 +165,7 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   constexpr bool kCustomRows = VerifyCustomRows<Variant>::value;
   constexpr int kBranches = VerifyBranches<Variant>::value;
   static_assert(kStages >= 2 && !(kTreeMask && kCustomRows));
-  extern __shared__ uint4 verify_smem[];  // K stages, then V stages
+  extern __shared__ uint4 verify_smem[];  // K stages, V stages, staged keys (VerifyStagedKeys)
   __nv_bfloat16* k_smem = reinterpret_cast<__nv_bfloat16*>(verify_smem);
   __nv_bfloat16* v_smem = k_smem + kStages * Cfg::kTileElems;
   const PrefillParams& p = vp.pre;
@@ -264,6 +276,11 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   int table_row = seq;
   if constexpr (kCustomRows) table_row = keys.table_row;
   const int32_t* table = p.block_tables + static_cast<int64_t>(table_row) * p.max_blocks_per_seq;
+  if constexpr (VerifyStagedKeys<Variant>::value) {
+    keys.template Stage<kThreads>(vp, v_smem + kStages * Cfg::kTileElems, tile_begin * Cfg::kBlockN,
+                                  (tile_begin + num_tiles) * Cfg::kBlockN);
+    __syncthreads();
+  }
   // Prologue: the first kStages - 1 tiles, one cp.async group each (empty past the end, so the
   // group count stays uniform for the waits).
 #pragma unroll

@@ -3,6 +3,7 @@
 // verification kernel), nsa_kernels.cuh. The verification tiling (stages, warps) follows
 // attention.cu's choices for PagedVerifyAttention.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -141,19 +142,31 @@ void FillRun(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& cache,
   rp->log2_nsa_block = Log2(shape.block_size);
 }
 
+// Shared memory past the K/V stages: the sparse variant's staged list entries.
+int StagedBytes(const NsaCompressedParams&) { return 0; }
+int StagedBytes(const NsaSparseParams& p) {
+  return static_cast<int>(attention::NsaStagedBytes(p.staged_units, p.log2_pages_per_block));
+}
+
+// A mainloop launch: the variant's dynamic shared memory is the K/V stages plus its staged keys,
+// known at launch, so each instance raises its limit the first time a launch needs more.
 template <typename Variant, int kHeadDim, int kWarps>
 cudaError_t LaunchMainloop(const typename Variant::Params& params, int64_t num_ctas,
                            cudaStream_t stream) {
-  constexpr int kSmem = attention::VerifySmemBytes<kHeadDim, kVerifyStages<kHeadDim>>();
-  const auto kernel =
-      attention::PagedVerifyKernel<kHeadDim, kWarps, kVerifyStages<kHeadDim>, Variant>;
-  if constexpr (kSmem > 48 * 1024) {
+  constexpr int kStages = kVerifyStages<kHeadDim>;
+  const int smem = attention::VerifySmemBytes<kHeadDim, kStages>() + StagedBytes(params);
+  const auto kernel = attention::PagedVerifyKernel<kHeadDim, kWarps, kStages, Variant>;
+  static std::atomic<int> allowed{48 * 1024};  // the instance's dynamic shared memory limit so far
+  if (smem > allowed.load(std::memory_order_relaxed)) {
     const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
+    int seen = allowed.load(std::memory_order_relaxed);
+    while (seen < smem && !allowed.compare_exchange_weak(seen, smem)) {
+    }
   }
-  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), kWarps * kWarpSize, kSmem, stream,
-                         params);
+  return LaunchDependent(kernel, static_cast<unsigned>(num_ctas), kWarps * kWarpSize,
+                         static_cast<size_t>(smem), stream, params);
 }
 
 // fn(std::integral_constant<int, head_dim>) for head_dim 32, 64 or 128 (ValidShape).
@@ -183,20 +196,36 @@ SelectLayout SelectWorkspace(int64_t num_tokens, int32_t num_splits, int32_t max
   return l;
 }
 
+// log2 of the physical pages a union entry names: B / page_size, or 1 (a block within a page).
+int Log2PagesPerBlock(const NsaShape& s) {
+  return std::max(0, Log2(s.block_size) - Log2(s.page_size));
+}
+
 struct AttendLayout {
-  size_t partial_out = 0, partial_lse = 0, blocks = 0, masks = 0, counts = 0, total = 0;
+  size_t partial_out = 0, partial_lse = 0, blocks = 0, masks = 0, pages = 0, counts = 0, total = 0;
 };
 AttendLayout AttendWorkspace(int64_t num_tokens, int32_t num_groups, int32_t max_union,
                              int32_t num_splits, const NsaShape& s) {
   AttendLayout l;
   const size_t rows = static_cast<size_t>(num_tokens) * s.num_q_heads * 2;
   const size_t lists = static_cast<size_t>(num_groups) * s.num_kv_heads;
+  const size_t entries = lists * max_union;
   l.partial_lse = Aligned(rows * num_splits * s.head_dim * sizeof(float));
   l.blocks = l.partial_lse + Aligned(rows * num_splits * sizeof(float));
-  l.masks = l.blocks + Aligned(lists * max_union * sizeof(int32_t));
-  l.counts = l.masks + Aligned(lists * max_union * sizeof(uint32_t));
+  l.masks = l.blocks + Aligned(entries * sizeof(int32_t));
+  l.pages = l.masks + Aligned(entries * sizeof(uint32_t));
+  l.counts = l.pages + Aligned((entries << Log2PagesPerBlock(s)) * sizeof(int32_t));
   l.total = l.counts + Aligned(lists * sizeof(int32_t));
   return l;
+}
+
+// List entries one split of the sparse mainloop reads: its share of the tiles of the largest
+// union, plus one entry a tile may straddle into (the kernel's own split of its list is never
+// longer: attention_verify.cuh splits a list's tiles evenly).
+int32_t StagedUnits(int32_t max_union, int32_t num_splits, int block_n, const NsaShape& s) {
+  const int64_t tiles = CeilDiv(int64_t{max_union} * s.block_size, block_n);
+  const int64_t per_split = CeilDiv(tiles, num_splits);
+  return static_cast<int32_t>(CeilDiv(per_split * block_n, s.block_size) + 1);
 }
 
 template <typename T>
@@ -347,23 +376,28 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
   params.partial_lse = At<float>(workspace, layout.partial_lse);
   int32_t* union_blocks = At<int32_t>(workspace, layout.blocks);
   uint32_t* union_masks = At<uint32_t>(workspace, layout.masks);
+  int32_t* union_pages = At<int32_t>(workspace, layout.pages);
   int32_t* union_counts = At<int32_t>(workspace, layout.counts);
   params.union_blocks = union_blocks;
   params.union_masks = union_masks;
+  params.union_pages = union_pages;
   params.union_counts = union_counts;
   params.max_union = max_union;
   params.window_size = shape.window_size;
+  params.log2_pages_per_block = Log2PagesPerBlock(shape);
   const int64_t lists = int64_t{groups.num_groups} * shape.num_kv_heads;
   const int64_t num_ctas = lists * params.num_row_tiles * num_splits;
   if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
   if (lists > 0) {
     const int64_t max_blocks = ContextBlocks(max_context, shape);
-    const cudaError_t err = LaunchDependent(
-        nsa::NsaUnionKernel, static_cast<unsigned>(lists), nsa::kUnionThreads,
-        max_blocks * sizeof(uint32_t), stream, groups.groups, groups.max_group_size,
-        tokens.positions, tokens.token_seqs, selections, shared_selection, shape.num_kv_heads,
-        params.log2_nsa_block, shape.block_counts, shape.window_size, static_cast<int>(max_blocks),
-        max_union, union_blocks, union_masks, union_counts);
+    const cudaError_t err =
+        LaunchDependent(nsa::NsaUnionKernel, static_cast<unsigned>(lists), nsa::kUnionThreads,
+                        max_blocks * sizeof(uint32_t), stream, groups.groups, groups.max_group_size,
+                        tokens.positions, tokens.token_seqs, selections, shared_selection,
+                        cache.block_tables, cache.max_blocks_per_seq, params.pre.log2_block_size,
+                        params.log2_pages_per_block, shape.num_kv_heads, params.log2_nsa_block,
+                        shape.block_counts, shape.window_size, static_cast<int>(max_blocks),
+                        max_union, union_blocks, union_masks, union_pages, union_counts);
     if (err != cudaSuccess) return err;
   }
   const int warps = Warps(groups.max_group_size, 2, shape);
@@ -372,10 +406,13 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
   return ByHeadDim(shape.head_dim, [&](auto head_dim_tag) {
     constexpr int kHeadDim = decltype(head_dim_tag)::value;
     using Variant = attention::NsaSparseVariant;
+    NsaSparseParams staged = params;
+    staged.staged_units =
+        StagedUnits(max_union, num_splits, attention::PrefillConfig<kHeadDim>::kBlockN, shape);
     cudaError_t e = cudaSuccess;
     if (num_ctas > 0) {
       e = ByWarps<false>(warps, [&](auto warps_tag) {
-        return LaunchMainloop<Variant, kHeadDim, decltype(warps_tag)::value>(params, num_ctas,
+        return LaunchMainloop<Variant, kHeadDim, decltype(warps_tag)::value>(staged, num_ctas,
                                                                              stream);
       });
     }

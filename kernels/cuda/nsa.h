@@ -138,8 +138,9 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
 // duplicates count once.
 // Each (group, kv head) reads the UNION of its tokens' keys once: a plan kernel (NsaUnionKernel)
 // merges the group's attended blocks and window blocks into an ascending block list with one bit
-// per token (which tokens attend the block); the verification mainloop (NsaSparseVariant of
-// attention_verify.cuh) streams the list through shared memory, rows = (token, branch, q head) --
+// per token (which tokens attend the block) and the block's physical pages; the verification
+// mainloop (NsaSparseVariant of attention_verify.cuh) copies its split's entries into shared
+// memory, then streams the list's keys through it, rows = (token, branch, q head) --
 // 2 to 8 warps of 16 rows, so at nsa-8b shapes (16 q heads per kv head) one CTA holds 4 tokens'
 // selected and window rows and loads each tile once for all of them -- each row with its own mask
 // and online softmax, a warp skipping the tiles none of its rows sees; the list is split over

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention_combine.cuh"  // kCombineFewMaxSplits
 #include "kernels/cuda/attention_common.cuh"
 
 namespace specd::kernels::nsa {
@@ -178,14 +179,18 @@ __global__ void __launch_bounds__(kSelectThreads)
 // each query's attended selection (its own, or the group's first query's with `shared`; entries
 // < 0 or past the query's own block dropped) and every block of the window range
 // [(p_first - W + 1) / B, p_last / B] -- as an ascending list with, per block, the bit of each
-// query whose selection holds it. A flag per context block in shared memory, then a compaction.
+// query whose selection holds it and the physical pages of its positions (2^log2_ppb of them:
+// B / page_size, or the one page holding a block smaller than a page). A flag per context block in
+// shared memory, then a compaction.
 //   union_blocks, union_masks  [num_groups, num_kv_heads, max_union]; union_counts [.., ..]
-__global__ void __launch_bounds__(kUnionThreads)
+//   union_pages                [num_groups, num_kv_heads, max_union, 2^log2_ppb]
+__global__ void __launch_bounds__(kUnionThreads, 1)
     NsaUnionKernel(const int32_t* groups, int max_group_size, const int32_t* positions,
                    const int32_t* token_seqs, const int32_t* selections, bool shared,
+                   const int32_t* block_tables, int max_blocks_per_seq, int log2_page, int log2_ppb,
                    int num_kv_heads, int log2_b, int block_counts, int window, int max_blocks,
                    int max_union, int32_t* union_blocks, uint32_t* union_masks,
-                   int32_t* union_counts) {
+                   int32_t* union_pages, int32_t* union_counts) {
   constexpr uint32_t kWindowFlag = 1u << 31;
   extern __shared__ uint32_t flags[];  // [max_blocks]
   __shared__ uint32_t scratch[kUnionThreads / kWarpSize + 1];
@@ -194,7 +199,8 @@ __global__ void __launch_bounds__(kUnionThreads)
   const int first = groups[2 * unit];
   const int count = min(groups[2 * unit + 1], max_group_size);
   const int64_t list = blockIdx.x;
-  if (count <= 0 || token_seqs[first] < 0) {
+  const int seq = count > 0 ? token_seqs[first] : -1;
+  if (seq < 0) {
     if (threadIdx.x == 0) union_counts[list] = 0;
     return;
   }
@@ -224,11 +230,20 @@ __global__ void __launch_bounds__(kUnionThreads)
   uint32_t slot = BlockExclusiveSum<kUnionThreads>(used, scratch, total);
   int32_t* blocks = union_blocks + list * max_union;
   uint32_t* masks = union_masks + list * max_union;
+  int32_t* pages = union_pages + (list * max_union << log2_ppb);
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
   for (int b = b0; b < b1; ++b) {
     if (flags[b] == 0) continue;
     if (slot < static_cast<uint32_t>(max_union)) {
       blocks[slot] = b;
       masks[slot] = flags[b] & ~kWindowFlag;
+      // Pages past the table row (positions no query reaches) are never read: clamped.
+      const int page0 = (b << log2_b) >> log2_page;
+      int32_t* dst = pages + (static_cast<int64_t>(slot) << log2_ppb);
+#pragma unroll 1
+      for (int j = 0; j < (1 << log2_ppb); ++j) {
+        dst[j] = __ldg(table + min(page0 + j, max_blocks_per_seq - 1));
+      }
     }
     ++slot;
   }
@@ -239,8 +254,12 @@ __global__ void __launch_bounds__(kUnionThreads)
 // NsaCombineGateKernel: one warp per (token, q head), lane l owning columns 4 l .. 4 l + 3 (lanes
 // past head_dim / 4 idle). Each branch's splits merge by their log2-sum-exps (splits with lse
 // -inf weigh 0, their rows unread); then the gated sum with o_cmp. Padding tokens are skipped.
+// Lane l reads the lse of splits l and l + 32 of both branches at once, and the partial rows are
+// read kCombineBatch splits at a time with no load waiting on another (the splits' latency, not
+// their bytes, is what this kernel's time was).
 //   partial_out  [num_tokens, num_q_heads, 2, num_splits, head_dim] fp32 (branch 0 selected)
 //   partial_lse  [num_tokens, num_q_heads, 2, num_splits] fp32
+constexpr int kCombineBatch = 8;
 template <int kHeadDim>
 __global__ void __launch_bounds__(kCombineWarps* kWarpSize)
     NsaCombineGateKernel(const float* __restrict__ partial_out,
@@ -249,35 +268,64 @@ __global__ void __launch_bounds__(kCombineWarps* kWarpSize)
                          const __nv_bfloat16* __restrict__ o_cmp, int64_t o_cmp_stride,
                          const __nv_bfloat16* __restrict__ gate_logits, int64_t gate_stride,
                          __nv_bfloat16* out, int64_t out_stride) {
+  static_assert(attention::kCombineFewMaxSplits <= 2 * kWarpSize);
   AllowDependentLaunch();
   WaitForPrerequisiteGrid();
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / kWarpSize;
-  if (row >= num_tokens * num_q_heads || lane >= kHeadDim / 4) return;
+  if (row >= num_tokens * num_q_heads) return;  // warp-uniform
   const int64_t token = row / num_q_heads;
   const int head = static_cast<int>(row % num_q_heads);
   if (token_seqs[token] < 0) return;
+  const bool cols = lane < kHeadDim / 4;
   float4 branch[2];
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
     const int64_t vrow = row * 2 + b;
     const float* lse = partial_lse + vrow * num_splits;
-    float max_lse = kNegInf;
-    for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse[s]);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // Lane l's weights: splits l and l + 32, relative to the branch's largest lse.
+    float own[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int s = lane + kWarpSize * j;
+      own[j] = s < num_splits ? lse[s] : kNegInf;
+    }
+    float max_lse = fmaxf(own[0], own[1]);
+#pragma unroll
+    for (int o = kWarpSize / 2; o > 0; o /= 2) {
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, o));
+    }
     float weight_sum = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float l = lse[s];
-      if (l == kNegInf) continue;
-      const float w = exp2f(l - max_lse);
-      const float4 o = *reinterpret_cast<const float4*>(
-          partial_out + (vrow * num_splits + s) * kHeadDim + 4 * lane);
-      weight_sum += w;
-      acc.x += w * o.x, acc.y += w * o.y, acc.z += w * o.z, acc.w += w * o.w;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      own[j] = own[j] == kNegInf ? 0.0f : exp2f(own[j] - max_lse);
+      weight_sum += own[j];
+    }
+    weight_sum = WarpReduceSum(weight_sum);
+    const float* src = partial_out + vrow * num_splits * kHeadDim + 4 * lane;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < num_splits; s0 += kCombineBatch) {
+      float w[kCombineBatch];
+      float4 o[kCombineBatch];
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {
+        const int s = s0 + i;
+        w[i] = __shfl_sync(0xffffffffu, s < kWarpSize ? own[0] : own[1], s % kWarpSize);
+        w[i] = s < num_splits ? w[i] : 0.0f;
+        o[i] = cols && w[i] > 0.0f
+                   ? *reinterpret_cast<const float4*>(src + static_cast<int64_t>(s) * kHeadDim)
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kCombineBatch; ++i) {
+        acc.x += w[i] * o[i].x, acc.y += w[i] * o[i].y, acc.z += w[i] * o[i].z,
+            acc.w += w[i] * o[i].w;
+      }
     }
     const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
     branch[b] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
   }
+  if (!cols) return;
   const __nv_bfloat16* gate = gate_logits + token * gate_stride + 3 * head;
   const float g_cmp = 1.0f / (1.0f + __expf(-__bfloat162float(gate[0])));
   const float g_slc = 1.0f / (1.0f + __expf(-__bfloat162float(gate[1])));
