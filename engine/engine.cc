@@ -42,12 +42,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
   }
   if (!options.speculative.eagle3_model.empty()) {
+    // Any target the head's shapes fit: dense or NSA (whose passes capture the same residual
+    // stream; its verification attends by SSV as for every drafter).
     SPECD_ASSIGN_OR_RETURN(const ModelConfig target, LoadModelConfig(options.model_dir));
-    if (target.is_nsa()) {
-      return absl::InvalidArgumentError(
-          "--speculative-config: an EAGLE-3 head drafts for a dense Llama-style target; this "
-          "model is an NSA model");
-    }
     if (HeadDraftsInSsdSpeculator(options.speculative)) {
       // The head drafts in SSD's speculator: the target keeps the hidden states it reads.
       SPECD_RETURN_IF_ERROR(CaptureForSsdHead(options.speculative, target, &runner));

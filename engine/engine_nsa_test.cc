@@ -218,6 +218,38 @@ TEST(EngineNsaTest, DraftModelSpeculationWithSsvExactMatchesGoldens) {
       double(st.grouped_keys) / st.queries, st.overlap_sum / st.overlap_pairs);
 }
 
+// An EAGLE-3 head drafting for the NSA target (the codepair head: nsa-codepair has the codepair
+// target's hidden size, layer count and vocabulary, so the head's shapes fit; it was trained on
+// the other model's hidden states and accepts little): the target's passes capture the layers
+// the head reads, and verification with SSV exact, groups of 4, gives the golden ids.
+TEST(EngineNsaTest, Eagle3HeadDraftsForTheNsaTargetAndSsvExactKeepsTheGoldens) {
+  const std::vector<Golden> goldens = ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  EngineOptions options;
+  options.speculative.eagle3_model = std::string(SPECD_SOURCE_DIR) + "/models/codepair/eagle3";
+  options.speculative.num_speculative_tokens = 4;
+  auto engine = MakeNsaEngine(options);
+  ASSERT_NE(engine, nullptr);
+  Collector c;
+  std::vector<RequestId> ids;
+  for (size_t e = 0; e < 3; ++e) {
+    GenerateRequest r = SsvRequest(goldens[e], SsvMode::kExact, 4);
+    r.speculation.method = SpeculationMethod::kEagle3;
+    auto id = engine->Submit(r, c.Callback());
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  int64_t drafts = 0;
+  for (size_t e = 0; e < ids.size(); ++e) {
+    ASSERT_TRUE(c.WaitFinished(ids[e]));
+    const Collector::Stream s = c.Get(ids[e]);
+    EXPECT_TRUE(s.status.ok()) << s.status;
+    EXPECT_EQ(s.ids, goldens[e].greedy) << "entry " << e;
+    drafts += s.usage.num_draft_tokens;
+  }
+  EXPECT_GT(drafts, 0) << "the head drafted";
+}
+
 // A long held-out prompt (codepair-long's 2,048-id window: the same tokenizer and held-out
 // split; 64 NSA blocks, S = 8 of them selected): speculation verified with SSV exact, groups of 4
 // and 8, gives plain decoding's ids.

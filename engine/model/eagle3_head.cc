@@ -13,6 +13,7 @@
 #include "engine/base/status.h"
 #include "engine/model/cpu_ops.h"
 #include "engine/model/json_fields.h"
+#include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 
 namespace specd {
@@ -369,9 +370,12 @@ absl::Status Eagle3Head::LoadWeights(const std::string& dir, const std::string& 
   }
   // The head shares the target's embedding (its hidden size must then be the target's).
   shares_target_embedding_ = true;
+  // Named as the target's family names it (fla's NSA checkpoints are not transformers').
+  SPECD_ASSIGN_OR_RETURN(const ModelConfig target_config, LoadModelConfig(target_dir));
   SPECD_ASSIGN_OR_RETURN(SafetensorsCheckpoint target, SafetensorsCheckpoint::OpenDir(target_dir));
-  SPECD_ASSIGN_OR_RETURN(w_.embed,
-                         ReadAny(target, target_dir, {"model.embed_tokens.weight"}, embed_shape));
+  SPECD_ASSIGN_OR_RETURN(
+      w_.embed,
+      ReadAny(target, target_dir, {TensorNamesOf(target_config.family).embed}, embed_shape));
   return absl::OkStatus();
 }
 
