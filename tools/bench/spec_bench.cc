@@ -32,6 +32,11 @@
 // A point's first run captures its round graphs (GPU) and prefills its prompts (later runs hit
 // the prefix cache), so with --repeats 1 every point first runs once untimed; with more repeats
 // the best of them is reported.
+// --decode-phase adds each row's rate while every request of the batch decodes (from the last
+// request's first token to the first request's end): with long prompts and --no-prefix-caching
+// (so an EAGLE-3 head builds its own KV over each prompt, as for a new request) the prefill,
+// which speculation does not change, would otherwise dominate the run; --max-num-batched-tokens
+// at the prompt length keeps a batch's prefills to one step each, so that window exists.
 //
 //   spec_bench [--model DIR] [--draft DIR [--parallel]] [--eagle3 HEAD_DIR] [--device cpu|cuda]
 //              [--batches 1,16]
@@ -39,7 +44,9 @@
 //              [--max-tokens 128] [--temperature 0] [--top-p 1] [--prompts FILE] [--repeats 2]
 //              [--load-format auto|dummy] [--random-prompts LEN] [--max-model-len 2048]
 //              [--gpu-memory-utilization 0.9] [--speculator-gpu-memory-utilization U]
-//              [--max-num-seqs N] [--no-prefix-caching] [--tensor-parallel-size N --specd PATH]
+//              [--max-num-seqs N] [--max-num-batched-tokens N] [--no-prefix-caching]
+//              [--decode-phase]
+//              [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssv-group-size C (an NSA target's verification: SSV exact, groups of C)]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
@@ -101,9 +108,11 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     acc.TakePolicyRows();
     acc.TakePolicyCost();
     const SsdStats before = acc.ssd();
+    acc.TakeDecodeRate();
     const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
     Run run;
     run.tokens_per_s = batch_run.tokens_per_s();
+    if (f.decode_phase) run.decode_tokens_per_s = acc.TakeDecodeRate();
     if (!g_recorded.empty() && f.temperature == 0) {
       run.equal = 0;
       run.requests = batch;
@@ -189,6 +198,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.load_format = f.load_format;
   o.gpu_memory_utilization = f.gpu_memory_utilization;
   if (f.max_num_seqs > 0) o.max_num_seqs = f.max_num_seqs;  // also caps the KV pool
+  if (f.max_num_batched_tokens > 0) o.max_num_batched_tokens = f.max_num_batched_tokens;
   o.enable_prefix_caching = f.prefix_caching;
   o.observer = std::move(acc);
   o.speculative = spec;
@@ -237,7 +247,8 @@ std::string MethodLabel(const Flags& f, const SpeculationParams& spec) {
 
 // Prints a speculative point's row and adds it to the batch's sweep.
 void Record(const Flags& f, BatchSweep& sweep, SpeculationParams spec, const Run& r) {
-  PrintRow(sweep.batch, MethodLabel(f, spec), r, sweep.plain_tokens_per_s);
+  PrintRow(sweep.batch, MethodLabel(f, spec), r, sweep.plain_tokens_per_s,
+           sweep.plain_decode_tokens_per_s);
   if (spec.method == SpeculationMethod::kAuto) {
     sweep.auto_tokens_per_s = r.tokens_per_s;
     sweep.auto_used = r.auto_used;
@@ -474,8 +485,9 @@ int MainReplay(const Flags& f) {
   for (int batch : f.batches) {
     BatchSweep& sweep = sweeps.emplace_back();
     sweep.batch = batch;
-    sweep.plain_tokens_per_s =
-        MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
+    const Run plain = MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
+    sweep.plain_tokens_per_s = plain.tokens_per_s;
+    sweep.plain_decode_tokens_per_s = plain.decode_tokens_per_s;
     sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
   }
   const std::string path = f.replay_file.empty()
@@ -502,7 +514,9 @@ int MainReplay(const Flags& f) {
   }
   engine.reset();
   PrintHeader();
-  for (const BatchSweep& sweep : sweeps) PrintPlainRow(sweep.batch, sweep.plain_tokens_per_s);
+  for (const BatchSweep& sweep : sweeps) {
+    PrintPlainRow(sweep.batch, sweep.plain_tokens_per_s, sweep.plain_decode_tokens_per_s);
+  }
   Replayer replayer(f, acc, prompts, std::move(recorded), path);
   // Every point of the draft-model engine, then SSD's: one engine each. N-gram (which ignores
   // the replay) joins the draft model's points when sweeping, for the best fixed choice.
@@ -562,10 +576,11 @@ int Main(int argc, char** argv) {
   for (int batch : f.batches) {
     BatchSweep& sweep = sweeps.emplace_back();
     sweep.batch = batch;
-    sweep.plain_tokens_per_s =
-        MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f).tokens_per_s;
+    const Run plain = MeasurePoint(*engine, *acc, prompts, batch, {SpeculationMethod::kNone, 0}, f);
+    sweep.plain_tokens_per_s = plain.tokens_per_s;
+    sweep.plain_decode_tokens_per_s = plain.decode_tokens_per_s;
     sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
-    PrintPlainRow(batch, sweep.plain_tokens_per_s);
+    PrintPlainRow(batch, sweep.plain_tokens_per_s, sweep.plain_decode_tokens_per_s);
     const std::vector<SpeculationParams> points =
         f.eagle3.empty()
             ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)

@@ -54,6 +54,7 @@ struct SpecBenchFlags {
   int max_model_len = 2048;
   double gpu_memory_utilization = 0.9;
   int max_num_seqs = 0;                          // 0: the engine's default
+  int max_num_batched_tokens = 0;                // 0: the engine's default (a step's token cap)
   double speculator_gpu_memory_utilization = 0;  // 0: the verifier's
   double replay_alpha = -1;                      // < 0: no replay
   double replay_hit = 0.9;
@@ -63,6 +64,9 @@ struct SpecBenchFlags {
   // never sees the target's hidden states of those positions, so it drafts with less context
   // than a request with a new prompt has (engine/speculation/eagle3.h).
   bool prefix_caching = true;
+  // --decode-phase: each row also reports its tokens per second while every request decodes
+  // (with --no-prefix-caching, long prompts' prefill is then measured but left out of that rate).
+  bool decode_phase = false;
 
   int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
   // The most drafts one round may accept: the largest K or tree depth.
@@ -155,8 +159,12 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
            f->speculator_gpu_memory_utilization > 0 && f->speculator_gpu_memory_utilization <= 1;
     } else if (a == "--no-prefix-caching") {
       f->prefix_caching = false;
+    } else if (a == "--decode-phase") {
+      f->decode_phase = true;
     } else if (a == "--max-num-seqs") {
       ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
+    } else if (a == "--max-num-batched-tokens") {
+      ok = absl::SimpleAtoi(value(), &f->max_num_batched_tokens) && f->max_num_batched_tokens > 0;
     } else if (a == "--max-model-len") {
       ok = absl::SimpleAtoi(value(), &f->max_model_len) && f->max_model_len > 0;
     } else if (a == "--replay-alpha") {

@@ -24,6 +24,8 @@ namespace specd {
 
 struct Run {
   double tokens_per_s = 0;
+  // Tokens per second while every request decodes (Acceptance::TakeDecodeRate); < 0: not measured.
+  double decode_tokens_per_s = -1;
   double tokens_per_round = 0;  // 0 without speculation
   std::string acceptance;
   double hit_rate = -1;      // SSD: drafts served from the speculation cache; < 0 otherwise
@@ -120,11 +122,26 @@ inline void PrintHeader() {
               "tok/round", "acceptance by position");
 }
 
-inline void PrintPlainRow(int batch, double tokens_per_s) {
-  std::printf("%-6d %-16s %12.1f %9s %10s  %s\n", batch, "none", tokens_per_s, "1.00x", "-", "-");
+// " [decode phase: X tok/s, R x plain's]" where both were measured (--decode-phase), else "".
+inline std::string DecodePhase(double decode, double plain_decode) {
+  if (decode < 0) return "";
+  char buf[96];
+  if (plain_decode > 0) {
+    std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s, %.2fx plain's]", decode,
+                  decode / plain_decode);
+  } else {
+    std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s]", decode);
+  }
+  return buf;
 }
 
-inline void PrintRow(int batch, const std::string& method, const Run& r, double plain) {
+inline void PrintPlainRow(int batch, double tokens_per_s, double decode_tokens_per_s = -1) {
+  std::printf("%-6d %-16s %12.1f %9s %10s  %s%s\n", batch, "none", tokens_per_s, "1.00x", "-", "-",
+              DecodePhase(decode_tokens_per_s, -1).c_str());
+}
+
+inline void PrintRow(int batch, const std::string& method, const Run& r, double plain,
+                     double plain_decode = -1) {
   char hits[512] = "";
   if (r.hit_rate >= 0) {
     std::snprintf(hits, sizeof(hits),
@@ -147,9 +164,10 @@ inline void PrintRow(int batch, const std::string& method, const Run& r, double 
   }
   std::printf(
       "%-6d %-16s %12.1f %8.2fx %10.2f  %s  {per step: draft %.2f ms, verify %.2f ms, rest %.2f "
-      "ms}%s%s\n",
+      "ms}%s%s%s\n",
       batch, method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
-      r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, r.step_rest_ms, hits, equal);
+      r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, r.step_rest_ms, hits, equal,
+      DecodePhase(r.decode_tokens_per_s, plain_decode).c_str());
   if (!r.ssd_timeline.empty()) std::printf("%-6s %s\n", "", r.ssd_timeline.c_str());
 }
 

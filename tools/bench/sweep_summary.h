@@ -33,9 +33,10 @@ struct FixedChoice {
 struct BatchSweep {
   int batch = 0;
   double plain_tokens_per_s = 0;
-  std::vector<FixedChoice> fixed;  // every fixed choice measured, plain decoding included
-  double auto_tokens_per_s = -1;   // < 0: auto did not run
-  std::string auto_used;           // what auto ran (DescribeAutoUse)
+  double plain_decode_tokens_per_s = -1;  // --decode-phase: plain decoding's decode-phase rate
+  std::vector<FixedChoice> fixed;         // every fixed choice measured, plain decoding included
+  double auto_tokens_per_s = -1;          // < 0: auto did not run
+  std::string auto_used;                  // what auto ran (DescribeAutoUse)
 
   const FixedChoice* Best() const {
     const FixedChoice* best = nullptr;

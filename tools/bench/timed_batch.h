@@ -54,9 +54,43 @@ inline TimedBatch RunTimedBatch(Engine& engine, const std::vector<GenerateReques
   return b;
 }
 
-// Per-position acceptance over the rounds the engine reports.
+// Per-position acceptance over the rounds the engine reports, and the decode phase of a run:
+// the window from the last request's first token to the first request's end, when every request
+// of the batch is decoding (a long prompt's prefill, which speculation does not change, is left
+// out of it).
 class Acceptance : public EngineObserver {
  public:
+  void OnInterTokenLatency(double) override {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu_);
+    token_times_.push_back(now);
+  }
+  void OnRequestFinished(const FinishedRequestMetrics& m) override {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu_);
+    if (m.ttft_seconds < 0) return;
+    const auto first = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(m.e2e_seconds - m.ttft_seconds));
+    if (finished_ == 0 || first > last_first_) last_first_ = first;
+    if (finished_ == 0 || now < first_end_) first_end_ = now;
+    ++finished_;
+  }
+  // Tokens per second over the decode phase of the requests finished since the last call (every
+  // request's tokens after the last first token, until the first request ended); < 0 when that
+  // window holds no token.
+  double TakeDecodeRate() {
+    std::lock_guard lock(mu_);
+    double rate = -1;
+    if (finished_ > 0 && first_end_ > last_first_) {
+      int64_t n = 0;
+      for (const auto& t : token_times_) n += t > last_first_ && t <= first_end_;
+      const double s = std::chrono::duration<double>(first_end_ - last_first_).count();
+      if (n > 0) rate = static_cast<double>(n) / s;
+    }
+    token_times_.clear();
+    finished_ = 0;
+    return rate;
+  }
   void OnSpeculation(const SpeculationStepMetrics& m) override {
     std::lock_guard lock(mu_);
     if (m.ssd != nullptr) ssd_ = *m.ssd;
@@ -134,6 +168,11 @@ class Acceptance : public EngineObserver {
   std::map<std::string, int64_t> policy_rows_;  // request-steps by method (OnPolicy)
   int64_t policy_steps_ = 0, policy_searches_ = 0;
   double policy_seconds_ = 0;  // the engine's time choosing strategies (host)
+  // The decode phase (TakeDecodeRate): each token's time after its request's first, the latest
+  // first token and the earliest end of the requests finished.
+  std::vector<std::chrono::steady_clock::time_point> token_times_;
+  std::chrono::steady_clock::time_point last_first_, first_end_;
+  int64_t finished_ = 0;
 };
 
 }  // namespace specd
