@@ -9,6 +9,9 @@
 //   - seeded: a sampled request gives the same output alone and in a batch with others.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 #include <string>
@@ -203,6 +206,48 @@ TEST_F(SpecOptionsTest, SeededSampledOutputIsTheSameAloneAndInABatch) {
           std::string(SpeculationMethodName(spec.method)) + ", request " + std::to_string(i));
     }
   }
+}
+
+// A draft model whose context is below the server's max_model_len (the codepair draft with
+// max_position_embeddings cut to 192, served beside the target at 1024): the server starts, each
+// sequence drafts until it holds 192 tokens and decodes on without draft-model drafts after that,
+// the output is plain decoding's, and the usage says where the drafts stopped.
+TEST(DraftContextTest, ASequencePastTheDraftsContextDecodesOnWithoutItsDrafts) {
+  namespace fs = std::filesystem;
+  constexpr int32_t kContext = 192;
+  const fs::path dir = fs::path(::testing::TempDir()) / "specd_short_draft";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const fs::directory_entry& e : fs::directory_iterator(kDraft)) {
+    if (e.path().filename() != "config.json") {
+      fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
+    }
+  }
+  std::ifstream in(fs::path(kDraft) / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["max_position_embeddings"] = kContext;
+  std::ofstream(dir / "config.json") << config.dump();
+
+  auto engine = MakeEngine(kTarget, R"({"model": ")" + dir.string() + R"(", "method": "none"})");
+  ASSERT_NE(engine, nullptr);
+  const auto all = LoadPrompts(*engine->tokenizer());
+  std::vector<int32_t> prompt;
+  for (const auto& p : all) {
+    if (p.size() < 150) prompt = p;  // drafts for at least 42 tokens, then stops
+  }
+  ASSERT_FALSE(prompt.empty());
+  constexpr int32_t kTokens = 96;
+  auto plain = engine->Generate(Greedy(prompt, kTokens, kPlain));
+  auto spec = engine->Generate(Greedy(prompt, kTokens, kDraftK4));
+  ASSERT_TRUE(plain.ok() && spec.ok()) << plain.status() << spec.status();
+  EXPECT_EQ(spec->ids(), plain->ids());
+  EXPECT_EQ(spec->usage.draft_context_stop, kContext);
+  EXPECT_EQ(plain->usage.draft_context_stop, 0);
+  EXPECT_GT(spec->usage.num_drafts, 0);
+  // Drafts only while the sequence fit the draft's context: at most 4 a round, each round at
+  // least one token, from the prompt's end to the context.
+  EXPECT_LE(spec->usage.num_draft_tokens, 4 * (kContext - static_cast<int64_t>(prompt.size()) + 1));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -58,6 +58,10 @@ struct RequestUsage {
   int64_t num_cache_miss_drafts = 0;
   double ssd_wait_seconds = 0;
   bool ssd = false;  // the request's speculation resolved to method ssd
+  // The draft model's context (tokens) when the request grew past it: from there it decoded
+  // without draft-model drafts (a draft whose max_position_embeddings is below max_model_len);
+  // 0 when it never reached it.
+  int32_t draft_context_stop = 0;
   // The same three counts per method that drafted (`auto` may use several), in the order
   // draft_model, ngram, ssd, vegas, streaming, eagle3; methods without rounds are left out.
   struct MethodUsage {

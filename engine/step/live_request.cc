@@ -122,6 +122,7 @@ RequestUsage LiveRequest::Usage() const {
   u.num_cache_hit_accepted_tokens = num_cache_hit_accepted_tokens;
   u.num_cache_miss_drafts = num_cache_miss_drafts;
   u.ssd_wait_seconds = ssd_wait_seconds;
+  u.draft_context_stop = draft_context_stop;
   u.ssd = spec.method == SpeculationMethod::kSsd;
   for (const RequestUsage::MethodUsage& m : by_method) {
     if (m.num_drafts > 0) u.by_method.push_back(m);

@@ -52,6 +52,7 @@ struct LiveRequest {
   int64_t num_cache_hit_accepted_tokens = 0;
   int64_t num_cache_miss_drafts = 0;  // SSD: rounds drafted by a fallback
   double ssd_wait_seconds = 0;        // SSD: its rounds' waits for the speculator's reply
+  int32_t draft_context_stop = 0;     // the draft model's context, once the request passed it
   // This step's speculation (Prepare): `spec`, or for auto `spec` with the policy's method and
   // K (method kNone: plain). What Speculate, BuildBatch and Apply read.
   ResolvedSpeculation step;

@@ -8,6 +8,7 @@
 #include "engine/base/field_status.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/model/model_config.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/speculation/draft_replay.h"
 #include "engine/speculation/eagle3.h"
@@ -25,6 +26,7 @@ absl::StatusOr<std::unique_ptr<SpeculatorSet>> SpeculatorSet::Create(
   const SpeculativeConfig& spec = options.speculative;
   set->trees_ok_ = target->SupportsTokenTrees();
   set->lossy_ssv_ok_ = target->SupportsLossySsv();
+  set->draft_context_ = options.max_model_len;  // a draft model's may be shorter
   set->ngram_ = std::make_unique<NgramSpeculator>(spec.prompt_lookup_min, spec.prompt_lookup_max);
   // Self-speculation needs the runner's attention options (ChunkAttention: the CPU Model, or the
   // CUDA runner's Vegas kernels) on one rank, on a dense target (an NSA model's attention is
@@ -86,7 +88,19 @@ absl::Status SpeculatorSet::CreateDraftModel(const SpeculatorSetOptions& options
   draft.model_dir = spec.draft_model;
   draft.kv_cache_bytes = spec.draft_kv_cache_bytes;
   if (!spec.speculator_device.empty()) draft.device = spec.speculator_device;
-  draft.max_model_len = options.max_model_len;  // the draft runs the same positions as the target
+  // The draft runs the target's positions up to its own context: a draft trained on shorter
+  // sequences than the server serves drafts for each sequence until it reaches that context.
+  SPECD_ASSIGN_OR_RETURN(const ModelConfig draft_config, LoadModelConfig(spec.draft_model));
+  draft_context_ = options.max_model_len;
+  if (draft_config.max_position_embeddings < options.max_model_len) {
+    draft_context_ = draft_config.max_position_embeddings;
+    SPECD_LOG_WARN(
+        "engine: draft model {}: its context ({} tokens, max_position_embeddings) is below "
+        "max_model_len {}: a sequence longer than that decodes on without draft-model drafts "
+        "(usage.speculation.draft_context_stop says where)",
+        spec.draft_model, draft_context_, options.max_model_len);
+  }
+  draft.max_model_len = draft_context_;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(draft);
   if (!runner.ok()) {
     return absl::Status(runner.status().code(),

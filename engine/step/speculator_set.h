@@ -70,6 +70,10 @@ class SpeculatorSet {
   // The target verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree request
   // drafts a chain of its tree's depth.
   bool trees_ok() const { return trees_ok_; }
+  // The most tokens a sequence may hold for the draft model to draft for it: its context, the
+  // smaller of max_model_len and its max_position_embeddings (a sequence past it decodes on
+  // without draft-model drafts, as vLLM does); max_model_len without a draft model.
+  int32_t draft_context() const { return draft_context_; }
 
   // A request's speculation resolved against the server's config and what it loaded (Admit).
   absl::StatusOr<ResolvedSpeculation> Resolve(const SpeculationParams& request,
@@ -95,6 +99,7 @@ class SpeculatorSet {
   // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
   std::unique_ptr<Eagle3Speculator> eagle3_;
   bool trees_ok_ = false;
+  int32_t draft_context_ = 0;
   bool lossy_ssv_ok_ = false;  // the target takes lossy SSV strategies (ModelRunner)
 };
 

@@ -335,6 +335,16 @@ void StepPipeline::Speculate(const StepPlan& plan) {
       const int32_t useful = p.max_tokens - r.seq.num_generated() - 1;
       int32_t k_max = std::min({r.step.num_speculative_tokens, chunk.num_lookahead_tokens,
                                 options_.max_model_len - num_tokens});
+      if (method == DraftMethod::kDraftModel) {
+        // The draft's inputs sit at positions up to num_tokens + k - 2, inside its context; a
+        // sequence past it decodes on without its drafts (and the usage says where).
+        const int32_t context = speculators_->draft_context();
+        k_max = std::min(k_max, context - num_tokens + 1);
+        if (k_max <= 0 && r.draft_context_stop == 0) {
+          r.draft_context_stop = context;
+          speculator->Release(r.id);  // its draft KV is of no further use
+        }
+      }
       // A tree: up to k_max nodes in the lookahead slots, paths no longer than useful. A runner
       // without trees verifies a chain of the tree's depth instead.
       const TreeShape& tree = r.step.tree;

@@ -257,6 +257,7 @@ void AppendOutput(const RequestOutput& output, const Tokenizer* tokenizer, bool 
   stats->set_num_cache_hit_accepted_tokens(output.usage.num_cache_hit_accepted_tokens);
   stats->set_num_cache_miss_drafts(output.usage.num_cache_miss_drafts);
   stats->set_ssd_wait_seconds(output.usage.ssd_wait_seconds);
+  stats->set_draft_context_stop(output.usage.draft_context_stop);
   for (const RequestUsage::MethodUsage& m : output.usage.by_method) {
     v1::MethodSpeculationStats* s = stats->add_by_method();
     s->set_method(m.method);

@@ -211,6 +211,7 @@ Usage GenerationCall::TotalUsage() const {
     u.num_cache_hit_accepted_tokens += c.usage.num_cache_hit_accepted_tokens;
     u.num_cache_miss_drafts += c.usage.num_cache_miss_drafts;
     u.ssd_wait_seconds += c.usage.ssd_wait_seconds;
+    u.draft_context_stop = std::max(u.draft_context_stop, c.usage.draft_context_stop);
     u.AddByMethod(c.usage.by_method);
   }
   return u;

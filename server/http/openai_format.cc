@@ -151,6 +151,7 @@ Json UsageJson(const Usage& u) {
       }
       j["speculation"]["by_method"] = std::move(by_method);
     }
+    if (u.draft_context_stop > 0) j["speculation"]["draft_context_stop"] = u.draft_context_stop;
     if (u.report_ssd) {
       j["speculation"]["ssd"] = {
           {"cache_hit_drafts", u.num_cache_hit_drafts},

@@ -55,6 +55,9 @@ struct Usage {
   int64_t num_cache_hit_accepted_tokens = 0;
   int64_t num_cache_miss_drafts = 0;
   double ssd_wait_seconds = 0;
+  // The draft model's context where a choice grew past it (usage.speculation.draft_context_stop
+  // when > 0: that choice decoded on without draft-model drafts).
+  int32_t draft_context_stop = 0;
   // Per method that drafted (usage.speculation.by_method), summed over choices.
   std::vector<RequestUsage::MethodUsage> by_method = {};
   // Adds one choice's per-method counts to by_method.

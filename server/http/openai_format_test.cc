@@ -125,6 +125,11 @@ TEST(OpenAiFormatTest, UsageCarriesSpeculationOnlyWhenReported) {
       Json({{"draft_model",
              {{"num_drafts", 4}, {"num_draft_tokens", 16}, {"num_accepted_tokens", 6}}},
             {"ngram", {{"num_drafts", 2}, {"num_draft_tokens", 6}, {"num_accepted_tokens", 0}}}}));
+  EXPECT_FALSE(body["usage"]["speculation"].contains("draft_context_stop"));
+  // A choice grew past the draft model's context: where its drafts stopped.
+  usage.draft_context_stop = 8192;
+  body = Json::parse(UsageEvent(Meta(Endpoint::kChat), usage).substr(6));
+  EXPECT_EQ(body["usage"]["speculation"]["draft_context_stop"], 8192);
 }
 
 TEST(OpenAiFormatTest, ErrorEventHasErrorObject) {
