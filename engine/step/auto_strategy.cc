@@ -206,6 +206,11 @@ int32_t AutoStrategy::DraftRoom(const LiveRequest& r, const ScheduledChunk& chun
 
 void AutoStrategy::Apply(LiveRequest& r, int32_t row, DraftMethod method, int32_t k,
                          bool reserve_longest) {
+  // A sequence past the draft model's context gets no draft-model drafts (StepPipeline):
+  // plain decoding, not a round without drafts.
+  if (method == DraftMethod::kDraftModel && r.seq.num_tokens() > speculators_->draft_context()) {
+    method = DraftMethod::kNone;
+  }
   row_method_[row] = static_cast<int32_t>(method);
   r.step.method = k > 0 ? StepMethod(method) : DraftMethod::kNone;
   r.step.num_speculative_tokens = r.step.method == DraftMethod::kNone ? 0 : k;
