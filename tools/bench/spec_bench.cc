@@ -108,11 +108,16 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     acc.TakePolicyRows();
     acc.TakePolicyCost();
     const SsdStats before = acc.ssd();
-    acc.TakeDecodeRate();
+    acc.TakeDecodePhase();
     const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
     Run run;
     run.tokens_per_s = batch_run.tokens_per_s();
-    if (f.decode_phase) run.decode_tokens_per_s = acc.TakeDecodeRate();
+    if (f.decode_phase) {
+      const Acceptance::DecodePhase phase = acc.TakeDecodePhase();
+      run.decode_tokens_per_s = phase.tokens_per_s;
+      run.decode_draft_ms = phase.draft_ms;
+      run.decode_verify_ms = phase.verify_ms;
+    }
     if (!g_recorded.empty() && f.temperature == 0) {
       run.equal = 0;
       run.requests = batch;

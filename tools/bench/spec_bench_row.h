@@ -24,8 +24,9 @@ namespace specd {
 
 struct Run {
   double tokens_per_s = 0;
-  // Tokens per second while every request decodes (Acceptance::TakeDecodeRate); < 0: not measured.
-  double decode_tokens_per_s = -1;
+  // Tokens per second while every request decodes (Acceptance::TakeDecodePhase); < 0: not
+  // measured. And the speculative steps' drafting and verification in that window (ms).
+  double decode_tokens_per_s = -1, decode_draft_ms = 0, decode_verify_ms = 0;
   double tokens_per_round = 0;  // 0 without speculation
   std::string acceptance;
   double hit_rate = -1;      // SSD: drafts served from the speculation cache; < 0 otherwise
@@ -122,16 +123,21 @@ inline void PrintHeader() {
               "tok/round", "acceptance by position");
 }
 
-// " [decode phase: X tok/s, R x plain's]" where both were measured (--decode-phase), else "".
-inline std::string DecodePhase(double decode, double plain_decode) {
+// " [decode phase: X tok/s, R x plain's; per step: draft D ms, verify V ms]" where measured
+// (--decode-phase), else "".
+inline std::string DecodePhase(double decode, double plain_decode, double draft_ms = 0,
+                               double verify_ms = 0) {
   if (decode < 0) return "";
-  char buf[96];
+  char buf[160];
+  int n = std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s", decode);
   if (plain_decode > 0) {
-    std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s, %.2fx plain's]", decode,
-                  decode / plain_decode);
-  } else {
-    std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s]", decode);
+    n += std::snprintf(buf + n, sizeof(buf) - n, ", %.2fx plain's", decode / plain_decode);
   }
+  if (verify_ms > 0) {
+    n += std::snprintf(buf + n, sizeof(buf) - n, "; per step: draft %.2f ms, verify %.2f ms",
+                       draft_ms, verify_ms);
+  }
+  std::snprintf(buf + n, sizeof(buf) - n, "]");
   return buf;
 }
 
@@ -167,7 +173,8 @@ inline void PrintRow(int batch, const std::string& method, const Run& r, double 
       "ms}%s%s%s\n",
       batch, method.c_str(), r.tokens_per_s, r.tokens_per_s / plain, r.tokens_per_round,
       r.acceptance.c_str(), r.step_draft_ms, r.step_verify_ms, r.step_rest_ms, hits, equal,
-      DecodePhase(r.decode_tokens_per_s, plain_decode).c_str());
+      DecodePhase(r.decode_tokens_per_s, plain_decode, r.decode_draft_ms, r.decode_verify_ms)
+          .c_str());
   if (!r.ssd_timeline.empty()) std::printf("%-6s %s\n", "", r.ssd_timeline.c_str());
 }
 

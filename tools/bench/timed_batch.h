@@ -75,24 +75,39 @@ class Acceptance : public EngineObserver {
     if (finished_ == 0 || now < first_end_) first_end_ = now;
     ++finished_;
   }
-  // Tokens per second over the decode phase of the requests finished since the last call (every
-  // request's tokens after the last first token, until the first request ended); < 0 when that
-  // window holds no token.
-  double TakeDecodeRate() {
+  // The decode phase of the requests finished since the last call (every request's tokens after
+  // the last first token, until the first request ended): tokens per second (< 0 when that
+  // window holds no token), and the mean milliseconds a speculative step in it spent drafting
+  // and verifying (0 without such steps).
+  struct DecodePhase {
+    double tokens_per_s = -1, draft_ms = 0, verify_ms = 0;
+  };
+  DecodePhase TakeDecodePhase() {
     std::lock_guard lock(mu_);
-    double rate = -1;
+    DecodePhase out;
     if (finished_ > 0 && first_end_ > last_first_) {
       int64_t n = 0;
       for (const auto& t : token_times_) n += t > last_first_ && t <= first_end_;
       const double s = std::chrono::duration<double>(first_end_ - last_first_).count();
-      if (n > 0) rate = static_cast<double>(n) / s;
+      if (n > 0) out.tokens_per_s = static_cast<double>(n) / s;
+      int64_t steps = 0;
+      for (const StepTime& t : step_times_) {
+        if (t.end <= last_first_ || t.end > first_end_) continue;
+        ++steps;
+        out.draft_ms += 1e3 * t.draft_s;
+        out.verify_ms += 1e3 * t.verify_s;
+      }
+      if (steps > 0) out.draft_ms /= steps, out.verify_ms /= steps;
     }
     token_times_.clear();
+    step_times_.clear();
     finished_ = 0;
-    return rate;
+    return out;
   }
   void OnSpeculation(const SpeculationStepMetrics& m) override {
+    const auto now = std::chrono::steady_clock::now();
     std::lock_guard lock(mu_);
+    step_times_.push_back({now, m.draft_seconds, m.verify_seconds});
     if (m.ssd != nullptr) ssd_ = *m.ssd;
     ++steps_;
     draft_s_ += m.draft_seconds;
@@ -168,9 +183,14 @@ class Acceptance : public EngineObserver {
   std::map<std::string, int64_t> policy_rows_;  // request-steps by method (OnPolicy)
   int64_t policy_steps_ = 0, policy_searches_ = 0;
   double policy_seconds_ = 0;  // the engine's time choosing strategies (host)
-  // The decode phase (TakeDecodeRate): each token's time after its request's first, the latest
+  // The decode phase (TakeDecodePhase): each token's time after its request's first, the latest
   // first token and the earliest end of the requests finished.
   std::vector<std::chrono::steady_clock::time_point> token_times_;
+  struct StepTime {
+    std::chrono::steady_clock::time_point end;
+    double draft_s, verify_s;
+  };
+  std::vector<StepTime> step_times_;  // each speculative step's end and its two stages
   std::chrono::steady_clock::time_point last_first_, first_end_;
   int64_t finished_ = 0;
 };
