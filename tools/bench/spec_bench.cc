@@ -36,7 +36,8 @@
 // request's first token to the first request's end): with long prompts and --no-prefix-caching
 // (so an EAGLE-3 head builds its own KV over each prompt, as for a new request) the prefill,
 // which speculation does not change, would otherwise dominate the run; --max-num-batched-tokens
-// at the prompt length keeps a batch's prefills to one step each, so that window exists.
+// at the prompt length keeps a batch's prefills few, and --max-tokens must be long enough that
+// no request finishes while another still prefills (a shorter window prints "too short").
 //
 //   spec_bench [--model DIR] [--draft DIR [--parallel]] [--eagle3 HEAD_DIR] [--device cpu|cuda]
 //              [--batches 1,16]
@@ -114,7 +115,7 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     run.tokens_per_s = batch_run.tokens_per_s();
     if (f.decode_phase) {
       const Acceptance::DecodePhase phase = acc.TakeDecodePhase();
-      run.decode_tokens_per_s = phase.tokens_per_s;
+      run.decode_tokens_per_s = phase.tokens_per_s >= 0 ? phase.tokens_per_s : kDecodeNotTimed;
       run.decode_draft_ms = phase.draft_ms;
       run.decode_verify_ms = phase.verify_ms;
     }

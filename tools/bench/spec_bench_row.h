@@ -22,6 +22,10 @@
 
 namespace specd {
 
+// Run::decode_tokens_per_s when --decode-phase found no window to time (a request finished
+// while another still prefilled).
+inline constexpr double kDecodeNotTimed = -2;
+
 struct Run {
   double tokens_per_s = 0;
   // Tokens per second while every request decodes (Acceptance::TakeDecodePhase); < 0: not
@@ -127,6 +131,7 @@ inline void PrintHeader() {
 // (--decode-phase), else "".
 inline std::string DecodePhase(double decode, double plain_decode, double draft_ms = 0,
                                double verify_ms = 0) {
+  if (decode == kDecodeNotTimed) return "  [decode phase: too short to time; raise --max-tokens]";
   if (decode < 0) return "";
   char buf[160];
   int n = std::snprintf(buf, sizeof(buf), "  [decode phase: %.1f tok/s", decode);

@@ -76,12 +76,15 @@ class Acceptance : public EngineObserver {
     ++finished_;
   }
   // The decode phase of the requests finished since the last call (every request's tokens after
-  // the last first token, until the first request ended): tokens per second (< 0 when that
-  // window holds no token), and the mean milliseconds a speculative step in it spent drafting
-  // and verifying (0 without such steps).
+  // the last first token, until the first request ended): tokens per second, and the mean
+  // milliseconds a speculative step in it spent drafting and verifying (0 without such steps).
+  // Not measured (rate < 0) when the window holds fewer than kMinDecodeTokens tokens per request:
+  // a request that finished while others still prefilled leaves too short a window to time (a
+  // longer --max-tokens opens it).
   struct DecodePhase {
     double tokens_per_s = -1, draft_ms = 0, verify_ms = 0;
   };
+  static constexpr int64_t kMinDecodeTokens = 32;
   DecodePhase TakeDecodePhase() {
     std::lock_guard lock(mu_);
     DecodePhase out;
@@ -89,7 +92,7 @@ class Acceptance : public EngineObserver {
       int64_t n = 0;
       for (const auto& t : token_times_) n += t > last_first_ && t <= first_end_;
       const double s = std::chrono::duration<double>(first_end_ - last_first_).count();
-      if (n > 0) out.tokens_per_s = static_cast<double>(n) / s;
+      if (n >= kMinDecodeTokens * finished_) out.tokens_per_s = static_cast<double>(n) / s;
       int64_t steps = 0;
       for (const StepTime& t : step_times_) {
         if (t.end <= last_first_ || t.end > first_end_) continue;
@@ -97,7 +100,11 @@ class Acceptance : public EngineObserver {
         out.draft_ms += 1e3 * t.draft_s;
         out.verify_ms += 1e3 * t.verify_s;
       }
-      if (steps > 0) out.draft_ms /= steps, out.verify_ms /= steps;
+      if (steps > 0 && out.tokens_per_s >= 0) {
+        out.draft_ms /= steps, out.verify_ms /= steps;
+      } else {
+        out.draft_ms = out.verify_ms = 0;
+      }
     }
     token_times_.clear();
     step_times_.clear();
