@@ -24,6 +24,7 @@
 #include "engine/sample/sampler.h"
 #include "engine/speculation/draft_model.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "engine/testing/test_flags.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "kernels/ref/sampling.h"
@@ -54,14 +55,8 @@ std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
-GenerateRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.min_tokens = max_tokens;  // as the goldens: EOS masked
-  return r;
-}
+// Greedy with EOS masked (the goldens' min_new_tokens).
+constexpr auto* Greedy = &serving_test::GreedyEosMasked;
 
 std::vector<GenerateRequest> GoldenRequests() {
   const nlohmann::json golden = ReadJson(ModelDir("codepair/golden.json"))["target"];

@@ -35,6 +35,7 @@
 #include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
 #include "engine/runner/model_runner.h"
+#include "engine/testing/engine_test_util.h"
 #include "tests/cuda_test_util.h"
 
 namespace specd {
@@ -248,14 +249,8 @@ void ExpectSameIdsUpToNearTies(const std::string& what, const std::vector<int32_
   EXPECT_TRUE(tie || margin < kNearTie) << what << " at generated position " << k;
 }
 
-GenerateRequest GreedyRequest(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.min_tokens = max_tokens;  // as the goldens: EOS masked
-  return r;
-}
+// Greedy with EOS masked (the goldens' min_new_tokens).
+constexpr auto* GreedyRequest = &serving_test::GreedyEosMasked;
 
 // Greedy speculation with the draft model, verified by SSV exact with groups of 4 (and 1), gives
 // plain decoding's ids on every golden prompt and on a 2,048-id prompt (the goldens' prompts one

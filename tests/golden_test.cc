@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/testing/engine_test_util.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -28,14 +29,8 @@ std::unique_ptr<Engine> MakeEngine(const std::string& dir, EngineOptions options
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
-GenerateRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.min_tokens = max_tokens;  // as the golden's min_new_tokens: EOS masked
-  return r;
-}
+// Greedy with EOS masked (the goldens' min_new_tokens).
+constexpr auto* Greedy = &serving_test::GreedyEosMasked;
 
 TEST(GoldenTest, Stories260KGreedyFromBosReproducesKarpathysText) {
   auto engine = MakeEngine(kModels + "/stories260K/hf");

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/testing/engine_spec_test_util.h"
+#include "engine/testing/engine_test_util.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -49,14 +50,8 @@ std::unique_ptr<Engine> MakeEngine(const EngineOptions& options) {
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
-GenerateRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.params.temperature = 0;
-  r.params.max_tokens = max_tokens;
-  r.params.min_tokens = max_tokens;  // as the goldens' min_new_tokens: EOS masked
-  return r;
-}
+// Greedy with EOS masked (the goldens' min_new_tokens).
+constexpr auto* Greedy = &serving_test::GreedyEosMasked;
 
 // The pids of this process's children whose command line is `... worker ...`.
 std::vector<pid_t> WorkerPids() {

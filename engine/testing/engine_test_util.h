@@ -95,6 +95,14 @@ inline GenerateRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
   return r;
 }
 
+// Greedy with EOS masked until max_tokens (min_tokens = max_tokens), as HF goldens generated
+// with min_new_tokens: exactly max_tokens ids.
+inline GenerateRequest GreedyEosMasked(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerateRequest r = Greedy(std::move(prompt), max_tokens);
+  r.params.min_tokens = max_tokens;
+  return r;
+}
+
 inline std::vector<int32_t> Encode(const Engine& engine, const std::string& text) {
   auto ids = engine.tokenizer()->Encode(text, /*add_special=*/true);
   EXPECT_TRUE(ids.ok());
