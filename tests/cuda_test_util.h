@@ -92,6 +92,7 @@ class Harness {
     int seq;
     std::vector<int32_t> tokens;
     bool all_logits;
+    const SsvStrategy* ssv = nullptr;  // an NSA model's verification strategy for the chunk
   };
   std::vector<float> Run(const std::vector<Chunk>& chunks) {
     std::vector<SequenceInput> batch;
@@ -99,6 +100,7 @@ class Harness {
       const int32_t end = lengths_[c.seq] + static_cast<int32_t>(c.tokens.size());
       EXPECT_TRUE(tables_[c.seq].EnsureCapacity(end, *allocator_).ok());
       batch.push_back({c.tokens, lengths_[c.seq], tables_[c.seq].ids(), c.all_logits});
+      batch.back().ssv = c.ssv;
     }
     std::vector<float> logits;
     const absl::Status s = runner_->Forward(batch, &logits);

@@ -110,11 +110,11 @@ bool ValidRun(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& cache,
          cache.block_tables != nullptr && cache.max_blocks_per_seq >= 1 &&
          cache.max_blocks_per_seq <= (INT_MAX >> 7) && tokens.positions != nullptr &&
          tokens.token_seqs != nullptr && tokens.num_tokens >= 0 && tokens.num_tokens <= INT_MAX &&
-         tokens.num_tokens * shape.num_q_heads * 2 <= INT_MAX && groups.num_groups >= 0 &&
-         (groups.num_groups == 0 || groups.groups != nullptr) && groups.max_group_size >= 1 &&
-         groups.max_group_size <= kNsaMaxGroupSize && max_context >= 1 &&
-         ContextBlocks(max_context, shape) <= kMaxContextBlocks && num_splits >= 1 &&
-         num_splits <= kMaxSplits;
+         tokens.layer >= 0 && tokens.num_tokens * shape.num_q_heads * 2 <= INT_MAX &&
+         groups.num_groups >= 0 && (groups.num_groups == 0 || groups.groups != nullptr) &&
+         groups.max_group_size >= 1 && groups.max_group_size <= kNsaMaxGroupSize &&
+         max_context >= 1 && ContextBlocks(max_context, shape) <= kMaxContextBlocks &&
+         num_splits >= 1 && num_splits <= kMaxSplits;
 }
 
 // The mainloop's parameters shared by both variants; `branches` rows per (query, q head).
@@ -320,7 +320,8 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
   if (select_ctas > INT_MAX) return cudaErrorInvalidValue;
   return LaunchDependent(nsa::NsaSelectKernel, static_cast<unsigned>(select_ctas),
                          nsa::kSelectThreads, 0, stream, params.logits, params.logit_stride,
-                         tokens.positions, tokens.token_seqs, shape.num_q_heads, shape.num_kv_heads,
+                         tokens.positions, tokens.token_seqs, tokens.refresh_every,
+                         static_cast<int>(tokens.layer), shape.num_q_heads, shape.num_kv_heads,
                          params.log2_nsa_block, shape.block_counts, selections);
 }
 
@@ -390,14 +391,14 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
   if (num_ctas > INT_MAX) return cudaErrorInvalidValue;
   if (lists > 0) {
     const int64_t max_blocks = ContextBlocks(max_context, shape);
-    const cudaError_t err =
-        LaunchDependent(nsa::NsaUnionKernel, static_cast<unsigned>(lists), nsa::kUnionThreads,
-                        max_blocks * sizeof(uint32_t), stream, groups.groups, groups.max_group_size,
-                        tokens.positions, tokens.token_seqs, selections, shared_selection,
-                        cache.block_tables, cache.max_blocks_per_seq, params.pre.log2_block_size,
-                        params.log2_pages_per_block, shape.num_kv_heads, params.log2_nsa_block,
-                        shape.block_counts, shape.window_size, static_cast<int>(max_blocks),
-                        max_union, union_blocks, union_masks, union_pages, union_counts);
+    const cudaError_t err = LaunchDependent(
+        nsa::NsaUnionKernel, static_cast<unsigned>(lists), nsa::kUnionThreads,
+        max_blocks * sizeof(uint32_t), stream, groups.groups, groups.max_group_size,
+        tokens.positions, tokens.token_seqs, selections, shared_selection, groups.shared,
+        cache.block_tables, cache.max_blocks_per_seq, params.pre.log2_block_size,
+        params.log2_pages_per_block, shape.num_kv_heads, params.log2_nsa_block, shape.block_counts,
+        shape.window_size, static_cast<int>(max_blocks), max_union, union_blocks, union_masks,
+        union_pages, union_counts);
     if (err != cudaSuccess) return err;
   }
   const int warps = Warps(groups.max_group_size, 2, shape);

@@ -61,6 +61,12 @@ struct NsaTokens {
   const int32_t* positions = nullptr;   // [num_tokens] int32, device
   const int32_t* token_seqs = nullptr;  // [num_tokens] int32, device: sequence (table row); < 0 pad
   int64_t num_tokens = 0;
+  // SSV reuse schedules (lossy): token t takes a new selection only at layers where
+  // layer % refresh_every[t] == 0 (NsaSelect writes its rows there); at the others its rows keep
+  // the selection of its last refresh layer, so the caller keeps the selections buffer across a
+  // pass's layers. Null: every layer selects. Values < 1 count as 1.
+  const int32_t* refresh_every = nullptr;  // [num_tokens] int32, device
+  int32_t layer = 0;                       // host: the layer this call runs
 };
 
 // Runs of consecutive tokens of one sequence: group g is tokens groups[2 g] ..
@@ -69,6 +75,9 @@ struct NsaGroups {
   const int32_t* groups = nullptr;  // [num_groups, 2] int32, device: first token, count
   int32_t num_groups = 0;
   int32_t max_group_size = 0;  // host: >= every count (counts past it are cut), 1 .. 16
+  // SSV shared mode per group (lossy): 1 where the group's tokens attend its first token's
+  // selection in NsaAttend (as shared_selection does for every group). Null: none.
+  const uint8_t* shared = nullptr;  // [num_groups] uint8, device
 };
 
 // Paged storage of one layer (the layout above) and the block tables.
@@ -108,7 +117,8 @@ cudaError_t NsaCompress(const NsaCache& cache, const NsaTokens& tokens, const Ns
 // queries); a prefill chunk groups of up to 16 consecutive tokens.
 //   q          [num_tokens, num_q_heads, head_dim] bf16, device, in; row stride q_stride (RoPE'd)
 //   o_cmp      [num_tokens, num_q_heads, head_dim] bf16, device, out; row stride o_cmp_stride
-//   selections [num_tokens, num_kv_heads, S] int32, device, out (padding tokens: all -1)
+//   selections [num_tokens, num_kv_heads, S] int32, device, out (padding tokens: all -1); a
+//              token that reuses at tokens.layer (tokens.refresh_every) keeps its rows
 //   max_context  host: >= every position + 1 of the call (sizes the logits workspace)
 //   workspace  >= NsaSelectWorkspaceBytes(num_tokens, num_splits, max_context, shape), 16-aligned
 // cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, num_splits
@@ -133,8 +143,9 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
 //   out = sigmoid(gate[3h + 1]) o_slc + sigmoid(gate[3h]) o_cmp + sigmoid(gate[3h + 2]) o_swa.
 // t's attended selection (per kv head) is selections[t] (mode exact, and reuse layers passing the
 // selections kept from their refresh layer) or, with shared_selection, selections[first token of
-// g] (SSV mode shared; engine/model/ssv.h forms a sequence's groups as chunks of C from its first
-// verification token, and the caller's groups must match). Entries < 0 or past i are ignored;
+// g] (SSV mode shared, for every group, or for the groups groups.shared marks; engine/model/ssv.h
+// forms a sequence's groups as chunks of C from its first verification token, and the caller's
+// groups must match). Entries < 0 or past i are ignored;
 // duplicates count once.
 // Each (group, kv head) reads the UNION of its tokens' keys once: a plan kernel (NsaUnionKernel)
 // merges the group's attended blocks and window blocks into an ascending block list with one bit

@@ -62,11 +62,13 @@ __global__ void __launch_bounds__(kCompressThreads)
 // {0, i - 1, i} set to `group`), then the top S by a 4-pass radix select over the scores' bits
 // (scores are >= 0, so their bits order them), ties to the lower index, written ascending.
 //   logits      [num_tokens, num_q_heads, logit_stride] fp32, log2 domain (NsaCompressedVariant)
-//   selections  [num_tokens, num_kv_heads, S] int32
+//   selections  [num_tokens, num_kv_heads, S] int32; untouched for a token whose refresh_every
+//               (when given) says `layer` reuses its last refresh layer's selection
 __global__ void __launch_bounds__(kSelectThreads)
     NsaSelectKernel(const float* __restrict__ logits, int64_t logit_stride,
-                    const int32_t* positions, const int32_t* token_seqs, int num_q_heads,
-                    int num_kv_heads, int log2_b, int block_counts, int32_t* selections) {
+                    const int32_t* positions, const int32_t* token_seqs,
+                    const int32_t* refresh_every, int layer, int num_q_heads, int num_kv_heads,
+                    int log2_b, int block_counts, int32_t* selections) {
   constexpr int kWarps = kSelectThreads / kWarpSize;
   __shared__ float head_lse[kMaxBlockThreads / kWarpSize * 8];  // up to 256 heads per kv head
   __shared__ uint32_t keys[kSelectThreads * kSelectMaxItems];
@@ -75,6 +77,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ uint32_t found[2];  // digit, remaining rank
   WaitForPrerequisiteGrid();     // launched as a programmatic dependent (common.cuh)
   const int token = blockIdx.x / num_kv_heads, kv_head = blockIdx.x % num_kv_heads;
+  // A reuse layer keeps the token's selection from its last refresh layer (CTA-uniform).
+  if (refresh_every != nullptr && layer % max(1, refresh_every[token]) != 0) return;
   const int group = num_q_heads / num_kv_heads;
   int32_t* out = selections + static_cast<int64_t>(blockIdx.x) * block_counts;
   const int seq = token_seqs[token], pos = positions[token];
@@ -176,7 +180,8 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 // ---------------------------------------------------------------------------------------------
 // NsaUnionKernel: one CTA per (group, kv head). The blocks any of the group's queries reads --
-// each query's attended selection (its own, or the group's first query's with `shared`; entries
+// each query's attended selection (its own, or the group's first query's with `shared` or the
+// group's flag in `shared_groups`; entries
 // < 0 or past the query's own block dropped) and every block of the window range
 // [(p_first - W + 1) / B, p_last / B] -- as an ascending list with, per block, the bit of each
 // query whose selection holds it and the physical pages of its positions (2^log2_ppb of them:
@@ -187,10 +192,11 @@ __global__ void __launch_bounds__(kSelectThreads)
 __global__ void __launch_bounds__(kUnionThreads, 1)
     NsaUnionKernel(const int32_t* groups, int max_group_size, const int32_t* positions,
                    const int32_t* token_seqs, const int32_t* selections, bool shared,
-                   const int32_t* block_tables, int max_blocks_per_seq, int log2_page, int log2_ppb,
-                   int num_kv_heads, int log2_b, int block_counts, int window, int max_blocks,
-                   int max_union, int32_t* union_blocks, uint32_t* union_masks,
-                   int32_t* union_pages, int32_t* union_counts) {
+                   const uint8_t* shared_groups, const int32_t* block_tables,
+                   int max_blocks_per_seq, int log2_page, int log2_ppb, int num_kv_heads,
+                   int log2_b, int block_counts, int window, int max_blocks, int max_union,
+                   int32_t* union_blocks, uint32_t* union_masks, int32_t* union_pages,
+                   int32_t* union_counts) {
   constexpr uint32_t kWindowFlag = 1u << 31;
   extern __shared__ uint32_t flags[];  // [max_blocks]
   __shared__ uint32_t scratch[kUnionThreads / kWarpSize + 1];
@@ -212,9 +218,10 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
   for (int b = w_lo + threadIdx.x; b < num_blocks; b += kUnionThreads) {
     atomicOr(&flags[b], kWindowFlag);
   }
+  const bool group_shared = shared || (shared_groups != nullptr && shared_groups[unit] != 0);
   for (int i = threadIdx.x; i < count * block_counts; i += kUnionThreads) {
     const int qi = i / block_counts;
-    const int source = shared ? first : first + qi;
+    const int source = group_shared ? first : first + qi;
     const int b =
         selections[(static_cast<int64_t>(source) * num_kv_heads + kv_head) * block_counts +
                    i % block_counts];

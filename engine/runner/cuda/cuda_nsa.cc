@@ -143,8 +143,11 @@ absl::Status CudaNsaAttention::Run(int32_t layer, const ForwardNsa& nsa, const i
   const int32_t max_context = std::min(nsa.max_context, max_model_len_);
   const kernels::NsaCache cache{k_cache,       v_cache,      cmp_k_[layer],
                                 cmp_v_[layer], block_tables, max_blocks_per_seq};
-  const kernels::NsaTokens tokens{positions, nsa.token_seqs, num_tokens};
-  const kernels::NsaGroups groups{nsa.groups, nsa.num_groups, nsa.max_group_size};
+  // The selections buffer carries a token's selection across the step's layers for its reuse
+  // schedule: a reuse layer's NsaSelect leaves its rows as its last refresh layer wrote them.
+  const kernels::NsaTokens tokens{positions, nsa.token_seqs, num_tokens, nsa.refresh_every, layer};
+  const kernels::NsaGroups groups{nsa.groups, nsa.num_groups, nsa.max_group_size,
+                                  nsa.shared_groups};
   // The planned splits, fewer where the workspace would not hold them (it holds every step shape
   // AllocateBuffers foresaw; fewer splits only cost parallelism).
   int32_t select_splits =

@@ -33,6 +33,10 @@ namespace specd {
 struct ForwardNsa {
   const int32_t* token_seqs = nullptr;  // [num_tokens] each token's table row; < 0: padding
   const int32_t* groups = nullptr;      // [num_groups, 2] first token, count (kernels::NsaGroups)
+  // SSV's lossy strategies: each token's reuse schedule (kernels::NsaTokens::refresh_every; 1:
+  // every layer selects) and each group's shared mode (kernels::NsaGroups::shared); null: none.
+  const int32_t* refresh_every = nullptr;  // [num_tokens]
+  const uint8_t* shared_groups = nullptr;  // [num_groups]
   int32_t num_groups = 0;
   int32_t max_group_size = 1;  // host: >= every group's count, <= kNsaMaxGroupSize
   int32_t max_context = 0;     // host: >= every position + 1 (max_model_len inside graphs)

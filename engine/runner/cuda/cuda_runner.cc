@@ -236,15 +236,13 @@ absl::Status CudaRunner::State::Validate(std::span<const SequenceInput> batch) c
     if (in.attention != nullptr) SPECD_RETURN_IF_ERROR(ValidateAttention(s, in));
     if (in.tree != nullptr) SPECD_RETURN_IF_ERROR(ValidateTree(s, in));
     if (in.ssv != nullptr) {
-      // The GPU's grouped kernel runs SSV's exact mode (lossless) with every layer refreshing;
-      // shared mode and reuse schedules (lossy) run on the CPU only for now.
+      // Every strategy runs in the NSA kernels: groups of at most kNsaMaxGroupSize tokens,
+      // shared mode per group, reuse schedules per token (State::NsaLayout).
       if (!config.is_nsa()) return bad("an SSV strategy needs an NSA model");
       SPECD_RETURN_IF_ERROR(ValidateSsvStrategy(*in.ssv, "ssv."));
-      if (in.ssv->lossy() || in.ssv->group_size > kernels::kNsaMaxGroupSize) {
-        return bad(absl::StrCat("SSV strategy ", SsvStrategyName(*in.ssv),
-                                ": the CUDA runner runs exact mode, every layer refreshing, groups "
-                                "of at most ",
-                                kernels::kNsaMaxGroupSize, " (shared mode and reuse: CPU only)"));
+      if (in.ssv->group_size > kernels::kNsaMaxGroupSize) {
+        return bad(absl::StrCat("SSV strategy ", SsvStrategyName(*in.ssv), ": groups of at most ",
+                                kernels::kNsaMaxGroupSize, " tokens on the CUDA runner"));
       }
     }
     if (end > max_model_len) {

@@ -90,6 +90,8 @@ class CudaRunner : public ModelRunner {
   // verification walks the trees on the device (kernels::VerifyTreeGreedy / VerifyTreeStochastic)
   // and MoveKv is kernels::MoveKvSlots.
   bool SupportsTokenTrees() const override;
+  // Shared mode and reuse schedules run in the NSA kernels (per group and per token).
+  bool SupportsLossySsv() const override { return true; }
   absl::Status MoveKv(std::span<const KvSlotMove> moves) override;
 
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).

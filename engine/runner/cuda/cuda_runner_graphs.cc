@@ -47,6 +47,8 @@ InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows) {
   l.logit_rows = take(4 * num_rows);
   l.token_seqs = take(4 * num_tokens);
   l.nsa_groups = take(8 * num_tokens);
+  l.nsa_refresh = take(4 * num_tokens);
+  l.nsa_shared = take(num_tokens);  // a group per token at most
   l.bytes = offset;
   return l;
 }
@@ -160,19 +162,28 @@ void CudaRunner::State::NsaLayout(std::span<const SequenceInput> batch, const Gr
   constexpr int32_t kG = kernels::kNsaMaxGroupSize;
   int32_t* seqs = At<int32_t>(h, l.token_seqs);
   int32_t* groups = At<int32_t>(h, l.nsa_groups);
+  int32_t* refresh = At<int32_t>(h, l.nsa_refresh);
+  uint8_t* shared = At<uint8_t>(h, l.nsa_shared);
   std::fill(seqs, seqs + padded_tokens, -1);
+  std::fill(refresh, refresh + padded_tokens, 1);
   int32_t num_groups = 0, max_group = 1;
   int32_t t = 0;
   for (int32_t s = 0; s < padded_seqs; ++s) {
     const bool real = s < static_cast<int32_t>(batch.size());
     const auto n = real ? static_cast<int32_t>(batch[s].tokens.size()) : 1;
-    const int32_t c = real && batch[s].ssv != nullptr ? batch[s].ssv->group_size : kG;
+    const SsvStrategy* ssv = real ? batch[s].ssv : nullptr;
+    const int32_t c = ssv != nullptr ? ssv->group_size : kG;
+    // The request's SSV strategy (lossy ones too): its reuse schedule per token, shared mode
+    // per group.
+    const bool shared_mode = ssv != nullptr && ssv->mode == SsvMode::kShared;
     if (real) std::fill_n(seqs + t, n, s);
+    if (ssv != nullptr) std::fill_n(refresh + t, n, std::max(1, ssv->refresh_every));
     const int32_t slots = key.graph() ? key.q_len : (n + c - 1) / c;
     for (int32_t j = 0; j < slots; ++j) {
       const int32_t count = real ? std::clamp(n - j * c, 0, c) : 0;
       groups[2 * num_groups] = t + std::min(j * c, n);
       groups[2 * num_groups + 1] = count;
+      shared[num_groups] = shared_mode ? 1 : 0;
       ++num_groups;
       max_group = std::max(max_group, count);
     }
@@ -278,6 +289,8 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   if (config.is_nsa()) {
     a.nsa.token_seqs = At<int32_t>(inputs.as(), l.token_seqs);
     a.nsa.groups = At<int32_t>(inputs.as(), l.nsa_groups);
+    a.nsa.refresh_every = At<int32_t>(inputs.as(), l.nsa_refresh);
+    a.nsa.shared_groups = At<uint8_t>(inputs.as(), l.nsa_shared);
     a.nsa.max_context = graph ? max_model_len : max_seq_len;
   }
   launch.num_rows = static_cast<int32_t>(logit_rows.size());
