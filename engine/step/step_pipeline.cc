@@ -339,8 +339,9 @@ void StepPipeline::Speculate(const StepPlan& plan) {
         // The draft's inputs sit at positions up to num_tokens + k - 2, inside its context; a
         // sequence past it decodes on without its drafts (and the usage says where).
         const int32_t context = speculators_->draft_context();
-        k_max = std::min(k_max, context - num_tokens + 1);
-        if (k_max <= 0 && r.draft_context_stop == 0) {
+        const int32_t room = context - num_tokens + 1;
+        k_max = std::min(k_max, room);
+        if (room <= 0 && r.draft_context_stop == 0) {
           r.draft_context_stop = context;
           speculator->Release(r.id);  // its draft KV is of no further use
         }
