@@ -5,7 +5,6 @@
 // recomputed) gives each its golden ids. Speculation on the NSA target (the codepair draft
 // shares its tokenizer) verifies with SSV strategies: mode exact reproduces the golden ids, the
 // loads are reported, and a lossy strategy's KV stays out of the prefix cache.
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -25,16 +24,7 @@ using namespace nsa_test;  // NOLINT: the shared fixtures of engine_nsa_test_uti
 
 using serving_test::Collector;
 using serving_test::Greedy;
-
-// Counts preempted sequences; any thread.
-class PreemptionCounter : public EngineObserver {
- public:
-  void OnPreemption(int32_t n) override { preempted_ += n; }
-  int64_t preempted() const { return preempted_.load(); }
-
- private:
-  std::atomic<int64_t> preempted_{0};
-};
+using serving_test::PreemptionCounter;
 
 absl::Status MakeNsaEngineStatus(EngineOptions options) {
   options.model_dir = kNsaModel;

@@ -21,7 +21,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -42,6 +41,7 @@ namespace specd {
 namespace {
 
 using namespace cuda_test;  // NOLINT: the shared helpers of tests/cuda_test_util.h
+using serving_test::PreemptionCounter;
 
 constexpr double kBf16RelTolerance = 1.0 / 32;
 
@@ -395,16 +395,6 @@ TEST(CudaNsaTest, LossyStrategiesGiveTheCpusRows) {
     EXPECT_GT(changed, kBf16RelTolerance) << name << ": the lossy strategy changed no row";
   }
 }
-
-// Counts preempted sequences; any thread.
-class PreemptionCounter : public EngineObserver {
- public:
-  void OnPreemption(int32_t n) override { preempted_ += n; }
-  int64_t preempted() const { return preempted_.load(); }
-
- private:
-  std::atomic<int64_t> preempted_{0};
-};
 
 // Two golden prompts submitted together, prefilled in chunks of 100 ids (blocks cut mid-chunk) in
 // a KV pool that holds exactly both prompts, so decoding preempts one and recomputes it (its

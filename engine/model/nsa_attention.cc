@@ -67,15 +67,6 @@ float NsaAttention::LastRunSelectionMargin(int32_t layer) const {
   return last_margin_[layer];
 }
 
-float NsaSelectionMargin(std::span<const float> scores, int32_t own_block, int32_t count) {
-  if (own_block + 1 <= count) return std::numeric_limits<float>::infinity();
-  std::vector<float> sorted(scores.begin(), scores.begin() + own_block + 1);
-  std::nth_element(sorted.begin(), sorted.begin() + count, sorted.end(), std::greater<float>());
-  const float next = sorted[count];
-  const float kth = *std::min_element(sorted.begin(), sorted.begin() + count);
-  return kth - next;
-}
-
 std::span<const int32_t> NsaAttention::LastTokenSelection(int32_t layer, int32_t kv_head) const {
   if (layer < 0 || layer >= static_cast<int32_t>(last_selection_.size())) return {};
   const auto& per_head = last_selection_[layer];
@@ -84,15 +75,17 @@ std::span<const int32_t> NsaAttention::LastTokenSelection(int32_t layer, int32_t
 }
 
 std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block, int32_t group,
-                                     int32_t count) {
+                                     int32_t count, float* margin) {
   for (int32_t forced : {0, own_block - 1, own_block}) {
     if (forced >= 0) scores[forced] = static_cast<float>(group);
   }
   std::vector<int32_t> order(own_block + 1);
   std::iota(order.begin(), order.end(), 0);
+  if (margin != nullptr) *margin = std::numeric_limits<float>::infinity();
   if (static_cast<int32_t>(order.size()) > count) {
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+    if (margin != nullptr) *margin = scores[order[count - 1]] - scores[order[count]];
     order.resize(count);
     std::sort(order.begin(), order.end());
   }
@@ -221,10 +214,10 @@ void NsaAttention::SelectToken(int64_t t, const TokenLayout& layout, const float
     AttendCompressed(qg, cmp_[s], num_visible, own_block, g, task);
     std::copy(task.cmp_out.begin(), task.cmp_out.end(),
               cmp_out_.begin() + (t * shape_.num_heads + int64_t{g} * group) * hd);
+    float margin = 0;
     own_[t * shape_.num_kv_heads + g] =
-        NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts);
-    token_margin_[t] = std::min(token_margin_[t], NsaSelectionMargin(task.block_scores, own_block,
-                                                                     shape_.nsa.block_counts));
+        NsaSelectBlocks(task.block_scores, own_block, group, shape_.nsa.block_counts, &margin);
+    token_margin_[t] = std::min(token_margin_[t], margin);
   }
 }
 

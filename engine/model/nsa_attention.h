@@ -123,10 +123,10 @@ class NsaAttention {
 // blocks 0 .. own_block, zero where a block is not yet complete) for a query in `own_block` with
 // `group` query heads per KV head: {0, own_block - 1, own_block} forced with score `group`, then
 // the top `count` by score (ties to the lower index), ascending. Writes scores' forced entries.
+// `margin`, when given, gets the gap between the count-th and the (count + 1)-th best score
+// (from the same ordering; +inf with no more than `count` candidates): how near a tie the
+// selection is.
 std::vector<int32_t> NsaSelectBlocks(std::span<float> scores, int32_t own_block, int32_t group,
-                                     int32_t count);
-// The gap between the count-th and the (count + 1)-th best of scores[0 .. own_block] (after
-// NsaSelectBlocks forced its entries); +inf with no more than `count` candidates.
-float NsaSelectionMargin(std::span<const float> scores, int32_t own_block, int32_t count);
+                                     int32_t count, float* margin = nullptr);
 
 }  // namespace specd

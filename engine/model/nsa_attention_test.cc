@@ -205,11 +205,17 @@ TEST(NsaSelectBlocksTest, KeepsEveryCandidateWhileTheyAreAtMostS) {
 // The margin is the gap between the S-th and (S + 1)-th candidate scores after the forced
 // entries: how far a query's selection is from another one.
 TEST(NsaSelectBlocksTest, TheMarginIsTheGapAtTheSthScore) {
-  std::vector<float> scores = {0.1f, 2.0f, 0.5f, 1.0f, 0.2f, 7.0f, 3.0f, 0.0f, 0.0f, 0.3f, 0.0f};
-  NsaSelectBlocks(scores, 10, 16, 4);  // forced 0, 9, 10 (16), then 5 (7); next best 6 (3)
-  EXPECT_FLOAT_EQ(NsaSelectionMargin(scores, 10, 4), 4.0f);
-  EXPECT_FLOAT_EQ(NsaSelectionMargin(scores, 10, 6), 1.0f);  // block 1 (2) over block 3 (1)
-  EXPECT_EQ(NsaSelectionMargin(scores, 10, 11), std::numeric_limits<float>::infinity());
+  const std::vector<float> scores = {0.1f, 2.0f, 0.5f, 1.0f, 0.2f, 7.0f,
+                                     3.0f, 0.0f, 0.0f, 0.3f, 0.0f};
+  auto margin = [&](int32_t count) {
+    std::vector<float> s = scores;
+    float m = 0;
+    NsaSelectBlocks(s, 10, 16, count, &m);
+    return m;
+  };
+  EXPECT_FLOAT_EQ(margin(4), 4.0f);  // forced 0, 9, 10 (16), then 5 (7); next best 6 (3)
+  EXPECT_FLOAT_EQ(margin(6), 1.0f);  // block 1 (2) over block 3 (1)
+  EXPECT_EQ(margin(11), std::numeric_limits<float>::infinity());
 }
 
 }  // namespace

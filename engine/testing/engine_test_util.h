@@ -3,7 +3,9 @@
 // Test code only (needs SPECD_SHARED_DIR and GoogleTest).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -125,6 +127,16 @@ inline std::unique_ptr<Engine> MakeSlowEngine(int32_t max_num_seqs, int32_t budg
   }
   return engine;
 }
+
+// Counts the sequences the engine preempted; any thread.
+class PreemptionCounter : public EngineObserver {
+ public:
+  void OnPreemption(int32_t n) override { preempted_ += n; }
+  int64_t preempted() const { return preempted_.load(); }
+
+ private:
+  std::atomic<int64_t> preempted_{0};
+};
 
 inline GenerateRequest Endless(std::vector<int32_t> prompt) {
   GenerateRequest r = Greedy(std::move(prompt), 1500);
