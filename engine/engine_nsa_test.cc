@@ -8,11 +8,13 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/base/mapped_file.h"
 #include "engine/engine.h"
+#include "engine/policy/cost_profile.h"
 #include "engine/testing/engine_nsa_test_util.h"
 #include "engine/testing/engine_test_util.h"
 #include "gtest/gtest.h"
@@ -309,6 +311,60 @@ TEST(EngineNsaTest, LossySsvKeepsGeneratedKvOutOfThePrefixCache) {
       EXPECT_LE(cached, prompt_len) << "lossy verification's KV must not serve other requests";
     }
   }
+}
+
+// The SSV planner: a cost profile with three measured strategies (exact C 1, exact C 4 cheaper,
+// shared C 4 cheapest and lossy) picks, per request and step, exact C 4 for a strict request
+// (its ids the goldens), shared C 4 for one that allows lossy strategies, and leaves a request
+// that set its own strategy alone.
+TEST(EngineNsaTest, SsvPlanPicksPerRequestAndNeverALossyStrategyForAStrictRequest) {
+  const std::vector<Golden> goldens = ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  const auto grid = [](double base) {
+    return *CostGrid::Create({1, 8}, {1, 9}, {1024}, {base, base + 8, base, base + 8});
+  };
+  CostProfile profile(CostGrid::Constant(10));
+  profile.SetVerify(grid(10));
+  profile.SetMethod(PolicyMethod::kDraftModel, {.draft = CostGrid::Constant(1)});
+  profile.SetSsv({.group_size = 1}, grid(10));
+  profile.SetSsv({.group_size = 4}, grid(8));
+  profile.SetSsv({.group_size = 4, .mode = SsvMode::kShared}, grid(5));
+  profile.calibrate = false;
+  const std::string path = ::testing::TempDir() + "/engine_nsa_ssv_plan.json";
+  ASSERT_TRUE(profile.Save(path).ok());
+  // Runs `r` alone on an engine of its own; the strategies its steps verified with (read once
+  // the engine has stopped: a step's metrics may reach the observer after the request's end).
+  const auto run = [&](GenerateRequest r, std::vector<int32_t>* ids) {
+    auto observer = std::make_shared<SsvCollector>();
+    Collector c;  // outlives the engine, which calls it
+    EngineOptions options;
+    options.speculative.draft_model = kDraftModel;
+    options.cost_profile = path;
+    options.observer = observer;
+    auto engine = MakeNsaEngine(options);
+    if (engine == nullptr) return std::set<std::string>{};
+    auto id = engine->Submit(std::move(r), c.Callback());
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok() || !c.WaitFinished(*id)) return std::set<std::string>{};
+    EXPECT_TRUE(c.Get(*id).status.ok()) << c.Get(*id).status;
+    *ids = c.Get(*id).ids;
+    engine.reset();
+    const std::vector<std::string> all = observer->strategies();
+    return std::set<std::string>(all.begin(), all.end());
+  };
+  GenerateRequest strict = GoldenRequest(goldens[0]);
+  strict.speculation.method = SpeculationMethod::kDraftModel;
+  strict.speculation.num_speculative_tokens = 4;
+  strict.speculation.ssv_strict = true;
+  std::vector<int32_t> ids;
+  EXPECT_EQ(run(strict, &ids), std::set<std::string>{"exact/c4/r1"});
+  EXPECT_EQ(ids, goldens[0].greedy);
+  GenerateRequest lossy = strict;
+  lossy.speculation.ssv_strict = false;
+  EXPECT_TRUE(run(lossy, &ids).contains("shared/c4/r1"));
+  EXPECT_EQ(run(SsvRequest(goldens[1], SsvMode::kExact, 2), &ids),
+            std::set<std::string>{"exact/c2/r1"});
+  EXPECT_EQ(ids, goldens[1].greedy);
 }
 
 TEST(EngineNsaTest, SsvOptionsAreCheckedWhenTheRequestArrives) {

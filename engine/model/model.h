@@ -75,7 +75,7 @@ struct SequenceInput {
   int64_t seq_id = -1;
   const ChunkAttention* attention = nullptr;  // null: dense, nothing collected
   // NSA models only, for a verification chunk: how its queries choose and load their selected
-  // blocks (engine/model/ssv.h). Null: every query its own, every layer (the model's attention).
+  // blocks (engine/base/ssv.h). Null: every query its own, every layer (the model's attention).
   // Caller-owned; outlives the Forward call.
   const SsvStrategy* ssv = nullptr;
   // A token tree (engine/model/token_tree.h): the chunk's tokens are the tree's nodes in slots

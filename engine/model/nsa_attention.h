@@ -15,7 +15,7 @@
 // page and a rewritten position (a rejected draft) recomputes its block when the block's end is
 // written again; decode reads a block's means instead of its keys. A cache without them (tests
 // that fill K/V directly) has every complete block recomputed from the paged KV on every call.
-// A sequence's chunk may carry an SSV strategy (engine/model/ssv.h): its queries then attend the
+// A sequence's chunk may carry an SSV strategy (engine/base/ssv.h): its queries then attend the
 // selections the strategy names, and what they read is counted (ssv_stats). Each Run goes in two
 // phases over the tokens: the compressed branch and every query's own selection, then the
 // selected and window branches over the selection each query attends.
@@ -26,11 +26,11 @@
 #include <span>
 #include <vector>
 
+#include "engine/base/ssv.h"
 #include "engine/base/thread_pool.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/attention.h"
 #include "engine/model/model_config.h"
-#include "engine/model/ssv.h"
 
 namespace specd {
 

@@ -1,9 +1,9 @@
-// SSV strategies on NSA attention (engine/model/ssv.h), on a hand-made KV cache whose values
+// SSV strategies on NSA attention (engine/base/ssv.h), on a hand-made KV cache whose values
 // carry their position (value = (1, position)), so the selected branch's output tells which keys
 // a query attended. With zero queries every visible block scores the same, and the selection is
 // the forced blocks {0, i - 1, i} plus the lowest other indices; the expected selections, key
 // sets and counts below are worked out by hand from NSA's rules.
-#include "engine/model/ssv.h"
+#include "engine/base/ssv.h"
 
 #include <gtest/gtest.h>
 

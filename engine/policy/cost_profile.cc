@@ -233,6 +233,37 @@ absl::Status ReadMethods(const json& j, CostProfile* profile) {
   return absl::OkStatus();
 }
 
+// "ssv": {"alpha": A, "strategies": {"mode/cC/rR": {"verify": GRID}, ...}}.
+absl::Status ReadSsv(const json& j, CostProfile* profile) {
+  if (absl::Status s = CheckKeys(j, "ssv", {"alpha", "strategies"}); !s.ok()) return s;
+  if (j.contains("alpha")) {
+    if (!j["alpha"].is_number() || !(j["alpha"].get<double>() > 0) ||
+        !(j["alpha"].get<double>() < 1)) {
+      return Bad("ssv.alpha", "must be a number in (0, 1)");
+    }
+    profile->ssv_alpha = j["alpha"].get<double>();
+  }
+  if (!j.contains("strategies")) return Bad("ssv.strategies", "is missing");
+  const json& list = j["strategies"];
+  if (!list.is_object() || list.empty()) {
+    return Bad("ssv.strategies", "must be an object keyed by strategy (\"exact/c4/r1\")");
+  }
+  for (const auto& [name, value] : list.items()) {
+    const std::string path = absl::StrCat("ssv.strategies.", name);
+    SsvStrategy strategy;
+    if (!ParseSsvStrategy(name, &strategy)) {
+      return Bad(path, absl::StrCat("not a strategy (mode/cC/rR: mode exact or shared, C in [1, ",
+                                    kMaxSsvGroupSize, "], R >= 1)"));
+    }
+    if (absl::Status s = CheckKeys(value, path, {"verify"}); !s.ok()) return s;
+    if (!value.contains("verify")) return Bad(path + ".verify", "is missing");
+    auto grid = ReadGrid(value["verify"], path + ".verify", false);
+    if (!grid.ok()) return grid.status();
+    profile->SetSsv(strategy, *std::move(grid));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadString(const json& j, const char* field, std::string* out) {
   if (!j.contains(field)) return absl::OkStatus();
   if (!j[field].is_string()) return Bad(field, "must be a string");
@@ -317,6 +348,16 @@ void CostProfile::SetMethod(PolicyMethod method, MethodCosts costs) {
   methods_[static_cast<int>(method)] = std::move(costs);
 }
 
+void CostProfile::SetSsv(SsvStrategy strategy, CostGrid verify) {
+  for (SsvCosts& c : ssv_) {
+    if (c.strategy == strategy) {
+      c.verify = std::move(verify);
+      return;
+    }
+  }
+  ssv_.push_back({strategy, std::move(verify)});
+}
+
 bool CostProfile::Has(PolicyMethod method) const {
   return method == PolicyMethod::kPlain || methods_[static_cast<int>(method)].has_value();
 }
@@ -339,8 +380,11 @@ double CostProfile::VerifyMs(PolicyMethod method, double batch, double tokens,
                              double context) const {
   const auto& m = methods_[static_cast<int>(method)];
   if (m && m->verify) return m->verify->Ms(batch, tokens, context);
-  if (verify_) return verify_->Ms(batch, tokens, context);
-  return tokens * PlainMs(batch, context);
+  double ms = verify_ ? verify_->Ms(batch, tokens, context) : tokens * PlainMs(batch, context);
+  for (const SsvCosts& c : ssv_) {
+    if (!c.strategy.lossy()) ms = std::min(ms, c.verify.Ms(batch, tokens, context));
+  }
+  return ms;
 }
 
 double CostProfile::DraftMs(PolicyMethod method, double batch, double k, double context) const {
@@ -361,7 +405,7 @@ absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
   if (absl::Status s = CheckKeys(
-          j, "", {"version", "device", "models", "plain", "verify", "methods", "calibrate"});
+          j, "", {"version", "device", "models", "plain", "verify", "methods", "ssv", "calibrate"});
       !s.ok()) {
     return s;
   }
@@ -385,6 +429,9 @@ absl::StatusOr<CostProfile> CostProfile::FromJson(std::string_view text) {
   }
   if (j.contains("methods")) {
     if (absl::Status s = ReadMethods(j["methods"], &profile); !s.ok()) return s;
+  }
+  if (j.contains("ssv")) {
+    if (absl::Status s = ReadSsv(j["ssv"], &profile); !s.ok()) return s;
   }
   for (PolicyMethod m : kAllPolicyMethods) {
     const auto& costs = profile.methods_[static_cast<int>(m)];
@@ -412,6 +459,13 @@ std::string CostProfile::ToJson() const {
     methods[PolicyMethodName(m)] = std::move(entry);
   }
   j["methods"] = std::move(methods);
+  if (!ssv_.empty()) {
+    json strategies = json::object();
+    for (const SsvCosts& c : ssv_) {
+      strategies[SsvStrategyName(c.strategy)] = {{"verify", GridToJson(c.verify)}};
+    }
+    j["ssv"] = {{"alpha", ssv_alpha}, {"strategies", std::move(strategies)}};
+  }
   return j.dump(1);
 }
 

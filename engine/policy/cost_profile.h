@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/draft_method.h"
+#include "engine/base/ssv.h"
 
 namespace specd {
 
@@ -100,6 +101,15 @@ struct MethodCosts {
   bool parallel = false;
 };
 
+// An NSA target's verification under one SSV strategy (engine/base/ssv.h): the target pass over a
+// batch whose rows carry K + 1 tokens (the tokens axis), its chunks grouped, masked and scheduled
+// as the strategy says. The SSV planner (specd_profile --ssv, ssv_bench --tune) measures one per
+// candidate strategy; SsvPlanner (ssv_planner.h) chooses among them per request and step.
+struct SsvCosts {
+  SsvStrategy strategy;
+  CostGrid verify;
+};
+
 // The whole profile: the plain decode step (tokens axis [1]), the dense verification pass, and
 // the methods that were measured. A method missing here is never chosen by `auto`.
 class CostProfile {
@@ -111,6 +121,7 @@ class CostProfile {
   //    "plain": GRID, "verify": GRID,
   //    "methods": {"draft_model": {"draft": GRID, "parallel": true}, "ngram": {},
   //                "eagle3": {"draft": GRID}},
+  //    "ssv": {"alpha": 0.8, "strategies": {"exact/c4/r1": {"verify": GRID}, ...}},
   //    "calibrate": false}   (optional; default true; "parallel" too, default false)
   //   GRID = {"batch": [1, 8], "tokens": [1, 5], "context": [512, 8192],
   //           "ms": [[[b0t0c0, b0t0c1], [b0t1c0, b0t1c1]], [[...], [...]]]}   //
@@ -118,7 +129,8 @@ class CostProfile {
   // "tokens" may be omitted (then [1]). InvalidArgument naming the line and column of a syntax
   // error, or the field path (e.g. "methods.vegas.verify.ms[1][0]") of a bad value, an unknown
   // field or method, a missing "verify" while methods are listed, a "parallel" that is not a
-  // boolean or is on a method other than draft_model.
+  // boolean or is on a method other than draft_model, an SSV strategy name that does not parse
+  // ("mode/cC/rR") or an alpha outside (0, 1).
   static absl::StatusOr<CostProfile> FromJson(std::string_view text);
   static absl::StatusOr<CostProfile> Load(const std::string& path);
   std::string ToJson() const;
@@ -128,6 +140,14 @@ class CostProfile {
   // Also marks `method` measured. kPlain is ignored (its costs are the plain grid).
   void SetMethod(PolicyMethod method, MethodCosts costs);
 
+  // An SSV strategy's verification grid (replacing one of the same strategy).
+  void SetSsv(SsvStrategy strategy, CostGrid verify);
+  // The measured SSV strategies, in the order set (a loaded profile: by name); empty: none (a dense
+  // target, or an NSA target's profile without the planner: verification is the dense grid, the
+  // server's strategy). The dense "verify" grid of an NSA target is its model's own attention
+  // (exact/c1/r1).
+  const std::vector<SsvCosts>& ssv() const { return ssv_; }
+
   bool Has(PolicyMethod method) const;  // kPlain always; others when measured
   // The method's costs as measured; null for kPlain and methods the profile lacks.
   const MethodCosts* Costs(PolicyMethod method) const;
@@ -135,8 +155,10 @@ class CostProfile {
   int32_t MaxK(PolicyMethod method) const;
 
   double PlainMs(double batch, double context) const { return plain_.Ms(batch, 1, context); }
-  // The target pass for `batch` rows of `method` at `tokens` per row. Without a verification
-  // grid (an unmeasured method pinned by a request) `tokens` plain steps, a pessimistic guess.
+  // The target pass for `batch` rows of `method` at `tokens` per row: the method's own grid, else
+  // the cheapest of the dense grid and the lossless SSV strategies' (what SsvPlanner runs for a
+  // request that allows only those). Without any (an unmeasured method pinned by a request)
+  // `tokens` plain steps, a pessimistic guess.
   double VerifyMs(PolicyMethod method, double batch, double tokens, double context) const;
   // Drafting `k` tokens for `batch` rows of `method`; 0 when it has no draft grid.
   double DraftMs(PolicyMethod method, double batch, double k, double context) const;
@@ -152,11 +174,15 @@ class CostProfile {
   // online calibration). false: the times are final (a synthetic profile in a test, or an
   // operator's pinned one).
   bool calibrate = true;
+  // The acceptance (probability a draft token is accepted, a chain's alpha) the SSV planner ranks
+  // strategies at before a request has measured its own. In (0, 1).
+  double ssv_alpha = 0.8;
 
  private:
   CostGrid plain_;
   std::optional<CostGrid> verify_;
   std::array<std::optional<MethodCosts>, kNumPolicyMethods> methods_;
+  std::vector<SsvCosts> ssv_;
 };
 
 }  // namespace specd

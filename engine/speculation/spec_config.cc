@@ -263,6 +263,9 @@ absl::StatusOr<ResolvedSpeculation> ResolveSpeculation(const SpeculationParams& 
   if (method == SpeculationMethod::kNone || method == SpeculationMethod::kDefault) return out;
   out.method = method;
   out.ssv = ssv;
+  out.ssv_planned = target_is_nsa && request.ssv_group_size == 0 && !request.ssv_mode.has_value() &&
+                    request.ssv_refresh_every == 0;
+  out.ssv_strict = request.ssv_strict;
   out.sparse = sparse;
   out.forbidden_bits = forbidden;
   out.saguaro_c = request.saguaro_c >= 0.0f ? request.saguaro_c : server.ssd.saguaro_c;

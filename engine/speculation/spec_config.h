@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/draft_method.h"
-#include "engine/model/ssv.h"
+#include "engine/base/ssv.h"
 
 namespace specd {
 
@@ -74,7 +74,7 @@ struct SpeculationParams {
   int32_t policy_max_k = -1;
   // speculation.policy.forbid: methods this request refuses (speculating methods only).
   std::vector<SpeculationMethod> policy_forbid = {};
-  // speculation.ssv (NSA targets: how verification attends, engine/model/ssv.h); unset fields
+  // speculation.ssv (NSA targets: how verification attends, engine/base/ssv.h); unset fields
   // take the server's.
   int32_t ssv_group_size = 0;            // 0: unset
   std::optional<SsvMode> ssv_mode = {};  // unset: the server's
@@ -225,6 +225,11 @@ struct ResolvedSpeculation {
   SparseDraftOptions sparse;  // vegas / streaming: the request's budget, else the server's
   uint32_t forbidden_bits = 0;  // speculation.policy.forbid: bit i is SpeculationMethod i
   SsvStrategy ssv;              // NSA targets: how the request's verification chunks attend
+  // NSA targets: the request set no strategy field of its own ("strict" aside), so the SSV
+  // planner (engine/policy/ssv_planner.h) picks its strategy per step when the cost profile
+  // measured some; `ssv` is the fallback. ssv_strict: lossless strategies only.
+  bool ssv_planned = false;
+  bool ssv_strict = false;
   // A pinned tree-drafting method's tree (every field set), or none: chains. With a tree,
   // num_speculative_tokens is its num_nodes (the lookahead slots a round verifies).
   TreeShape tree = {};

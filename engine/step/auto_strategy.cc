@@ -27,8 +27,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
+#include "engine/policy/ssv_planner.h"
 #include "engine/policy/strategy_policy.h"
 #include "engine/runner/model_runner.h"
 #include "engine/speculation/draft_model.h"
@@ -187,6 +189,31 @@ absl::StatusOr<std::unique_ptr<AutoStrategy>> AutoStrategy::Create(
                               .target_is_nsa = target.is_nsa()});
   a->profile_json_ = a->policy_->profile().ToJson();
   SPECD_LOG_INFO("engine: auto speculation's cost profile: {}", a->profile_source_);
+  const CostProfile& measured = a->policy_->profile();
+  if (!measured.ssv().empty()) {
+    std::vector<std::string> names;
+    bool lossy = false;
+    for (const SsvCosts& c : measured.ssv()) {
+      names.push_back(SsvStrategyName(c.strategy));
+      lossy |= c.strategy.lossy();
+    }
+    if (!target.is_nsa()) {
+      SPECD_LOG_WARN(
+          "engine: the cost profile's SSV strategies ({}) are for NSA targets; this "
+          "model is not one: ignored",
+          absl::StrJoin(names, ", "));
+    } else {
+      a->ssv_planner_ = std::make_unique<SsvPlanner>(measured);
+      a->lossy_ssv_ok_ = speculators.lossy_ssv_ok();
+      SPECD_LOG_INFO(
+          "engine: SSV planner: verification picks among {} per request and step (requests "
+          "without speculation.ssv fields; at alpha {} until a request has measured its own){}",
+          absl::StrJoin(names, ", "), measured.ssv_alpha,
+          !lossy             ? ""
+          : a->lossy_ssv_ok_ ? "; lossy ones for requests that are not strict"
+                             : "; the lossy ones never: this runner does not run them");
+    }
+  }
   return a;
 }
 
@@ -196,6 +223,7 @@ void AutoStrategy::Choose(const StepPlan& plan, std::span<const SampleRow> rows,
                           std::span<LiveRequest* const> row_requests, int32_t num_waiting) {
   const absl::Time start = absl::Now();
   Decide(plan, rows, row_requests, num_waiting);
+  PlanSsv(plan, rows, row_requests);
   seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
 }
 
@@ -298,6 +326,39 @@ void AutoStrategy::Decide(const StepPlan& plan, std::span<const SampleRow> rows,
   }
 }
 
+void AutoStrategy::PlanSsv(const StepPlan& plan, std::span<const SampleRow> rows,
+                           std::span<LiveRequest* const> row_requests) {
+  if (ssv_planner_ == nullptr) return;
+  // The step's verifying rows: the batch the strategies' grids are read at.
+  int32_t batch = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    LiveRequest& r = *row_requests[k];
+    r.ssv_index = -1;
+    if (plan.chunks[rows[k].chunk].num_new_tokens == 1 && r.step.num_speculative_tokens > 0) {
+      ++batch;
+    }
+  }
+  const std::vector<SsvCosts>& strategies = ssv_planner_->profile().ssv();
+  for (size_t k = 0; k < rows.size(); ++k) {
+    LiveRequest& r = *row_requests[k];
+    if (!r.spec.ssv_planned || plan.chunks[rows[k].chunk].num_new_tokens != 1 ||
+        r.step.num_speculative_tokens == 0) {
+      continue;
+    }
+    const int32_t index = ssv_planner_->Choose(
+        r.step.method, batch, r.step.num_speculative_tokens, r.seq.num_computed(),
+        /*allow_lossy=*/lossy_ssv_ok_ && !r.spec.ssv_strict, &r.ssv_acceptance);
+    if (index < 0) continue;
+    r.ssv_index = index;
+    r.step.ssv = strategies[index].strategy;
+    // Lossy verification writes KV that is not the model's: what is in the cache so far (exact)
+    // may still serve other requests from the prefix cache, nothing after it.
+    if (r.step.ssv.lossy()) {
+      r.seq.set_num_shareable_tokens(std::min(r.seq.num_shareable_tokens(), r.seq.num_computed()));
+    }
+  }
+}
+
 bool AutoStrategy::ReserveLongestK(int32_t num_waiting) const {
   // The lookahead slots the scheduler reserves next step (KV blocks and token budget, taken
   // before any prefill's): the K held until the policy searches again, the request's longest K
@@ -337,6 +398,16 @@ bool AutoStrategy::Keep(const StepPlan& plan, std::span<const SampleRow> rows,
 
 void AutoStrategy::Report(std::span<LiveRequest* const> row_requests,
                           std::span<const RowOutcome> outcomes) {
+  if (ssv_planner_ != nullptr) {
+    const std::vector<SsvCosts>& strategies = ssv_planner_->profile().ssv();
+    for (size_t k = 0; k < row_requests.size(); ++k) {
+      LiveRequest& r = *row_requests[k];
+      if (r.ssv_index < 0) continue;
+      r.ssv_acceptance.Note(r.ssv_index, strategies[r.ssv_index].strategy.lossy(),
+                            outcomes[k].num_drafts, outcomes[k].num_accepted,
+                            ssv_planner_->options());
+    }
+  }
   if (!decided_) return;
   for (size_t k = 0; k < row_method_.size(); ++k) {
     if (row_method_[k] < 0) continue;

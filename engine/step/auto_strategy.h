@@ -23,6 +23,7 @@
 namespace specd {
 
 class SpeculatorSet;
+class SsvPlanner;
 class StrategyPolicy;
 
 struct AutoStrategyOptions {
@@ -51,7 +52,8 @@ class AutoStrategy {
   // auto. `num_waiting`: prompts queued (auto requests then reserve no longer K than they hold).
   void Choose(const StepPlan& plan, std::span<const SampleRow> rows,
               std::span<LiveRequest* const> row_requests, int32_t num_waiting);
-  // Apply, before any commit: the policy's acceptance estimates from the step's rounds.
+  // Apply, before any commit: the policy's acceptance estimates (and the SSV planner's) from the
+  // step's rounds.
   void Report(std::span<LiveRequest* const> row_requests, std::span<const RowOutcome> outcomes);
   // End of Apply: the policy's step time, and its metrics to `observer` (may be null);
   // `committed` tokens in the step that began at `step_start`.
@@ -76,8 +78,14 @@ class AutoStrategy {
             std::span<LiveRequest* const> row_requests, int32_t num_waiting);
   // Whether auto requests reserve their longest K of lookahead for the next step.
   bool ReserveLongestK(int32_t num_waiting) const;
+  // NSA targets whose profile measured SSV strategies: each speculating decode's strategy this
+  // step (LiveRequest::ssv_index, step.ssv), for requests that set none of their own.
+  void PlanSsv(const StepPlan& plan, std::span<const SampleRow> rows,
+               std::span<LiveRequest* const> row_requests);
 
   std::unique_ptr<StrategyPolicy> policy_;
+  std::unique_ptr<SsvPlanner> ssv_planner_;  // null: no SSV plan (dense target, or none measured)
+  bool lossy_ssv_ok_ = false;                // the target runs lossy SSV strategies
   const SpeculatorSet* speculators_ = nullptr;
   int32_t max_model_len_ = 0;
   std::string profile_json_;

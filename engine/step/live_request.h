@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/base/draft_method.h"
+#include "engine/policy/ssv_planner.h"
 #include "engine/sample/acceptance.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/sequence.h"
@@ -59,6 +60,10 @@ struct LiveRequest {
   bool used_policy = false;    // auto: the policy has state for it (Forget when it ends)
   int32_t policy_method = -1;  // the policy's last strategy for it (DraftMethod, K)
   int32_t policy_k = 0;
+  // NSA targets with an SSV plan: the profile strategy (CostProfile::ssv() index) this step's
+  // verification runs, -1: `step.ssv` as resolved; and the request's acceptance per strategy.
+  int32_t ssv_index = -1;
+  SsvAcceptance ssv_acceptance;
   uint32_t used_speculators = 0;  // bit DraftMethodIndex(m): method m's speculator drafted for it
   // Rounds, draft and accepted tokens per method (DraftMethodIndex).
   std::array<RequestUsage::MethodUsage, kNumDraftMethods> by_method{};

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/ssv.h"
+#include "engine/base/ssv.h"
 #include "engine/speculation/ssd/ssd_stats.h"
 
 namespace specd {
@@ -56,7 +56,7 @@ struct SpeculationStepMetrics {
   // [num_sparse_rounds] vegas / streaming rounds: prefix tokens each draft step attended per
   // layer (the selection plus the tokens committed since it was scored); dense rounds not listed.
   std::vector<int32_t> sparse_kept_tokens;
-  // NSA targets (SSV, engine/model/ssv.h): what this step's verification chunks read, and the
+  // NSA targets (SSV, engine/base/ssv.h): what this step's verification chunks read, and the
   // strategy of each verified row ([num_rounds], SsvStrategyName); empty for dense targets.
   SsvLoadStats ssv;
   std::vector<std::string> ssv_strategies;

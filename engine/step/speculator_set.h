@@ -66,7 +66,8 @@ class SpeculatorSet {
   Eagle3Speculator* eagle3() const { return eagle3_.get(); }
   SsdSpeculator* ssd() const { return ssd_.get(); }
   bool has_sparse_drafting() const { return vegas_ != nullptr; }  // vegas and streaming
-  const SsdStats* ssd_stats() const;                              // null without SSD
+  bool lossy_ssv_ok() const { return lossy_ssv_ok_; }  // the target runs lossy SSV strategies
+  const SsdStats* ssd_stats() const;                   // null without SSD
   // The target verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree request
   // drafts a chain of its tree's depth.
   bool trees_ok() const { return trees_ok_; }

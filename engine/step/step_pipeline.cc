@@ -454,7 +454,7 @@ void StepPipeline::BuildBatch(const StepPlan& plan, bool all_logits) {
       }
       LiveRequest& r = *row_requests_[k];
       if (r.acceptor) acceptors_[k] = &*r.acceptor;
-      if (nsa) in.ssv = &r.spec.ssv;  // how the NSA target's verification queries attend
+      if (nsa) in.ssv = &r.step.ssv;  // how the NSA target's verification queries attend
       if (r.step.method == SpeculationMethod::kVegas) {
         // The verification pass also scores the prefix for the next round's selection.
         row_scores_[k].resize(num_layers * 2 * in.start_pos);
@@ -500,7 +500,7 @@ void StepPipeline::Apply(const StepPlan& plan) {
       metrics.from_cache.push_back(hit ? 1 : 0);
       metrics.methods.push_back(SpeculationMethodName(r.step.method));
       metrics.trees.push_back(drafts_[k].parents.empty() ? 0 : 1);
-      if (runner_->config().is_nsa()) metrics.ssv_strategies.push_back(SsvStrategyName(r.spec.ssv));
+      if (runner_->config().is_nsa()) metrics.ssv_strategies.push_back(SsvStrategyName(r.step.ssv));
       if (drafts_[k].num_kept_tokens >= 0) {
         metrics.sparse_kept_tokens.push_back(drafts_[k].num_kept_tokens);
       }

@@ -50,6 +50,8 @@
 //              [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
 //              [--ssv-group-size C (an NSA target's verification: SSV exact, groups of C)]
+//              [--ssv mode/cC/rR (the server's SSV strategy, lossy ones too; a --cost-profile
+//               with SSV strategies picks per request and step instead: the planner)]
 //              [--ssd --specd PATH [--speculator-device cuda:1] [--fan-out 3] [--saguaro-c C]
 //               [--cache-build interruptible|complete] [--cache-budget time|fixed]
 //               [--data-path device|host] [--cache-offers 0|1] [--critical-batch-size B]
@@ -108,6 +110,7 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
     acc.TakeStepSplit();
     acc.TakePolicyRows();
     acc.TakePolicyCost();
+    acc.TakeSsvUse();
     const SsdStats before = acc.ssd();
     acc.TakeDecodePhase();
     const TimedBatch batch_run = RunTimedBatch(engine, requests, "spec_bench");
@@ -131,6 +134,7 @@ Run Measure(Engine& engine, StepObserver& acc, const Prompts& prompts, int batch
       }
     }
     run.tokens_per_round = batch_run.tokens_per_round();
+    run.ssv_used = acc.TakeSsvUse();
     run.acceptance = acc.Take();
     // A tree's drafts are its nodes; no path is longer than its depth.
     if (spec.tree.enabled) run.acceptance = FirstPositions(run.acceptance, spec.tree.depth);
@@ -208,6 +212,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
   o.enable_prefix_caching = f.prefix_caching;
   o.observer = std::move(acc);
   o.speculative = spec;
+  if (!f.ssv.empty()) (void)ParseSsvStrategy(f.ssv, &o.speculative.ssv);  // the flags checked it
   if (f.ssv_group_size > 0) o.speculative.ssv.group_size = f.ssv_group_size;
   o.cost_profile = f.cost_profile;
   o.tensor_parallel.size = f.tensor_parallel_size;
@@ -255,6 +260,10 @@ std::string MethodLabel(const Flags& f, const SpeculationParams& spec) {
 void Record(const Flags& f, BatchSweep& sweep, SpeculationParams spec, const Run& r) {
   PrintRow(sweep.batch, MethodLabel(f, spec), r, sweep.plain_tokens_per_s,
            sweep.plain_decode_tokens_per_s);
+  if (!r.ssv_used.empty()) {
+    std::printf("  batch %d %s: verification rounds by SSV strategy: %s\n", sweep.batch,
+                MethodLabel(f, spec).c_str(), r.ssv_used.c_str());
+  }
   if (spec.method == SpeculationMethod::kAuto) {
     sweep.auto_tokens_per_s = r.tokens_per_s;
     sweep.auto_used = r.auto_used;

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "engine/base/ssv.h"
 #include "tools/bench/flag_parse.h"
 
 namespace specd {
@@ -48,6 +49,7 @@ struct SpecBenchFlags {
   int cache_offers = 1;               // SSD: the speculator offers its greedy branches (1) or not
   int critical_batch_size = 0;        // SSD: b* (0: measured; large: misses never go to backup)
   int ssv_group_size = 0;  // NSA targets: --ssv-group-size C (SSV exact; 0: the server's default)
+  std::string ssv;         // NSA targets: --ssv mode/cC/rR, the server's strategy ("": default)
   std::string ssd_drafter = "draft_model";  // SSD: the speculator's drafter ("eagle3": --eagle3)
   std::string load_format = "auto";
   int random_prompts = 0;  // prompt length in random ids; 0: the prompts file
@@ -177,6 +179,9 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
     } else if (a == "--ssv-group-size") {
       ok = absl::SimpleAtoi(value(), &f->ssv_group_size) && f->ssv_group_size >= 1 &&
            f->ssv_group_size <= 16;
+    } else if (a == "--ssv") {
+      SsvStrategy s;
+      ok = ParseSsvStrategy(f->ssv = value(), &s);
     } else if (a == "--batches") {
       ok = ParseIntList(value(), 1, 1 << 20, &f->batches);
     } else {

@@ -54,6 +54,7 @@ struct Run {
   int requests = 0;
   int settle_runs = 0;    // replay: runs until the output equalled the trajectories (< 0: never)
   std::string auto_used;  // method auto: what it ran (DescribeAutoUse)
+  std::string ssv_used;   // NSA targets: rounds per SSV strategy (Acceptance::TakeSsvUse)
 };
 
 // Acceptance, plus each speculative step's wall time past drafting and verification (the sum of

@@ -1,4 +1,4 @@
-// ssv_bench: what SSV's strategies (engine/model/ssv.h) cost in quality and what they save in KV
+// ssv_bench: what SSV's strategies (engine/base/ssv.h) cost in quality and what they save in KV
 // reads, on an NSA model on the CPU (nsa-codepair, its draft the codepair draft). Prompts: the
 // model's golden.json (the beginnings of held-out files). For each strategy:
 //  - teacher-forced log-likelihood: each prompt's first --prefix ids prefilled, the rest run in
@@ -11,6 +11,8 @@
 //    read per layer and KV head, alone and grouped, from the engine's SSV metrics (bytes: keys x
 //    head_dim x 2 (K and V) x 2 (bf16), the GPU's cache format).
 // The CPU computes a group query by query, so this tool measures reads and quality, not time.
+// `ssv_bench --tune [specd_profile's flags]` is the planner: it measures each strategy's
+// verification on the device and writes them, ranked, into a cost profile (tools/profile).
 //
 //   ssv_bench [--model DIR] [--draft DIR] [--k 7] [--tokens 64] [--prefix 64]
 //             [--strategies exact/c1/r1,exact/c4/r1,shared/c4/r1,exact/c1/r2] [--threads 2]
@@ -31,6 +33,7 @@
 #include "engine/model/model.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/flag_parse.h"
+#include "tools/profile/profile_tool.h"
 
 namespace specd {
 namespace {
@@ -44,19 +47,6 @@ struct Flags {
   int threads = 2;
   std::vector<SsvStrategy> strategies;
 };
-
-// "mode/cC/rR", as SsvStrategyName writes it.
-bool ParseStrategy(absl::string_view text, SsvStrategy* out) {
-  const std::vector<std::string> parts = absl::StrSplit(text, '/');
-  if (parts.size() != 3 || parts[1].size() < 2 || parts[1][0] != 'c' || parts[2].size() < 2 ||
-      parts[2][0] != 'r') {
-    return false;
-  }
-  return ParseSsvMode(parts[0], &out->mode) &&
-         absl::SimpleAtoi(parts[1].substr(1), &out->group_size) &&
-         absl::SimpleAtoi(parts[2].substr(1), &out->refresh_every) &&
-         ValidateSsvStrategy(*out, "").ok();
-}
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   std::string strategies =
@@ -74,10 +64,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     return false;
   });
   if (!ok) return false;
-  for (absl::string_view s : absl::StrSplit(strategies, ',')) {
+  for (const std::string& s : std::vector<std::string>(absl::StrSplit(strategies, ','))) {
     SsvStrategy st;
-    if (!ParseStrategy(s, &st)) {
-      std::fprintf(stderr, "ssv_bench: bad strategy %s (mode/cC/rR)\n", std::string(s).c_str());
+    if (!ParseSsvStrategy(s, &st)) {
+      std::fprintf(stderr, "ssv_bench: bad strategy %s (mode/cC/rR)\n", s.c_str());
       return false;
     }
     f->strategies.push_back(st);
@@ -256,4 +246,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace specd
 
-int main(int argc, char** argv) { return specd::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // The planner: the strategies' speed on the device, ranked, into a cost profile.
+  if (argc >= 2 && std::string_view(argv[1]) == "--tune") {
+    return specd::profile::RunProfileTool("ssv_bench --tune", argc - 1, argv + 1,
+                                          /*tune_ssv=*/true);
+  }
+  return specd::Main(argc, argv);
+}

@@ -115,6 +115,7 @@ class Acceptance : public EngineObserver {
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard lock(mu_);
     step_times_.push_back({now, m.draft_seconds, m.verify_seconds});
+    for (const std::string& s : m.ssv_strategies) ++ssv_rounds_[s];
     if (m.ssd != nullptr) ssd_ = *m.ssd;
     ++steps_;
     draft_s_ += m.draft_seconds;
@@ -180,6 +181,17 @@ class Acceptance : public EngineObserver {
     std::lock_guard lock(mu_);
     return ssd_;
   }
+  // An NSA target's verification rounds per SSV strategy since the last call ("exact/c4/r1 812,
+  // shared/c4/r1 12"; "" without any).
+  std::string TakeSsvUse() {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (const auto& [name, n] : ssv_rounds_) {
+      absl::StrAppendFormat(&out, "%s%s %d", out.empty() ? "" : ", ", name, n);
+    }
+    ssv_rounds_.clear();
+    return out;
+  }
 
  private:
   std::mutex mu_;
@@ -188,6 +200,7 @@ class Acceptance : public EngineObserver {
   int64_t steps_ = 0;                      // speculative steps, and their draft / verify time
   double draft_s_ = 0, verify_s_ = 0;
   std::map<std::string, int64_t> policy_rows_;  // request-steps by method (OnPolicy)
+  std::map<std::string, int64_t> ssv_rounds_;   // verification rounds by SSV strategy
   int64_t policy_steps_ = 0, policy_searches_ = 0;
   double policy_seconds_ = 0;  // the engine's time choosing strategies (host)
   // The decode phase (TakeDecodePhase): each token's time after its request's first, the latest

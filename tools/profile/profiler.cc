@@ -113,8 +113,11 @@ class Probe {
 
   // One plain decode step: every sequence's next token at position `context`.
   absl::StatusOr<double> DecodeMs() { return Call(1, /*verify=*/false); }
-  // One greedy verification step of `tokens` per sequence (tokens - 1 drafts).
-  absl::StatusOr<double> VerifyMs(int32_t tokens) { return Call(tokens, /*verify=*/true); }
+  // One greedy verification step of `tokens` per sequence (tokens - 1 drafts), its chunks under
+  // `ssv` (null: the model's own attention).
+  absl::StatusOr<double> VerifyMs(int32_t tokens, const SsvStrategy* ssv = nullptr) {
+    return Call(tokens, /*verify=*/true, ssv);
+  }
 
   // The runner's EAGLE-3 head (RunnerOptions::eagle3_head), after SetBatch: a plain step whose
   // captured hidden states are fused into the head's scratch pool rows (one per sequence), then
@@ -168,7 +171,7 @@ class Probe {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Call(int32_t tokens, bool verify) {
+  absl::StatusOr<double> Call(int32_t tokens, bool verify, const SsvStrategy* ssv = nullptr) {
     batch_.clear();
     rows_.clear();
     drafts_.clear();
@@ -176,6 +179,7 @@ class Probe {
       Seq& s = *seqs_[i];
       s.chunk = RandomIds(tokens);
       batch_.push_back({s.chunk, context_, s.table, false, static_cast<int64_t>(i)});
+      batch_.back().ssv = ssv;
       SampleRow row;
       row.chunk = static_cast<int32_t>(i);
       row.sampler = &s.sampler;
@@ -354,7 +358,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const ProfileOptions& 
   // A pool sized for the largest point (f32 bytes: an upper bound for every runner; the head's
   // layer counted as one more), so that the target leaves the GPU's memory to the draft model.
   const int32_t num_layers = config.num_layers + (r.eagle3_head.empty() ? 0 : 1);
-  const int64_t token_bytes = int64_t{2} * num_layers * config.kv_size() * 4;
+  int64_t token_bytes = int64_t{2} * num_layers * config.kv_size() * 4;
+  // An NSA model's compressed-block cache: one more entry of K and V per compressed block, and at
+  // least one per page.
+  if (config.is_nsa()) {
+    const int64_t every = std::min(config.nsa.block_size, r.block_size);
+    token_bytes += (token_bytes + every - 1) / every;
+  }
   r.kv_cache_bytes =
       int64_t{PlanBlocks(max_context, max_tokens, r.block_size).Total(max_batch) + 2} *
       r.block_size * token_bytes;
@@ -412,6 +422,9 @@ absl::Status ProfileOptions::Validate() {
   if (parallel_draft && draft_dir.empty()) {
     return absl::InvalidArgumentError("--parallel needs --draft DIR (the parallel draft)");
   }
+  if (!(ssv_alpha > 0 && ssv_alpha < 1)) {
+    return absl::InvalidArgumentError("--alpha must be in (0, 1)");
+  }
   return absl::OkStatus();
 }
 
@@ -434,6 +447,7 @@ struct GridTimes {
   std::vector<double> verify;  // [batch][tokens][context]
   std::vector<double> draft;   // [batch][K][context] drafting K tokens (DraftKs); empty: none
   std::vector<double> head;    // [batch][K][context] the EAGLE-3 head's K steps; empty: none
+  std::vector<std::vector<double>> ssv;  // per strategy [batch][tokens][context]
 };
 
 // The runners a point is measured on: the target (holding the head, if any) and the draft.
@@ -483,9 +497,10 @@ absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, const Probes& p, 
   const std::vector<int32_t>&batches = o.batch_sizes, &contexts = o.contexts, &tokens = o.tokens;
   const size_t nb = batches.size(), nt = tokens.size(), nc = contexts.size();
   const size_t drafted = nb * p.ks.size() * nc;
-  GridTimes times{std::vector<double>(nb * nc), std::vector<double>(nb * nt * nc),
-                  std::vector<double>(p.draft ? drafted : 0),
-                  std::vector<double>(p.head ? drafted : 0)};
+  GridTimes times{
+      std::vector<double>(nb * nc), std::vector<double>(nb * nt * nc),
+      std::vector<double>(p.draft ? drafted : 0), std::vector<double>(p.head ? drafted : 0),
+      std::vector<std::vector<double>>(o.ssv.size(), std::vector<double>(nb * nt * nc))};
   for (size_t c = 0; c < nc; ++c) {
     SPECD_RETURN_IF_ERROR(p.target->SetContext(contexts[c]));
     if (p.draft) SPECD_RETURN_IF_ERROR(p.draft->SetContext(contexts[c]));
@@ -499,10 +514,22 @@ absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, const Probes& p, 
                                budget.Measure([&] { return p.target->VerifyMs(tokens[t]); }));
         times.verify[(b * nt + t) * nc + c] = line[t];
       }
+      std::string ssv_note;
+      for (size_t s = 0; s < o.ssv.size(); ++s) {
+        absl::StrAppend(&ssv_note, ", ", SsvStrategyName(o.ssv[s]));
+        for (size_t t = 0; t < nt; ++t) {
+          double& ms = times.ssv[s][(b * nt + t) * nc + c];
+          SPECD_ASSIGN_OR_RETURN(
+              ms, budget.Measure([&] { return p.target->VerifyMs(tokens[t], &o.ssv[s]); }));
+          absl::StrAppendFormat(&ssv_note, " t=%d %.3f", tokens[t], ms);
+        }
+      }
       SPECD_ASSIGN_OR_RETURN(const std::string drafters,
                              MeasureDrafters(o, p, b, c, times, budget));
-      if (o.log)
-        o.log(FormatLine(batches[b], contexts[c], times.plain[at], tokens, line, drafters));
+      if (o.log) {
+        o.log(FormatLine(batches[b], contexts[c], times.plain[at], tokens, line,
+                         drafters + ssv_note));
+      }
     }
   }
   return times;
@@ -528,6 +555,12 @@ absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const Probes& 
     SPECD_ASSIGN_OR_RETURN(costs.draft, CostGrid::Create(batches, p.ks, contexts, times.head));
     profile.SetMethod(PolicyMethod::kEagle3, std::move(costs));
   }
+  for (size_t s = 0; s < o.ssv.size(); ++s) {
+    SPECD_ASSIGN_OR_RETURN(CostGrid grid,
+                           CostGrid::Create(batches, o.tokens, contexts, times.ssv[s]));
+    profile.SetSsv(o.ssv[s], std::move(grid));
+  }
+  profile.ssv_alpha = o.ssv_alpha;
   return profile;
 }
 
@@ -546,6 +579,17 @@ absl::StatusOr<Runners> LoadRunners(const ProfileOptions& o) {
   if (!o.eagle3_dir.empty() && r.target->eagle3() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "EAGLE-3 head: the runner on ", r.target->device_name(), " did not load ", o.eagle3_dir));
+  }
+  if (!o.ssv.empty() && !r.target->config().is_nsa()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ssv: SSV strategies verify NSA models; ", o.model_dir, " is not one"));
+  }
+  for (const SsvStrategy& s : o.ssv) {
+    if (s.lossy() && !r.target->SupportsLossySsv()) {
+      return absl::InvalidArgumentError(absl::StrCat("--ssv: ", r.target->device_name(),
+                                                     " does not run lossy strategies (",
+                                                     SsvStrategyName(s), ")"));
+    }
   }
   if (o.draft_dir.empty()) return r;
   absl::StatusOr<std::unique_ptr<ModelRunner>> d = CreateRunner(o, o.draft_dir, true);
@@ -585,8 +629,8 @@ absl::StatusOr<ProfileReport> MeasureProfile(ProfileOptions o) {
                       .ks = DraftKs(o.tokens)};
   const size_t draft_measurements = !draft ? 0 : o.parallel_draft ? probes.ks.size() : 1;
   const size_t points = o.batch_sizes.size() * o.contexts.size();
-  Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() + draft_measurements +
-                                                  (probes.head ? 1 : 0))));
+  Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() * (1 + o.ssv.size()) +
+                                                  draft_measurements + (probes.head ? 1 : 0))));
   SPECD_ASSIGN_OR_RETURN(GridTimes times, MeasureGrid(o, probes, budget));
   SPECD_ASSIGN_OR_RETURN(CostProfile profile, BuildProfile(o, probes, times));
   profile.device = target->device_name();

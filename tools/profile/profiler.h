@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/base/ssv.h"
 #include "engine/policy/cost_profile.h"
 
 namespace specd::profile {
@@ -41,6 +42,10 @@ struct ProfileOptions {
   // passed fails the run (DeadlineExceeded), so the overrun is at most one measurement.
   double budget_seconds = 300;
   uint64_t seed = 1234;  // synthetic token ids
+  // NSA targets, the SSV planner: each strategy's verification grid (as `verify`, the chunks
+  // under the strategy), into the profile's "ssv" section, ranked at ssv_alpha.
+  std::vector<SsvStrategy> ssv;
+  double ssv_alpha = 0.8;
   // Progress lines (each measurement as it completes); null: silent.
   std::function<void(std::string_view)> log;
 
@@ -69,6 +74,8 @@ struct ProfileReport {
 //           step (a row per sequence at the context's end, its cache holding the context, the
 //           previous step's prenorm as its hidden input), dense verification (the target's
 //           passes capture the head's hidden states throughout, as a server with the head does)
+//   ssv     with options.ssv (an NSA target): per strategy, verify [batch] x [tokens] x [context]
+//           with every sequence's chunk under the strategy
 // Each time is the median of `repeats` calls after `warmup`. Sequences share one prefilled
 // prefix of `context` tokens (blocks shared, as prefix caching shares them) and own the blocks
 // their new tokens go to; each call writes the same positions again, so contexts stay fixed.

@@ -219,3 +219,46 @@ TEST(SpecdProfileTest, RefusesBadFlagsAndSaysWhatItSkips) {
 
 }  // namespace
 }  // namespace specd
+
+namespace specd {
+namespace {
+
+// The SSV planner (ssv_bench --tune is the same code with --ssv lossless): an NSA target's
+// strategies measured into the profile's "ssv" section, ranked in the output; refused on a
+// dense target.
+TEST(SpecdProfileTest, MeasuresAndRanksTheSsvStrategiesOfAnNsaTarget) {
+  const std::string path = ::testing::TempDir() + "/specd_profile_ssv_test.json";
+  std::remove(path.c_str());
+  std::string output;
+  const std::string nsa = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
+  const int rc = RunTool("--model " + nsa + " --draft " + kModels +
+                             "/draft --device cpu --threads 2 --batch 1 --context 600 "
+                             "--tokens 1,5 --warmup 0 --repeats 1 --alpha 0.7 "
+                             "--ssv exact/c1/r1,exact/c4/r1,shared/c4/r1 --output " +
+                             path,
+                         &output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("SSV ranking at alpha 0.70"), std::string::npos) << output;
+  EXPECT_NE(output.find("shared/c4/r1 K4"), std::string::npos) << output;
+  absl::StatusOr<CostProfile> profile = CostProfile::Load(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->ssv().size(), 3u);
+  EXPECT_DOUBLE_EQ(profile->ssv_alpha, 0.7);
+  for (const SsvCosts& c : profile->ssv()) {
+    EXPECT_EQ(c.verify.tokens(), (std::vector<int32_t>{1, 5})) << SsvStrategyName(c.strategy);
+    for (double ms : c.verify.ms()) EXPECT_GT(ms, 0) << SsvStrategyName(c.strategy);
+  }
+
+  ASSERT_EQ(RunTool("--model " + kModels +
+                        "/target --device cpu --batch 1 --context 64 "
+                        "--tokens 2 --ssv lossless --output " +
+                        path,
+                    &output),
+            1)
+      << output;
+  EXPECT_NE(output.find("--ssv: SSV strategies verify NSA models"), std::string::npos) << output;
+  ASSERT_EQ(RunTool("--model " + nsa + " --ssv exact/c99/r1", &output), 2) << output;
+}
+
+}  // namespace
+}  // namespace specd

@@ -13,7 +13,7 @@
 #include "engine/base/cuda/cuda_util.h"
 #include "engine/base/log.h"
 #include "engine/base/status.h"
-#include "engine/model/ssv.h"
+#include "engine/base/ssv.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runner/cuda/cuda_forward.h"
 #include "engine/runner/cuda/cuda_runner_state.h"

@@ -42,6 +42,9 @@ std::string_view SsvModeName(SsvMode mode);
 bool ParseSsvMode(std::string_view name, SsvMode* mode);
 // The strategy as metrics and logs show it, e.g. "exact/c4/r1".
 std::string SsvStrategyName(const SsvStrategy& s);
+// The inverse of SsvStrategyName ("mode/cC/rR"); false for anything else or a strategy out of
+// range (ValidateSsvStrategy).
+bool ParseSsvStrategy(std::string_view name, SsvStrategy* out);
 // InvalidArgument naming `prefix`.field (message and field payload, engine/base/status.h) when C
 // is outside [1, kMaxSsvGroupSize] or R < 1.
 absl::Status ValidateSsvStrategy(const SsvStrategy& s, std::string_view prefix);

@@ -1,6 +1,10 @@
-#include "engine/model/ssv.h"
+#include "engine/base/ssv.h"
 
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "engine/base/field_status.h"
 
 namespace specd {
@@ -20,6 +24,21 @@ bool ParseSsvMode(std::string_view name, SsvMode* mode) {
 
 std::string SsvStrategyName(const SsvStrategy& s) {
   return absl::StrCat(std::string(SsvModeName(s.mode)), "/c", s.group_size, "/r", s.refresh_every);
+}
+
+bool ParseSsvStrategy(std::string_view name, SsvStrategy* out) {
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(name.data(), name.size()), '/');
+  SsvStrategy s;
+  if (parts.size() != 3 || parts[1].size() < 2 || parts[1][0] != 'c' || parts[2].size() < 2 ||
+      parts[2][0] != 'r' ||
+      !ParseSsvMode(std::string_view(parts[0].data(), parts[0].size()), &s.mode) ||
+      !absl::SimpleAtoi(parts[1].substr(1), &s.group_size) ||
+      !absl::SimpleAtoi(parts[2].substr(1), &s.refresh_every) || !ValidateSsvStrategy(s, "").ok()) {
+    return false;
+  }
+  *out = s;
+  return true;
 }
 
 absl::Status ValidateSsvStrategy(const SsvStrategy& s, std::string_view prefix_view) {
