@@ -13,7 +13,9 @@
 // may then move past any bf16 tolerance. Such a row must be at a recorded near tie (the CPU's
 // margin, NsaAttention::LastRunSelectionMargin), printed, and rare;
 //  - greedy speculation (the codepair draft, SSV exact) gives plain decoding's ids, and lossy SSV
-//    strategies are refused (the GPU runs exact ones only);
+//    strategies give the CPU's rows;
+//  - what SSV verification reads (ModelRunner::ssv_load_stats, counted on the device) is what the
+//    CPU counts, in graph replays and eager steps;
 //  - chunked prefill, preemption (recompute) and the prefix cache keep the ids;
 //  - the load under tensor parallelism refused before any device work.
 // Data: as cuda_runner_test ($SPECD_SHARED_DIR/models).
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -33,6 +36,7 @@
 #include "engine/engine.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/model.h"
+#include "engine/runner/cuda/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "engine/testing/engine_test_util.h"
 #include "tests/cuda_test_util.h"
@@ -60,27 +64,30 @@ RunnerOptions NsaOptions(const std::string& device) {
 // On the goldens the last query's margins are 0.019-0.72, except one at 0.0036.
 constexpr float kNearTie = 0.01f;
 
-// The fp32 CPU forward's smallest selection margin, over the layers, of the last query of
-// `tokens` (the rest prefilled first): how close its selections are to a tie.
-float CpuLastQueryMargin(const std::vector<int32_t>& tokens) {
+// The fp32 CPU forward's smallest selection margin, over the layers and the queries of the last
+// `chunk` ids of `tokens` run as one chunk with strategy `ssv` (the rest prefilled first): how
+// close their selections are to a tie.
+float CpuChunkMargin(const std::vector<int32_t>& tokens, int32_t chunk,
+                     const SsvStrategy* ssv = nullptr) {
   static Model* model = [] {
     auto m = Model::Load(Dir(), LoadOptions{});
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? std::move(*m).release() : nullptr;
   }();
-  if (model == nullptr || tokens.empty()) return 0;
   const int32_t n = static_cast<int32_t>(tokens.size()), kv_block = 16;
+  if (model == nullptr || chunk < 1 || chunk > n) return 0;
   auto kv = CpuKvCache::Create(model->MakeKvCacheSpec((n + kv_block - 1) / kv_block, kv_block));
   EXPECT_TRUE(kv.ok()) << kv.status();
   if (!kv.ok()) return 0;
   std::vector<int32_t> table((n + kv_block - 1) / kv_block);
   std::iota(table.begin(), table.end(), 0);
   std::vector<float> logits;
-  if (n > 1) {
-    const SequenceInput head{std::span(tokens).first(n - 1), 0, table, false};
+  if (n > chunk) {
+    const SequenceInput head{std::span(tokens).first(n - chunk), 0, table, false};
     EXPECT_TRUE(model->Forward(std::span(&head, 1), **kv, &logits).ok());
   }
-  const SequenceInput last{std::span(tokens).last(1), n - 1, table, false};
+  SequenceInput last{std::span(tokens).last(chunk), n - chunk, table, false};
+  last.ssv = ssv;
   EXPECT_TRUE(model->Forward(std::span(&last, 1), **kv, &logits).ok());
   float margin = std::numeric_limits<float>::infinity();
   for (int32_t l = 0; l < model->config().num_layers; ++l) {
@@ -88,6 +95,9 @@ float CpuLastQueryMargin(const std::vector<int32_t>& tokens) {
   }
   return margin;
 }
+
+// CpuChunkMargin of the last query of `tokens` alone.
+float CpuLastQueryMargin(const std::vector<int32_t>& tokens) { return CpuChunkMargin(tokens, 1); }
 
 struct Golden {
   std::vector<int32_t> prompt, greedy, top8_ids;
@@ -393,6 +403,101 @@ TEST(CudaNsaTest, LossyStrategiesGiveTheCpusRows) {
     std::printf("[ %s ] GPU vs CPU: worst row error %.2e of the row's max; vs exact C 4: %.2e\n",
                 name.c_str(), worst, changed);
     EXPECT_GT(changed, kBf16RelTolerance) << name << ": the lossy strategy changed no row";
+  }
+}
+
+// got's SSV counts against want's. The fields no selection changes (queries, pairs, and blocks per
+// query: S each past S blocks) exactly; the others exactly too (overlap_sum within 1e-3 relative:
+// the GPU adds its per-pair doubles in another order), unless the CPU found a selection of the
+// chunk nearly tied (`near_tie`), where bf16 may take another block: then within one other block
+// per query x layer x kv head (its keys, and 1/S of the overlap of both pairs it is in).
+void ExpectCountsMatch(const std::string& what, const SsvLoadStats& got, const SsvLoadStats& want,
+                       bool near_tie, const NsaConfig& nsa) {
+  std::printf(
+      "[ %s ] GPU (CPU): %lld (%lld) queries, keys %lld (%lld) per query, %lld (%lld) grouped, "
+      "blocks %lld (%lld) per query, %lld (%lld) grouped, overlap %.4f (%.4f) over %lld (%lld) "
+      "pairs%s\n",
+      what.c_str(), static_cast<long long>(got.queries), static_cast<long long>(want.queries),
+      static_cast<long long>(got.per_query_keys), static_cast<long long>(want.per_query_keys),
+      static_cast<long long>(got.grouped_keys), static_cast<long long>(want.grouped_keys),
+      static_cast<long long>(got.per_query_blocks), static_cast<long long>(want.per_query_blocks),
+      static_cast<long long>(got.grouped_blocks), static_cast<long long>(want.grouped_blocks),
+      got.overlap_sum, want.overlap_sum, static_cast<long long>(got.overlap_pairs),
+      static_cast<long long>(want.overlap_pairs), near_tie ? " (a near tie)" : "");
+  EXPECT_EQ(got.queries, want.queries) << what;
+  EXPECT_EQ(got.overlap_pairs, want.overlap_pairs) << what;
+  EXPECT_EQ(got.per_query_blocks, want.per_query_blocks) << what;
+  const int64_t rows = near_tie ? want.queries : 0;
+  EXPECT_LE(std::abs(got.per_query_keys - want.per_query_keys), rows * nsa.block_size) << what;
+  EXPECT_LE(std::abs(got.grouped_keys - want.grouped_keys), rows * nsa.block_size) << what;
+  EXPECT_LE(std::abs(got.grouped_blocks - want.grouped_blocks), rows) << what;
+  EXPECT_NEAR(got.overlap_sum, want.overlap_sum,
+              1e-3 * want.overlap_sum + 2.0 * static_cast<double>(rows) / nsa.block_counts)
+      << what;
+}
+
+// What SSV verification reads (ssv_load_stats) for a chunk of 8 queries after a 306-id prefix of
+// the goldens' prompts one after another (a chunk whose selections the fp32 CPU finds at least
+// 0.02 from a tie under each strategy, so bf16 selects the same blocks), under exact strategies
+// (groups of 1, 4 and 3, the last uneven) and lossy ones: the GPU runner's totals (counted on the
+// device) grow by the CPU runner's (NsaAttention::CountLoads), both when the chunk replays a round
+// graph and when it runs eagerly; the prefill before it, without a strategy, counts nothing.
+TEST(CudaNsaTest, SsvLoadStatsEqualTheCpus) {
+  ASSERT_TRUE(DataPresent(Dir()));
+  RunnerOptions eager_options = NsaOptions("cuda");
+  eager_options.enforce_eager = true;
+  Harness gpu(MakeRunner(NsaOptions("cuda")));
+  Harness eager(MakeRunner(eager_options));
+  Harness cpu(MakeRunner(NsaOptions("cpu")));
+  ASSERT_TRUE(gpu.ok() && eager.ok() && cpu.ok());
+  std::vector<int32_t> ids;
+  for (const Golden& g : Goldens()) ids.insert(ids.end(), g.prompt.begin(), g.prompt.end());
+  constexpr size_t kPrefix = 306, kQueries = 8;  // block 9: S = 8 of 10 candidates
+  ASSERT_GE(ids.size(), kPrefix + kQueries);
+  ids.resize(kPrefix + kQueries);
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + kPrefix);
+  const std::vector<int32_t> chunk(ids.begin() + kPrefix, ids.end());
+  const ModelConfig& config = cpu.runner().config();
+  const int64_t rows_per_query = int64_t{config.num_layers} * config.num_kv_heads;
+  // The chunk's counts under `ssv`, after its prefix.
+  auto counts_of = [&](Harness& h, const SsvStrategy& ssv) {
+    const int seq = h.AddSequence();
+    const SsvLoadStats start = h.runner().ssv_load_stats();
+    h.Run({{seq, prefix, false}});
+    const SsvLoadStats before = h.runner().ssv_load_stats();
+    EXPECT_EQ(before.queries, start.queries) << "a prefill without a strategy counts nothing";
+    EXPECT_EQ(before.grouped_keys, start.grouped_keys);
+    h.Run({{seq, chunk, true, &ssv}});
+    const SsvLoadStats counts = h.runner().ssv_load_stats() - before;
+    h.Release(seq);
+    return counts;
+  };
+  auto round_launches = [&] {
+    return static_cast<CudaRunner&>(gpu.runner()).graph_stats().round_launches;
+  };
+  for (const SsvStrategy& ssv :
+       {SsvStrategy{.group_size = 1, .mode = SsvMode::kExact},
+        SsvStrategy{.group_size = 4, .mode = SsvMode::kExact},
+        SsvStrategy{.group_size = 3, .mode = SsvMode::kExact},
+        SsvStrategy{.group_size = 4, .mode = SsvMode::kShared},
+        SsvStrategy{.group_size = 1, .mode = SsvMode::kExact, .refresh_every = 2},
+        SsvStrategy{.group_size = 4, .mode = SsvMode::kShared, .refresh_every = 3}}) {
+    const std::string name = SsvStrategyName(ssv);
+    const float margin = CpuChunkMargin(ids, static_cast<int32_t>(kQueries), &ssv);
+    std::printf("[ %s ] the chunk's selection margin on the CPU: %.4f\n", name.c_str(), margin);
+    const SsvLoadStats want = counts_of(cpu, ssv);
+    // Every query, layer and kv head counts, S blocks each; overlap pairs on refresh layers.
+    EXPECT_EQ(want.queries, static_cast<int64_t>(kQueries) * rows_per_query) << name;
+    const int64_t refresh_layers = (config.num_layers + ssv.refresh_every - 1) / ssv.refresh_every;
+    EXPECT_EQ(want.overlap_pairs,
+              static_cast<int64_t>(kQueries - 1) * refresh_layers * config.num_kv_heads)
+        << name;
+    EXPECT_EQ(want.per_query_blocks, want.queries * config.nsa.block_counts) << name;
+    const int64_t launches = round_launches();
+    const SsvLoadStats replayed = counts_of(gpu, ssv);
+    EXPECT_GT(round_launches(), launches) << name << ": the chunk replayed a round graph";
+    ExpectCountsMatch(name + " graph", replayed, want, margin < kNearTie, config.nsa);
+    ExpectCountsMatch(name + " eager", counts_of(eager, ssv), want, margin < kNearTie, config.nsa);
   }
 }
 

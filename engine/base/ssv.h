@@ -61,7 +61,8 @@ struct SsvLoadStats {
   int64_t per_query_blocks = 0;  // selected blocks
   int64_t grouped_blocks = 0;
   // The model's own selections of adjacent queries of a chunk: the sum over pairs of
-  // |Sel(t) n Sel(t-1)| / |Sel(t)|, and the number of pairs (SSV's first premise, online).
+  // |Sel(t) n Sel(t-1)| / |Sel(t)|, and the number of pairs (SSV's first premise, online), on
+  // the strategy's refresh layers (a reuse layer computes no selection on the GPU).
   double overlap_sum = 0;
   int64_t overlap_pairs = 0;
 

@@ -290,10 +290,11 @@ void NsaAttention::ResolveSelections(const TokenLayout& layout,
       effective_[t * kv_heads + g] = &kept_[source * kv_heads + g];
     }
   }
-  CountLoads(layout, ssv);
+  CountLoads(layout, ssv, layer);
 }
 
-void NsaAttention::CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv) {
+void NsaAttention::CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv,
+                              int32_t layer) {
   const int64_t num_tokens = static_cast<int64_t>(layout.positions.size());
   const int32_t bs = shape_.nsa.block_size, window = shape_.nsa.window_size;
   const int32_t kv_heads = shape_.num_kv_heads;
@@ -323,7 +324,9 @@ void NsaAttention::CountLoads(const TokenLayout& layout, std::span<const SsvStra
       for (int32_t g = 0; g < kv_heads; ++g) {
         for (int64_t t = begin; t < end; ++t) {
           const std::vector<int32_t>& own = own_[t * kv_heads + g];
-          if (t > begin && !own.empty()) {
+          // Overlap on refresh layers only: a reuse layer's own selection is not computed on
+          // the GPU (skipping it is what the schedule buys), and the two backends count alike.
+          if (t > begin && !own.empty() && st->Refreshes(layer)) {
             const std::vector<int32_t>& prev = own_[(t - 1) * kv_heads + g];
             merged.clear();
             std::set_intersection(own.begin(), own.end(), prev.begin(), prev.end(),

@@ -91,7 +91,9 @@ class NsaAttention {
   // Which selection each query attends (effective_), and the strategies' load counts.
   void ResolveSelections(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv,
                          int32_t layer);
-  void CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv);
+  // Overlap of adjacent queries' own selections: on the strategy's refresh layers only.
+  void CountLoads(const TokenLayout& layout, std::span<const SsvStrategy* const> ssv,
+                  int32_t layer);
   // Phase 2 of token t: the selected and window branches, and the gated sum into out.
   void AttendToken(int64_t t, const TokenLayout& layout, const float* q, int64_t q_stride,
                    const float* gate_logits, int64_t gate_stride, const CpuKvCache& kv,

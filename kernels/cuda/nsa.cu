@@ -274,7 +274,7 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
                       const NsaTokens& tokens, const NsaGroups& groups, const NsaShape& shape,
                       int32_t max_context, int32_t num_splits, __nv_bfloat16* o_cmp,
                       int64_t o_cmp_stride, int32_t* selections, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream) {
+                      size_t workspace_bytes, cudaStream_t stream, const NsaLoadCount* count) {
   if (!ValidRun(q, q_stride, cache, tokens, groups, shape, max_context, num_splits) ||
       cache.cmp_k == nullptr || cache.cmp_v == nullptr || !IsAligned(cache.cmp_k, 16) ||
       !IsAligned(cache.cmp_v, 16) ||
@@ -318,11 +318,11 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
   if (err != cudaSuccess) return err;
   const int64_t select_ctas = tokens.num_tokens * shape.num_kv_heads;
   if (select_ctas > INT_MAX) return cudaErrorInvalidValue;
-  return LaunchDependent(nsa::NsaSelectKernel, static_cast<unsigned>(select_ctas),
-                         nsa::kSelectThreads, 0, stream, params.logits, params.logit_stride,
-                         tokens.positions, tokens.token_seqs, tokens.refresh_every,
-                         static_cast<int>(tokens.layer), shape.num_q_heads, shape.num_kv_heads,
-                         params.log2_nsa_block, shape.block_counts, selections);
+  return LaunchDependent(
+      nsa::NsaSelectKernel, static_cast<unsigned>(select_ctas), nsa::kSelectThreads, 0, stream,
+      params.logits, params.logit_stride, tokens.positions, tokens.token_seqs, tokens.refresh_every,
+      static_cast<int>(tokens.layer), shape.num_q_heads, shape.num_kv_heads, params.log2_nsa_block,
+      shape.block_counts, selections, count != nullptr ? count->own_selections : nullptr);
 }
 
 int32_t NsaMaxUnionBlocks(int32_t max_group_size, int32_t max_context, const NsaShape& shape) {
@@ -356,12 +356,13 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
                       const __nv_bfloat16* gate_logits, int64_t gate_stride, const NsaShape& shape,
                       int32_t max_context, int32_t num_splits, __nv_bfloat16* out,
                       int64_t out_stride, void* workspace, size_t workspace_bytes,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const NsaLoadCount* count) {
   const int64_t row = int64_t{shape.num_q_heads} * shape.head_dim;
   if (!ValidRun(q, q_stride, cache, tokens, groups, shape, max_context, num_splits) ||
       selections == nullptr || !ValidRows(o_cmp, o_cmp_stride, row) ||
       !ValidRows(out, out_stride, row) || gate_logits == nullptr ||
-      gate_stride < 3 * int64_t{shape.num_q_heads}) {
+      gate_stride < 3 * int64_t{shape.num_q_heads} ||
+      (count != nullptr && (count->own_selections == nullptr) != (count->counters == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (tokens.num_tokens == 0 || groups.num_groups == 0) return cudaSuccess;
@@ -394,11 +395,12 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
     const cudaError_t err = LaunchDependent(
         nsa::NsaUnionKernel, static_cast<unsigned>(lists), nsa::kUnionThreads,
         max_blocks * sizeof(uint32_t), stream, groups.groups, groups.max_group_size,
-        tokens.positions, tokens.token_seqs, selections, shared_selection, groups.shared,
+        tokens.positions, tokens.token_seqs, selections, shared_selection, groups.flags,
         cache.block_tables, cache.max_blocks_per_seq, params.pre.log2_block_size,
         params.log2_pages_per_block, shape.num_kv_heads, params.log2_nsa_block, shape.block_counts,
         shape.window_size, static_cast<int>(max_blocks), max_union, union_blocks, union_masks,
-        union_pages, union_counts);
+        union_pages, union_counts, count != nullptr ? count->own_selections : nullptr,
+        count != nullptr ? count->counters : nullptr);
     if (err != cudaSuccess) return err;
   }
   const int warps = Warps(groups.max_group_size, 2, shape);

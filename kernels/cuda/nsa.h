@@ -5,7 +5,9 @@
 //   NsaCompress  the mean key and value of every block a pass completes, into the compressed cache;
 //   NsaSelect    the compressed branch (o_cmp) and each (token, kv head)'s own block selection;
 //   NsaAttend    the selected and window branches over the selections the caller passes (own,
-//                kept from a refresh layer, or shared per group), merged and gated with o_cmp.
+//                kept from a refresh layer, or shared per group), merged and gated with o_cmp;
+//                with NsaLoadCount, it also counts what SSV verification groups read (the
+//                server's SSV metrics, as the CPU counts them).
 // Any host thread; work is queued on `stream`, nothing allocates (scratch comes from the
 // caller's workspace), and positions, groups, tables and selections are read on the device, so
 // the launches replay from CUDA graphs. Split counts are host plans (Nsa*Splits), chosen once per
@@ -75,9 +77,40 @@ struct NsaGroups {
   const int32_t* groups = nullptr;  // [num_groups, 2] int32, device: first token, count
   int32_t num_groups = 0;
   int32_t max_group_size = 0;  // host: >= every count (counts past it are cut), 1 .. 16
-  // SSV shared mode per group (lossy): 1 where the group's tokens attend its first token's
-  // selection in NsaAttend (as shared_selection does for every group). Null: none.
-  const uint8_t* shared = nullptr;  // [num_groups] uint8, device
+  // Per group SSV bits (kNsaGroup*; null: none): kNsaGroupShared, mode shared (lossy): the
+  // group's tokens attend its first token's selection in NsaAttend (as shared_selection does for
+  // every group); kNsaGroupCounted: an SSV verification chunk's group, whose reads NsaAttend
+  // counts (NsaLoadCount).
+  const uint8_t* flags = nullptr;  // [num_groups] uint8, device
+};
+inline constexpr uint8_t kNsaGroupShared = 1;
+inline constexpr uint8_t kNsaGroupCounted = 2;
+
+// What the counted groups read (engine/base/ssv.h's SsvLoadStats, whose definitions these
+// follow: per token x layer x kv head, a token's keys are its attended blocks' keys up to its
+// position and its window; a group's the union of its tokens'), as running totals on the device.
+// Integer fields are exact. overlap_sum adds, per token of a counted group whose sequence's
+// previous token is in the pass, |own(t) n own(t - 1)| / |own(t)| of the two tokens' own
+// selections (computed as a double per pair, as on the CPU), by a double atomicAdd: the sum is
+// the CPU's up to the order of the additions (relative error about 1e-16 per addition).
+struct NsaLoadCounters {
+  uint64_t queries = 0;
+  uint64_t per_query_keys = 0;
+  uint64_t grouped_keys = 0;
+  uint64_t per_query_blocks = 0;
+  uint64_t grouped_blocks = 0;
+  uint64_t overlap_pairs = 0;
+  double overlap_sum = 0;
+};
+
+// SSV load counting, optional for NsaSelect and NsaAttend (the runner passes it at every layer;
+// only the groups flagged kNsaGroupCounted add anything).
+struct NsaLoadCount {
+  // [num_tokens, num_kv_heads, S] int32, device: a refresh token's own selection at the layer, a
+  // reuse token's row all -1 (NsaSelect writes it, NsaAttend reads it for the overlap of adjacent
+  // tokens: on refresh layers only, as the CPU counts it).
+  int32_t* own_selections = nullptr;
+  NsaLoadCounters* counters = nullptr;  // device, in/out: NsaAttend adds to it (atomics)
 };
 
 // Paged storage of one layer (the layout above) and the block tables.
@@ -119,6 +152,9 @@ cudaError_t NsaCompress(const NsaCache& cache, const NsaTokens& tokens, const Ns
 //   o_cmp      [num_tokens, num_q_heads, head_dim] bf16, device, out; row stride o_cmp_stride
 //   selections [num_tokens, num_kv_heads, S] int32, device, out (padding tokens: all -1); a
 //              token that reuses at tokens.layer (tokens.refresh_every) keeps its rows
+//   count      optional: a refresh token's own selection also into count->own_selections, a
+//              reuse token's row all -1 (its top-S is still skipped: SsvLoadStats' overlap is
+//              counted on refresh layers only, on the CPU too)
 //   max_context  host: >= every position + 1 of the call (sizes the logits workspace)
 //   workspace  >= NsaSelectWorkspaceBytes(num_tokens, num_splits, max_context, shape), 16-aligned
 // cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, num_splits
@@ -134,7 +170,8 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
                       const NsaTokens& tokens, const NsaGroups& groups, const NsaShape& shape,
                       int32_t max_context, int32_t num_splits, __nv_bfloat16* o_cmp,
                       int64_t o_cmp_stride, int32_t* selections, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream);
+                      size_t workspace_bytes, cudaStream_t stream,
+                      const NsaLoadCount* count = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Attend (SSV grouped; a group of one token is the per-query kernel). For each token t of group
@@ -143,10 +180,9 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
 //   out = sigmoid(gate[3h + 1]) o_slc + sigmoid(gate[3h]) o_cmp + sigmoid(gate[3h + 2]) o_swa.
 // t's attended selection (per kv head) is selections[t] (mode exact, and reuse layers passing the
 // selections kept from their refresh layer) or, with shared_selection, selections[first token of
-// g] (SSV mode shared, for every group, or for the groups groups.shared marks; engine/model/ssv.h
-// forms a sequence's groups as chunks of C from its first verification token, and the caller's
-// groups must match). Entries < 0 or past i are ignored;
-// duplicates count once.
+// g] (SSV mode shared, for every group, or for the groups groups.flags marks kNsaGroupShared;
+// engine/base/ssv.h forms a sequence's groups as chunks of C from its first verification token,
+// and the caller's groups must match). Entries < 0 or past i are ignored; duplicates count once.
 // Each (group, kv head) reads the UNION of its tokens' keys once: a plan kernel (NsaUnionKernel)
 // merges the group's attended blocks and window blocks into an ascending block list with one bit
 // per token (which tokens attend the block) and the block's physical pages; the verification
@@ -167,6 +203,9 @@ cudaError_t NsaSelect(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
 //   max_context  host: >= every position + 1 of the call
 //   workspace    >= NsaAttendWorkspaceBytes(num_tokens, groups.num_groups, groups.max_group_size,
 //                num_splits, max_context, shape) bytes, device, 16-byte aligned
+//   count        optional (both pointers set): the plan kernel adds the loads of the groups
+//                flagged kNsaGroupCounted to count->counters (NsaLoadCounters), the overlap from
+//                count->own_selections as NsaSelect wrote them for this layer
 // Group positions must be consecutive (a group's union is sized for that: NsaMaxUnionBlocks).
 // cudaErrorInvalidValue for an unsupported shape, a misaligned pointer or stride, num_splits
 // outside [1, 64], max_context / B > 4096, max_group_size outside [1, 16], a workspace too small;
@@ -185,6 +224,6 @@ cudaError_t NsaAttend(const __nv_bfloat16* q, int64_t q_stride, const NsaCache& 
                       const __nv_bfloat16* gate_logits, int64_t gate_stride, const NsaShape& shape,
                       int32_t max_context, int32_t num_splits, __nv_bfloat16* out,
                       int64_t out_stride, void* workspace, size_t workspace_bytes,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const NsaLoadCount* count = nullptr);
 
 }  // namespace specd::kernels

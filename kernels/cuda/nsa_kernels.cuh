@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/attention_combine.cuh"  // kCombineFewMaxSplits
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/nsa.h"  // NsaLoadCounters, kNsaGroup*
 
 namespace specd::kernels::nsa {
 
@@ -64,11 +65,15 @@ __global__ void __launch_bounds__(kCompressThreads)
 //   logits      [num_tokens, num_q_heads, logit_stride] fp32, log2 domain (NsaCompressedVariant)
 //   selections  [num_tokens, num_kv_heads, S] int32; untouched for a token whose refresh_every
 //               (when given) says `layer` reuses its last refresh layer's selection
+//   own_selections  null, or [num_tokens, num_kv_heads, S] int32: a refresh token's own selection
+//               (SSV load counting, NsaLoadCount); a reuse token's row all -1 (no top-S on a
+//               reuse layer: skipping it is what the schedule buys; overlap is counted on
+//               refresh layers only, on the CPU too)
 __global__ void __launch_bounds__(kSelectThreads)
     NsaSelectKernel(const float* __restrict__ logits, int64_t logit_stride,
                     const int32_t* positions, const int32_t* token_seqs,
                     const int32_t* refresh_every, int layer, int num_q_heads, int num_kv_heads,
-                    int log2_b, int block_counts, int32_t* selections) {
+                    int log2_b, int block_counts, int32_t* selections, int32_t* own_selections) {
   constexpr int kWarps = kSelectThreads / kWarpSize;
   __shared__ float head_lse[kMaxBlockThreads / kWarpSize * 8];  // up to 256 heads per kv head
   __shared__ uint32_t keys[kSelectThreads * kSelectMaxItems];
@@ -77,15 +82,26 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ uint32_t found[2];  // digit, remaining rank
   WaitForPrerequisiteGrid();     // launched as a programmatic dependent (common.cuh)
   const int token = blockIdx.x / num_kv_heads, kv_head = blockIdx.x % num_kv_heads;
-  // A reuse layer keeps the token's selection from its last refresh layer (CTA-uniform).
-  if (refresh_every != nullptr && layer % max(1, refresh_every[token]) != 0) return;
+  // A reuse layer keeps the token's selection from its last refresh layer (CTA-uniform), and
+  // counts no overlap. A refresh token's row is written once (the select's registers stay those
+  // of one destination), then copied to own_selections.
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * block_counts;
+  if (refresh_every != nullptr && layer % max(1, refresh_every[token]) != 0) {
+    if (own_selections != nullptr) {
+      for (int k = threadIdx.x; k < block_counts; k += kSelectThreads) own_selections[row + k] = -1;
+    }
+    return;
+  }
   const int group = num_q_heads / num_kv_heads;
-  int32_t* out = selections + static_cast<int64_t>(blockIdx.x) * block_counts;
+  int32_t* out = selections + row;
+  int32_t* copy = own_selections == nullptr ? nullptr : own_selections + row;
   const int seq = token_seqs[token], pos = positions[token];
   const int own = pos >> log2_b, n = own + 1, visible = (pos + 1) >> log2_b;
   if (seq < 0 || pos < 0 || n <= block_counts) {
     for (int k = threadIdx.x; k < block_counts; k += kSelectThreads) {
-      out[k] = seq >= 0 && pos >= 0 && k < n ? k : -1;
+      const int32_t block = seq >= 0 && pos >= 0 && k < n ? k : -1;
+      out[k] = block;
+      if (copy != nullptr) copy[k] = block;
     }
     return;
   }
@@ -176,28 +192,153 @@ __global__ void __launch_bounds__(kSelectThreads)
   for (int k = static_cast<int>(total) + threadIdx.x; k < block_counts; k += kSelectThreads) {
     out[k] = -1;  // never: S of n > S candidates are always chosen
   }
+  if (copy != nullptr) {  // CTA-uniform; the barrier makes the row's global writes visible
+    __syncthreads();
+    for (int k = threadIdx.x; k < block_counts; k += kSelectThreads) copy[k] = out[k];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSV load counting of one (group, kv head), for NsaUnionKernel once its flags are final (every
+// thread of the CTA calls it): what engine/model/nsa_attention.cc's CountLoads counts for the
+// group (nsa.h's NsaLoadCounters), added to `counters`.
+//   per token: its attended blocks, and its keys: each attended block's positions up to its own
+//     (its own block cut at p) less those in its window, plus the window's min(p + 1, W);
+//   per group: the union's selected blocks (a token bit in the flag), and its keys: in each
+//     flagged block, the selected ones up to the last position of a token selecting it (positions
+//     ascend in a group) merged with the windows' union [p_first - W + 1, p_last] (positions are
+//     consecutive: one range);
+//   per token whose sequence's previous token is in the pass: |own(t) n own(t - 1)| / |own(t)|,
+//     the rows of own_selections (ascending, -1 padded) staged in shared memory, each entry found
+//     by a binary search in the previous row.
+//   flags  [num_blocks] shared: a token bit per query selecting the block, kWindowFlag
+constexpr uint32_t kWindowFlag = 1u << 31;
+__device__ __forceinline__ uint32_t WarpSumU32(uint32_t x) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+// Whether `row` ([n] ascending block indices, then -1s) holds block b.
+__device__ __forceinline__ bool RowHolds(const int32_t* row, int n, int b) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    const int v = row[mid];
+    if (v >= 0 && v < b) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && row[lo] == b;
+}
+__device__ void CountGroupLoads(const uint32_t* flags, int num_blocks, int first, int count,
+                                bool has_prev, const int32_t* positions, const int32_t* selections,
+                                bool group_shared, const int32_t* own_selections, int num_kv_heads,
+                                int kv_head, int log2_b, int block_counts, int window,
+                                NsaLoadCounters* counters) {
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  // Rows first - 1 .. first + count - 1 of own_selections (row 0 all -1 without a previous token).
+  __shared__ int32_t own_rows[(kNsaMaxGroupSize + 1) * kNsaMaxBlockCounts];
+  __shared__ uint32_t met[kNsaMaxGroupSize], held[kNsaMaxGroupSize];  // |own n prev|, |own|
+  const int64_t row_stride = int64_t{num_kv_heads} * block_counts;
+  const int64_t head = int64_t{kv_head} * block_counts;
+  for (int i = threadIdx.x; i < (count + 1) * block_counts; i += kUnionThreads) {
+    const int r = i / block_counts;
+    own_rows[i] = r > 0 || has_prev
+                      ? own_selections[(first - 1 + r) * row_stride + head + i % block_counts]
+                      : -1;
+  }
+  if (threadIdx.x < count) met[threadIdx.x] = held[threadIdx.x] = 0;
+  __syncthreads();
+  uint32_t keys = 0, blocks = 0, group_keys = 0, group_blocks = 0;
+  for (int i = threadIdx.x; i < count * block_counts; i += kUnionThreads) {
+    const int qi = i / block_counts, k = i % block_counts;
+    const int p = positions[first + qi];
+    const int source = group_shared ? first : first + qi;
+    const int b = selections[source * row_stride + head + k];
+    if (b >= 0 && b <= p >> log2_b && b < num_blocks) {  // the union's filter
+      const int lo = b << log2_b, hi = min(lo + (1 << log2_b) - 1, p);
+      const int in_window = max(0, hi - max(lo, p - window + 1) + 1);
+      ++blocks;
+      keys += static_cast<uint32_t>(hi - lo + 1 - in_window);
+    }
+    const int o = own_rows[(qi + 1) * block_counts + k];
+    if (o >= 0) {
+      atomicAdd(&held[qi], 1u);
+      if (RowHolds(own_rows + qi * block_counts, block_counts, o)) atomicAdd(&met[qi], 1u);
+    }
+  }
+  const int p_first = positions[first], p_last = positions[first + count - 1];
+  const int window_first = max(0, p_first - window + 1);
+  for (int b = threadIdx.x; b < num_blocks; b += kUnionThreads) {
+    if (flags[b] == 0) continue;
+    const uint32_t mask = flags[b] & ~kWindowFlag;
+    const int lo = b << log2_b, end = lo + (1 << log2_b) - 1;
+    int selected_end = lo - 1;  // none
+    if (mask != 0) {
+      ++group_blocks;
+      selected_end = min(end, positions[first + 31 - __clz(mask)]);
+    }
+    const int w_lo = max(lo, window_first), w_hi = min(end, p_last);
+    const int both = max(0, min(selected_end, w_hi) - w_lo + 1);
+    group_keys += static_cast<uint32_t>(selected_end - lo + 1 + max(0, w_hi - w_lo + 1) - both);
+  }
+  __syncthreads();
+  uint32_t pairs = 0;
+  double overlap = 0;
+  if (threadIdx.x < count) {
+    keys += static_cast<uint32_t>(min(positions[first + threadIdx.x] + 1, window));
+    if ((threadIdx.x > 0 || has_prev) && held[threadIdx.x] > 0) {
+      pairs = 1;
+      overlap = static_cast<double>(met[threadIdx.x]) / held[threadIdx.x];
+    }
+  }
+  const int lane = threadIdx.x % kWarpSize;
+  auto add = [&](uint64_t* total, uint32_t value) {
+    value = WarpSumU32(value);
+    if (lane == 0 && value != 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(total),
+                static_cast<unsigned long long>(value));
+    }
+  };
+  add(&counters->per_query_keys, keys);
+  add(&counters->per_query_blocks, blocks);
+  add(&counters->grouped_keys, group_keys);
+  add(&counters->grouped_blocks, group_blocks);
+  if (threadIdx.x < kWarpSize) {  // the group's tokens are lanes of warp 0 (count <= 16)
+    add(&counters->overlap_pairs, pairs);
+#pragma unroll
+    for (int o = kWarpSize / 2; o > 0; o /= 2) overlap += __shfl_xor_sync(0xffffffffu, overlap, o);
+    if (lane == 0 && overlap != 0) atomicAdd(&counters->overlap_sum, overlap);
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(&counters->queries),
+              static_cast<unsigned long long>(count));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // NsaUnionKernel: one CTA per (group, kv head). The blocks any of the group's queries reads --
 // each query's attended selection (its own, or the group's first query's with `shared` or the
-// group's flag in `shared_groups`; entries
-// < 0 or past the query's own block dropped) and every block of the window range
-// [(p_first - W + 1) / B, p_last / B] -- as an ascending list with, per block, the bit of each
-// query whose selection holds it and the physical pages of its positions (2^log2_ppb of them:
-// B / page_size, or the one page holding a block smaller than a page). A flag per context block in
-// shared memory, then a compaction.
+// group's kNsaGroupShared flag; entries < 0 or past the query's own block dropped) and every block
+// of the window range [(p_first - W + 1) / B, p_last / B] -- as an ascending list with, per block,
+// the bit of each query whose selection holds it and the physical pages of its positions
+// (2^log2_ppb of them: B / page_size, or the one page holding a block smaller than a page). A flag
+// per context block in shared memory, then a compaction; then, for a group flagged
+// kNsaGroupCounted with `counters` given, its SSV loads (CountGroupLoads).
+//   group_flags                [num_groups] uint8 (kNsaGroup*) or null
+//   own_selections             [num_tokens, num_kv_heads, S] int32 (with counters)
 //   union_blocks, union_masks  [num_groups, num_kv_heads, max_union]; union_counts [.., ..]
 //   union_pages                [num_groups, num_kv_heads, max_union, 2^log2_ppb]
 __global__ void __launch_bounds__(kUnionThreads, 1)
     NsaUnionKernel(const int32_t* groups, int max_group_size, const int32_t* positions,
                    const int32_t* token_seqs, const int32_t* selections, bool shared,
-                   const uint8_t* shared_groups, const int32_t* block_tables,
-                   int max_blocks_per_seq, int log2_page, int log2_ppb, int num_kv_heads,
-                   int log2_b, int block_counts, int window, int max_blocks, int max_union,
-                   int32_t* union_blocks, uint32_t* union_masks, int32_t* union_pages,
-                   int32_t* union_counts) {
-  constexpr uint32_t kWindowFlag = 1u << 31;
+                   const uint8_t* group_flags, const int32_t* block_tables, int max_blocks_per_seq,
+                   int log2_page, int log2_ppb, int num_kv_heads, int log2_b, int block_counts,
+                   int window, int max_blocks, int max_union, int32_t* union_blocks,
+                   uint32_t* union_masks, int32_t* union_pages, int32_t* union_counts,
+                   const int32_t* own_selections, NsaLoadCounters* counters) {
   extern __shared__ uint32_t flags[];  // [max_blocks]
   __shared__ uint32_t scratch[kUnionThreads / kWarpSize + 1];
   WaitForPrerequisiteGrid();  // launched as a programmatic dependent (common.cuh)
@@ -218,7 +359,8 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
   for (int b = w_lo + threadIdx.x; b < num_blocks; b += kUnionThreads) {
     atomicOr(&flags[b], kWindowFlag);
   }
-  const bool group_shared = shared || (shared_groups != nullptr && shared_groups[unit] != 0);
+  const uint32_t group_bits = group_flags != nullptr ? group_flags[unit] : 0u;
+  const bool group_shared = shared || (group_bits & kNsaGroupShared) != 0;
   for (int i = threadIdx.x; i < count * block_counts; i += kUnionThreads) {
     const int qi = i / block_counts;
     const int source = group_shared ? first : first + qi;
@@ -255,6 +397,11 @@ __global__ void __launch_bounds__(kUnionThreads, 1)
     ++slot;
   }
   if (threadIdx.x == 0) union_counts[list] = min(static_cast<int>(total), max_union);
+  if (counters != nullptr && (group_bits & kNsaGroupCounted) != 0) {  // CTA-uniform
+    const bool has_prev = first > 0 && token_seqs[first - 1] == seq;
+    CountGroupLoads(flags, num_blocks, first, count, has_prev, positions, selections, group_shared,
+                    own_selections, num_kv_heads, kv_head, log2_b, block_counts, window, counters);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

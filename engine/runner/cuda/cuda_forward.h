@@ -158,6 +158,8 @@ class CudaForward {
 
   int64_t buffer_bytes() const { return buffer_bytes_; }
   int64_t kv_bytes() const { return static_cast<int64_t>(kv_.bytes()); }
+  // The NSA family's attention (its SSV load counters); null for dense families.
+  const CudaNsaAttention* nsa() const { return nsa_.get(); }
 
  private:
   CudaForward(const ModelConfig& config, const TpShard& shard, Communicator* comm,

@@ -96,6 +96,15 @@ absl::Status CudaNsaAttention::AllocateBuffers() {
   SPECD_RETURN_IF_ERROR(alloc(o_cmp_, t * config_.q_size() * 2, "NSA compressed branch"));
   SPECD_RETURN_IF_ERROR(alloc(selections_, t * config_.num_kv_heads * shape_.block_counts * 4,
                               "NSA block selections"));
+  SPECD_RETURN_IF_ERROR(alloc(own_selections_, t * config_.num_kv_heads * shape_.block_counts * 4,
+                              "NSA own selections (SSV load counting)"));
+  constexpr auto kCounterBytes = static_cast<int64_t>(sizeof(kernels::NsaLoadCounters));
+  SPECD_RETURN_IF_ERROR(alloc(counters_, kCounterBytes, "SSV load counters"));
+  SPECD_ASSIGN_OR_RETURN(counters_host_,
+                         cuda::PinnedMemory::Allocate(kCounterBytes, "SSV load counters' copy"));
+  // The legacy stream's memset, waited for: the runner's own stream does not order after it.
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaMemset(counters_.as(), 0, kCounterBytes), "SSV counters"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(nullptr), "SSV counters zero-fill"));
   // The most any step needs at the longest context: the kernels' split counts grow as a step's
   // groups get fewer (to fill the GPU), and the partial rows with tokens x splits. A step of n
   // groups of at most g tokens has at most min(max_tokens, n g) tokens: every such step, every g
@@ -146,8 +155,11 @@ absl::Status CudaNsaAttention::Run(int32_t layer, const ForwardNsa& nsa, const i
   // The selections buffer carries a token's selection across the step's layers for its reuse
   // schedule: a reuse layer's NsaSelect leaves its rows as its last refresh layer wrote them.
   const kernels::NsaTokens tokens{positions, nsa.token_seqs, num_tokens, nsa.refresh_every, layer};
-  const kernels::NsaGroups groups{nsa.groups, nsa.num_groups, nsa.max_group_size,
-                                  nsa.shared_groups};
+  const kernels::NsaGroups groups{nsa.groups, nsa.num_groups, nsa.max_group_size, nsa.group_flags};
+  // Every layer of every step counts (the groups flagged counted add), so graphs captured from
+  // any step keep counting when replayed.
+  const kernels::NsaLoadCount count{own_selections_.as<int32_t>(),
+                                    counters_.as<kernels::NsaLoadCounters>()};
   // The planned splits, fewer where the workspace would not hold them (it holds every step shape
   // AllocateBuffers foresaw; fewer splits only cost parallelism).
   int32_t select_splits =
@@ -170,15 +182,32 @@ absl::Status CudaNsaAttention::Run(int32_t layer, const ForwardNsa& nsa, const i
   auto* selections = selections_.as<int32_t>();
   SPECD_RETURN_IF_ERROR(
       Launch(kernels::NsaCompress(cache, tokens, shape_, stream), "NsaCompress", layer));
-  SPECD_RETURN_IF_ERROR(Launch(
-      kernels::NsaSelect(qkv, qkv_stride, cache, tokens, groups, shape_, max_context, select_splits,
-                         o_cmp, q_size, selections, workspace_.as(), workspace_.bytes(), stream),
-      "NsaSelect", layer));
+  SPECD_RETURN_IF_ERROR(
+      Launch(kernels::NsaSelect(qkv, qkv_stride, cache, tokens, groups, shape_, max_context,
+                                select_splits, o_cmp, q_size, selections, workspace_.as(),
+                                workspace_.bytes(), stream, &count),
+             "NsaSelect", layer));
   return Launch(kernels::NsaAttend(qkv, qkv_stride, cache, tokens, groups, selections,
                                    /*shared_selection=*/false, o_cmp, q_size, gates, qkv_stride,
                                    shape_, max_context, attend_splits, out, q_size, workspace_.as(),
-                                   workspace_.bytes(), stream),
+                                   workspace_.bytes(), stream, &count),
                 "NsaAttend", layer);
+}
+
+absl::StatusOr<SsvLoadStats> CudaNsaAttention::LoadStats(cudaStream_t stream) const {
+  auto* host = counters_host_.as<kernels::NsaLoadCounters>();
+  SPECD_RETURN_IF_ERROR(cuda::Check(
+      cudaMemcpyAsync(host, counters_.as(), sizeof(*host), cudaMemcpyDeviceToHost, stream),
+      "SSV load counters' copy"));
+  SPECD_RETURN_IF_ERROR(cuda::Check(cudaStreamSynchronize(stream), "SSV load counters' copy"));
+  const kernels::NsaLoadCounters& c = *host;
+  return SsvLoadStats{.queries = static_cast<int64_t>(c.queries),
+                      .per_query_keys = static_cast<int64_t>(c.per_query_keys),
+                      .grouped_keys = static_cast<int64_t>(c.grouped_keys),
+                      .per_query_blocks = static_cast<int64_t>(c.per_query_blocks),
+                      .grouped_blocks = static_cast<int64_t>(c.grouped_blocks),
+                      .overlap_sum = c.overlap_sum,
+                      .overlap_pairs = static_cast<int64_t>(c.overlap_pairs)};
 }
 
 }  // namespace specd

@@ -10,7 +10,9 @@
 // last position: kernels/cuda/nsa.h), the compressed branch's rows, the selections and the
 // kernels' workspace. The runner lays out each step's token -> sequence map and its groups
 // (ForwardArgs::nsa); every launch reads them from device memory, so steps replay from CUDA
-// graphs. Engine thread only.
+// graphs. What the groups of SSV verification chunks read is counted on the device by every
+// layer's NsaAttend into one fixed counter buffer (graph replays keep counting) and read back only
+// when asked (LoadStats). Engine thread only.
 #pragma once
 
 #include <driver_types.h>
@@ -22,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/base/cuda/cuda_util.h"
+#include "engine/base/ssv.h"
 #include "engine/model/model_config.h"
 #include "kernels/cuda/nsa.h"
 
@@ -33,10 +36,11 @@ namespace specd {
 struct ForwardNsa {
   const int32_t* token_seqs = nullptr;  // [num_tokens] each token's table row; < 0: padding
   const int32_t* groups = nullptr;      // [num_groups, 2] first token, count (kernels::NsaGroups)
-  // SSV's lossy strategies: each token's reuse schedule (kernels::NsaTokens::refresh_every; 1:
-  // every layer selects) and each group's shared mode (kernels::NsaGroups::shared); null: none.
+  // SSV: each token's reuse schedule (kernels::NsaTokens::refresh_every; 1: every layer selects)
+  // and each group's bits (kernels::NsaGroups::flags: shared mode; counted, a group of a chunk
+  // with a strategy, whose loads ssv_load_stats reports); null: none.
   const int32_t* refresh_every = nullptr;  // [num_tokens]
-  const uint8_t* shared_groups = nullptr;  // [num_groups]
+  const uint8_t* group_flags = nullptr;    // [num_groups]
   int32_t num_groups = 0;
   int32_t max_group_size = 1;  // host: >= every group's count, <= kNsaMaxGroupSize
   int32_t max_context = 0;     // host: >= every position + 1 (max_model_len inside graphs)
@@ -66,6 +70,11 @@ class CudaNsaAttention {
                    const __nv_bfloat16* qkv, int64_t qkv_stride, const __nv_bfloat16* k_cache,
                    const __nv_bfloat16* v_cache, __nv_bfloat16* out, cudaStream_t stream);
 
+  // The running totals of what the counted groups read (engine/base/ssv.h), copied back after
+  // the work queued on `stream` (it synchronises the stream); the current device must be this
+  // object's.
+  absl::StatusOr<SsvLoadStats> LoadStats(cudaStream_t stream) const;
+
   const kernels::NsaShape& shape() const { return shape_; }
   int64_t buffer_bytes() const { return buffer_bytes_; }
 
@@ -84,6 +93,12 @@ class CudaNsaAttention {
   const int32_t num_sms_;
   cuda::DeviceMemory o_cmp_;       // [max_tokens, q_size] bf16
   cuda::DeviceMemory selections_;  // [max_tokens, num_kv_heads, S] int32
+  // SSV load counting (kernels::NsaLoadCount): each token's own selection at the current layer
+  // ([max_tokens, num_kv_heads, S] int32), the totals (one kernels::NsaLoadCounters, zeroed at
+  // creation, never moved: graphs hold its address) and their host copy (pinned).
+  cuda::DeviceMemory own_selections_;
+  cuda::DeviceMemory counters_;
+  cuda::PinnedMemory counters_host_;
   cuda::DeviceMemory workspace_;
   cuda::DeviceMemory cmp_;  // per layer: K means then V means, [blocks, kv_heads, epp, head_dim]
   std::vector<__nv_bfloat16*> cmp_k_, cmp_v_;  // [num_layers]

@@ -514,6 +514,19 @@ absl::Status CudaRunner::ForwardLogits(std::span<const SequenceInput> batch,
 
 bool CudaRunner::RanksCandidatesOnDevice() const { return s_->shard.world_size == 1; }
 
+SsvLoadStats CudaRunner::ssv_load_stats() const {
+  const CudaNsaAttention* nsa = s_->forward != nullptr ? s_->forward->nsa() : nullptr;
+  if (nsa == nullptr) return {};
+  const absl::Status device = cuda::Check(cudaSetDevice(s_->device), "cudaSetDevice");
+  absl::StatusOr<SsvLoadStats> stats = device.ok() ? nsa->LoadStats(s_->stream) : device;
+  if (stats.ok()) {
+    ssv_last_ = *stats;
+  } else {
+    SPECD_LOG_ERROR("{}: SSV load counters: {}", s_->name, stats.status().ToString());
+  }
+  return ssv_last_;
+}
+
 absl::Status CudaRunner::RankCandidates(std::span<const SequenceInput> batch, int32_t k,
                                         std::vector<int32_t>* ids, std::vector<float>* logprobs) {
   ids->clear();

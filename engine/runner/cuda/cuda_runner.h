@@ -92,6 +92,10 @@ class CudaRunner : public ModelRunner {
   bool SupportsTokenTrees() const override;
   // Shared mode and reuse schedules run in the NSA kernels (per group and per token).
   bool SupportsLossySsv() const override { return true; }
+  // NSA models: the totals the NSA kernels count on the device (CudaNsaAttention::LoadStats),
+  // copied back now, after the work queued so far (one small synchronous copy); zeros without
+  // NSA. A device error is logged, and the totals of the last copy that completed returned.
+  SsvLoadStats ssv_load_stats() const override;
   absl::Status MoveKv(std::span<const KvSlotMove> moves) override;
 
   // Decode batch sizes with a captured graph, ascending (empty with enforce_eager).
@@ -146,6 +150,7 @@ class CudaRunner : public ModelRunner {
                            SampleMode mode);
   explicit CudaRunner(std::unique_ptr<State> state);
   std::unique_ptr<State> s_;
+  mutable SsvLoadStats ssv_last_;  // ssv_load_stats' last totals read (engine thread)
 };
 
 }  // namespace specd

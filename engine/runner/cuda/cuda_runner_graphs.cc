@@ -48,7 +48,7 @@ InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows) {
   l.token_seqs = take(4 * num_tokens);
   l.nsa_groups = take(8 * num_tokens);
   l.nsa_refresh = take(4 * num_tokens);
-  l.nsa_shared = take(num_tokens);  // a group per token at most
+  l.nsa_flags = take(num_tokens);  // a group per token at most
   l.bytes = offset;
   return l;
 }
@@ -163,7 +163,7 @@ void CudaRunner::State::NsaLayout(std::span<const SequenceInput> batch, const Gr
   int32_t* seqs = At<int32_t>(h, l.token_seqs);
   int32_t* groups = At<int32_t>(h, l.nsa_groups);
   int32_t* refresh = At<int32_t>(h, l.nsa_refresh);
-  uint8_t* shared = At<uint8_t>(h, l.nsa_shared);
+  uint8_t* flags = At<uint8_t>(h, l.nsa_flags);
   std::fill(seqs, seqs + padded_tokens, -1);
   std::fill(refresh, refresh + padded_tokens, 1);
   int32_t num_groups = 0, max_group = 1;
@@ -174,8 +174,11 @@ void CudaRunner::State::NsaLayout(std::span<const SequenceInput> batch, const Gr
     const SsvStrategy* ssv = real ? batch[s].ssv : nullptr;
     const int32_t c = ssv != nullptr ? ssv->group_size : kG;
     // The request's SSV strategy (lossy ones too): its reuse schedule per token, shared mode
-    // per group.
-    const bool shared_mode = ssv != nullptr && ssv->mode == SsvMode::kShared;
+    // per group; and its groups' loads are counted (ssv_load_stats).
+    const auto bits = static_cast<uint8_t>(
+        ssv == nullptr ? 0
+                       : kernels::kNsaGroupCounted |
+                             (ssv->mode == SsvMode::kShared ? kernels::kNsaGroupShared : 0));
     if (real) std::fill_n(seqs + t, n, s);
     if (ssv != nullptr) std::fill_n(refresh + t, n, std::max(1, ssv->refresh_every));
     const int32_t slots = key.graph() ? key.q_len : (n + c - 1) / c;
@@ -183,7 +186,7 @@ void CudaRunner::State::NsaLayout(std::span<const SequenceInput> batch, const Gr
       const int32_t count = real ? std::clamp(n - j * c, 0, c) : 0;
       groups[2 * num_groups] = t + std::min(j * c, n);
       groups[2 * num_groups + 1] = count;
-      shared[num_groups] = shared_mode ? 1 : 0;
+      flags[num_groups] = bits;
       ++num_groups;
       max_group = std::max(max_group, count);
     }
@@ -290,7 +293,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
     a.nsa.token_seqs = At<int32_t>(inputs.as(), l.token_seqs);
     a.nsa.groups = At<int32_t>(inputs.as(), l.nsa_groups);
     a.nsa.refresh_every = At<int32_t>(inputs.as(), l.nsa_refresh);
-    a.nsa.shared_groups = At<uint8_t>(inputs.as(), l.nsa_shared);
+    a.nsa.group_flags = At<uint8_t>(inputs.as(), l.nsa_flags);
     a.nsa.max_context = graph ? max_model_len : max_seq_len;
   }
   launch.num_rows = static_cast<int32_t>(logit_rows.size());

@@ -69,8 +69,8 @@ struct GraphKey {
 // padded sizes, or an eager step's real sizes), so one copy moves them all.
 struct InputLayout {
   size_t slots = 0, token_ids = 0, positions = 0, seq_lens = 0, cu_q_lens = 0, logit_rows = 0;
-  size_t token_seqs = 0, nsa_groups = 0;   // NSA models' (ForwardNsa); room for every token
-  size_t nsa_refresh = 0, nsa_shared = 0;  // ForwardNsa's refresh_every and shared_groups
+  size_t token_seqs = 0, nsa_groups = 0;  // NSA models' (ForwardNsa); room for every token
+  size_t nsa_refresh = 0, nsa_flags = 0;  // ForwardNsa's refresh_every and group_flags
   size_t bytes = 0;
 };
 InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows);
