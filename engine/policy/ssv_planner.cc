@@ -63,9 +63,16 @@ std::vector<SsvRanked> SsvPlanner::Rank(PolicyMethod method, double batch, int32
 }
 
 int32_t SsvPlanner::Choose(PolicyMethod method, double batch, int32_t k, double context,
-                           bool allow_lossy, const SsvAcceptance* measured) const {
+                           bool allow_lossy, const SsvAcceptance* measured, int32_t held) const {
   const std::vector<SsvRanked> ranked = Rank(method, batch, k, context, allow_lossy, measured);
-  return ranked.empty() ? -1 : static_cast<int32_t>(ranked.front().index);
+  if (ranked.empty()) return -1;
+  for (const SsvRanked& r : ranked) {
+    if (static_cast<int32_t>(r.index) != held) continue;
+    if (r.tokens_per_second * (1 + options_.switch_margin) >= ranked.front().tokens_per_second) {
+      return held;
+    }
+  }
+  return static_cast<int32_t>(ranked.front().index);
 }
 
 }  // namespace specd

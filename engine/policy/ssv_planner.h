@@ -27,6 +27,10 @@ struct SsvPlannerOptions {
   int32_t min_rounds = 8;  // rounds under a strategy before its own acceptance is used
   // Weight of a new round in a request's decayed counts (about 1 / window in rounds).
   double round_weight = 1.0 / 32;
+  // Hysteresis: a request keeps the strategy it holds while that one's value is within this
+  // share of the best's (strategies a few percent apart would otherwise alternate with the noise
+  // of the acceptance estimate).
+  double switch_margin = 0.03;
 };
 
 // One request's acceptance per profile strategy: decayed counts of accepted drafts and of
@@ -76,9 +80,10 @@ class SsvPlanner {
   // allow_lossy.
   std::vector<SsvRanked> Rank(PolicyMethod method, double batch, int32_t k, double context,
                               bool allow_lossy, const SsvAcceptance* measured) const;
-  // Rank's first; -1 when no strategy is allowed (or the profile has none).
+  // Rank's first, or `held` (a profile index, -1: none) while it is allowed and its value is
+  // within switch_margin of the first's; -1 when no strategy is allowed (or the profile has none).
   int32_t Choose(PolicyMethod method, double batch, int32_t k, double context, bool allow_lossy,
-                 const SsvAcceptance* measured) const;
+                 const SsvAcceptance* measured, int32_t held = -1) const;
 
  private:
   const CostProfile& profile_;

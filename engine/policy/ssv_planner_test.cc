@@ -84,6 +84,19 @@ TEST(SsvPlannerTest, ALossyStrategyWhoseAcceptanceDepartsLosesItsRank) {
   EXPECT_NEAR(measured.Alpha(0, false, 0.8, planner.options()), 6.0 / 7, 1e-12);
 }
 
+TEST(SsvPlannerTest, AHeldStrategyStaysWhileItIsWithinTheSwitchMargin) {
+  CostProfile profile = NsaProfile();
+  // A lossless strategy 2% slower than exact C 4 (at K 7: 19 ms against 19.4 ms).
+  profile.SetSsv({.group_size = 2}, Verify(8.4));
+  const SsvPlanner planner(profile);
+  EXPECT_EQ(planner.Choose(PolicyMethod::kEagle3, 1, 7, 1024, false, nullptr), 1);
+  EXPECT_EQ(planner.Choose(PolicyMethod::kEagle3, 1, 7, 1024, false, nullptr, /*held=*/3), 3);
+  // Exact C 1 is 10% slower: the request moves.
+  EXPECT_EQ(planner.Choose(PolicyMethod::kEagle3, 1, 7, 1024, false, nullptr, /*held=*/0), 1);
+  // A held lossy strategy the request may not take is dropped.
+  EXPECT_EQ(planner.Choose(PolicyMethod::kEagle3, 1, 7, 1024, false, nullptr, /*held=*/2), 1);
+}
+
 TEST(SsvPlannerTest, EmptyWithoutStrategiesAndRoundsWithoutDraftsAreIgnored) {
   CostProfile dense(CostGrid::Constant(10));
   dense.SetVerify(Verify(10));

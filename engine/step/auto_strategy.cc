@@ -347,9 +347,9 @@ void AutoStrategy::PlanSsv(const StepPlan& plan, std::span<const SampleRow> rows
     }
     const int32_t index = ssv_planner_->Choose(
         r.step.method, batch, r.step.num_speculative_tokens, r.seq.num_computed(),
-        /*allow_lossy=*/lossy_ssv_ok_ && !r.spec.ssv_strict, &r.ssv_acceptance);
+        /*allow_lossy=*/lossy_ssv_ok_ && !r.spec.ssv_strict, &r.ssv_acceptance, r.ssv_held);
     if (index < 0) continue;
-    r.ssv_index = index;
+    r.ssv_index = r.ssv_held = index;
     r.step.ssv = strategies[index].strategy;
     // Lossy verification writes KV that is not the model's: what is in the cache so far (exact)
     // may still serve other requests from the prefix cache, nothing after it.

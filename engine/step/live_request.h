@@ -63,6 +63,7 @@ struct LiveRequest {
   // NSA targets with an SSV plan: the profile strategy (CostProfile::ssv() index) this step's
   // verification runs, -1: `step.ssv` as resolved; and the request's acceptance per strategy.
   int32_t ssv_index = -1;
+  int32_t ssv_held = -1;  // the last strategy the plan gave it (SsvPlanner's hysteresis)
   SsvAcceptance ssv_acceptance;
   uint32_t used_speculators = 0;  // bit DraftMethodIndex(m): method m's speculator drafted for it
   // Rounds, draft and accepted tokens per method (DraftMethodIndex).
