@@ -4,6 +4,7 @@
 //     48 codepair prompts at K = 4 and K = 7, and the speculation cache hits;
 //   - with temperature 1 and Saguaro down-weighting C = 0.5 the second token follows the
 //     target's distribution (the chi-square test of engine_spec_test);
+//   - on an NSA target (nsa-codepair, SSV exact groups of 4) greedy output equals its goldens;
 //   - faults: the speculator killed (SIGKILL) or stopped (SIGSTOP) mid-stream: every request
 //     completes with plain decoding's output, the link failure is counted, and a relaunched
 //     speculator rejoins and serves cache hits again;
@@ -38,6 +39,7 @@
 #include "engine/engine.h"
 #include "engine/model/model_config.h"
 #include "engine/speculation/ssd/ssd_protocol.h"
+#include "engine/testing/engine_nsa_test_util.h"
 #include "engine/testing/engine_spec_test_util.h"
 #include "gtest/gtest.h"
 
@@ -230,6 +232,53 @@ TEST(SsdEagle3Test, GreedyOutputEqualsPlainWithTheHeadInTheSpeculator) {
            R"(", "num_speculative_tokens": 4, "speculator_binary": ")" + SPECD_BINARY +
            R"(", "fan_out": 3, "cache_build": ")" + build + R"(", "speculator_timeout_ms": 60000})";
   });
+}
+
+// SSD on an NSA target (issue 35 point 5): the speculator drafts with the codepair draft (the
+// NSA model shares its tokenizer) and the verifier, nsa-codepair, verifies its rounds with SSV
+// exact in groups of 4: greedy output equals the NSA goldens (a reference we did not write), with
+// the complete cache serving rounds.
+TEST(SsdNsaTest, GreedyOutputOnAnNsaTargetVerifiedWithSsvEqualsTheGoldens) {
+  const std::vector<nsa_test::Golden> goldens = nsa_test::ReadGoldens();
+  ASSERT_EQ(goldens.size(), 6u);
+  auto observer = std::make_shared<SsdObserver>();
+  EngineOptions o;
+  o.model_dir = nsa_test::kNsaModel;
+  o.device = "cpu";
+  o.num_threads = 2;
+  o.max_model_len = 2048;
+  o.observer = observer;
+  auto spec = ParseSpeculativeConfig(
+      SsdConfig(4,
+                R"(, "cache_build": "complete", "speculator_timeout_ms": 60000, )"
+                R"("ssv": {"group_size": 4})",
+                nsa_test::kDraftModel));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  o.speculative = *spec;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<GenerateRequest> requests;
+  for (const nsa_test::Golden& g : goldens) {
+    GenerateRequest r =
+        Greedy(g.prompt, static_cast<int32_t>(g.greedy.size()), {SpeculationMethod::kSsd, 4});
+    r.params.ignore_eos = true;  // entry 3's first golden token is EOS
+    requests.push_back(std::move(r));
+  }
+  auto results = (*engine)->GenerateBatch(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  int64_t drafts = 0;
+  for (size_t i = 0; i < goldens.size(); ++i) {
+    EXPECT_EQ((*results)[i].ids(), goldens[i].greedy) << "entry " << i;
+    drafts += (*results)[i].usage.num_drafts;
+  }
+  const SsdStats s = observer->Last();
+  EXPECT_EQ(s.link_failures, 0);
+  EXPECT_GT(drafts, 0);
+  EXPECT_GT(s.drafts_hit, 0) << "the speculation cache should serve rounds";
+  std::printf(
+      "[ SSD on nsa-codepair, SSV exact C 4 ] %lld verification rounds, %lld drafts from the "
+      "cache\n",
+      static_cast<long long>(drafts), static_cast<long long>(s.drafts_hit));
 }
 
 // A speculator that cannot start (no such draft model) fails the server's start with the reason,
