@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kUsage[] =
     R"( --model DIR [--draft DIR [--parallel]] [--eagle3 DIR]
-         [--output FILE] [--ssv lossless|all|STRATEGY,...] [--alpha 0.8]
+         [--output FILE] [--ssv lossless|all|STRATEGY,...] [--alpha 0.8] [--distinct-contexts]
          [--device auto|cpu|cuda|cuda:N] [--load-format auto|dummy] [--threads N]
          [-tp N --specd PATH] [--batch 1,4,16,64] [--context 512,4096,16384]
          [--tokens 1,2,5,9] [--warmup 2] [--repeats 5] [--budget-seconds 300]
@@ -44,11 +44,14 @@ them as a cost profile (JSON, engine/policy/cost_profile.h; default FILE cost_pr
            `verify` with every chunk under it. Printed: per drafter, batch and context, the
            (strategy, K) pairs ranked by expected tokens/s at --alpha (a chain's acceptance);
            the server picks per request and step from the grids with each request's measured
-           acceptance (engine/policy/ssv_planner.h). ssv_bench --tune is this with --ssv lossless.
+           acceptance (engine/policy/ssv_planner.h). ssv_bench --tune is this with --ssv lossless
+           by default.
 Not measured (their methods are absent, so `auto` never picks them): ssd (needs a speculator
 process), vegas, streaming.
 Each time is the median of --repeats calls after --warmup calls, on random token ids; the
-sequences of a point share one prefilled prefix of C tokens and own the blocks they write.
+sequences of a point share one prefilled prefix of C tokens and own the blocks they write
+(--distinct-contexts: each sequence prefills its own C tokens, so attention reads B contexts
+as a batch of different prompts does; the shared prefix is prefix caching's case).
 --budget-seconds caps the measuring (loading excluded): repeats are lowered (to 1) when the
 rest would not fit, and the run fails (no file) if a measurement is due once it is spent. Prints each point as it goes, then a table.
 -tp N: the target on N GPUs (`specd worker` processes of --specd PATH); the draft on --device.
@@ -140,8 +143,12 @@ bool ParseFlags(const char* program, int argc, char** argv, Flags* f, bool* help
       *help = true;
       return false;
     }
-    if (arg == "--parallel") {  // the one switch (no value)
+    if (arg == "--parallel") {  // the switches (no value)
       o.parallel_draft = true;
+      continue;
+    }
+    if (arg == "--distinct-contexts") {
+      o.distinct_contexts = true;
       continue;
     }
     auto flag = std::find_if(flags.begin(), flags.end(), [&](auto& e) { return e.first == arg; });

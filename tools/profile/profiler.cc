@@ -45,15 +45,16 @@ absl::Status CheckAxis(std::vector<int32_t>& axis, const char* flag) {
 int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 // Blocks one point needs: the shared prefix's full blocks, then per sequence the blocks from the
-// prefix's end to its context plus the longest verified chunk.
+// prefix's end to its context plus the longest verified chunk. distinct: no shared prefix (each
+// sequence's whole context is its own).
 struct BlockPlan {
   int32_t prefix_blocks = 0;
   int32_t tail_blocks = 0;  // per sequence
   int32_t Total(int32_t batch) const { return prefix_blocks + batch * tail_blocks; }
 };
-BlockPlan PlanBlocks(int32_t context, int32_t max_tokens, int32_t block_size) {
+BlockPlan PlanBlocks(int32_t context, int32_t max_tokens, int32_t block_size, bool distinct) {
   BlockPlan plan;
-  plan.prefix_blocks = context / block_size;
+  plan.prefix_blocks = distinct ? 0 : context / block_size;
   plan.tail_blocks = CeilDiv(context - plan.prefix_blocks * block_size + max_tokens, block_size);
   return plan;
 }
@@ -62,12 +63,17 @@ BlockPlan PlanBlocks(int32_t context, int32_t max_tokens, int32_t block_size) {
 // prefilled prefix of whole blocks and each own the blocks after it.
 class Probe {
  public:
-  Probe(ModelRunner* runner, int32_t max_step_tokens, int32_t max_tokens, uint64_t seed)
-      : runner_(runner), max_step_tokens_(max_step_tokens), max_tokens_(max_tokens), rng_(seed) {}
+  Probe(ModelRunner* runner, int32_t max_step_tokens, int32_t max_tokens, bool distinct,
+        uint64_t seed)
+      : runner_(runner),
+        max_step_tokens_(max_step_tokens),
+        max_tokens_(max_tokens),
+        distinct_(distinct),
+        rng_(seed) {}
 
   absl::Status CheckCapacity(int32_t max_batch, int32_t max_context) const {
     const int32_t need =
-        PlanBlocks(max_context, max_tokens_, runner_->block_size()).Total(max_batch);
+        PlanBlocks(max_context, max_tokens_, runner_->block_size(), distinct_).Total(max_batch);
     if (need > runner_->num_kv_blocks()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           runner_->device_name(), ": the largest point (batch ", max_batch, ", context ",
@@ -79,7 +85,7 @@ class Probe {
   // Prefills the shared prefix (random ids) of `context` tokens' whole blocks.
   absl::Status SetContext(int32_t context) {
     context_ = context;
-    plan_ = PlanBlocks(context, max_tokens_, runner_->block_size());
+    plan_ = PlanBlocks(context, max_tokens_, runner_->block_size(), distinct_);
     prefix_table_.resize(plan_.prefix_blocks);
     for (int32_t i = 0; i < plan_.prefix_blocks; ++i) prefix_table_[i] = i;
     prefix_ids_ = RandomIds(plan_.prefix_blocks * runner_->block_size());
@@ -105,7 +111,14 @@ class Probe {
       const int32_t first = plan_.prefix_blocks + i * plan_.tail_blocks;
       for (int32_t j = 0; j < plan_.tail_blocks; ++j) s->table.push_back(first + j);
       s->tail = RandomIds(context_ - prefix_len);
-      if (!s->tail.empty()) chunks.push_back({s->tail, prefix_len, s->table, false, i});
+      // In pieces of at most a step (a distinct context is all tail).
+      for (int32_t start = 0; start < static_cast<int32_t>(s->tail.size());
+           start += max_step_tokens_) {
+        const int32_t n = std::min<int32_t>(max_step_tokens_, s->tail.size() - start);
+        chunks.push_back(
+            {std::span<const int32_t>(s->tail).subspan(start, n), prefix_len + start, s->table,
+             false, i});
+      }
       seqs_.push_back(std::move(s));
     }
     return Prefill(chunks);
@@ -202,6 +215,7 @@ class Probe {
   ModelRunner* runner_;
   int32_t max_step_tokens_;
   int32_t max_tokens_;  // longest verified chunk of the grid (tail blocks cover it)
+  bool distinct_;       // no shared prefix: each sequence's context is its own
   std::mt19937_64 rng_;
   int32_t context_ = 0;
   BlockPlan plan_;
@@ -366,7 +380,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const ProfileOptions& 
     token_bytes += (token_bytes + every - 1) / every;
   }
   r.kv_cache_bytes =
-      int64_t{PlanBlocks(max_context, max_tokens, r.block_size).Total(max_batch) + 2} *
+      int64_t{PlanBlocks(max_context, max_tokens, r.block_size, o.distinct_contexts)
+                  .Total(max_batch) +
+              2} *
       r.block_size * token_bytes;
   if (!draft && o.tensor_parallel_size > 1) {
     TpGroupOptions g;
@@ -609,11 +625,12 @@ absl::StatusOr<ProfileReport> MeasureProfile(ProfileOptions o) {
   ModelRunner* draft = runners.draft.get();
   const int32_t max_batch = o.batch_sizes.back(), max_tokens = o.tokens.back();
   const int32_t step_tokens = std::max(o.max_num_batched_tokens, max_batch * max_tokens);
-  Probe target_probe(target, step_tokens, max_tokens, o.seed);
+  Probe target_probe(target, step_tokens, max_tokens, o.distinct_contexts, o.seed);
   SPECD_RETURN_IF_ERROR(target_probe.CheckCapacity(max_batch, o.contexts.back()));
   std::unique_ptr<Probe> draft_probe;
   if (draft) {
-    draft_probe = std::make_unique<Probe>(draft, step_tokens, max_tokens, o.seed + 1);
+    draft_probe =
+        std::make_unique<Probe>(draft, step_tokens, max_tokens, o.distinct_contexts, o.seed + 1);
     SPECD_RETURN_IF_ERROR(draft_probe->CheckCapacity(max_batch, o.contexts.back()));
   }
   if (o.log) {

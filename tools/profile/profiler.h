@@ -42,6 +42,10 @@ struct ProfileOptions {
   // passed fails the run (DeadlineExceeded), so the overrun is at most one measurement.
   double budget_seconds = 300;
   uint64_t seed = 1234;  // synthetic token ids
+  // Each sequence's context its own (no shared prefix): attention reads what a batch of
+  // different prompts reads, not one prefix the L2 serves to every sequence (prefix caching's
+  // case). Prefills batch x context tokens per point.
+  bool distinct_contexts = false;
   // NSA targets, the SSV planner: each strategy's verification grid (as `verify`, the chunks
   // under the strategy), into the profile's "ssv" section, ranked at ssv_alpha.
   std::vector<SsvStrategy> ssv;

@@ -232,8 +232,8 @@ TEST(SpecdProfileTest, MeasuresAndRanksTheSsvStrategiesOfAnNsaTarget) {
   std::string output;
   const std::string nsa = std::string(SPECD_SHARED_DIR) + "/models/nsa-codepair";
   const int rc = RunTool("--model " + nsa + " --draft " + kModels +
-                             "/draft --device cpu --threads 2 --batch 1 --context 600 "
-                             "--tokens 1,5 --warmup 0 --repeats 1 --alpha 0.7 "
+                             "/draft --device cpu --threads 2 --batch 1,2 --context 600 "
+                             "--tokens 1,5 --warmup 0 --repeats 1 --alpha 0.7 --distinct-contexts "
                              "--ssv exact/c1/r1,exact/c4/r1,shared/c4/r1 --output " +
                              path,
                          &output);
