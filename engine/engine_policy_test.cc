@@ -314,6 +314,19 @@ TEST_F(PolicyTest, CostProfileComesFromTheFileOrTheDefaultRuleAndBadFilesFailCre
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->device, "synthetic");
 
+  // An NSA target's SSV strategies in the profile of this dense target: dropped (they would
+  // price its verification), the rest kept.
+  CostProfile with_ssv = *parsed;
+  with_ssv.SetSsv({.group_size = 4}, CostGrid::Constant(0.5));
+  const std::string ssv_path = ::testing::TempDir() + "/engine_policy_ssv_profile.json";
+  ASSERT_TRUE(with_ssv.Save(ssv_path).ok());
+  auto dense = Engine::Create(AutoOptions(ssv_path, nullptr));
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  parsed = CostProfile::FromJson((*dense)->cost_profile_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->ssv().empty());
+  EXPECT_EQ(parsed->device, "synthetic");
+
   auto by_default = Engine::Create(AutoOptions("", nullptr));
   ASSERT_TRUE(by_default.ok()) << by_default.status();
   EXPECT_EQ((*by_default)->cost_profile_source().rfind("default: ", 0), 0u);

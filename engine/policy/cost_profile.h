@@ -142,6 +142,8 @@ class CostProfile {
 
   // An SSV strategy's verification grid (replacing one of the same strategy).
   void SetSsv(SsvStrategy strategy, CostGrid verify);
+  // Drops the SSV strategies (a dense target's server loading an NSA target's profile).
+  void ClearSsv() { ssv_.clear(); }
   // The measured SSV strategies, in the order set (a loaded profile: by name); empty: none (a dense
   // target, or an NSA target's profile without the planner: verification is the dense grid, the
   // server's strategy). The dense "verify" grid of an NSA target is its model's own attention

@@ -179,6 +179,12 @@ absl::StatusOr<std::unique_ptr<AutoStrategy>> AutoStrategy::Create(
     a->profile_source_ = absl::StrCat("default: ", profile->device);
   }
   WarnOfProfileMismatch(*profile, draft, eagle3 != nullptr);
+  if (!profile->ssv().empty() && !target.is_nsa()) {
+    // They would price this dense target's verification (CostProfile::VerifyMs).
+    SPECD_LOG_WARN("engine: the cost profile's SSV strategies are for NSA targets; this model is "
+                   "not one: ignored");
+    profile->ClearSsv();
+  }
   PolicyOptions policy;
   policy.max_k = std::clamp(options.max_k, 1, kMaxPolicyK);
   policy.sync_paused_drafters = false;  // the draft model catches up when it resumes
@@ -197,22 +203,15 @@ absl::StatusOr<std::unique_ptr<AutoStrategy>> AutoStrategy::Create(
       names.push_back(SsvStrategyName(c.strategy));
       lossy |= c.strategy.lossy();
     }
-    if (!target.is_nsa()) {
-      SPECD_LOG_WARN(
-          "engine: the cost profile's SSV strategies ({}) are for NSA targets; this "
-          "model is not one: ignored",
-          absl::StrJoin(names, ", "));
-    } else {
-      a->ssv_planner_ = std::make_unique<SsvPlanner>(measured);
-      a->lossy_ssv_ok_ = speculators.lossy_ssv_ok();
-      SPECD_LOG_INFO(
-          "engine: SSV planner: verification picks among {} per request and step (requests "
-          "without speculation.ssv fields; at alpha {} until a request has measured its own){}",
-          absl::StrJoin(names, ", "), measured.ssv_alpha,
-          !lossy             ? ""
-          : a->lossy_ssv_ok_ ? "; lossy ones for requests that are not strict"
-                             : "; the lossy ones never: this runner does not run them");
-    }
+    a->ssv_planner_ = std::make_unique<SsvPlanner>(measured);  // an NSA target's (above)
+    a->lossy_ssv_ok_ = speculators.lossy_ssv_ok();
+    SPECD_LOG_INFO(
+        "engine: SSV planner: verification picks among {} per request and step (requests "
+        "without speculation.ssv fields; at alpha {} until a request has measured its own){}",
+        absl::StrJoin(names, ", "), measured.ssv_alpha,
+        !lossy             ? ""
+        : a->lossy_ssv_ok_ ? "; lossy ones for requests that are not strict"
+                           : "; the lossy ones never: this runner does not run them");
   }
   return a;
 }
