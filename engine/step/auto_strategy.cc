@@ -181,8 +181,9 @@ absl::StatusOr<std::unique_ptr<AutoStrategy>> AutoStrategy::Create(
   WarnOfProfileMismatch(*profile, draft, eagle3 != nullptr);
   if (!profile->ssv().empty() && !target.is_nsa()) {
     // They would price this dense target's verification (CostProfile::VerifyMs).
-    SPECD_LOG_WARN("engine: the cost profile's SSV strategies are for NSA targets; this model is "
-                   "not one: ignored");
+    SPECD_LOG_WARN(
+        "engine: the cost profile's SSV strategies are for NSA targets; this model is "
+        "not one: ignored");
     profile->ClearSsv();
   }
   PolicyOptions policy;

@@ -181,8 +181,9 @@ void PrintTable(const ProfileOptions& o, const ProfileReport& r) {
   }
   std::printf("%s\n", header.c_str());
   if (!p.ssv().empty()) {
-    std::printf("(verify: the cheapest of the dense pass and the lossless SSV strategies, as the "
-                "policy prices it; each strategy's own times are in the progress lines)\n");
+    std::printf(
+        "(verify: the cheapest of the dense pass and the lossless SSV strategies, as the "
+        "policy prices it; each strategy's own times are in the progress lines)\n");
   }
   for (int32_t b : o.batch_sizes) {
     for (int32_t c : o.contexts) {

@@ -115,9 +115,8 @@ class Probe {
       for (int32_t start = 0; start < static_cast<int32_t>(s->tail.size());
            start += max_step_tokens_) {
         const int32_t n = std::min<int32_t>(max_step_tokens_, s->tail.size() - start);
-        chunks.push_back(
-            {std::span<const int32_t>(s->tail).subspan(start, n), prefix_len + start, s->table,
-             false, i});
+        chunks.push_back({std::span<const int32_t>(s->tail).subspan(start, n), prefix_len + start,
+                          s->table, false, i});
       }
       seqs_.push_back(std::move(s));
     }
@@ -380,9 +379,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRunner(const ProfileOptions& 
     token_bytes += (token_bytes + every - 1) / every;
   }
   r.kv_cache_bytes =
-      int64_t{PlanBlocks(max_context, max_tokens, r.block_size, o.distinct_contexts)
-                  .Total(max_batch) +
-              2} *
+      int64_t{
+          PlanBlocks(max_context, max_tokens, r.block_size, o.distinct_contexts).Total(max_batch) +
+          2} *
       r.block_size * token_bytes;
   if (!draft && o.tensor_parallel_size > 1) {
     TpGroupOptions g;
