@@ -325,7 +325,9 @@ TEST(EngineNsaTest, SsvPlanPicksPerRequestAndNeverALossyStrategyForAStrictReques
   };
   CostProfile profile(CostGrid::Constant(10));
   profile.SetVerify(grid(10));
-  profile.SetMethod(PolicyMethod::kDraftModel, {.draft = CostGrid::Constant(1)});
+  MethodCosts draft;
+  draft.draft = CostGrid::Constant(1);
+  profile.SetMethod(PolicyMethod::kDraftModel, draft);
   profile.SetSsv({.group_size = 1}, grid(10));
   profile.SetSsv({.group_size = 4}, grid(8));
   profile.SetSsv({.group_size = 4, .mode = SsvMode::kShared}, grid(5));
