@@ -34,13 +34,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   runner.model_dir = options.model_dir;
   static_cast<DeviceOptions&>(runner) = options;  // device, weights, threads, KV pool
   static_cast<BatchLimits&>(runner) = options;
-  if (options.speculative.enabled()) {
-    // Greedy verification draws K + 1 rows per sequence on the device; rows beyond what one
-    // Step draws go the host path (every drafted position's logits copied back).
-    runner.max_sample_rows = static_cast<int32_t>(std::min<int64_t>(
-        options.max_num_batched_tokens,
-        int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
-  }
+  // Greedy verification draws K + 1 rows per sequence on the device; rows beyond what one Step
+  // draws go the host path (every drafted position's logits copied back, tens of milliseconds a
+  // round at a 128K vocabulary). Requests may speculate without a --speculative-config (n-gram,
+  // vegas and streaming need no model), so the rows are sized for the default K either way.
+  runner.max_sample_rows = static_cast<int32_t>(std::min<int64_t>(
+      options.max_num_batched_tokens,
+      int64_t{options.max_num_seqs} * (options.speculative.num_speculative_tokens + 1)));
   if (!options.speculative.eagle3_model.empty()) {
     // Any target the head's shapes fit: dense or NSA (whose passes capture the same residual
     // stream; its verification attends by SSV as for every drafter).

@@ -280,6 +280,95 @@ TEST_F(CudaVegasTest, SparseDraftStepMatchesTheCpuModel) {
   }
 }
 
+// Selections kept on the device (ChunkAttention::select_slot / slot): a verification chunk that
+// selects into a slot keeps exactly the tokens the host would select from the same pass's
+// weights (kernels::ref::VegasSelectTopK), and a draft step over the slot gives the logits of the
+// same step over the host's lists (up to the split count); its graph replay (the runner with
+// graphs) equals its eager run (an enforce_eager runner) bit for bit.
+TEST_F(CudaVegasTest, SlotSelectionEqualsTheHostsAndItsGraphEqualsEager) {
+  ASSERT_GT(gpu_->num_sparse_slots(), 3);
+  RunnerOptions eager_options = LongOptions("cuda");
+  eager_options.enforce_eager = true;
+  std::unique_ptr<ModelRunner> eager = MakeRunner(eager_options);
+  ASSERT_TRUE(eager != nullptr);
+  const std::vector<int32_t> ids = HeldOut();
+  const int32_t layers = gpu_->config().num_layers;
+  const size_t begins[] = {0, 4000};
+  const int32_t prefixes[] = {3000, 2500};
+  const int32_t slots[] = {3, 0};
+  constexpr int32_t kChunk = 5;
+  const SelectBudget budget{0.07, 32, 0};
+  const kernels::ref::VegasBudget ref_budget{0.07, 32, std::numeric_limits<int64_t>::max()};
+  struct Out {
+    std::vector<float> slot_logits, list_logits;
+    std::vector<std::vector<int32_t>> lists;  // [seq * layers + layer]
+  };
+  auto run = [&](ModelRunner& runner) {
+    Out out;
+    Sequences seqs(runner);
+    std::vector<int> s;
+    std::vector<std::vector<int32_t>> chunk, next;
+    for (int i = 0; i < 2; ++i) {
+      s.push_back(seqs.Add(Slice(ids, begins[i], prefixes[i]), prefixes[i] + kChunk + 1));
+      chunk.push_back(Slice(ids, begins[i] + prefixes[i], kChunk));
+      next.push_back(Slice(ids, begins[i] + prefixes[i] + kChunk, 1));
+    }
+    // The verification chunk twice (it rewrites the same KV): scores to the host, then into
+    // the slots.
+    std::vector<std::vector<float>> scores(2);
+    ChunkAttention host[2], device[2];
+    std::vector<SequenceInput> to_host, to_slots;
+    for (int i = 0; i < 2; ++i) {
+      scores[i].assign(static_cast<size_t>(layers) * 2 * prefixes[i], 0.0f);
+      host[i].scores = scores[i];
+      device[i].select_slot = slots[i];
+      device[i].select_budget = budget;
+      to_host.push_back(Input(chunk[i], prefixes[i], seqs.table(s[i]), true));
+      to_host.back().attention = &host[i];
+      to_slots.push_back(to_host.back());
+      to_slots.back().attention = &device[i];
+    }
+    seqs.Forward(to_host);
+    seqs.Forward(to_slots);
+    // The host's selection from the weights, as VegasSpeculator::OnVerified makes it.
+    std::vector<std::vector<std::span<const int32_t>>> spans(2);
+    ChunkAttention list_step[2], slot_step[2];
+    std::vector<SequenceInput> by_list, by_slot;
+    for (int i = 0; i < 2; ++i) {
+      const int64_t k = kernels::ref::VegasKeepCount(prefixes[i], ref_budget);
+      std::vector<int32_t> indices(static_cast<size_t>(layers * k)), counts(layers);
+      kernels::ref::VegasSelectTopK(scores[i].data(), 1, prefixes[i], &prefixes[i], 1, layers,
+                                    ref_budget, indices.data(), k, counts.data());
+      for (int32_t l = 0; l < layers; ++l) {
+        out.lists.emplace_back(indices.begin() + l * k, indices.begin() + (l + 1) * k);
+      }
+      for (int32_t l = 0; l < layers; ++l) spans[i].push_back(out.lists[i * layers + l]);
+      list_step[i].layer_indices = spans[i];
+      list_step[i].recent_start = prefixes[i];
+      slot_step[i].slot = slots[i];
+      slot_step[i].slot_count = static_cast<int32_t>(k);
+      slot_step[i].recent_start = prefixes[i];
+      by_list.push_back(Input(next[i], prefixes[i] + kChunk, seqs.table(s[i]), false));
+      by_list.back().attention = &list_step[i];
+      by_slot.push_back(by_list.back());
+      by_slot.back().attention = &slot_step[i];
+    }
+    out.list_logits = seqs.Forward(by_list);
+    out.slot_logits = seqs.Forward(by_slot);
+    return out;
+  };
+  const Out graphs = run(*gpu_);
+  const Out eagerly = run(*eager);
+  ASSERT_FALSE(graphs.slot_logits.empty());
+  // The same selections either way (the runners' verification passes are alike: eager).
+  EXPECT_EQ(graphs.lists, eagerly.lists);
+  EXPECT_EQ(graphs.slot_logits, eagerly.slot_logits) << "graph replay != eager, bit for bit";
+  const Comparison c = Compare(graphs.slot_logits, graphs.list_logits);
+  std::printf("[ slots ] max |slot - list| %.5f of %.3f, correlation %.6f\n", c.max_err, c.max_ref,
+              c.correlation);
+  EXPECT_LE(c.max_err, 0.02 * c.max_ref) << "the slot's lists are not the host's selection";
+}
+
 // ---- the engine on the GPU ----
 
 EngineOptions LongEngine(std::shared_ptr<EngineObserver> observer) {

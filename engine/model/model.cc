@@ -152,6 +152,9 @@ absl::Status Model::ValidateAttention(size_t s, const SequenceInput& seq) const 
   // Head averages need every head, and sparse lists would have to travel to every rank.
   if (comm_ != nullptr) return SequenceError(s, "attention options need tensor parallelism off");
   const int64_t layers = config_.num_layers;
+  if (a.select_slot >= 0 || a.slot >= 0) {
+    return SequenceError(s, "selection slots need a runner that keeps selections on its device");
+  }
   if (!a.scores.empty() && a.sparse()) {
     return SequenceError(s, "a chunk collects scores or attends sparsely, not both");
   }

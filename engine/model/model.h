@@ -48,13 +48,32 @@ struct LoadOptions {
 // weighs 0); or (b) sparse attention: in layer l each query sees only the positions
 // layer_indices[l] and every position in [recent_start, its own], still under the causal (and
 // window) rule. Not both on one chunk. Caller-owned; outlives the Forward call.
+// Runners that keep selections on their device (ModelRunner::num_sparse_slots() > 0: the CUDA
+// runner) also take (a') and (b') with a selection slot in place of the host's arrays, so no
+// scores come to the host and no lists go to the device: (a') `select_slot` on a scoring chunk:
+// per layer the top k = SelectBudget's count of the start_pos prefix tokens by those weights
+// (kernels/ref/vegas.h VegasSelectTopK, as the speculator selects on the host) go into the slot,
+// replacing what it held; (b') `slot` on a sparse chunk: layer l attends the slot's layer-l list
+// (`slot_count` tokens, what the last select into it kept) and every position from recent_start
+// on. The CPU Model refuses both.
+struct SelectBudget {
+  double ratio = 0;        // in [0, 1]
+  int32_t min_tokens = 0;  // the floor
+  int32_t max_tokens = 0;  // the cap; 0: none
+};
 struct ChunkAttention {
   std::span<float> scores;  // (a) [num_layers, 2, start_pos] f32, out; empty: none collected
   // (b) [num_layers][count] strictly ascending positions in [0, recent_start); empty: dense.
   // Layers may share one list (StreamingLLM's sinks).
   std::span<const std::span<const int32_t>> layer_indices;
-  int32_t recent_start = 0;  // (b) in [0, start_pos]: every key from here on is attended
+  int32_t recent_start = 0;  // (b), (b') in [0, start_pos]: every key from here on is attended
+  int32_t select_slot = -1;  // (a') the slot the selection goes to; -1: none
+  SelectBudget select_budget;
+  int32_t slot = -1;       // (b') the slot attended; -1: none
+  int32_t slot_count = 0;  // (b') tokens per layer in it
   bool sparse() const { return !layer_indices.empty(); }
+  bool slot_sparse() const { return slot >= 0; }
+  bool collects() const { return !scores.empty() || select_slot >= 0; }
 };
 
 // Vegas' criticality of the n prefix keys seen by a query row: each head's softmax over the keys

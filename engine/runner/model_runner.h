@@ -115,6 +115,10 @@ class ModelRunner {
   // Longest chunk that may carry attention options (SequenceInput::attention: Vegas score
   // collection and sparse attention); unbounded where the runner takes any.
   virtual int32_t max_attention_option_tokens() const { return INT32_MAX; }
+  // Selection slots kept on the device (ChunkAttention's select_slot and slot: Vegas selects
+  // after verification and drafts from there without the host): slots [0, n) exist; 0 where
+  // selections travel through the host (ChunkAttention's scores and layer_indices).
+  virtual int32_t num_sparse_slots() const { return 0; }
   // NSA targets: running totals of what the verification chunks with an SSV strategy
   // (SequenceInput::ssv) read; zeros where no chunk had one.
   virtual SsvLoadStats ssv_load_stats() const { return {}; }

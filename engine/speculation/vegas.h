@@ -13,7 +13,13 @@
 // Greedy requests draft the argmax; sampled requests draw from the processed distribution (as the
 // target's sampler builds it) with their own RNG and return it as q, so verification stays
 // lossless. Needs a runner that takes ChunkAttention (the CPU backend; the CUDA runner through the
-// Vegas kernels, eagerly). Engine thread only.
+// Vegas kernels).
+// On a runner that keeps selections on its device (ModelRunner::num_sparse_slots() > 0, the CUDA
+// runner) a Vegas sequence holds a selection slot: its verification pass selects into the slot
+// on the device (PrepareScoring: ChunkAttention::select_slot) and its draft steps attend the slot
+// (ChunkAttention::slot), so neither scores nor lists cross to the host, and greedy draft steps
+// draw their argmax on the device (ModelRunner::Step: ids only come back), replaying CUDA graphs.
+// Without a free slot a sequence takes the host path above. Engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "engine/model/model.h"
 #include "engine/runner/model_runner.h"
+#include "engine/sample/sampler.h"
+#include "engine/speculation/draft_replay.h"
 #include "engine/speculation/speculator.h"
 
 namespace specd {
@@ -43,9 +51,20 @@ class VegasSpeculator : public Speculator {
   // Inputs need block_table and num_computed (the sequence's last token uncomputed) and a
   // speculation of method vegas or streaming; others get no drafts.
   absl::Status Propose(std::span<const DraftInput> inputs, std::vector<Draft>* drafts) override;
-  // Vegas rounds with scores replace the sequence's selection.
+  // Vegas rounds with scores (or scored into the sequence's slot) replace its selection.
   void OnVerified(std::span<const VerifiedRound> rounds) override;
-  void Release(uint64_t seq_id) override { states_.erase(seq_id); }
+  void Release(uint64_t seq_id) override;
+
+  // For the verification chunk of a Vegas round of seq_id: where its selection goes. With a
+  // selection slot, sets attention->select_slot and its budget and returns true (the runner
+  // selects on the device; the round's VerifiedRound carries num_scored and no scores); false:
+  // the caller collects scores on the host (ChunkAttention::scores).
+  bool PrepareScoring(uint64_t seq_id, ChunkAttention* attention);
+
+  // Benchmarks only: greedy drafts follow `replay` (controlled acceptance,
+  // engine/speculation/draft_replay.h) while every sparse draft pass still runs; nullptr turns it
+  // off. Sampled drafts are not replayed.
+  void set_replay(std::shared_ptr<const DraftReplay> replay) { replay_ = std::move(replay); }
 
   // Tests: the prefix length of seq_id's selection (0: none yet) and its layer-l tokens.
   int32_t selection_prefix(uint64_t seq_id) const;
@@ -56,9 +75,12 @@ class VegasSpeculator : public Speculator {
     SparseDraftOptions budget;     // the request's (OnVerified selects with it)
     int32_t num_scored = 0;        // the selection's prefix length; 0: none
     int32_t num_kept = 0;          // tokens per layer
-    std::vector<int32_t> indices;  // [num_layers, num_kept] ascending per layer
+    std::vector<int32_t> indices;  // [num_layers, num_kept] ascending per layer (host selection)
+    int32_t slot = -1;             // the runner's selection slot; -1: none
+    bool in_slot = false;          // the selection is the slot's (not `indices`)
     std::mt19937_64 rng;           // sampled drafts
     bool seeded = false;
+    std::unique_ptr<Sampler> sampler;  // device draws' SampleRow (greedy: unused draws)
   };
   // One input's draft plan for this round.
   struct Plan {
@@ -73,9 +95,16 @@ class VegasSpeculator : public Speculator {
   void PlanInput(const DraftInput& in, State& state, Plan& plan);
   // Appends draft j of one input, drawn from its logits row.
   void DrawDraft(const DraftInput& in, State& state, std::span<const float> logits, Draft& draft);
+  // A free selection slot for a Vegas sequence, or -1.
+  int32_t TakeSlot();
 
   ModelRunner* runner_;
   int32_t num_layers_;
+  std::shared_ptr<const DraftReplay> replay_;
+  std::vector<int32_t> free_slots_;  // the runner's selection slots no sequence holds
+  bool slots_listed_ = false;
+  std::vector<SampleRow> rows_;      // device draft steps' rows (scratch)
+  std::vector<SampleResult> drawn_;  // and their draws
   absl::flat_hash_map<uint64_t, std::unique_ptr<State>> states_;
   std::vector<Plan> plans_;           // [num_inputs] scratch
   std::vector<SequenceInput> batch_;  // scratch

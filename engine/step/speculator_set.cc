@@ -56,13 +56,14 @@ absl::StatusOr<std::unique_ptr<SpeculatorSet>> SpeculatorSet::Create(
   const bool local_draft = !spec.draft_model.empty() && spec.method != SpeculationMethod::kSsd;
   const bool local_head = !spec.eagle3_model.empty() && !HeadDraftsInSsdSpeculator(spec);
   std::shared_ptr<const DraftReplay> replay;
-  if (spec.replay.enabled() && (local_draft || local_head)) {
+  if (spec.replay.enabled() && (local_draft || local_head || set->vegas_ != nullptr)) {
     SPECD_ASSIGN_OR_RETURN(replay, DraftReplay::Load(spec.replay, target->config().vocab_size));
     SPECD_LOG_WARN(
         "engine: drafts in replay mode (controlled acceptance alpha {}, {} trajectories): a "
         "benchmark setting, not a drafter's acceptance",
         spec.replay.alpha, replay->num_trajectories());
   }
+  if (set->vegas_ != nullptr && replay != nullptr) set->vegas_->set_replay(replay);
   if (local_head) SPECD_RETURN_IF_ERROR(set->CreateEagle3(spec, target, replay));
   // SSD's draft runs in the speculator process, not here.
   if (local_draft) {

@@ -25,6 +25,7 @@ class DraftModelSpeculator;
 class DraftReplay;
 class Eagle3Speculator;
 class SsdSpeculator;
+class VegasSpeculator;
 
 // The methods whose speculator drafts, in the order the pipeline asks them (DraftMethod order).
 inline constexpr std::array<DraftMethod, 6> kDraftingMethods = {
@@ -66,6 +67,7 @@ class SpeculatorSet {
   Eagle3Speculator* eagle3() const { return eagle3_.get(); }
   SsdSpeculator* ssd() const { return ssd_.get(); }
   bool has_sparse_drafting() const { return vegas_ != nullptr; }  // vegas and streaming
+  VegasSpeculator* vegas() const { return vegas_.get(); }
   bool lossy_ssv_ok() const { return lossy_ssv_ok_; }  // the target runs lossy SSV strategies
   const SsdStats* ssd_stats() const;                   // null without SSD
   // The target verifies token trees (ModelRunner::SupportsTokenTrees); without, a tree request
@@ -96,7 +98,7 @@ class SpeculatorSet {
   std::unique_ptr<DraftModelSpeculator> draft_;  // when the config names a draft model
   std::unique_ptr<SsdSpeculator> ssd_;           // method ssd: the speculator process's client
   // Methods vegas and streaming: the target drafts for itself (one rank only).
-  std::unique_ptr<Speculator> vegas_;
+  std::unique_ptr<VegasSpeculator> vegas_;
   // Method eagle3: a draft head reading the target's hidden states (this process, rank 0).
   std::unique_ptr<Eagle3Speculator> eagle3_;
   bool trees_ok_ = false;

@@ -10,6 +10,7 @@
 #include "engine/base/status.h"
 #include "engine/speculation/eagle3.h"
 #include "engine/speculation/ssd/ssd_speculator.h"
+#include "engine/speculation/vegas.h"
 #include "engine/step/auto_strategy.h"
 #include "engine/step/speculator_set.h"
 
@@ -456,9 +457,13 @@ void StepPipeline::BuildBatch(const StepPlan& plan, bool all_logits) {
       if (r.acceptor) acceptors_[k] = &*r.acceptor;
       if (nsa) in.ssv = &r.step.ssv;  // how the NSA target's verification queries attend
       if (r.step.method == SpeculationMethod::kVegas) {
-        // The verification pass also scores the prefix for the next round's selection.
-        row_scores_[k].resize(num_layers * 2 * in.start_pos);
-        row_attention_[k].scores = row_scores_[k];
+        // The verification pass also scores the prefix for the next round's selection: into
+        // the sequence's selection slot on the runner's device, or to the host.
+        VegasSpeculator* vegas = speculators_->vegas();
+        if (vegas == nullptr || !vegas->PrepareScoring(r.id, &row_attention_[k])) {
+          row_scores_[k].resize(num_layers * 2 * in.start_pos);
+          row_attention_[k].scores = row_scores_[k];
+        }
         scored_len_[k] = in.start_pos;
         in.attention = &row_attention_[k];
       }
@@ -553,7 +558,7 @@ void StepPipeline::TellSpeculators(double (&positions)[kNumDraftMethods]) {
       round.next_token = o.tokens.back().id;
       round.path = o.path;
       if (scored_len_[k] >= 0) {
-        round.scores = row_scores_[k];
+        if (!row_attention_[k].scores.empty()) round.scores = row_scores_[k];
         round.num_scored = scored_len_[k];
       }
       rounds_.push_back(round);

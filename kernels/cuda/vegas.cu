@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/vegas.h"
 #include "kernels/cuda/vegas_attention.cuh"
+#include "kernels/cuda/vegas_decode.cuh"
 #include "kernels/cuda/vegas_select.cuh"
 #include "kernels/cuda/vegas_weights.cuh"
 
@@ -188,11 +189,12 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
                             const int32_t* lengths, int32_t num_seqs, int32_t num_pairs,
                             const VegasBudget& budget, int32_t* indices, int64_t index_stride,
                             int32_t* counts, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const int32_t* out_rows,
+                            int64_t out_rows_per_layer) {
   if (num_pairs < 0 || num_pairs > 65535 || num_parts < 1 || score_stride < 0 ||
-      score_stride > INT_MAX || !(budget.ratio >= 0.0 && budget.ratio <= 1.0) ||
-      budget.min_tokens < 0 || budget.max_tokens < budget.min_tokens ||
-      budget.max_tokens > index_stride || num_seqs < 1) {
+      (out_rows != nullptr && out_rows_per_layer < 1) || score_stride > INT_MAX ||
+      !(budget.ratio >= 0.0 && budget.ratio <= 1.0) || budget.min_tokens < 0 ||
+      budget.max_tokens < budget.min_tokens || budget.max_tokens > index_stride || num_seqs < 1) {
     return cudaErrorInvalidValue;
   }
   if (num_pairs == 0) return cudaSuccess;
@@ -214,7 +216,7 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
   }
   vegas::VegasSelectKernel<<<static_cast<unsigned>(num_pairs), vegas::kSelectThreads, 0, stream>>>(
       combined, combined_stride, lengths, num_seqs, score_stride, budget.ratio, budget.min_tokens,
-      budget.max_tokens, indices, index_stride, counts);
+      budget.max_tokens, indices, index_stride, counts, out_rows, out_rows_per_layer);
   return cudaGetLastError();
 }
 
@@ -252,16 +254,14 @@ cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int
   return cudaGetLastError();
 }
 
-cudaError_t PagedSparseAttention(const __nv_bfloat16* q, int64_t q_stride,
-                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
-                                 const int32_t* cu_q_lens, const int32_t* seq_lens,
-                                 const int32_t* token_indices, int64_t index_stride,
-                                 const int32_t* index_counts, const int32_t* recent_starts,
-                                 int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
-                                 int32_t num_splits, const AttentionShape& shape,
-                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t PagedSparseAttention(
+    const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
+    const int32_t* cu_q_lens, const int32_t* seq_lens, const int32_t* token_indices,
+    int64_t index_stride, const int32_t* index_counts, const int32_t* recent_starts,
+    int32_t num_seqs, int64_t num_tokens, int32_t max_q_len, int32_t num_splits,
+    const AttentionShape& shape, __nv_bfloat16* out, int64_t out_stride, void* workspace,
+    size_t workspace_bytes, cudaStream_t stream, const int32_t* index_rows) {
   attention::VegasSparseParams params = {};
   int64_t num_ctas = 0;
   if (!VerifyArgs(q, q_stride, k_cache, v_cache, block_tables, max_blocks_per_seq, cu_q_lens,
@@ -276,8 +276,107 @@ cudaError_t PagedSparseAttention(const __nv_bfloat16* q, int64_t q_stride,
   params.index_stride = index_stride;
   params.index_counts = index_counts;
   params.recent_starts = recent_starts;
+  params.index_rows = index_rows;
   return DispatchVariant<attention::VegasSparseVariant>(
       params, shape.head_dim, VerifyWarps(max_q_len, shape), num_ctas, num_tokens, stream);
+}
+
+namespace {
+
+// attention.cu's decode CTA shape: q heads per CTA (8 or 16) and the parts of a kv head's group.
+int SparseDecodeRows(const AttentionShape& s) {
+  return s.num_q_heads / s.num_kv_heads <= 8 ? 8 : 16;
+}
+
+template <int kHeadDim, int kRows>
+cudaError_t LaunchSparseDecode(const attention::DecodeParams& p,
+                               const attention::SparseDecodeKeys& keys, int64_t num_ctas,
+                               cudaStream_t stream) {
+  using Cfg = attention::DecodeConfig<kHeadDim, kRows>;
+  return LaunchDependent(attention::PagedSparseDecodeKernel<kHeadDim, kRows>,
+                         static_cast<unsigned>(num_ctas), Cfg::kThreads, 0, stream, p, keys);
+}
+
+template <int kHeadDim>
+cudaError_t LaunchSparseDecodeAndCombine(const attention::DecodeParams& p,
+                                         const attention::SparseDecodeKeys& keys, int64_t num_seqs,
+                                         int rows, cudaStream_t stream) {
+  const int64_t num_ctas = num_seqs * p.num_kv_heads * p.num_parts * int64_t{p.num_splits};
+  const cudaError_t err = rows == 16 ? LaunchSparseDecode<kHeadDim, 16>(p, keys, num_ctas, stream)
+                                     : LaunchSparseDecode<kHeadDim, 8>(p, keys, num_ctas, stream);
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  return attention::LaunchCombine<kHeadDim>(p.partial_out, p.partial_lse, p.num_splits,
+                                            p.num_q_heads, num_seqs * p.num_q_heads, p.out,
+                                            p.out_stride, stream);
+}
+
+}  // namespace
+
+cudaError_t PagedSparseDecodeAttention(
+    const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
+    const int32_t* seq_lens, const int32_t* token_indices, int64_t index_stride,
+    const int32_t* index_counts, const int32_t* recent_starts, const int32_t* index_rows,
+    int32_t num_seqs, int32_t num_splits, const AttentionShape& shape, __nv_bfloat16* out,
+    int64_t out_stride, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const int64_t row = static_cast<int64_t>(shape.num_q_heads) * shape.head_dim;
+  if (!VerifyShape(shape) || shape.sliding_window != 0 || num_seqs < 0 || num_splits < 1 ||
+      num_splits > attention::kMaxDecodeSplits || !ValidRows(q, q_stride, row) ||
+      !ValidRows(out, out_stride, row) || k_cache == nullptr || v_cache == nullptr ||
+      !IsAligned(k_cache, 16) || !IsAligned(v_cache, 16) || block_tables == nullptr ||
+      seq_lens == nullptr || max_blocks_per_seq < 1 || max_blocks_per_seq > (INT_MAX >> 6) ||
+      token_indices == nullptr || index_counts == nullptr || recent_starts == nullptr ||
+      index_stride < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_seqs == 0) return cudaSuccess;
+  const int rows = SparseDecodeRows(shape);
+  const int group = shape.num_q_heads / shape.num_kv_heads;
+  const int parts = static_cast<int>(CeilDiv(group, rows));
+  if (static_cast<int64_t>(num_seqs) * shape.num_kv_heads * parts * num_splits > INT_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  attention::DecodeParams p = {};
+  p.q = q;
+  p.q_stride = q_stride;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.block_tables = block_tables;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  p.seq_lens = seq_lens;
+  p.num_q_heads = shape.num_q_heads;
+  p.num_kv_heads = shape.num_kv_heads;
+  p.group = group;
+  p.num_parts = parts;
+  p.log2_block_size = Log2(shape.block_size);
+  p.sliding_window = 0;
+  p.num_splits = num_splits;
+  p.scale_log2 = shape.scale * attention::kLog2e;
+  p.out = out;
+  p.out_stride = out_stride;
+  if (num_splits > 1) {  // PagedDecodeAttention's workspace layout
+    if (workspace == nullptr || !IsAligned(workspace, 16) ||
+        workspace_bytes < PagedDecodeWorkspaceBytes(num_seqs, num_splits, shape)) {
+      return cudaErrorInvalidValue;
+    }
+    size_t partial_bytes =
+        static_cast<size_t>(num_seqs) * shape.num_q_heads * num_splits * shape.head_dim * 4;
+    partial_bytes = (partial_bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+    p.partial_out = static_cast<float*>(workspace);
+    p.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + partial_bytes);
+  }
+  const attention::SparseDecodeKeys keys{token_indices, index_stride, index_counts, recent_starts,
+                                         index_rows};
+  switch (shape.head_dim) {
+    case 16:
+      return LaunchSparseDecodeAndCombine<16>(p, keys, num_seqs, rows, stream);
+    case 32:
+      return LaunchSparseDecodeAndCombine<32>(p, keys, num_seqs, rows, stream);
+    case 64:
+      return LaunchSparseDecodeAndCombine<64>(p, keys, num_seqs, rows, stream);
+    default:
+      return LaunchSparseDecodeAndCombine<128>(p, keys, num_seqs, rows, stream);
+  }
 }
 
 }  // namespace specd::kernels

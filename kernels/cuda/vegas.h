@@ -74,14 +74,20 @@ size_t VegasSelectWorkspaceBytes(int32_t num_pairs, int64_t score_stride);
 //              past the count untouched
 //   counts     [num_pairs] int32, device, out: how many were kept
 //   workspace  >= VegasSelectWorkspaceBytes(num_pairs, score_stride) bytes, device, 16-byte aligned
+//   out_rows   optional, [num_seqs] int32, device: where each sequence's pairs go in a table of
+//              out_rows_per_layer rows per layer (a runner's selections kept per sequence slot):
+//              pair p's row of `indices` and `counts` is (p / num_seqs) * out_rows_per_layer +
+//              out_rows[p % num_seqs]; a negative entry: that sequence's pairs write nothing (a
+//              launch per budget when sequences differ). Null: row p.
 // cudaErrorInvalidValue for a null or misaligned pointer, num_parts < 1, ratio outside [0, 1],
-// min_tokens < 0, max_tokens < min_tokens or > index_stride, num_pairs > 65535, a workspace too
-// small; num_pairs == 0 launches nothing.
+// min_tokens < 0, max_tokens < min_tokens or > index_stride, num_pairs > 65535, out_rows with
+// out_rows_per_layer < 1, a workspace too small; num_pairs == 0 launches nothing.
 cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t score_stride,
                             const int32_t* lengths, int32_t num_seqs, int32_t num_pairs,
                             const VegasBudget& budget, int32_t* indices, int64_t index_stride,
                             int32_t* counts, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const int32_t* out_rows = nullptr,
+                            int64_t out_rows_per_layer = 0);
 
 // Most heads VegasHeadAveragedWeights averages (its per-head statistics sit in shared memory).
 inline constexpr int32_t kVegasMaxWeightHeads = 128;
@@ -127,17 +133,35 @@ cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int
 //                  recent_starts[s] (VegasSelectTopK's output for the layer)
 //   index_counts   [num_seqs] int32, device, in (clipped to [0, index_stride])
 //   recent_starts  [num_seqs] int32, device, in: <= the run's first query position
+//   index_rows     optional, [num_seqs] int32, device: sequence s reads row index_rows[s] of
+//                  token_indices and index_counts (a runner's selections kept per sequence slot,
+//                  VegasSelectTopK's out_rows); null: row s
 // Needs sliding_window == 0; cudaErrorInvalidValue otherwise, for a null list, and as
 // PagedVerifyAttention.
-cudaError_t PagedSparseAttention(const __nv_bfloat16* q, int64_t q_stride,
-                                 const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                 const int32_t* block_tables, int32_t max_blocks_per_seq,
-                                 const int32_t* cu_q_lens, const int32_t* seq_lens,
-                                 const int32_t* token_indices, int64_t index_stride,
-                                 const int32_t* index_counts, const int32_t* recent_starts,
-                                 int32_t num_seqs, int64_t num_tokens, int32_t max_q_len,
-                                 int32_t num_splits, const AttentionShape& shape,
-                                 __nv_bfloat16* out, int64_t out_stride, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream);
+cudaError_t PagedSparseAttention(
+    const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
+    const int32_t* cu_q_lens, const int32_t* seq_lens, const int32_t* token_indices,
+    int64_t index_stride, const int32_t* index_counts, const int32_t* recent_starts,
+    int32_t num_seqs, int64_t num_tokens, int32_t max_q_len, int32_t num_splits,
+    const AttentionShape& shape, __nv_bfloat16* out, int64_t out_stride, void* workspace,
+    size_t workspace_bytes, cudaStream_t stream, const int32_t* index_rows = nullptr);
+
+// PagedSparseAttention for one query per sequence (a draft step's chunks; cu_q_lens is
+// implicit): the split-KV decode kernel (PagedDecodeAttention's grid, workspace and combine:
+// num_splits from ChooseDecodeSplits over the longest key count, count + seq_len -
+// recent_start, and PagedDecodeWorkspaceBytes) reading each key's K and V row through its token
+// and block (vegas_decode.cuh), instead of the verification kernel's 16-row tiles, of which a
+// GQA group of 4 would fill a quarter. Query s is at position seq_lens[s] - 1; sequence s
+// attends token_indices[row][0 .. index_counts[row]) and every token from recent_starts[s] up to
+// its query, row = index_rows ? index_rows[s] : s. Needs head_dim 16 to 128 and
+// sliding_window == 0; cudaErrorInvalidValue otherwise and as PagedDecodeAttention.
+cudaError_t PagedSparseDecodeAttention(
+    const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
+    const int32_t* seq_lens, const int32_t* token_indices, int64_t index_stride,
+    const int32_t* index_counts, const int32_t* recent_starts, const int32_t* index_rows,
+    int32_t num_seqs, int32_t num_splits, const AttentionShape& shape, __nv_bfloat16* out,
+    int64_t out_stride, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace specd::kernels

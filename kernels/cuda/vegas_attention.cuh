@@ -98,10 +98,11 @@ struct VegasScoreVariant {
 // V are read in place through the block table, 16-byte chunk by chunk as the dense loader does.
 
 struct VegasSparseParams : VerifyParams {
-  const int32_t* token_indices;  // [num_seqs, index_stride]
+  const int32_t* token_indices;  // [rows, index_stride]
   int64_t index_stride;
-  const int32_t* index_counts;   // [num_seqs]
+  const int32_t* index_counts;   // [rows]
   const int32_t* recent_starts;  // [num_seqs]
+  const int32_t* index_rows;     // [num_seqs] each sequence's row; null: row = sequence
 };
 
 struct VegasSparseVariant {
@@ -119,8 +120,10 @@ struct VegasSparseVariant {
     int count, recent_start;
 
     __device__ __forceinline__ Keys(const Params& vx, int seq)
-        : indices(vx.token_indices + static_cast<int64_t>(seq) * vx.index_stride),
-          count(ClampCount(__ldg(vx.index_counts + seq), vx.index_stride)),
+        : Keys(vx, seq, vx.index_rows != nullptr ? __ldg(vx.index_rows + seq) : seq) {}
+    __device__ __forceinline__ Keys(const Params& vx, int seq, int row)
+        : indices(vx.token_indices + static_cast<int64_t>(row) * vx.index_stride),
+          count(ClampCount(__ldg(vx.index_counts + row), vx.index_stride)),
           recent_start(max(0, __ldg(vx.recent_starts + seq))) {}
 
     // seq_len: the sequence's positions; the keys are the list and positions [recent_start,

@@ -477,6 +477,38 @@ TEST_P(SparseAttentionTest, MatchesTheReferenceAndReadsNoUnlistedSlot) {
       "out", check::WidenToDouble(out.Download<uint16_t>()), check::RoundToBf16(out32), out64);
   EXPECT_TRUE(e.passed) << "out: max|kernel-ref64| " << e.kernel_error << " > tolerance "
                         << e.tolerance << " (baseline " << e.baseline_error << ")";
+  if (c.q_len != 1) return;
+  // One query per sequence: the decode kernel over the same lists, their rows in reverse order
+  // behind index_rows (as a runner's selection slots hold them).
+  std::vector<int32_t> reversed(indices.size()), reversed_counts(c.batch), rows(c.batch);
+  for (int s = 0; s < c.batch; ++s) {
+    rows[s] = c.batch - 1 - s;
+    std::copy_n(indices.begin() + s * index_stride, index_stride,
+                reversed.begin() + rows[s] * index_stride);
+    reversed_counts[rows[s]] = counts[s];
+  }
+  const int32_t decode_splits =
+      c.splits > 0 ? c.splits : ChooseDecodeSplits(c.batch, max_keys, NumSms(), a);
+  DeviceBuffer d_rows(rows.size() * 4), decode_out(tokens * row * 2);
+  DeviceBuffer decode_ws(
+      std::max<size_t>(16, PagedDecodeWorkspaceBytes(c.batch, decode_splits, a)));
+  d_indices.Upload(reversed);
+  d_counts.Upload(reversed_counts);
+  d_rows.Upload(rows);
+  decode_out.Poison();
+  decode_ws.Poison();
+  SPECD_CUDA_CHECK(PagedSparseDecodeAttention(
+      Bf16(q), row, Bf16(k), Bf16(v), tables.as<int32_t>(), kv.max_blocks_per_seq,
+      seq_lens.as<int32_t>(), d_indices.as<int32_t>(), index_stride, d_counts.as<int32_t>(),
+      d_recent.as<int32_t>(), d_rows.as<int32_t>(), c.batch, decode_splits, a, Bf16(decode_out),
+      row, decode_ws.as<void>(), decode_ws.bytes(), nullptr));
+  SPECD_CUDA_CHECK(cudaDeviceSynchronize());
+  const check::ErrorCheck d = check::CompareWithReference(
+      "decode out", check::WidenToDouble(decode_out.Download<uint16_t>()),
+      check::RoundToBf16(out32), out64);
+  EXPECT_TRUE(d.passed) << "decode out: max|kernel-ref64| " << d.kernel_error << " > tolerance "
+                        << d.tolerance << " (baseline " << d.baseline_error << ", " << decode_splits
+                        << " splits)";
 }
 
 INSTANTIATE_TEST_SUITE_P(

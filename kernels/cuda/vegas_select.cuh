@@ -87,17 +87,26 @@ __global__ void __launch_bounds__(kSelectThreads)
     VegasSelectKernel(const float* __restrict__ combined, int64_t combined_stride,
                       const int32_t* __restrict__ lengths, int num_seqs, int64_t score_stride,
                       double ratio, int min_tokens, int max_tokens, int32_t* __restrict__ indices,
-                      int64_t index_stride, int32_t* __restrict__ counts) {
+                      int64_t index_stride, int32_t* __restrict__ counts,
+                      const int32_t* __restrict__ out_rows, int64_t out_rows_per_layer) {
   __shared__ uint32_t hist[kRadixBins];
   __shared__ uint32_t warp_totals[kSelectThreads / kWarpSize];
   __shared__ uint32_t chosen_digit, chosen_remaining, chosen_bin_count;
   constexpr int kChunk = kSelectThreads * kSelectItems;
   const int pair = blockIdx.x;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  // The pair's output row: its own, or its sequence's row in the layer's table (VegasSelectTopK's
+  // out_rows; a negative row: the pair is someone else's, nothing written).
+  int64_t out_row = pair;
+  if (out_rows != nullptr) {
+    const int seq_row = __ldg(out_rows + pair % num_seqs);
+    if (seq_row < 0) return;  // CTA-uniform
+    out_row = static_cast<int64_t>(pair / num_seqs) * out_rows_per_layer + seq_row;
+  }
   const int n = PairLength(lengths, pair, num_seqs, score_stride);
   const int k = KeepCount(n, ratio, min_tokens, max_tokens);
-  int32_t* out = indices + static_cast<int64_t>(pair) * index_stride;
-  if (threadIdx.x == 0) counts[pair] = k;
+  int32_t* out = indices + out_row * index_stride;
+  if (threadIdx.x == 0) counts[out_row] = k;
   if (k == n) {
     for (int j = threadIdx.x; j < n; j += kSelectThreads) out[j] = j;
     return;

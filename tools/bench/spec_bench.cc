@@ -49,6 +49,8 @@
 //              [--decode-phase]
 //              [--tensor-parallel-size N --specd PATH]
 //              [--replay-alpha A [--replay-hit H] [--replay-file PATH]]
+//              [--vegas] [--streaming] [--sparsity-ratio 0.07] [--sparse-min-tokens 256]
+//              (self-speculation points; --draft none skips the draft model)
 //              [--ssv-group-size C (an NSA target's verification: SSV exact, groups of C)]
 //              [--ssv mode/cC/rR (the server's SSV strategy, lossy ones too; a --cost-profile
 //               with SSV strategies picks per request and step instead: the planner)]
@@ -236,7 +238,7 @@ std::unique_ptr<Engine> MakeEngine(const Flags& f, const SpeculativeConfig& spec
 // The draft model at the largest K (fixed requests ask for their own K; auto's cap).
 SpeculativeConfig DraftConfig(const Flags& f) {
   SpeculativeConfig draft;
-  draft.draft_model = f.draft;
+  if (f.has_draft()) draft.draft_model = f.draft;
   draft.eagle3_model = f.eagle3;
   draft.parallel_drafting = f.parallel;
   draft.num_speculative_tokens = f.max_k();
@@ -293,6 +295,20 @@ std::vector<SpeculationParams> Points(const Flags& f,
     }
   }
   if (with_auto) points.push_back({SpeculationMethod::kAuto, 0});  // K up to the engine's
+  return points;
+}
+
+// The self-speculation points (--vegas, --streaming) at each K, with the flags' sparse budget.
+std::vector<SpeculationParams> SparsePoints(const Flags& f) {
+  std::vector<SpeculationParams> points;
+  for (int k : f.ks) {
+    for (SpeculationMethod m : f.sparse_methods) {
+      SpeculationParams p{m, k};
+      p.sparsity_ratio = f.sparsity_ratio;
+      p.sparse_min_tokens = f.sparse_min_tokens;
+      points.push_back(p);
+    }
+  }
   return points;
 }
 
@@ -535,10 +551,15 @@ int MainReplay(const Flags& f) {
   Replayer replayer(f, acc, prompts, std::move(recorded), path);
   // Every point of the draft-model engine, then SSD's: one engine each. N-gram (which ignores
   // the replay) joins the draft model's points when sweeping, for the best fixed choice.
-  std::vector<std::pair<const SpeculativeConfig*, std::vector<SpeculationParams>>> engines = {
-      {&draft, f.sweeps() ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram},
-                                   f.run_auto)
-                          : Points(f, {SpeculationMethod::kDraftModel}, false)}};
+  std::vector<std::pair<const SpeculativeConfig*, std::vector<SpeculationParams>>> engines;
+  if (f.has_draft()) {
+    engines.push_back(
+        {&draft, f.sweeps() ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram},
+                                     f.run_auto)
+                            : Points(f, {SpeculationMethod::kDraftModel}, false)});
+  }
+  // Vegas / streaming replay the same trajectories (their sparse draft passes run for real).
+  if (!f.sparse_methods.empty()) engines.push_back({&draft, SparsePoints(f)});
   // An EAGLE-3 head replays the same trajectories (its passes run for real).
   if (!f.eagle3.empty())
     engines.push_back({&draft, Points(f, {SpeculationMethod::kEagle3}, false)});
@@ -596,13 +617,21 @@ int Main(int argc, char** argv) {
     sweep.plain_decode_tokens_per_s = plain.decode_tokens_per_s;
     sweep.fixed.push_back({"none", 0, sweep.plain_tokens_per_s});
     PrintPlainRow(batch, sweep.plain_tokens_per_s, sweep.plain_decode_tokens_per_s);
-    const std::vector<SpeculationParams> points =
-        f.eagle3.empty()
-            ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)
-            : Points(f,
-                     {SpeculationMethod::kDraftModel, SpeculationMethod::kEagle3,
-                      SpeculationMethod::kNgram},
-                     f.run_auto);
+    std::vector<SpeculationParams> points;
+    if (f.has_draft()) {
+      points =
+          f.eagle3.empty()
+              ? Points(f, {SpeculationMethod::kDraftModel, SpeculationMethod::kNgram}, f.run_auto)
+              : Points(f,
+                       {SpeculationMethod::kDraftModel, SpeculationMethod::kEagle3,
+                        SpeculationMethod::kNgram},
+                       f.run_auto);
+    } else {
+      points = f.eagle3.empty()
+                   ? Points(f, {SpeculationMethod::kNgram}, f.run_auto)
+                   : Points(f, {SpeculationMethod::kEagle3, SpeculationMethod::kNgram}, f.run_auto);
+    }
+    for (const SpeculationParams& p : SparsePoints(f)) points.push_back(p);
     for (const SpeculationParams& spec : points) {
       Record(f, sweep, spec, MeasurePoint(*engine, *acc, prompts, batch, spec, f));
     }

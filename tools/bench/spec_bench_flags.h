@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/base/ssv.h"
+#include "engine/speculation/spec_config.h"
 #include "tools/bench/flag_parse.h"
 
 namespace specd {
@@ -69,7 +70,15 @@ struct SpecBenchFlags {
   // --decode-phase: each row also reports its tokens per second while every request decodes
   // (with --no-prefix-caching, long prompts' prefill is then measured but left out of that rate).
   bool decode_phase = false;
+  // --vegas / --streaming: self-speculation points (the target drafts over a sparse selection of
+  // its own KV; replayed under --replay-alpha like a draft model), at --sparsity-ratio R with a
+  // floor of --sparse-min-tokens N.
+  std::vector<SpeculationMethod> sparse_methods;
+  double sparsity_ratio = 0.07;
+  int sparse_min_tokens = 256;
 
+  // --draft none: no draft model (its points are skipped; n-gram, EAGLE-3, Vegas still run).
+  bool has_draft() const { return draft != "none"; }
   int max_k() const { return *std::max_element(ks.begin(), ks.end()); }
   // The most drafts one round may accept: the largest K or tree depth.
   int max_round() const {
@@ -163,6 +172,18 @@ inline bool ParseSpecBenchFlags(int argc, char** argv, SpecBenchFlags* f) {
       f->prefix_caching = false;
     } else if (a == "--decode-phase") {
       f->decode_phase = true;
+    } else if (a == "--vegas" || a == "--streaming") {
+      const SpeculationMethod m =
+          a == "--vegas" ? SpeculationMethod::kVegas : SpeculationMethod::kStreaming;
+      if (std::find(f->sparse_methods.begin(), f->sparse_methods.end(), m) ==
+          f->sparse_methods.end()) {
+        f->sparse_methods.push_back(m);
+      }
+    } else if (a == "--sparsity-ratio") {
+      ok = absl::SimpleAtod(value(), &f->sparsity_ratio) && f->sparsity_ratio > 0 &&
+           f->sparsity_ratio <= 1;
+    } else if (a == "--sparse-min-tokens") {
+      ok = absl::SimpleAtoi(value(), &f->sparse_min_tokens) && f->sparse_min_tokens >= 0;
     } else if (a == "--max-num-seqs") {
       ok = absl::SimpleAtoi(value(), &f->max_num_seqs) && f->max_num_seqs > 0;
     } else if (a == "--max-num-batched-tokens") {

@@ -126,6 +126,27 @@ TEST(SpecBenchTest, ReplayedTreesAcceptWhatAlphaPredicts) {
       << out;
 }
 
+TEST(SpecBenchTest, ReplayedVegasAcceptsWhatAlphaPredicts) {
+  // Vegas drafts with the target itself over a sparse selection of its KV; replayed, its greedy
+  // drafts follow the recording with probability alpha while every sparse pass still runs.
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 2 --k 4 --max-tokens 32 --replay-alpha 0.8 --draft none --vegas "
+                     "--sparsity-ratio 0.1 --sparse-min-tokens 8",
+                     &out),
+            0)
+      << out;
+  double expected = 1;
+  for (int d = 1; d <= 4; ++d) expected += std::pow(0.8, d);
+  double tokens = 0;
+  std::string acceptance;
+  ASSERT_TRUE(ParseRow(out, "2", "vegas", &tokens, &acceptance)) << out;
+  EXPECT_NEAR(tokens, expected - 0.2, 0.6) << out;
+  EXPECT_EQ(CountLines(out, "^2 +vegas .*output = trajectory: 2 of 2; settled after [1-5] runs.*"),
+            1)
+      << out;
+  EXPECT_EQ(CountLines(out, "^2 +draft_model .*"), 0) << out;  // --draft none
+}
+
 TEST(SpecBenchTest, OneKKeepsTheOutputWithoutSummaryAndFlagsAreChecked) {
   std::string out;
   ASSERT_EQ(RunBench("--batches 1 --k 2 --max-tokens 4", &out), 0) << out;

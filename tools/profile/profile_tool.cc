@@ -21,6 +21,7 @@ namespace {
 constexpr char kUsage[] =
     R"( --model DIR [--draft DIR [--parallel]] [--eagle3 DIR]
          [--output FILE] [--ssv lossless|all|STRATEGY,...] [--alpha 0.8] [--distinct-contexts]
+         [--vegas [--sparsity-ratio 0.07] [--sparse-min-tokens 256] [--sparse-max-tokens 0]]
          [--device auto|cpu|cuda|cuda:N] [--load-format auto|dummy] [--threads N]
          [-tp N --specd PATH] [--batch 1,4,16,64] [--context 512,4096,16384]
          [--tokens 1,2,5,9] [--warmup 2] [--repeats 5] [--budget-seconds 300]
@@ -46,8 +47,13 @@ them as a cost profile (JSON, engine/policy/cost_profile.h; default FILE cost_pr
            the server picks per request and step from the grids with each request's measured
            acceptance (engine/policy/ssv_planner.h). ssv_bench --tune is this with --ssv lossless
            by default.
-Not measured (their methods are absent, so `auto` never picks them): ssd (needs a speculator
-process), vegas, streaming.
+  vegas    (--vegas; a dense target, one rank): verify a verification whose chunks also select
+           the next round's KV (--sparsity-ratio 0.07, --sparse-min-tokens 256,
+           --sparse-max-tokens 0: the server's sparse budget), drafting K tokens = K sparse draft
+           steps over that selection; streaming: the same steps over sinks and a window, dense
+           verification
+Not measured (its method is absent, so `auto` never picks it): ssd (needs a speculator
+process); vegas and streaming without --vegas.
 Each time is the median of --repeats calls after --warmup calls, on random token ids; the
 sequences of a point share one prefilled prefix of C tokens and own the blocks they write
 (--distinct-contexts: each sequence prefills its own C tokens, so attention reads B contexts
@@ -136,6 +142,13 @@ bool ParseFlags(const char* program, int argc, char** argv, Flags* f, bool* help
       {"--seed", [&o](const std::string& v) { return absl::SimpleAtoi(v, &o.seed); }},
       {"--ssv", [&o](const std::string& v) { return ParseSsvList(v, &o.ssv); }},
       {"--alpha", [&o](const std::string& v) { return absl::SimpleAtod(v, &o.ssv_alpha); }},
+      {"--sparsity-ratio",
+       [&o](const std::string& v) {
+         return absl::SimpleAtod(v, &o.sparsity_ratio) && o.sparsity_ratio > 0 &&
+                o.sparsity_ratio <= 1;
+       }},
+      {"--sparse-min-tokens", number(&o.sparse_min_tokens)},
+      {"--sparse-max-tokens", number(&o.sparse_max_tokens)},
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -149,6 +162,10 @@ bool ParseFlags(const char* program, int argc, char** argv, Flags* f, bool* help
     }
     if (arg == "--distinct-contexts") {
       o.distinct_contexts = true;
+      continue;
+    }
+    if (arg == "--vegas") {
+      o.sparse_drafting = true;
       continue;
     }
     auto flag = std::find_if(flags.begin(), flags.end(), [&](auto& e) { return e.first == arg; });

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <span>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "engine/runner/model_runner.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
+#include "kernels/ref/vegas.h"
 
 namespace specd::profile {
 namespace {
@@ -125,6 +128,57 @@ class Probe {
 
   // One plain decode step: every sequence's next token at position `context`.
   absl::StatusOr<double> DecodeMs() { return Call(1, /*verify=*/false); }
+
+  // Vegas' verification: `tokens` per sequence whose pass also selects, for the next round, the
+  // budget's share of the context per layer: into sequence i's selection slot i on a runner that
+  // keeps them on its device (ModelRunner::num_sparse_slots), else as scores to the host.
+  absl::StatusOr<double> VegasVerifyMs(int32_t tokens, const SelectBudget& budget) {
+    const bool slots = UsesSlots();
+    attention_.assign(seqs_.size(), ChunkAttention{});
+    scores_.resize(seqs_.size());
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      if (slots) {
+        attention_[i].select_slot = static_cast<int32_t>(i);
+        attention_[i].select_budget = budget;
+      } else {
+        scores_[i].resize(static_cast<size_t>(runner_->config().num_layers) * 2 * context_);
+        attention_[i].scores = scores_[i];
+      }
+    }
+    return Call(tokens, /*verify=*/true, nullptr, &attention_);
+  }
+  // One sparse draft step: every sequence's next token at position `context`, attending the
+  // budget's count of the context per layer (Vegas: sequence i's slot, as VegasVerifyMs left it,
+  // or the first that many positions as a host list; streaming: 4 sinks and the most recent
+  // positions, as a host list) and itself.
+  absl::StatusOr<double> SparseDraftMs(bool streaming, const SelectBudget& budget) {
+    const int64_t kept = kernels::ref::VegasKeepCount(
+        context_,
+        {budget.ratio, budget.min_tokens,
+         budget.max_tokens > 0 ? int64_t{budget.max_tokens} : std::numeric_limits<int64_t>::max()});
+    const bool slots = !streaming && UsesSlots();
+    const int32_t layers = runner_->config().num_layers;
+    const auto sinks = static_cast<int32_t>(std::min<int64_t>(4, kept));
+    list_.resize(static_cast<size_t>(streaming ? sinks : kept));
+    std::iota(list_.begin(), list_.end(), 0);
+    lists_.assign(static_cast<size_t>(layers), list_);
+    attention_.assign(seqs_.size(), ChunkAttention{});
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      ChunkAttention& a = attention_[i];
+      if (slots) {
+        a.slot = static_cast<int32_t>(i);
+        a.slot_count = static_cast<int32_t>(kept);
+        a.recent_start = context_;
+      } else {
+        a.layer_indices = lists_;
+        a.recent_start = streaming ? context_ - static_cast<int32_t>(kept - sinks) : context_;
+      }
+    }
+    return Call(1, /*verify=*/false, nullptr, &attention_);
+  }
+  bool UsesSlots() const {
+    return runner_->num_sparse_slots() >= static_cast<int32_t>(seqs_.size());
+  }
   // One greedy verification step of `tokens` per sequence (tokens - 1 drafts), its chunks under
   // `ssv` (null: the model's own attention).
   absl::StatusOr<double> VerifyMs(int32_t tokens, const SsvStrategy* ssv = nullptr) {
@@ -183,7 +237,8 @@ class Probe {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Call(int32_t tokens, bool verify, const SsvStrategy* ssv = nullptr) {
+  absl::StatusOr<double> Call(int32_t tokens, bool verify, const SsvStrategy* ssv = nullptr,
+                              const std::vector<ChunkAttention>* attention = nullptr) {
     batch_.clear();
     rows_.clear();
     drafts_.clear();
@@ -192,6 +247,7 @@ class Probe {
       s.chunk = RandomIds(tokens);
       batch_.push_back({s.chunk, context_, s.table, false, static_cast<int64_t>(i)});
       batch_.back().ssv = ssv;
+      if (attention != nullptr) batch_.back().attention = &(*attention)[i];
       SampleRow row;
       row.chunk = static_cast<int32_t>(i);
       row.sampler = &s.sampler;
@@ -226,6 +282,10 @@ class Probe {
   std::vector<std::span<const int32_t>> drafts_;
   std::vector<SampleResult> out_;
   std::vector<GreedyVerifyResult> verified_;
+  std::vector<ChunkAttention> attention_;        // Vegas calls' per-sequence options
+  std::vector<std::vector<float>> scores_;       // host scores (runners without slots)
+  std::vector<int32_t> list_;                    // a sparse step's list (every layer's)
+  std::vector<std::span<const int32_t>> lists_;  // [num_layers] views of list_
   std::vector<Eagle3Compute::Row> head_rows_;
   std::vector<int32_t> head_ids_;
   std::vector<float> head_logits_;
@@ -437,6 +497,13 @@ absl::Status ProfileOptions::Validate() {
   if (parallel_draft && draft_dir.empty()) {
     return absl::InvalidArgumentError("--parallel needs --draft DIR (the parallel draft)");
   }
+  if (sparse_drafting &&
+      (!(sparsity_ratio > 0 && sparsity_ratio <= 1) || sparse_min_tokens < 0 ||
+       sparse_max_tokens < 0 || (sparse_max_tokens > 0 && sparse_max_tokens < sparse_min_tokens))) {
+    return absl::InvalidArgumentError(
+        "--sparsity-ratio in (0, 1], --sparse-min-tokens >= 0, --sparse-max-tokens 0 or >= the "
+        "minimum");
+  }
   if (!(ssv_alpha > 0 && ssv_alpha < 1)) {
     return absl::InvalidArgumentError("--alpha must be in (0, 1)");
   }
@@ -458,10 +525,13 @@ namespace {
 
 // Milliseconds at every grid point, row-major as CostGrid takes them.
 struct GridTimes {
-  std::vector<double> plain;   // [batch][context]
-  std::vector<double> verify;  // [batch][tokens][context]
-  std::vector<double> draft;   // [batch][K][context] drafting K tokens (DraftKs); empty: none
-  std::vector<double> head;    // [batch][K][context] the EAGLE-3 head's K steps; empty: none
+  std::vector<double> plain;         // [batch][context]
+  std::vector<double> verify;        // [batch][tokens][context]
+  std::vector<double> draft;         // [batch][K][context] drafting K tokens (DraftKs); empty: none
+  std::vector<double> head;          // [batch][K][context] the EAGLE-3 head's K steps; empty: none
+  std::vector<double> vegas_verify;  // [batch][tokens][context] scored verification; empty: none
+  std::vector<double> vegas_draft;   // [batch][K][context] K sparse draft steps
+  std::vector<double> streaming_draft;   // [batch][K][context]
   std::vector<std::vector<double>> ssv;  // per strategy [batch][tokens][context]
 };
 
@@ -471,8 +541,14 @@ struct Probes {
   Probe* draft = nullptr;  // null: no draft model
   bool parallel = false;   // the draft drafts in one pass
   bool head = false;       // the target holds an EAGLE-3 head
+  bool sparse = false;     // vegas and streaming (ProfileOptions::sparse_drafting)
   std::vector<int32_t> ks;
 };
+
+// The server's sparse drafting budget as a chunk's selection takes it.
+SelectBudget SparseBudget(const ProfileOptions& o) {
+  return {o.sparsity_ratio, o.sparse_min_tokens, o.sparse_max_tokens};
+}
 
 // The drafters at batch index b, context index c (the target's batch is set): K drafts' time
 // at every K into times, and a progress note.
@@ -481,6 +557,29 @@ absl::StatusOr<std::string> MeasureDrafters(const ProfileOptions& o, const Probe
   const size_t nk = p.ks.size(), nc = o.contexts.size();
   auto at = [&](size_t k) { return (b * nk + k) * nc + c; };
   std::string note;
+  if (p.sparse) {
+    // Vegas: its verification fills the slots its draft steps read (both timed); streaming:
+    // sinks and a window as lists.
+    const size_t nt = o.tokens.size();
+    for (size_t t = 0; t < nt; ++t) {
+      SPECD_ASSIGN_OR_RETURN(times.vegas_verify[(b * nt + t) * nc + c], budget.Measure([&] {
+        return p.target->VegasVerifyMs(o.tokens[t], SparseBudget(o));
+      }));
+    }
+    SPECD_ASSIGN_OR_RETURN(const double vegas, budget.Measure([&] {
+      return p.target->SparseDraftMs(false, SparseBudget(o));
+    }));
+    SPECD_ASSIGN_OR_RETURN(const double streaming, budget.Measure([&] {
+      return p.target->SparseDraftMs(true, SparseBudget(o));
+    }));
+    for (size_t k = 0; k < nk; ++k) {
+      times.vegas_draft[at(k)] = p.ks[k] * vegas;
+      times.streaming_draft[at(k)] = p.ks[k] * streaming;
+    }
+    absl::StrAppendFormat(&note, ", sparse step %.3f ms (streaming %.3f), scored verify t=%d %.3f",
+                          vegas, streaming, o.tokens.back(),
+                          times.vegas_verify[(b * nt + nt - 1) * nc + c]);
+  }
   if (p.head) {
     SPECD_RETURN_IF_ERROR(p.target->PrepareHead());
     SPECD_ASSIGN_OR_RETURN(const double step,
@@ -513,8 +612,13 @@ absl::StatusOr<GridTimes> MeasureGrid(const ProfileOptions& o, const Probes& p, 
   const size_t nb = batches.size(), nt = tokens.size(), nc = contexts.size();
   const size_t drafted = nb * p.ks.size() * nc;
   GridTimes times{
-      std::vector<double>(nb * nc), std::vector<double>(nb * nt * nc),
-      std::vector<double>(p.draft ? drafted : 0), std::vector<double>(p.head ? drafted : 0),
+      std::vector<double>(nb * nc),
+      std::vector<double>(nb * nt * nc),
+      std::vector<double>(p.draft ? drafted : 0),
+      std::vector<double>(p.head ? drafted : 0),
+      std::vector<double>(p.sparse ? nb * nt * nc : 0),
+      std::vector<double>(p.sparse ? drafted : 0),
+      std::vector<double>(p.sparse ? drafted : 0),
       std::vector<std::vector<double>>(o.ssv.size(), std::vector<double>(nb * nt * nc))};
   for (size_t c = 0; c < nc; ++c) {
     SPECD_RETURN_IF_ERROR(p.target->SetContext(contexts[c]));
@@ -570,6 +674,17 @@ absl::StatusOr<CostProfile> BuildProfile(const ProfileOptions& o, const Probes& 
     SPECD_ASSIGN_OR_RETURN(costs.draft, CostGrid::Create(batches, p.ks, contexts, times.head));
     profile.SetMethod(PolicyMethod::kEagle3, std::move(costs));
   }
+  if (p.sparse) {
+    MethodCosts vegas, streaming;
+    SPECD_ASSIGN_OR_RETURN(vegas.draft,
+                           CostGrid::Create(batches, p.ks, contexts, times.vegas_draft));
+    SPECD_ASSIGN_OR_RETURN(vegas.verify,
+                           CostGrid::Create(batches, o.tokens, contexts, times.vegas_verify));
+    SPECD_ASSIGN_OR_RETURN(streaming.draft,
+                           CostGrid::Create(batches, p.ks, contexts, times.streaming_draft));
+    profile.SetMethod(PolicyMethod::kVegas, std::move(vegas));
+    profile.SetMethod(PolicyMethod::kStreaming, std::move(streaming));
+  }
   for (size_t s = 0; s < o.ssv.size(); ++s) {
     SPECD_ASSIGN_OR_RETURN(CostGrid grid,
                            CostGrid::Create(batches, o.tokens, contexts, times.ssv[s]));
@@ -594,6 +709,14 @@ absl::StatusOr<Runners> LoadRunners(const ProfileOptions& o) {
   if (!o.eagle3_dir.empty() && r.target->eagle3() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "EAGLE-3 head: the runner on ", r.target->device_name(), " did not load ", o.eagle3_dir));
+  }
+  if (o.sparse_drafting && r.target->config().is_nsa()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vegas: self-speculation drafts with dense attention; ", o.model_dir,
+                     " is an NSA model"));
+  }
+  if (o.sparse_drafting && o.tensor_parallel_size > 1) {
+    return absl::InvalidArgumentError("--vegas: self-speculation needs tensor parallelism off");
   }
   if (!o.ssv.empty() && !r.target->config().is_nsa()) {
     return absl::InvalidArgumentError(
@@ -642,11 +765,14 @@ absl::StatusOr<ProfileReport> MeasureProfile(ProfileOptions o) {
                       .draft = draft_probe.get(),
                       .parallel = o.parallel_draft,
                       .head = !o.eagle3_dir.empty(),
+                      .sparse = o.sparse_drafting,
                       .ks = DraftKs(o.tokens)};
   const size_t draft_measurements = !draft ? 0 : o.parallel_draft ? probes.ks.size() : 1;
   const size_t points = o.batch_sizes.size() * o.contexts.size();
+  const size_t sparse_measurements = o.sparse_drafting ? o.tokens.size() + 2 : 0;
   Budget budget(o, static_cast<int32_t>(points * (1 + o.tokens.size() * (1 + o.ssv.size()) +
-                                                  draft_measurements + (probes.head ? 1 : 0))));
+                                                  draft_measurements + (probes.head ? 1 : 0) +
+                                                  sparse_measurements)));
   SPECD_ASSIGN_OR_RETURN(GridTimes times, MeasureGrid(o, probes, budget));
   SPECD_ASSIGN_OR_RETURN(CostProfile profile, BuildProfile(o, probes, times));
   profile.device = target->device_name();

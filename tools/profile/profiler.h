@@ -50,6 +50,12 @@ struct ProfileOptions {
   // under the strategy), into the profile's "ssv" section, ranked at ssv_alpha.
   std::vector<SsvStrategy> ssv;
   double ssv_alpha = 0.8;
+  // Self-speculation (a dense target on one rank): vegas {draft, verify} and streaming {draft}
+  // at this budget (the server's --speculative-config sparse options).
+  bool sparse_drafting = false;
+  double sparsity_ratio = 0.07;
+  int32_t sparse_min_tokens = 256;
+  int32_t sparse_max_tokens = 0;  // 0: no cap
   // Progress lines (each measurement as it completes); null: silent.
   std::function<void(std::string_view)> log;
 
@@ -80,6 +86,11 @@ struct ProfileReport {
 //           passes capture the head's hidden states throughout, as a server with the head does)
 //   ssv     with options.ssv (an NSA target): per strategy, verify [batch] x [tokens] x [context]
 //           with every sequence's chunk under the strategy
+//   vegas   with sparse_drafting: verify [batch] x [tokens] x [context] a verification whose
+//           chunks also select the next round's KV (into the runner's selection slots where it
+//           keeps them, else as scores to the host), draft [batch] x [K] x [context] K sparse
+//           draft steps over that selection (the budget's count of the context per layer);
+//           streaming {draft} the same steps over sinks and a window (host lists), dense verify
 // Each time is the median of `repeats` calls after `warmup`. Sequences share one prefilled
 // prefix of `context` tokens (blocks shared, as prefix caching shares them) and own the blocks
 // their new tokens go to; each call writes the same positions again, so contexts stay fixed.

@@ -159,6 +159,45 @@ TEST(SpecdProfileTest, MeasuresTheEagle3HeadAndAParallelDraftsPass) {
   EXPECT_FALSE(all_multiples);
 }
 
+// --vegas: self-speculation's entries -- vegas {draft, verify} (its verification also selects
+// the next round's KV), streaming {draft} over dense verification -- on the CPU, where the
+// selection travels as scores (host lists); drafting K tokens is K sparse steps.
+TEST(SpecdProfileTest, MeasuresSparseDrafting) {
+  const std::string path = ::testing::TempDir() + "/specd_profile_vegas_test.json";
+  std::remove(path.c_str());
+  std::string output;
+  const int rc = RunTool("--model " + kModels +
+                             "/target --device cpu --threads 2 --batch 1,2 --context 64,200 "
+                             "--tokens 1,4 --warmup 0 --repeats 1 --budget-seconds 120 --vegas "
+                             "--sparsity-ratio 0.1 --sparse-min-tokens 8 --output " +
+                             path,
+                         &output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("sparse step"), std::string::npos) << output;  // progress lines
+  absl::StatusOr<CostProfile> profile = CostProfile::Load(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_TRUE(profile->Has(PolicyMethod::kVegas));
+  ASSERT_TRUE(profile->Has(PolicyMethod::kStreaming));
+  EXPECT_EQ(profile->MaxK(PolicyMethod::kVegas), 3);
+  const json j = json::parse(ReadFile(path));
+  EXPECT_TRUE(j["methods"]["vegas"].contains("verify"));  // the scored pass
+  EXPECT_FALSE(j["methods"]["streaming"].contains("verify"));
+  for (int32_t b : {1, 2}) {
+    for (int32_t c : {64, 200}) {
+      for (PolicyMethod m : {PolicyMethod::kVegas, PolicyMethod::kStreaming}) {
+        const double one = profile->DraftMs(m, b, 1, c);
+        EXPECT_GT(one, 0) << PolicyMethodName(m);
+        EXPECT_NEAR(profile->DraftMs(m, b, 3, c), 3 * one, 1e-9) << PolicyMethodName(m);
+      }
+      EXPECT_GT(profile->VerifyMs(PolicyMethod::kVegas, b, 4, c), 0);
+    }
+  }
+  // Bad budgets are refused with the flag named.
+  EXPECT_EQ(
+      RunTool("--model " + kModels + "/target --device cpu --vegas --sparsity-ratio 0", &output), 2)
+      << output;
+}
+
 // Verify times over the grid: the sum over (batch, context) of four-token and one-token passes.
 void SumVerifyMs(const CostProfile& profile, double* one, double* four) {
   *one = *four = 0;

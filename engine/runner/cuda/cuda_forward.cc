@@ -215,6 +215,10 @@ absl::Status CudaForward::SupportsVegas() const {
   return absl::OkStatus();
 }
 
+int32_t CudaForward::SparseSplits(int32_t num_seqs, int32_t max_keys) const {
+  return DecodeSplits(num_seqs, max_keys);  // kernels::PagedSparseDecodeAttention's grid
+}
+
 // Each segment runs as a batch of its own: q, out and cu_q_lens start at its first token, so the
 // split-KV workspace and its combine cover only its rows.
 absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cudaStream_t stream) {
@@ -242,11 +246,45 @@ absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cu
           "PagedPrefillAttention (Vegas step)", layer));
       continue;
     }
-    int32_t splits = std::max(1, kernels::ChooseVerifySplits(seg.num_seqs, seg.max_q_len,
-                                                             seg.max_keys, num_sms_, shape_));
-    while (splits > 1 && kernels::PagedVerifyWorkspaceBytes(seg.num_tokens, splits, shape_) >
-                             workspace_.bytes()) {
-      --splits;
+    if ((seg.kind == Kind::kSparse || seg.kind == Kind::kSlotSparse) && seg.max_q_len == 1) {
+      // One query per sequence (a draft step): the decode kernel over the key lists.
+      const bool slots = seg.kind == Kind::kSlotSparse;
+      const int64_t rows =
+          slots ? int64_t{layer} * v.slot_rows : int64_t{layer} * a.num_seqs + seg.first_seq;
+      const int64_t stride = slots ? v.slot_stride : v.index_stride;
+      const int32_t* lists = (slots ? v.slot_lists : v.indices) + rows * stride;
+      const int32_t* counts = (slots ? v.slot_counts : v.counts) + rows;
+      const int32_t splits =
+          seg.fixed_splits > 0 ? seg.fixed_splits : SparseSplits(seg.num_seqs, seg.max_keys);
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::PagedSparseDecodeAttention(
+                     q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
+                     seq_lens, lists, stride, counts, v.recent_starts + seg.first_seq,
+                     slots ? v.slot_of_seq + seg.first_seq : nullptr, seg.num_seqs, splits, shape_,
+                     out, config_.q_size(), workspace_.as(), workspace_.bytes(), stream),
+                 "PagedSparseDecodeAttention", layer));
+      continue;
+    }
+    int32_t splits = seg.fixed_splits;
+    if (splits <= 0) {
+      splits = std::max(1, kernels::ChooseVerifySplits(seg.num_seqs, seg.max_q_len, seg.max_keys,
+                                                       num_sms_, shape_));
+      while (splits > 1 && kernels::PagedVerifyWorkspaceBytes(seg.num_tokens, splits, shape_) >
+                               workspace_.bytes()) {
+        --splits;
+      }
+    }
+    if (seg.kind == Kind::kSlotSparse) {
+      const int64_t rows = int64_t{layer} * v.slot_rows;
+      SPECD_RETURN_IF_ERROR(
+          Launch(kernels::PagedSparseAttention(
+                     q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
+                     seg.cu_q_lens, seq_lens, v.slot_lists + rows * v.slot_stride, v.slot_stride,
+                     v.slot_counts + rows, v.recent_starts + seg.first_seq, seg.num_seqs,
+                     seg.num_tokens, seg.max_q_len, splits, shape_, out, config_.q_size(),
+                     workspace_.as(), workspace_.bytes(), stream, v.slot_of_seq + seg.first_seq),
+                 "PagedSparseAttention (selection slots)", layer));
+      continue;
     }
     if (seg.kind == Kind::kScores) {
       float* scores = v.scores + (int64_t{layer} * v.num_scored + seg.first_scored) * 2 *

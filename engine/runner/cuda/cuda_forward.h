@@ -47,9 +47,10 @@ struct ForwardLimits {
 // and layer, each over its own tokens as if it were a batch of its own.
 struct ForwardVegas {
   enum class Kind {
-    kDense,   // PagedPrefillAttention
-    kScores,  // kernels::PagedVerifyAttentionWithScores
-    kSparse,  // kernels::PagedSparseAttention
+    kDense,       // PagedPrefillAttention
+    kScores,      // kernels::PagedVerifyAttentionWithScores
+    kSparse,      // kernels::PagedSparseAttention
+    kSlotSparse,  // kernels::PagedSparseAttention over the runner's selection slots
   };
   struct Segment {
     Kind kind = Kind::kDense;
@@ -61,6 +62,7 @@ struct ForwardVegas {
     int32_t max_keys = 0;                // most keys a query of the run sees (split choice)
     int32_t first_scored = 0;            // kScores: the scored index of its first sequence
     const int32_t* cu_q_lens = nullptr;  // [num_seqs + 1] int32, device, from 0
+    int32_t fixed_splits = 0;            // > 0: the KV splits (else chosen from max_keys)
   };
   std::vector<Segment> segments;  // in batch order, covering every sequence
   // kScores: [num_layers, num_scored, 2, score_parts, score_stride] f32, device
@@ -73,7 +75,14 @@ struct ForwardVegas {
   const int32_t* indices = nullptr;  // [num_layers, num_seqs, index_stride] int32, device
   int64_t index_stride = 0;
   const int32_t* counts = nullptr;         // [num_layers, num_seqs] int32, device
-  const int32_t* recent_starts = nullptr;  // [num_seqs] int32, device
+  const int32_t* recent_starts = nullptr;  // [num_seqs] int32, device (kSparse, kSlotSparse)
+  // kSlotSparse: the runner's selection slots (CudaRunner's slot_lists / slot_counts) and each
+  // sequence's slot.
+  const int32_t* slot_lists = nullptr;   // [num_layers, slot_rows, slot_stride] int32, device
+  const int32_t* slot_counts = nullptr;  // [num_layers, slot_rows] int32, device
+  int64_t slot_stride = 0;
+  int64_t slot_rows = 0;
+  const int32_t* slot_of_seq = nullptr;  // [num_seqs] int32, device
 };
 
 // One step's shape and its device inputs (all device pointers; see kernels/cuda/attention.h).
@@ -131,6 +140,9 @@ class CudaForward {
   // Whether the Vegas kernels (score collection, sparse attention) run this model's attention:
   // OK, or InvalidArgument saying what they lack.
   absl::Status SupportsVegas() const;
+  // KV splits of a sparse attention launch over `num_seqs` one-token chunks whose queries see at
+  // most `max_keys` keys (kernels::PagedSparseDecodeAttention: DecodeSplits' choice).
+  int32_t SparseSplits(int32_t num_seqs, int32_t max_keys) const;
 
   // Embedding through the final norm: afterwards hidden() holds the normed final hidden state of
   // every token (the same on every rank).

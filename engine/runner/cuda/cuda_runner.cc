@@ -328,6 +328,8 @@ absl::StatusOr<std::unique_ptr<CudaRunner>> CudaRunner::Create(const RunnerOptio
   l.block_size = o.block_size;
   l.max_decode_batch = max_decode;  // a decode step has at most this many sequences
   SPECD_RETURN_IF_ERROR(s->AllocateBuffers());
+  // Vegas' selections stay on the device, a slot per sequence the runner holds at once.
+  if (s->forward->SupportsVegas().ok()) s->num_sparse_slots = o.max_num_seqs;
   SPECD_RETURN_IF_ERROR(s->CreateEagle3(o));
   SPECD_RETURN_IF_ERROR(s->CreateCapture(o));  // before the KV's size and the graphs
   SPECD_RETURN_IF_ERROR(s->SizeAndAllocateKv(o));
@@ -355,6 +357,7 @@ int32_t CudaRunner::num_kv_blocks() const { return s_->num_kv_blocks; }
 int32_t CudaRunner::block_size() const { return s_->block_size; }
 int32_t CudaRunner::max_model_len() const { return s_->max_model_len; }
 int32_t CudaRunner::max_sample_rows() const { return s_->limits.max_rows; }
+int32_t CudaRunner::num_sparse_slots() const { return s_->num_sparse_slots; }
 std::vector<int32_t> CudaRunner::graph_batch_sizes() const { return s_->buckets; }
 CudaRunner::GraphStats CudaRunner::graph_stats() const {
   GraphStats stats = s_->stats;
@@ -434,9 +437,9 @@ absl::Status CudaRunner::EnqueueStep(std::span<const SequenceInput> batch,
   const int32_t merge_k =
       s_->shard.world_size > 1 && mode != SampleMode::kProbs ? VocabMergeK(rows) : 0;
   // Captures a round graph on first use, before Prepare fills the staging buffers. Steps with
-  // attention options (Vegas) run eagerly.
+  // attention options (Vegas) run eagerly, but for sparse draft steps over selection slots.
   State::GraphKey key;
-  if (!State::HasAttention(batch) && !State::HasTree(batch)) {
+  if (!State::HasTree(batch)) {
     SPECD_ASSIGN_OR_RETURN(
         key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows_are_chunks, merge_k)));
   }
@@ -467,9 +470,10 @@ absl::Status CudaRunner::ForwardRows(std::span<const SequenceInput> batch, size_
   }
   *num_rows = rows.size();
   // Rows in chunk order, at least one per chunk: as many as chunks means one each, the last.
-  // Attention options (Vegas draft steps, scored verification) run eagerly.
+  // Attention options (Vegas draft steps, scored verification) run eagerly, but for sparse draft
+  // steps over selection slots (GraphFor).
   State::GraphKey key;
-  if (!State::HasAttention(batch) && !State::HasTree(batch)) {
+  if (!State::HasTree(batch)) {
     SPECD_ASSIGN_OR_RETURN(
         key, s_->EnsureGraph(s_->GraphFor(batch, rows.size(), rows.size() == batch.size())));
   }

@@ -48,6 +48,7 @@ class CudaRunner : public ModelRunner {
   int32_t max_sample_rows() const override;
   // The Vegas kernels' longest run (kernels::kMaxVerifyQueryLen).
   int32_t max_attention_option_tokens() const override;
+  int32_t num_sparse_slots() const override;
 
   // Every StepKind, one switch: kStep draws on the GPU; kGreedyVerify keeps the argmax ids on the
   // device and kernels::VerifyGreedyAndPack (fused ballot scan and packing of the committed

@@ -49,6 +49,8 @@ InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows) {
   l.nsa_groups = take(8 * num_tokens);
   l.nsa_refresh = take(4 * num_tokens);
   l.nsa_flags = take(num_tokens);  // a group per token at most
+  l.sparse_slots = take(4 * size_t(num_seqs));
+  l.sparse_recent = take(4 * size_t(num_seqs));
   l.bytes = offset;
   return l;
 }
@@ -72,6 +74,7 @@ T* At(void* base, size_t offset) {
 
 std::string Describe(GraphKey key) {
   if (key.decode()) return absl::StrCat("decode graph of batch ", key.bucket);
+  if (key.sparse != 0) return absl::StrCat("sparse draft graph of batch ", key.bucket);
   return absl::StrCat("round graph of batch ", key.bucket, " x ", key.q_len, " tokens, ", key.rows,
                       " LM-head rows");
 }
@@ -85,6 +88,17 @@ GraphKey CudaRunner::State::GraphFor(std::span<const SequenceInput> batch, size_
   }
   size_t q_len = 0;
   for (const SequenceInput& in : batch) q_len = std::max(q_len, in.tokens.size());
+  if (HasAttention(batch)) {
+    // Only a sparse draft step over selection slots replays a graph (its own kind); other
+    // attention options run eagerly.
+    if (q_len != 1 || !rows_are_chunks || merge_k != 0 || slot_stride == 0 ||
+        !AllSlotSparse(batch)) {
+      return {};
+    }
+    const int32_t bucket =
+        *std::lower_bound(buckets.begin(), buckets.end(), static_cast<int32_t>(batch.size()));
+    return GraphKey{bucket, 1, 0, 0, 1};
+  }
   if (q_len == 1 && rows_are_chunks) {
     const int32_t bucket =
         *std::lower_bound(buckets.begin(), buckets.end(), static_cast<int32_t>(batch.size()));
@@ -268,6 +282,21 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   const auto num_real_rows = std::min<int64_t>(layout_rows, std::ssize(logit_rows));
   std::copy_n(logit_rows.begin(), num_real_rows, rows_h);
   std::fill(rows_h + num_real_rows, rows_h + layout_rows, 0);  // a round graph's spare rows
+  if (key.sparse != 0) {
+    // Each sequence's slot and recent start (padding: the padding slot, whose count is 0), and
+    // the one segment the graph's attention launches (FillSlotVegas).
+    int32_t* slots_h = At<int32_t>(h, l.sparse_slots);
+    int32_t* recent_h = At<int32_t>(h, l.sparse_recent);
+    for (int32_t s = 0; s < padded_seqs; ++s) {
+      const bool real = s < num_seqs;
+      slots_h[s] = real ? batch[s].attention->slot : num_sparse_slots;
+      recent_h[s] = real ? batch[s].attention->recent_start : 0;
+    }
+    FillSlotVegas(padded_seqs, padded_tokens, At<int32_t>(inputs.as(), l.cu_q_lens),
+                  At<int32_t>(inputs.as(), l.sparse_slots),
+                  At<int32_t>(inputs.as(), l.sparse_recent), &graph_vegas);
+    launch.args.vegas = &graph_vegas;
+  }
   SPECD_RETURN_IF_ERROR(cuda::Check(
       cudaMemcpyAsync(inputs.as(), h, l.bytes, cudaMemcpyHostToDevice, stream), "step inputs"));
   SPECD_RETURN_IF_ERROR(
@@ -277,7 +306,8 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
   ForwardArgs& a = launch.args;
   a.num_tokens = padded_tokens;
   a.num_seqs = padded_seqs;
-  a.decode = graph ? key.q_len == 1 : decode && !tree;  // trees need the masked kernels
+  // Trees need the masked kernels; a sparse draft step the sparse ones (graph_vegas).
+  a.decode = graph ? key.q_len == 1 && key.sparse == 0 : decode && !tree;
   // Graphs replay for every context length up to max_model_len: their split count is fixed (the
   // verification attention fixes its own from the table width).
   a.num_splits =
@@ -303,7 +333,7 @@ absl::StatusOr<Launch> CudaRunner::State::Prepare(std::span<const SequenceInput>
 
 absl::Status CudaRunner::State::RunGraphBody(const Launch& launch) {
   SPECD_RETURN_IF_ERROR(forward->Run(launch.args, stream));
-  if (launch.key.rows == 0) {
+  if (launch.key.rows == 0) {  // decode and sparse draft graphs: a row per chunk
     return forward->LmHead(nullptr, launch.key.bucket, launch.args.num_tokens, /*gather=*/false,
                            launch.merge_k, stream);
   }

@@ -60,8 +60,12 @@ struct GraphKey {
   // Tensor parallelism: the LM head's vocabulary merge (CudaForward::LmHead's merge_k; 0 when
   // the shards are all-gathered, always at world size 1).
   int32_t merge_k = 0;
+  // 1: a sparse draft step (Vegas): one token per sequence, each attending its selection slot's
+  // lists (ChunkAttention::slot) and its recent keys; captured on first use like a round graph,
+  // its rows the chunks as a decode graph's.
+  int32_t sparse = 0;
   bool graph() const { return bucket > 0; }
-  bool decode() const { return q_len == 1 && rows == 0; }
+  bool decode() const { return q_len == 1 && rows == 0 && sparse == 0; }
   auto operator<=>(const GraphKey&) const = default;
 };
 
@@ -69,8 +73,9 @@ struct GraphKey {
 // padded sizes, or an eager step's real sizes), so one copy moves them all.
 struct InputLayout {
   size_t slots = 0, token_ids = 0, positions = 0, seq_lens = 0, cu_q_lens = 0, logit_rows = 0;
-  size_t token_seqs = 0, nsa_groups = 0;  // NSA models' (ForwardNsa); room for every token
-  size_t nsa_refresh = 0, nsa_flags = 0;  // ForwardNsa's refresh_every and group_flags
+  size_t token_seqs = 0, nsa_groups = 0;       // NSA models' (ForwardNsa); room for every token
+  size_t nsa_refresh = 0, nsa_flags = 0;       // ForwardNsa's refresh_every and group_flags
+  size_t sparse_slots = 0, sparse_recent = 0;  // sparse draft graphs' ForwardVegas inputs
   size_t bytes = 0;
 };
 InputLayout LayoutFor(int64_t num_tokens, int32_t num_seqs, int64_t num_rows);
@@ -155,6 +160,17 @@ struct CudaRunner::State {
   absl::Status EnqueueScoreWeights();
   // The end of a step: Sync, then the weights copied into their chunks' spans.
   absl::Status SyncStep(const char* what);
+  // Selection slots (ChunkAttention::select_slot / slot): whether every chunk of `batch` attends
+  // a slot (a sparse draft step that can replay a graph); the slot lists grown to hold `kept`
+  // tokens a layer (allocated on first use; growing copies what they held, drops the sparse
+  // graphs that embed the old lists, and synchronises); the split count of a slot-sparse
+  // segment of `num_seqs` one-token chunks, fixed by the decode bucket holding num_seqs so that
+  // graph and eager steps reduce alike; the ForwardVegas of a sparse graph key's padded batch.
+  static bool AllSlotSparse(std::span<const SequenceInput> batch);
+  absl::Status EnsureSlotLists(int64_t kept);
+  int32_t SlotSplits(int32_t num_seqs) const;
+  void FillSlotVegas(int32_t num_seqs, int64_t num_tokens, const int32_t* cu_q_lens,
+                     const int32_t* slots, const int32_t* recent, ForwardVegas* v) const;
 
   // cuda_runner_trees.cc: token trees (SequenceInput::tree) of eager steps.
   bool TreesSupported() const;
@@ -333,6 +349,20 @@ struct CudaRunner::State {
     int32_t prefix = 0;    // keys scored
   };
   std::vector<PendingScores> pending_scores;
+  // Selection slots: [num_layers, num_sparse_slots + 1, slot_stride] int32 lists and
+  // [num_layers, num_sparse_slots + 1] int32 counts on the device; the last slot is the graphs'
+  // padding (count 0). slot_stride 0: not allocated yet.
+  int32_t num_sparse_slots = 0;
+  int64_t slot_stride = 0;
+  cuda::DeviceMemory slot_lists, slot_counts;
+  // This step's selections into slots, one VegasSelectTopK launch per budget: its out_rows
+  // ([num_scored] int32 in vegas_arena: the chunk's slot, or -1 for the others).
+  struct SlotSelect {
+    SelectBudget budget;
+    const int32_t* out_rows = nullptr;
+  };
+  std::vector<SlotSelect> slot_selects;
+  ForwardVegas graph_vegas;  // a sparse graph key's (Prepare), read when it is captured
 };
 
 }  // namespace specd
