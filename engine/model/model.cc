@@ -239,7 +239,7 @@ void Model::PlanLayerAttention(int32_t layer) {
 // selection: on codepair-long (engine_vegas_test, ratio 0.2, K 4 / 8) Vegas accepted 1.64 / 1.64
 // tokens a round that way against 3.29 / 2.88 with weights (StreamingLLM at the same budget:
 // 1.92 / 2.09). The arithmetic is kernels/ref's, so the CUDA kernel that computes these weights
-// for the CUDA runner (kernels::VegasHeadAveragedWeights) is tested against what this Model runs.
+// for the CUDA runner (kernels::VegasPrefixWeights) is tested against what this Model runs.
 void HeadAveragedPrefixWeights(const float* scores, int64_t heads, int64_t stride, int64_t n,
                                float to_raw, float* out) {
   kernels::ref::HeadAveragedPrefixWeights(scores, heads, stride, n, to_raw, out);

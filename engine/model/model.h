@@ -68,7 +68,7 @@ struct ChunkAttention {
   std::span<const std::span<const int32_t>> layer_indices;
   int32_t recent_start = 0;  // (b), (b') in [0, start_pos]: every key from here on is attended
   int32_t select_slot = -1;  // (a') the slot the selection goes to; -1: none
-  SelectBudget select_budget;
+  SelectBudget select_budget{};
   int32_t slot = -1;       // (b') the slot attended; -1: none
   int32_t slot_count = 0;  // (b') tokens per layer in it
   bool sparse() const { return !layer_indices.empty(); }

@@ -11,10 +11,18 @@
 //               PagedVerifyAttention with that many splits (0: PagedPrefillAttention, which
 //               picks the kernel and split count itself); write_kv_cache: the row stride of key
 //               and value (odd: the scalar path)
+// vegas_verify, vegas_verify_scores and vegas_verify_select are the prefill op's verification at
+// the split count a Vegas scored run takes (width > 0 forces one): plain PagedVerifyAttention, the
+// score-collecting PagedVerifyAttentionWithScores (kernels/cuda/vegas.h), and that plus
+// VegasPrefixWeights and VegasSelectTopK at the paper's 7% (floor 256) -- the whole per-layer
+// cost of Vegas' selection, timed side by side with the pass it rides on. Their bytes are the
+// attention's, so their GB/s fall by what collection costs.
 // kernels_cuda_test names a case "<op>_<num_tokens>x<width>", so those pairs are unique per op.
 // The KV cache sits behind shuffled block tables and every slot a query must not read holds NaN
 // (slots past each length, before a sliding window, blocks nobody owns), so a masking or
 // addressing mistake shows up as an infinite error.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +35,7 @@
 
 #include "kernels/check/op_families.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/vegas.h"
 #include "kernels/ref/attention.h"
 
 namespace specd::kernels::check {
@@ -386,10 +395,16 @@ struct QueryTrees {
 };
 
 // paged_prefill_attention, and paged_tree_attention with `tree`.
+// What PagedPrefillCase launches: the prefill op (PagedVerifyAttention when width > 0), or a
+// Vegas stage at the scored split count.
+enum class VegasStage { kNone, kVerify, kScores, kSelect };
+
 class PagedPrefillCase : public OpCase {
  public:
-  explicit PagedPrefillCase(const OpShape& shape, bool tree = false)
+  explicit PagedPrefillCase(const OpShape& shape, bool tree = false,
+                            VegasStage vegas = VegasStage::kNone)
       : shape_(shape),
+        vegas_(vegas),
         attn_(KernelShape(shape)),
         seq_lens_(SeqLens(shape)),
         cu_q_lens_(CuQueryLens()),
@@ -400,14 +415,27 @@ class PagedPrefillCase : public OpCase {
         cu_q_lens_device_(cu_q_lens_.size() * sizeof(int32_t)),
         q_(num_tokens_ * QkvStride(attn_) * kBf16Bytes),
         out_(num_tokens_ * OutStride(attn_) * kBf16Bytes),
-        workspace_(shape.width > 0 ? PagedVerifyWorkspaceBytes(
-                                         num_tokens_, static_cast<int32_t>(shape.width), attn_)
-                                   : PagedPrefillWorkspaceBytes(
-                                         num_tokens_, static_cast<int32_t>(shape.batch), attn_)) {
+        workspace_(1) {
     q_bits_ = RandomBits(num_tokens_ * QkvStride(attn_), rng_);
     for (size_t s = 0; s + 1 < cu_q_lens_.size(); ++s) {
       max_q_len_ = std::max(max_q_len_, cu_q_lens_[s + 1] - cu_q_lens_[s]);
     }
+    splits_ = static_cast<int32_t>(shape.width);
+    if (vegas_ != VegasStage::kNone) {
+      if (splits_ <= 0) {
+        int device = 0, num_sms = 0;
+        SPECD_CUDA_CHECK(cudaGetDevice(&device));
+        SPECD_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+        splits_ = std::min(kVegasScoreSplits,
+                           ChooseVerifySplits(static_cast<int32_t>(shape.batch), max_q_len_,
+                                              static_cast<int32_t>(shape.context), num_sms, attn_));
+      }
+      SetUpVegas();
+    }
+    workspace_ = DeviceBuffer(std::max<size_t>(
+        16, splits_ > 0 ? PagedVerifyWorkspaceBytes(num_tokens_, splits_, attn_)
+                        : PagedPrefillWorkspaceBytes(num_tokens_, static_cast<int32_t>(shape.batch),
+                                                     attn_)));
     if (tree) {
       trees_ = std::make_unique<QueryTrees>(seq_lens_, cu_q_lens_, rng_);
       tree_starts_ = DeviceBuffer(trees_->tree_starts.size() * sizeof(int32_t));
@@ -420,14 +448,14 @@ class PagedPrefillCase : public OpCase {
   }
 
   cudaError_t Launch(cudaStream_t stream) override {
-    if (shape_.width > 0) {
+    if (vegas_ == VegasStage::kScores || vegas_ == VegasStage::kSelect) return LaunchVegas(stream);
+    if (splits_ > 0) {
       return PagedVerifyAttention(
           Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
           device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
           cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(),
-          static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_,
-          static_cast<int32_t>(shape_.width), attn_, Bf16(out_), OutStride(attn_),
-          workspace_.as<void>(), workspace_.bytes(), stream, Tree());
+          static_cast<int32_t>(shape_.batch), num_tokens_, max_q_len_, splits_, attn_, Bf16(out_),
+          OutStride(attn_), workspace_.as<void>(), workspace_.bytes(), stream, Tree());
     }
     return PagedPrefillAttention(
         Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
@@ -472,6 +500,46 @@ class PagedPrefillCase : public OpCase {
   }
 
  private:
+  // The scored stages' buffers: logits and statistics for every prefix key of each sequence's two
+  // collected rows, their weights, and the selection's lists.
+  void SetUpVegas() {
+    const int64_t batch = shape_.batch;
+    score_stride_ = std::max<int64_t>(4, (shape_.context + 3) / 4 * 4);
+    const int64_t head_rows = batch * 2 * attn_.num_q_heads;
+    logits_ = DeviceBuffer(head_rows * score_stride_ * 2);
+    stats_ = DeviceBuffer(head_rows * kVegasScoreSplits * 2 * 4);
+    weights_ = DeviceBuffer(batch * 2 * score_stride_ * 4);
+    select_ws_ = DeviceBuffer(std::max<size_t>(
+        16, VegasSelectWorkspaceBytes(static_cast<int32_t>(batch), score_stride_)));
+    kept_ = DeviceBuffer(batch * score_stride_ * 4);
+    counts_ = DeviceBuffer(batch * 4);
+    std::vector<int32_t> prefixes(batch);
+    for (int64_t s = 0; s < batch; ++s) {
+      prefixes[s] = seq_lens_[s] - (cu_q_lens_[s + 1] - cu_q_lens_[s]);
+    }
+    prefixes_ = DeviceBuffer(batch * 4);
+    prefixes_.Upload(prefixes);
+  }
+
+  cudaError_t LaunchVegas(cudaStream_t stream) {
+    const auto batch = static_cast<int32_t>(shape_.batch);
+    cudaError_t err = PagedVerifyAttentionWithScores(
+        Bf16(q_), QkvStride(attn_), Bf16(device_kv_.k_cache), Bf16(device_kv_.v_cache),
+        device_kv_.block_tables.as<int32_t>(), kv_.max_blocks_per_seq,
+        cu_q_lens_device_.as<int32_t>(), device_kv_.seq_lens.as<int32_t>(), batch, num_tokens_,
+        max_q_len_, splits_, attn_, Bf16(out_), OutStride(attn_), logits_.as<__half>(),
+        stats_.as<float>(), score_stride_, workspace_.as<void>(), workspace_.bytes(), stream);
+    if (err != cudaSuccess || vegas_ != VegasStage::kSelect) return err;
+    err = VegasPrefixWeights(logits_.as<__half>(), stats_.as<float>(), attn_.num_q_heads,
+                             score_stride_, prefixes_.as<int32_t>(), batch, batch,
+                             weights_.as<float>(), stream);
+    if (err != cudaSuccess) return err;
+    const VegasBudget budget{0.07, 256, static_cast<int32_t>(score_stride_)};
+    return VegasSelectTopK(weights_.as<float>(), 1, score_stride_, prefixes_.as<int32_t>(), batch,
+                           batch, budget, kept_.as<int32_t>(), score_stride_, counts_.as<int32_t>(),
+                           select_ws_.as<void>(), select_ws_.bytes(), stream);
+  }
+
   // num_tokens split evenly over the sequences, each clipped to [1, its length].
   std::vector<int32_t> CuQueryLens() const {
     std::vector<int32_t> cu = {0};
@@ -504,6 +572,8 @@ class PagedPrefillCase : public OpCase {
   const AttentionTreeMask* Tree() const { return trees_ != nullptr ? &tree_ : nullptr; }
 
   OpShape shape_;
+  VegasStage vegas_;
+  int32_t splits_ = 0;  // > 0: PagedVerifyAttention's (or a Vegas stage's) KV splits
   AttentionShape attn_;
   std::vector<int32_t> seq_lens_;
   std::vector<int32_t> cu_q_lens_;
@@ -520,6 +590,9 @@ class PagedPrefillCase : public OpCase {
   DeviceBuffer q_;    // [num_tokens, hq + 2 hkv, d] bf16 (q is the first hq heads of each row)
   DeviceBuffer out_;  // [num_tokens, hq, d] bf16
   DeviceBuffer workspace_;
+  int64_t score_stride_ = 0;  // the Vegas stages' buffers (SetUpVegas)
+  DeviceBuffer logits_{1}, stats_{1}, weights_{1}, select_ws_{1}, kept_{1}, counts_{1};
+  DeviceBuffer prefixes_{1};
 };
 
 // One attention shape. `shortest` 0: every sequence `context` long; `extra`: decode's forced
@@ -667,6 +740,21 @@ std::vector<OpShape> TreePerfShapes() {
           Attn(8, 64, 32, 8, 128, 16, 32768, 0, 0, 0)};  // the same, batch 8
 }
 
+// The Vegas stages: K + 1 = 7 queries per sequence (K 6), Llama-3.1-8B heads, no window.
+std::vector<OpShape> VegasCheckShapes() {
+  //        batch tokens hq hkv d  bs  ctx shortest window splits
+  return {Attn(2, 14, 32, 8, 128, 16, 3000, 1200, 0, 0),  // the chosen split count
+          Attn(3, 12, 8, 2, 64, 16, 700, 300, 0, 5),      // 5 splits, head_dim 64
+          Attn(1, 1, 8, 8, 128, 16, 400, 0, 0, 1)};       // one query: both rows the same
+}
+
+std::vector<OpShape> VegasPerfShapes() {
+  return {Attn(1, 7, 32, 8, 128, 16, 32768, 0, 0, 0),      // batch 1 at 32K
+          Attn(8, 56, 32, 8, 128, 16, 32768, 0, 0, 0),     // batch 8 at 32K
+          Attn(16, 112, 32, 8, 128, 16, 16384, 0, 0, 0),   // batch 16 at 16K
+          Attn(16, 112, 32, 8, 128, 16, 32768, 0, 0, 0)};  // batch 16 at 32K
+}
+
 std::vector<OpShape> PrefillPerfShapes() {
   return {Attn(1, 4096, 32, 8, 128, 16, 4096, 0, 0, 0),  // 4K prompt, Llama-3 8B heads
           Attn(1, 512, 32, 8, 128, 16, 8192, 0, 0, 0),   // 512-token chunk at 8K context
@@ -691,6 +779,14 @@ void AddAttentionOps(std::vector<OpSpec>* table) {
                     [](const OpShape& s) { return std::make_unique<PagedPrefillCase>(s); }});
   table->push_back({"paged_tree_attention", TreeCheckShapes(), TreePerfShapes(),
                     [](const OpShape& s) { return std::make_unique<PagedPrefillCase>(s, true); }});
+  const std::pair<const char*, VegasStage> vegas[] = {{"vegas_verify", VegasStage::kVerify},
+                                                      {"vegas_verify_scores", VegasStage::kScores},
+                                                      {"vegas_verify_select", VegasStage::kSelect}};
+  for (const auto& [name, stage] : vegas) {
+    table->push_back({name, VegasCheckShapes(), VegasPerfShapes(), [stage](const OpShape& s) {
+                        return std::make_unique<PagedPrefillCase>(s, false, stage);
+                      }});
+  }
 }
 
 }  // namespace specd::kernels::check

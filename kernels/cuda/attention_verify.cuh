@@ -55,7 +55,10 @@ constexpr int VerifySmemBytes() {
 //   Keys(params, seq)    per-CTA key map: Count(seq_len) the keys of the sequence (its queries
 //                        are the last q_len of them), LoadTile(...) LoadPrefillKvTile's contract
 //                        with keys in place of positions
-//   kScoreHook           whether TileScores(params, raw Q K^T scores, ...) runs on every tile
+//   kScoreHook           whether TileScores runs on every tile: for custom rows (NSA) on the raw
+//                        Q K^T scores before the mask (the Keys member), else (VegasScoreVariant)
+//                        on the scaled, masked log2-domain scores with the rows' running softmax
+//                        statistics (m, l) before the tile, then FinishScores after the last tile
 //   kMinCtasPerSm        __launch_bounds__' CTAs per SM; 0 leaves ptxas its own register choice
 //                        (the dense kernel's; 1 lets a variant with more live state use up to 255
 //                        registers instead of spilling)
@@ -143,6 +146,21 @@ struct VerifyBranches : std::integral_constant<int, 1> {};
 template <typename Variant>
 struct VerifyBranches<Variant, true> : std::integral_constant<int, Variant::kBranches> {};
 
+// Variant::ScoreState where the variant has one (VegasScoreVariant: statistics its TileScores
+// keeps across a split's tiles and FinishScores writes when the split ends), else an empty type.
+// A stateful score hook also writes, per split, EmptyStats for a CTA without tiles and, from split
+// 0, for the splits from the launch's num_splits to Variant::kStatSplits.
+template <typename Variant, typename = void>
+struct VerifyScoreState {
+  struct type {};
+  static constexpr bool kStateful = false;
+};
+template <typename Variant>
+struct VerifyScoreState<Variant, std::void_t<typename Variant::ScoreState>> {
+  using type = typename Variant::ScoreState;
+  static constexpr bool kStateful = true;
+};
+
 // The CTA's key map: Keys(params, seq) for the default rows, Keys(params, unit, kv_head) for
 // custom rows.
 template <typename Variant>
@@ -219,6 +237,16 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
   const int tile_begin = first + split * per_split;
   const int num_tiles = max(0, min(tile_begin + per_split, last) - tile_begin);
 
+  constexpr bool kScoreState = VerifyScoreState<Variant>::kStateful && !kCustomRows;
+  if constexpr (kScoreState) {  // the splits past the launch's, then an empty split's statistics
+    const int rows_end = min(num_rows, r0 + kCtaRows);
+    if (split == 0) {
+      Variant::EmptyStats(vp, seq, kv_head, r0, rows_end, q_len, vp.num_splits,
+                          Variant::kStatSplits);
+    }
+    if (num_tiles == 0)
+      Variant::EmptyStats(vp, seq, kv_head, r0, rows_end, q_len, split, split + 1);
+  }
   if (num_tiles == 0 && (vp.num_splits > 1 || kCustomRows)) {  // CTA-uniform: an empty partial
     for (int r = r0 + threadIdx.x; r < min(num_rows, r0 + kCtaRows); r += kThreads) {
       const int64_t token = q_begin + r / query_rows;
@@ -272,6 +300,8 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
 #pragma unroll
   for (int j = 0; j < Cfg::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  [[maybe_unused]] typename VerifyScoreState<Variant>::type score_state{};
+  if constexpr (kScoreState) score_state.Init(vp, seq, kv_head, warp_row0, num_rows, q_len, lane);
 
   int table_row = seq;
   if constexpr (kCustomRows) table_row = keys.table_row;
@@ -346,9 +376,6 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
     if constexpr (Variant::kScoreHook && kCustomRows) {  // raw scores, before scale and mask
       keys.template TileScores<kHeadDim>(vp, s, tile * Cfg::kBlockN, row_token, row_head, row_valid,
                                          row_pos, t);
-    } else if constexpr (Variant::kScoreHook) {
-      Variant::template TileScores<kHeadDim>(vp, s, tile * Cfg::kBlockN, ctx, seq, kv_head,
-                                             warp_row0, num_rows, q_len, lane);
     }
     // Causal and window mask per row (only where the tile reaches past some row's visible keys).
     const int key0 = tile * Cfg::kBlockN;
@@ -381,10 +408,18 @@ __global__ void __launch_bounds__(kWarps* kWarpSize, Variant::kMinCtasPerSm)
         }
       }
     }
+    if constexpr (Variant::kScoreHook && !kCustomRows) {  // scaled and masked, m and l before
+      Variant::template TileScores<kHeadDim>(vp, s, m, l, key0, ctx, lane, score_state);
+    }
     SoftmaxAndAccumulatePV<kHeadDim>(s, m, l, o, v_stage, lane);
   }
   CpAsyncWait<0>();  // no copy outlives the CTA (only empty groups can remain)
   if (!warp_active) return;
+  if constexpr (kScoreState) {
+    if (num_tiles > 0) {  // else EmptyStats wrote them
+      Variant::FinishScores(vp, score_state, m, l, seq, kv_head, split, warp_row0, lane);
+    }
+  }
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

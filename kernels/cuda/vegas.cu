@@ -156,7 +156,7 @@ cudaError_t PagedVerifyAttentionWithScores(
     const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
     const int32_t* cu_q_lens, const int32_t* seq_lens, int32_t num_seqs, int64_t num_tokens,
     int32_t max_q_len, int32_t num_splits, const AttentionShape& shape, __nv_bfloat16* out,
-    int64_t out_stride, float* scores, int64_t score_stride, void* workspace,
+    int64_t out_stride, __half* logits, float* stats, int64_t score_stride, void* workspace,
     size_t workspace_bytes, cudaStream_t stream) {
   attention::VegasScoreParams params = {};
   int64_t num_ctas = 0;
@@ -164,13 +164,14 @@ cudaError_t PagedVerifyAttentionWithScores(
                   seq_lens, num_seqs, num_tokens, max_q_len, num_splits, shape, out, out_stride,
                   workspace, workspace_bytes, static_cast<VerifyParams*>(&params), &num_ctas) ||
       shape.sliding_window != 0 || shape.num_q_heads / shape.num_kv_heads > 16 ||
-      scores == nullptr || !IsAligned(scores, 8) || score_stride < 0 || score_stride % 2 != 0) {
+      num_splits > kVegasScoreSplits || logits == nullptr || !IsAligned(logits, 4) ||
+      stats == nullptr || !IsAligned(stats, 8) || score_stride < 0 || score_stride % 2 != 0) {
     return cudaErrorInvalidValue;
   }
   if (num_seqs == 0 || num_tokens == 0 || max_q_len == 0) return cudaSuccess;
-  params.scores = scores;
+  params.logits = logits;
+  params.stats = stats;
   params.score_stride = score_stride;
-  params.score_scale = shape.scale / static_cast<float>(shape.num_q_heads);
   return DispatchVariant<attention::VegasScoreVariant>(
       params, shape.head_dim, VerifyWarps(max_q_len, shape), num_ctas, num_tokens, stream);
 }
@@ -220,37 +221,20 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
   return cudaGetLastError();
 }
 
-size_t VegasWeightsWorkspaceBytes(int32_t num_pairs, int32_t num_heads) {
-  if (num_pairs <= 0 || num_heads <= 0) return 0;
-  return static_cast<size_t>(num_pairs) * 2 * num_heads * sizeof(vegas::HeadStats);
-}
-
-cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int64_t score_stride,
-                                     float to_raw, const int32_t* lengths, int32_t num_seqs,
-                                     int32_t num_pairs, float* weights, void* workspace,
-                                     size_t workspace_bytes, cudaStream_t stream) {
-  static_assert(sizeof(vegas::HeadStats) == 16);
-  if (num_heads < 1 || num_heads > vegas::kMaxWeightHeads || !std::isfinite(to_raw) ||
-      !(to_raw > 0.0f) || num_seqs < 1 || num_pairs < 0 || num_pairs > 65535 || score_stride < 0 ||
-      score_stride > INT_MAX) {
+cudaError_t VegasPrefixWeights(const __half* logits, const float* stats, int32_t num_heads,
+                               int64_t score_stride, const int32_t* lengths, int32_t num_seqs,
+                               int32_t num_pairs, float* weights, cudaStream_t stream) {
+  if (logits == nullptr || !IsAligned(logits, 8) || stats == nullptr || !IsAligned(stats, 8) ||
+      lengths == nullptr || weights == nullptr || !IsAligned(weights, 16) || num_heads < 1 ||
+      num_heads > kVegasMaxWeightHeads || num_seqs < 1 || num_pairs < 0 || num_pairs > 65535 ||
+      score_stride < 0 || score_stride > INT_MAX || score_stride % 4 != 0) {
     return cudaErrorInvalidValue;
   }
   if (num_pairs == 0 || score_stride == 0) return cudaSuccess;
-  if (scores == nullptr || !IsAligned(scores, 4) || lengths == nullptr || weights == nullptr ||
-      !IsAligned(weights, 4) || workspace == nullptr || !IsAligned(workspace, 16) ||
-      workspace_bytes < VegasWeightsWorkspaceBytes(num_pairs, num_heads)) {
-    return cudaErrorInvalidValue;
-  }
-  auto* stats = static_cast<vegas::HeadStats*>(workspace);
-  const auto num_rows = static_cast<unsigned>(num_pairs * 2 * num_heads);
-  vegas::VegasHeadStatsKernel<<<num_rows, vegas::kStatsThreads, 0, stream>>>(
-      scores, num_heads, score_stride, to_raw, lengths, num_seqs, stats);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(score_stride, vegas::kWeightsThreads)), 2,
+  const dim3 grid(static_cast<unsigned>(CeilDiv(score_stride, vegas::kWeightsTokens)), 2,
                   static_cast<unsigned>(num_pairs));
-  vegas::VegasHeadAveragedWeightsKernel<<<grid, vegas::kWeightsThreads, 0, stream>>>(
-      scores, num_heads, score_stride, to_raw, lengths, num_seqs, stats, weights);
+  vegas::VegasPrefixWeightsKernel<<<grid, vegas::kWeightsThreads, 0, stream>>>(
+      logits, stats, num_heads, score_stride, lengths, num_seqs, weights);
   return cudaGetLastError();
 }
 

@@ -18,33 +18,44 @@
 #include "kernels/cuda/attention.h"
 
 struct __nv_bfloat16;
+struct __half;
 
 namespace specd::kernels {
 
-// Parts per (sequence, row) of PagedVerifyAttentionWithScores' scores: num_q_heads (one per q
-// head, so a consumer can take each head's softmax before averaging).
+// Score rows per (sequence, collected query) of PagedVerifyAttentionWithScores: num_q_heads (one
+// per q head, so each head's softmax can be taken before the heads are averaged).
 int32_t VegasScoreParts(const AttentionShape& shape);
 
+// Most splits a score-collecting verification may run: the length of each row's statistics.
+inline constexpr int32_t kVegasScoreSplits = 32;
+
 // PagedVerifyAttention (attention.h: same arguments, splits, workspace and output) that also
-// writes, per sequence, the pre-softmax scores (q.k * scale, before the softmax) of two query
-// rows -- query 0 (the last committed token's row, which predicts the first draft) and query
-// q_len - 1 (the bonus token's row) -- over the scored prefix, the keys before the run:
-// positions [0, seq_len - q_len). Part h is q head h's score divided by num_q_heads, so the sum
-// of a row's VegasScoreParts(shape) parts is the average over all q heads (Vegas
-// "Collect-2-Query"), and num_q_heads times a part is that head's own score. Written in the same
-// pass as the attention (no second read of the KV), deterministically (no atomics).
-//   scores        [num_seqs, 2, VegasScoreParts(shape), score_stride] fp32, device, out: entries
-//                 for keys [0, min(seq_len - q_len, score_stride)) of each part; the rest untouched
+// collects, per sequence, what the next round's selection ranks by for two query rows -- query 0
+// (the last committed token's row, which predicts the first draft) and query q_len - 1 (the bonus
+// token's row), Vegas' "Collect-2-Query" -- over the scored prefix, the keys before the run:
+// positions [0, seq_len - q_len). Per q head h of each collected row it writes the logits
+// x = q.k * scale * log2(e) of every prefix key, rounded to fp16 (the paper stores bf16 logits;
+// fp16 keeps 3 more bits and holds any real logit), and per split the softmax statistics of those
+// rounded logits over the split's prefix keys: max and sum of exp2(x - max). So the head's
+// softmax over the prefix needs no second pass over the keys (VegasPrefixWeights). Written in the
+// same pass as the attention (no second read of the KV), deterministically (no atomics). What it
+// adds to the pass: 2 * num_q_heads fp16 values per prefix key, under 4% of the 4 KB of KV per key
+// of a Llama-3.1-8B layer.
+//   logits        [num_seqs, 2, num_q_heads, score_stride] fp16, device, out: entries for keys
+//                 [0, min(seq_len - q_len, score_stride)) of each row; the rest untouched
+//   stats         [num_seqs, 2, num_q_heads, kVegasScoreSplits, 2] fp32, device, out: (max, sum)
+//                 of each split; (-inf, 0) for a split with no scored key and for the splits from
+//                 num_splits on
 //   score_stride  >= the longest prefix to be scored; even
-// Needs head_dim 16 to 128, sliding_window == 0 and num_q_heads / num_kv_heads <= 16, scores
-// 8-byte aligned, every run <= max_q_len; cudaErrorInvalidValue otherwise and as
-// PagedVerifyAttention.
+// Needs head_dim 16 to 128, sliding_window == 0, num_q_heads / num_kv_heads <= 16 and num_splits
+// <= kVegasScoreSplits, logits 4-byte and stats 8-byte aligned, every run <= max_q_len;
+// cudaErrorInvalidValue otherwise and as PagedVerifyAttention.
 cudaError_t PagedVerifyAttentionWithScores(
     const __nv_bfloat16* q, int64_t q_stride, const __nv_bfloat16* k_cache,
     const __nv_bfloat16* v_cache, const int32_t* block_tables, int32_t max_blocks_per_seq,
     const int32_t* cu_q_lens, const int32_t* seq_lens, int32_t num_seqs, int64_t num_tokens,
     int32_t max_q_len, int32_t num_splits, const AttentionShape& shape, __nv_bfloat16* out,
-    int64_t out_stride, float* scores, int64_t score_stride, void* workspace,
+    int64_t out_stride, __half* logits, float* stats, int64_t score_stride, void* workspace,
     size_t workspace_bytes, cudaStream_t stream);
 
 // How many prefix tokens a selection keeps of n: clamp(ceil(ratio * n), min_tokens, max_tokens),
@@ -61,12 +72,12 @@ size_t VegasSelectWorkspaceBytes(int32_t num_pairs, int64_t score_stride);
 
 // For many (sequence, layer) pairs in one launch: combine each pair's collected scores into one
 // criticality per prefix token -- the mean of the two rows, each the sum of its num_parts parts
-// (num_kv_heads parts from PagedVerifyAttentionWithScores; 1 for scores already averaged over the
-// heads) -- and keep the top k = the budget's count of the pair's n tokens, highest criticality
-// first, ties to the lower index (scores compare in the float total order, -0 below +0). Pair p
-// is sequence p % num_seqs of layer p / num_seqs. Two kernels: an elementwise combine over every
-// pair, then one CTA per pair radix-selecting 8 bits a pass (vegas_select.cuh), for any n up to
-// score_stride (128K tokens and more).
+// (1 for VegasPrefixWeights' head-averaged weights; more for scores kept in parts) -- and keep the
+// top k = the budget's count of the pair's n tokens, highest criticality first, ties to the lower
+// index (scores compare in the float total order, -0 below +0). Pair p is sequence p % num_seqs of
+// layer p / num_seqs. Two kernels: an elementwise combine over every pair, then one CTA per pair
+// radix-selecting 8 bits a pass (vegas_select.cuh), for any n up to score_stride (128K tokens and
+// more).
 //   scores     [num_pairs, 2, num_parts, score_stride] fp32, device, in
 //   lengths    [num_seqs] int32, device, in: n, the prefix length of each sequence (clipped to
 //              [0, score_stride])
@@ -89,38 +100,32 @@ cudaError_t VegasSelectTopK(const float* scores, int32_t num_parts, int64_t scor
                             cudaStream_t stream, const int32_t* out_rows = nullptr,
                             int64_t out_rows_per_layer = 0);
 
-// Most heads VegasHeadAveragedWeights averages (its per-head statistics sit in shared memory).
+// Most heads VegasPrefixWeights averages (their log-sum-exps sit in shared memory).
 inline constexpr int32_t kVegasMaxWeightHeads = 128;
 
-// Bytes of workspace VegasHeadAveragedWeights needs: one 16-byte (max, 1 / sum) pair per head of
-// each of the num_pairs * 2 rows.
-size_t VegasWeightsWorkspaceBytes(int32_t num_pairs, int32_t num_heads);
-
-// For many (sequence, layer) pairs in one launch: turn PagedVerifyAttentionWithScores' per-head
-// scores into the head-averaged prefix weights the selection ranks by, as the CPU Model computes
-// them (kernels/ref/vegas.h's HeadAveragedPrefixWeights): for each row of a pair and its prefix
-// length n, weights[t] = mean over heads h of softmax over [0, n) of to_raw * scores[h][.], at
-// t, for t < n. A head whose maximum is not finite (every key masked) adds 0 to the mean. Pair p
-// is sequence p % num_seqs of layer p / num_seqs, as in VegasSelectTopK. Two kernels
-// (vegas_weights.cuh): one CTA per (row, head) for the head's max and fp64 sum of exponentials,
-// then one CTA per (row, 256 tokens) summing the heads' weights in fp64; the exponentials are
-// expf of an exponent rounded to float once. Deterministic (fixed reduction order, no atomics).
-//   scores     [num_pairs, 2, num_heads, score_stride] fp32, device, in (entries [0, n) read)
+// For many (sequence, layer) pairs in one launch: turn PagedVerifyAttentionWithScores' logits and
+// split statistics into the head-averaged prefix weights the selection ranks by, as the CPU Model
+// computes them from its own scores (kernels/ref/vegas.h's HeadAveragedPrefixWeights): for each
+// row of a pair and its prefix length n, weights[t] = mean over heads h of 2^(x_ht - lse_h), lse_h
+// the log2-sum-exp of head h's stored logits over [0, n) from its split statistics, for t < n. A
+// head with no finite statistic adds 0 to the mean. Pair p is sequence p % num_seqs of layer
+// p / num_seqs, as in VegasSelectTopK. One kernel reading each logit once: one CTA per (pair,
+// row, 1024 tokens) combines the heads' statistics, then sums the heads in head order
+// (deterministic).
+//   logits     [num_pairs, 2, num_heads, score_stride] fp16, device, in (entries [0, n) read)
+//   stats      [num_pairs, 2, num_heads, kVegasScoreSplits, 2] fp32, device, in
 //   num_heads  1 to kVegasMaxWeightHeads
-//   to_raw     > 0, finite: the factor that makes a stored score raw (num_heads for the parts of
-//              PagedVerifyAttentionWithScores, 1 for raw scores)
 //   lengths    [num_seqs] int32, device, in: n, the prefix length of each sequence (clipped to
-//              [0, score_stride])
+//              [0, score_stride]); the same prefixes the statistics were taken over
 //   weights    [num_pairs, 2, score_stride] fp32, device, out: entries [0, n) of each row; the
 //              rest untouched
-//   workspace  >= VegasWeightsWorkspaceBytes(num_pairs, num_heads) bytes, device, 16-byte aligned
-// cudaErrorInvalidValue for a null or misaligned pointer, num_heads outside [1, 128], to_raw not
-// finite and positive, num_seqs < 1, num_pairs outside [0, 65535], score_stride outside
-// [0, INT_MAX] or a workspace too small; num_pairs == 0 or score_stride == 0 launches nothing.
-cudaError_t VegasHeadAveragedWeights(const float* scores, int32_t num_heads, int64_t score_stride,
-                                     float to_raw, const int32_t* lengths, int32_t num_seqs,
-                                     int32_t num_pairs, float* weights, void* workspace,
-                                     size_t workspace_bytes, cudaStream_t stream);
+// cudaErrorInvalidValue for a null or misaligned pointer (logits 8-byte aligned with score_stride a
+// multiple of 4, stats 8-byte, weights 16-byte aligned), num_heads outside [1, 128], num_seqs < 1,
+// num_pairs outside [0, 65535], score_stride outside [0, INT_MAX]; num_pairs == 0 or
+// score_stride == 0 launches nothing.
+cudaError_t VegasPrefixWeights(const __half* logits, const float* stats, int32_t num_heads,
+                               int64_t score_stride, const int32_t* lengths, int32_t num_seqs,
+                               int32_t num_pairs, float* weights, cudaStream_t stream);
 
 // Sparse drafting attention: PagedVerifyAttention's contract (queries, runs of up to
 // kMaxVerifyQueryLen, GQA folding, split-KV with its workspace and combine) except that sequence

@@ -1,31 +1,39 @@
 // Vegas variants of the split-KV verification kernel (attention_verify.cuh; launchers in
-// vegas.cu, contracts in vegas.h): the verification pass that also writes the head-averaged
-// pre-softmax scores of a run's first and last query over the scored prefix, and sparse drafting
-// attention whose keys are a per-sequence token-index list plus the recent tokens. Both are
-// variant policies of PagedVerifyKernel, so they share its mainloop. Include from .cu files only.
+// vegas.cu, contracts in vegas.h): the verification pass that also writes the fp16 logits and
+// per-split softmax statistics of a run's first and last query over the scored prefix, and sparse
+// drafting attention whose keys are a per-sequence token-index list plus the recent tokens. Both
+// are variant policies of PagedVerifyKernel, so they share its mainloop. Include from .cu files
+// only.
 #pragma once
 
+#include <cuda_fp16.h>
+
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/attention_verify.cuh"
+#include "kernels/cuda/vegas.h"
 
 namespace specd::kernels::attention {
 
 // ---------------------------------------------------------------------------------------------
-// Score collection ("Collect-2-Query", Vegas paper section 3.3). Each tile's raw Q K^T (fp32,
-// before the scale and the mask) of the rows of query 0 and of query q_len - 1 is scaled by
-// scale / num_q_heads and stored per q head, for keys of the prefix [0, seq_len - q_len): the
-// selection ranks by each head's attention weights over the prefix (a softmax per head, then the
-// mean over heads), which needs the heads apart; summing a row's num_q_heads parts gives the
-// average raw score over the heads. Only the warps holding a target query's rows do the work,
-// each lane storing its own rows' keys (no shuffles), and tiles past the prefix skip it, so the
-// pass reads the KV once as before. Every (row, head, key) is written by one lane: no atomics.
-//   scores  [num_seqs, 2, num_q_heads, score_stride] fp32: row 0 query 0, row 1 the last query
+// Score collection ("Collect-2-Query", Vegas paper section 3.3; contract in vegas.h). Each tile's
+// scaled log2-domain scores of the rows of query 0 and of query q_len - 1 are rounded to fp16 and
+// stored per q head for keys of the prefix [0, seq_len - q_len): one packed conversion and one
+// 4-byte store per key pair, so the pass stays as close to the KV stream as the dense one. The
+// split's softmax statistics over the prefix cost nothing per tile: they are the kernel's own
+// running (m, l) of those rows, taken just before the first tile that reaches past the prefix,
+// plus that tile's prefix keys (the one tile of the split that needs them apart), or at the end
+// of the split when it never reaches the prefix's end. They are of the fp32 scores, so a head's
+// weights 2^(x - lse) from the rounded logits sum to 1 within fp16's rounding. Every
+// (row, head, key) is written by one lane: no atomics.
+//   logits  [num_seqs, 2, num_q_heads, score_stride] fp16: row 0 query 0, row 1 the last query
+//   stats   [num_seqs, 2, num_q_heads, kVegasScoreSplits, 2] fp32: (max, sum) per split
 
 struct VegasScoreParams : VerifyParams {
-  float* scores;
+  __half* logits;
+  float* stats;
   int64_t score_stride;  // keys per row (>= the longest prefix; later keys are not stored)
-  float score_scale;     // softmax scale / num_q_heads
 };
 
 struct VegasScoreVariant {
@@ -35,55 +43,147 @@ struct VegasScoreVariant {
   // The hook on top of the mainloop's fragments spilled at head_dim 32 and 64 under ptxas'
   // default register choice; one CTA per SM as the floor lets it take up to 255 registers.
   static constexpr int kMinCtasPerSm = 1;
+  static constexpr int kStatSplits = kVegasScoreSplits;  // statistics per collected row
 
-  // Keys key and key + 1 (pair) or key alone of one head's row, scaled.
-  __device__ __forceinline__ static void Store(float* dst, float a, float b, const Params& vx,
-                                               bool pair) {
-    if (pair) {
-      *reinterpret_cast<float2*>(dst) = make_float2(a * vx.score_scale, b * vx.score_scale);
-    } else {
-      *dst = a * vx.score_scale;
+  // The lane's statistics of its rows g and g + 8 over the split's prefix keys (log2 domain,
+  // l = sum of 2^(x - m) over the lane's keys), once the split has reached the prefix's end.
+  // Also what the lane stores, fixed per CTA (Init): which collected rows its rows are and where
+  // their logits go.
+  struct ScoreState {
+    float m[2] = {-INFINITY, -INFINITY};
+    float l[2] = {0.0f, 0.0f};
+    bool taken = false;  // warp-uniform: the split reached past the prefix and m, l are final
+    int targets = 0;     // Targets() of row g in bits 0-1, of row g + 8 in bits 2-3
+    int64_t offset[2] = {0, 0};  // rows g, g + 8: their query-0 logits row in vx.logits
+    int64_t next = 0;            // from a query-0 logits row to the last query's: heads * stride
+
+    __device__ __forceinline__ void Init(const Params& vx, int seq, int kv_head, int warp_row0,
+                                         int num_rows, int q_len, int lane) {
+      const int group = vx.pre.group, num_q_heads = vx.pre.num_kv_heads * group;
+      next = static_cast<int64_t>(num_q_heads) * vx.score_stride;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row0 + lane / 4 + 8 * h;
+        targets |= (r < num_rows ? Targets(r / group, q_len) : 0) << (2 * h);
+        offset[h] = (static_cast<int64_t>(seq) * 2 * num_q_heads + kv_head * group + r % group) *
+                    vx.score_stride;
+      }
+    }
+  };
+
+  // Which collected rows query qi is: bit 0 query 0, bit 1 the last query (both when q_len 1).
+  __device__ __forceinline__ static int Targets(int qi, int q_len) {
+    return (qi == 0 ? 1 : 0) | (qi == q_len - 1 ? 2 : 0);
+  }
+
+  __device__ __forceinline__ static float* StatsAt(const Params& vx, int seq, int target, int head,
+                                                   int split) {
+    const int num_q_heads = vx.pre.num_kv_heads * vx.pre.group;
+    return vx.stats +
+           ((((static_cast<int64_t>(seq) * 2 + target) * num_q_heads + head) * kVegasScoreSplits +
+             split) *
+            2);
+  }
+
+  // (-inf, 0) for splits [s0, s1) of the collected rows among the CTA's rows [r0, r1); all
+  // threads.
+  __device__ static void EmptyStats(const Params& vx, int seq, int kv_head, int r0, int r1,
+                                    int q_len, int s0, int s1) {
+    if (s1 <= s0 || r1 <= r0) return;
+    const int group = vx.pre.group, n = s1 - s0;
+    for (int i = threadIdx.x; i < (r1 - r0) * n; i += blockDim.x) {
+      const int r = r0 + i / n, split = s0 + i % n;
+      const int targets = Targets(r / group, q_len);
+      for (int target = 0; target < 2; ++target) {
+        if ((targets >> target & 1) == 0) continue;
+        float* dst = StatsAt(vx, seq, target, kv_head * group + r % group, split);
+        *reinterpret_cast<float2*>(dst) = make_float2(-INFINITY, 0.0f);
+      }
     }
   }
 
-  //   s         [kSTiles][4] raw scores of the warp's rows g, g + 8 (C fragments), keys key0 + ...
+  //   s         [kSTiles][4] scaled log2-domain scores of the warp's rows g, g + 8 (C fragments,
+  //             masked), keys key0 + ...; m, l: the rows' running statistics before the tile
   //   prefix    keys before the run (seq_len - q_len): the keys stored
-  //   warp_row0 the warp's first row (row r: query r / group, q head kv_head * group + r % group)
   template <int kHeadDim>
   __device__ __forceinline__ static void TileScores(
-      const Params& vx, const float (&s)[PrefillConfig<kHeadDim>::kSTiles][4], int key0, int prefix,
-      int seq, int kv_head, int warp_row0, int num_rows, int q_len, int lane) {
+      const Params& vx, const float (&s)[PrefillConfig<kHeadDim>::kSTiles][4], const float (&m)[2],
+      const float (&l)[2], int key0, int prefix, int lane, ScoreState& st) {
     using Cfg = PrefillConfig<kHeadDim>;
+    if (st.taken) return;  // warp-uniform: past the prefix
     const int limit = prefix < vx.score_stride ? prefix : static_cast<int>(vx.score_stride);
-    if (key0 >= limit) return;  // warp-uniform: the tile holds no scored key
-    const int group = vx.pre.group, num_q_heads = vx.pre.num_kv_heads * group;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll 1
-    for (int target = 0; target < 2; ++target) {
-      const int lo = (target == 0 ? 0 : q_len - 1) * group, hi = lo + group;
-      if (hi <= warp_row0 || lo >= warp_row0 + 16) continue;  // warp-uniform
-      // The lane's rows g and g + 8 (fragments 0-1 and 2-3); -1: not a row of this target.
-      const int r0 = warp_row0 + g, r1 = r0 + 8;
-      const int h0 = r0 >= lo && r0 < hi && r0 < num_rows ? kv_head * group + r0 % group : -1;
-      const int h1 = r1 >= lo && r1 < hi && r1 < num_rows ? kv_head * group + r1 % group : -1;
-      float* base =
-          vx.scores + (static_cast<int64_t>(seq) * 2 + target) * num_q_heads * vx.score_stride;
-      // One row per pass, one store pointer live: the second pass only when both rows belong to
-      // the target (groups above 8). Fragments are picked by selects, never by a runtime index.
-#pragma unroll 1
-      for (int pass = 0; pass < 2; ++pass) {
-        if (pass == 1 && (h0 < 0 || h1 < 0)) break;
-        const bool second = pass == 1 || h0 < 0;
-        const int h = second ? h1 : h0;
-        if (h < 0) continue;
-        float* dst = base + static_cast<int64_t>(h) * vx.score_stride;
+    const int t = lane % 4;
+    const bool last = key0 + Cfg::kBlockN > limit;  // warp-uniform: the tile reaches the end
+    if (last) {  // the statistics so far, then this tile's prefix keys merged in
+      st.taken = true;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
           const int key = key0 + 8 * nt + 2 * t;
-          if (key >= limit) continue;
-          Store(dst + key, second ? s[nt][2] : s[nt][0], second ? s[nt][3] : s[nt][1], vx,
-                key + 1 < limit);
+          if (key < limit) tile_max = fmaxf(tile_max, s[nt][2 * h]);
+          if (key + 1 < limit) tile_max = fmaxf(tile_max, s[nt][2 * h + 1]);
         }
+        const float mm = fmaxf(m[h], tile_max);
+        float sum = l[h] == 0.0f ? 0.0f : l[h] * exp2f(m[h] - mm);
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+          const int key = key0 + 8 * nt + 2 * t;
+          if (key < limit) sum += exp2f(s[nt][2 * h] - mm);
+          if (key + 1 < limit) sum += exp2f(s[nt][2 * h + 1] - mm);
+        }
+        st.m[h] = mm;
+        st.l[h] = sum;
+      }
+      if (key0 >= limit) return;  // nothing of the tile is stored
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the lane's rows g and g + 8: fragments 2h and 2h + 1
+      const int targets = (st.targets >> (2 * h)) & 3;
+      if (targets == 0) continue;
+      __half* row0 = vx.logits + st.offset[h];
+      __half* row1 = row0 + st.next;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
+        const int key = key0 + 8 * nt + 2 * t;
+        // A logit beyond fp16's range rounds to +-inf: all or nothing of its head's weight.
+        const __half2 x = __floats2half2_rn(s[nt][2 * h], s[nt][2 * h + 1]);
+        if (!last || key + 1 < limit) {  // both keys scored (every key of a tile before the end)
+          if (targets & 1) *reinterpret_cast<__half2*>(row0 + key) = x;
+          if (targets & 2) *reinterpret_cast<__half2*>(row1 + key) = x;
+        } else if (key < limit) {
+          if (targets & 1) row0[key] = __low2half(x);
+          if (targets & 2) row1[key] = __low2half(x);
+        }
+      }
+    }
+  }
+
+  // The split's statistics of the warp's collected rows: the quad's lanes merged, written by
+  // lane t == 0. All lanes of an active warp (the merge shuffles); m, l the kernel's final ones,
+  // the prefix's when the split never reached past it.
+  __device__ __forceinline__ static void FinishScores(const Params& vx, const ScoreState& st,
+                                                      const float (&m_end)[2],
+                                                      const float (&l_end)[2], int seq, int kv_head,
+                                                      int split, int warp_row0, int lane) {
+    const int group = vx.pre.group, g = lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m0 = st.taken ? st.m[h] : m_end[h], l0 = st.taken ? st.l[h] : l_end[h];
+      float m = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      float l = l0 == 0.0f ? 0.0f : l0 * exp2f(m0 - m);
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = warp_row0 + g + 8 * h;
+      const int targets = (st.targets >> (2 * h)) & 3;
+      if (lane % 4 != 0 || targets == 0) continue;
+      const int head = kv_head * group + r % group;
+      for (int target = 0; target < 2; ++target) {
+        if ((targets >> target & 1) == 0) continue;
+        *reinterpret_cast<float2*>(StatsAt(vx, seq, target, head, split)) =
+            l > 0.0f ? make_float2(m, l) : make_float2(-INFINITY, 0.0f);
       }
     }
   }

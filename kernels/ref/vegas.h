@@ -45,7 +45,7 @@ int64_t VegasKeepCount(int64_t n, const VegasBudget& budget);
 // num_parts parts -- (sum_p s[0][p][j] + sum_p s[1][p][j]) * 0.5 in fp32, sums from 0.0f in part
 // order: the paper's eq. 3 (sum over both rows and every head) up to a constant factor, and the
 // bits the CUDA kernel computes. With parts of one the rows are already head averages
-// (PagedVerifyAttentionWithScores); the CUDA verification writes one part per q head. The
+// (PagedVerifyAttentionWithScores, VegasPrefixWeights' rows). The
 // VegasKeepCount(n) tokens of highest criticality are kept, compared in the float total order
 // (-0 below +0), ties to the lower index.
 //   scores   [num_pairs, 2, num_parts, score_stride] fp32
@@ -59,7 +59,7 @@ void VegasSelectTopK(const float* scores, int64_t num_parts, int64_t score_strid
                      int32_t* counts);
 
 // The criticality Vegas ranks by (the CPU Model's and the CUDA runner's; the CUDA kernel
-// VegasHeadAveragedWeights computes it on the device): for one query row, each head's softmax over
+// VegasPrefixWeights computes it on the device): for one query row, each head's softmax over
 // the keys [0, n) of its raw scores, to_raw times the stored ones, averaged over the heads. In
 // fp64 (exp, sums from 0 in key and head order), rounded to float at the end; a head whose
 // maximum is not finite (every key masked) adds 0 to the mean; n == 0 writes nothing.

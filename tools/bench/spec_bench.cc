@@ -28,7 +28,9 @@
 // A + A^2 + ... + A^D drafts per round when its selection keeps the recorded path. With
 // --load-format dummy (random weights from config.json, CUDA) and --random-prompts N (prompts of N
 // random ids; also the default when the model has no tokenizer) any shapes run without weights on
-// disk.
+// disk. Vegas and streaming (--vegas, --streaming) replay the same way while every sparse draft
+// pass runs for real; with --draft none and --auto, auto runs on their engine and may pick them
+// where its cost profile (specd_profile --vegas) says they pay.
 // A point's first run captures its round graphs (GPU) and prefills its prompts (later runs hit
 // the prefix cache), so with --repeats 1 every point first runs once untimed; with more repeats
 // the best of them is reported.
@@ -559,7 +561,17 @@ int MainReplay(const Flags& f) {
                             : Points(f, {SpeculationMethod::kDraftModel}, false)});
   }
   // Vegas / streaming replay the same trajectories (their sparse draft passes run for real).
-  if (!f.sparse_methods.empty()) engines.push_back({&draft, SparsePoints(f)});
+  // Without a draft model, auto runs on their engine (it may pick them, n-gram or plain).
+  if (!f.sparse_methods.empty()) {
+    std::vector<SpeculationParams> points = SparsePoints(f);
+    if (f.run_auto && !f.has_draft()) {
+      SpeculationParams p{SpeculationMethod::kAuto, 0};  // K up to the engine's
+      p.sparsity_ratio = f.sparsity_ratio;               // the budget Vegas / streaming draft with
+      p.sparse_min_tokens = f.sparse_min_tokens;
+      points.push_back(p);
+    }
+    engines.push_back({&draft, std::move(points)});
+  }
   // An EAGLE-3 head replays the same trajectories (its passes run for real).
   if (!f.eagle3.empty())
     engines.push_back({&draft, Points(f, {SpeculationMethod::kEagle3}, false)});

@@ -147,6 +147,22 @@ TEST(SpecBenchTest, ReplayedVegasAcceptsWhatAlphaPredicts) {
   EXPECT_EQ(CountLines(out, "^2 +draft_model .*"), 0) << out;  // --draft none
 }
 
+TEST(SpecBenchTest, AutoRunsBesideVegasWithoutADraftModel) {
+  // --draft none --vegas --auto: auto runs on the self-speculation engine (its default rule
+  // prices neither Vegas nor streaming, so it picks plain or n-gram here, losslessly).
+  std::string out;
+  ASSERT_EQ(RunBench("--batches 2 --k 4 --max-tokens 16 --replay-alpha 0.8 --draft none --vegas "
+                     "--sparsity-ratio 0.1 --sparse-min-tokens 8 --auto",
+                     &out),
+            0)
+      << out;
+  EXPECT_EQ(CountLines(out, "^2 +auto .*output = trajectory: 2 of 2; settled after [1-5] runs.*"),
+            1)
+      << out;
+  EXPECT_EQ(CountLines(out, "^2 +[0-9.]+ +.* (PASS|MISS)$"), 1) << out;
+  EXPECT_EQ(CountLines(out, "^batch 2: auto chose \\(request-steps\\):.*"), 1) << out;
+}
+
 TEST(SpecBenchTest, OneKKeepsTheOutputWithoutSummaryAndFlagsAreChecked) {
   std::string out;
   ASSERT_EQ(RunBench("--batches 1 --k 2 --max-tokens 4", &out), 0) << out;

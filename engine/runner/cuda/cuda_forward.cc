@@ -1,5 +1,6 @@
 #include "engine/runner/cuda/cuda_forward.h"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -287,14 +288,15 @@ absl::Status CudaForward::VegasAttention(int32_t layer, const ForwardArgs& a, cu
       continue;
     }
     if (seg.kind == Kind::kScores) {
-      float* scores = v.scores + (int64_t{layer} * v.num_scored + seg.first_scored) * 2 *
-                                     v.score_parts * v.score_stride;
+      const int64_t rows = (int64_t{layer} * v.num_scored + seg.first_scored) * 2 * v.score_parts;
       SPECD_RETURN_IF_ERROR(
           Launch(kernels::PagedVerifyAttentionWithScores(
                      q, qkv_stride_, k_cache_[layer], v_cache_[layer], tables, max_blocks_per_seq_,
-                     seg.cu_q_lens, seq_lens, seg.num_seqs, seg.num_tokens, seg.max_q_len, splits,
-                     shape_, out, config_.q_size(), scores, v.score_stride, workspace_.as(),
-                     workspace_.bytes(), stream),
+                     seg.cu_q_lens, seq_lens, seg.num_seqs, seg.num_tokens, seg.max_q_len,
+                     std::min(splits, kernels::kVegasScoreSplits), shape_, out, config_.q_size(),
+                     v.score_logits + rows * v.score_stride,
+                     v.score_stats + rows * kernels::kVegasScoreSplits * 2, v.score_stride,
+                     workspace_.as(), workspace_.bytes(), stream),
                  "PagedVerifyAttentionWithScores", layer));
       continue;
     }

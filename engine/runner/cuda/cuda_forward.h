@@ -31,6 +31,8 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/gemm.h"
 
+struct __half;  // cuda_fp16.h
+
 namespace specd {
 
 struct ForwardLimits {
@@ -65,9 +67,12 @@ struct ForwardVegas {
     int32_t fixed_splits = 0;            // > 0: the KV splits (else chosen from max_keys)
   };
   std::vector<Segment> segments;  // in batch order, covering every sequence
-  // kScores: [num_layers, num_scored, 2, score_parts, score_stride] f32, device
-  // (kernels::PagedVerifyAttentionWithScores' layout per layer; score_parts VegasScoreParts).
-  float* scores = nullptr;
+  // kScores: kernels::PagedVerifyAttentionWithScores' outputs, per layer its layout (score_parts
+  // VegasScoreParts) for the num_scored sequences: [num_layers, num_scored, 2, score_parts,
+  // score_stride] fp16 logits and [num_layers, num_scored, 2, score_parts, kVegasScoreSplits, 2]
+  // f32 split statistics, device. A scored run takes at most kVegasScoreSplits KV splits.
+  __half* score_logits = nullptr;
+  float* score_stats = nullptr;
   int32_t num_scored = 0;
   int32_t score_parts = 0;
   int64_t score_stride = 0;

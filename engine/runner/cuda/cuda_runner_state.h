@@ -156,7 +156,7 @@ struct CudaRunner::State {
   // launch->args at it. Nothing without options.
   absl::Status PrepareVegas(std::span<const SequenceInput> batch, Launch* launch);
   // After the forward: queues the reduction of the collected scores to head-averaged weights
-  // (kernels::VegasHeadAveragedWeights) and the one copy of those weights to the host.
+  // (kernels::VegasPrefixWeights) and the one copy of those weights to the host.
   absl::Status EnqueueScoreWeights();
   // The end of a step: Sync, then the weights copied into their chunks' spans.
   absl::Status SyncStep(const char* what);
@@ -330,13 +330,13 @@ struct CudaRunner::State {
   kernels::AttentionTreeMask tree_mask;
   cuda::UploadArena tree_arena;
   cuda::UploadArena move_arena;
-  // Vegas (cuda_runner_vegas.cc): the step's plan, its uploads, the collected scores on the
-  // device, their head-averaged weights on the device (followed, at vegas_workspace_at, by the
-  // reduction's workspace) and the weights' host copy (all grown on demand), and the chunks
-  // waiting for theirs.
+  // Vegas (cuda_runner_vegas.cc): the step's plan, its uploads, the collected logits and split
+  // statistics on the device, their head-averaged weights on the device (followed, at
+  // vegas_workspace_at, by the selection's workspace) and the weights' host copy (all grown on
+  // demand), and the chunks waiting for theirs.
   ForwardVegas vegas;
   cuda::UploadArena vegas_arena;
-  cuda::DeviceMemory vegas_scores;   // ForwardVegas::scores
+  cuda::DeviceMemory vegas_scores;   // ForwardVegas::score_logits, then score_stats
   cuda::DeviceMemory vegas_weights;  // [num_layers, num_scored, 2, score_stride] f32 + workspace
   cuda::PinnedMemory vegas_weights_host;    // the weights' copy
   const int32_t* vegas_prefixes = nullptr;  // [num_scored] int32, device (vegas_arena): prefixes

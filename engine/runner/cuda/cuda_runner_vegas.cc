@@ -1,13 +1,17 @@
 // CudaRunner's Vegas attention options (ChunkAttention, engine/model/model.h): a verification
 // chunk that collects scores runs kernels::PagedVerifyAttentionWithScores, a draft step's sparse
-// chunk kernels::PagedSparseAttention over its per-layer index lists, and the other chunks of the
-// same batch stay dense (CudaForward::VegasAttention launches each run of alike sequences on its
-// own). Such steps run eagerly. Per step: one upload (segment lengths, index lists, counts,
-// recent starts, the scored prefixes); after the forward, kernels::VegasHeadAveragedWeights turns
-// the scores, [num_layers, num_scored, 2, parts, stride] f32 (parts: kernels::VegasScoreParts,
-// one per q head), into head-averaged attention weights, [num_layers, num_scored, 2, stride] f32,
-// on the device (what the CPU Model's HeadAveragedPrefixWeights computes), and one download of
-// those is copied into each chunk's [num_layers, 2, prefix] span. See cuda_runner_state.h.
+// chunk kernels::PagedSparseAttention (or, one query per sequence, PagedSparseDecodeAttention) over
+// its per-layer index lists or its selection slot, and the other chunks of the same batch stay
+// dense (CudaForward::VegasAttention launches each run of alike sequences on its own). Scoring
+// steps and sparse steps over host lists run eagerly; sparse steps over slots replay CUDA graphs
+// (cuda_runner_graphs.cc). Per eager step: one upload (segment lengths, index lists, counts,
+// recent starts, the scored prefixes); after the forward, kernels::VegasPrefixWeights turns the
+// collected fp16 logits and split statistics ([num_layers, num_scored, 2, parts, ...], parts
+// kernels::VegasScoreParts, one per q head) into head-averaged attention weights,
+// [num_layers, num_scored, 2, stride] f32 (what the CPU Model's HeadAveragedPrefixWeights
+// computes), then kernels::VegasSelectTopK selects into the chunks' slots on the device, and
+// chunks that asked for their scores on the host get one download copied into their
+// [num_layers, 2, prefix] spans. See cuda_runner_state.h.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -321,7 +325,7 @@ absl::Status CudaRunner::State::PrepareVegas(std::span<const SequenceInput> batc
       seg.fixed_splits = SlotSplits(seg.num_seqs);  // as a sparse graph of its bucket reduces
     }
   }
-  v.score_stride = (v.score_stride + 1) / 2 * 2;  // the kernel stores float2 pairs
+  v.score_stride = (v.score_stride + 3) / 4 * 4;  // VegasPrefixWeights reads 4 logits a load
   v.index_stride = std::max<int64_t>(v.index_stride, 1);
   std::vector<int32_t> indices, counts, recent;
   if (std::any_of(v.segments.begin(), v.segments.end(),
@@ -342,7 +346,7 @@ absl::Status CudaRunner::State::PrepareVegas(std::span<const SequenceInput> batc
   const size_t counts_at = counts.empty() ? 0 : arena.Push(counts);
   const size_t recent_at = recent.empty() ? 0 : arena.Push(recent);
   const size_t slot_rows_at = any_slot ? arena.Push(slot_of_seq) : 0;
-  std::vector<int32_t> prefixes;  // [num_scored]: the lengths VegasHeadAveragedWeights reads
+  std::vector<int32_t> prefixes;  // [num_scored]: the lengths VegasPrefixWeights reads
   for (const SequenceInput& in : batch) {
     if (KindOf(in) == Kind::kScores) prefixes.push_back(in.start_pos);
   }
@@ -385,16 +389,18 @@ absl::Status CudaRunner::State::PrepareVegas(std::span<const SequenceInput> batc
     vegas_prefixes = arena.At<int32_t>(prefixes_at);
     // The previous step synchronised, so nothing still uses the buffers being replaced.
     const int64_t rows = layers * v.num_scored * 2;
+    const int64_t head_rows = rows * v.score_parts;
+    const size_t logits_bytes =
+        static_cast<size_t>(head_rows * v.score_stride * 2 + 255) / 256 * 256;  // fp16
     const size_t scores_bytes =
-        static_cast<size_t>(rows * v.score_parts * v.score_stride * int64_t{sizeof(float)});
+        logits_bytes + static_cast<size_t>(head_rows * kernels::kVegasScoreSplits * 2 * 4);
     vegas_weights_bytes = static_cast<size_t>(rows * v.score_stride * int64_t{sizeof(float)});
     vegas_workspace_at = (vegas_weights_bytes + 255) / 256 * 256;
-    // The weights' reduction, then the selects into slots, use the workspace in turn.
-    vegas_workspace_bytes = std::max(
-        kernels::VegasWeightsWorkspaceBytes(static_cast<int32_t>(rows / 2), v.score_parts),
+    // The selects into slots use the workspace.
+    vegas_workspace_bytes =
         slot_selects.empty()
             ? size_t{0}
-            : kernels::VegasSelectWorkspaceBytes(static_cast<int32_t>(rows / 2), v.score_stride));
+            : kernels::VegasSelectWorkspaceBytes(static_cast<int32_t>(rows / 2), v.score_stride);
     // Grown by half again at least: the scored prefix grows every round, and a reallocation
     // (cudaFree synchronises the device) each round cost more than the pass itself.
     auto grow = [](cuda::DeviceMemory& buffer, size_t bytes, const char* what) -> absl::Status {
@@ -411,7 +417,8 @@ absl::Status CudaRunner::State::PrepareVegas(std::span<const SequenceInput> batc
       SPECD_ASSIGN_OR_RETURN(vegas_weights_host,
                              cuda::PinnedMemory::Allocate(vegas_weights_bytes, "Vegas weights"));
     }
-    v.scores = vegas_scores.as<float>();
+    v.score_logits = reinterpret_cast<__half*>(vegas_scores.as<uint8_t>());
+    v.score_stats = reinterpret_cast<float*>(vegas_scores.as<uint8_t>() + logits_bytes);
   }
   launch->args.vegas = &vegas;
   launch->args.decode = false;
@@ -421,13 +428,11 @@ absl::Status CudaRunner::State::PrepareVegas(std::span<const SequenceInput> batc
 absl::Status CudaRunner::State::EnqueueScoreWeights() {
   if (vegas_weights_bytes == 0) return absl::OkStatus();  // nothing scored this step
   const ForwardVegas& v = vegas;
-  // Part h is q head h's score over num_q_heads (= parts): parts times a part is the raw score.
   SPECD_RETURN_IF_ERROR(cuda::Check(
-      kernels::VegasHeadAveragedWeights(
-          v.scores, v.score_parts, v.score_stride, static_cast<float>(v.score_parts),
-          vegas_prefixes, v.num_scored, static_cast<int32_t>(config.num_layers * v.num_scored),
-          vegas_weights.as<float>(), vegas_weights.as<uint8_t>() + vegas_workspace_at,
-          vegas_workspace_bytes, stream),
+      kernels::VegasPrefixWeights(v.score_logits, v.score_stats, v.score_parts, v.score_stride,
+                                  vegas_prefixes, v.num_scored,
+                                  static_cast<int32_t>(config.num_layers * v.num_scored),
+                                  vegas_weights.as<float>(), stream),
       "Vegas head-averaged weights"));
   // The chunks selecting into slots: the top k per layer of the weights, on the device.
   const int32_t pairs = static_cast<int32_t>(config.num_layers * v.num_scored);
